@@ -1,0 +1,113 @@
+/* The kernel dispatch interface: math on buffers, one table per backend.
+ *
+ * Every pointer is in the backend's memory (host memory for cpu, device memory
+ * for cuda). Shapes are written beside each pointer, row-major, with
+ * N = B·T positions, C channels, OC output channels, V vocabulary, NH heads.
+ *
+ * Accumulation rule (as in llm.c): every backward ADDS into its gradient
+ * outputs, both activation gradients (dinp) and parameter gradients (dweight,
+ * dbias). Callers zero gradients once per step, which makes gradient
+ * accumulation over microbatches and residual branches free.
+ */
+#ifndef PT_KERNELS_H
+#define PT_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "pipert/pipert.h"
+
+/* How a weight matrix is stored. Hugging Face GPT-2 Conv1D weights are [C, OC]
+ * (y = x·W + b); the language-model head is [V, C] (y = x·Wᵀ). */
+typedef enum pt_weight_layout { PT_WEIGHT_IN_OUT, PT_WEIGHT_OUT_IN } pt_weight_layout;
+
+/* One Adam-family update, θ ← θ·decay − c_grad·g/d − c_mom·m/d with
+ * m ← β1·m + (1−β1)·g, v ← β2·v + (1−β2)·g², d = √(v/bias2) + ε.
+ * AdamW:  c_grad = 0,                     c_mom = γ/(1−β1ᵗ).
+ * NAdamW: c_grad = γ(1−μ_t)/(1−Π_t),      c_mom = γ·μ_{t+1}/(1−Π_t·μ_{t+1}).
+ * decay = 1 − γλ for decayed tensors, 1 otherwise. (ALGORITHMS.md §2.) */
+typedef struct pt_adam_coeffs {
+    float decay;
+    float beta1, beta2;
+    float bias2; /* 1 − β2ᵗ */
+    float eps;
+    float c_grad, c_mom;
+} pt_adam_coeffs;
+
+typedef struct pt_kernels {
+    const char *name; /* "cpu", "cuda" */
+
+    /* ---- memory ---- */
+    pipert_result (*alloc)(void **out, size_t bytes, const char *what); /* zero-filled */
+    void (*free)(void *ptr);
+    void (*zero)(void *ptr, size_t bytes);
+    void (*copy_to_device)(void *dst, const void *src_host, size_t bytes);
+    void (*copy_to_host)(void *dst_host, const void *src, size_t bytes);
+    void (*copy)(void *dst, const void *src, size_t bytes);
+    void (*synchronize)(void);
+
+    /* ---- forward / backward ---- */
+    /* out[N,C] = wte[tokens[n]] + wpe[n mod T] */
+    void (*encoder_forward)(float *out, const int32_t *tokens, const float *wte, const float *wpe,
+                            int B, int T, int C);
+    void (*encoder_backward)(float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
+                             int B, int T, int C);
+
+    /* out[N,C], mean[N], rstd[N] from inp[N,C]; ε = 1e-5 */
+    void (*layernorm_forward)(float *out, float *mean, float *rstd, const float *inp,
+                              const float *weight, const float *bias, int N, int C);
+    void (*layernorm_backward)(float *dinp, float *dweight, float *dbias, const float *dout,
+                               const float *inp, const float *weight, const float *mean,
+                               const float *rstd, int N, int C);
+
+    /* out[N,OC] = inp[N,C]·W + bias (bias may be NULL) */
+    void (*matmul_forward)(float *out, const float *inp, const float *weight, const float *bias,
+                           int N, int C, int OC, pt_weight_layout layout);
+    /* dinp[N,C] += dout·Wᵀ (dinp may be NULL); dweight += inpᵀ·dout (layout as
+     * the weight); dbias[OC] += Σ_n dout (dbias may be NULL) */
+    void (*matmul_backward)(float *dinp, float *dweight, float *dbias, const float *dout,
+                            const float *inp, const float *weight, int N, int C, int OC,
+                            pt_weight_layout layout);
+
+    /* Causal self-attention. qkv[B,T,3C] holds q, k, v side by side, head h
+     * in columns [h·hs, (h+1)·hs) of each; out[B,T,C]; att[B,NH,T,T] keeps the
+     * softmax probabilities for the backward (entries above the diagonal are 0). */
+    void (*attention_forward)(float *out, float *att, const float *qkv, int B, int T, int C,
+                              int NH);
+    void (*attention_backward)(float *dqkv, const float *dout, const float *qkv, const float *att,
+                               int B, int T, int C, int NH);
+
+    /* GELU, tanh approximation */
+    void (*gelu_forward)(float *out, const float *inp, size_t n);
+    void (*gelu_backward)(float *dinp, const float *inp, const float *dout, size_t n);
+
+    /* out = a + b */
+    void (*residual_forward)(float *out, const float *a, const float *b, size_t n);
+
+    /* losses[N] = −log softmax(logits[N,V])[targets[n]]. */
+    void (*crossentropy_forward)(float *losses, const float *logits, const int32_t *targets,
+                                 int N, int V);
+    /* The same losses, and logits overwritten in place by
+     * dlogits = dloss·(softmax(logits) − onehot(targets)). */
+    void (*crossentropy_forward_backward)(float *losses, float *logits, const int32_t *targets,
+                                          int N, int V, float dloss);
+
+    /* ---- optimizer and reductions ---- */
+    void (*adam_update)(float *param, const float *grad, float *m, float *v, size_t n,
+                        const pt_adam_coeffs *coeffs);
+    double (*sum_squares)(const float *x, size_t n);
+    double (*sum)(const float *x, size_t n);
+    void (*scale)(float *x, float factor, size_t n);
+} pt_kernels;
+
+/* The CPU backend (C + OpenBLAS + OpenMP). */
+const pt_kernels *pt_kernels_cpu(void);
+
+/* The CUDA backend, or NULL with PIPERT_ERR_NO_DEVICE/UNSUPPORTED when this
+ * build or this machine has none. */
+pipert_result pt_kernels_cuda(const pt_kernels **out);
+
+/* Threads the CPU kernels use (OpenMP and OpenBLAS together). */
+void pt_kernels_cpu_set_threads(int threads);
+
+#endif

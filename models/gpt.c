@@ -1,0 +1,2 @@
+/* placeholder: being written */
+typedef int pt_placeholder_;

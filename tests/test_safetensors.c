@@ -1,0 +1,3 @@
+/* placeholder: being written */
+#include <criterion/criterion.h>
+Test(placeholder, empty) {}
