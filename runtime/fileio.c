@@ -1,2 +1,137 @@
-/* placeholder: being written */
-typedef int pt_placeholder_;
+#include "runtime/fileio.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+pipert_result pt_read_file(const char *path, char **data, size_t *size)
+{
+    *data = NULL;
+    *size = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f) return pt_fail(PIPERT_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
+        fclose(f);
+        return pt_fail(PIPERT_ERR_IO, "%s: not a regular file", path);
+    }
+    size_t length = (size_t)st.st_size;
+    char *buffer = malloc(length + 1);
+    if (!buffer) {
+        fclose(f);
+        return pt_fail(PIPERT_ERR_NOMEM, "%s: cannot allocate %zu bytes to read it", path, length);
+    }
+    size_t got = fread(buffer, 1, length, f);
+    int failed = ferror(f);
+    fclose(f);
+    if (failed || got != length) {
+        free(buffer);
+        return pt_fail(PIPERT_ERR_IO, "%s: read %zu of %zu bytes", path, got, length);
+    }
+    buffer[length] = '\0';
+    *data = buffer;
+    *size = length;
+    return PIPERT_OK;
+}
+
+pipert_result pt_atomic_open(pt_atomic_file *file, const char *path)
+{
+    memset(file, 0, sizeof *file);
+    size_t n = strlen(path) + 32;
+    file->final_path = strdup(path);
+    file->temp_path = malloc(n);
+    if (!file->final_path || !file->temp_path) {
+        pt_atomic_abort(file);
+        return pt_fail(PIPERT_ERR_NOMEM, "%s: out of memory", path);
+    }
+    /* The temporary lives beside the target (same filesystem: rename is atomic). */
+    snprintf(file->temp_path, n, "%s.tmp.%ld", path, (long)getpid());
+    file->stream = fopen(file->temp_path, "wb");
+    if (!file->stream) {
+        pipert_result rc = pt_fail(PIPERT_ERR_IO, "%s: cannot create: %s", file->temp_path,
+                                   strerror(errno));
+        pt_atomic_abort(file);
+        return rc;
+    }
+    return PIPERT_OK;
+}
+
+static void release(pt_atomic_file *file)
+{
+    free(file->final_path);
+    free(file->temp_path);
+    memset(file, 0, sizeof *file);
+}
+
+pipert_result pt_atomic_commit(pt_atomic_file *file)
+{
+    int failed = fflush(file->stream) != 0 || ferror(file->stream) ||
+                 fsync(fileno(file->stream)) != 0;
+    int saved = errno;
+    failed |= fclose(file->stream) != 0;
+    file->stream = NULL;
+    if (failed || rename(file->temp_path, file->final_path) != 0) {
+        if (!failed) saved = errno;
+        pipert_result rc = pt_fail(PIPERT_ERR_IO, "%s: cannot write: %s", file->final_path,
+                                   strerror(saved));
+        unlink(file->temp_path);
+        release(file);
+        return rc;
+    }
+    /* Make the rename itself durable. */
+    char *dir_copy = strdup(file->final_path);
+    if (dir_copy) {
+        int dir = open(dirname(dir_copy), O_RDONLY | O_DIRECTORY);
+        if (dir >= 0) {
+            fsync(dir);
+            close(dir);
+        }
+        free(dir_copy);
+    }
+    release(file);
+    return PIPERT_OK;
+}
+
+void pt_atomic_abort(pt_atomic_file *file)
+{
+    if (file->stream) fclose(file->stream);
+    if (file->temp_path) unlink(file->temp_path);
+    release(file);
+}
+
+pipert_result pt_write_file_atomic(const char *path, const void *data, size_t size)
+{
+    pt_atomic_file file;
+    PT_TRY(pt_atomic_open(&file, path));
+    if (size && fwrite(data, 1, size, file.stream) != size) {
+        pt_atomic_abort(&file);
+        return pt_fail(PIPERT_ERR_IO, "%s: short write", path);
+    }
+    return pt_atomic_commit(&file);
+}
+
+pipert_result pt_make_dirs(const char *path)
+{
+    char *copy = strdup(path);
+    if (!copy) return pt_fail(PIPERT_ERR_NOMEM, "out of memory");
+    for (char *p = copy + 1;; p++) {
+        int at_end = *p == '\0';
+        if (*p == '/' || at_end) {
+            *p = '\0';
+            if (mkdir(copy, 0755) != 0 && errno != EEXIST) {
+                pipert_result rc = pt_fail(PIPERT_ERR_IO, "%s: cannot create directory: %s",
+                                           copy, strerror(errno));
+                free(copy);
+                return rc;
+            }
+            if (at_end) break;
+            *p = '/';
+        }
+    }
+    free(copy);
+    return PIPERT_OK;
+}

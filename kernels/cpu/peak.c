@@ -1,0 +1,2 @@
+/* placeholder */
+typedef int pt_placeholder_;

@@ -1,0 +1,79 @@
+/* The configuration: one typed struct, filled from defaults, a JSON file and
+ * "--section.key=value" overrides, through one schema table (config.c) that
+ * gives every key its type, default, allowed range and documentation.
+ *
+ * Keys follow the names users know from nanoGPT and Hugging Face. */
+#ifndef PT_CONFIG_H
+#define PT_CONFIG_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "pipert/pipert.h"
+
+#define PT_CONFIG_STRING_MAX 1024
+
+typedef struct pt_model_settings {
+    int n_layer;       /* transformer blocks */
+    int n_embd;        /* channels C */
+    int n_head;        /* attention heads; n_embd % n_head == 0 */
+    int block_size;    /* sequence length T (also the size of wpe) */
+    int vocab_size;    /* V; ≥ 256 for the byte-level tokenizer */
+    bool tie_weights;  /* lm_head shares wte (single-stage runs only) */
+} pt_model_settings;
+
+typedef struct pt_train_settings {
+    int batch_size;        /* sequences per worker per microbatch */
+    int grad_accum;        /* microbatches per optimizer step */
+    long steps;            /* optimizer steps */
+    double lr;             /* peak learning rate γ */
+    long warmup_steps;     /* linear warm-up from 0 */
+    double min_lr_ratio;   /* cosine decay ends at min_lr_ratio·lr */
+    char optimizer[PT_CONFIG_STRING_MAX]; /* "adamw" | "nadamw" */
+    double beta1, beta2, eps, weight_decay;
+    double grad_clip;      /* global-norm clip; 0 disables */
+    long val_every;        /* validation every N steps (and at the end); 0 = only at the end */
+    int val_batches;       /* batches per validation */
+    long log_every;        /* a metrics line every N steps */
+    long checkpoint_every; /* a checkpoint every N steps (and at the end); 0 = only at the end */
+    int keep_checkpoints;  /* newest checkpoints kept; 0 = all */
+} pt_train_settings;
+
+typedef struct pt_data_settings {
+    char path[PT_CONFIG_STRING_MAX];   /* text file, directory of text files, or llm.c .bin shard; "" = fortunes */
+    char format[PT_CONFIG_STRING_MAX]; /* "auto" | "text" | "tokens" */
+    double val_fraction;               /* tail of the token stream held out for validation */
+} pt_data_settings;
+
+typedef struct pt_runtime_settings {
+    int threads;                       /* compute threads; 0 = every core of this machine */
+    char device[PT_CONFIG_STRING_MAX]; /* "cpu" | "cuda" */
+} pt_runtime_settings;
+
+struct pipert_config {
+    pt_model_settings model;
+    pt_train_settings train;
+    pt_data_settings data;
+    pt_runtime_settings runtime;
+    int64_t seed;
+};
+
+/* Fills cfg with every key's default. */
+void pt_config_defaults(pipert_config *cfg);
+
+/* Merges a JSON text; `source` names it in errors ("run.json", or
+ * "checkpoint.safetensors metadata"). Errors read "SOURCE:LINE:COLUMN: ...". */
+pipert_result pt_config_merge_json(pipert_config *cfg, const char *text, const char *source);
+
+/* Checks relations between keys (n_embd divisible by n_head, ...). */
+pipert_result pt_config_validate(const pipert_config *cfg);
+
+/* Documentation of every key: name, type, default, description. */
+void pt_config_print_help(FILE *out);
+
+/* The keys of cfg.model alone as a JSON object text (checkpoint metadata);
+ * caller frees. */
+char *pt_config_model_to_json(const pipert_config *cfg);
+
+#endif

@@ -1,0 +1,34 @@
+/* Whole-file reads and crash-safe writes: a file is written under a temporary
+ * name in its directory, flushed, and renamed over the final name, so a reader
+ * sees the old file or the new one, never half of one. */
+#ifndef PT_FILEIO_H
+#define PT_FILEIO_H
+
+#include <stddef.h>
+#include <stdio.h>
+
+#include "runtime/error.h"
+
+/* Reads a whole file into a malloc'd buffer (NUL-terminated for convenience;
+ * *size excludes the NUL). */
+pipert_result pt_read_file(const char *path, char **data, size_t *size);
+
+typedef struct pt_atomic_file {
+    FILE *stream;  /* write here */
+    char *final_path;
+    char *temp_path;
+} pt_atomic_file;
+
+pipert_result pt_atomic_open(pt_atomic_file *file, const char *path);
+/* Flushes, fsyncs and renames into place; on any failure removes the
+ * temporary file and leaves the old file untouched. */
+pipert_result pt_atomic_commit(pt_atomic_file *file);
+/* Abandons the write: removes the temporary file. */
+void pt_atomic_abort(pt_atomic_file *file);
+
+pipert_result pt_write_file_atomic(const char *path, const void *data, size_t size);
+
+/* mkdir -p */
+pipert_result pt_make_dirs(const char *path);
+
+#endif
