@@ -1,2 +1,504 @@
-/* placeholder: being written */
-typedef int pt_placeholder_;
+#include "models/gpt.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/error.h"
+#include "runtime/memory.h"
+#include "runtime/rng.h"
+
+/* ---- the parameter layout ------------------------------------------------ */
+
+typedef enum init_kind { INIT_NORMAL, INIT_RESIDUAL_PROJECTION, INIT_ZEROS, INIT_ONES } init_kind;
+
+/* One tensor of a block: its name suffix, its shape in units of C (dim1 = 0
+ * for a vector), where its pointer lives in pt_gpt_block_params, how it is
+ * initialised. The order is the order in memory. */
+typedef struct block_tensor_spec {
+    const char *suffix;
+    int dim0_c, dim1_c;
+    size_t field;
+    init_kind init;
+} block_tensor_spec;
+
+#define BLOCK_FIELD(f) offsetof(pt_gpt_block_params, f)
+static const block_tensor_spec block_tensors[] = {
+    {"ln_1.weight", 1, 0, BLOCK_FIELD(ln_1_weight), INIT_ONES},
+    {"ln_1.bias", 1, 0, BLOCK_FIELD(ln_1_bias), INIT_ZEROS},
+    {"attn.c_attn.weight", 1, 3, BLOCK_FIELD(c_attn_weight), INIT_NORMAL},
+    {"attn.c_attn.bias", 3, 0, BLOCK_FIELD(c_attn_bias), INIT_ZEROS},
+    {"attn.c_proj.weight", 1, 1, BLOCK_FIELD(attn_proj_weight), INIT_RESIDUAL_PROJECTION},
+    {"attn.c_proj.bias", 1, 0, BLOCK_FIELD(attn_proj_bias), INIT_ZEROS},
+    {"ln_2.weight", 1, 0, BLOCK_FIELD(ln_2_weight), INIT_ONES},
+    {"ln_2.bias", 1, 0, BLOCK_FIELD(ln_2_bias), INIT_ZEROS},
+    {"mlp.c_fc.weight", 1, 4, BLOCK_FIELD(c_fc_weight), INIT_NORMAL},
+    {"mlp.c_fc.bias", 4, 0, BLOCK_FIELD(c_fc_bias), INIT_ZEROS},
+    {"mlp.c_proj.weight", 4, 1, BLOCK_FIELD(mlp_proj_weight), INIT_RESIDUAL_PROJECTION},
+    {"mlp.c_proj.bias", 1, 0, BLOCK_FIELD(mlp_proj_bias), INIT_ZEROS},
+};
+#define N_BLOCK_TENSORS ((int)(sizeof block_tensors / sizeof block_tensors[0]))
+
+static float **block_field(pt_gpt_block_params *block, size_t field)
+{
+    return (float **)((char *)block + field);
+}
+
+static bool slice_is_tied(const pt_gpt_slice *s)
+{
+    return s->config.tie_weights && s->has_embedding && s->has_head;
+}
+
+static void add_tensor(pt_gpt_slice *s, const char *name, int64_t dim0, int64_t dim1)
+{
+    pt_gpt_tensor *t = &s->tensors[s->n_tensors++];
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->ndim = dim1 ? 2 : 1;
+    t->shape[0] = dim0;
+    t->shape[1] = dim1;
+    t->numel = (size_t)dim0 * (size_t)(dim1 ? dim1 : 1);
+    t->offset = s->n_params;
+    t->decay = t->ndim == 2;
+    s->n_params += t->numel;
+}
+
+/* Lays the slice's tensors out, in model order, in the flat buffer. */
+static void layout_tensors(pt_gpt_slice *s)
+{
+    const pt_gpt_config *c = &s->config;
+    const int64_t C = c->n_embd;
+    char name[PT_TENSOR_NAME_MAX];
+    if (s->has_embedding) {
+        add_tensor(s, "wte.weight", c->vocab_size, C);
+        add_tensor(s, "wpe.weight", c->block_size, C);
+    }
+    for (int l = s->first; l < s->last; l++)
+        for (int j = 0; j < N_BLOCK_TENSORS; j++) {
+            const block_tensor_spec *spec = &block_tensors[j];
+            snprintf(name, sizeof name, "h.%d.%s", l, spec->suffix);
+            add_tensor(s, name, spec->dim0_c * C, spec->dim1_c * C);
+        }
+    if (s->has_head) {
+        add_tensor(s, "ln_f.weight", C, 0);
+        add_tensor(s, "ln_f.bias", C, 0);
+        if (!slice_is_tied(s)) add_tensor(s, "lm_head.weight", c->vocab_size, C);
+    }
+}
+
+static int count_tensors(const pt_gpt_slice *s)
+{
+    return (s->has_embedding ? 2 : 0) + N_BLOCK_TENSORS * (s->last - s->first) +
+           (s->has_head ? (slice_is_tied(s) ? 2 : 3) : 0);
+}
+
+/* Points the structured views (blocks, head) into `base` (params or grads). */
+static void bind_views(const pt_gpt_slice *s, float *base, pt_gpt_block_params *blocks,
+                       pt_gpt_head_params *head)
+{
+    int t = 0;
+    memset(head, 0, sizeof *head);
+    if (s->has_embedding) {
+        head->wte = base + s->tensors[t++].offset;
+        head->wpe = base + s->tensors[t++].offset;
+    }
+    for (int b = 0; b < s->last - s->first; b++)
+        for (int j = 0; j < N_BLOCK_TENSORS; j++)
+            *block_field(&blocks[b], block_tensors[j].field) = base + s->tensors[t++].offset;
+    if (s->has_head) {
+        head->ln_f_weight = base + s->tensors[t++].offset;
+        head->ln_f_bias = base + s->tensors[t++].offset;
+        head->lm_head = slice_is_tied(s) ? head->wte : base + s->tensors[t++].offset;
+    }
+}
+
+/* ---- activations --------------------------------------------------------- */
+
+/* Hands out consecutive pieces of one allocation; with base = NULL it only
+ * counts, so sizing and binding share one description of the layout. */
+typedef struct carver {
+    float *base;
+    size_t used;
+} carver;
+
+static float *carve(carver *cv, size_t n)
+{
+    float *p = cv->base ? cv->base + cv->used : NULL;
+    cv->used += (n + 15) / 16 * 16; /* keep every piece 64-byte aligned */
+    return p;
+}
+
+static void carve_activations(pt_gpt_slice *s, carver *cv)
+{
+    const size_t N = (size_t)s->B * s->T, C = s->config.n_embd, NH = s->config.n_head;
+    s->input = carve(cv, N * C);
+    for (int b = 0; b < s->last - s->first; b++) {
+        pt_gpt_block_acts *a = &s->block_acts[b];
+        a->ln_1 = carve(cv, N * C);
+        a->ln_1_mean = carve(cv, N);
+        a->ln_1_rstd = carve(cv, N);
+        a->qkv = carve(cv, N * 3 * C);
+        a->att = carve(cv, (size_t)s->B * NH * s->T * s->T);
+        a->atty = carve(cv, N * C);
+        a->residual_2 = carve(cv, N * C);
+        a->ln_2 = carve(cv, N * C);
+        a->ln_2_mean = carve(cv, N);
+        a->ln_2_rstd = carve(cv, N);
+        a->fc = carve(cv, N * 4 * C);
+        a->fc_gelu = carve(cv, N * 4 * C);
+        a->residual_3 = carve(cv, N * C);
+    }
+    if (s->has_head) {
+        s->ln_f = carve(cv, N * C);
+        s->ln_f_mean = carve(cv, N);
+        s->ln_f_rstd = carve(cv, N);
+        s->logits = carve(cv, N * (size_t)s->config.vocab_size);
+        s->losses = carve(cv, N);
+        s->targets = (int32_t *)carve(cv, N);
+    }
+    if (s->has_embedding) s->tokens = (int32_t *)carve(cv, N);
+}
+
+static void carve_activation_grads(pt_gpt_slice *s, carver *cv)
+{
+    const size_t N = (size_t)s->B * s->T, C = s->config.n_embd;
+    s->dresidual = carve(cv, N * C);
+    s->dscratch_c = carve(cv, N * C);
+    s->dscratch_3c = carve(cv, N * 3 * C);
+    s->dscratch_fc_gelu = carve(cv, N * 4 * C);
+    s->dscratch_fc = carve(cv, N * 4 * C);
+}
+
+/* ---- creation ------------------------------------------------------------ */
+
+pipert_result pt_gpt_config_check(const pt_gpt_config *c, const char *where)
+{
+    if (c->n_layer < 1 || c->n_embd < 1 || c->n_head < 1 || c->block_size < 1 || c->vocab_size < 1)
+        return pt_fail(PIPERT_ERR_CONFIG,
+                       "%s: model sizes must be positive (n_layer=%d n_embd=%d n_head=%d "
+                       "block_size=%d vocab_size=%d)",
+                       where, c->n_layer, c->n_embd, c->n_head, c->block_size, c->vocab_size);
+    if (c->n_embd % c->n_head != 0)
+        return pt_fail(PIPERT_ERR_CONFIG, "%s: model.n_embd=%d is not divisible by model.n_head=%d",
+                       where, c->n_embd, c->n_head);
+    return PIPERT_OK;
+}
+
+static pipert_result check_slice_request(const pt_gpt_config *c, int first, int last, int B, int T)
+{
+    PT_TRY(pt_gpt_config_check(c, "model"));
+    if (first < 0 || last > c->n_layer || first > last)
+        return pt_fail(PIPERT_ERR_INVALID_ARG, "blocks [%d, %d) are not a slice of a %d-block model",
+                       first, last, c->n_layer);
+    if (B < 1 || T < 1 || T > c->block_size)
+        return pt_fail(PIPERT_ERR_INVALID_ARG,
+                       "batch %d×%d: the sequence length must be in [1, model.block_size=%d]", B, T,
+                       c->block_size);
+    if (c->tie_weights && !(first == 0 && last == c->n_layer))
+        return pt_fail(PIPERT_ERR_CONFIG,
+                       "model.tie_weights needs the whole model on one stage (slice [%d, %d) of %d)",
+                       first, last, c->n_layer);
+    return PIPERT_OK;
+}
+
+/* A slice with its shape fields set and its tables allocated, no buffers. */
+static pipert_result slice_describe(pt_gpt_slice *s, const pt_gpt_config *config, int first,
+                                    int last, int B, int T)
+{
+    s->config = *config;
+    s->first = first;
+    s->last = last;
+    s->has_embedding = first == 0;
+    s->has_head = last == config->n_layer;
+    s->B = B;
+    s->T = T;
+    int n_blocks = last - first;
+    s->tensors = calloc((size_t)count_tensors(s), sizeof *s->tensors);
+    s->blocks = calloc((size_t)n_blocks + 1, sizeof *s->blocks);
+    s->block_grads = calloc((size_t)n_blocks + 1, sizeof *s->block_grads);
+    s->block_acts = calloc((size_t)n_blocks + 1, sizeof *s->block_acts);
+    if (!s->tensors || !s->blocks || !s->block_grads || !s->block_acts)
+        return pt_fail(PIPERT_ERR_NOMEM, "model slice tables: out of memory");
+    layout_tensors(s);
+    carver acts = {0}, grad_acts = {0};
+    carve_activations(s, &acts);
+    carve_activation_grads(s, &grad_acts);
+    s->n_acts = acts.used;
+    s->n_grad_acts = grad_acts.used;
+    return PIPERT_OK;
+}
+
+static void slice_release_tables(pt_gpt_slice *s)
+{
+    free(s->tensors);
+    free(s->blocks);
+    free(s->block_grads);
+    free(s->block_acts);
+}
+
+size_t pt_gpt_slice_bytes(const pt_gpt_config *config, int first, int last, int B, int T)
+{
+    pt_gpt_slice s = {0};
+    size_t bytes = 0;
+    if (check_slice_request(config, first, last, B, T) == PIPERT_OK &&
+        slice_describe(&s, config, first, last, B, T) == PIPERT_OK)
+        bytes = sizeof(float) * (2 * s.n_params + s.n_acts + s.n_grad_acts);
+    slice_release_tables(&s);
+    return bytes;
+}
+
+pipert_result pt_gpt_slice_create(pt_gpt_slice **out, const pt_gpt_config *config, int first,
+                                  int last, int B, int T, const pt_kernels *kernels)
+{
+    *out = NULL;
+    PT_TRY(check_slice_request(config, first, last, B, T));
+    pt_gpt_slice *s = calloc(1, sizeof *s);
+    if (!s) return pt_fail(PIPERT_ERR_NOMEM, "model slice: out of memory");
+    s->kernels = kernels;
+    pipert_result rc = slice_describe(s, config, first, last, B, T);
+    size_t bytes = sizeof(float) * (2 * s->n_params + s->n_acts + s->n_grad_acts);
+    char what[160];
+    snprintf(what, sizeof what,
+             "the model (n_layer=%d, n_embd=%d, vocab_size=%d, blocks [%d, %d)) at batch %d×%d",
+             config->n_layer, config->n_embd, config->vocab_size, first, last, B, T);
+    if (rc == PIPERT_OK && !strcmp(kernels->name, "cpu")) rc = pt_memory_check_fits(bytes, what);
+    if (rc == PIPERT_OK) rc = kernels->alloc((void **)&s->params, s->n_params * sizeof(float), what);
+    if (rc == PIPERT_OK) rc = kernels->alloc((void **)&s->grads, s->n_params * sizeof(float), what);
+    if (rc == PIPERT_OK) rc = kernels->alloc((void **)&s->acts, s->n_acts * sizeof(float), what);
+    if (rc == PIPERT_OK)
+        rc = kernels->alloc((void **)&s->grad_acts, s->n_grad_acts * sizeof(float), what);
+    if (rc != PIPERT_OK) {
+        pt_gpt_slice_free(s);
+        return rc;
+    }
+    bind_views(s, s->params, s->blocks, &s->head);
+    bind_views(s, s->grads, s->block_grads, &s->head_grads);
+    carver acts = {.base = s->acts}, grad_acts = {.base = s->grad_acts};
+    carve_activations(s, &acts);
+    carve_activation_grads(s, &grad_acts);
+    *out = s;
+    return PIPERT_OK;
+}
+
+void pt_gpt_slice_free(pt_gpt_slice *s)
+{
+    if (!s) return;
+    if (s->kernels) {
+        s->kernels->free(s->params);
+        s->kernels->free(s->grads);
+        s->kernels->free(s->acts);
+        s->kernels->free(s->grad_acts);
+    }
+    slice_release_tables(s);
+    free(s);
+}
+
+const pt_gpt_tensor *pt_gpt_find(const pt_gpt_slice *s, const char *name)
+{
+    for (int i = 0; i < s->n_tensors; i++)
+        if (!strcmp(s->tensors[i].name, name)) return &s->tensors[i];
+    return NULL;
+}
+
+/* ---- initialisation ------------------------------------------------------ */
+
+static init_kind tensor_init_kind(const char *name)
+{
+    const char *dot = strrchr(name, '.');
+    if (!strncmp(name, "h.", 2)) {
+        const char *suffix = strchr(name + 2, '.') + 1;
+        for (int j = 0; j < N_BLOCK_TENSORS; j++)
+            if (!strcmp(block_tensors[j].suffix, suffix)) return block_tensors[j].init;
+    }
+    if (!strncmp(name, "ln_f.", 5)) return !strcmp(dot, ".weight") ? INIT_ONES : INIT_ZEROS;
+    return INIT_NORMAL; /* wte, wpe, lm_head */
+}
+
+pipert_result pt_gpt_init(pt_gpt_slice *s, uint64_t seed)
+{
+    float *host;
+    PT_TRY(pt_alloc((void **)&host, s->n_params * sizeof(float), "initial parameters"));
+    const float std = 0.02f;
+    const float residual_std = std / sqrtf(2.0f * (float)s->config.n_layer);
+    for (int i = 0; i < s->n_tensors; i++) {
+        const pt_gpt_tensor *t = &s->tensors[i];
+        float *dst = host + t->offset;
+        pt_philox_key key = pt_rng_key(seed, pt_hash_string(t->name));
+        switch (tensor_init_kind(t->name)) {
+        case INIT_NORMAL: pt_rng_fill_normal(key, dst, t->numel, 0.f, std); break;
+        case INIT_RESIDUAL_PROJECTION: pt_rng_fill_normal(key, dst, t->numel, 0.f, residual_std); break;
+        case INIT_ONES:
+            for (size_t j = 0; j < t->numel; j++) dst[j] = 1.f;
+            break;
+        case INIT_ZEROS: break;
+        }
+    }
+    s->kernels->copy_to_device(s->params, host, s->n_params * sizeof(float));
+    pt_free(host);
+    return PIPERT_OK;
+}
+
+/* ---- sizes --------------------------------------------------------------- */
+
+size_t pt_gpt_matmul_params(const pt_gpt_config *c)
+{
+    const size_t C = c->n_embd;
+    return (size_t)c->n_layer * (12 * C * C + 13 * C) + 2 * C + (size_t)c->vocab_size * C;
+}
+
+double pt_gpt_flops_per_token(const pt_gpt_config *c, int T)
+{
+    return 6.0 * (double)pt_gpt_matmul_params(c) + 12.0 * c->n_layer * c->n_embd * (double)T;
+}
+
+/* ---- forward ------------------------------------------------------------- */
+
+static const float *block_input(const pt_gpt_slice *s, int b)
+{
+    return b == 0 ? s->input : s->block_acts[b - 1].residual_3;
+}
+
+const float *pt_gpt_output(const pt_gpt_slice *s) { return block_input(s, s->last - s->first); }
+
+static void block_forward(pt_gpt_slice *s, int b)
+{
+    const pt_kernels *k = s->kernels;
+    const int B = s->B, T = s->T, N = B * T, C = s->config.n_embd, NH = s->config.n_head;
+    const pt_gpt_block_params *p = &s->blocks[b];
+    pt_gpt_block_acts *a = &s->block_acts[b];
+    const float *x = block_input(s, b);
+
+    k->layernorm_forward(a->ln_1, a->ln_1_mean, a->ln_1_rstd, x, p->ln_1_weight, p->ln_1_bias, N, C);
+    k->matmul_forward(a->qkv, a->ln_1, p->c_attn_weight, p->c_attn_bias, N, C, 3 * C, PT_WEIGHT_IN_OUT);
+    k->attention_forward(a->atty, a->att, a->qkv, B, T, C, NH);
+    k->matmul_forward(a->residual_2, a->atty, p->attn_proj_weight, p->attn_proj_bias, N, C, C,
+                      PT_WEIGHT_IN_OUT);
+    k->residual_forward(a->residual_2, a->residual_2, x, (size_t)N * C);
+
+    k->layernorm_forward(a->ln_2, a->ln_2_mean, a->ln_2_rstd, a->residual_2, p->ln_2_weight,
+                         p->ln_2_bias, N, C);
+    k->matmul_forward(a->fc, a->ln_2, p->c_fc_weight, p->c_fc_bias, N, C, 4 * C, PT_WEIGHT_IN_OUT);
+    k->gelu_forward(a->fc_gelu, a->fc, (size_t)N * 4 * C);
+    k->matmul_forward(a->residual_3, a->fc_gelu, p->mlp_proj_weight, p->mlp_proj_bias, N, 4 * C, C,
+                      PT_WEIGHT_IN_OUT);
+    k->residual_forward(a->residual_3, a->residual_3, a->residual_2, (size_t)N * C);
+}
+
+/* Embeddings (stage 0) and every block of the slice. */
+static void trunk_forward(pt_gpt_slice *s)
+{
+    if (s->has_embedding)
+        s->kernels->encoder_forward(s->input, s->tokens, s->head.wte, s->head.wpe, s->B, s->T,
+                                    s->config.n_embd);
+    for (int b = 0; b < s->last - s->first; b++) block_forward(s, b);
+}
+
+/* ln_f and the logits; the loss is computed by the caller's choice of kernel. */
+static void head_forward_logits(pt_gpt_slice *s)
+{
+    const pt_kernels *k = s->kernels;
+    const int N = s->B * s->T, C = s->config.n_embd, V = s->config.vocab_size;
+    k->layernorm_forward(s->ln_f, s->ln_f_mean, s->ln_f_rstd, pt_gpt_output(s), s->head.ln_f_weight,
+                         s->head.ln_f_bias, N, C);
+    k->matmul_forward(s->logits, s->ln_f, s->head.lm_head, NULL, N, C, V, PT_WEIGHT_OUT_IN);
+}
+
+static float mean_loss(const pt_gpt_slice *s)
+{
+    const int N = s->B * s->T;
+    return (float)(s->kernels->sum(s->losses, (size_t)N) / N);
+}
+
+void pt_gpt_forward(pt_gpt_slice *s, float loss_scale, float *loss)
+{
+    trunk_forward(s);
+    if (!s->has_head) return;
+    const int N = s->B * s->T;
+    head_forward_logits(s);
+    s->kernels->crossentropy_forward_backward(s->losses, s->logits, s->targets, N,
+                                              s->config.vocab_size, loss_scale / (float)N);
+    if (loss) *loss = mean_loss(s);
+}
+
+void pt_gpt_forward_eval(pt_gpt_slice *s, float *loss)
+{
+    trunk_forward(s);
+    if (!s->has_head) return;
+    head_forward_logits(s);
+    s->kernels->crossentropy_forward(s->losses, s->logits, s->targets, s->B * s->T,
+                                     s->config.vocab_size);
+    if (loss) *loss = mean_loss(s);
+}
+
+/* ---- backward ------------------------------------------------------------ */
+
+/* On entry s->dresidual holds the gradient of the block's output; on return,
+ * the gradient of its input. The residual connections are the accumulation:
+ * each layernorm backward adds its branch into dresidual. */
+static void block_backward(pt_gpt_slice *s, int b)
+{
+    const pt_kernels *k = s->kernels;
+    const int B = s->B, T = s->T, N = B * T, C = s->config.n_embd, NH = s->config.n_head;
+    const size_t NC = (size_t)N * C;
+    const pt_gpt_block_params *p = &s->blocks[b];
+    pt_gpt_block_params *g = &s->block_grads[b];
+    const pt_gpt_block_acts *a = &s->block_acts[b];
+    const float *x = block_input(s, b);
+    float *dres = s->dresidual;
+
+    /* MLP branch: residual_3 = residual_2 + c_proj(gelu(c_fc(ln_2(residual_2)))) */
+    k->zero(s->dscratch_fc_gelu, 4 * NC * sizeof(float));
+    k->matmul_backward(s->dscratch_fc_gelu, g->mlp_proj_weight, g->mlp_proj_bias, dres, a->fc_gelu,
+                       p->mlp_proj_weight, N, 4 * C, C, PT_WEIGHT_IN_OUT);
+    k->zero(s->dscratch_fc, 4 * NC * sizeof(float));
+    k->gelu_backward(s->dscratch_fc, a->fc, s->dscratch_fc_gelu, 4 * NC);
+    k->zero(s->dscratch_c, NC * sizeof(float));
+    k->matmul_backward(s->dscratch_c, g->c_fc_weight, g->c_fc_bias, s->dscratch_fc, a->ln_2,
+                       p->c_fc_weight, N, C, 4 * C, PT_WEIGHT_IN_OUT);
+    k->layernorm_backward(dres, g->ln_2_weight, g->ln_2_bias, s->dscratch_c, a->residual_2,
+                          p->ln_2_weight, a->ln_2_mean, a->ln_2_rstd, N, C);
+
+    /* attention branch: residual_2 = x + c_proj(attn(c_attn(ln_1(x)))) */
+    k->zero(s->dscratch_c, NC * sizeof(float));
+    k->matmul_backward(s->dscratch_c, g->attn_proj_weight, g->attn_proj_bias, dres, a->atty,
+                       p->attn_proj_weight, N, C, C, PT_WEIGHT_IN_OUT);
+    k->zero(s->dscratch_3c, 3 * NC * sizeof(float));
+    k->attention_backward(s->dscratch_3c, s->dscratch_c, a->qkv, a->att, B, T, C, NH);
+    k->zero(s->dscratch_c, NC * sizeof(float));
+    k->matmul_backward(s->dscratch_c, g->c_attn_weight, g->c_attn_bias, s->dscratch_3c, a->ln_1,
+                       p->c_attn_weight, N, C, 3 * C, PT_WEIGHT_IN_OUT);
+    k->layernorm_backward(dres, g->ln_1_weight, g->ln_1_bias, s->dscratch_c, x, p->ln_1_weight,
+                          a->ln_1_mean, a->ln_1_rstd, N, C);
+}
+
+/* dresidual ← gradient of the trunk output, from the (already scaled) dlogits. */
+static void head_backward(pt_gpt_slice *s)
+{
+    const pt_kernels *k = s->kernels;
+    const int N = s->B * s->T, C = s->config.n_embd, V = s->config.vocab_size;
+    const size_t NC = (size_t)N * C;
+    k->zero(s->dscratch_c, NC * sizeof(float));
+    k->matmul_backward(s->dscratch_c, s->head_grads.lm_head, NULL, s->logits, s->ln_f,
+                       s->head.lm_head, N, C, V, PT_WEIGHT_OUT_IN);
+    k->zero(s->dresidual, NC * sizeof(float));
+    k->layernorm_backward(s->dresidual, s->head_grads.ln_f_weight, s->head_grads.ln_f_bias,
+                          s->dscratch_c, pt_gpt_output(s), s->head.ln_f_weight, s->ln_f_mean,
+                          s->ln_f_rstd, N, C);
+}
+
+const float *pt_gpt_backward(pt_gpt_slice *s, const float *dout)
+{
+    const size_t NC = (size_t)s->B * s->T * s->config.n_embd;
+    if (s->has_head) head_backward(s);
+    else s->kernels->copy(s->dresidual, dout, NC * sizeof(float));
+    for (int b = s->last - s->first - 1; b >= 0; b--) block_backward(s, b);
+    if (!s->has_embedding) return s->dresidual;
+    s->kernels->encoder_backward(s->head_grads.wte, s->head_grads.wpe, s->dresidual, s->tokens,
+                                 s->B, s->T, s->config.n_embd);
+    return NULL;
+}
+
+void pt_gpt_zero_grads(pt_gpt_slice *s)
+{
+    s->kernels->zero(s->grads, s->n_params * sizeof(float));
+}

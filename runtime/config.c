@@ -1,2 +1,782 @@
-/* placeholder: being written */
-typedef int pt_placeholder_;
+/* The configuration: one schema table drives everything.
+ *
+ * Every key is one row of `schema` below: its dotted name, where it lives in
+ * struct pipert_config, its default, its allowed range or choices and a line
+ * of documentation. Defaults, JSON merging, "--key=value" overrides, checks,
+ * the JSON dump, `--help` and docs/CONFIG.md all read that table, so a new key
+ * (or a whole new section) is a new row and a new struct field, nothing else.
+ *
+ * Sections are JSON objects ({"train": {"lr": 3e-4}}); a key's name is its
+ * path joined by dots ("train.lr"), and top-level keys ("seed") have no dot.
+ * A key's C type is not written in the table: _Generic reads it off the struct
+ * field, so the table and the struct cannot disagree. */
+#include "runtime/config.h"
+
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "runtime/error.h"
+#include "runtime/fileio.h"
+
+/* ---- the schema ---------------------------------------------------------- */
+
+typedef enum key_type { KEY_INT, KEY_LONG, KEY_LLONG, KEY_DOUBLE, KEY_BOOL, KEY_STRING } key_type;
+
+/* Allowed values of a number: min..max, each end open or closed. */
+enum { CLOSED = 0, OPEN_MIN = 1, OPEN_MAX = 2 };
+typedef struct key_range {
+    double min, max; /* ±HUGE_VAL where unbounded */
+    int open;        /* OPEN_MIN | OPEN_MAX */
+} key_range;
+
+typedef struct config_key {
+    const char *name;      /* "train.lr" */
+    key_type type;         /* the C type of the field */
+    size_t offset, size;   /* of the field in struct pipert_config */
+    double default_number; /* integers, bools (0/1) and doubles */
+    const char *default_string;
+    key_range range;       /* numbers */
+    const char *choices;   /* strings: "adamw|nadamw", or NULL for any string */
+    const char *doc;
+} config_key;
+
+#define FIELD(member) (((pipert_config *)0)->member)
+/* char arrays decay to char * in a _Generic selection (C17, DR 481). */
+#define TYPE_OF(member)                                                                            \
+    _Generic(FIELD(member),                                                                        \
+        int: KEY_INT,                                                                              \
+        long: KEY_LONG,                                                                            \
+        long long: KEY_LLONG,                                                                      \
+        double: KEY_DOUBLE,                                                                        \
+        bool: KEY_BOOL,                                                                            \
+        char *: KEY_STRING)
+#define PLACE(member)                                                                              \
+    .name = #member, .type = TYPE_OF(member), .offset = offsetof(pipert_config, member),           \
+    .size = sizeof FIELD(member)
+
+#define NUMBER_KEY(member, default_, range_, doc_)                                                 \
+    {PLACE(member), .default_number = (default_), .range = range_, .doc = (doc_)}
+#define BOOL_KEY(member, default_, doc_)                                                           \
+    {PLACE(member), .default_number = (default_), .range = ANY_NUMBER, .doc = (doc_)}
+#define STRING_KEY(member, default_, choices_, doc_)                                               \
+    {PLACE(member), .default_string = (default_), .range = ANY_NUMBER, .choices = (choices_),      \
+     .doc = (doc_)}
+
+#define ANY_NUMBER {-HUGE_VAL, HUGE_VAL, CLOSED}
+#define AT_LEAST(x) {(x), HUGE_VAL, CLOSED}              /* [x, ∞) */
+#define ABOVE(x) {(x), HUGE_VAL, OPEN_MIN}               /* (x, ∞) */
+#define CLOSED_RANGE(a, b) {(a), (b), CLOSED}            /* [a, b] */
+#define HALF_OPEN_RANGE(a, b) {(a), (b), OPEN_MAX}       /* [a, b) */
+#define OPEN_RANGE(a, b) {(a), (b), OPEN_MIN | OPEN_MAX} /* (a, b) */
+
+static const config_key schema[] = {
+    NUMBER_KEY(model.n_layer, 4, AT_LEAST(1), "transformer blocks"),
+    NUMBER_KEY(model.n_embd, 128, AT_LEAST(1), "channels C of the residual stream; a multiple of model.n_head"),
+    NUMBER_KEY(model.n_head, 4, AT_LEAST(1), "attention heads"),
+    NUMBER_KEY(model.block_size, 128, AT_LEAST(1), "sequence length T (also the number of learned positions)"),
+    NUMBER_KEY(model.vocab_size, 256, AT_LEAST(1), "vocabulary size V; at least 256 for the byte-level tokenizer"),
+    BOOL_KEY(model.tie_weights, false, "lm_head shares the token embedding (single-stage runs only)"),
+
+    NUMBER_KEY(train.batch_size, 8, AT_LEAST(1), "sequences per worker per microbatch"),
+    NUMBER_KEY(train.grad_accum, 1, AT_LEAST(1), "microbatches per optimizer step"),
+    NUMBER_KEY(train.steps, 600, AT_LEAST(1), "optimizer steps of the whole run"),
+    NUMBER_KEY(train.lr, 1e-3, ABOVE(0), "peak learning rate, reached at the end of warm-up"),
+    NUMBER_KEY(train.warmup_steps, 50, AT_LEAST(0), "steps of linear warm-up from 0 to train.lr"),
+    NUMBER_KEY(train.min_lr_ratio, 0.1, CLOSED_RANGE(0, 1), "cosine decay ends at min_lr_ratio * train.lr"),
+    STRING_KEY(train.optimizer, "adamw", "adamw|nadamw", "update rule: AdamW, or NAdamW (Nesterov momentum)"),
+    NUMBER_KEY(train.beta1, 0.9, HALF_OPEN_RANGE(0, 1), "decay of the first moment (momentum)"),
+    NUMBER_KEY(train.beta2, 0.95, HALF_OPEN_RANGE(0, 1), "decay of the second moment"),
+    NUMBER_KEY(train.eps, 1e-8, ABOVE(0), "added to the root of the second moment"),
+    NUMBER_KEY(train.weight_decay, 0.1, AT_LEAST(0), "decoupled weight decay (matrices only)"),
+    NUMBER_KEY(train.grad_clip, 1.0, AT_LEAST(0), "clip the global gradient norm to this; 0 disables"),
+    NUMBER_KEY(train.val_every, 100, AT_LEAST(0), "validate every N steps and at the end; 0 = only at the end"),
+    NUMBER_KEY(train.val_batches, 8, AT_LEAST(1), "batches per validation"),
+    NUMBER_KEY(train.log_every, 10, AT_LEAST(1), "a metrics line every N steps"),
+    NUMBER_KEY(train.checkpoint_every, 200, AT_LEAST(0), "checkpoint every N steps and at the end; 0 = only at the end"),
+    NUMBER_KEY(train.keep_checkpoints, 3, AT_LEAST(0), "newest checkpoints kept; 0 = keep all"),
+
+    STRING_KEY(data.path, "", NULL, "text file, directory of text files, or llm.c .bin token shard; \"\" = built-in fortunes"),
+    STRING_KEY(data.format, "auto", "auto|text|tokens", "how to read data.path; auto decides from the file"),
+    NUMBER_KEY(data.val_fraction, 0.1, OPEN_RANGE(0, 1), "tail of the token stream held out for validation"),
+
+    NUMBER_KEY(runtime.threads, 0, AT_LEAST(0), "compute threads; 0 = every core of this machine"),
+    STRING_KEY(runtime.device, "cpu", "cpu|cuda", "where the kernels run"),
+
+    NUMBER_KEY(seed, 1337, AT_LEAST(0), "seed of every random stream (initial weights, data sampling)"),
+};
+enum { KEY_COUNT = sizeof schema / sizeof schema[0] };
+
+#define NAME_MAX_LENGTH 128 /* longest dotted name we handle; schema names are far shorter */
+
+static const config_key *find_key(const char *name)
+{
+    for (int i = 0; i < KEY_COUNT; i++)
+        if (strcmp(schema[i].name, name) == 0) return &schema[i];
+    return NULL;
+}
+
+/* A section is a proper prefix of some key name, ending before a dot. */
+static bool is_section(const char *name)
+{
+    size_t length = strlen(name);
+    for (int i = 0; i < KEY_COUNT; i++)
+        if (strncmp(schema[i].name, name, length) == 0 && schema[i].name[length] == '.') return true;
+    return false;
+}
+
+static bool is_integer_type(key_type type)
+{
+    return type == KEY_INT || type == KEY_LONG || type == KEY_LLONG;
+}
+
+static const char *type_name(key_type type)
+{
+    return is_integer_type(type) ? "integer"
+           : type == KEY_DOUBLE  ? "number"
+           : type == KEY_BOOL    ? "bool"
+                                 : "string";
+}
+
+static void integer_limits(key_type type, long long *lo, long long *hi)
+{
+    *lo = type == KEY_INT ? INT_MIN : type == KEY_LONG ? LONG_MIN : LLONG_MIN;
+    *hi = type == KEY_INT ? INT_MAX : type == KEY_LONG ? LONG_MAX : LLONG_MAX;
+}
+
+/* ---- reading and writing fields ------------------------------------------ */
+
+static void *field_of(pipert_config *cfg, const config_key *key) { return (char *)cfg + key->offset; }
+
+static const void *const_field_of(const pipert_config *cfg, const config_key *key)
+{
+    return (const char *)cfg + key->offset;
+}
+
+/* Integer and bool fields. The value has been checked to fit. */
+static void write_integer(pipert_config *cfg, const config_key *key, long long value)
+{
+    void *field = field_of(cfg, key);
+    switch (key->type) {
+    case KEY_INT: *(int *)field = (int)value; break;
+    case KEY_LONG: *(long *)field = (long)value; break;
+    case KEY_LLONG: *(long long *)field = value; break;
+    case KEY_BOOL: *(bool *)field = value != 0; break;
+    default: break;
+    }
+}
+
+/* Fills the whole buffer, so two configs holding the same strings compare
+ * equal byte for byte. */
+static void write_string(pipert_config *cfg, const config_key *key, const char *value, size_t length)
+{
+    char *field = field_of(cfg, key);
+    memset(field, 0, key->size);
+    memcpy(field, value, length < key->size ? length : key->size - 1);
+}
+
+/* Stores a value that check_value accepted. */
+static void write_json(pipert_config *cfg, const config_key *key, const json_t *value)
+{
+    if (key->type == KEY_DOUBLE)
+        *(double *)field_of(cfg, key) = json_number_value(value);
+    else if (key->type == KEY_STRING)
+        write_string(cfg, key, json_string_value(value), json_string_length(value));
+    else if (key->type == KEY_BOOL)
+        write_integer(cfg, key, json_is_true(value));
+    else
+        write_integer(cfg, key, json_integer_value(value));
+}
+
+/* The field as a new JSON value; NULL if it has none (a non-finite double or a
+ * string that is not UTF-8, which only C code writing the struct can cause). */
+static json_t *read_json(const pipert_config *cfg, const config_key *key)
+{
+    const void *field = const_field_of(cfg, key);
+    switch (key->type) {
+    case KEY_INT: return json_integer(*(const int *)field);
+    case KEY_LONG: return json_integer(*(const long *)field);
+    case KEY_LLONG: return json_integer(*(const long long *)field);
+    case KEY_DOUBLE: return json_real(*(const double *)field);
+    case KEY_BOOL: return json_boolean(*(const bool *)field);
+    case KEY_STRING: return json_stringn(field, strnlen(field, key->size));
+    }
+    return NULL;
+}
+
+void pt_config_defaults(pipert_config *cfg)
+{
+    memset(cfg, 0, sizeof *cfg);
+    for (int i = 0; i < KEY_COUNT; i++) {
+        const config_key *key = &schema[i];
+        if (key->type == KEY_DOUBLE)
+            *(double *)field_of(cfg, key) = key->default_number;
+        else if (key->type == KEY_STRING)
+            write_string(cfg, key, key->default_string, strlen(key->default_string));
+        else
+            write_integer(cfg, key, (long long)key->default_number);
+    }
+}
+
+/* ---- checking values ----------------------------------------------------- */
+
+/* Why a value does not fit a key, in two parts so that each caller can word
+ * its message: problem = "expected a number", found = "a string". */
+typedef struct value_error {
+    char problem[160];
+    char found[160];
+} value_error;
+
+/* The fewest significant digits (1..17) that print x so that it reads back
+ * exactly: 0.1 prints as 0.1, not as 0.10000000000000001. */
+static int exact_precision(double x)
+{
+    char text[40];
+    for (int digits = 1; digits < 17; digits++) {
+        snprintf(text, sizeof text, "%.*g", digits, x);
+        if (strtod(text, NULL) == x) return digits;
+    }
+    return 17;
+}
+
+/* A scalar as JSON text ("3.5", "true", "\"adamw\""), truncated to fit. */
+static void format_json(const json_t *value, char *out, size_t capacity)
+{
+    int digits = json_is_real(value) ? exact_precision(json_real_value(value)) : 17;
+    char *text = json_dumps(value, JSON_ENCODE_ANY | JSON_REAL_PRECISION(digits));
+    snprintf(out, capacity, "%s", text ? text : "?");
+    free(text);
+}
+
+/* What a value is, for "expected X, got Y": scalars show themselves, strings
+ * and containers their kind (a string may be long). */
+static void describe_json(const json_t *value, char *out, size_t capacity)
+{
+    if (json_is_string(value))
+        snprintf(out, capacity, "a string");
+    else if (json_is_object(value))
+        snprintf(out, capacity, "an object");
+    else if (json_is_array(value))
+        snprintf(out, capacity, "an array");
+    else
+        format_json(value, out, capacity);
+}
+
+static bool type_mismatch(value_error *why, const char *expected, const json_t *value)
+{
+    snprintf(why->problem, sizeof why->problem, "expected %s", expected);
+    describe_json(value, why->found, sizeof why->found);
+    return false;
+}
+
+/* The range as text: "[0, 1)", ">= 1", "> 0"; "" if unbounded. */
+static void format_range(const key_range *range, char *out, size_t capacity)
+{
+    bool has_min = range->min > -HUGE_VAL, has_max = range->max < HUGE_VAL;
+    bool open_min = range->open & OPEN_MIN, open_max = range->open & OPEN_MAX;
+    if (has_min && has_max)
+        snprintf(out, capacity, "%c%g, %g%c", open_min ? '(' : '[', range->min, range->max,
+                 open_max ? ')' : ']');
+    else if (has_min)
+        snprintf(out, capacity, "%s %g", open_min ? ">" : ">=", range->min);
+    else if (has_max)
+        snprintf(out, capacity, "%s %g", open_max ? "<" : "<=", range->max);
+    else
+        snprintf(out, capacity, "%s", "");
+}
+
+static bool check_range(const config_key *key, double x, const json_t *value, value_error *why)
+{
+    const key_range *r = &key->range;
+    bool above_min = (r->open & OPEN_MIN) ? x > r->min : x >= r->min;
+    bool below_max = (r->open & OPEN_MAX) ? x < r->max : x <= r->max;
+    if (above_min && below_max) return true;
+    char range[64];
+    format_range(r, range, sizeof range);
+    bool interval = range[0] == '[' || range[0] == '(';
+    snprintf(why->problem, sizeof why->problem, "must be %s%s", interval ? "in " : "", range);
+    format_json(value, why->found, sizeof why->found);
+    return false;
+}
+
+static bool is_choice(const char *choices, const char *value)
+{
+    size_t length = strlen(value);
+    for (const char *at = choices;; at++) { /* at: the start of one choice */
+        if (strncmp(at, value, length) == 0 && (at[length] == '|' || at[length] == '\0')) return true;
+        if (!(at = strchr(at, '|'))) return false;
+    }
+}
+
+/* Does the JSON value fit the key: type, C type limits, range, length, choices? */
+static bool check_value(const config_key *key, const json_t *value, value_error *why)
+{
+    if (is_integer_type(key->type)) {
+        if (!json_is_integer(value)) return type_mismatch(why, "an integer", value);
+        long long lo, hi, x = json_integer_value(value);
+        integer_limits(key->type, &lo, &hi);
+        if (x < lo || x > hi) { /* does not fit the C type: name the range that does */
+            if (key->range.min > (double)lo) lo = (long long)ceil(key->range.min);
+            if (key->range.max < (double)hi) hi = (long long)floor(key->range.max);
+            snprintf(why->problem, sizeof why->problem, "must be in [%lld, %lld]", lo, hi);
+            format_json(value, why->found, sizeof why->found);
+            return false;
+        }
+        return check_range(key, (double)x, value, why);
+    }
+    if (key->type == KEY_DOUBLE) {
+        if (!json_is_number(value)) return type_mismatch(why, "a number", value);
+        return check_range(key, json_number_value(value), value, why);
+    }
+    if (key->type == KEY_BOOL)
+        return json_is_boolean(value) ? true : type_mismatch(why, "true or false", value);
+
+    if (!json_is_string(value)) return type_mismatch(why, "a string", value);
+    size_t length = json_string_length(value);
+    if (length >= key->size) {
+        snprintf(why->problem, sizeof why->problem, "must be shorter than %zu bytes", key->size);
+        snprintf(why->found, sizeof why->found, "%zu bytes", length);
+        return false;
+    }
+    if (key->choices && !is_choice(key->choices, json_string_value(value))) {
+        snprintf(why->problem, sizeof why->problem, "must be one of %s", key->choices);
+        format_json(value, why->found, sizeof why->found);
+        return false;
+    }
+    return true;
+}
+
+/* ---- "did you mean" ------------------------------------------------------ */
+
+/* Levenshtein distance of two short strings (at most NAME_MAX_LENGTH bytes). */
+static int edit_distance(const char *a, const char *b)
+{
+    size_t la = strlen(a), lb = strlen(b);
+    if (la > NAME_MAX_LENGTH || lb > NAME_MAX_LENGTH) return INT_MAX;
+    int row[NAME_MAX_LENGTH + 1]; /* row[j]: distance of a[0..i) and b[0..j) */
+    for (size_t j = 0; j <= lb; j++) row[j] = (int)j;
+    for (size_t i = 1; i <= la; i++) {
+        int diagonal = row[0];
+        row[0] = (int)i;
+        for (size_t j = 1; j <= lb; j++) {
+            int substitute = diagonal + (a[i - 1] != b[j - 1]);
+            int best = row[j] + 1 < row[j - 1] + 1 ? row[j] + 1 : row[j - 1] + 1;
+            diagonal = row[j];
+            row[j] = substitute < best ? substitute : best;
+        }
+    }
+    return row[lb];
+}
+
+static int count_dots(const char *s)
+{
+    int dots = 0;
+    for (; *s; s++) dots += *s == '.';
+    return dots;
+}
+
+/* The first `count` components of a dotted name ("train.lr", 1 -> "train"). */
+static void leading_components(const char *name, int count, char *out, size_t capacity)
+{
+    size_t length = 0;
+    for (int seen = 0; name[length] && !(name[length] == '.' && ++seen == count); length++) {}
+    snprintf(out, capacity, "%.*s", (int)length, name);
+}
+
+static const char *leaf_of(const char *name)
+{
+    const char *dot = strrchr(name, '.');
+    return dot ? dot + 1 : name;
+}
+
+/* " (did you mean 'train.lr'?)" for the nearest key or section at the same
+ * depth within edit distance 2, else for a key with the same last name in
+ * another section ("train.n_layer" -> "model.n_layer"); "" if none. */
+static void suggest_name(const char *unknown, char *out, size_t capacity)
+{
+    char best[NAME_MAX_LENGTH + 1] = "";
+    int best_distance = 3, depth = count_dots(unknown);
+    for (int i = 0; i < KEY_COUNT; i++) {
+        /* The candidate of this depth from this key: the key itself, or its section. */
+        if (count_dots(schema[i].name) < depth) continue;
+        char candidate[NAME_MAX_LENGTH + 1];
+        leading_components(schema[i].name, depth + 1, candidate, sizeof candidate);
+        int distance = edit_distance(unknown, candidate);
+        if (distance < best_distance) {
+            best_distance = distance;
+            snprintf(best, sizeof best, "%s", candidate);
+        }
+    }
+    for (int i = 0; i < KEY_COUNT && !best[0]; i++)
+        if (strcmp(leaf_of(schema[i].name), leaf_of(unknown)) == 0)
+            snprintf(best, sizeof best, "%s", schema[i].name);
+    snprintf(out, capacity, best[0] ? " (did you mean '%s'?)" : "%s", best);
+}
+
+/* ---- where a key is in the JSON text ------------------------------------- */
+
+/* jansson keeps no positions of values, so to say on which line a bad key
+ * stands we rescan the raw text along the key's path. The text has just been
+ * parsed by jansson, so it is valid JSON and the scanner checks nothing: it
+ * only steps over whitespace, strings (which may hold escaped quotes and
+ * brackets) and whole values (nested objects and arrays). Offsets are bytes. */
+
+static size_t skip_whitespace(const char *text, size_t at)
+{
+    while (text[at] == ' ' || text[at] == '\t' || text[at] == '\n' || text[at] == '\r') at++;
+    return at;
+}
+
+/* From an opening quote to just past the closing one. */
+static size_t skip_string(const char *text, size_t at)
+{
+    for (at++; text[at] && text[at] != '"'; at++)
+        if (text[at] == '\\' && text[at + 1]) at++; /* the escaped character cannot close */
+    return text[at] ? at + 1 : at;
+}
+
+/* From the first character of any value to just past it. */
+static size_t skip_value(const char *text, size_t at)
+{
+    if (text[at] == '"') return skip_string(text, at);
+    if (text[at] != '{' && text[at] != '[') { /* number, true, false, null */
+        while (text[at] && !strchr(",}] \t\r\n", text[at])) at++;
+        return at;
+    }
+    int depth = 0;
+    do {
+        if (text[at] == '"') {
+            at = skip_string(text, at);
+            continue;
+        }
+        if (text[at] == '{' || text[at] == '[') depth++;
+        if (text[at] == '}' || text[at] == ']') depth--;
+        at++;
+    } while (depth > 0 && text[at]);
+    return at;
+}
+
+/* Does the string token text[at, end) decode to `name`? jansson decodes it, so
+ * escapes ("\u006cr" is "lr") compare as they should. */
+static bool token_equals(const char *text, size_t at, size_t end, const char *name)
+{
+    json_t *decoded = json_loadb(text + at, end - at, JSON_DECODE_ANY, NULL);
+    bool equal = json_is_string(decoded) && strcmp(json_string_value(decoded), name) == 0;
+    json_decref(decoded);
+    return equal;
+}
+
+/* The offset of the value at `path` (depth components) inside the object that
+ * starts at `at`; *key_at receives the offset of the last component's key.
+ * Returns SIZE_MAX if the path is not there. */
+static size_t find_in_object(const char *text, size_t at, const char *const *path, int depth,
+                             size_t *key_at)
+{
+    if (depth == 0) return at;
+    if (text[at] != '{') return SIZE_MAX;
+    at = skip_whitespace(text, at + 1);
+    while (text[at] == '"') {
+        size_t key_end = skip_string(text, at);
+        size_t value_at = skip_whitespace(text, skip_whitespace(text, key_end) + 1); /* past ':' */
+        if (token_equals(text, at, key_end, path[0])) {
+            *key_at = at;
+            return find_in_object(text, value_at, path + 1, depth - 1, key_at);
+        }
+        at = skip_whitespace(text, skip_value(text, value_at));
+        if (text[at] == ',') at = skip_whitespace(text, at + 1);
+    }
+    return SIZE_MAX;
+}
+
+/* 1-based line and column of a byte offset; like jansson, columns count
+ * characters, not the continuation bytes of UTF-8 sequences. */
+static void line_and_column(const char *text, size_t offset, int *line, int *column)
+{
+    *line = 1;
+    *column = 1;
+    for (size_t i = 0; i < offset && text[i]; i++) {
+        if (text[i] == '\n') {
+            ++*line;
+            *column = 1;
+        } else if (((unsigned char)text[i] & 0xC0) != 0x80) {
+            ++*column;
+        }
+    }
+}
+
+/* The position of the key at `path` (or of the whole document for depth 0). */
+static void locate_key(const char *text, const char *const *path, int depth, int *line, int *column)
+{
+    size_t root = skip_whitespace(text, 0), key_at = root;
+    if (find_in_object(text, root, path, depth, &key_at) == SIZE_MAX) key_at = root;
+    line_and_column(text, key_at, line, column);
+}
+
+/* ---- merging JSON -------------------------------------------------------- */
+
+#define MAX_DEPTH 8
+
+/* A merge in progress: the raw text for positions and the path being walked. */
+typedef struct merge_walk {
+    const char *text, *source;
+    const char *path[MAX_DEPTH];
+    int depth;
+} merge_walk;
+
+/* "SOURCE:LINE:COLUMN: message" at the key path[0..depth). */
+static pipert_result fail_at(const merge_walk *walk, int depth, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static pipert_result fail_at(const merge_walk *walk, int depth, const char *fmt, ...)
+{
+    char message[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(message, sizeof message, fmt, ap);
+    va_end(ap);
+    int line, column;
+    locate_key(walk->text, walk->path, depth, &line, &column);
+    return pt_fail(PIPERT_ERR_CONFIG, "%s:%d:%d: %s", walk->source, line, column, message);
+}
+
+static pipert_result merge_object(pipert_config *cfg, json_t *object, merge_walk *walk, const char *prefix)
+{
+    const char *name;
+    json_t *value;
+    int depth = walk->depth + 1; /* of the keys of this object */
+    json_object_foreach(object, name, value) {
+        walk->path[walk->depth] = name;
+        char full[NAME_MAX_LENGTH + 1], hint[NAME_MAX_LENGTH + 32];
+        snprintf(full, sizeof full, "%s%s", prefix, name);
+        if (strchr(name, '.'))
+            return fail_at(walk, depth, "unknown key '%s' (write sections as nested objects: "
+                           "{\"train\": {\"lr\": 3e-4}})", full);
+
+        const config_key *key = find_key(full);
+        if (key) {
+            value_error why;
+            if (!check_value(key, value, &why))
+                return fail_at(walk, depth, "%s: %s, got %s", key->name, why.problem, why.found);
+            write_json(cfg, key, value);
+        } else if (is_section(full) && depth < MAX_DEPTH) {
+            char describe[64];
+            if (!json_is_object(value)) {
+                describe_json(value, describe, sizeof describe);
+                return fail_at(walk, depth, "%s: expected an object of %s.* keys, got %s", full,
+                               full, describe);
+            }
+            char section_prefix[NAME_MAX_LENGTH + 2];
+            snprintf(section_prefix, sizeof section_prefix, "%s.", full);
+            walk->depth++;
+            pipert_result rc = merge_object(cfg, value, walk, section_prefix);
+            walk->depth--;
+            PT_TRY(rc);
+        } else {
+            suggest_name(full, hint, sizeof hint);
+            return fail_at(walk, depth, "unknown key '%s'%s", full, hint);
+        }
+    }
+    return PIPERT_OK;
+}
+
+pipert_result pt_config_merge_json(pipert_config *cfg, const char *text, const char *source)
+{
+    if (!cfg || !text || !source) return pt_fail(PIPERT_ERR_INVALID_ARG, "pt_config_merge_json: NULL argument");
+    json_error_t error;
+    json_t *root = json_loads(text, JSON_REJECT_DUPLICATES, &error);
+    if (!root)
+        return pt_fail(PIPERT_ERR_CONFIG, "%s:%d:%d: %s", source, error.line, error.column, error.text);
+
+    merge_walk walk = {.text = text, .source = source, .depth = 0};
+    pipert_result rc;
+    if (!json_is_object(root)) {
+        char describe[64];
+        describe_json(root, describe, sizeof describe);
+        rc = fail_at(&walk, 0, "expected an object of sections, like {\"train\": {\"lr\": 3e-4}}, "
+                     "got %s", describe);
+    } else {
+        /* Merge into a copy, so that a failure leaves cfg as it was. */
+        pipert_config staged;
+        memcpy(&staged, cfg, sizeof staged);
+        rc = merge_object(&staged, root, &walk, "");
+        if (rc == PIPERT_OK) memcpy(cfg, &staged, sizeof staged);
+    }
+    json_decref(root);
+    return rc;
+}
+
+/* ---- overrides ----------------------------------------------------------- */
+
+/* The value of an override: JSON if it parses ("3e-4", "true", "\"x\""),
+ * else the bare text. A string key takes any unquoted text as it is, so
+ * --data.path=123 is the file "123". */
+static json_t *parse_override_value(const config_key *key, const char *text)
+{
+    json_t *value = json_loads(text, JSON_DECODE_ANY, NULL);
+    if (value && (key->type != KEY_STRING || json_is_string(value))) return value;
+    json_decref(value);
+    return json_string(text); /* NULL if text is not UTF-8 */
+}
+
+pipert_result pipert_config_set(pipert_config *cfg, const char *assignment)
+{
+    if (!cfg || !assignment) return pt_fail(PIPERT_ERR_INVALID_ARG, "pipert_config_set: NULL argument");
+    const char *name = strncmp(assignment, "--", 2) == 0 ? assignment + 2 : assignment;
+    const char *equals = strchr(name, '=');
+    size_t name_length = equals ? (size_t)(equals - name) : 0;
+    if (name_length == 0 || name_length > NAME_MAX_LENGTH)
+        return pt_fail(PIPERT_ERR_CONFIG, "%s: expected KEY=VALUE, like train.lr=3e-4", assignment);
+
+    char key_name[NAME_MAX_LENGTH + 1], hint[NAME_MAX_LENGTH + 32];
+    memcpy(key_name, name, name_length);
+    key_name[name_length] = '\0';
+    const config_key *key = find_key(key_name);
+    if (!key) {
+        suggest_name(key_name, hint, sizeof hint);
+        return pt_fail(PIPERT_ERR_CONFIG, "%s: unknown key '%s'%s", assignment, key_name, hint);
+    }
+    json_t *value = parse_override_value(key, equals + 1);
+    if (!value) return pt_fail(PIPERT_ERR_CONFIG, "%s: the value is not valid UTF-8", assignment);
+    value_error why;
+    bool fits = check_value(key, value, &why);
+    if (fits) write_json(cfg, key, value);
+    json_decref(value);
+    return fits ? PIPERT_OK : pt_fail(PIPERT_ERR_CONFIG, "%s: %s", assignment, why.problem);
+}
+
+/* ---- checks -------------------------------------------------------------- */
+
+pipert_result pt_config_validate(const pipert_config *cfg)
+{
+    if (!cfg) return pt_fail(PIPERT_ERR_INVALID_ARG, "pt_config_validate: NULL config");
+    /* Each key on its own, in case C code wrote the struct directly. */
+    for (int i = 0; i < KEY_COUNT; i++) {
+        json_t *value = read_json(cfg, &schema[i]);
+        value_error why = {"is not finite, or not valid UTF-8", "?"};
+        bool fits = value && check_value(&schema[i], value, &why);
+        json_decref(value);
+        if (!fits)
+            return pt_fail(PIPERT_ERR_CONFIG, "%s: %s, got %s", schema[i].name, why.problem, why.found);
+    }
+    const pt_model_settings *m = &cfg->model;
+    const pt_train_settings *t = &cfg->train;
+    if (m->n_embd % m->n_head != 0)
+        return pt_fail(PIPERT_ERR_CONFIG, "model.n_embd: %d is not a multiple of model.n_head = %d",
+                       m->n_embd, m->n_head);
+    if (t->warmup_steps > t->steps)
+        return pt_fail(PIPERT_ERR_CONFIG, "train.warmup_steps: %ld is more than train.steps = %ld",
+                       t->warmup_steps, t->steps);
+    return PIPERT_OK;
+}
+
+/* ---- writing JSON -------------------------------------------------------- */
+
+/* Sets root[a][b]... = value for the dotted name "a.b...", creating sections;
+ * steals value. */
+static bool set_dotted(json_t *root, const char *name, json_t *value)
+{
+    json_t *object = root;
+    const char *dot;
+    while (object && value && (dot = strchr(name, '.'))) {
+        char section[NAME_MAX_LENGTH + 1];
+        snprintf(section, sizeof section, "%.*s", (int)(dot - name), name);
+        json_t *inner = json_object_get(object, section);
+        if (!inner && json_object_set_new(object, section, inner = json_object()) != 0) inner = NULL;
+        object = inner;
+        name = dot + 1;
+    }
+    if (!object || !value) {
+        json_decref(value);
+        return false;
+    }
+    return json_object_set_new(object, name, value) == 0;
+}
+
+/* The keys whose names start with `prefix` as JSON text; NULL on failure.
+ * Numbers are printed with the fewest digits that read back exactly. */
+static char *dump_keys(const pipert_config *cfg, const char *prefix, size_t flags)
+{
+    json_t *root = json_object();
+    int digits = 1;
+    bool ok = root != NULL;
+    for (int i = 0; i < KEY_COUNT && ok; i++) {
+        const config_key *key = &schema[i];
+        if (strncmp(key->name, prefix, strlen(prefix)) != 0) continue;
+        if (key->type == KEY_DOUBLE) {
+            int needed = exact_precision(*(const double *)const_field_of(cfg, key));
+            digits = needed > digits ? needed : digits;
+        }
+        ok = set_dotted(root, key->name, read_json(cfg, key));
+    }
+    char *text = ok ? json_dumps(root, flags | JSON_SORT_KEYS | JSON_REAL_PRECISION(digits)) : NULL;
+    json_decref(root);
+    return text;
+}
+
+char *pipert_config_to_json(const pipert_config *cfg)
+{
+    return cfg ? dump_keys(cfg, "", JSON_INDENT(2)) : NULL;
+}
+
+char *pt_config_model_to_json(const pipert_config *cfg)
+{
+    return cfg ? dump_keys(cfg, "model.", JSON_COMPACT) : NULL;
+}
+
+/* ---- documentation ------------------------------------------------------- */
+
+void pt_config_print_help(FILE *out)
+{
+    pipert_config defaults;
+    pt_config_defaults(&defaults);
+    fprintf(out, "Configuration keys: set them in a JSON file of sections ({\"train\": {\"lr\": 3e-4}})\n"
+                 "or one at a time with --KEY=VALUE (--train.lr=3e-4); later settings win.\n\n");
+    fprintf(out, "  %-24s %-8s %-9s %s\n", "KEY", "TYPE", "DEFAULT", "DESCRIPTION");
+    for (int i = 0; i < KEY_COUNT; i++) {
+        const config_key *key = &schema[i];
+        char shown[64] = "?", allowed[80];
+        json_t *value = read_json(&defaults, key);
+        if (value) format_json(value, shown, sizeof shown);
+        json_decref(value);
+        if (key->choices)
+            snprintf(allowed, sizeof allowed, " (%s)", key->choices);
+        else if (key->type != KEY_BOOL && key->type != KEY_STRING) {
+            char range[64];
+            format_range(&key->range, range, sizeof range);
+            snprintf(allowed, sizeof allowed, range[0] ? " (%s)" : "%s", range);
+        } else
+            allowed[0] = '\0';
+        fprintf(out, "  %-24s %-8s %-9s %s%s\n", key->name, type_name(key->type), shown, key->doc,
+                allowed);
+    }
+}
+
+/* ---- the public API ------------------------------------------------------ */
+
+pipert_result pipert_config_create(pipert_config **out)
+{
+    if (!out) return pt_fail(PIPERT_ERR_INVALID_ARG, "pipert_config_create: NULL argument");
+    *out = malloc(sizeof **out);
+    if (!*out) return pt_fail(PIPERT_ERR_NOMEM, "configuration: out of memory");
+    pt_config_defaults(*out);
+    return PIPERT_OK;
+}
+
+pipert_result pipert_config_load_file(pipert_config *cfg, const char *path)
+{
+    if (!cfg || !path) return pt_fail(PIPERT_ERR_INVALID_ARG, "pipert_config_load_file: NULL argument");
+    char *text;
+    size_t size;
+    PT_TRY(pt_read_file(path, &text, &size));
+    pipert_result rc = strlen(text) == size
+                           ? pt_config_merge_json(cfg, text, path)
+                           : pt_fail(PIPERT_ERR_CONFIG, "%s: holds a NUL byte; not a JSON text", path);
+    free(text);
+    return rc;
+}
+
+void pipert_config_free(pipert_config *cfg) { free(cfg); }

@@ -1,2 +1,429 @@
-/* placeholder: being written */
-typedef int pt_placeholder_;
+#include "runtime/data.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "runtime/fileio.h"
+
+typedef enum data_format { FORMAT_AUTO, FORMAT_TEXT, FORMAT_TOKENS } data_format;
+
+/* ---- little-endian fields ------------------------------------------------ */
+
+static uint32_t load_le32(const unsigned char *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static void store_le32(unsigned char *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+
+/* ---- token shards -------------------------------------------------------- */
+
+/* Validates a shard's header against its size; *count is the token count. */
+static pipert_result shard_check_header(const char *path, const unsigned char *bytes, size_t size,
+                                        size_t *count)
+{
+    *count = 0;
+    if (size < PT_SHARD_HEADER_BYTES)
+        return pt_fail(PIPERT_ERR_FORMAT,
+                       "%s: %zu bytes is shorter than the %d-byte token shard header", path, size,
+                       PT_SHARD_HEADER_BYTES);
+    uint32_t magic = load_le32(bytes);
+    if (magic != PT_SHARD_MAGIC)
+        return pt_fail(PIPERT_ERR_FORMAT,
+                       "%s: wrong magic number %u (0x%08x); a token shard starts with %d", path,
+                       magic, magic, PT_SHARD_MAGIC);
+    uint32_t version = load_le32(bytes + 4);
+    if (version != PT_SHARD_VERSION)
+        return pt_fail(PIPERT_ERR_FORMAT,
+                       "%s: unsupported token shard version %u (only version %d, uint16 tokens, "
+                       "is supported)",
+                       path, version, PT_SHARD_VERSION);
+    uint32_t declared = load_le32(bytes + 8);
+    if (declared > INT32_MAX)
+        return pt_fail(PIPERT_ERR_FORMAT, "%s: negative token count %d in the shard header", path,
+                       (int)(int32_t)declared);
+    size_t expected = PT_SHARD_HEADER_BYTES + 2 * (size_t)declared;
+    if (size != expected)
+        return pt_fail(PIPERT_ERR_FORMAT,
+                       "%s: file is %zu bytes but its header declares %u tokens, which take %zu "
+                       "bytes",
+                       path, size, declared, expected);
+    *count = declared;
+    return PIPERT_OK;
+}
+
+/* tokens [count] from the little-endian uint16 payload after the header. */
+static void shard_decode_tokens(const unsigned char *bytes, size_t count, uint16_t *tokens)
+{
+    const unsigned char *payload = bytes + PT_SHARD_HEADER_BYTES;
+    for (size_t i = 0; i < count; i++)
+        tokens[i] = (uint16_t)(payload[2 * i] | payload[2 * i + 1] << 8);
+}
+
+pipert_result pt_shard_read(const char *path, uint16_t **tokens, size_t *count)
+{
+    *tokens = NULL;
+    *count = 0;
+    char *bytes;
+    size_t size;
+    PT_TRY(pt_read_file(path, &bytes, &size));
+    size_t n;
+    pipert_result rc = shard_check_header(path, (const unsigned char *)bytes, size, &n);
+    if (rc == PIPERT_OK) {
+        uint16_t *out = malloc(n ? n * sizeof *out : 1);
+        if (!out) {
+            rc = pt_fail(PIPERT_ERR_NOMEM, "%s: cannot allocate %zu tokens", path, n);
+        } else {
+            shard_decode_tokens((const unsigned char *)bytes, n, out);
+            *tokens = out;
+            *count = n;
+        }
+    }
+    free(bytes);
+    return rc;
+}
+
+pipert_result pt_shard_write(const char *path, const uint16_t *tokens, size_t count)
+{
+    if (count > INT32_MAX)
+        return pt_fail(PIPERT_ERR_INVALID_ARG,
+                       "%s: %zu tokens do not fit in one shard (at most %d)", path, count,
+                       INT32_MAX);
+    unsigned char header[PT_SHARD_HEADER_BYTES] = {0};
+    store_le32(header, PT_SHARD_MAGIC);
+    store_le32(header + 4, PT_SHARD_VERSION);
+    store_le32(header + 8, (uint32_t)count);
+
+    pt_atomic_file file;
+    PT_TRY(pt_atomic_open(&file, path));
+    int failed = fwrite(header, 1, sizeof header, file.stream) != sizeof header;
+    /* Tokens are encoded little-endian in chunks, whatever the host's order. */
+    unsigned char chunk[8192];
+    const size_t per_chunk = sizeof chunk / 2;
+    for (size_t start = 0; start < count && !failed; start += per_chunk) {
+        size_t n = count - start < per_chunk ? count - start : per_chunk;
+        for (size_t i = 0; i < n; i++) {
+            chunk[2 * i] = (unsigned char)tokens[start + i];
+            chunk[2 * i + 1] = (unsigned char)(tokens[start + i] >> 8);
+        }
+        failed = fwrite(chunk, 1, 2 * n, file.stream) != 2 * n;
+    }
+    if (failed) {
+        pt_atomic_abort(&file);
+        return pt_fail(PIPERT_ERR_IO, "%s: short write", path);
+    }
+    return pt_atomic_commit(&file);
+}
+
+/* ---- a growing token stream ---------------------------------------------- */
+
+typedef struct token_buffer {
+    uint16_t *data; /* [capacity], the first `length` in use */
+    size_t length, capacity;
+} token_buffer;
+
+static pipert_result token_buffer_reserve(token_buffer *buf, size_t extra, const char *path)
+{
+    if (buf->capacity - buf->length >= extra) return PIPERT_OK;
+    size_t wanted = buf->length + extra;
+    size_t capacity = buf->capacity * 2 > wanted ? buf->capacity * 2 : wanted;
+    uint16_t *grown = realloc(buf->data, (capacity ? capacity : 1) * sizeof *grown);
+    if (!grown)
+        return pt_fail(PIPERT_ERR_NOMEM, "%s: cannot allocate %zu tokens", path, capacity);
+    buf->data = grown;
+    buf->capacity = capacity;
+    return PIPERT_OK;
+}
+
+/* Appends text byte by byte, a line that is exactly "%" becoming "\n". The
+ * result is never longer than the text (the caller reserves `size`). */
+static void append_text_tokens(token_buffer *buf, const unsigned char *text, size_t size)
+{
+    size_t line_start = 0;
+    while (line_start < size) {
+        const unsigned char *newline = memchr(text + line_start, '\n', size - line_start);
+        size_t line_end = newline ? (size_t)(newline - text) + 1 : size; /* past the '\n' */
+        size_t content = line_end - line_start - (newline ? 1 : 0);
+        if (content == 1 && text[line_start] == '%') {
+            buf->data[buf->length++] = '\n';
+        } else {
+            for (size_t i = line_start; i < line_end; i++) buf->data[buf->length++] = text[i];
+        }
+        line_start = line_end;
+    }
+}
+
+static int ends_with(const char *s, const char *suffix)
+{
+    size_t n = strlen(s), m = strlen(suffix);
+    return n >= m && strcmp(s + n - m, suffix) == 0;
+}
+
+static data_format detect_format(const char *path, const unsigned char *bytes, size_t size)
+{
+    if (size >= 4 && load_le32(bytes) == PT_SHARD_MAGIC) return FORMAT_TOKENS;
+    return ends_with(path, ".bin") ? FORMAT_TOKENS : FORMAT_TEXT;
+}
+
+/* Appends one file's tokens; *used says which format it was read as. */
+static pipert_result append_file(token_buffer *buf, const char *path, data_format format,
+                                 data_format *used)
+{
+    char *data;
+    size_t size;
+    PT_TRY(pt_read_file(path, &data, &size));
+    const unsigned char *bytes = (const unsigned char *)data;
+    *used = format == FORMAT_AUTO ? detect_format(path, bytes, size) : format;
+    pipert_result rc;
+    if (*used == FORMAT_TOKENS) {
+        size_t count;
+        rc = shard_check_header(path, bytes, size, &count);
+        if (rc == PIPERT_OK) rc = token_buffer_reserve(buf, count, path);
+        if (rc == PIPERT_OK) {
+            shard_decode_tokens(bytes, count, buf->data + buf->length);
+            buf->length += count;
+        }
+    } else {
+        rc = token_buffer_reserve(buf, size, path);
+        if (rc == PIPERT_OK) append_text_tokens(buf, bytes, size);
+    }
+    free(data);
+    return rc;
+}
+
+/* ---- directories --------------------------------------------------------- */
+
+typedef struct path_list {
+    char **paths; /* [count], malloc'd, sorted */
+    size_t count, capacity;
+} path_list;
+
+static void path_list_free(path_list *list)
+{
+    for (size_t i = 0; i < list->count; i++) free(list->paths[i]);
+    free(list->paths);
+    memset(list, 0, sizeof *list);
+}
+
+static pipert_result path_list_add(path_list *list, const char *dir, const char *name)
+{
+    if (list->count == list->capacity) {
+        size_t capacity = list->capacity ? 2 * list->capacity : 64;
+        char **grown = realloc(list->paths, capacity * sizeof *grown);
+        if (!grown) return pt_fail(PIPERT_ERR_NOMEM, "%s: out of memory listing files", dir);
+        list->paths = grown;
+        list->capacity = capacity;
+    }
+    size_t n = strlen(dir) + strlen(name) + 2;
+    char *path = malloc(n);
+    if (!path) return pt_fail(PIPERT_ERR_NOMEM, "%s: out of memory listing files", dir);
+    snprintf(path, n, "%s/%s", dir, name);
+    list->paths[list->count++] = path;
+    return PIPERT_OK;
+}
+
+static int compare_paths(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* The corpus files of a directory: regular files (links followed) directly in
+ * it, not named *.dat or *.u8, sorted byte-wise (the same order in every
+ * locale; all share the directory prefix, so this is name order). */
+static pipert_result list_corpus_files(const char *dir, path_list *list)
+{
+    memset(list, 0, sizeof *list);
+    DIR *stream = opendir(dir);
+    if (!stream) return pt_fail(PIPERT_ERR_IO, "%s: cannot open directory: %s", dir, strerror(errno));
+    pipert_result rc = PIPERT_OK;
+    struct dirent *entry;
+    while (rc == PIPERT_OK && (entry = readdir(stream)) != NULL) {
+        const char *name = entry->d_name;
+        if (ends_with(name, ".dat") || ends_with(name, ".u8")) continue;
+        rc = path_list_add(list, dir, name);
+        if (rc != PIPERT_OK) break;
+        struct stat st;
+        if (stat(list->paths[list->count - 1], &st) != 0 || !S_ISREG(st.st_mode))
+            free(list->paths[--list->count]); /* ".", "..", subdirectories, dangling links */
+    }
+    closedir(stream);
+    if (rc != PIPERT_OK) {
+        path_list_free(list);
+        return rc;
+    }
+    if (list->count == 0)
+        return pt_fail(PIPERT_ERR_NOT_FOUND, "%s: no data files in this directory", dir);
+    qsort(list->paths, list->count, sizeof *list->paths, compare_paths);
+    return PIPERT_OK;
+}
+
+/* ---- dataset ------------------------------------------------------------- */
+
+static pipert_result parse_format(const char *format, data_format *out)
+{
+    if (!format || !*format || strcmp(format, "auto") == 0) *out = FORMAT_AUTO;
+    else if (strcmp(format, "text") == 0) *out = FORMAT_TEXT;
+    else if (strcmp(format, "tokens") == 0) *out = FORMAT_TOKENS;
+    else
+        return pt_fail(PIPERT_ERR_INVALID_ARG,
+                       "data.format \"%s\": expected \"auto\", \"text\" or \"tokens\"", format);
+    return PIPERT_OK;
+}
+
+/* Loads a file or every corpus file of a directory into buf and writes a
+ * short description of what was read into source [source_size]. */
+static pipert_result load_tokens(token_buffer *buf, const char *root, int is_default,
+                                 data_format format, char *source, size_t source_size)
+{
+    struct stat st;
+    if (stat(root, &st) != 0) {
+        if (is_default)
+            return pt_fail(PIPERT_ERR_NOT_FOUND,
+                           "%s: the default training corpus is missing; install the `fortunes` "
+                           "package (apt-get install fortunes) or set data.path",
+                           root);
+        return pt_fail(PIPERT_ERR_IO, "%s: %s", root, strerror(errno));
+    }
+    if (!S_ISDIR(st.st_mode)) {
+        data_format used;
+        PT_TRY(append_file(buf, root, format, &used));
+        snprintf(source, source_size, "%s (%s)", root, used == FORMAT_TOKENS ? "tokens" : "text");
+        return PIPERT_OK;
+    }
+    path_list files;
+    PT_TRY(list_corpus_files(root, &files));
+    size_t n_text = 0, n_shards = 0;
+    pipert_result rc = PIPERT_OK;
+    for (size_t i = 0; i < files.count && rc == PIPERT_OK; i++) {
+        data_format used;
+        rc = append_file(buf, files.paths[i], format, &used);
+        n_shards += used == FORMAT_TOKENS;
+        n_text += used != FORMAT_TOKENS;
+    }
+    const char *kind = n_shards == 0 ? "text" : n_text == 0 ? "tokens" : "text and tokens";
+    snprintf(source, source_size, "%s%s (%zu files, %s)", is_default ? "fortunes: " : "", root,
+             files.count, kind);
+    path_list_free(&files);
+    return rc;
+}
+
+pipert_result pt_dataset_load(pt_dataset *ds, const char *path, const char *format,
+                              double val_fraction)
+{
+    memset(ds, 0, sizeof *ds);
+    ds->max_token = -1;
+    data_format fmt = FORMAT_AUTO;
+    PT_TRY(parse_format(format, &fmt));
+    if (!(val_fraction >= 0.0 && val_fraction < 1.0))
+        return pt_fail(PIPERT_ERR_INVALID_ARG, "data.val_fraction %g: expected 0 <= value < 1",
+                       val_fraction);
+    int is_default = !path || !*path;
+    const char *root = is_default ? PT_FORTUNES_DIR : path;
+
+    token_buffer buf = {0};
+    pipert_result rc = load_tokens(&buf, root, is_default, fmt, ds->source, sizeof ds->source);
+    if (rc == PIPERT_OK && buf.length == 0)
+        rc = pt_fail(PIPERT_ERR_FORMAT, "%s: holds no tokens", root);
+    if (rc != PIPERT_OK) {
+        free(buf.data);
+        memset(ds, 0, sizeof *ds);
+        ds->max_token = -1;
+        return rc;
+    }
+    ds->tokens = buf.data;
+    ds->n_tokens = buf.length;
+    for (size_t i = 0; i < buf.length; i++)
+        if (buf.data[i] > ds->max_token) ds->max_token = buf.data[i];
+    size_t n_val = (size_t)llround(val_fraction * (double)buf.length);
+    ds->n_train = buf.length - n_val;
+    return PIPERT_OK;
+}
+
+void pt_dataset_free(pt_dataset *ds)
+{
+    free(ds->tokens);
+    memset(ds, 0, sizeof *ds);
+    ds->max_token = -1;
+}
+
+pipert_result pt_dataset_check(const pt_dataset *ds, int T, int vocab_size)
+{
+    if (T < 1)
+        return pt_fail(PIPERT_ERR_CONFIG, "%s: model.block_size %d: must be at least 1",
+                       ds->source, T);
+    size_t n_val = ds->n_tokens - ds->n_train;
+    if (ds->n_train < (size_t)T + 1)
+        return pt_fail(PIPERT_ERR_CONFIG,
+                       "%s: the train split has %zu tokens, fewer than model.block_size + 1 = %d",
+                       ds->source, ds->n_train, T + 1);
+    if (n_val > 0 && n_val < (size_t)T + 1)
+        return pt_fail(PIPERT_ERR_CONFIG,
+                       "%s: the validation split has %zu tokens, fewer than model.block_size + 1 "
+                       "= %d (raise data.val_fraction, or set it to 0 for no validation)",
+                       ds->source, n_val, T + 1);
+    if (ds->max_token >= vocab_size)
+        return pt_fail(PIPERT_ERR_CONFIG,
+                       "%s: holds token id %d, not below model.vocab_size %d", ds->source,
+                       ds->max_token, vocab_size);
+    return PIPERT_OK;
+}
+
+/* ---- batches ------------------------------------------------------------- */
+
+/* Lemire, "Fast random integer generation in an interval" (2019): the high
+ * word of x·bound is uniform in [0, bound) once the draws whose low word falls
+ * below 2^64 mod bound are rejected. */
+uint64_t pt_rng_below(pt_philox_key key, uint64_t counter, uint64_t bound)
+{
+    const uint64_t threshold = (0 - bound) % bound; /* 2^64 mod bound */
+    uint64_t x = pt_rng_u64(key, counter);
+    for (uint32_t attempt = 1;; attempt++) {
+        unsigned __int128 product = (unsigned __int128)x * bound;
+        if ((uint64_t)product >= threshold) return (uint64_t)(product >> 64);
+        /* Rejected: redraw from the same counter, the attempt in word 2. */
+        uint32_t words[4] = {(uint32_t)counter, (uint32_t)(counter >> 32), attempt, 0}, r[4];
+        pt_philox4x32(key, words, r);
+        x = (uint64_t)r[0] | (uint64_t)r[1] << 32;
+    }
+}
+
+/* inputs [T], targets [T] from the sequence tok[start, start + T]. */
+static void copy_sequence(const uint16_t *tok, size_t start, int T, int32_t *inputs,
+                          int32_t *targets)
+{
+    for (int t = 0; t < T; t++) {
+        inputs[t] = tok[start + t];
+        targets[t] = tok[start + t + 1];
+    }
+}
+
+void pt_dataset_train_batch(const pt_dataset *ds, uint64_t seed, int replica, long step, int B,
+                            int T, int32_t *inputs, int32_t *targets)
+{
+    pt_philox_key key = pt_rng_key(seed, (uint64_t)replica);
+    uint64_t starts = ds->n_train - (size_t)T; /* offsets 0 .. n_train − T − 1 */
+    for (int b = 0; b < B; b++) {
+        uint64_t counter = (uint64_t)step * (uint64_t)B + (uint64_t)b;
+        size_t offset = (size_t)pt_rng_below(key, counter, starts);
+        copy_sequence(ds->tokens, offset, T, inputs + (size_t)b * T, targets + (size_t)b * T);
+    }
+}
+
+void pt_dataset_val_batch(const pt_dataset *ds, int k, int n, int B, int T, int32_t *inputs,
+                          int32_t *targets)
+{
+    uint64_t span = ds->n_tokens - ds->n_train - (size_t)T; /* start positions available */
+    uint64_t sequences = (uint64_t)n * (uint64_t)B;
+    for (int b = 0; b < B; b++) {
+        uint64_t j = (uint64_t)k * (uint64_t)B + (uint64_t)b;
+        size_t start = ds->n_train + (size_t)((unsigned __int128)j * span / sequences);
+        copy_sequence(ds->tokens, start, T, inputs + (size_t)b * T, targets + (size_t)b * T);
+    }
+}

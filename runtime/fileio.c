@@ -116,6 +116,7 @@ pipert_result pt_write_file_atomic(const char *path, const void *data, size_t si
 
 pipert_result pt_make_dirs(const char *path)
 {
+    if (!*path) return PIPERT_OK;
     char *copy = strdup(path);
     if (!copy) return pt_fail(PIPERT_ERR_NOMEM, "out of memory");
     for (char *p = copy + 1;; p++) {

@@ -1,3 +1,143 @@
-/* placeholder: being written */
+/* pipert bench: times training steps after warm-up and compares the achieved
+ * FLOP rate with this machine's fp32 GEMM peak, measured in the same run. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cpu/peak.h"
+#include "kernels/profile.h"
+#include "models/gpt.h"
+#include "runtime/config.h"
+#include "tools/cli.h"
 #include "tools/commands.h"
-int pt_cmd_bench(int argc, char **argv) { (void)argc; (void)argv; return 1; }
+#include "train/trainer.h"
+
+/* The reference configuration of the foundation issue. */
+static const char *const bench_model[] = {
+    "model.n_layer=4",  "model.n_embd=256",  "model.n_head=4", "model.block_size=256",
+    "model.vocab_size=4096", "train.batch_size=4", NULL,
+};
+
+static int compare_doubles(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *values, int n)
+{
+    qsort(values, (size_t)n, sizeof *values, compare_doubles);
+    return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
+
+static pipert_result time_steps(pt_trainer *t, int warmup, int steps, double *median_s)
+{
+    pt_step_stats stats;
+    t->config.train.steps = warmup + steps; /* keeps the lr schedule in range */
+    for (int i = 0; i < warmup; i++) PT_TRY(pt_trainer_step(t, &stats));
+    double *seconds = calloc((size_t)steps, sizeof *seconds);
+    if (!seconds) return pt_fail(PIPERT_ERR_NOMEM, "out of memory");
+    pipert_result rc = PIPERT_OK;
+    for (int i = 0; i < steps && rc == PIPERT_OK; i++) {
+        rc = pt_trainer_step(t, &stats);
+        seconds[i] = stats.seconds;
+    }
+    *median_s = median(seconds, steps);
+    free(seconds);
+    return rc;
+}
+
+static void print_profile(double step_seconds, int steps)
+{
+    pt_kernel_time times[32];
+    int n = pt_kernel_profile_read(times, 32);
+    double total = 0;
+    for (int i = 0; i < n; i++) total += times[i].seconds;
+    printf("\nwhere a step's time goes (profiled run, kernels synchronised one by one):\n");
+    printf("  %-30s %10s %7s %8s\n", "kernel", "ms/step", "share", "calls");
+    for (int i = 0; i < n; i++)
+        printf("  %-30s %10.2f %6.1f%% %8ld\n", times[i].name, 1e3 * times[i].seconds / steps,
+               100 * times[i].seconds / total, times[i].calls / steps);
+    printf("  %-30s %10.2f\n", "outside kernels (step total)", 1e3 * (step_seconds - total / steps));
+}
+
+static pipert_result run_bench(const pipert_config *cfg, int warmup, int steps, bool profile)
+{
+    pt_trainer *t;
+    PT_TRY(pt_trainer_create(&t, cfg));
+    pt_gemm_peak peak;
+    pipert_result rc = pt_cpu_gemm_peak(t->threads, &peak);
+    pt_kernels_cpu_set_threads(t->threads);
+    double step_s = 0;
+    if (rc == PIPERT_OK) rc = time_steps(t, warmup, steps, &step_s);
+    if (rc == PIPERT_OK) {
+        const pt_model_settings *m = &cfg->model;
+        double tokens = (double)cfg->train.batch_size * m->block_size * cfg->train.grad_accum;
+        double flops = pt_gpt_flops_per_token(&t->model->config, m->block_size) * tokens;
+        double gflops = flops / step_s / 1e9;
+        printf("model n_layer=%d n_embd=%d n_head=%d T=%d B=%d vocab=%d (%.2fM params), "
+               "%d threads, %s backend\n",
+               m->n_layer, m->n_embd, m->n_head, m->block_size, cfg->train.batch_size,
+               m->vocab_size, (double)t->model->n_params / 1e6, t->threads, t->kernels->name);
+        printf("fp32 GEMM peak (sgemm %d³, median of %d): %.1f GFLOP/s\n", peak.size,
+               peak.repeats, peak.gflops_median);
+        printf("step: median %.2f ms over %d steps (after %d warm-up) | %.0f tokens/s | "
+               "%.1f GFLOP/s | %.1f%% of peak\n",
+               1e3 * step_s, steps, warmup, tokens / step_s, gflops,
+               100 * gflops / peak.gflops_median);
+    }
+    if (rc == PIPERT_OK && profile) {
+        pt_trainer_use_kernels(t, pt_kernels_profiled(t->kernels));
+        double profiled_s = 0;
+        rc = time_steps(t, 1, steps, &profiled_s);
+        if (rc == PIPERT_OK) {
+            pt_kernel_profile_reset();
+            rc = time_steps(t, 0, steps, &profiled_s);
+        }
+        if (rc == PIPERT_OK) print_profile(profiled_s, steps);
+    }
+    pt_trainer_free(t);
+    return rc;
+}
+
+static pipert_result parse_count(const char *flag, const char *text, int fallback, int *out)
+{
+    char *end;
+    *out = fallback;
+    if (!text) return PIPERT_OK;
+    long value = strtol(text, &end, 10);
+    if (*end || value < 0 || value > 100000)
+        return pt_fail(PIPERT_ERR_INVALID_ARG, "%s: expected a count, got '%s'", flag, text);
+    *out = (int)value;
+    return PIPERT_OK;
+}
+
+int pt_cmd_bench(int argc, char **argv)
+{
+    const char *steps_text = NULL, *warmup_text = NULL;
+    bool profile = false;
+    const pt_cli_flag flags[] = {
+        {"--steps", "N", "timed steps (default 10)", &steps_text, NULL},
+        {"--warmup", "N", "untimed steps first (default 3)", &warmup_text, NULL},
+        {"--profile", NULL, "also time each kernel (where the step's time goes)", NULL, &profile},
+    };
+    const pt_cli cli = {"bench", "[--steps N] [--warmup N] [--profile] [--section.key=value ...]",
+                        "Times training steps of the reference model (n_layer=4, n_embd=256,\n"
+                        "n_head=4, T=256, B=4, vocab=4096 unless overridden) and reports the median\n"
+                        "ms/step, tokens/s, achieved GFLOP/s (6N + 12LCT per token) and the share of\n"
+                        "this machine's fp32 GEMM peak, measured in the same run.",
+                        flags, (int)(sizeof flags / sizeof flags[0]), true, bench_model};
+    pipert_config *cfg;
+    pt_cli_outcome outcome = pt_cli_parse(&cli, argc, argv, &cfg);
+    if (outcome != PT_CLI_OK) {
+        pipert_config_free(cfg);
+        return pt_cli_exit_status(outcome);
+    }
+    int steps, warmup;
+    pipert_result rc = parse_count("--steps", steps_text, 10, &steps);
+    if (rc == PIPERT_OK) rc = parse_count("--warmup", warmup_text, 3, &warmup);
+    if (rc == PIPERT_OK && steps < 1) rc = pt_fail(PIPERT_ERR_INVALID_ARG, "--steps must be ≥ 1");
+    if (rc == PIPERT_OK) rc = run_bench(cfg, warmup, steps, profile);
+    pipert_config_free(cfg);
+    return rc == PIPERT_OK ? 0 : pt_cmd_report_failure("bench");
+}

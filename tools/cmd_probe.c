@@ -1,3 +1,137 @@
-/* placeholder: being written */
+/* `pipert probe`: what this machine is (hwloc topology) and how fast it
+ * multiplies fp32 matrices (the peak that `pipert bench` reports against). */
+#include <jansson.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cpu/peak.h"
+#include "runtime/error.h"
+#include "runtime/fileio.h"
+#include "runtime/topology.h"
 #include "tools/commands.h"
-int pt_cmd_probe(int argc, char **argv) { (void)argc; (void)argv; return 1; }
+
+typedef struct probe_options {
+    int threads;           /* 0: one per core of this process */
+    const char *json_path; /* NULL: no file */
+} probe_options;
+
+static void print_usage(FILE *out)
+{
+    fprintf(out,
+            "usage: pipert probe [--threads N] [--json FILE] [--help]\n"
+            "\n"
+            "Prints this machine's topology and its measured fp32 GEMM peak (cblas_sgemm).\n"
+            "\n"
+            "  --threads N  threads for the GEMM (default: one per core available to this process)\n"
+            "  --json FILE  also write the host description and peak_gflops to FILE (atomically)\n"
+            "  --help       print this help\n");
+}
+
+/* A positive int, the whole of `text`; 0 if it is not one. */
+static int parse_positive_int(const char *text)
+{
+    char *end;
+    long value = strtol(text, &end, 10);
+    if (end == text || *end != '\0' || value < 1 || value > INT_MAX) return 0;
+    return (int)value;
+}
+
+/* Returns -1 when the options are fine and the command should run, else the
+ * exit status (0 after --help, 2 on a usage error). */
+static int parse_options(int argc, char **argv, probe_options *options)
+{
+    *options = (probe_options){0};
+    for (int i = 0; i < argc; i++) {
+        const char *arg = argv[i];
+        if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) {
+            print_usage(stdout);
+            return 0;
+        }
+        int takes_value = !strcmp(arg, "--threads") || !strcmp(arg, "--json");
+        if (!takes_value) {
+            fprintf(stderr, "pipert probe: error: unknown option '%s'\n", arg);
+            print_usage(stderr);
+            return 2;
+        }
+        if (i + 1 >= argc) {
+            fprintf(stderr, "pipert probe: error: %s needs a value\n", arg);
+            print_usage(stderr);
+            return 2;
+        }
+        const char *value = argv[++i];
+        if (!strcmp(arg, "--json")) {
+            options->json_path = value;
+        } else if (!(options->threads = parse_positive_int(value))) {
+            fprintf(stderr, "pipert probe: error: --threads '%s': expected a positive integer\n",
+                    value);
+            print_usage(stderr);
+            return 2;
+        }
+    }
+    return -1;
+}
+
+static void print_peak(const pt_gemm_peak *peak, int cores)
+{
+    int busy_cores = peak->threads < cores ? peak->threads : cores;
+    printf("\nfp32 GEMM peak (cblas_sgemm %dx%d, %d thread%s, median of %d):\n", peak->size,
+           peak->size, peak->threads, peak->threads == 1 ? "" : "s", peak->repeats);
+    printf("  median:   %8.1f GFLOP/s  (%.3f s per multiplication)\n", peak->gflops_median,
+           peak->seconds);
+    printf("  best:     %8.1f GFLOP/s\n", peak->gflops_best);
+    printf("  per core: %8.1f GFLOP/s  (median over %d core%s)\n",
+           peak->gflops_median / busy_cores, busy_cores, busy_cores == 1 ? "" : "s");
+}
+
+/* The host description plus the measured peak, written atomically. */
+static pipert_result write_host_json(const pt_topology *topology, const pt_gemm_peak *peak,
+                                     const char *path)
+{
+    json_t *host = pt_topology_to_json(topology);
+    if (!host) return pt_fail(PIPERT_ERR_NOMEM, "%s: cannot build the host description", path);
+    int failed = json_object_set_new(host, "peak_gflops", json_real(peak->gflops_median));
+    failed |= json_object_set_new(host, "peak_gflops_best", json_real(peak->gflops_best));
+    failed |= json_object_set_new(host, "peak_threads", json_integer(peak->threads));
+    failed |= json_object_set_new(host, "peak_gemm_size", json_integer(peak->size));
+    char *text = failed ? NULL : json_dumps(host, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    json_decref(host);
+    if (!text) return pt_fail(PIPERT_ERR_NOMEM, "%s: cannot format the host description", path);
+
+    size_t length = strlen(text);
+    char *with_newline = realloc(text, length + 2);
+    if (!with_newline) {
+        free(text);
+        return pt_fail(PIPERT_ERR_NOMEM, "%s: out of memory", path);
+    }
+    with_newline[length] = '\n';
+    pipert_result rc = pt_write_file_atomic(path, with_newline, length + 1);
+    free(with_newline);
+    return rc;
+}
+
+int pt_cmd_probe(int argc, char **argv)
+{
+    probe_options options;
+    int status = parse_options(argc, argv, &options);
+    if (status >= 0) return status;
+
+    pt_topology *topology;
+    if (pt_topology_load(&topology) != PIPERT_OK) return pt_cmd_report_failure("probe");
+    pt_topology_describe(topology, stdout);
+    fflush(stdout);
+
+    int cores = pt_topology_cores(topology);
+    pt_gemm_peak peak;
+    pipert_result rc = pt_cpu_gemm_peak(options.threads ? options.threads : cores, &peak);
+    if (rc == PIPERT_OK) {
+        print_peak(&peak, cores);
+        if (options.json_path) {
+            rc = write_host_json(topology, &peak, options.json_path);
+            if (rc == PIPERT_OK) printf("\nwrote %s\n", options.json_path);
+        }
+    }
+    pt_topology_free(topology);
+    return rc == PIPERT_OK ? 0 : pt_cmd_report_failure("probe");
+}

@@ -1,2 +1,29 @@
-/* placeholder: being written */
-typedef int pt_placeholder_;
+/* One Adam-family step over a flat buffer; the coefficients (AdamW or NAdamW,
+ * bias corrections, learning rate) are folded by the caller into
+ * pt_adam_coeffs (see kernels.h and train/optimizer.c).
+ *
+ * Naive reading, per element:
+ *   m ← β1·m + (1−β1)·g;  v ← β2·v + (1−β2)·g²;  d = √(v/bias2) + ε
+ *   θ ← θ·decay − c_grad·g/d − c_mom·m/d
+ */
+#include <math.h>
+
+#include "kernels/cpu/cpu.h"
+
+void pt_cpu_adam_update(float *param, const float *grad, float *m, float *v, size_t n,
+                        const pt_adam_coeffs *coeffs)
+{
+    /* param[n], grad[n], m[n], v[n] */
+    const pt_adam_coeffs c = *coeffs;
+    const float inv_bias2 = 1.0f / c.bias2;
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        float g = grad[i];
+        float mi = c.beta1 * m[i] + (1.0f - c.beta1) * g;
+        float vi = c.beta2 * v[i] + (1.0f - c.beta2) * g * g;
+        float d = sqrtf(vi * inv_bias2) + c.eps;
+        param[i] = param[i] * c.decay - (c.c_grad * g + c.c_mom * mi) / d;
+        m[i] = mi;
+        v[i] = vi;
+    }
+}

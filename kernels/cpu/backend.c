@@ -1,2 +1,56 @@
-/* placeholder: being written */
-typedef int pt_placeholder_;
+/* The CPU backend: host memory from runtime/memory.h, math from the other
+ * files of this directory (OpenBLAS for every matrix product, OpenMP loops for
+ * the rest). */
+#include <cblas.h>
+#include <omp.h>
+#include <string.h>
+
+#include "kernels/cpu/cpu.h"
+#include "runtime/memory.h"
+
+static void cpu_zero(void *ptr, size_t bytes) { memset(ptr, 0, bytes); }
+
+/* Host and "device" are the same memory here: every copy is a memcpy. */
+static void cpu_copy(void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }
+
+static void cpu_synchronize(void) {}
+
+static const pt_kernels cpu_kernels = {
+    .name = "cpu",
+
+    .alloc = pt_alloc,
+    .free = pt_free,
+    .zero = cpu_zero,
+    .copy_to_device = cpu_copy,
+    .copy_to_host = cpu_copy,
+    .copy = cpu_copy,
+    .synchronize = cpu_synchronize,
+
+    .encoder_forward = pt_cpu_encoder_forward,
+    .encoder_backward = pt_cpu_encoder_backward,
+    .layernorm_forward = pt_cpu_layernorm_forward,
+    .layernorm_backward = pt_cpu_layernorm_backward,
+    .matmul_forward = pt_cpu_matmul_forward,
+    .matmul_backward = pt_cpu_matmul_backward,
+    .attention_forward = pt_cpu_attention_forward,
+    .attention_backward = pt_cpu_attention_backward,
+    .gelu_forward = pt_cpu_gelu_forward,
+    .gelu_backward = pt_cpu_gelu_backward,
+    .residual_forward = pt_cpu_residual_forward,
+    .crossentropy_forward = pt_cpu_crossentropy_forward,
+    .crossentropy_forward_backward = pt_cpu_crossentropy_forward_backward,
+
+    .adam_update = pt_cpu_adam_update,
+    .sum_squares = pt_cpu_sum_squares,
+    .sum = pt_cpu_sum,
+    .scale = pt_cpu_scale,
+};
+
+const pt_kernels *pt_kernels_cpu(void) { return &cpu_kernels; }
+
+void pt_kernels_cpu_set_threads(int threads)
+{
+    if (threads < 1) threads = 1;
+    omp_set_num_threads(threads);
+    openblas_set_num_threads(threads);
+}

@@ -1,0 +1,26 @@
+/* A kernel table that times every call of another table, per kernel: the
+ * answer to "where does the step's time go". Wrapping costs two clock reads
+ * per call, and it synchronizes the backend around each kernel, so use it to
+ * profile, not to measure throughput. One profiled table exists at a time. */
+#ifndef PT_KERNEL_PROFILE_H
+#define PT_KERNEL_PROFILE_H
+
+#include <stdio.h>
+
+#include "kernels/kernels.h"
+
+/* The timing table over `inner` (replaces any earlier one); counters reset. */
+const pt_kernels *pt_kernels_profiled(const pt_kernels *inner);
+
+typedef struct pt_kernel_time {
+    const char *name;
+    double seconds;
+    long calls;
+} pt_kernel_time;
+
+/* The per-kernel totals since the table was made, largest first; returns the
+ * number of entries written (at most `capacity`). */
+int pt_kernel_profile_read(pt_kernel_time *out, int capacity);
+void pt_kernel_profile_reset(void);
+
+#endif

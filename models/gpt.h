@@ -1,0 +1,155 @@
+/* The GPT-2 family (ALGORITHMS.md §1), built so that a pipeline stage can run
+ * any contiguous slice of it.
+ *
+ * A slice holds blocks [first, last) of an L-block model, plus the embeddings
+ * (wte, wpe) when first = 0 and the final norm, head and loss when last = L.
+ * The whole model is the slice [0, L). Its parameters live in one allocation
+ * (and its gradients in another, with the same offsets), named by their global
+ * Hugging Face GPT-2 names ("h.3.attn.c_attn.weight"), so a checkpoint written
+ * under one stage split loads under any other.
+ *
+ *   x_in ──(embed, if first = 0)──> block first ─> … ─> block last−1 ──> x_out
+ *                                                      └(ln_f, head, loss, if last = L)
+ */
+#ifndef PT_GPT_H
+#define PT_GPT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/kernels.h"
+
+typedef struct pt_gpt_config {
+    int n_layer, n_embd, n_head, block_size, vocab_size;
+    bool tie_weights; /* lm_head is wte (whole-model slices only) */
+} pt_gpt_config;
+
+#define PT_TENSOR_NAME_MAX 64
+
+/* One named parameter tensor inside the slice's flat buffer. */
+typedef struct pt_gpt_tensor {
+    char name[PT_TENSOR_NAME_MAX];
+    int ndim;
+    int64_t shape[2];
+    size_t offset, numel; /* in floats, into params/grads */
+    bool decay;           /* weight decay applies (matrices and embeddings) */
+} pt_gpt_tensor;
+
+/* Pointers into the flat buffer for one block (shapes as stored). */
+typedef struct pt_gpt_block_params {
+    float *ln_1_weight, *ln_1_bias;   /* [C] */
+    float *c_attn_weight;             /* [C, 3C] */
+    float *c_attn_bias;               /* [3C] */
+    float *attn_proj_weight;          /* [C, C] */
+    float *attn_proj_bias;            /* [C] */
+    float *ln_2_weight, *ln_2_bias;   /* [C] */
+    float *c_fc_weight;               /* [C, 4C] */
+    float *c_fc_bias;                 /* [4C] */
+    float *mlp_proj_weight;           /* [4C, C] */
+    float *mlp_proj_bias;             /* [C] */
+} pt_gpt_block_params;
+
+typedef struct pt_gpt_head_params {
+    float *wte;            /* [V, C]   (stage 0) */
+    float *wpe;            /* [T_max, C] (stage 0) */
+    float *ln_f_weight, *ln_f_bias; /* [C] (last stage) */
+    float *lm_head;        /* [V, C]   (last stage; = wte when tied) */
+} pt_gpt_head_params;
+
+/* Activations kept from the forward for the backward, per block. */
+typedef struct pt_gpt_block_acts {
+    float *ln_1;                  /* [N, C] */
+    float *ln_1_mean, *ln_1_rstd; /* [N] */
+    float *qkv;                   /* [N, 3C] */
+    float *att;                   /* [B, NH, T, T] softmax probabilities */
+    float *atty;                  /* [N, C] attention output before c_proj */
+    float *residual_2;            /* [N, C] x + attn(ln_1(x)) */
+    float *ln_2;                  /* [N, C] */
+    float *ln_2_mean, *ln_2_rstd; /* [N] */
+    float *fc;                    /* [N, 4C] before GELU */
+    float *fc_gelu;               /* [N, 4C] */
+    float *residual_3;            /* [N, C] block output */
+} pt_gpt_block_acts;
+
+typedef struct pt_gpt_slice {
+    pt_gpt_config config;
+    int first, last;      /* blocks [first, last) */
+    bool has_embedding;   /* first == 0 */
+    bool has_head;        /* last == n_layer */
+    int B, T;             /* activation shapes this slice was built for */
+    const pt_kernels *kernels;
+
+    /* parameters and gradients: one allocation each, same layout */
+    float *params, *grads;
+    size_t n_params;
+    pt_gpt_tensor *tensors;
+    int n_tensors;
+    pt_gpt_block_params *blocks, *block_grads; /* [last − first] */
+    pt_gpt_head_params head, head_grads;
+
+    /* activations: one allocation */
+    float *acts;
+    size_t n_acts;
+    float *input;          /* [N, C] slice input: embeddings (stage 0) or received activations */
+    pt_gpt_block_acts *block_acts;
+    float *ln_f, *ln_f_mean, *ln_f_rstd; /* [N, C], [N], [N] */
+    float *logits;         /* [N, V]; holds dlogits after a backward */
+    float *losses;         /* [N] */
+    int32_t *tokens, *targets; /* [N] (backend memory) */
+
+    /* activation gradients */
+    float *grad_acts;
+    size_t n_grad_acts;
+    float *dresidual;   /* [N, C] gradient of the residual stream, block by block */
+    float *dscratch_c;  /* [N, C]  d ln_1 / d atty / d ln_2 / d ln_f, one at a time */
+    float *dscratch_3c; /* [N, 3C] d qkv */
+    float *dscratch_fc_gelu, *dscratch_fc; /* [N, 4C] each */
+} pt_gpt_slice;
+
+/* Validates the sizes; `where` names the source in errors. */
+pipert_result pt_gpt_config_check(const pt_gpt_config *config, const char *where);
+
+/* Bytes a slice needs for parameters, gradients and activations (before
+ * optimizer state): what pt_gpt_slice_create will allocate. */
+size_t pt_gpt_slice_bytes(const pt_gpt_config *config, int first, int last, int B, int T);
+
+/* Allocates a slice for blocks [first, last) with activations for B×T. Fails
+ * with PIPERT_ERR_NOMEM, naming the sizes, when it cannot fit in memory. */
+pipert_result pt_gpt_slice_create(pt_gpt_slice **out, const pt_gpt_config *config, int first,
+                                  int last, int B, int T, const pt_kernels *kernels);
+void pt_gpt_slice_free(pt_gpt_slice *slice);
+
+/* Initialises the parameters (ALGORITHMS.md §1) from `seed`; each tensor's
+ * values depend only on (seed, its global name), not on the split. */
+pipert_result pt_gpt_init(pt_gpt_slice *slice, uint64_t seed);
+
+/* The tensor named `name`, or NULL. */
+const pt_gpt_tensor *pt_gpt_find(const pt_gpt_slice *slice, const char *name);
+
+/* Parameters of the whole model except wte and wpe (the N of 6N, §1), and
+ * the model FLOPs per token 6N + 12·L·C·T. */
+size_t pt_gpt_matmul_params(const pt_gpt_config *config);
+double pt_gpt_flops_per_token(const pt_gpt_config *config, int T);
+
+/* Forward of the slice on one microbatch. Stage 0 reads slice->tokens (copy
+ * them in first); other stages read slice->input. The last stage reads
+ * slice->targets, returns the mean loss in *loss, and already prepares the
+ * gradient of the loss scaled by `loss_scale` (the weight of this
+ * microbatch in the step: 1/microbatches), fused with the softmax. The slice
+ * output (for the next stage) is pt_gpt_output(slice). */
+void pt_gpt_forward(pt_gpt_slice *slice, float loss_scale, float *loss);
+const float *pt_gpt_output(const pt_gpt_slice *slice); /* [N, C] */
+
+/* Forward only up to the loss (no dlogits): for evaluation. */
+void pt_gpt_forward_eval(pt_gpt_slice *slice, float *loss);
+
+/* Backward of the slice after pt_gpt_forward. The last stage starts from its
+ * loss (dout is ignored); other stages start from `dout` [N, C], the gradient
+ * of their output. Parameter gradients accumulate into slice->grads. Returns
+ * the gradient of the slice input [N, C] (NULL for stage 0). */
+const float *pt_gpt_backward(pt_gpt_slice *slice, const float *dout);
+
+void pt_gpt_zero_grads(pt_gpt_slice *slice);
+
+#endif

@@ -1,0 +1,81 @@
+/* The inner optimizers of a stage: AdamW and NAdamW (ALGORITHMS.md §2) around
+ * the backend's adam_update kernel, plus the learning-rate schedule and
+ * global-norm gradient clipping.
+ *
+ * The parameters of a stage are one flat buffer; the optimizer keeps its
+ * moments m and v in two buffers of the same size, so a tensor has the same
+ * offset in all of them. */
+#ifndef PT_OPTIMIZER_H
+#define PT_OPTIMIZER_H
+
+#include <stddef.h>
+
+#include "kernels/kernels.h"
+
+/* PyTorch NAdam's momentum_decay. */
+#define PT_NADAM_PSI 0.004
+
+typedef enum pt_optimizer_kind { PT_OPTIMIZER_ADAMW, PT_OPTIMIZER_NADAMW } pt_optimizer_kind;
+
+typedef struct pt_optimizer_settings {
+    pt_optimizer_kind kind;
+    double beta1, beta2, eps, weight_decay;
+    double psi; /* NAdamW momentum decay, PT_NADAM_PSI */
+} pt_optimizer_settings;
+
+/* A tensor inside the flat parameter buffer; decay: weight decay applies
+ * (2-D tensors only). */
+typedef struct pt_param_region {
+    size_t offset, numel;
+    int decay;
+} pt_param_region;
+
+typedef struct pt_optimizer {
+    pt_optimizer_settings settings;
+    const pt_kernels *kernels;
+    size_t n;          /* elements */
+    float *m, *v;      /* backend memory, n each, same offsets as the parameters */
+    long t;            /* steps taken */
+    double mu_product; /* NAdam Π_t, kept in double (Π_0 = 1) */
+} pt_optimizer;
+
+/* "adamw" | "nadamw"; anything else is a PIPERT_ERR_CONFIG naming the value. */
+pipert_result pt_optimizer_parse_kind(const char *name, pt_optimizer_kind *out);
+
+/* "adamw" | "nadamw" */
+const char *pt_optimizer_kind_name(pt_optimizer_kind kind);
+
+/* Checks the settings (β in [0, 1), ε > 0, λ ≥ 0, ψ > 0 for NAdamW) and
+ * allocates zeroed moments for n elements with k. On failure *opt is left
+ * empty (pt_optimizer_free is then a no-op). */
+pipert_result pt_optimizer_init(pt_optimizer *opt, const pt_optimizer_settings *s,
+                                const pt_kernels *k, size_t n);
+
+/* Frees the moments; safe on a zeroed or already freed optimizer. */
+void pt_optimizer_free(pt_optimizer *opt);
+
+/* t ← t+1, then one update of every region with learning rate lr.
+ * params[n], grads[n] in the backend's memory. */
+void pt_optimizer_step(pt_optimizer *opt, float *params, const float *grads,
+                       const pt_param_region *regions, int n_regions, double lr);
+
+/* The coefficients of step t (1-based) for a decayed / non-decayed region,
+ * given Π_{t−1} (1 at t = 1; ignored by AdamW); updates nothing. */
+pt_adam_coeffs pt_optimizer_coeffs(const pt_optimizer_settings *s, long t, double mu_product_prev,
+                                   double lr, int decay);
+
+/* NAdam's momentum coefficient μ_t = β1·(1 − ½·0.96^(t·ψ)). */
+double pt_nadam_mu(const pt_optimizer_settings *s, long t);
+
+/* The learning rate of step `step` (1-based): linear warm-up from lr/warmup at
+ * step 1 to lr at step `warmup`, then cosine decay to min_ratio·lr at step
+ * `total`, and min_ratio·lr after it. warmup = 0: no warm-up. */
+double pt_lr_at(long step, long total, double lr, long warmup, double min_ratio);
+
+/* Global-norm clipping of grads[n] (backend memory): returns the L2 norm before
+ * clipping, and scales grads by max_norm/norm when norm > max_norm. max_norm ≤ 0
+ * disables clipping; a non-finite norm is returned without touching grads (the
+ * caller decides what a NaN step means). */
+double pt_clip_grad_norm(const pt_kernels *k, float *grads, size_t n, double max_norm);
+
+#endif
