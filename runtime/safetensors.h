@@ -58,7 +58,8 @@ typedef struct pt_tensor_entry {
 
 /* ---- reading ------------------------------------------------------------ */
 
-/* An open, validated file (memory-mapped read-only). */
+/* An open, validated file, memory-mapped read-only: it must not be truncated while open (the
+ * mapped pages would vanish). Safe to read from several threads at once. */
 typedef struct pt_safetensors pt_safetensors;
 
 /* Fails with PIPERT_ERR_IO if the file cannot be read and PIPERT_ERR_FORMAT, naming the file and

@@ -10,24 +10,8 @@
 #include "runtime/error.h"
 #include "runtime/fileio.h"
 #include "runtime/topology.h"
+#include "tools/cli.h"
 #include "tools/commands.h"
-
-typedef struct probe_options {
-    int threads;           /* 0: one per core of this process */
-    const char *json_path; /* NULL: no file */
-} probe_options;
-
-static void print_usage(FILE *out)
-{
-    fprintf(out,
-            "usage: pipert probe [--threads N] [--json FILE] [--help]\n"
-            "\n"
-            "Prints this machine's topology and its measured fp32 GEMM peak (cblas_sgemm).\n"
-            "\n"
-            "  --threads N  threads for the GEMM (default: one per core available to this process)\n"
-            "  --json FILE  also write the host description and peak_gflops to FILE (atomically)\n"
-            "  --help       print this help\n");
-}
 
 /* A positive int, the whole of `text`; 0 if it is not one. */
 static int parse_positive_int(const char *text)
@@ -36,41 +20,6 @@ static int parse_positive_int(const char *text)
     long value = strtol(text, &end, 10);
     if (end == text || *end != '\0' || value < 1 || value > INT_MAX) return 0;
     return (int)value;
-}
-
-/* Returns -1 when the options are fine and the command should run, else the
- * exit status (0 after --help, 2 on a usage error). */
-static int parse_options(int argc, char **argv, probe_options *options)
-{
-    *options = (probe_options){0};
-    for (int i = 0; i < argc; i++) {
-        const char *arg = argv[i];
-        if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) {
-            print_usage(stdout);
-            return 0;
-        }
-        int takes_value = !strcmp(arg, "--threads") || !strcmp(arg, "--json");
-        if (!takes_value) {
-            fprintf(stderr, "pipert probe: error: unknown option '%s'\n", arg);
-            print_usage(stderr);
-            return 2;
-        }
-        if (i + 1 >= argc) {
-            fprintf(stderr, "pipert probe: error: %s needs a value\n", arg);
-            print_usage(stderr);
-            return 2;
-        }
-        const char *value = argv[++i];
-        if (!strcmp(arg, "--json")) {
-            options->json_path = value;
-        } else if (!(options->threads = parse_positive_int(value))) {
-            fprintf(stderr, "pipert probe: error: --threads '%s': expected a positive integer\n",
-                    value);
-            print_usage(stderr);
-            return 2;
-        }
-    }
-    return -1;
 }
 
 static void print_peak(const pt_gemm_peak *peak, int cores)
@@ -113,9 +62,27 @@ static pipert_result write_host_json(const pt_topology *topology, const pt_gemm_
 
 int pt_cmd_probe(int argc, char **argv)
 {
-    probe_options options;
-    int status = parse_options(argc, argv, &options);
-    if (status >= 0) return status;
+    const char *threads_text = NULL, *json_path = NULL;
+    const pt_cli_flag flags[] = {
+        {"--threads", "N", "threads for the GEMM (default: one per core of this process)",
+         &threads_text, NULL},
+        {"--json", "FILE", "also write the host description with peak_gflops (atomically)",
+         &json_path, NULL},
+    };
+    const pt_cli cli = {"probe", "[--threads N] [--json FILE] [--help]",
+                        "Prints this machine's topology (hwloc) and its measured fp32 GEMM peak\n"
+                        "(cblas_sgemm, median and best of several runs), the figure that\n"
+                        "`pipert bench` reports its share of.",
+                        flags, (int)(sizeof flags / sizeof flags[0]), false, NULL};
+    pt_cli_outcome outcome = pt_cli_parse(&cli, argc, argv, NULL);
+    if (outcome != PT_CLI_OK) return pt_cli_exit_status(outcome);
+    int threads = 0;
+    if (threads_text && !(threads = parse_positive_int(threads_text))) {
+        fprintf(stderr, "pipert probe: --threads '%s': expected a positive integer\n"
+                        "usage: pipert probe %s   (--help for more)\n",
+                threads_text, cli.synopsis);
+        return pt_cli_exit_status(PT_CLI_USAGE_ERROR);
+    }
 
     pt_topology *topology;
     if (pt_topology_load(&topology) != PIPERT_OK) return pt_cmd_report_failure("probe");
@@ -124,12 +91,12 @@ int pt_cmd_probe(int argc, char **argv)
 
     int cores = pt_topology_cores(topology);
     pt_gemm_peak peak;
-    pipert_result rc = pt_cpu_gemm_peak(options.threads ? options.threads : cores, &peak);
+    pipert_result rc = pt_cpu_gemm_peak(threads ? threads : cores, &peak);
     if (rc == PIPERT_OK) {
         print_peak(&peak, cores);
-        if (options.json_path) {
-            rc = write_host_json(topology, &peak, options.json_path);
-            if (rc == PIPERT_OK) printf("\nwrote %s\n", options.json_path);
+        if (json_path) {
+            rc = write_host_json(topology, &peak, json_path);
+            if (rc == PIPERT_OK) printf("\nwrote %s\n", json_path);
         }
     }
     pt_topology_free(topology);
