@@ -93,7 +93,7 @@ static const config_key schema[] = {
     NUMBER_KEY(train.beta1, 0.9, HALF_OPEN_RANGE(0, 1), "decay of the first moment (momentum)"),
     NUMBER_KEY(train.beta2, 0.95, HALF_OPEN_RANGE(0, 1), "decay of the second moment"),
     NUMBER_KEY(train.eps, 1e-8, ABOVE(0), "added to the root of the second moment"),
-    NUMBER_KEY(train.weight_decay, 0.1, AT_LEAST(0), "decoupled weight decay (matrices only)"),
+    NUMBER_KEY(train.weight_decay, 0.1, AT_LEAST(0), "decoupled weight decay λ (2-D tensors only: matrices and embeddings)"),
     NUMBER_KEY(train.grad_clip, 1.0, AT_LEAST(0), "clip the global gradient norm to this; 0 disables"),
     NUMBER_KEY(train.val_every, 100, AT_LEAST(0), "validate every N steps and at the end; 0 = only at the end"),
     NUMBER_KEY(train.val_batches, 8, AT_LEAST(1), "batches per validation"),
@@ -407,7 +407,7 @@ static void suggest_name(const char *unknown, char *out, size_t capacity)
         char candidate[NAME_MAX_LENGTH + 1];
         leading_components(schema[i].name, depth + 1, candidate, sizeof candidate);
         int distance = edit_distance(unknown, candidate);
-        if (distance < best_distance) {
+        if (distance > 0 && distance < best_distance) { /* 0: a section named as a key */
             best_distance = distance;
             snprintf(best, sizeof best, "%s", candidate);
         }
@@ -655,12 +655,16 @@ pipert_result pt_config_validate(const pipert_config *cfg)
     if (!cfg) return pt_fail(PIPERT_ERR_INVALID_ARG, "pt_config_validate: NULL config");
     /* Each key on its own, in case C code wrote the struct directly. */
     for (int i = 0; i < KEY_COUNT; i++) {
-        json_t *value = read_json(cfg, &schema[i]);
-        value_error why = {"is not finite, or not valid UTF-8", "?"};
-        bool fits = value && check_value(&schema[i], value, &why);
+        const config_key *key = &schema[i];
+        json_t *value = read_json(cfg, key);
+        if (!value)
+            return pt_fail(PIPERT_ERR_CONFIG, "%s: %s", key->name,
+                           key->type == KEY_DOUBLE ? "is not a finite number" : "is not valid UTF-8");
+        value_error why;
+        bool fits = check_value(key, value, &why);
         json_decref(value);
         if (!fits)
-            return pt_fail(PIPERT_ERR_CONFIG, "%s: %s, got %s", schema[i].name, why.problem, why.found);
+            return pt_fail(PIPERT_ERR_CONFIG, "%s: %s, got %s", key->name, why.problem, why.found);
     }
     const pt_model_settings *m = &cfg->model;
     const pt_train_settings *t = &cfg->train;

@@ -1,3 +1,627 @@
-/* placeholder: being written */
+/* The CPU kernels against independent references: every backward against
+ * central finite differences of its own forward, forwards against naive
+ * loops in double, and the accumulation rule of kernels.h (a backward ADDS
+ * into its gradients, so calling it twice doubles them).
+ *
+ * Finite differences: f = Σ w ⊙ forward(x) for a random upstream gradient w,
+ * accumulated in double from the float outputs; ∂f/∂x_i ≈ (f(x+h) − f(x−h)) /
+ * (2h) with h = 1e-3 (the step actually taken after rounding x ± h to float).
+ * Tolerance: |analytic − numeric| ≤ 1e-2·max(|analytic|, |numeric|) + 2e-4. */
 #include <criterion/criterion.h>
-Test(placeholder, empty) {}
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/kernels.h"
+
+#define FD_STEP 1e-3f
+#define FD_REL_TOL 1e-2
+#define FD_ABS_TOL 2e-4
+#define FD_CHECKS 16 /* elements checked per gradient */
+
+/* ---- helpers --------------------------------------------------------------- */
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+
+static double uniform(double lo, double hi)
+{
+    rng_state ^= rng_state >> 12; /* xorshift64* */
+    rng_state ^= rng_state << 25;
+    rng_state ^= rng_state >> 27;
+    uint64_t r = rng_state * 0x2545f4914f6cdd1dull;
+    return lo + (hi - lo) * (double)(r >> 11) / 9007199254740992.0;
+}
+
+static float *random_floats(size_t n, double lo, double hi)
+{
+    float *x = malloc(n * sizeof *x);
+    cr_assert(x);
+    for (size_t i = 0; i < n; i++) x[i] = (float)uniform(lo, hi);
+    return x;
+}
+
+static float *zero_floats(size_t n)
+{
+    float *x = calloc(n, sizeof *x);
+    cr_assert(x);
+    return x;
+}
+
+static float *copy_floats(const float *src, size_t n)
+{
+    float *x = malloc(n * sizeof *x);
+    cr_assert(x);
+    memcpy(x, src, n * sizeof *x);
+    return x;
+}
+
+static const pt_kernels *cpu(void) { return pt_kernels_cpu(); }
+
+static double weighted_sum(const float *w, const float *y, size_t n)
+{
+    double f = 0;
+    for (size_t i = 0; i < n; i++) f += (double)w[i] * (double)y[i];
+    return f;
+}
+
+/* Checks analytic[i] = ∂objective/∂x[i] at the given indices of x (x is
+ * perturbed and restored). At least one checked derivative must be clearly
+ * non-zero, so an all-zero gradient cannot pass by accident. */
+static void check_gradient_at(const char *what, float *x, const float *analytic,
+                              const size_t *indices, int count, double (*objective)(void *ctx),
+                              void *ctx)
+{
+    double largest = 0;
+    for (int c = 0; c < count; c++) {
+        size_t i = indices[c];
+        float saved = x[i], up = saved + FD_STEP, down = saved - FD_STEP;
+        x[i] = up;
+        double f_up = objective(ctx);
+        x[i] = down;
+        double f_down = objective(ctx);
+        x[i] = saved;
+        double numeric = (f_up - f_down) / ((double)up - (double)down);
+        double a = analytic[i], tol = FD_REL_TOL * fmax(fabs(a), fabs(numeric)) + FD_ABS_TOL;
+        cr_expect(fabs(a - numeric) <= tol,
+                  "%s[%zu]: analytic %.7g, finite difference %.7g (difference %.3g > tolerance %.3g)",
+                  what, i, a, numeric, fabs(a - numeric), tol);
+        largest = fmax(largest, fabs(numeric));
+    }
+    cr_expect(largest > 100 * FD_ABS_TOL,
+              "%s: every checked derivative is ~0 (largest %.3g): the check proves nothing", what,
+              largest);
+}
+
+/* The same at FD_CHECKS indices spread over x[n] (all of them if n is small). */
+static void check_gradient(const char *what, float *x, const float *analytic, size_t n,
+                           double (*objective)(void *ctx), void *ctx)
+{
+    size_t indices[FD_CHECKS];
+    int count = n < FD_CHECKS ? (int)n : FD_CHECKS;
+    for (int c = 0; c < count; c++) {
+        size_t stride = n / (size_t)count;
+        indices[c] = (size_t)c * stride + (size_t)(c * 7) % stride; /* wander inside each stride */
+    }
+    check_gradient_at(what, x, analytic, indices, count, objective, ctx);
+}
+
+/* after = 2·before, element by element (the accumulation rule). */
+static void check_doubled(const char *what, const float *before, const float *after, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        double expected = 2.0 * before[i];
+        cr_assert(fabs(after[i] - expected) <= 1e-5 * fabs(expected) + 1e-7,
+                  "%s[%zu]: a second backward gave %.7g, expected twice the first, %.7g", what, i,
+                  after[i], expected);
+    }
+}
+
+static void check_close(const char *what, const float *got, const double *expected, size_t n,
+                        double rel, double abs_tol)
+{
+    for (size_t i = 0; i < n; i++)
+        cr_assert(fabs(got[i] - expected[i]) <= rel * fabs(expected[i]) + abs_tol,
+                  "%s[%zu]: kernel %.7g, reference %.7g", what, i, got[i], expected[i]);
+}
+
+/* ---- the table ------------------------------------------------------------- */
+
+Test(kernels, cpu_table_is_complete)
+{
+    const pt_kernels *k = cpu();
+    cr_assert_str_eq(k->name, "cpu");
+    void (*const entries[])(void) = {
+        (void (*)(void))k->alloc, (void (*)(void))k->free, (void (*)(void))k->zero,
+        (void (*)(void))k->copy_to_device, (void (*)(void))k->copy_to_host,
+        (void (*)(void))k->copy, (void (*)(void))k->synchronize,
+        (void (*)(void))k->encoder_forward, (void (*)(void))k->encoder_backward,
+        (void (*)(void))k->layernorm_forward, (void (*)(void))k->layernorm_backward,
+        (void (*)(void))k->matmul_forward, (void (*)(void))k->matmul_backward,
+        (void (*)(void))k->attention_forward, (void (*)(void))k->attention_backward,
+        (void (*)(void))k->gelu_forward, (void (*)(void))k->gelu_backward,
+        (void (*)(void))k->residual_forward, (void (*)(void))k->crossentropy_forward,
+        (void (*)(void))k->crossentropy_forward_backward, (void (*)(void))k->adam_update,
+        (void (*)(void))k->sum_squares, (void (*)(void))k->sum, (void (*)(void))k->scale,
+    };
+    for (size_t i = 0; i < sizeof entries / sizeof entries[0]; i++)
+        cr_expect(entries[i] != NULL, "entry %zu of the cpu table is NULL", i);
+}
+
+Test(kernels, memory_is_zeroed_aligned_and_copies)
+{
+    const pt_kernels *k = cpu();
+    float *a = NULL, *b = NULL;
+    cr_assert_eq(k->alloc((void **)&a, 100 * sizeof(float), "test a"), PIPERT_OK);
+    cr_assert_eq(k->alloc((void **)&b, 100 * sizeof(float), "test b"), PIPERT_OK);
+    cr_expect_eq((uintptr_t)a % 64, 0, "allocation not 64-byte aligned");
+    for (int i = 0; i < 100; i++) cr_expect_eq(a[i], 0.0f, "alloc is not zero-filled at %d", i);
+    float host[100];
+    for (int i = 0; i < 100; i++) host[i] = (float)i;
+    k->copy_to_device(a, host, sizeof host);
+    k->copy(b, a, sizeof host);
+    float back[100];
+    k->copy_to_host(back, b, sizeof back);
+    for (int i = 0; i < 100; i++) cr_expect_eq(back[i], (float)i, "copy lost element %d", i);
+    k->zero(b, sizeof host);
+    k->synchronize();
+    for (int i = 0; i < 100; i++) cr_expect_eq(b[i], 0.0f, "zero missed element %d", i);
+    k->free(a);
+    k->free(b);
+}
+
+Test(kernels, cuda_stub_fails_cleanly)
+{
+    const pt_kernels *cuda = (const pt_kernels *)1;
+    pipert_result rc = pt_kernels_cuda(&cuda);
+    if (rc == PIPERT_OK) {
+        cr_expect(cuda != NULL && !strcmp(cuda->name, "cuda"));
+    } else {
+        cr_expect(rc == PIPERT_ERR_UNSUPPORTED || rc == PIPERT_ERR_NO_DEVICE, "result %d", rc);
+        cr_expect_null(cuda, "*out must be NULL on failure");
+        cr_expect(strstr(pipert_last_error(), "CUDA") != NULL, "message: %s", pipert_last_error());
+    }
+}
+
+/* ---- encoder --------------------------------------------------------------- */
+
+enum { B = 2, T = 5, C = 8, NH = 2, V = 11, N = B * T };
+
+typedef struct encoder_problem {
+    int32_t tokens[N];
+    float *wte, *wpe, *w, *out; /* [V,C], [T,C], [N,C], [N,C] */
+} encoder_problem;
+
+static double encoder_objective(void *ctx)
+{
+    encoder_problem *p = ctx;
+    cpu()->encoder_forward(p->out, p->tokens, p->wte, p->wpe, B, T, C);
+    return weighted_sum(p->w, p->out, N * C);
+}
+
+Test(kernels, encoder_forward_and_gradients)
+{
+    encoder_problem p = {.wte = random_floats(V * C, -1, 1), .wpe = random_floats(T * C, -1, 1),
+                         .w = random_floats(N * C, -1, 1), .out = zero_floats(N * C)};
+    for (int n = 0; n < N; n++) p.tokens[n] = (int32_t)(uniform(0, V) * 0.999);
+    p.tokens[7] = p.tokens[2]; /* a repeated token: its gradient rows must add up */
+
+    encoder_objective(&p);
+    for (int n = 0; n < N; n++)
+        for (int c = 0; c < C; c++)
+            cr_assert_eq(p.out[n * C + c], p.wte[p.tokens[n] * C + c] + p.wpe[(n % T) * C + c],
+                         "out[%d][%d]", n, c);
+
+    float *dwte = zero_floats(V * C), *dwpe = zero_floats(T * C);
+    cpu()->encoder_backward(dwte, dwpe, p.w, p.tokens, B, T, C);
+    check_gradient("encoder dwte", p.wte, dwte, V * C, encoder_objective, &p);
+    check_gradient("encoder dwpe", p.wpe, dwpe, T * C, encoder_objective, &p);
+
+    float *dwte1 = copy_floats(dwte, V * C), *dwpe1 = copy_floats(dwpe, T * C);
+    cpu()->encoder_backward(dwte, dwpe, p.w, p.tokens, B, T, C);
+    check_doubled("encoder dwte", dwte1, dwte, V * C);
+    check_doubled("encoder dwpe", dwpe1, dwpe, T * C);
+}
+
+/* ---- layernorm ------------------------------------------------------------- */
+
+typedef struct layernorm_problem {
+    float *inp, *weight, *bias, *w; /* [N,C], [C], [C], [N,C] */
+    float *out, *mean, *rstd;       /* [N,C], [N], [N] */
+} layernorm_problem;
+
+static double layernorm_objective(void *ctx)
+{
+    layernorm_problem *p = ctx;
+    cpu()->layernorm_forward(p->out, p->mean, p->rstd, p->inp, p->weight, p->bias, N, C);
+    return weighted_sum(p->w, p->out, N * C);
+}
+
+Test(kernels, layernorm_forward_matches_definition)
+{
+    layernorm_problem p = {.inp = random_floats(N * C, -2, 3), .weight = random_floats(C, 0.5, 1.5),
+                           .bias = random_floats(C, -1, 1), .w = NULL, .out = zero_floats(N * C),
+                           .mean = zero_floats(N), .rstd = zero_floats(N)};
+    layernorm_objective(&p);
+    for (int n = 0; n < N; n++) {
+        double mu = 0, var = 0;
+        for (int c = 0; c < C; c++) mu += p.inp[n * C + c] / (double)C;
+        for (int c = 0; c < C; c++) var += pow(p.inp[n * C + c] - mu, 2) / C;
+        double rstd = 1 / sqrt(var + 1e-5), expected[C];
+        for (int c = 0; c < C; c++)
+            expected[c] = (p.inp[n * C + c] - mu) * rstd * p.weight[c] + p.bias[c];
+        check_close("layernorm out", p.out + n * C, expected, C, 1e-5, 1e-5);
+        cr_expect(fabs(p.mean[n] - mu) < 1e-6 && fabs(p.rstd[n] - rstd) < 1e-5 * rstd,
+                  "row %d: mean %g rstd %g, expected %g %g", n, p.mean[n], p.rstd[n], mu, rstd);
+    }
+}
+
+Test(kernels, layernorm_gradients)
+{
+    layernorm_problem p = {.inp = random_floats(N * C, -2, 2), .weight = random_floats(C, 0.5, 1.5),
+                           .bias = random_floats(C, -1, 1), .w = random_floats(N * C, -1, 1),
+                           .out = zero_floats(N * C), .mean = zero_floats(N),
+                           .rstd = zero_floats(N)};
+    layernorm_objective(&p);
+    float *dinp = zero_floats(N * C), *dweight = zero_floats(C), *dbias = zero_floats(C);
+    cpu()->layernorm_backward(dinp, dweight, dbias, p.w, p.inp, p.weight, p.mean, p.rstd, N, C);
+    check_gradient("layernorm dinp", p.inp, dinp, N * C, layernorm_objective, &p);
+    check_gradient("layernorm dweight", p.weight, dweight, C, layernorm_objective, &p);
+    check_gradient("layernorm dbias", p.bias, dbias, C, layernorm_objective, &p);
+
+    float *dinp1 = copy_floats(dinp, N * C), *dweight1 = copy_floats(dweight, C),
+          *dbias1 = copy_floats(dbias, C);
+    layernorm_objective(&p); /* the mean and rstd of the unperturbed input */
+    cpu()->layernorm_backward(dinp, dweight, dbias, p.w, p.inp, p.weight, p.mean, p.rstd, N, C);
+    check_doubled("layernorm dinp", dinp1, dinp, N * C);
+    check_doubled("layernorm dweight", dweight1, dweight, C);
+    check_doubled("layernorm dbias", dbias1, dbias, C);
+}
+
+/* ---- matmul ---------------------------------------------------------------- */
+
+/* W[c][o] of either layout. */
+static float weight_at(const float *W, int c, int o, int Cin, int OC, pt_weight_layout layout)
+{
+    return layout == PT_WEIGHT_IN_OUT ? W[(size_t)c * OC + o] : W[(size_t)o * Cin + c];
+}
+
+static void check_matmul_forward(pt_weight_layout layout, int with_bias)
+{
+    const int rows = 37, Cin = 19, OC = 23; /* sizes no kernel blocks evenly */
+    float *inp = random_floats(rows * Cin, -1, 1), *W = random_floats(Cin * OC, -1, 1);
+    float *bias = with_bias ? random_floats(OC, -1, 1) : NULL;
+    float *out = random_floats(rows * OC, -9, 9); /* garbage: the forward overwrites */
+    cpu()->matmul_forward(out, inp, W, bias, rows, Cin, OC, layout);
+    double *expected = malloc(sizeof(double) * rows * OC);
+    for (int n = 0; n < rows; n++)
+        for (int o = 0; o < OC; o++) {
+            double acc = bias ? bias[o] : 0.0;
+            for (int c = 0; c < Cin; c++)
+                acc += (double)inp[n * Cin + c] * weight_at(W, c, o, Cin, OC, layout);
+            expected[n * OC + o] = acc;
+        }
+    check_close(layout == PT_WEIGHT_IN_OUT ? "matmul in-out out" : "matmul out-in out", out,
+                expected, (size_t)rows * OC, 1e-5, 1e-5);
+    free(expected);
+}
+
+Test(kernels, matmul_forward_both_layouts_match_naive_loops)
+{
+    check_matmul_forward(PT_WEIGHT_IN_OUT, 1);
+    check_matmul_forward(PT_WEIGHT_OUT_IN, 1);
+    check_matmul_forward(PT_WEIGHT_IN_OUT, 0);
+    check_matmul_forward(PT_WEIGHT_OUT_IN, 0);
+}
+
+enum { OC = 12 };
+
+typedef struct matmul_problem {
+    pt_weight_layout layout;
+    float *inp, *weight, *bias, *w, *out; /* [N,C], [C,OC] or [OC,C], [OC], [N,OC], [N,OC] */
+} matmul_problem;
+
+static double matmul_objective(void *ctx)
+{
+    matmul_problem *p = ctx;
+    cpu()->matmul_forward(p->out, p->inp, p->weight, p->bias, N, C, OC, p->layout);
+    return weighted_sum(p->w, p->out, N * OC);
+}
+
+static void check_matmul_gradients(pt_weight_layout layout)
+{
+    matmul_problem p = {.layout = layout, .inp = random_floats(N * C, -1, 1),
+                        .weight = random_floats(C * OC, -1, 1), .bias = random_floats(OC, -1, 1),
+                        .w = random_floats(N * OC, -1, 1), .out = zero_floats(N * OC)};
+    float *dinp = zero_floats(N * C), *dweight = zero_floats(C * OC), *dbias = zero_floats(OC);
+    cpu()->matmul_backward(dinp, dweight, dbias, p.w, p.inp, p.weight, N, C, OC, layout);
+    const char *name = layout == PT_WEIGHT_IN_OUT ? "in-out" : "out-in";
+    char what[64];
+    snprintf(what, sizeof what, "matmul %s dinp", name);
+    check_gradient(what, p.inp, dinp, N * C, matmul_objective, &p);
+    snprintf(what, sizeof what, "matmul %s dweight", name);
+    check_gradient(what, p.weight, dweight, C * OC, matmul_objective, &p);
+    snprintf(what, sizeof what, "matmul %s dbias", name);
+    check_gradient(what, p.bias, dbias, OC, matmul_objective, &p);
+
+    float *dinp1 = copy_floats(dinp, N * C), *dweight1 = copy_floats(dweight, C * OC),
+          *dbias1 = copy_floats(dbias, OC);
+    cpu()->matmul_backward(dinp, dweight, dbias, p.w, p.inp, p.weight, N, C, OC, layout);
+    check_doubled("matmul dinp", dinp1, dinp, N * C);
+    check_doubled("matmul dweight", dweight1, dweight, C * OC);
+    check_doubled("matmul dbias", dbias1, dbias, OC);
+
+    /* dinp and dbias may be NULL: dweight alone grows by the same amount */
+    cpu()->matmul_backward(NULL, dweight, NULL, p.w, p.inp, p.weight, N, C, OC, layout);
+    for (int i = 0; i < C * OC; i++)
+        cr_assert(fabs(dweight[i] - 3 * dweight1[i]) <= 1e-5 * fabs(3 * dweight1[i]) + 1e-7,
+                  "matmul %s dweight[%d] with NULL dinp/dbias: %g, expected %g", name, i,
+                  dweight[i], 3 * dweight1[i]);
+}
+
+Test(kernels, matmul_gradients_in_out) { check_matmul_gradients(PT_WEIGHT_IN_OUT); }
+Test(kernels, matmul_gradients_out_in) { check_matmul_gradients(PT_WEIGHT_OUT_IN); }
+
+/* ---- attention ------------------------------------------------------------- */
+
+/* out[B,T,C] and att[B,NH,T,T] by the definition, in double. */
+static void attention_reference(double *out, double *att, const float *qkv, int b_, int t_, int c_,
+                                int nh)
+{
+    int hs = c_ / nh;
+    for (int b = 0; b < b_; b++)
+        for (int h = 0; h < nh; h++)
+            for (int i = 0; i < t_; i++) {
+                const float *q = qkv + ((size_t)b * t_ + i) * 3 * c_ + h * hs;
+                double *p = att + (((size_t)b * nh + h) * t_ + i) * t_, max = -INFINITY, sum = 0;
+                for (int j = 0; j < t_; j++) {
+                    const float *k = qkv + ((size_t)b * t_ + j) * 3 * c_ + c_ + h * hs;
+                    double s = 0;
+                    for (int d = 0; d < hs; d++) s += (double)q[d] * k[d];
+                    p[j] = j <= i ? s / sqrt(hs) : -INFINITY;
+                    max = fmax(max, p[j]);
+                }
+                for (int j = 0; j < t_; j++) sum += p[j] = j <= i ? exp(p[j] - max) : 0.0;
+                for (int j = 0; j < t_; j++) p[j] /= sum;
+                for (int d = 0; d < hs; d++) {
+                    double y = 0;
+                    for (int j = 0; j <= i; j++)
+                        y += p[j] * qkv[((size_t)b * t_ + j) * 3 * c_ + 2 * c_ + h * hs + d];
+                    out[((size_t)b * t_ + i) * c_ + h * hs + d] = y;
+                }
+            }
+}
+
+static void check_attention_forward(int b_, int t_, int c_, int nh)
+{
+    size_t n_qkv = (size_t)b_ * t_ * 3 * c_, n_out = (size_t)b_ * t_ * c_,
+           n_att = (size_t)b_ * nh * t_ * t_;
+    float *qkv = random_floats(n_qkv, -2, 2), *out = random_floats(n_out, -9, 9);
+    float *att = random_floats(n_att, 5, 9); /* garbage above the diagonal must become 0 */
+    double *out_ref = malloc(n_out * sizeof(double)), *att_ref = malloc(n_att * sizeof(double));
+    cpu()->attention_forward(out, att, qkv, b_, t_, c_, nh);
+    attention_reference(out_ref, att_ref, qkv, b_, t_, c_, nh);
+    char what[64];
+    snprintf(what, sizeof what, "attention T=%d out", t_);
+    check_close(what, out, out_ref, n_out, 1e-4, 1e-5);
+    snprintf(what, sizeof what, "attention T=%d att", t_);
+    check_close(what, att, att_ref, n_att, 1e-4, 1e-6);
+    free(qkv), free(out), free(att), free(out_ref), free(att_ref);
+}
+
+Test(kernels, attention_forward_matches_naive_loops)
+{
+    check_attention_forward(B, T, C, NH);
+    check_attention_forward(1, 1, 4, 1);    /* one position */
+    check_attention_forward(2, 67, 12, 3);  /* T spans two row blocks, unevenly */
+    check_attention_forward(1, 131, 8, 2);  /* three row blocks */
+}
+
+typedef struct attention_problem {
+    int b, t, c, nh;
+    float *qkv, *w, *out, *att; /* [b,t,3c], [b,t,c], [b,t,c], [b,nh,t,t] */
+} attention_problem;
+
+static double attention_objective(void *ctx)
+{
+    attention_problem *p = ctx;
+    cpu()->attention_forward(p->out, p->att, p->qkv, p->b, p->t, p->c, p->nh);
+    return weighted_sum(p->w, p->out, (size_t)p->b * p->t * p->c);
+}
+
+static void check_attention_gradients(int b_, int t_, int c_, int nh)
+{
+    size_t n_qkv = (size_t)b_ * t_ * 3 * c_, n_out = (size_t)b_ * t_ * c_;
+    attention_problem p = {.b = b_, .t = t_, .c = c_, .nh = nh,
+                           .qkv = random_floats(n_qkv, -2, 2), .w = random_floats(n_out, -1, 1),
+                           .out = zero_floats(n_out), .att = zero_floats((size_t)b_ * nh * t_ * t_)};
+    attention_objective(&p);
+    float *dqkv = zero_floats(n_qkv);
+    cpu()->attention_backward(dqkv, p.w, p.qkv, p.att, b_, t_, c_, nh);
+    /* q, k and v of the first, a middle and the last position, two columns each */
+    size_t indices[18];
+    int count = 0;
+    const int positions[3] = {0, t_ / 2, t_ - 1};
+    for (int part = 0; part < 3; part++)
+        for (int r = 0; r < 3; r++)
+            for (int col = 0; col < 2; col++) {
+                size_t row = (size_t)(b_ - 1) * t_ + positions[r];
+                indices[count++] = row * 3 * c_ + (size_t)part * c_ + (size_t)col * (c_ - 1);
+            }
+    char what[64];
+    snprintf(what, sizeof what, "attention T=%d dqkv", t_);
+    check_gradient_at(what, p.qkv, dqkv, indices, count, attention_objective, &p);
+    attention_objective(&p); /* att of the unperturbed input */
+    float *dqkv1 = copy_floats(dqkv, n_qkv);
+    cpu()->attention_backward(dqkv, p.w, p.qkv, p.att, b_, t_, c_, nh);
+    check_doubled(what, dqkv1, dqkv, n_qkv);
+    free(p.qkv), free(p.w), free(p.out), free(p.att), free(dqkv), free(dqkv1);
+}
+
+Test(kernels, attention_gradients)
+{
+    check_attention_gradients(B, T, C, NH);
+    check_attention_gradients(1, 70, 8, 2);   /* two row blocks */
+    check_attention_gradients(1, 600, 4, 1);  /* T large enough to shrink the backward's block */
+}
+
+/* ---- gelu, residual -------------------------------------------------------- */
+
+Test(kernels, gelu_forward_matches_tanh_formula)
+{
+    const size_t n = 1001;
+    float *x = zero_floats(n), *y = zero_floats(n);
+    for (size_t i = 0; i < n; i++) x[i] = (float)(-10.0 + 20.0 * (double)i / (n - 1));
+    cpu()->gelu_forward(y, x, n);
+    double *expected = malloc(n * sizeof(double));
+    for (size_t i = 0; i < n; i++) {
+        double u = sqrt(2 / M_PI) * (x[i] + 0.044715 * pow(x[i], 3));
+        expected[i] = 0.5 * x[i] * (1 + tanh(u));
+    }
+    check_close("gelu", y, expected, n, 1e-5, 1e-6);
+    free(x), free(y), free(expected);
+}
+
+typedef struct gelu_problem {
+    size_t n;
+    float *inp, *w, *out;
+} gelu_problem;
+
+static double gelu_objective(void *ctx)
+{
+    gelu_problem *p = ctx;
+    cpu()->gelu_forward(p->out, p->inp, p->n);
+    return weighted_sum(p->w, p->out, p->n);
+}
+
+Test(kernels, gelu_gradient)
+{
+    gelu_problem p = {.n = 97, .inp = random_floats(97, -5, 5), .w = random_floats(97, -1, 1),
+                      .out = zero_floats(97)};
+    float *dinp = zero_floats(p.n);
+    cpu()->gelu_backward(dinp, p.inp, p.w, p.n);
+    check_gradient("gelu dinp", p.inp, dinp, p.n, gelu_objective, &p);
+    float *dinp1 = copy_floats(dinp, p.n);
+    cpu()->gelu_backward(dinp, p.inp, p.w, p.n);
+    check_doubled("gelu dinp", dinp1, dinp, p.n);
+}
+
+Test(kernels, residual_adds)
+{
+    const size_t n = 1000;
+    float *a = random_floats(n, -1, 1), *b = random_floats(n, -1, 1), *out = zero_floats(n);
+    cpu()->residual_forward(out, a, b, n);
+    for (size_t i = 0; i < n; i++) cr_assert_eq(out[i], a[i] + b[i], "residual[%zu]", i);
+}
+
+/* ---- cross-entropy --------------------------------------------------------- */
+
+/* −log softmax(x)[y] by log-sum-exp in double. */
+static double crossentropy_reference(const float *x, int y, int v_)
+{
+    double max = -INFINITY, sum = 0;
+    for (int v = 0; v < v_; v++) max = fmax(max, x[v]);
+    for (int v = 0; v < v_; v++) sum += exp((double)x[v] - max);
+    return max + log(sum) - x[y];
+}
+
+Test(kernels, crossentropy_matches_log_sum_exp_and_is_stable)
+{
+    const int rows = 6, vocab = 4099; /* rows 3..5: logits near ±500 overflow a naive expf */
+    float *logits = random_floats((size_t)rows * vocab, -3, 3);
+    for (int n = 3; n < rows; n++)
+        for (int v = 0; v < vocab; v++) logits[n * vocab + v] += n == 4 ? -500.0f : 500.0f;
+    int32_t targets[6] = {0, vocab - 1, 17, 4000, 1, 2};
+    float losses[6], losses_fb[6];
+    cpu()->crossentropy_forward(losses, logits, targets, rows, vocab);
+    float *dlogits = copy_floats(logits, (size_t)rows * vocab);
+    const float dloss = 0.25f;
+    cpu()->crossentropy_forward_backward(losses_fb, dlogits, targets, rows, vocab, dloss);
+    for (int n = 0; n < rows; n++) {
+        double expected = crossentropy_reference(logits + n * vocab, targets[n], vocab);
+        cr_expect(fabs(losses[n] - expected) < 1e-4 * expected + 1e-5,
+                  "row %d: loss %.7g, log-sum-exp %.7g", n, losses[n], expected);
+        cr_expect(fabs(losses_fb[n] - expected) < 1e-4 * expected + 1e-5,
+                  "row %d: forward_backward loss %.7g, log-sum-exp %.7g", n, losses_fb[n],
+                  expected);
+        /* dlogits = dloss·(softmax − onehot): sums to 0, the target entry is negative */
+        double sum = 0;
+        for (int v = 0; v < vocab; v++) sum += dlogits[n * vocab + v];
+        cr_expect(fabs(sum) < 1e-6, "row %d: dlogits sum to %g, not 0", n, sum);
+        cr_expect(dlogits[n * vocab + targets[n]] < 0, "row %d: target gradient >= 0", n);
+    }
+}
+
+typedef struct crossentropy_problem {
+    float *logits, *losses; /* [N,V], [N] */
+    int32_t targets[N];
+    float dloss;
+} crossentropy_problem;
+
+static double crossentropy_objective(void *ctx)
+{
+    crossentropy_problem *p = ctx;
+    cpu()->crossentropy_forward(p->losses, p->logits, p->targets, N, V);
+    double f = 0;
+    for (int n = 0; n < N; n++) f += (double)p->dloss * p->losses[n];
+    return f;
+}
+
+Test(kernels, crossentropy_gradient)
+{
+    crossentropy_problem p = {.logits = random_floats(N * V, -3, 3), .losses = zero_floats(N),
+                              .dloss = 0.7f};
+    for (int n = 0; n < N; n++) p.targets[n] = (int32_t)(uniform(0, V) * 0.999);
+    float *dlogits = copy_floats(p.logits, N * V), losses[N];
+    cpu()->crossentropy_forward_backward(losses, dlogits, p.targets, N, V, p.dloss);
+    check_gradient("crossentropy dlogits", p.logits, dlogits, N * V, crossentropy_objective, &p);
+}
+
+/* ---- reductions and adam --------------------------------------------------- */
+
+Test(kernels, reductions_and_scale)
+{
+    const size_t n = 100003;
+    float *x = random_floats(n, -1, 1);
+    double squares = 0, sum = 0;
+    for (size_t i = 0; i < n; i++) squares += (double)x[i] * x[i], sum += x[i];
+    cr_expect(fabs(cpu()->sum_squares(x, n) - squares) < 1e-9 * squares, "sum_squares");
+    cr_expect(fabs(cpu()->sum(x, n) - sum) < 1e-9 * fabs(squares), "sum %.12g vs %.12g",
+              cpu()->sum(x, n), sum);
+    float *y = copy_floats(x, n);
+    cpu()->scale(y, -0.5f, n);
+    for (size_t i = 0; i < n; i++) cr_assert_eq(y[i], -0.5f * x[i], "scale[%zu]", i);
+}
+
+Test(kernels, adam_update_follows_its_formula)
+{
+    const size_t n = 37;
+    float *param = random_floats(n, -1, 1), *grad = random_floats(n, -1, 1);
+    float *m = random_floats(n, -0.1, 0.1), *v = random_floats(n, 0, 0.01);
+    float *p0 = copy_floats(param, n), *m0 = copy_floats(m, n), *v0 = copy_floats(v, n);
+    pt_adam_coeffs c = {.decay = 0.99f, .beta1 = 0.9f, .beta2 = 0.95f, .bias2 = 0.2f,
+                        .eps = 1e-3f, .c_grad = 0.01f, .c_mom = 0.02f};
+    cpu()->adam_update(param, grad, m, v, n, &c);
+    for (size_t i = 0; i < n; i++) {
+        double mi = 0.9 * m0[i] + 0.1 * grad[i], vi = 0.95 * v0[i] + 0.05 * grad[i] * grad[i];
+        double d = sqrt(vi / 0.2) + 1e-3;
+        double expected = p0[i] * 0.99 - 0.01 * grad[i] / d - 0.02 * mi / d;
+        cr_expect(fabs(m[i] - mi) < 1e-6 && fabs(v[i] - vi) < 1e-7, "moments [%zu]", i);
+        cr_expect(fabs(param[i] - expected) < 1e-5 * fabs(expected) + 1e-6,
+                  "param[%zu]: %.7g, expected %.7g", i, param[i], expected);
+    }
+}
+
+Test(kernels, thread_count_does_not_change_results)
+{
+    attention_problem p = {.b = 2, .t = 33, .c = 8, .nh = 2, .qkv = random_floats(2 * 33 * 24, -1, 1),
+                           .w = NULL, .out = zero_floats(2 * 33 * 8),
+                           .att = zero_floats(2 * 2 * 33 * 33)};
+    pt_kernels_cpu_set_threads(1);
+    attention_objective(&p);
+    float *one = copy_floats(p.out, 2 * 33 * 8);
+    pt_kernels_cpu_set_threads(2);
+    attention_objective(&p);
+    for (int i = 0; i < 2 * 33 * 8; i++)
+        cr_assert_eq(one[i], p.out[i], "attention out[%d] differs between 1 and 2 threads", i);
+}

@@ -86,6 +86,11 @@ static pipert_result run_check(const check_request *req, pipert_config *cfg, int
     pipert_result rc = pt_model_settings_from_file(st, cfg);
     if (rc == PIPERT_OK) rc = pt_cli_apply_overrides(argc, argv, cfg); /* flags win */
     pt_gpt_config config = pt_gpt_config_from_settings(cfg);
+    if (rc == PIPERT_OK && config.n_head == 0)
+        rc = pt_fail(PIPERT_ERR_CONFIG,
+                     "%s: model.n_head is not in its metadata and n_embd=%d is not a multiple of "
+                     "64: pass --model.n_head=N",
+                     req->model_path, config.n_embd);
     if (rc == PIPERT_OK) rc = pt_gpt_config_check(&config, req->model_path);
     if (rc == PIPERT_OK && req->T > config.block_size)
         rc = pt_fail(PIPERT_ERR_INVALID_ARG, "--seq %d exceeds the model's block_size %d", req->T,

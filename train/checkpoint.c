@@ -132,7 +132,9 @@ static pipert_result infer_model_settings(const pt_safetensors *st, pt_model_set
     m->n_embd = (int)wte->shape[1];
     m->block_size = (int)wpe->shape[0];
     m->tie_weights = find_model_tensor(st, "lm_head.weight") == NULL;
-    if (m->n_embd % 64 == 0) m->n_head = m->n_embd / 64;
+    /* Every GPT-2 size has heads of 64 channels; otherwise leave n_head
+     * unknown (0) for the caller to demand. */
+    m->n_head = m->n_embd % 64 == 0 ? m->n_embd / 64 : 0;
     pt_info("%s: model inferred from tensor shapes: n_layer=%d n_embd=%d n_head=%d (head size 64; "
             "override with --model.n_head) block_size=%d vocab_size=%d%s",
             path, m->n_layer, m->n_embd, m->n_head, m->block_size, m->vocab_size,

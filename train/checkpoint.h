@@ -49,7 +49,8 @@ pipert_result pt_gpt_add_to_writer(pt_safetensors_writer *w, const pt_gpt_slice 
 /* Fills cfg->model from a safetensors file: from its "config" metadata when
  * present, else inferred from the tensor shapes (n_layer from the h.N names,
  * n_embd and vocab_size from wte, block_size from wpe, tie_weights when there
- * is no lm_head, n_head = n_embd/64 as in every GPT-2 size). Used by
+ * is no lm_head, n_head = n_embd/64 as in every GPT-2 size, or 0 = unknown
+ * when n_embd is not a multiple of 64). Used by
  * `pipert check`; command-line overrides apply after it. */
 pipert_result pt_model_settings_from_file(const pt_safetensors *st, pipert_config *cfg);
 
