@@ -77,38 +77,52 @@ typedef struct config_key {
 
 static const config_key schema[] = {
     NUMBER_KEY(model.n_layer, 4, AT_LEAST(1), "transformer blocks"),
-    NUMBER_KEY(model.n_embd, 128, AT_LEAST(1), "channels C of the residual stream; a multiple of model.n_head"),
+    NUMBER_KEY(model.n_embd, 128, AT_LEAST(1),
+               "channels C of the residual stream; a multiple of model.n_head"),
     NUMBER_KEY(model.n_head, 4, AT_LEAST(1), "attention heads"),
-    NUMBER_KEY(model.block_size, 128, AT_LEAST(1), "sequence length T (also the number of learned positions)"),
-    NUMBER_KEY(model.vocab_size, 256, AT_LEAST(1), "vocabulary size V; at least 256 for the byte-level tokenizer"),
-    BOOL_KEY(model.tie_weights, false, "lm_head shares the token embedding (single-stage runs only)"),
+    NUMBER_KEY(model.block_size, 128, AT_LEAST(1),
+               "sequence length T (also the number of learned positions)"),
+    NUMBER_KEY(model.vocab_size, 256, AT_LEAST(1),
+               "vocabulary size V; at least 256 for the byte-level tokenizer"),
+    BOOL_KEY(model.tie_weights, false,
+             "lm_head shares the token embedding (single-stage runs only)"),
 
     NUMBER_KEY(train.batch_size, 8, AT_LEAST(1), "sequences per worker per microbatch"),
     NUMBER_KEY(train.grad_accum, 1, AT_LEAST(1), "microbatches per optimizer step"),
     NUMBER_KEY(train.steps, 600, AT_LEAST(1), "optimizer steps of the whole run"),
     NUMBER_KEY(train.lr, 1e-3, ABOVE(0), "peak learning rate, reached at the end of warm-up"),
     NUMBER_KEY(train.warmup_steps, 50, AT_LEAST(0), "steps of linear warm-up from 0 to train.lr"),
-    NUMBER_KEY(train.min_lr_ratio, 0.1, CLOSED_RANGE(0, 1), "cosine decay ends at min_lr_ratio * train.lr"),
-    STRING_KEY(train.optimizer, "adamw", "adamw|nadamw", "update rule: AdamW, or NAdamW (Nesterov momentum)"),
+    NUMBER_KEY(train.min_lr_ratio, 0.1, CLOSED_RANGE(0, 1),
+               "cosine decay ends at min_lr_ratio * train.lr"),
+    STRING_KEY(train.optimizer, "adamw", "adamw|nadamw",
+               "update rule: AdamW, or NAdamW (Nesterov momentum)"),
     NUMBER_KEY(train.beta1, 0.9, HALF_OPEN_RANGE(0, 1), "decay of the first moment (momentum)"),
     NUMBER_KEY(train.beta2, 0.95, HALF_OPEN_RANGE(0, 1), "decay of the second moment"),
     NUMBER_KEY(train.eps, 1e-8, ABOVE(0), "added to the root of the second moment"),
-    NUMBER_KEY(train.weight_decay, 0.1, AT_LEAST(0), "decoupled weight decay λ (2-D tensors only: matrices and embeddings)"),
-    NUMBER_KEY(train.grad_clip, 1.0, AT_LEAST(0), "clip the global gradient norm to this; 0 disables"),
-    NUMBER_KEY(train.val_every, 100, AT_LEAST(0), "validate every N steps and at the end; 0 = only at the end"),
+    NUMBER_KEY(train.weight_decay, 0.1, AT_LEAST(0),
+               "decoupled weight decay λ (2-D tensors only: matrices and embeddings)"),
+    NUMBER_KEY(train.grad_clip, 1.0, AT_LEAST(0),
+               "clip the global gradient norm to this; 0 disables"),
+    NUMBER_KEY(train.val_every, 100, AT_LEAST(0),
+               "validate every N steps and at the end; 0 = only at the end"),
     NUMBER_KEY(train.val_batches, 8, AT_LEAST(1), "batches per validation"),
     NUMBER_KEY(train.log_every, 10, AT_LEAST(1), "a metrics line every N steps"),
-    NUMBER_KEY(train.checkpoint_every, 200, AT_LEAST(0), "checkpoint every N steps and at the end; 0 = only at the end"),
+    NUMBER_KEY(train.checkpoint_every, 200, AT_LEAST(0),
+               "checkpoint every N steps and at the end; 0 = only at the end"),
     NUMBER_KEY(train.keep_checkpoints, 3, AT_LEAST(0), "newest checkpoints kept; 0 = keep all"),
 
-    STRING_KEY(data.path, "", NULL, "text file, directory of text files, or llm.c .bin token shard; \"\" = built-in fortunes"),
-    STRING_KEY(data.format, "auto", "auto|text|tokens", "how to read data.path; auto decides from the file"),
-    NUMBER_KEY(data.val_fraction, 0.1, OPEN_RANGE(0, 1), "tail of the token stream held out for validation"),
+    STRING_KEY(data.path, "", NULL,
+               "text file, directory of text files, or llm.c .bin token shard; \"\" = fortunes"),
+    STRING_KEY(data.format, "auto", "auto|text|tokens",
+               "how to read data.path; auto decides from the file"),
+    NUMBER_KEY(data.val_fraction, 0.1, OPEN_RANGE(0, 1),
+               "tail of the token stream held out for validation"),
 
     NUMBER_KEY(runtime.threads, 0, AT_LEAST(0), "compute threads; 0 = every core of this machine"),
     STRING_KEY(runtime.device, "cpu", "cpu|cuda", "where the kernels run"),
 
-    NUMBER_KEY(seed, 1337, AT_LEAST(0), "seed of every random stream (initial weights, data sampling)"),
+    NUMBER_KEY(seed, 1337, AT_LEAST(0),
+               "seed of every random stream (initial weights, data sampling)"),
 };
 enum { KEY_COUNT = sizeof schema / sizeof schema[0] };
 
@@ -126,7 +140,8 @@ static bool is_section(const char *name)
 {
     size_t length = strlen(name);
     for (int i = 0; i < KEY_COUNT; i++)
-        if (strncmp(schema[i].name, name, length) == 0 && schema[i].name[length] == '.') return true;
+        if (strncmp(schema[i].name, name, length) == 0 && schema[i].name[length] == '.')
+            return true;
     return false;
 }
 
@@ -151,7 +166,10 @@ static void integer_limits(key_type type, long long *lo, long long *hi)
 
 /* ---- reading and writing fields ------------------------------------------ */
 
-static void *field_of(pipert_config *cfg, const config_key *key) { return (char *)cfg + key->offset; }
+static void *field_of(pipert_config *cfg, const config_key *key)
+{
+    return (char *)cfg + key->offset;
+}
 
 static const void *const_field_of(const pipert_config *cfg, const config_key *key)
 {
@@ -173,7 +191,8 @@ static void write_integer(pipert_config *cfg, const config_key *key, long long v
 
 /* Fills the whole buffer, so two configs holding the same strings compare
  * equal byte for byte. */
-static void write_string(pipert_config *cfg, const config_key *key, const char *value, size_t length)
+static void write_string(pipert_config *cfg, const config_key *key, const char *value,
+                         size_t length)
 {
     char *field = field_of(cfg, key);
     memset(field, 0, key->size);
@@ -308,7 +327,8 @@ static bool is_choice(const char *choices, const char *value)
 {
     size_t length = strlen(value);
     for (const char *at = choices;; at++) { /* at: the start of one choice */
-        if (strncmp(at, value, length) == 0 && (at[length] == '|' || at[length] == '\0')) return true;
+        if (strncmp(at, value, length) == 0 && (at[length] == '|' || at[length] == '\0'))
+            return true;
         if (!(at = strchr(at, '|'))) return false;
     }
 }
@@ -543,7 +563,8 @@ static pipert_result fail_at(const merge_walk *walk, int depth, const char *fmt,
     return pt_fail(PIPERT_ERR_CONFIG, "%s:%d:%d: %s", walk->source, line, column, message);
 }
 
-static pipert_result merge_object(pipert_config *cfg, json_t *object, merge_walk *walk, const char *prefix)
+static pipert_result merge_object(pipert_config *cfg, json_t *object, merge_walk *walk,
+                                  const char *prefix)
 {
     const char *name;
     json_t *value;
@@ -585,11 +606,13 @@ static pipert_result merge_object(pipert_config *cfg, json_t *object, merge_walk
 
 pipert_result pt_config_merge_json(pipert_config *cfg, const char *text, const char *source)
 {
-    if (!cfg || !text || !source) return pt_fail(PIPERT_ERR_INVALID_ARG, "pt_config_merge_json: NULL argument");
+    if (!cfg || !text || !source)
+        return pt_fail(PIPERT_ERR_INVALID_ARG, "pt_config_merge_json: NULL argument");
     json_error_t error;
     json_t *root = json_loads(text, JSON_REJECT_DUPLICATES, &error);
     if (!root)
-        return pt_fail(PIPERT_ERR_CONFIG, "%s:%d:%d: %s", source, error.line, error.column, error.text);
+        return pt_fail(PIPERT_ERR_CONFIG, "%s:%d:%d: %s", source, error.line, error.column,
+                       error.text);
 
     merge_walk walk = {.text = text, .source = source, .depth = 0};
     pipert_result rc;
@@ -624,7 +647,8 @@ static json_t *parse_override_value(const config_key *key, const char *text)
 
 pipert_result pipert_config_set(pipert_config *cfg, const char *assignment)
 {
-    if (!cfg || !assignment) return pt_fail(PIPERT_ERR_INVALID_ARG, "pipert_config_set: NULL argument");
+    if (!cfg || !assignment)
+        return pt_fail(PIPERT_ERR_INVALID_ARG, "pipert_config_set: NULL argument");
     const char *name = strncmp(assignment, "--", 2) == 0 ? assignment + 2 : assignment;
     const char *equals = strchr(name, '=');
     size_t name_length = equals ? (size_t)(equals - name) : 0;
@@ -659,7 +683,8 @@ pipert_result pt_config_validate(const pipert_config *cfg)
         json_t *value = read_json(cfg, key);
         if (!value)
             return pt_fail(PIPERT_ERR_CONFIG, "%s: %s", key->name,
-                           key->type == KEY_DOUBLE ? "is not a finite number" : "is not valid UTF-8");
+                           key->type == KEY_DOUBLE ? "is not a finite number"
+                                                   : "is not valid UTF-8");
         value_error why;
         bool fits = check_value(key, value, &why);
         json_decref(value);
@@ -689,7 +714,8 @@ static bool set_dotted(json_t *root, const char *name, json_t *value)
         char section[NAME_MAX_LENGTH + 1];
         snprintf(section, sizeof section, "%.*s", (int)(dot - name), name);
         json_t *inner = json_object_get(object, section);
-        if (!inner && json_object_set_new(object, section, inner = json_object()) != 0) inner = NULL;
+        if (!inner && json_object_set_new(object, section, inner = json_object()) != 0)
+            inner = NULL;
         object = inner;
         name = dot + 1;
     }
@@ -737,8 +763,6 @@ void pt_config_print_help(FILE *out)
 {
     pipert_config defaults;
     pt_config_defaults(&defaults);
-    fprintf(out, "Configuration keys: set them in a JSON file of sections ({\"train\": {\"lr\": 3e-4}})\n"
-                 "or one at a time with --KEY=VALUE (--train.lr=3e-4); later settings win.\n\n");
     fprintf(out, "  %-24s %-8s %-9s %s\n", "KEY", "TYPE", "DEFAULT", "DESCRIPTION");
     for (int i = 0; i < KEY_COUNT; i++) {
         const config_key *key = &schema[i];
@@ -772,13 +796,14 @@ pipert_result pipert_config_create(pipert_config **out)
 
 pipert_result pipert_config_load_file(pipert_config *cfg, const char *path)
 {
-    if (!cfg || !path) return pt_fail(PIPERT_ERR_INVALID_ARG, "pipert_config_load_file: NULL argument");
+    if (!cfg || !path)
+        return pt_fail(PIPERT_ERR_INVALID_ARG, "pipert_config_load_file: NULL argument");
     char *text;
     size_t size;
     PT_TRY(pt_read_file(path, &text, &size));
-    pipert_result rc = strlen(text) == size
-                           ? pt_config_merge_json(cfg, text, path)
-                           : pt_fail(PIPERT_ERR_CONFIG, "%s: holds a NUL byte; not a JSON text", path);
+    pipert_result rc = strlen(text) == size ? pt_config_merge_json(cfg, text, path)
+                                            : pt_fail(PIPERT_ERR_CONFIG,
+                                                      "%s: holds a NUL byte; not a JSON text", path);
     free(text);
     return rc;
 }

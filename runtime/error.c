@@ -34,7 +34,14 @@ const char *pipert_result_str(pipert_result result)
 
 const char *pipert_last_error(void) { return last_error; }
 
-const char *pipert_version(void) { return "0.1.0"; }
+#define PT_STRINGIFY_(x) #x
+#define PT_STRINGIFY(x) PT_STRINGIFY_(x)
+
+const char *pipert_version(void)
+{
+    return PT_STRINGIFY(PIPERT_VERSION_MAJOR) "." PT_STRINGIFY(PIPERT_VERSION_MINOR) "." PT_STRINGIFY(
+        PIPERT_VERSION_PATCH);
+}
 
 pipert_result pt_fail(pipert_result code, const char *fmt, ...)
 {

@@ -9,3 +9,20 @@ meson test -C build --print-errorlogs
 scripts/build.sh build-sanitize -Dbuildtype=debugoptimized -Db_sanitize=address,undefined -Db_lundef=false
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
   meson test -C build-sanitize --print-errorlogs --timeout-multiplier 4
+
+# `meson install` gives a usable library: install into a staging root and
+# build a program against it through pkg-config.
+stage=$(mktemp -d)
+trap 'rm -rf "$stage"' EXIT
+meson install -C build --destdir "$stage" --quiet
+cat > "$stage/embed.c" <<'C'
+#include <pipert/pipert.h>
+#include <stdio.h>
+int main(void) { printf("libpipert %s: %s\n", pipert_version(), pipert_result_str(PIPERT_OK)); return 0; }
+C
+pcdir=$(dirname "$(find "$stage" -name pipert.pc | head -n 1)")
+libdir=$(dirname "$(find "$stage" -name 'libpipert.so' | head -n 1)")
+PKG_CONFIG_PATH="$pcdir" PKG_CONFIG_SYSROOT_DIR="$stage" \
+  cc "$stage/embed.c" -o "$stage/embed" $(PKG_CONFIG_PATH="$pcdir" PKG_CONFIG_SYSROOT_DIR="$stage" pkg-config --cflags --libs pipert)
+LD_LIBRARY_PATH="$libdir" "$stage/embed"
+echo "install check: ok"
