@@ -692,13 +692,9 @@ pipert_result pt_config_validate(const pipert_config *cfg)
             return pt_fail(PIPERT_ERR_CONFIG, "%s: %s, got %s", key->name, why.problem, why.found);
     }
     const pt_model_settings *m = &cfg->model;
-    const pt_train_settings *t = &cfg->train;
     if (m->n_embd % m->n_head != 0)
         return pt_fail(PIPERT_ERR_CONFIG, "model.n_embd: %d is not a multiple of model.n_head = %d",
                        m->n_embd, m->n_head);
-    if (t->warmup_steps > t->steps)
-        return pt_fail(PIPERT_ERR_CONFIG, "train.warmup_steps: %ld is more than train.steps = %ld",
-                       t->warmup_steps, t->steps);
     return PIPERT_OK;
 }
 

@@ -461,10 +461,10 @@ Test(config, validate_relations)
     cr_expect_eq(pt_config_validate(&cfg), PIPERT_ERR_CONFIG);
     cr_expect_str_eq(pipert_last_error(), "model.n_embd: 130 is not a multiple of model.n_head = 4");
 
+    /* a warm-up longer than the run is allowed: short trial runs keep the default */
     pt_config_defaults(&cfg);
     cfg.train.warmup_steps = 700;
-    cr_expect_eq(pt_config_validate(&cfg), PIPERT_ERR_CONFIG);
-    cr_expect_str_eq(pipert_last_error(), "train.warmup_steps: 700 is more than train.steps = 600");
+    cr_expect_eq(pt_config_validate(&cfg), PIPERT_OK);
 }
 
 /* validate also checks each key's range, for C code that writes the struct. */

@@ -591,6 +591,15 @@ Test(kernels, reductions_and_scale)
     float *y = copy_floats(x, n);
     cpu()->scale(y, -0.5f, n);
     for (size_t i = 0; i < n; i++) cr_assert_eq(y[i], -0.5f * x[i], "scale[%zu]", i);
+
+    /* Accumulation in double: 2²⁴ + 1 is not a float, so a float accumulator
+     * holding 2²⁴ (or 4096²) drops every 1 added to it; a double keeps them. */
+    for (size_t i = 0; i < 1001; i++) x[i] = 1.0f;
+    x[0] = 16777216.0f;
+    cr_expect_eq(cpu()->sum(x, 1001), 16777216.0 + 1000, "sum %.1f", cpu()->sum(x, 1001));
+    x[0] = 4096.0f;
+    cr_expect_eq(cpu()->sum_squares(x, 1001), 16777216.0 + 1000, "sum_squares %.1f",
+                 cpu()->sum_squares(x, 1001));
 }
 
 Test(kernels, adam_update_follows_its_formula)
