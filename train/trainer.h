@@ -17,6 +17,7 @@ typedef struct pt_trainer {
     pt_dataset data;
     int32_t *inputs, *targets; /* host staging, [B·T] */
     long step;                 /* optimizer steps completed */
+    int replica;               /* data-parallel replica id: picks this worker's batches (0 alone) */
     int threads;
 } pt_trainer;
 
