@@ -85,7 +85,7 @@ static void check_gradient_at(const char *what, float *x, const float *analytic,
         double numeric = (f_up - f_down) / ((double)up - (double)down);
         double a = analytic[i], tol = FD_REL_TOL * fmax(fabs(a), fabs(numeric)) + FD_ABS_TOL;
         cr_expect(fabs(a - numeric) <= tol,
-                  "%s[%zu]: analytic %.7g, finite difference %.7g (difference %.3g > tolerance %.3g)",
+                  "%s[%zu]: analytic %.7g, finite difference %.7g (difference %.3g > %.3g)",
                   what, i, a, numeric, fabs(a - numeric), tol);
         largest = fmax(largest, fabs(numeric));
     }
@@ -241,8 +241,9 @@ static double layernorm_objective(void *ctx)
 Test(kernels, layernorm_forward_matches_definition)
 {
     layernorm_problem p = {.inp = random_floats(N * C, -2, 3), .weight = random_floats(C, 0.5, 1.5),
-                           .bias = random_floats(C, -1, 1), .w = NULL, .out = zero_floats(N * C),
-                           .mean = zero_floats(N), .rstd = zero_floats(N)};
+                           .bias = random_floats(C, -1, 1), .w = random_floats(N * C, -1, 1),
+                           .out = zero_floats(N * C), .mean = zero_floats(N),
+                           .rstd = zero_floats(N)};
     layernorm_objective(&p);
     for (int n = 0; n < N; n++) {
         double mu = 0, var = 0;
@@ -435,7 +436,8 @@ static void check_attention_gradients(int b_, int t_, int c_, int nh)
     size_t n_qkv = (size_t)b_ * t_ * 3 * c_, n_out = (size_t)b_ * t_ * c_;
     attention_problem p = {.b = b_, .t = t_, .c = c_, .nh = nh,
                            .qkv = random_floats(n_qkv, -2, 2), .w = random_floats(n_out, -1, 1),
-                           .out = zero_floats(n_out), .att = zero_floats((size_t)b_ * nh * t_ * t_)};
+                           .out = zero_floats(n_out),
+                           .att = zero_floats((size_t)b_ * nh * t_ * t_)};
     attention_objective(&p);
     float *dqkv = zero_floats(n_qkv);
     cpu()->attention_backward(dqkv, p.w, p.qkv, p.att, b_, t_, c_, nh);
@@ -624,8 +626,9 @@ Test(kernels, adam_update_follows_its_formula)
 
 Test(kernels, thread_count_does_not_change_results)
 {
-    attention_problem p = {.b = 2, .t = 33, .c = 8, .nh = 2, .qkv = random_floats(2 * 33 * 24, -1, 1),
-                           .w = NULL, .out = zero_floats(2 * 33 * 8),
+    attention_problem p = {.b = 2, .t = 33, .c = 8, .nh = 2,
+                           .qkv = random_floats(2 * 33 * 24, -1, 1),
+                           .w = random_floats(2 * 33 * 8, -1, 1), .out = zero_floats(2 * 33 * 8),
                            .att = zero_floats(2 * 2 * 33 * 33)};
     pt_kernels_cpu_set_threads(1);
     attention_objective(&p);

@@ -1,3 +1,299 @@
-/* placeholder: being written */
+/* The optimizers against ALGORITHMS.md §2 computed here in double, written as
+ * plainly as the formulas read (bias-corrected moments for AdamW, the μ/Π
+ * schedule for NAdamW), not through pt_adam_coeffs; plus hand-computed values,
+ * the learning-rate schedule and gradient clipping. */
 #include <criterion/criterion.h>
-Test(placeholder, empty) {}
+#include <math.h>
+#include <string.h>
+
+#include "train/optimizer.h"
+
+#define N_PARAMS 7
+#define STEPS 6
+
+/* Two tensors: a matrix of 4 elements (decayed) and a bias of 3 (not). */
+static const pt_param_region regions[2] = {{0, 4, 1}, {4, 3, 0}};
+
+static const float initial_params[N_PARAMS] = {0.5f, -0.3f, 1.2f, 0.05f, -0.8f, 0.0f, 0.25f};
+
+/* A gradient that changes sign and size from step to step. */
+static float gradient_at(long t, int i)
+{
+    return (float)(sin(0.7 * t + 1.3 * i) * (0.5 + 0.2 * i));
+}
+
+static double lr_of_step(long t) { return 0.01 * (1.0 + 0.1 * t); }
+
+/* ---- the reference, in double ------------------------------------------------ */
+
+typedef struct reference {
+    double theta[N_PARAMS], m[N_PARAMS], v[N_PARAMS];
+    double mu_product;
+} reference;
+
+static int decayed(int i) { return i < 4; }
+
+static void reference_adamw_step(reference *r, const pt_optimizer_settings *s, long t, double lr)
+{
+    for (int i = 0; i < N_PARAMS; i++) {
+        double g = gradient_at(t, i);
+        if (decayed(i)) r->theta[i] *= 1.0 - lr * s->weight_decay;
+        r->m[i] = s->beta1 * r->m[i] + (1 - s->beta1) * g;
+        r->v[i] = s->beta2 * r->v[i] + (1 - s->beta2) * g * g;
+        double m_hat = r->m[i] / (1 - pow(s->beta1, t));
+        double v_hat = r->v[i] / (1 - pow(s->beta2, t));
+        r->theta[i] -= lr * m_hat / (sqrt(v_hat) + s->eps);
+    }
+}
+
+static void reference_nadamw_step(reference *r, const pt_optimizer_settings *s, long t, double lr)
+{
+    double mu = s->beta1 * (1 - 0.5 * pow(0.96, t * s->psi));
+    double mu_next = s->beta1 * (1 - 0.5 * pow(0.96, (t + 1) * s->psi));
+    r->mu_product *= mu; /* Π_t */
+    for (int i = 0; i < N_PARAMS; i++) {
+        double g = gradient_at(t, i);
+        if (decayed(i)) r->theta[i] *= 1.0 - lr * s->weight_decay;
+        r->m[i] = s->beta1 * r->m[i] + (1 - s->beta1) * g;
+        r->v[i] = s->beta2 * r->v[i] + (1 - s->beta2) * g * g;
+        double d = sqrt(r->v[i] / (1 - pow(s->beta2, t))) + s->eps;
+        r->theta[i] -= lr * (1 - mu) / (1 - r->mu_product) * g / d;
+        r->theta[i] -= lr * mu_next / (1 - r->mu_product * mu_next) * r->m[i] / d;
+    }
+}
+
+/* Runs STEPS steps of the optimizer and of the reference side by side. */
+static void compare_with_reference(const pt_optimizer_settings *s)
+{
+    const pt_kernels *k = pt_kernels_cpu();
+    pt_optimizer opt;
+    cr_assert_eq(pt_optimizer_init(&opt, s, k, N_PARAMS), PIPERT_OK, "%s", pipert_last_error());
+    float params[N_PARAMS], grads[N_PARAMS];
+    memcpy(params, initial_params, sizeof params);
+    reference r = {.mu_product = 1.0};
+    for (int i = 0; i < N_PARAMS; i++) r.theta[i] = initial_params[i];
+
+    const char *name = pt_optimizer_kind_name(s->kind);
+    for (long t = 1; t <= STEPS; t++) {
+        for (int i = 0; i < N_PARAMS; i++) grads[i] = gradient_at(t, i);
+        pt_optimizer_step(&opt, params, grads, regions, 2, lr_of_step(t));
+        if (s->kind == PT_OPTIMIZER_ADAMW) reference_adamw_step(&r, s, t, lr_of_step(t));
+        else reference_nadamw_step(&r, s, t, lr_of_step(t));
+
+        cr_assert_eq(opt.t, t, "%s: t = %ld after step %ld", name, opt.t, t);
+        if (s->kind == PT_OPTIMIZER_NADAMW)
+            cr_assert(fabs(opt.mu_product - r.mu_product) < 1e-15,
+                      "nadamw step %ld: Π = %.17g, reference %.17g", t, opt.mu_product,
+                      r.mu_product);
+        for (int i = 0; i < N_PARAMS; i++) {
+            /* float state against double: a few float ulps of θ ~ 1 */
+            cr_assert(fabs(params[i] - r.theta[i]) < 2e-6,
+                      "%s step %ld, θ[%d] (%s): %.8f, reference %.8f", name, t, i,
+                      decayed(i) ? "decayed" : "not decayed", params[i], r.theta[i]);
+            cr_assert(fabs(opt.m[i] - r.m[i]) < 1e-6 && fabs(opt.v[i] - r.v[i]) < 1e-6,
+                      "%s step %ld: moments of θ[%d] m %.8f v %.8f, reference %.8f %.8f", name,
+                      t, i, opt.m[i], opt.v[i], r.m[i], r.v[i]);
+        }
+    }
+    pt_optimizer_free(&opt);
+}
+
+Test(optimizer, adamw_matches_formulas_with_weight_decay)
+{
+    pt_optimizer_settings s = {PT_OPTIMIZER_ADAMW, 0.9, 0.95, 1e-8, 0.1, PT_NADAM_PSI};
+    compare_with_reference(&s);
+}
+
+Test(optimizer, adamw_matches_formulas_without_weight_decay)
+{
+    pt_optimizer_settings s = {PT_OPTIMIZER_ADAMW, 0.8, 0.99, 1e-3, 0.0, PT_NADAM_PSI};
+    compare_with_reference(&s);
+}
+
+Test(optimizer, nadamw_matches_formulas)
+{
+    pt_optimizer_settings s = {PT_OPTIMIZER_NADAMW, 0.99, 0.999, 1e-8, 0.01, PT_NADAM_PSI};
+    compare_with_reference(&s);
+    pt_optimizer_settings no_decay = {PT_OPTIMIZER_NADAMW, 0.9, 0.95, 1e-6, 0.0, PT_NADAM_PSI};
+    compare_with_reference(&no_decay);
+    /* With ψ = 0.004, μ_t and μ_{t+1} differ by 1e-4 relative; a large ψ makes
+     * them far apart, so mixing them up cannot hide under the tolerance. */
+    pt_optimizer_settings fast_mu = {PT_OPTIMIZER_NADAMW, 0.9, 0.95, 1e-8, 0.1, 0.5};
+    compare_with_reference(&fast_mu);
+}
+
+/* ---- hand-computed values ---------------------------------------------------- */
+
+/* One step from θ = 0.5 with gradient g on a 1-element tensor. */
+static float one_step(pt_optimizer_kind kind, double weight_decay, float g, int decay)
+{
+    pt_optimizer_settings s = {kind, 0.9, 0.95, 1e-12, weight_decay, PT_NADAM_PSI};
+    pt_optimizer opt;
+    cr_assert_eq(pt_optimizer_init(&opt, &s, pt_kernels_cpu(), 1), PIPERT_OK);
+    float theta = 0.5f;
+    pt_param_region region = {0, 1, decay};
+    pt_optimizer_step(&opt, &theta, &g, &region, 1, 0.01);
+    pt_optimizer_free(&opt);
+    return theta;
+}
+
+Test(optimizer, adamw_first_step_moves_by_lr_times_sign)
+{
+    /* t = 1: m̂ = g, v̂ = g², so θ moves by −γ·g/|g| = −γ·sign(g) whatever |g|. */
+    cr_expect_float_eq(one_step(PT_OPTIMIZER_ADAMW, 0.0, 0.3f, 1), 0.49f, 1e-6);
+    cr_expect_float_eq(one_step(PT_OPTIMIZER_ADAMW, 0.0, -20.0f, 1), 0.51f, 1e-6);
+    /* with λ = 0.1 on a decayed tensor: 0.5·(1 − 0.01·0.1) − 0.01 = 0.4895 */
+    cr_expect_float_eq(one_step(PT_OPTIMIZER_ADAMW, 0.1, 0.3f, 1), 0.4895f, 1e-6);
+    /* a bias is never decayed */
+    cr_expect_float_eq(one_step(PT_OPTIMIZER_ADAMW, 0.1, 0.3f, 0), 0.49f, 1e-6);
+}
+
+Test(optimizer, nadam_mu_sequence_and_first_step)
+{
+    pt_optimizer_settings s = {PT_OPTIMIZER_NADAMW, 0.9, 0.95, 1e-12, 0.0, 0.004};
+    /* μ_1 = 0.9·(1 − ½·0.96^0.004): ln 0.96 = −0.0408220, ·0.004 = −1.63288e-4,
+     * exp → 0.99983672, so μ_1 = 0.9·0.50008164 = 0.45007347; μ_2 likewise. */
+    cr_expect(fabs(pt_nadam_mu(&s, 1) - 0.45007347359) < 1e-10, "μ_1 = %.11f", pt_nadam_mu(&s, 1));
+    cr_expect(fabs(pt_nadam_mu(&s, 2) - 0.45014693519) < 1e-10, "μ_2 = %.11f", pt_nadam_mu(&s, 2));
+    /* μ_t rises towards β1 as 0.96^(tψ) decays */
+    for (long t = 1; t < 2000; t += 97)
+        cr_expect(pt_nadam_mu(&s, t) < pt_nadam_mu(&s, t + 1) && pt_nadam_mu(&s, t) < 0.9,
+                  "μ not increasing below β1 at t = %ld", t);
+
+    /* Π_t = Π_{t−1}·μ_t, tracked by the optimizer in double */
+    pt_optimizer opt;
+    cr_assert_eq(pt_optimizer_init(&opt, &s, pt_kernels_cpu(), 1), PIPERT_OK);
+    cr_expect_eq(opt.mu_product, 1.0, "Π_0 = %g", opt.mu_product);
+    float theta = 0, g = 1;
+    pt_param_region region = {0, 1, 0};
+    double product = 1;
+    for (long t = 1; t <= 5; t++) {
+        pt_optimizer_step(&opt, &theta, &g, &region, 1, 0.01);
+        product *= pt_nadam_mu(&s, t);
+        cr_expect(fabs(opt.mu_product - product) < 1e-16, "Π_%ld = %.17g, expected %.17g", t,
+                  opt.mu_product, product);
+    }
+    pt_optimizer_free(&opt);
+
+    /* Step 1, g = 0.3, ε ≈ 0: d = |g|, m = 0.1·g, Π_1 = μ_1:
+     * θ = 0.5 − γ·(1−μ_1)/(1−μ_1)·1 − γ·μ_2/(1−μ_1μ_2)·0.1
+     *   = 0.5 − 0.01·(1 + 0.1·0.45014694/(1 − 0.45007347·0.45014694)) = 0.48943548 */
+    cr_expect_float_eq(one_step(PT_OPTIMIZER_NADAMW, 0.0, 0.3f, 1), 0.48943548f, 1e-6);
+}
+
+Test(optimizer, coefficients)
+{
+    pt_optimizer_settings s = {PT_OPTIMIZER_ADAMW, 0.9, 0.95, 1e-8, 0.1, PT_NADAM_PSI};
+    pt_adam_coeffs c = pt_optimizer_coeffs(&s, 3, 1.0, 0.02, 1);
+    cr_expect_float_eq(c.decay, 1 - 0.02 * 0.1, 1e-7);
+    cr_expect_float_eq(c.bias2, 1 - 0.95 * 0.95 * 0.95, 1e-7);
+    cr_expect_float_eq(c.c_mom, 0.02 / (1 - 0.9 * 0.9 * 0.9), 1e-7);
+    cr_expect_eq(c.c_grad, 0.0f);
+    cr_expect_eq(pt_optimizer_coeffs(&s, 3, 1.0, 0.02, 0).decay, 1.0f, "no decay means 1");
+}
+
+/* ---- settings --------------------------------------------------------------- */
+
+Test(optimizer, parse_kind)
+{
+    pt_optimizer_kind kind;
+    cr_expect_eq(pt_optimizer_parse_kind("adamw", &kind), PIPERT_OK);
+    cr_expect_eq(kind, PT_OPTIMIZER_ADAMW);
+    cr_expect_eq(pt_optimizer_parse_kind("nadamw", &kind), PIPERT_OK);
+    cr_expect_eq(kind, PT_OPTIMIZER_NADAMW);
+    cr_expect_eq(pt_optimizer_parse_kind("sgd", &kind), PIPERT_ERR_CONFIG);
+    cr_expect(strstr(pipert_last_error(), "\"sgd\"") != NULL, "message: %s", pipert_last_error());
+    cr_expect_str_eq(pt_optimizer_kind_name(PT_OPTIMIZER_NADAMW), "nadamw");
+}
+
+Test(optimizer, init_rejects_bad_settings_and_zeroes_moments)
+{
+    pt_optimizer opt;
+    pt_optimizer_settings s = {PT_OPTIMIZER_ADAMW, 1.0, 0.95, 1e-8, 0.1, PT_NADAM_PSI};
+    cr_expect_eq(pt_optimizer_init(&opt, &s, pt_kernels_cpu(), 10), PIPERT_ERR_CONFIG);
+    cr_expect(strstr(pipert_last_error(), "beta1") != NULL, "message: %s", pipert_last_error());
+    cr_expect_null(opt.m);
+    pt_optimizer_free(&opt); /* a failed init leaves nothing to free */
+
+    s.beta1 = 0.9;
+    s.kind = PT_OPTIMIZER_NADAMW;
+    s.psi = 0;
+    cr_expect_eq(pt_optimizer_init(&opt, &s, pt_kernels_cpu(), 10), PIPERT_ERR_CONFIG);
+    cr_expect(strstr(pipert_last_error(), "psi") != NULL, "message: %s", pipert_last_error());
+
+    s.psi = PT_NADAM_PSI;
+    s.eps = -1;
+    cr_expect_eq(pt_optimizer_init(&opt, &s, pt_kernels_cpu(), 10), PIPERT_ERR_CONFIG);
+
+    s.eps = 1e-8;
+    cr_assert_eq(pt_optimizer_init(&opt, &s, pt_kernels_cpu(), 1000), PIPERT_OK);
+    for (int i = 0; i < 1000; i++) cr_assert(opt.m[i] == 0 && opt.v[i] == 0, "moment %d", i);
+    cr_expect(opt.t == 0 && opt.mu_product == 1.0 && opt.n == 1000);
+    pt_optimizer_free(&opt);
+    pt_optimizer_free(&opt); /* twice is harmless */
+}
+
+/* ---- learning-rate schedule --------------------------------------------------- */
+
+Test(optimizer, lr_schedule_warmup_peak_cosine_end)
+{
+    const double lr = 1e-3, min_ratio = 0.1;
+    const long warmup = 10, total = 100;
+    cr_expect_float_eq(pt_lr_at(1, total, lr, warmup, min_ratio), 1e-4, 1e-12, "step 1: lr/warmup");
+    cr_expect_float_eq(pt_lr_at(5, total, lr, warmup, min_ratio), 5e-4, 1e-12, "step 5");
+    cr_expect_float_eq(pt_lr_at(10, total, lr, warmup, min_ratio), 1e-3, 1e-12, "peak");
+    /* half-way through the decay: cos(π/2) = 0, so min + (1 − min)/2 = 0.55 of lr */
+    cr_expect_float_eq(pt_lr_at(55, total, lr, warmup, min_ratio), 0.55e-3, 1e-12, "middle");
+    cr_expect_float_eq(pt_lr_at(100, total, lr, warmup, min_ratio), 1e-4, 1e-12, "end");
+    cr_expect_float_eq(pt_lr_at(150, total, lr, warmup, min_ratio), 1e-4, 1e-12, "after the end");
+    for (long t = 1; t < warmup; t++)
+        cr_expect(pt_lr_at(t, total, lr, warmup, min_ratio) <
+                      pt_lr_at(t + 1, total, lr, warmup, min_ratio),
+                  "warm-up not increasing at %ld", t);
+    for (long t = warmup; t < total; t++)
+        cr_expect(pt_lr_at(t, total, lr, warmup, min_ratio) >
+                      pt_lr_at(t + 1, total, lr, warmup, min_ratio),
+                  "decay not decreasing at %ld", t);
+    /* a warm-up longer than the run: the run ends still warming up */
+    cr_expect_float_eq(pt_lr_at(8, 8, lr, 16, min_ratio), 0.5 * lr, 1e-12, "step 8 of 16 warm-up");
+    /* no warm-up: the decay starts from the peak at step 0, so step 1 is
+     * lr·(0.1 + 0.9·½(1 + cos(π/100))) = 0.99978·lr */
+    cr_expect_float_eq(pt_lr_at(1, total, lr, 0, min_ratio), 0.999778 * lr, 1e-6 * lr, "%.9g",
+                       pt_lr_at(1, total, lr, 0, min_ratio));
+}
+
+/* ---- clipping ----------------------------------------------------------------- */
+
+static double norm_of(const float *g, size_t n)
+{
+    double s = 0;
+    for (size_t i = 0; i < n; i++) s += (double)g[i] * g[i];
+    return sqrt(s);
+}
+
+Test(optimizer, clip_grad_norm)
+{
+    const pt_kernels *k = pt_kernels_cpu();
+    float g[4] = {3, 0, -4, 0}; /* norm 5 */
+    cr_expect_float_eq(pt_clip_grad_norm(k, g, 4, 10.0), 5.0, 1e-12, "norm below the limit");
+    cr_expect(g[0] == 3 && g[2] == -4, "a gradient under max_norm must not change");
+    cr_expect_float_eq(pt_clip_grad_norm(k, g, 4, 0.0), 5.0, 1e-12, "max_norm 0 disables");
+    cr_expect(g[0] == 3 && g[2] == -4, "max_norm 0 must not clip");
+
+    cr_expect_float_eq(pt_clip_grad_norm(k, g, 4, 1.0), 5.0, 1e-12, "returns the norm before");
+    cr_expect_float_eq(norm_of(g, 4), 1.0, 1e-6, "clipped norm %g", norm_of(g, 4));
+    cr_expect_float_eq(g[0], 0.6f, 1e-6, "direction kept: %g", g[0]);
+    cr_expect_float_eq(g[2], -0.8f, 1e-6, "direction kept: %g", g[2]);
+
+    /* a larger buffer, through the parallel reduction */
+    enum { n = 100000 };
+    static float big[n];
+    for (int i = 0; i < n; i++) big[i] = (float)sin(i);
+    double before = norm_of(big, n);
+    cr_expect(fabs(pt_clip_grad_norm(k, big, n, 2.5) - before) < 1e-9 * before);
+    cr_expect(fabs(norm_of(big, n) - 2.5) < 1e-5, "clipped norm %g", norm_of(big, n));
+
+    float bad[2] = {NAN, 1};
+    cr_expect(isnan(pt_clip_grad_norm(k, bad, 2, 1.0)), "a NaN norm is reported");
+    cr_expect_eq(bad[1], 1.0f, "a NaN norm leaves the gradient alone");
+}

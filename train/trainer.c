@@ -45,7 +45,7 @@ static pipert_result optimizer_settings(const pipert_config *cfg, pt_optimizer_s
     s->beta2 = cfg->train.beta2;
     s->eps = cfg->train.eps;
     s->weight_decay = cfg->train.weight_decay;
-    s->psi = 0.004;
+    s->psi = PT_NADAM_PSI;
     return PIPERT_OK;
 }
 

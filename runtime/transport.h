@@ -1,0 +1,219 @@
+/* The data plane between worker processes: tagged, checked, non-blocking
+ * tensor messages over UCX (ucp).
+ *
+ * One pt_transport per process owns a ucp context, one worker, a listener on a
+ * socket address and a progress thread. Every other thread talks to UCX only
+ * through a command queue that the progress thread drains, so the worker runs
+ * in serialized mode and no UCX call ever races with another. When there is
+ * nothing to do the progress thread sleeps in epoll on the worker's event fd
+ * (armed with ucp_worker_arm) and on an eventfd that posting threads write.
+ *
+ * Connections. Each process has a rank. A bootstrap hands every process the
+ * others' pt_transport_listen_address() ("host:port"); pt_transport_connect()
+ * opens an endpoint to one of them. The first message in each direction on a
+ * new endpoint is a hello {job, rank, secret} sent on the endpoint's stream;
+ * a side that does not present the job's secret (compared in constant time) is
+ * refused: its endpoint is closed and the refusal is logged with pt_warn,
+ * naming the address. The secret travels in clear: it keeps stray processes
+ * and other jobs out, it is not protection against someone who can read the
+ * network.
+ *
+ * Messages. A message is a pt_message_header followed by nbytes of payload.
+ * The receiver posts pt_recv() with an expectation (kind, dtype, shape) and a
+ * buffer of `capacity` bytes; the header is checked against the expectation
+ * before the payload is trusted, and a header can never make the receiver
+ * accept more than `capacity` bytes:
+ *   - payloads of at most PT_TRANSPORT_INLINE_BYTES travel in one tagged
+ *     message with the header; the receive is posted with room for exactly
+ *     header + min(capacity, PT_TRANSPORT_INLINE_BYTES), so UCX truncates
+ *     (and we refuse) anything longer;
+ *   - larger payloads travel as a header message and then a payload message
+ *     under a sibling tag; the payload receive is posted into the caller's
+ *     buffer only after the header passed, with the header's nbytes (which
+ *     is <= capacity). A refused header's payload is drained into a
+ *     zero-length receive: UCX drops it without the receiver allocating it.
+ * A refused message completes the request with PIPERT_ERR_PEER and a message
+ * naming the peer's rank and the offending field (magic, version, job,
+ * src_rank, kind, dtype, shape, nbytes, checksum).
+ *
+ * Tags are 64 bits: kind (8) | source rank (23) | part (1: header or
+ * payload) | user tag (32), so messages between a pair with different kinds
+ * or user tags never match each other; messages with equal tags from one
+ * peer match receives in the order they were sent.
+ *
+ * Failure. Endpoints use UCX peer error handling: an endpoint error marks the
+ * peer dead, its pending receives fail with PIPERT_ERR_PEER naming the rank,
+ * and later sends and receives to it fail at once. A peer that shuts down
+ * with pt_transport_destroy() says goodbye first and is marked "left"
+ * (same errors, no warning). Dead stays dead for the life of the transport.
+ *
+ * Environment: UCX reads its own UCX_* variables (UCX_TLS=tcp restricts the
+ * transports, e.g. between emulated sites); pipert changes no UCX default.
+ */
+#ifndef PT_TRANSPORT_H
+#define PT_TRANSPORT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "runtime/error.h"
+
+/* ---- the message header -------------------------------------------------- */
+
+#define PT_MESSAGE_MAGIC 0x314d5450u /* "PTM1" read as little-endian bytes */
+#define PT_MESSAGE_VERSION 1u
+#define PT_MESSAGE_MAX_DIMS 4
+
+/* Fixed layout, host byte order (every host of a job must share it; a peer
+ * that does not fails the magic check). */
+typedef struct pt_message_header {
+    uint32_t magic, version;
+    uint16_t kind, dtype;          /* a pt_message_kind; a pt_dtype (runtime/safetensors.h) */
+    uint32_t job;                  /* the job id: receivers refuse other jobs' messages */
+    int32_t replica, stage, microbatch, src_rank;
+    int64_t step, weight_version;
+    int32_t ndim;                  /* 0..PT_MESSAGE_MAX_DIMS */
+    int64_t shape[PT_MESSAGE_MAX_DIMS];
+    uint64_t nbytes;               /* prod(shape) * dtype size */
+    uint64_t checksum;             /* pt_checksum64 of the payload, or 0 for none */
+} pt_message_header;
+
+/* What a message carries; the transport only needs kinds to be 1..255.
+ * Modules above add their own from PT_KIND_FIRST_FREE on. */
+typedef enum pt_message_kind {
+    PT_KIND_ACTIVATION = 1,      /* pipeline: activations forward */
+    PT_KIND_ACTIVATION_GRAD = 2, /* pipeline: gradients backward */
+    PT_KIND_COLLECTIVE = 3,      /* runtime/collectives */
+    PT_KIND_WEIGHTS = 4,         /* parameters or their deltas between replicas */
+    PT_KIND_FIRST_FREE = 16,
+    PT_KIND_MAX = 255
+} pt_message_kind;
+
+/* Payloads up to this many bytes travel in the header's message. */
+#define PT_TRANSPORT_INLINE_BYTES 4096
+
+/* A fast 64-bit checksum of a payload (4 lanes of multiply-rotate mixing in
+ * the style of xxHash64; not bit-compatible with it). Never returns 0, which
+ * in a header means "no checksum". */
+uint64_t pt_checksum64(const void *data, size_t nbytes);
+
+/* ---- the transport --------------------------------------------------------- */
+
+typedef struct pt_transport pt_transport;
+
+typedef struct pt_transport_options {
+    int rank;                 /* this process's rank, 0 <= rank < PT_TRANSPORT_MAX_RANKS */
+    const char *secret;       /* the job's shared secret, 1..PT_TRANSPORT_SECRET_MAX bytes */
+    uint32_t job;             /* the job id carried in every header */
+    const char *listen_host;  /* address to bind; NULL or "0.0.0.0": every interface */
+    int listen_port;          /* 0: an ephemeral port (the real one is reported) */
+    double connect_timeout_s; /* deadline of a connection's hello exchange */
+} pt_transport_options;
+
+#define PT_TRANSPORT_MAX_RANKS (1 << 20)
+#define PT_TRANSPORT_SECRET_MAX 128
+#define PT_TRANSPORT_OPTIONS_INIT                                                                  \
+    {.rank = -1, .secret = NULL, .job = 0, .listen_host = NULL, .listen_port = 0,                  \
+     .connect_timeout_s = 30.0}
+
+/* Creates the ucp context, worker and listener and starts the progress thread. */
+pipert_result pt_transport_create(const pt_transport_options *options, pt_transport **out);
+
+/* Says goodbye to every connected peer, closes the endpoints (waiting a
+ * bounded time for them to flush), fails requests still pending with
+ * PIPERT_ERR_INTERRUPTED, stops the thread and releases UCX. Requests that
+ * were not freed stay valid for pt_request_test/wait/free only. */
+void pt_transport_destroy(pt_transport *t);
+
+int pt_transport_rank(const pt_transport *t);
+
+/* "host:port" that peers pass to pt_transport_connect(). host is the bound
+ * address, or this host's first non-loopback IPv4 address when bound to every
+ * interface. */
+const char *pt_transport_listen_address(const pt_transport *t);
+
+/* Connects to `peer_rank` at "host:port" and exchanges hellos; returns when the
+ * peer is authenticated (PIPERT_OK), refused us or was refused (PIPERT_ERR_AUTH),
+ * is unreachable (PIPERT_ERR_TRANSPORT) or the connect timeout passed
+ * (PIPERT_ERR_TIMEOUT). Peers that connect to us need no call: they are
+ * accepted by the progress thread. */
+pipert_result pt_transport_connect(pt_transport *t, int peer_rank, const char *address);
+
+/* Waits until `peer_rank` is connected in either direction (PIPERT_OK), is
+ * known dead (PIPERT_ERR_PEER) or timeout_s passed (PIPERT_ERR_TIMEOUT). */
+pipert_result pt_transport_wait_peer(pt_transport *t, int peer_rank, double timeout_s);
+
+/* The usual bootstrap for a group of n_ranks processes that all know every
+ * address (addresses[r] for rank r): connects to every lower rank, then waits
+ * for every higher rank to connect to us, all within timeout_s. */
+pipert_result pt_transport_connect_all(pt_transport *t, int n_ranks, const char *const *addresses,
+                                       double timeout_s);
+
+/* 1 while `peer_rank` is connected and has neither failed nor left. */
+int pt_transport_peer_alive(pt_transport *t, int peer_rank);
+
+/* ---- requests -------------------------------------------------------------- */
+
+typedef struct pt_request pt_request;
+
+/* What a receive accepts. Anything else completes it with PIPERT_ERR_PEER. */
+typedef struct pt_recv_expect {
+    uint16_t kind;        /* required kind (1..PT_KIND_MAX) */
+    int32_t dtype;        /* required pt_dtype, or -1 for any */
+    int32_t ndim;         /* -1: any shape (only the capacity bounds it); else the exact shape */
+    int64_t shape[PT_MESSAGE_MAX_DIMS];
+    int require_checksum; /* refuse messages sent without a checksum */
+} pt_recv_expect;
+
+/* Send flags. */
+enum { PT_SEND_CHECKSUM = 1 }; /* compute and send pt_checksum64 of the payload */
+
+/* Sends `payload` (header->nbytes bytes, which must equal prod(shape) * dtype
+ * size) to dst_rank under (header->kind, user_tag). The caller fills kind,
+ * dtype, ndim, shape, nbytes and the free fields (replica, stage, microbatch,
+ * step, weight_version); the transport sets magic, version, job, src_rank and
+ * checksum. The payload must stay untouched until the request completes. */
+pipert_result pt_send(pt_transport *t, int dst_rank, uint32_t user_tag,
+                      const pt_message_header *header, const void *payload, unsigned flags,
+                      pt_request **out);
+
+/* Sends `header` exactly as given (no field is filled in or checked), with
+ * header->nbytes bytes of payload: for fault-injection tests of receivers. */
+pipert_result pt_send_raw(pt_transport *t, int dst_rank, uint32_t user_tag,
+                          const pt_message_header *header, const void *payload, pt_request **out);
+
+/* Receives one message of expect->kind and user_tag from src_rank into
+ * `buffer` (capacity bytes). On success pt_request_header() describes it. */
+pipert_result pt_recv(pt_transport *t, int src_rank, uint32_t user_tag,
+                      const pt_recv_expect *expect, void *buffer, size_t capacity,
+                      pt_request **out);
+
+/* 1 and *result set if the request has completed, else 0. On failure the
+ * request's message also becomes this thread's pipert_last_error(). */
+int pt_request_test(pt_request *request, pipert_result *result);
+
+/* Blocks (without spinning) until the request completes or timeout_s passes
+ * (timeout_s < 0: no limit); returns its result, or PIPERT_ERR_TIMEOUT with
+ * the request still pending. */
+pipert_result pt_request_wait(pt_request *request, double timeout_s);
+
+/* Calls fn(request, result, arg) once the request completes: right away on
+ * this thread if it already has, else on the progress thread. fn must be
+ * short and must not wait on requests; it may post new ones, and it may free
+ * `request`. */
+typedef void (*pt_request_callback)(pt_request *request, pipert_result result, void *arg);
+void pt_request_on_complete(pt_request *request, pt_request_callback fn, void *arg);
+
+/* The header of a completed receive (magic..checksum as received). */
+const pt_message_header *pt_request_header(const pt_request *request);
+
+/* Asks a pending receive to stop; it completes with PIPERT_ERR_INTERRUPTED
+ * unless its message already matched. Sends cannot be cancelled. */
+void pt_request_cancel(pt_request *request);
+
+/* Releases a request. A pending receive is cancelled first; a pending send is
+ * waited for (it ends when the peer takes it or fails), since its payload may
+ * still be read. */
+void pt_request_free(pt_request *request);
+
+#endif
