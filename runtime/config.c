@@ -76,10 +76,10 @@ typedef struct config_key {
 #define OPEN_RANGE(a, b) {(a), (b), OPEN_MIN | OPEN_MAX} /* (a, b) */
 
 static const config_key schema[] = {
-    NUMBER_KEY(model.n_layer, 4, AT_LEAST(1), "transformer blocks"),
-    NUMBER_KEY(model.n_embd, 128, AT_LEAST(1),
+    NUMBER_KEY(model.n_layer, 6, AT_LEAST(1), "transformer blocks"),
+    NUMBER_KEY(model.n_embd, 192, AT_LEAST(1),
                "channels C of the residual stream; a multiple of model.n_head"),
-    NUMBER_KEY(model.n_head, 4, AT_LEAST(1), "attention heads"),
+    NUMBER_KEY(model.n_head, 6, AT_LEAST(1), "attention heads"),
     NUMBER_KEY(model.block_size, 128, CLOSED_RANGE(1, 32768),
                "sequence length T (also the number of learned positions); at most 32768"),
     NUMBER_KEY(model.vocab_size, 256, AT_LEAST(1),
@@ -89,7 +89,7 @@ static const config_key schema[] = {
 
     NUMBER_KEY(train.batch_size, 8, AT_LEAST(1), "sequences per worker per microbatch"),
     NUMBER_KEY(train.grad_accum, 1, AT_LEAST(1), "microbatches per optimizer step"),
-    NUMBER_KEY(train.steps, 600, AT_LEAST(1), "optimizer steps of the whole run"),
+    NUMBER_KEY(train.steps, 700, AT_LEAST(1), "optimizer steps of the whole run"),
     NUMBER_KEY(train.lr, 1e-3, ABOVE(0), "peak learning rate, reached at the end of warm-up"),
     NUMBER_KEY(train.warmup_steps, 50, AT_LEAST(0), "steps of linear warm-up from 0 to train.lr"),
     NUMBER_KEY(train.min_lr_ratio, 0.1, CLOSED_RANGE(0, 1),

@@ -108,15 +108,15 @@ Test(config, defaults)
     pipert_config *cfg = new_config();
     const pt_model_settings *m = &cfg->model;
     const pt_train_settings *t = &cfg->train;
-    cr_expect_eq(m->n_layer, 4);
-    cr_expect_eq(m->n_embd, 128);
-    cr_expect_eq(m->n_head, 4);
+    cr_expect_eq(m->n_layer, 6);
+    cr_expect_eq(m->n_embd, 192);
+    cr_expect_eq(m->n_head, 6);
     cr_expect_eq(m->block_size, 128);
     cr_expect_eq(m->vocab_size, 256);
     cr_expect_eq(m->tie_weights, false);
     cr_expect_eq(t->batch_size, 8);
     cr_expect_eq(t->grad_accum, 1);
-    cr_expect_eq(t->steps, 600);
+    cr_expect_eq(t->steps, 700);
     cr_expect_eq(t->lr, 1e-3);
     cr_expect_eq(t->warmup_steps, 50);
     cr_expect_eq(t->min_lr_ratio, 0.1);
@@ -196,7 +196,7 @@ Test(config, load_file_merges_over_defaults)
     cr_expect_eq(cfg->data.val_fraction, 0.25);
     cr_expect_eq(cfg->seed, 7);
     /* untouched keys keep their defaults */
-    cr_expect_eq(cfg->model.n_embd, 128);
+    cr_expect_eq(cfg->model.n_embd, 192);
     cr_expect_eq(cfg->train.beta2, 0.95);
     cr_expect_str_eq(cfg->data.format, "auto");
     pipert_config_free(cfg);
@@ -393,7 +393,7 @@ Test(config, failed_merge_leaves_config_unchanged)
     const char *path = write_temp_json("{\"seed\": 7, \"model\": {\"n_layer\": 9, \"n_head\": \"x\"}}");
     cr_expect_eq(pipert_config_load_file(cfg, path), PIPERT_ERR_CONFIG);
     cr_expect_eq(cfg->seed, 1337, "seed changed to %ld by a failed merge", (long)cfg->seed);
-    cr_expect_eq(cfg->model.n_layer, 4, "n_layer changed to %d by a failed merge", cfg->model.n_layer);
+    cr_expect_eq(cfg->model.n_layer, 6, "n_layer changed to %d by a failed merge", cfg->model.n_layer);
     pipert_config_free(cfg);
 }
 
@@ -459,7 +459,7 @@ Test(config, validate_relations)
     pt_config_defaults(&cfg);
     cfg.model.n_embd = 130;
     cr_expect_eq(pt_config_validate(&cfg), PIPERT_ERR_CONFIG);
-    cr_expect_str_eq(pipert_last_error(), "model.n_embd: 130 is not a multiple of model.n_head = 4");
+    cr_expect_str_eq(pipert_last_error(), "model.n_embd: 130 is not a multiple of model.n_head = 6");
 
     /* a warm-up longer than the run is allowed: short trial runs keep the default */
     pt_config_defaults(&cfg);
@@ -555,7 +555,7 @@ Test(config, model_section_alone)
     set_ok(cfg, "train.lr=0.5");
     char *text = pt_config_model_to_json(cfg);
     cr_assert_not_null(text);
-    cr_expect_str_eq(text, "{\"model\":{\"block_size\":128,\"n_embd\":128,\"n_head\":4,\"n_layer\":6,"
+    cr_expect_str_eq(text, "{\"model\":{\"block_size\":128,\"n_embd\":192,\"n_head\":6,\"n_layer\":6,"
                            "\"tie_weights\":true,\"vocab_size\":256}}");
     pipert_config back;
     pt_config_defaults(&back);
