@@ -201,7 +201,7 @@ static pipert_result list_checkpoints(const char *dir, long **steps, size_t *cou
         (*steps)[(*count)++] = step;
     }
     closedir(d);
-    qsort(*steps, *count, sizeof **steps, compare_desc);
+    if (*count > 1) qsort(*steps, *count, sizeof **steps, compare_desc);
     return PIPERT_OK;
 }
 
