@@ -312,9 +312,13 @@ Test(cli, corrupt_model_files_are_refused_without_output)
     size_t size;
     cr_assert_eq(pt_read_file(model, &bytes, &size), PIPERT_OK);
 
+    /* missing */
+    run_result r = run_pipert("check --model %s/absent.safetensors --tokens %s/tokens.bin --batch 2 "
+                              "--seq 16 --out %s", dir, dir, out);
+    expect_clean_failure(&r, "absent.safetensors", "missing model");
     /* truncated in the data section */
     cr_assert_eq(pt_write_file_atomic(bad, bytes, size / 2), PIPERT_OK);
-    run_result r = run_pipert("check --model %s --tokens %s/tokens.bin --batch 2 --seq 16 --out %s",
+    r = run_pipert("check --model %s --tokens %s/tokens.bin --batch 2 --seq 16 --out %s",
                               bad, dir, out);
     expect_clean_failure(&r, "bad.safetensors", "truncated model");
     /* header length beyond the file */
