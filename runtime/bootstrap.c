@@ -177,8 +177,8 @@ static pipert_result expand_pattern(string_list *out, const char *prefix, const 
     for (const char *element = open + 1; element < close;) {
         const char *comma = memchr(element, ',', (size_t)(close - element));
         const char *element_end = comma ? comma : close;
-        long first, last;
-        int width;
+        long first = 0, last = -1;
+        int width = 1;
         PT_TRY(parse_range(element, (size_t)(element_end - element), &first, &last, &width));
         if (last - first >= PT_MAX_WORLD)
             return pt_fail(PIPERT_ERR_CONFIG, "more than %d hosts", PT_MAX_WORLD);

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -59,10 +60,24 @@ static void buffer_consume(byte_buffer *b, size_t n)
     b->length -= n;
 }
 
+/* The first '\n' in b, or NULL. */
+static char *find_newline(const byte_buffer *b)
+{
+    return b->length ? memchr(b->data, '\n', b->length) : NULL;
+}
+
 static void buffer_free(byte_buffer *b)
 {
     free(b->data);
     *b = (byte_buffer){0};
+}
+
+/* Copies src into dst[cap], cut short if it must be. */
+static void copy_text(char *dst, size_t cap, const char *src)
+{
+    size_t length = strnlen(src, cap - 1);
+    memcpy(dst, src, length);
+    dst[length] = '\0';
 }
 
 /* The JSON text of `message` plus '\n' (consumes the reference); NULL if out
@@ -218,12 +233,12 @@ static void abort_job_locked(pt_coordinator *c, int rank, const char *reason)
 {
     if (rank >= 0 && !c->ranks[rank].failed) {
         c->ranks[rank].failed = true;
-        snprintf(c->ranks[rank].failure, sizeof c->ranks[rank].failure, "%s", reason);
+        copy_text(c->ranks[rank].failure, sizeof c->ranks[rank].failure, reason);
     }
     if (c->phase == PT_JOB_ABORTED || c->phase == PT_JOB_FINISHED) return;
     c->phase = PT_JOB_ABORTED;
     c->abort_rank = rank;
-    snprintf(c->abort_reason, sizeof c->abort_reason, "%s", reason);
+    copy_text(c->abort_reason, sizeof c->abort_reason, reason);
     if (rank >= 0) pt_error("job aborted: rank %d: %s", rank, reason);
     else pt_error("job aborted: %s", reason);
     broadcast(c, json_pack("{s:s, s:i, s:s}", "type", "abort", "rank", rank, "reason", reason));
@@ -292,7 +307,7 @@ static void handle_register(pt_coordinator *c, connection *conn, json_t *m)
     }
     long rank, world, pid;
     const char *host, *address;
-    char why[256];
+    char why[1024];
     if (!read_registration(m, &rank, &world, &pid, &host, &address, why, sizeof why)) {
         pt_warn("coordinator: refused %s: %s", conn->peer, why);
         refuse(conn, why, false);
@@ -410,7 +425,7 @@ static void read_input(pt_coordinator *c, connection *conn)
     }
     /* Lines that arrived before a close still count (a "done" just before it). */
     char *newline;
-    while (!conn->close_when_sent && (newline = memchr(conn->in.data, '\n', conn->in.length))) {
+    while (!conn->close_when_sent && (newline = find_newline(&conn->in))) {
         size_t length = (size_t)(newline - conn->in.data);
         handle_message(c, conn, conn->in.data, length);
         buffer_consume(&conn->in, length + 1);
@@ -506,11 +521,11 @@ static void check_deadlines(pt_coordinator *c, double now)
     }
     for (int i = 0; i < c->n_conns; i++) {
         connection *conn = c->conns[i];
-        double silent = now - conn->last_heard;
+        double silent = now - conn->last_heard, age = now - conn->opened_at;
         if (conn->rank < 0 && !conn->close_when_sent &&
-            silent > fmin(UNREGISTERED_GRACE_S, o->register_timeout_s)) {
+            age > fmin(UNREGISTERED_GRACE_S, o->register_timeout_s)) {
             pt_warn("coordinator: closed a connection from %s: it did not register within %.0f s",
-                    conn->peer, silent);
+                    conn->peer, age);
             conn->broken = true;
         } else if (live && conn->rank >= 0 && !c->ranks[conn->rank].done &&
                    silent > o->dead_after_s) {
@@ -934,6 +949,19 @@ static void client_handle_message(pt_coord_client *c, json_t *m)
     /* heartbeat, welcome: being heard is all they say */
 }
 
+/* Handles every complete line received. */
+static void client_handle_buffered(pt_coord_client *c)
+{
+    char *newline;
+    while ((newline = find_newline(&c->in))) {
+        size_t length = (size_t)(newline - c->in.data);
+        json_t *m = json_loadb(c->in.data, length, 0, NULL);
+        buffer_consume(&c->in, length + 1);
+        if (m) client_handle_message(c, m);
+        json_decref(m);
+    }
+}
+
 /* Reads what there is and handles complete lines; false when the connection
  * closed or failed (*why says how). */
 static bool client_read(pt_coord_client *c, char *why, size_t cap)
@@ -953,14 +981,7 @@ static bool client_read(pt_coord_client *c, char *why, size_t cap)
         snprintf(why, cap, "out of memory reading from the coordinator");
         return false;
     }
-    char *newline;
-    while ((newline = memchr(c->in.data, '\n', c->in.length))) {
-        size_t length = (size_t)(newline - c->in.data);
-        json_t *m = json_loadb(c->in.data, length, 0, NULL);
-        buffer_consume(&c->in, length + 1);
-        if (m) client_handle_message(c, m);
-        json_decref(m);
-    }
+    client_handle_buffered(c);
     if (c->in.length > MAX_COORDINATOR_MESSAGE) {
         snprintf(why, cap, "the coordinator at %s sent an oversized message", c->where);
         return false;
@@ -969,13 +990,21 @@ static bool client_read(pt_coord_client *c, char *why, size_t cap)
 }
 
 /* Heartbeats out, messages in, and watch for a dead coordinator. */
+static double last_sent_at(pt_coord_client *c)
+{
+    pthread_mutex_lock(&c->send_lock);
+    double at = c->last_sent;
+    pthread_mutex_unlock(&c->send_lock);
+    return at;
+}
+
 static void *client_thread(void *arg)
 {
     pt_coord_client *c = arg;
     char why[512];
     while (!atomic_load(&c->aborted)) {
         double now = pt_now_s();
-        double wait_s = c->last_sent + c->heartbeat_interval_s - now;
+        double wait_s = last_sent_at(c) + c->heartbeat_interval_s - now;
         struct pollfd fds[2] = {{.fd = c->fd, .events = POLLIN}, {.fd = c->stop_pipe[0], .events = POLLIN}};
         int ready = poll(fds, 2, wait_s > 0 ? (int)(wait_s * 1e3) + 1 : 0);
         if (ready < 0 && errno != EINTR) {
@@ -992,7 +1021,7 @@ static void *client_thread(void *arg)
             break;
         }
         now = pt_now_s();
-        if (now - c->last_sent >= c->heartbeat_interval_s &&
+        if (now - last_sent_at(c) >= c->heartbeat_interval_s &&
             client_send(c, json_pack("{s:s}", "type", "heartbeat")) != PIPERT_OK) {
             client_abort(c, -1, pipert_last_error());
             break;
@@ -1085,7 +1114,7 @@ static pipert_result register_rank(pt_coord_client *c, const pt_coord_client_opt
     const double deadline = pt_now_s() + fmax(o->connect_timeout_s, 10.0);
     byte_buffer *in = &c->in;
     for (;;) {
-        char *newline = memchr(in->data, '\n', in->length);
+        char *newline = find_newline(in);
         if (newline) {
             size_t length = (size_t)(newline - in->data);
             json_t *m = json_loadb(in->data, length, 0, NULL);
@@ -1134,17 +1163,13 @@ static pipert_result client_setup(pt_coord_client *c, const pt_coord_client_opti
     setsockopt(c->fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof timeout);
     PT_TRY(register_rank(c, o));
     c->last_heard = pt_now_s();
+    /* What came with the welcome: the table, when this rank registered last. */
+    client_handle_buffered(c);
     if (pipe2(c->stop_pipe, O_CLOEXEC) != 0)
         return pt_fail(PIPERT_ERR_INTERNAL, "pipe: %s", strerror(errno));
     int rc = pthread_create(&c->thread, NULL, client_thread, c);
     if (rc != 0) return pt_fail(PIPERT_ERR_INTERNAL, "heartbeat thread: %s", strerror(rc));
     c->thread_started = true;
-    /* Messages that came with the welcome (the table, when this rank was the
-     * last to register) are handled by the thread's first read. */
-    if (c->in.length) {
-        pthread_mutex_lock(&c->send_lock);
-        pthread_mutex_unlock(&c->send_lock);
-    }
     return PIPERT_OK;
 }
 

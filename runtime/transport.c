@@ -131,7 +131,10 @@ struct connection {
     conn_state state;
     double deadline; /* of the handshake */
     hello hello_out, hello_in;
+    struct sockaddr_storage target; /* where we connect (not accepted) */
+    socklen_t target_length;
     uint32_t control_in;
+    int peer_left;   /* it said goodbye on this endpoint */
     int ops;         /* UCX operations in flight with this connection as user data */
     int hello_sent;  /* our hello left (its send completed) */
     int bye_sent, bye_acked;
@@ -167,7 +170,8 @@ struct pt_request {
     void *buffer;        /* receive */
     size_t capacity;
     pt_recv_expect expect;
-    void *op;        /* receive: the UCX operation in flight (header or payload part) */
+    void *op;        /* receive: the UCX operation in flight */
+    int part;        /* receive: which part `op` is (PART_HEADER or PART_PAYLOAD) */
     int ops_pending; /* send: header and payload parts in flight */
     int failed;      /* a failure was recorded in result/message */
     pipert_result cancel_result;
@@ -198,7 +202,6 @@ struct pt_transport {
     ucp_listener_h listener;
     int worker_fd, wake_fd, epoll_fd;
     pthread_t thread;
-    int thread_started;
 
     /* Under state_lock. */
     peer *peers;
@@ -215,6 +218,8 @@ struct pt_transport {
 };
 
 static pthread_mutex_t state_lock = PTHREAD_MUTEX_INITIALIZER;
+/* Set on progress threads: waiting there would wait for ourselves. */
+static _Thread_local int in_progress_thread;
 static pthread_cond_t state_changed = PTHREAD_COND_INITIALIZER;
 
 /* ---- small helpers ------------------------------------------------------------------------------ */
@@ -314,11 +319,6 @@ static void wake_progress_thread(pt_transport *t)
     uint64_t one = 1;
     ssize_t written = write(t->wake_fd, &one, sizeof one);
     (void)written; /* EAGAIN means the counter is already non-zero: the thread will wake */
-}
-
-static int on_progress_thread(const pt_transport *t)
-{
-    return t->thread_started && pthread_equal(pthread_self(), t->thread);
 }
 
 /* ---- peers (under state_lock) ------------------------------------------------------------------ */
@@ -660,6 +660,7 @@ static void on_control_received(connection *c, ucs_status_t status)
 {
     if (status != UCS_OK) return; /* the endpoint closed; its error callback reports why */
     if (c->control_in == CONTROL_BYE) {
+        c->peer_left = 1;
         peer_fail(c->t, c->rank, 1, "it shut its transport down");
         send_control(c, CONTROL_BYE_ACK);
     } else if (c->control_in == CONTROL_BYE_ACK) {
@@ -803,15 +804,14 @@ static void on_connection_request(ucp_conn_request_h request, void *arg)
     stream_post(c, 0, &c->hello_in, sizeof c->hello_in, on_hello_received);
 }
 
-static void start_connect(pt_transport *t, connection *c, const struct sockaddr_storage *address,
-                          socklen_t address_length)
+static void start_connect(pt_transport *t, connection *c)
 {
     connection_link(t, c);
     ucp_ep_params_t params = {
         .field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR | UCP_EP_PARAM_FIELD_ERR_HANDLER |
                       UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
         .flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER,
-        .sockaddr = {.addr = (const struct sockaddr *)address, .addrlen = address_length},
+        .sockaddr = {.addr = (const struct sockaddr *)&c->target, .addrlen = c->target_length},
         .err_mode = UCP_ERR_HANDLING_MODE_PEER,
         .err_handler = {.cb = on_ep_error, .arg = c},
     };
@@ -945,6 +945,7 @@ static void recv_part(pt_request *r, void *buffer, size_t count, int iov, int pa
         .datatype = iov ? UCP_DATATYPE_IOV : ucp_dt_make_contig(1),
         .recv_info.tag_info = &r->info,
     };
+    r->part = part;
     ucs_status_ptr_t op =
         ucp_tag_recv_nbx(t->worker, buffer, count, make_tag(r->kind, r->peer, part, r->user_tag), ~(ucp_tag_t)0, &param);
     void (*arrived)(pt_request *, ucs_status_t, const ucp_tag_recv_info_t *) =
@@ -975,13 +976,8 @@ static void on_recv_part_done(void *request, ucs_status_t status, const ucp_tag_
 {
     pt_request *r = user_data;
     ucp_request_free(request);
-    int header_part = !(info && status == UCS_OK ? (info->sender_tag >> 32) & 1 : r->header.magic != 0 && r->info.length);
-    (void)header_part;
-    void *op = r->op;
-    (void)op;
     r->op = NULL;
-    /* Which part finished: a receive is in its header part until header_arrived posts the payload. */
-    if (r->buffer == NULL || r->iov[0].buffer != NULL) header_arrived(r, status, info);
+    if (r->part == PART_HEADER) header_arrived(r, status, info);
     else payload_arrived(r, status, info);
 }
 
@@ -1077,11 +1073,6 @@ static void finish_receive(pt_request *r)
 
 static void header_arrived(pt_request *r, ucs_status_t status, const ucp_tag_recv_info_t *info)
 {
-    r->iov[0].buffer = NULL; /* from here on the request is in its payload part */
-    if (r->type == REQUEST_DISCARD) {
-        complete_request(r);
-        return;
-    }
     if (receive_failed_status(r, status, "message")) return;
     char what[96], why[TEXT_CAPACITY];
     describe_request(r, what, sizeof what);
@@ -1141,7 +1132,10 @@ static void post_receive(pt_transport *t, pt_request *r)
 /* Fails every receive from `rank` that is still waiting in UCX. */
 static void cancel_receives_from(pt_transport *t, int rank, pipert_result code, const char *reason)
 {
-    for (pt_request *r = t->in_flight; r; r = r->next) {
+    /* Cancelling may complete (and unlink) a request at once: step before it. */
+    pt_request *next;
+    for (pt_request *r = t->in_flight; r; r = next) {
+        next = r->next;
         if (r->type == REQUEST_SEND || (rank >= 0 && r->peer != rank) || !r->op) continue;
         r->cancel_result = code;
         snprintf(r->cancel_reason, sizeof r->cancel_reason, "%s", reason);
@@ -1167,16 +1161,9 @@ static void run_command(pt_transport *t, command *c)
             ucp_request_cancel(t->worker, r->op);
         }
         break;
-    case COMMAND_CONNECT: {
-        /* The address travels in the connection's hello_in until the endpoint exists. */
-        struct sockaddr_storage address;
-        socklen_t length;
-        memcpy(&address, &c->conn->hello_in, sizeof address);
-        memcpy(&length, (char *)&c->conn->hello_in + sizeof address, sizeof length);
-        memset(&c->conn->hello_in, 0, sizeof c->conn->hello_in);
-        start_connect(t, c->conn, &address, length);
+    case COMMAND_CONNECT:
+        start_connect(t, c->conn);
         break;
-    }
     }
 }
 
@@ -1246,7 +1233,7 @@ static void shut_down(pt_transport *t)
         t->listener = NULL;
     }
     for (connection *c = t->connections; c; c = c->next) {
-        if (c->state != CONN_READY) continue;
+        if (c->state != CONN_READY || c->peer_left) continue;
         c->bye_sent = 1;
         send_control(c, CONTROL_BYE);
     }
@@ -1262,6 +1249,7 @@ static void shut_down(pt_transport *t)
 static void *progress_main(void *arg)
 {
     pt_transport *t = arg;
+    in_progress_thread = 1;
     for (;;) {
         pthread_mutex_lock(&t->queue_lock);
         int stopping = t->stopping;
@@ -1381,8 +1369,8 @@ static void release(pt_transport *t)
         pthread_mutex_unlock(&state_lock);
         if (!waited_on) free(c);
     }
-    if (t->epoll_fd > 0) close(t->epoll_fd);
-    if (t->wake_fd > 0) close(t->wake_fd);
+    if (t->epoll_fd >= 0) close(t->epoll_fd);
+    if (t->wake_fd >= 0) close(t->wake_fd);
     pthread_mutex_destroy(&t->queue_lock);
     free(t->peers);
     free(t);
@@ -1417,7 +1405,6 @@ pipert_result pt_transport_create(const pt_transport_options *options, pt_transp
         release(t);
         return rc;
     }
-    t->thread_started = 1;
     pt_debug("transport: rank %d listening on %s", t->rank, t->listen_address);
     *out = t;
     return PIPERT_OK;
@@ -1431,7 +1418,6 @@ void pt_transport_destroy(pt_transport *t)
     pthread_mutex_unlock(&t->queue_lock);
     wake_progress_thread(t);
     pthread_join(t->thread, NULL);
-    t->thread_started = 0;
     release(t);
 }
 
@@ -1463,14 +1449,13 @@ pipert_result pt_transport_connect(pt_transport *t, int peer_rank, const char *a
 {
     if (peer_rank < 0 || peer_rank >= PT_TRANSPORT_MAX_RANKS || peer_rank == t->rank)
         return pt_fail(PIPERT_ERR_INVALID_ARG, "transport: cannot connect rank %d to rank %d", t->rank, peer_rank);
-    struct sockaddr_storage resolved;
-    socklen_t length;
-    PT_TRY(resolve_address(address, 0, &resolved, &length));
     connection *c = connection_new(t, 0, peer_rank, address);
     if (!c) return pt_fail(PIPERT_ERR_NOMEM, "transport: no memory for a connection");
-    /* hello_in is unused until the endpoint exists: it carries the address to the progress thread. */
-    memcpy(&c->hello_in, &resolved, sizeof resolved);
-    memcpy((char *)&c->hello_in + sizeof resolved, &length, sizeof length);
+    pipert_result resolved = resolve_address(address, 0, &c->target, &c->target_length);
+    if (resolved != PIPERT_OK) {
+        free(c);
+        return resolved;
+    }
     c->waiter = 1;
     pipert_result rc = enqueue(t, COMMAND_CONNECT, NULL, c);
     if (rc != PIPERT_OK) {
@@ -1610,7 +1595,8 @@ pipert_result pt_send(pt_transport *t, int dst_rank, uint32_t user_tag, const pt
     uint64_t numel = 1;
     for (int d = 0; d < header->ndim; d++) {
         if (header->shape[d] < 0) return pt_fail(PIPERT_ERR_INVALID_ARG, "pt_send: shape[%d] is negative", d);
-        numel *= (uint64_t)header->shape[d];
+        if (__builtin_mul_overflow(numel, (uint64_t)header->shape[d], &numel))
+            return pt_fail(PIPERT_ERR_INVALID_ARG, "pt_send: the shape overflows");
     }
     if (header->nbytes != numel * pt_dtype_size(header->dtype))
         return pt_fail(PIPERT_ERR_INVALID_ARG, "pt_send: nbytes %llu is not the %llu bytes of its shape",
@@ -1671,7 +1657,7 @@ int pt_request_test(pt_request *request, pipert_result *result)
 
 pipert_result pt_request_wait(pt_request *request, double timeout_s)
 {
-    if (request->t && on_progress_thread(request->t))
+    if (in_progress_thread)
         return pt_fail(PIPERT_ERR_INTERNAL, "pt_request_wait called on the progress thread (from a callback?)");
     struct timespec deadline;
     if (timeout_s >= 0) deadline_after(timeout_s, &deadline);
@@ -1697,12 +1683,18 @@ void pt_request_on_complete(pt_request *request, pt_request_callback fn, void *a
         pthread_mutex_unlock(&state_lock);
         return;
     }
-    while (request->state != REQUEST_DONE) pthread_cond_wait(&state_changed, &state_lock);
+    /* Completing on this very thread (we are inside another callback): it cannot become DONE while we wait. */
+    while (request->state != REQUEST_DONE && !in_progress_thread) pthread_cond_wait(&state_changed, &state_lock);
     pthread_mutex_unlock(&state_lock);
     fn(request, request->result, arg);
 }
 
 const pt_message_header *pt_request_header(const pt_request *request) { return &request->header; }
+
+const char *pt_request_error(const pt_request *request)
+{
+    return request->result == PIPERT_OK ? "" : request->message;
+}
 
 void pt_request_cancel(pt_request *request)
 {
@@ -1718,8 +1710,8 @@ void pt_request_free(pt_request *request)
     if (!request) return;
     pt_request_cancel(request);
     pthread_mutex_lock(&state_lock);
-    if (request->state == REQUEST_COMPLETING && request->t && on_progress_thread(request->t)) {
-        /* Called from its own callback: complete_request frees it on return. */
+    if (request->state != REQUEST_DONE && in_progress_thread) {
+        /* From a callback, where waiting would wait for ourselves: complete_request frees it when it is done. */
         request->free_requested = 1;
         pthread_mutex_unlock(&state_lock);
         return;

@@ -204,6 +204,10 @@ pipert_result pt_request_wait(pt_request *request, double timeout_s);
 typedef void (*pt_request_callback)(pt_request *request, pipert_result result, void *arg);
 void pt_request_on_complete(pt_request *request, pt_request_callback fn, void *arg);
 
+/* The failure message of a completed request ("" if it succeeded); also valid
+ * inside its callback. */
+const char *pt_request_error(const pt_request *request);
+
 /* The header of a completed receive (magic..checksum as received). */
 const pt_message_header *pt_request_header(const pt_request *request);
 

@@ -1,0 +1,392 @@
+/* Barrier, broadcast, all-gather and ring all-reduce over pt_transport. */
+#include "runtime/collectives.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/safetensors.h"
+
+#define MESSAGE_CAPACITY 512
+
+struct pt_group {
+    pt_transport *t;
+    int size, index; /* members; this process's position */
+    int *ranks;      /* [size] transport ranks */
+    uint32_t id;
+    int checksum;
+    atomic_uint sequence; /* of the next collective */
+};
+
+pipert_result pt_group_create(pt_transport *t, const int *ranks, int n_ranks, const pt_group_options *options,
+                              pt_group **out)
+{
+    *out = NULL;
+    pt_group_options defaults = PT_GROUP_OPTIONS_INIT;
+    if (!options) options = &defaults;
+    if (n_ranks < 1) return pt_fail(PIPERT_ERR_INVALID_ARG, "group: %d members", n_ranks);
+    if (options->id > 255) return pt_fail(PIPERT_ERR_INVALID_ARG, "group: id %u is above 255", options->id);
+    int index = -1;
+    for (int i = 0; i < n_ranks; i++) {
+        if (ranks[i] < 0 || ranks[i] >= PT_TRANSPORT_MAX_RANKS)
+            return pt_fail(PIPERT_ERR_INVALID_ARG, "group: ranks[%d] = %d is not a rank", i, ranks[i]);
+        for (int j = 0; j < i; j++)
+            if (ranks[j] == ranks[i])
+                return pt_fail(PIPERT_ERR_INVALID_ARG, "group: rank %d appears twice (ranks[%d], ranks[%d])",
+                               ranks[i], j, i);
+        if (ranks[i] == pt_transport_rank(t)) index = i;
+    }
+    if (index < 0)
+        return pt_fail(PIPERT_ERR_INVALID_ARG, "group: this process (rank %d) is not a member",
+                       pt_transport_rank(t));
+    pt_group *g = calloc(1, sizeof *g);
+    int *copy = malloc((size_t)n_ranks * sizeof *copy);
+    if (!g || !copy) {
+        free(g);
+        free(copy);
+        return pt_fail(PIPERT_ERR_NOMEM, "group: no memory for %d members", n_ranks);
+    }
+    memcpy(copy, ranks, (size_t)n_ranks * sizeof *copy);
+    g->t = t;
+    g->size = n_ranks;
+    g->index = index;
+    g->ranks = copy;
+    g->id = options->id;
+    g->checksum = options->checksum;
+    atomic_init(&g->sequence, 0);
+    *out = g;
+    return PIPERT_OK;
+}
+
+void pt_group_destroy(pt_group *g)
+{
+    if (!g) return;
+    free(g->ranks);
+    free(g);
+}
+
+int pt_group_size(const pt_group *g) { return g->size; }
+int pt_group_index(const pt_group *g) { return g->index; }
+
+/* ---- messages of one collective ----------------------------------------------------------------- */
+
+/* One collective's identity: its tag (group id | sequence) and its name for errors. */
+typedef struct collective {
+    pt_group *g;
+    uint32_t sequence, tag;
+    char name[64];
+} collective;
+
+static collective collective_begin(pt_group *g, const char *what)
+{
+    collective c = {.g = g};
+    c.sequence = atomic_fetch_add(&g->sequence, 1u);
+    c.tag = (g->id << 24) | (c.sequence & 0xffffffu);
+    snprintf(c.name, sizeof c.name, "%s #%u of group %u", what, c.sequence, g->id);
+    return c;
+}
+
+static int member(const pt_group *g, int index) { return (index % g->size + g->size) % g->size; }
+
+/* Posts the send of `count` elements of `dtype` to member `to`; `step` goes
+ * into the header (microbatch) to help whoever reads a trace. */
+static pipert_result post_send(const collective *c, int to, const void *data, size_t count, pt_dtype dtype,
+                               int step, pt_request **out)
+{
+    pt_message_header h = {
+        .kind = PT_KIND_COLLECTIVE,
+        .dtype = (uint16_t)dtype,
+        .microbatch = step,
+        .step = c->sequence,
+        .ndim = 1,
+        .shape = {(int64_t)count},
+        .nbytes = count * pt_dtype_size(dtype),
+    };
+    pipert_result rc = pt_send(c->g->t, c->g->ranks[member(c->g, to)], c->tag, &h, data,
+                               c->g->checksum ? PT_SEND_CHECKSUM : 0, out);
+    if (rc != PIPERT_OK) pt_error_prefix("%s", c->name);
+    return rc;
+}
+
+static pipert_result post_recv(const collective *c, int from, void *data, size_t count, pt_dtype dtype,
+                               pt_request **out)
+{
+    pt_recv_expect expect = {
+        .kind = PT_KIND_COLLECTIVE,
+        .dtype = (int32_t)dtype,
+        .ndim = 1,
+        .shape = {(int64_t)count},
+        .require_checksum = c->g->checksum,
+    };
+    pipert_result rc = pt_recv(c->g->t, c->g->ranks[member(c->g, from)], c->tag, &expect, data,
+                               count * pt_dtype_size(dtype), out);
+    if (rc != PIPERT_OK) pt_error_prefix("%s", c->name);
+    return rc;
+}
+
+/* Waits for and frees requests[0..n) (NULL entries skipped); returns the first failure. */
+static pipert_result wait_all(const collective *c, pt_request **requests, int n)
+{
+    pipert_result first = PIPERT_OK;
+    char message[MESSAGE_CAPACITY] = "";
+    for (int i = 0; i < n; i++) {
+        if (!requests[i]) continue;
+        pipert_result rc = pt_request_wait(requests[i], -1.0);
+        if (rc != PIPERT_OK && first == PIPERT_OK) {
+            first = rc;
+            snprintf(message, sizeof message, "%s", pipert_last_error());
+        }
+        pt_request_free(requests[i]);
+        requests[i] = NULL;
+    }
+    if (first != PIPERT_OK) return pt_fail(first, "%s: %s", c->name, message);
+    return PIPERT_OK;
+}
+
+/* Sends to one member and receives from another at the same time. */
+static pipert_result exchange(const collective *c, int to, const void *send, int from, void *recv,
+                              size_t count, pt_dtype dtype, int step)
+{
+    pt_request *requests[2] = {NULL, NULL};
+    pipert_result rc = post_recv(c, from, recv, count, dtype, &requests[0]);
+    if (rc == PIPERT_OK) rc = post_send(c, to, send, count, dtype, step, &requests[1]);
+    char message[MESSAGE_CAPACITY];
+    snprintf(message, sizeof message, "%s", pipert_last_error());
+    pipert_result waited = wait_all(c, requests, 2);
+    if (rc != PIPERT_OK) return pt_fail(rc, "%s", message);
+    return waited;
+}
+
+/* ---- barrier, broadcast, all-gather --------------------------------------------------------------- */
+
+pipert_result pt_barrier(pt_group *g)
+{
+    collective c = collective_begin(g, "barrier");
+    /* Dissemination: in round r every member signals index + 2^r; after
+     * ceil(log2 n) rounds each has heard, indirectly, from all. */
+    int round = 0;
+    for (int distance = 1; distance < g->size; distance *= 2, round++)
+        PT_TRY(exchange(&c, g->index + distance, NULL, g->index - distance, NULL, 0, PT_DTYPE_U8, round));
+    return PIPERT_OK;
+}
+
+pipert_result pt_broadcast(pt_group *g, void *buffer, size_t nbytes, int root_index)
+{
+    if (root_index < 0 || root_index >= g->size)
+        return pt_fail(PIPERT_ERR_INVALID_ARG, "broadcast: root %d is not a member of a group of %d", root_index,
+                       g->size);
+    collective c = collective_begin(g, "broadcast");
+    /* Binomial tree over positions relative to the root: member v receives
+     * from v - 2^k (k = its lowest set bit) and forwards to v + 2^j for
+     * every 2^j below that bit. */
+    int relative = member(g, g->index - root_index);
+    int mask = 1;
+    while (mask < g->size && !(relative & mask)) mask <<= 1;
+    if (relative != 0) {
+        pt_request *request = NULL;
+        PT_TRY(post_recv(&c, g->index - mask, buffer, nbytes, PT_DTYPE_U8, &request));
+        PT_TRY(wait_all(&c, &request, 1));
+    }
+    pt_request *sends[32] = {NULL};
+    int n_sends = 0;
+    pipert_result rc = PIPERT_OK;
+    for (mask >>= 1; mask > 0 && rc == PIPERT_OK; mask >>= 1)
+        if (relative + mask < g->size)
+            rc = post_send(&c, g->index + mask, buffer, nbytes, PT_DTYPE_U8, mask, &sends[n_sends++]);
+    char message[MESSAGE_CAPACITY];
+    snprintf(message, sizeof message, "%s", pipert_last_error());
+    pipert_result waited = wait_all(&c, sends, n_sends);
+    if (rc != PIPERT_OK) return pt_fail(rc, "%s", message);
+    return waited;
+}
+
+pipert_result pt_allgather(pt_group *g, const void *send, size_t nbytes_each, void *recv)
+{
+    collective c = collective_begin(g, "allgather");
+    unsigned char *blocks = recv;
+    if (nbytes_each) memcpy(blocks + (size_t)g->index * nbytes_each, send, nbytes_each);
+    /* Ring: in step s each member passes on the block it got in step s - 1. */
+    for (int step = 0; step < g->size - 1; step++) {
+        size_t outgoing = (size_t)member(g, g->index - step), incoming = (size_t)member(g, g->index - step - 1);
+        PT_TRY(exchange(&c, g->index + 1, blocks + outgoing * nbytes_each, g->index - 1,
+                        blocks + incoming * nbytes_each, nbytes_each, PT_DTYPE_U8, step));
+    }
+    return PIPERT_OK;
+}
+
+/* ---- ring all-reduce, driven by request callbacks ----------------------------------------------- */
+
+struct pt_allreduce {
+    collective c;
+    float *data; /* [count] */
+    size_t count;
+    pt_reduce_op op;
+    float *scratch; /* [largest chunk]: the left neighbour's chunk during reduce-scatter */
+    int step;       /* 0 .. 2(n-1): n-1 reduce-scatter steps, then n-1 all-gather steps */
+    /* Under lock. */
+    pthread_mutex_t lock;
+    pthread_cond_t finished_cond;
+    int outstanding; /* requests of the current step not yet completed (+1 while posting) */
+    int finished;
+    pipert_result result;
+    char message[MESSAGE_CAPACITY];
+};
+
+/* Chunk k of n: count/n elements, the first count%n chunks one more. */
+static size_t chunk_begin(size_t count, int n, int k)
+{
+    size_t base = count / (size_t)n, extra = count % (size_t)n;
+    return base * (size_t)k + ((size_t)k < extra ? (size_t)k : extra);
+}
+
+static size_t chunk_length(size_t count, int n, int k)
+{
+    return chunk_begin(count, n, k + 1) - chunk_begin(count, n, k);
+}
+
+static void allreduce_finish(pt_allreduce *h)
+{
+    pthread_mutex_lock(&h->lock);
+    h->finished = 1;
+    pthread_cond_broadcast(&h->finished_cond);
+    pthread_mutex_unlock(&h->lock);
+}
+
+static void allreduce_fail(pt_allreduce *h, pipert_result result, const char *message)
+{
+    pthread_mutex_lock(&h->lock);
+    if (h->result == PIPERT_OK) {
+        h->result = result;
+        snprintf(h->message, sizeof h->message, "%s step %d: %s", h->c.name, h->step, message);
+    }
+    pthread_mutex_unlock(&h->lock);
+}
+
+static void allreduce_start_step(pt_allreduce *h);
+
+/* Both requests of a step are done: reduce what arrived, then the next step. */
+static void allreduce_advance(pt_allreduce *h)
+{
+    for (;;) {
+        pthread_mutex_lock(&h->lock);
+        int failed = h->result != PIPERT_OK;
+        pthread_mutex_unlock(&h->lock);
+        pt_group *g = h->c.g;
+        int n = g->size, i = g->index;
+        if (failed || h->step >= 2 * (n - 1)) break;
+        if (h->step < n - 1) {
+            int k = member(g, i - h->step - 1);
+            float *chunk = h->data + chunk_begin(h->count, n, k);
+            size_t length = chunk_length(h->count, n, k);
+            for (size_t e = 0; e < length; e++) chunk[e] += h->scratch[e];
+            if (h->step == n - 2 && h->op == PT_REDUCE_MEAN) /* chunk k = i + 1 is now complete here */
+                for (size_t e = 0; e < length; e++) chunk[e] /= (float)n;
+        }
+        h->step++;
+        if (h->step >= 2 * (n - 1)) break;
+        allreduce_start_step(h);
+        return;
+    }
+    allreduce_finish(h);
+}
+
+static void allreduce_part_done(pt_request *request, pipert_result result, void *arg)
+{
+    pt_allreduce *h = arg;
+    if (result != PIPERT_OK) allreduce_fail(h, result, pt_request_error(request));
+    pt_request_free(request); /* from its own callback: released when the callback returns */
+    pthread_mutex_lock(&h->lock);
+    int remaining = --h->outstanding;
+    pthread_mutex_unlock(&h->lock);
+    if (remaining == 0) allreduce_advance(h);
+}
+
+static void allreduce_start_step(pt_allreduce *h)
+{
+    pt_group *g = h->c.g;
+    int n = g->size, i = g->index;
+    int gathering = h->step >= n - 1;
+    int s = gathering ? h->step - (n - 1) : h->step;
+    /* Reduce-scatter step s: send chunk i - s, receive chunk i - s - 1 (added into ours).
+     * All-gather step s: send chunk i + 1 - s (complete), receive chunk i - s (complete). */
+    int send_k = member(g, gathering ? i + 1 - s : i - s);
+    int recv_k = member(g, gathering ? i - s : i - s - 1);
+    float *recv_into = gathering ? h->data + chunk_begin(h->count, n, recv_k) : h->scratch;
+    pthread_mutex_lock(&h->lock);
+    h->outstanding = 3; /* two requests and this function, so neither can advance before both are posted */
+    pthread_mutex_unlock(&h->lock);
+    pt_request *recv = NULL, *send = NULL;
+    pipert_result rc = post_recv(&h->c, i - 1, recv_into, chunk_length(h->count, n, recv_k), PT_DTYPE_F32, &recv);
+    if (rc == PIPERT_OK)
+        rc = post_send(&h->c, i + 1, h->data + chunk_begin(h->count, n, send_k), chunk_length(h->count, n, send_k),
+                       PT_DTYPE_F32, h->step, &send);
+    int posted = (recv != NULL) + (send != NULL);
+    if (rc != PIPERT_OK) allreduce_fail(h, rc, pipert_last_error());
+    pthread_mutex_lock(&h->lock);
+    h->outstanding -= 3 - posted;
+    pthread_mutex_unlock(&h->lock);
+    if (recv) pt_request_on_complete(recv, allreduce_part_done, h);
+    if (send) pt_request_on_complete(send, allreduce_part_done, h);
+    /* The posting count: if it is the last, both requests are already done. */
+    pthread_mutex_lock(&h->lock);
+    int remaining = --h->outstanding;
+    pthread_mutex_unlock(&h->lock);
+    if (remaining == 0) allreduce_advance(h);
+}
+
+pipert_result pt_allreduce_start(pt_group *g, float *data, size_t count, pt_reduce_op op, pt_allreduce **out)
+{
+    *out = NULL;
+    if (op != PT_REDUCE_SUM && op != PT_REDUCE_MEAN)
+        return pt_fail(PIPERT_ERR_INVALID_ARG, "allreduce: unknown reduce op %d", (int)op);
+    if (count > 0 && !data) return pt_fail(PIPERT_ERR_INVALID_ARG, "allreduce: %zu elements but no data", count);
+    pt_allreduce *h = calloc(1, sizeof *h);
+    size_t largest = chunk_length(count, g->size, 0);
+    float *scratch = malloc((largest ? largest : 1) * sizeof *scratch);
+    if (!h || !scratch) {
+        free(h);
+        free(scratch);
+        return pt_fail(PIPERT_ERR_NOMEM, "allreduce: no memory for a %zu-element chunk", largest);
+    }
+    h->c = collective_begin(g, "allreduce");
+    h->data = data;
+    h->count = count;
+    h->op = op;
+    h->scratch = scratch;
+    pthread_mutex_init(&h->lock, NULL);
+    pthread_cond_init(&h->finished_cond, NULL);
+    *out = h;
+    /* Size 0 moves nothing (every member agrees, since the sizes must be
+     * equal); a single member has nothing to reduce. */
+    if (count == 0 || g->size == 1) allreduce_finish(h);
+    else allreduce_start_step(h);
+    return PIPERT_OK;
+}
+
+pipert_result pt_allreduce_wait(pt_allreduce *h)
+{
+    pthread_mutex_lock(&h->lock);
+    while (!h->finished) pthread_cond_wait(&h->finished_cond, &h->lock);
+    pthread_mutex_unlock(&h->lock);
+    /* `finished` is set when the last step's requests completed, but their
+     * callbacks may still be returning on the progress thread: the request
+     * objects free themselves, and nothing below touches them. */
+    pipert_result result = h->result;
+    char message[MESSAGE_CAPACITY];
+    snprintf(message, sizeof message, "%s", h->message);
+    pthread_mutex_destroy(&h->lock);
+    pthread_cond_destroy(&h->finished_cond);
+    free(h->scratch);
+    free(h);
+    if (result != PIPERT_OK) return pt_fail(result, "%s", message);
+    return PIPERT_OK;
+}
+
+pipert_result pt_allreduce(pt_group *g, float *data, size_t count, pt_reduce_op op)
+{
+    pt_allreduce *h;
+    PT_TRY(pt_allreduce_start(g, data, count, op, &h));
+    return pt_allreduce_wait(h);
+}

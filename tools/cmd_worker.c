@@ -1,0 +1,365 @@
+/* pipert worker: one process of a multi-worker job, started by `pipert
+ * launch`, srun or mpirun (docs/RUNNING.md).
+ *
+ * It learns its rank from the environment (runtime/bootstrap.h), registers
+ * with the job's coordinator (runtime/coordinator.h; under SLURM and MPI rank
+ * 0 runs it, on a thread of its own), waits for every rank, then trains with
+ * train/trainer.h, reporting progress to the coordinator and checking for a
+ * job-wide abort before every step. The coordinator client heartbeats from its
+ * own thread. Rank 0 writes DIR/metrics.jsonl and the checkpoints.
+ *
+ * Exit status: 0 done; 1 this rank failed (it told the coordinator why);
+ * 2 usage error; 3 stopped because the job aborted (another rank failed, or
+ * the coordinator is gone).
+ */
+#include <jansson.h>
+#include <math.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "runtime/bootstrap.h"
+#include "runtime/clock.h"
+#include "runtime/config.h"
+#include "runtime/coordinator.h"
+#include "runtime/fileio.h"
+#include "runtime/log.h"
+#include "runtime/metrics.h"
+#include "runtime/topology.h"
+#include "tools/cli.h"
+#include "tools/commands.h"
+#include "train/checkpoint.h"
+#include "train/trainer.h"
+
+#define EXIT_RANK_FAILED 1
+#define EXIT_JOB_ABORTED 3
+/* How long a worker waits for every rank to register. */
+#define TABLE_TIMEOUT_S (PT_REGISTER_TIMEOUT_S + 30.0)
+/* Progress goes to the coordinator at every logged step, and at least this often. */
+#define PROGRESS_PERIOD_S 0.5
+
+extern char **environ;
+
+static volatile sig_atomic_t stop_signal;
+
+static void request_stop(int signal_number) { stop_signal = signal_number; }
+
+typedef struct worker {
+    pt_bootstrap boot;
+    int stages, replicas, stage, replica;
+    const char *out_dir;
+    bool quiet;
+    bool writes_outputs;          /* rank 0: metrics.jsonl, validation, checkpoints */
+    pt_coordinator *coordinator;  /* rank 0 under SLURM/MPI, else NULL */
+    pt_coord_client *client;
+    const pt_peer_table *peers;
+    pt_trainer *trainer;
+    pt_metrics metrics;
+    pt_progress progress;
+    float last_loss;
+} worker;
+
+/* ==== DATA-PARALLEL GRADIENT AVERAGING — the lead wires this in when the UCX
+ * transport (runtime/transport.h, runtime/collectives.h) lands. ============
+ *
+ * grads [n] are this replica's gradients of the step; afterwards every
+ * replica must hold their mean over the w->replicas replicas of this stage:
+ *     grads ← (1/R) Σ_r grads_r        (an all-reduce among the ranks
+ *                                        stage + r·stages, r ∈ [0, R))
+ * It belongs between the step's backward pass and its optimizer update (before
+ * the gradient clipping, so every replica clips the same global norm).
+ * pt_trainer_step does backward and update in one call, so the trainer needs a
+ * hook between the two (a callback in pt_trainer, say). Until then the worker
+ * calls this before each step: with one replica there is nothing to average,
+ * and with more it stops the job before any replica takes an unaveraged step. */
+static pipert_result average_gradients(const worker *w, float *grads, size_t n)
+{
+    (void)grads;
+    (void)n;
+    if (w->replicas == 1) return PIPERT_OK;
+    return pt_fail(PIPERT_ERR_UNSUPPORTED,
+                   "data-parallel averaging needs the UCX transport (in progress)");
+}
+/* ==== end of DATA-PARALLEL GRADIENT AVERAGING ============================ */
+
+/* TEST HOOK (tests/test_launch.c; not for production): with
+ * PIPERT_TEST_DIE_AT_STEP=N in the environment, rank PIPERT_TEST_DIE_RANK
+ * (default 1) kills itself with SIGKILL at the start of step N, before that
+ * step's computation and its gradient averaging: a crash the job must notice. */
+static void test_hook_die_at_step(const worker *w, long step)
+{
+    const char *at = getenv("PIPERT_TEST_DIE_AT_STEP");
+    const char *rank = getenv("PIPERT_TEST_DIE_RANK");
+    if (!at || atol(at) != step || (rank ? atoi(rank) : 1) != w->boot.rank) return;
+    pt_warn("test hook PIPERT_TEST_DIE_AT_STEP: rank %d raises SIGKILL at step %ld", w->boot.rank,
+            step);
+    fflush(NULL);
+    raise(SIGKILL);
+}
+
+/* ---- setup ------------------------------------------------------------------ */
+
+static pipert_result bind_cores(const worker *w)
+{
+    if (w->boot.cores_count == 0) return PIPERT_OK;
+    pt_topology *topology;
+    PT_TRY(pt_topology_load(&topology));
+    pipert_result rc = pt_topology_bind_process_to_cores(topology, w->boot.cores_first,
+                                                         w->boot.cores_count);
+    pt_topology_free(topology);
+    if (rc != PIPERT_OK) pt_error_prefix("PIPERT_CORES=%d,%d", w->boot.cores_first, w->boot.cores_count);
+    return rc;
+}
+
+static pipert_result start_coordinator(worker *w, const char *secret)
+{
+    pt_coordinator_options options = PT_COORDINATOR_OPTIONS_INIT;
+    options.port = w->boot.coord_port;
+    options.world = w->boot.world_size;
+    options.secret = secret;
+    PT_TRY(pt_coordinator_create(&w->coordinator, &options));
+    pt_info("coordinator listening on port %d (workers reach it at %s:%d)", w->boot.coord_port,
+            w->boot.coord_host, w->boot.coord_port);
+    return pt_coordinator_start(w->coordinator);
+}
+
+/* Waits for every rank's registration in short slices, so a stop signal is
+ * not ignored for minutes. */
+static pipert_result wait_for_peers(worker *w)
+{
+    const double deadline = pt_now_s() + TABLE_TIMEOUT_S;
+    for (;;) {
+        pipert_result rc = pt_coord_client_wait_table(w->client, 0.5, &w->peers);
+        if (rc != PIPERT_ERR_TIMEOUT) return rc;
+        if (stop_signal)
+            return pt_fail(PIPERT_ERR_INTERRUPTED, "stopped by signal %d while waiting for the "
+                                                   "other ranks",
+                           (int)stop_signal);
+        if (pt_now_s() > deadline) return pt_coord_client_wait_table(w->client, 0, &w->peers);
+    }
+}
+
+static pipert_result join_job(worker *w)
+{
+    char secret[PT_SECRET_MAX + 1];
+    PT_TRY(pt_bootstrap_read_secret(&w->boot, secret));
+    if (w->boot.hosts_coordinator) PT_TRY(start_coordinator(w, secret));
+    pt_coord_client_options options = PT_COORD_CLIENT_OPTIONS_INIT;
+    options.host = w->boot.coord_host;
+    options.port = w->boot.coord_port;
+    options.secret = secret;
+    options.rank = w->boot.rank;
+    options.world = w->boot.world_size;
+    options.address = ""; /* the transport's data-plane address goes here */
+    PT_TRY(pt_coord_client_connect(&w->client, &options));
+    PT_TRY(wait_for_peers(w));
+    for (int r = 0; r < w->peers->world; r++)
+        pt_debug("peer rank %d: host %s, pid %d", r, w->peers->peers[r].host,
+                 w->peers->peers[r].pid);
+    return PIPERT_OK;
+}
+
+static pipert_result build_trainer(worker *w, const pipert_config *cfg)
+{
+    PT_TRY(pt_trainer_create(&w->trainer, cfg));
+    w->trainer->replica = w->replica; /* this replica's own batches */
+    if (!w->writes_outputs) return PIPERT_OK;
+    PT_TRY(pt_make_dirs(w->out_dir));
+    char path[PT_CONFIG_STRING_MAX + 32];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", w->out_dir);
+    return pt_metrics_open(&w->metrics, path, -1);
+}
+
+/* ---- the step loop ----------------------------------------------------------- */
+
+static bool every(long step, long period) { return period > 0 && step % period == 0; }
+
+static pipert_result write_metrics(worker *w, const pt_step_stats *s, double tokens_per_s)
+{
+    json_t *line = json_pack("{s:I, s:f, s:f, s:f, s:f, s:f}", "step", (json_int_t)w->trainer->step,
+                             "loss", (double)s->loss, "lr", s->lr, "grad_norm", s->grad_norm,
+                             "tokens_per_s", tokens_per_s, "ms_per_step", 1e3 * s->seconds);
+    return pt_metrics_write(&w->metrics, line);
+}
+
+static pipert_result validate(worker *w, float *val_loss)
+{
+    *val_loss = pt_trainer_validate(w->trainer);
+    pt_progress_print(&w->progress, "step %ld | val_loss %.4f", w->trainer->step, (double)*val_loss);
+    return pt_metrics_write(&w->metrics, json_pack("{s:I, s:f}", "step",
+                                                   (json_int_t)w->trainer->step, "val_loss",
+                                                   (double)*val_loss));
+}
+
+/* Rank 0 hosting the coordinator shows the job-wide line in its log. */
+static void log_job_progress(worker *w)
+{
+    if (!w->coordinator) return;
+    pt_job_status status;
+    pt_coordinator_status(w->coordinator, &status);
+    char line[256];
+    pt_job_progress_line(&status, line, sizeof line);
+    pt_info("job: %s", line);
+}
+
+static pipert_result before_step(worker *w, long step)
+{
+    test_hook_die_at_step(w, step);
+    PT_TRY(pt_coord_client_check(w->client));
+    if (stop_signal)
+        return pt_fail(PIPERT_ERR_INTERRUPTED, "stopped by signal %d before step %ld",
+                       (int)stop_signal, step);
+    return average_gradients(w, w->trainer->model->grads, w->trainer->model->n_params);
+}
+
+static pipert_result train(worker *w)
+{
+    pt_trainer *t = w->trainer;
+    const pt_train_settings *ts = &t->config.train;
+    const double tokens_per_step = (double)t->model->B * t->model->T * ts->grad_accum;
+    pt_step_stats stats = {0};
+    double window_started = pt_now_s(), reported_at = 0;
+    long window_steps = 0;
+    while (t->step < ts->steps) {
+        PT_TRY(before_step(w, t->step + 1));
+        PT_TRY(pt_trainer_step(t, &stats));
+        const bool last = t->step == ts->steps, log_now = every(t->step, ts->log_every) || last;
+        const double now = pt_now_s();
+        const double tokens_per_s = tokens_per_step * (double)++window_steps / (now - window_started);
+        float val_loss = NAN;
+        if (w->writes_outputs && (every(t->step, ts->val_every) || last))
+            PT_TRY(validate(w, &val_loss));
+        if (log_now) {
+            char text[192];
+            snprintf(text, sizeof text, "step %ld/%ld | loss %.4f | lr %.2e | %.0f tok/s | %.0f ms/step",
+                     t->step, ts->steps, (double)stats.loss, stats.lr, tokens_per_s,
+                     1e3 * stats.seconds);
+            pt_progress_update(&w->progress, text, true);
+            if (w->writes_outputs) PT_TRY(write_metrics(w, &stats, tokens_per_s));
+            log_job_progress(w);
+            window_started = pt_now_s();
+            window_steps = 0;
+        }
+        if (log_now || !isnan(val_loss) || now - reported_at >= PROGRESS_PERIOD_S) {
+            pt_rank_progress p = {t->step, ts->steps, stats.loss, tokens_per_s, val_loss};
+            PT_TRY(pt_coord_client_send_progress(w->client, &p));
+            reported_at = now;
+        }
+        if (w->writes_outputs && (every(t->step, ts->checkpoint_every) || last))
+            PT_TRY(pt_checkpoint_save(w->out_dir, t->step, t->model, &t->optimizer, &t->config,
+                                      ts->keep_checkpoints));
+    }
+    pt_progress_finish(&w->progress);
+    w->last_loss = stats.loss;
+    return PIPERT_OK;
+}
+
+/* After this rank's last step: say done; the rank hosting the coordinator
+ * keeps it serving until every rank is done or the job aborted. */
+static pipert_result finish(worker *w)
+{
+    PT_TRY(pt_coord_client_send_done(w->client));
+    if (!w->coordinator) return PIPERT_OK;
+    pt_coordinator_wait(w->coordinator, 1e9);
+    log_job_progress(w);
+    pt_job_status status;
+    pt_coordinator_status(w->coordinator, &status);
+    if (status.phase != PT_JOB_ABORTED) return PIPERT_OK;
+    return status.abort_rank >= 0 ? pt_fail(PIPERT_ERR_PEER, "job aborted: rank %d: %s",
+                                            status.abort_rank, status.abort_reason)
+                                  : pt_fail(PIPERT_ERR_PEER, "job aborted: %s", status.abort_reason);
+}
+
+static pipert_result run_worker(worker *w, const pipert_config *cfg)
+{
+    PT_TRY(pt_bootstrap_from_env(&w->boot, (const char *const *)environ));
+    pt_log_set_rank(w->boot.rank);
+    PT_TRY(pt_rank_layout(w->boot.rank, w->boot.world_size, w->stages, &w->stage, &w->replica));
+    w->replicas = w->boot.world_size / w->stages;
+    w->writes_outputs = w->boot.rank == 0;
+    PT_TRY(bind_cores(w));
+    pt_info("rank %d of %d (stage %d, replica %d) under %s; coordinator %s:%d%s", w->boot.rank,
+            w->boot.world_size, w->stage, w->replica, pt_launcher_name(w->boot.launcher),
+            w->boot.coord_host, w->boot.coord_port, w->boot.hosts_coordinator ? " (here)" : "");
+    PT_TRY(join_job(w));
+    PT_TRY(build_trainer(w, cfg));
+    PT_TRY(train(w));
+    return finish(w);
+}
+
+static void free_worker(worker *w)
+{
+    pt_metrics_close(&w->metrics);
+    pt_trainer_free(w->trainer);
+    pt_coord_client_close(w->client);
+    pt_coordinator_free(w->coordinator);
+}
+
+/* The exit status for a failure, after telling the coordinator (unless the
+ * failure is the job's abort itself). */
+static int report_failure(worker *w, pipert_result rc)
+{
+    char message[1024];
+    snprintf(message, sizeof message, "%s", pipert_last_error());
+    const bool aborted = w->client && pt_coord_client_aborted(w->client);
+    if (w->client && !aborted) pt_coord_client_send_error(w->client, message);
+    /* Rank 0 hosting the coordinator gives the others a moment to hear it. */
+    if (w->coordinator && !aborted) pt_coordinator_wait(w->coordinator, 1.0);
+    if (w->boot.world_size > 0)
+        fprintf(stderr, "pipert worker [rank %d]: error: %s\n", w->boot.rank, message);
+    else fprintf(stderr, "pipert worker: error: %s\n", message);
+    return rc == PIPERT_ERR_PEER && aborted ? EXIT_JOB_ABORTED : EXIT_RANK_FAILED;
+}
+
+int pt_cmd_worker(int argc, char **argv)
+{
+    const char *out_dir = NULL, *stages = "1";
+    bool quiet = false;
+    const pt_cli_flag flags[] = {
+        {"--out", "DIR", "the job's directory: rank 0 writes metrics.jsonl and checkpoints here "
+                         "(required)", &out_dir, NULL},
+        {"--stages", "S", "pipeline stages (1 until the pipeline engine lands)", &stages, NULL},
+        {"--quiet", NULL, "no progress lines", NULL, &quiet},
+    };
+    const pt_cli cli = {"worker", "[--config FILE] [--section.key=value ...] --out DIR",
+                        "One worker of a multi-worker job, started by pipert launch, srun or\n"
+                        "mpirun: rank, world size and the coordinator come from the environment\n"
+                        "(docs/RUNNING.md). Exits 0 when done, 1 when this rank failed, 3 when\n"
+                        "the job was aborted because of another rank.",
+                        flags, (int)(sizeof flags / sizeof flags[0]), true, NULL};
+    pipert_config *cfg;
+    pt_cli_outcome outcome = pt_cli_parse(&cli, argc, argv, &cfg);
+    if (outcome != PT_CLI_OK) {
+        pipert_config_free(cfg);
+        return pt_cli_exit_status(outcome);
+    }
+    worker w = {.out_dir = out_dir, .quiet = quiet, .stages = atoi(stages)};
+    if (!out_dir || w.stages < 1) {
+        pipert_config_free(cfg);
+        fprintf(stderr, "pipert worker: %s\n", !out_dir ? "--out DIR is required"
+                                                        : "--stages must be a positive integer");
+        return 2;
+    }
+    if (w.stages > 1) {
+        pipert_config_free(cfg);
+        fprintf(stderr, "pipert worker: pipeline stages arrive with the pipeline engine; use "
+                        "--stages 1\n");
+        return 2;
+    }
+    struct sigaction action = {.sa_handler = request_stop};
+    sigaction(SIGINT, &action, NULL);
+    sigaction(SIGTERM, &action, NULL);
+    pt_progress_init(&w.progress, quiet);
+
+    pipert_result rc = run_worker(&w, cfg);
+    int status = rc == PIPERT_OK ? 0 : report_failure(&w, rc);
+    if (rc == PIPERT_OK && !quiet)
+        printf("rank %d done: %ld steps, final loss %.4f\n", w.boot.rank, w.trainer->step,
+               (double)w.last_loss);
+    free_worker(&w);
+    pipert_config_free(cfg);
+    return status;
+}
