@@ -380,19 +380,6 @@ pipert_result pt_dataset_check(const pt_dataset *ds, int T, int vocab_size)
 /* Lemire, "Fast random integer generation in an interval" (2019): the high
  * word of x·bound is uniform in [0, bound) once the draws whose low word falls
  * below 2^64 mod bound are rejected. */
-uint64_t pt_rng_below(pt_philox_key key, uint64_t counter, uint64_t bound)
-{
-    const uint64_t threshold = (0 - bound) % bound; /* 2^64 mod bound */
-    uint64_t x = pt_rng_u64(key, counter);
-    for (uint32_t attempt = 1;; attempt++) {
-        unsigned __int128 product = (unsigned __int128)x * bound;
-        if ((uint64_t)product >= threshold) return (uint64_t)(product >> 64);
-        /* Rejected: redraw from the same counter, the attempt in word 2. */
-        uint32_t words[4] = {(uint32_t)counter, (uint32_t)(counter >> 32), attempt, 0}, r[4];
-        pt_philox4x32(key, words, r);
-        x = (uint64_t)r[0] | (uint64_t)r[1] << 32;
-    }
-}
 
 /* inputs [T], targets [T] from the sequence tok[start, start + T]. */
 static void copy_sequence(const uint16_t *tok, size_t start, int T, int32_t *inputs,

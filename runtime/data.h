@@ -90,11 +90,5 @@ void pt_dataset_train_batch(const pt_dataset *ds, uint64_t seed, int replica, lo
 void pt_dataset_val_batch(const pt_dataset *ds, int k, int n, int B, int T, int32_t *inputs,
                           int32_t *targets);
 
-/* An unbiased draw uniform in [0, bound), bound ≥ 1, that depends only on
- * (key, counter): Lemire's multiply-and-reject on pt_rng_u64(key, counter);
- * a rejected draw (probability < bound/2^64) is redrawn from Philox counter
- * (counter, attempt) in the block's third word. (A general RNG utility: it
- * would sit well in runtime/rng.h.) */
-uint64_t pt_rng_below(pt_philox_key key, uint64_t counter, uint64_t bound);
 
 #endif

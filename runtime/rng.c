@@ -84,3 +84,17 @@ void pt_rng_fill_normal(pt_philox_key key, float *out, size_t n, float mean, flo
 {
     for (size_t j = 0; j < n; j++) out[j] = mean + std * pt_rng_normal(key, j);
 }
+
+uint64_t pt_rng_below(pt_philox_key key, uint64_t counter, uint64_t bound)
+{
+    const uint64_t threshold = (0 - bound) % bound; /* 2^64 mod bound */
+    uint64_t x = pt_rng_u64(key, counter);
+    for (uint32_t attempt = 1;; attempt++) {
+        unsigned __int128 product = (unsigned __int128)x * bound;
+        if ((uint64_t)product >= threshold) return (uint64_t)(product >> 64);
+        /* Rejected: redraw from the same counter, the attempt in word 2. */
+        uint32_t words[4] = {(uint32_t)counter, (uint32_t)(counter >> 32), attempt, 0}, r[4];
+        pt_philox4x32(key, words, r);
+        x = (uint64_t)r[0] | (uint64_t)r[1] << 32;
+    }
+}

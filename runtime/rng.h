@@ -28,6 +28,12 @@ uint64_t pt_rng_u64(pt_philox_key key, uint64_t i);
 double pt_rng_uniform(pt_philox_key key, uint64_t i);
 float pt_rng_normal(pt_philox_key key, uint64_t i);
 
+/* An unbiased draw uniform in [0, bound), bound ≥ 1, that depends only on
+ * (key, counter): Lemire's multiply-and-reject on pt_rng_u64(key, counter);
+ * a rejected draw (probability < bound/2^64) is redrawn from Philox counter
+ * (counter, attempt) in the block's third word. */
+uint64_t pt_rng_below(pt_philox_key key, uint64_t counter, uint64_t bound);
+
 /* Fills out[0..n) with N(mean, std²): element j is element j of the stream. */
 void pt_rng_fill_normal(pt_philox_key key, float *out, size_t n, float mean, float std);
 
