@@ -8,6 +8,7 @@
 #include "kernels/profile.h"
 #include "models/gpt.h"
 #include "runtime/config.h"
+#include "runtime/stats.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
 #include "train/trainer.h"
@@ -17,18 +18,6 @@ static const char *const bench_model[] = {
     "model.n_layer=4",  "model.n_embd=256",  "model.n_head=4", "model.block_size=256",
     "model.vocab_size=4096", "train.batch_size=4", NULL,
 };
-
-static int compare_doubles(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *values, int n)
-{
-    qsort(values, (size_t)n, sizeof *values, compare_doubles);
-    return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
-}
 
 /* Median and mean seconds per step over `steps` timed steps. */
 static pipert_result time_steps(pt_trainer *t, int warmup, int steps, double *median_s,
@@ -46,7 +35,7 @@ static pipert_result time_steps(pt_trainer *t, int warmup, int steps, double *me
         seconds[i] = stats.seconds;
         total += stats.seconds;
     }
-    *median_s = median(seconds, steps);
+    *median_s = pt_median(seconds, (size_t)steps);
     *mean_s = total / steps;
     free(seconds);
     return rc;

@@ -8,6 +8,7 @@
 #include "runtime/clock.h"
 #include "runtime/error.h"
 #include "runtime/memory.h"
+#include "runtime/stats.h"
 
 /* n = 2048 is 17 GFLOP per multiplication: about 0.1 s on two modern cores,
  * large enough that OpenBLAS runs at its steady-state speed (packing and
@@ -15,19 +16,6 @@
  * the three matrices) to run anywhere. */
 #define PEAK_SIZE 2048
 #define PEAK_REPEATS 7
-
-static int compare_doubles(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-/* Sorts times[count] in place and returns the median. */
-static double sort_and_median(double *times, int count)
-{
-    qsort(times, (size_t)count, sizeof *times, compare_doubles);
-    return count % 2 ? times[count / 2] : 0.5 * (times[count / 2 - 1] + times[count / 2]);
-}
 
 /* Small values of both signs, so that nothing overflows or turns denormal. */
 static void fill_pattern(float *x, size_t n, int period)
@@ -85,7 +73,7 @@ double pt_cpu_gemm_gflops(int m, int n, int k, int repeats)
     }
     double gflops = 0;
     if (time_sgemm(m, n, k, repeats, times) == PIPERT_OK)
-        gflops = 2e-9 * (double)m * (double)n * (double)k / sort_and_median(times, repeats);
+        gflops = 2e-9 * (double)m * (double)n * (double)k / pt_median(times, (size_t)repeats);
     free(times);
     return gflops;
 }
@@ -103,7 +91,7 @@ pipert_result pt_cpu_gemm_peak(int threads, pt_gemm_peak *out)
         pt_error_prefix("fp32 GEMM peak");
         return rc;
     }
-    double median = sort_and_median(times, PEAK_REPEATS);
+    double median = pt_median(times, (size_t)PEAK_REPEATS);
     double flops = 2.0 * PEAK_SIZE * (double)PEAK_SIZE * PEAK_SIZE;
     *out = (pt_gemm_peak){.gflops_median = 1e-9 * flops / median,
                           .gflops_best = 1e-9 * flops / times[0],
