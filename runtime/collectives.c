@@ -218,21 +218,24 @@ pipert_result pt_allgather(pt_group *g, const void *send, size_t nbytes_each, vo
 
 /* ---- ring all-reduce, driven by request callbacks ----------------------------------------------- */
 
-struct pt_allreduce {
+struct pt_allreduce_handle {
     collective c;
     float *data; /* [count] */
     size_t count;
     pt_reduce_op op;
     float *scratch; /* [largest chunk]: the left neighbour's chunk during reduce-scatter */
     int step;       /* 0 .. 2(n-1): n-1 reduce-scatter steps, then n-1 all-gather steps */
-    /* Under lock. */
-    pthread_mutex_t lock;
-    pthread_cond_t finished_cond;
+    /* Under allreduce_lock. */
     int outstanding; /* requests of the current step not yet completed (+1 while posting) */
     int finished;
     pipert_result result;
     char message[MESSAGE_CAPACITY];
 };
+
+/* One lock and condition for every handle: a handle is freed by its waiter
+ * right after the last signal, so they must not live inside it. */
+static pthread_mutex_t allreduce_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t allreduce_finished = PTHREAD_COND_INITIALIZER;
 
 /* Chunk k of n: count/n elements, the first count%n chunks one more. */
 static size_t chunk_begin(size_t count, int n, int k)
@@ -246,36 +249,35 @@ static size_t chunk_length(size_t count, int n, int k)
     return chunk_begin(count, n, k + 1) - chunk_begin(count, n, k);
 }
 
-static void allreduce_finish(pt_allreduce *h)
+static void allreduce_finish(pt_allreduce_handle *h)
 {
-    pthread_mutex_lock(&h->lock);
+    pthread_mutex_lock(&allreduce_lock);
     h->finished = 1;
-    pthread_cond_broadcast(&h->finished_cond);
-    pthread_mutex_unlock(&h->lock);
+    pthread_cond_broadcast(&allreduce_finished);
+    pthread_mutex_unlock(&allreduce_lock);
 }
 
-static void allreduce_fail(pt_allreduce *h, pipert_result result, const char *message)
+static void allreduce_fail(pt_allreduce_handle *h, pipert_result result, const char *message)
 {
-    pthread_mutex_lock(&h->lock);
+    pthread_mutex_lock(&allreduce_lock);
     if (h->result == PIPERT_OK) {
         h->result = result;
         snprintf(h->message, sizeof h->message, "%s step %d: %s", h->c.name, h->step, message);
     }
-    pthread_mutex_unlock(&h->lock);
+    pthread_mutex_unlock(&allreduce_lock);
 }
 
-static void allreduce_start_step(pt_allreduce *h);
+static void allreduce_start_step(pt_allreduce_handle *h);
 
 /* Both requests of a step are done: reduce what arrived, then the next step. */
-static void allreduce_advance(pt_allreduce *h)
+static void allreduce_advance(pt_allreduce_handle *h)
 {
-    for (;;) {
-        pthread_mutex_lock(&h->lock);
-        int failed = h->result != PIPERT_OK;
-        pthread_mutex_unlock(&h->lock);
-        pt_group *g = h->c.g;
-        int n = g->size, i = g->index;
-        if (failed || h->step >= 2 * (n - 1)) break;
+    pthread_mutex_lock(&allreduce_lock);
+    int failed = h->result != PIPERT_OK;
+    pthread_mutex_unlock(&allreduce_lock);
+    pt_group *g = h->c.g;
+    int n = g->size, i = g->index;
+    if (!failed) {
         if (h->step < n - 1) {
             int k = member(g, i - h->step - 1);
             float *chunk = h->data + chunk_begin(h->count, n, k);
@@ -284,26 +286,26 @@ static void allreduce_advance(pt_allreduce *h)
             if (h->step == n - 2 && h->op == PT_REDUCE_MEAN) /* chunk k = i + 1 is now complete here */
                 for (size_t e = 0; e < length; e++) chunk[e] /= (float)n;
         }
-        h->step++;
-        if (h->step >= 2 * (n - 1)) break;
-        allreduce_start_step(h);
-        return;
+        if (++h->step < 2 * (n - 1)) {
+            allreduce_start_step(h);
+            return;
+        }
     }
     allreduce_finish(h);
 }
 
 static void allreduce_part_done(pt_request *request, pipert_result result, void *arg)
 {
-    pt_allreduce *h = arg;
+    pt_allreduce_handle *h = arg;
     if (result != PIPERT_OK) allreduce_fail(h, result, pt_request_error(request));
     pt_request_free(request); /* from its own callback: released when the callback returns */
-    pthread_mutex_lock(&h->lock);
+    pthread_mutex_lock(&allreduce_lock);
     int remaining = --h->outstanding;
-    pthread_mutex_unlock(&h->lock);
+    pthread_mutex_unlock(&allreduce_lock);
     if (remaining == 0) allreduce_advance(h);
 }
 
-static void allreduce_start_step(pt_allreduce *h)
+static void allreduce_start_step(pt_allreduce_handle *h)
 {
     pt_group *g = h->c.g;
     int n = g->size, i = g->index;
@@ -314,35 +316,38 @@ static void allreduce_start_step(pt_allreduce *h)
     int send_k = member(g, gathering ? i + 1 - s : i - s);
     int recv_k = member(g, gathering ? i - s : i - s - 1);
     float *recv_into = gathering ? h->data + chunk_begin(h->count, n, recv_k) : h->scratch;
-    pthread_mutex_lock(&h->lock);
+    pthread_mutex_lock(&allreduce_lock);
     h->outstanding = 3; /* two requests and this function, so neither can advance before both are posted */
-    pthread_mutex_unlock(&h->lock);
+    pthread_mutex_unlock(&allreduce_lock);
     pt_request *recv = NULL, *send = NULL;
     pipert_result rc = post_recv(&h->c, i - 1, recv_into, chunk_length(h->count, n, recv_k), PT_DTYPE_F32, &recv);
     if (rc == PIPERT_OK)
         rc = post_send(&h->c, i + 1, h->data + chunk_begin(h->count, n, send_k), chunk_length(h->count, n, send_k),
                        PT_DTYPE_F32, h->step, &send);
     int posted = (recv != NULL) + (send != NULL);
-    if (rc != PIPERT_OK) allreduce_fail(h, rc, pipert_last_error());
-    pthread_mutex_lock(&h->lock);
+    if (rc != PIPERT_OK) {
+        allreduce_fail(h, rc, pipert_last_error());
+        if (recv) pt_request_cancel(recv); /* its message will not be needed */
+    }
+    pthread_mutex_lock(&allreduce_lock);
     h->outstanding -= 3 - posted;
-    pthread_mutex_unlock(&h->lock);
+    pthread_mutex_unlock(&allreduce_lock);
     if (recv) pt_request_on_complete(recv, allreduce_part_done, h);
     if (send) pt_request_on_complete(send, allreduce_part_done, h);
     /* The posting count: if it is the last, both requests are already done. */
-    pthread_mutex_lock(&h->lock);
+    pthread_mutex_lock(&allreduce_lock);
     int remaining = --h->outstanding;
-    pthread_mutex_unlock(&h->lock);
+    pthread_mutex_unlock(&allreduce_lock);
     if (remaining == 0) allreduce_advance(h);
 }
 
-pipert_result pt_allreduce_start(pt_group *g, float *data, size_t count, pt_reduce_op op, pt_allreduce **out)
+pipert_result pt_allreduce_start(pt_group *g, float *data, size_t count, pt_reduce_op op, pt_allreduce_handle **out)
 {
     *out = NULL;
     if (op != PT_REDUCE_SUM && op != PT_REDUCE_MEAN)
         return pt_fail(PIPERT_ERR_INVALID_ARG, "allreduce: unknown reduce op %d", (int)op);
     if (count > 0 && !data) return pt_fail(PIPERT_ERR_INVALID_ARG, "allreduce: %zu elements but no data", count);
-    pt_allreduce *h = calloc(1, sizeof *h);
+    pt_allreduce_handle *h = calloc(1, sizeof *h);
     size_t largest = chunk_length(count, g->size, 0);
     float *scratch = malloc((largest ? largest : 1) * sizeof *scratch);
     if (!h || !scratch) {
@@ -355,8 +360,6 @@ pipert_result pt_allreduce_start(pt_group *g, float *data, size_t count, pt_redu
     h->count = count;
     h->op = op;
     h->scratch = scratch;
-    pthread_mutex_init(&h->lock, NULL);
-    pthread_cond_init(&h->finished_cond, NULL);
     *out = h;
     /* Size 0 moves nothing (every member agrees, since the sizes must be
      * equal); a single member has nothing to reduce. */
@@ -365,19 +368,16 @@ pipert_result pt_allreduce_start(pt_group *g, float *data, size_t count, pt_redu
     return PIPERT_OK;
 }
 
-pipert_result pt_allreduce_wait(pt_allreduce *h)
+pipert_result pt_allreduce_wait(pt_allreduce_handle *h)
 {
-    pthread_mutex_lock(&h->lock);
-    while (!h->finished) pthread_cond_wait(&h->finished_cond, &h->lock);
-    pthread_mutex_unlock(&h->lock);
-    /* `finished` is set when the last step's requests completed, but their
-     * callbacks may still be returning on the progress thread: the request
-     * objects free themselves, and nothing below touches them. */
+    pthread_mutex_lock(&allreduce_lock);
+    while (!h->finished) pthread_cond_wait(&allreduce_finished, &allreduce_lock);
+    pthread_mutex_unlock(&allreduce_lock);
+    /* The last callbacks may still be returning on the progress thread, but
+     * they touch neither the handle nor the (self-freeing) requests again. */
     pipert_result result = h->result;
     char message[MESSAGE_CAPACITY];
     snprintf(message, sizeof message, "%s", h->message);
-    pthread_mutex_destroy(&h->lock);
-    pthread_cond_destroy(&h->finished_cond);
     free(h->scratch);
     free(h);
     if (result != PIPERT_OK) return pt_fail(result, "%s", message);
@@ -386,7 +386,7 @@ pipert_result pt_allreduce_wait(pt_allreduce *h)
 
 pipert_result pt_allreduce(pt_group *g, float *data, size_t count, pt_reduce_op op)
 {
-    pt_allreduce *h;
+    pt_allreduce_handle *h;
     PT_TRY(pt_allreduce_start(g, data, count, op, &h));
     return pt_allreduce_wait(h);
 }

@@ -55,14 +55,14 @@ pipert_result pt_allgather(pt_group *g, const void *send, size_t nbytes_each, vo
 
 typedef enum pt_reduce_op { PT_REDUCE_SUM, PT_REDUCE_MEAN } pt_reduce_op;
 
-typedef struct pt_allreduce pt_allreduce;
+typedef struct pt_allreduce_handle pt_allreduce_handle;
 
 /* Starts reducing data[0..count) in place across the group. `data` must stay
  * untouched until pt_allreduce_wait() returns. */
-pipert_result pt_allreduce_start(pt_group *g, float *data, size_t count, pt_reduce_op op, pt_allreduce **out);
+pipert_result pt_allreduce_start(pt_group *g, float *data, size_t count, pt_reduce_op op, pt_allreduce_handle **out);
 
 /* Waits for the all-reduce and releases the handle; returns its result. */
-pipert_result pt_allreduce_wait(pt_allreduce *handle);
+pipert_result pt_allreduce_wait(pt_allreduce_handle *handle);
 
 /* pt_allreduce_start + pt_allreduce_wait. */
 pipert_result pt_allreduce(pt_group *g, float *data, size_t count, pt_reduce_op op);

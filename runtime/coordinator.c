@@ -268,7 +268,7 @@ static void send_table(pt_coordinator *c)
     broadcast(c, json_pack("{s:s, s:i, s:o}", "type", "table", "world", c->options.world, "peers",
                            peers));
     c->phase = PT_JOB_RUNNING;
-    pt_info("coordinator: all %d ranks registered; the job runs", c->options.world);
+    pt_debug("coordinator: all %d ranks registered; the job runs", c->options.world);
     pthread_cond_broadcast(&c->changed);
 }
 
@@ -779,7 +779,7 @@ void pt_coordinator_status(pt_coordinator *c, pt_job_status *s)
         s->min_step = s->reporting == 0 || p->step < s->min_step ? p->step : s->min_step;
         s->total_steps = p->total_steps > s->total_steps ? p->total_steps : s->total_steps;
         loss_sum += p->loss;
-        if (!rs->done) s->tokens_per_s += p->tokens_per_s;
+        s->tokens_per_s += p->tokens_per_s;
         s->reporting++;
     }
     if (s->reporting) s->mean_loss = loss_sum / s->reporting;
@@ -1233,7 +1233,7 @@ pipert_result pt_coord_client_wait_table(pt_coord_client *c, double timeout_s,
         timed_out = pthread_cond_timedwait(&c->changed, &c->lock, &deadline) == ETIMEDOUT;
     bool has_table = c->has_table;
     pthread_mutex_unlock(&c->lock);
-    PT_TRY(pt_coord_client_check(c));
+    if (!has_table) PT_TRY(pt_coord_client_check(c)); /* an abort after the table: the next check */
     if (!has_table)
         return pt_fail(PIPERT_ERR_TIMEOUT, "no peer table from the coordinator at %s within %.0f s "
                                            "(are all ranks started?)",

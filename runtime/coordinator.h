@@ -80,7 +80,7 @@ typedef struct pt_job_status {
     long min_step;       /* the slowest reporting rank's step */
     long total_steps;    /* as the ranks report it */
     double mean_loss;    /* over reporting ranks' latest losses */
-    double tokens_per_s; /* summed over reporting ranks */
+    double tokens_per_s; /* summed over reporting ranks (a finished rank's last rate) */
     long val_step;       /* step of the latest validation loss reported, -1 if none */
     double val_loss;
     int abort_rank;      /* -1: not one rank's fault (or no abort) */
@@ -168,7 +168,8 @@ typedef struct pt_peer_table {
 pipert_result pt_coord_client_connect(pt_coord_client **out, const pt_coord_client_options *options);
 
 /* Waits for the table of every rank; it lives as long as the client.
- * PIPERT_ERR_PEER if the job aborted, PIPERT_ERR_TIMEOUT after timeout_s. */
+ * PIPERT_ERR_PEER if the job aborted before the table came, PIPERT_ERR_TIMEOUT
+ * after timeout_s. (An abort after the table is for pt_coord_client_check.) */
 pipert_result pt_coord_client_wait_table(pt_coord_client *c, double timeout_s,
                                          const pt_peer_table **table);
 

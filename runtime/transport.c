@@ -24,6 +24,7 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,6 +40,8 @@
 #include "runtime/safetensors.h"
 
 #define TEXT_CAPACITY 256
+#define REASON_CAPACITY 160    /* why a peer is gone */
+#define MESSAGE_CAPACITY 512   /* a request's failure */
 #define ADDRESS_CAPACITY 64
 #define HELLO_MAGIC 0x4c485450u /* "PTHL" */
 #define HELLO_VERSION 1u
@@ -103,7 +106,7 @@ typedef struct peer {
     peer_state state;
     connection *conn; /* the endpoint we send on while ALIVE */
     char address[ADDRESS_CAPACITY];
-    char reason[TEXT_CAPACITY]; /* why it is DEAD or LEFT */
+    char reason[REASON_CAPACITY]; /* why it is DEAD or LEFT */
 } peer;
 
 /* The first message each way on an endpoint (stream API, fixed size). */
@@ -158,7 +161,7 @@ struct pt_request {
      * progress thread before state leaves PENDING and are constant after. */
     request_state state;
     pipert_result result;
-    char message[TEXT_CAPACITY];
+    char message[MESSAGE_CAPACITY];
     pt_request_callback callback;
     void *callback_arg;
     int free_requested; /* pt_request_free() called from the request's own callback */
@@ -1577,7 +1580,7 @@ pipert_result pt_send_raw(pt_transport *t, int dst_rank, uint32_t user_tag, cons
     if (header->nbytes > 0 && !payload)
         return pt_fail(PIPERT_ERR_INVALID_ARG, "pt_send: %llu bytes to send but no payload",
                        (unsigned long long)header->nbytes);
-    pt_request *r;
+    pt_request *r = NULL;
     PT_TRY(new_request(t, REQUEST_SEND, dst_rank, user_tag, header->kind, &r));
     r->header = *header;
     r->payload = payload;
@@ -1632,7 +1635,7 @@ pipert_result pt_recv(pt_transport *t, int src_rank, uint32_t user_tag, const pt
         return pt_fail(PIPERT_ERR_INVALID_ARG, "pt_recv: expected ndim %d is above %d", expect->ndim,
                        PT_MESSAGE_MAX_DIMS);
     if (capacity > 0 && !buffer) return pt_fail(PIPERT_ERR_INVALID_ARG, "pt_recv: capacity %zu but no buffer", capacity);
-    pt_request *r;
+    pt_request *r = NULL;
     PT_TRY(new_request(t, REQUEST_RECV, src_rank, user_tag, expect->kind, &r));
     r->expect = *expect;
     r->buffer = buffer;

@@ -16,6 +16,8 @@ static const subcommand commands[] = {
     {"check", pt_cmd_check, "one forward and backward on given weights and tokens; writes every gradient"},
     {"bench", pt_cmd_bench, "time training steps; median ms/step, tokens/s, GFLOP/s, % of peak"},
     {"probe", pt_cmd_probe, "measure this machine's fp32 GEMM peak and print its topology"},
+    {"launch", pt_cmd_launch, "start stages x replicas workers on this machine, with a coordinator"},
+    {"worker", pt_cmd_worker, "one worker of a job (started by launch, srun or mpirun)"},
 };
 
 static void print_usage(FILE *out)

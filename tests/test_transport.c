@@ -1,0 +1,709 @@
+/* The UCX transport between real processes on this host (loopback).
+ *
+ * Each test forks a small job: the test process initialises nothing of UCX,
+ * every child creates its own transport, reports its listen address through
+ * a pipe, gets everyone's back, runs its part and _exits with a status the
+ * test checks. Children check with CHILD_CHECK (stderr + non-zero exit),
+ * since Criterion's asserts belong to the test process. Nothing outlives a
+ * test: on a deadline or a failure every child is killed and reaped. */
+#include <criterion/criterion.h>
+
+#include <errno.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "runtime/clock.h"
+#include "runtime/safetensors.h"
+#include "runtime/transport.h"
+
+#define MAX_RANKS 8
+#define ADDRESS_MAX 96
+#define JOB_SECRET "correct horse battery staple"
+#define JOB_ID 4242u
+#define JOB_DEADLINE_S 60.0
+
+/* ---- the multi-process harness ------------------------------------------------------------------ */
+
+typedef struct rank_context {
+    int rank, n;
+    pt_transport *t;
+    const char *addresses[MAX_RANKS];
+    int up_fd; /* to the test process: kill requests */
+} rank_context;
+
+typedef int (*rank_body)(rank_context *ctx);
+
+typedef struct job_spec {
+    int n;
+    rank_body body;
+    int mesh;                         /* connect everyone to everyone before the body */
+    const char *secret[MAX_RANKS];    /* per-rank secret (NULL: JOB_SECRET) */
+    const char *stderr_path[MAX_RANKS];
+    int expect_killed[MAX_RANKS];     /* this rank is killed on request: SIGKILL is its expected end */
+} job_spec;
+
+/* A record on the children-to-parent pipe; small enough to be written atomically. */
+typedef struct up_record {
+    int kind; /* 0: my address (empty: I failed), 1: kill rank `rank` */
+    int rank;
+    char address[ADDRESS_MAX];
+} up_record;
+
+#define CHILD_CHECK(ctx, cond, ...)                                                                \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, "rank %d, %s:%d: check failed: %s: ", (ctx)->rank, __FILE__, __LINE__, \
+                    #cond);                                                                        \
+            fprintf(stderr, __VA_ARGS__);                                                          \
+            fprintf(stderr, " (last error: %s)\n", pipert_last_error());                          \
+            return 1;                                                                              \
+        }                                                                                          \
+    } while (0)
+
+static void request_kill(rank_context *ctx, int rank)
+{
+    up_record record = {.kind = 1, .rank = rank};
+    ssize_t written = write(ctx->up_fd, &record, sizeof record);
+    (void)written;
+}
+
+static int read_full(int fd, void *buffer, size_t bytes)
+{
+    size_t got = 0;
+    while (got < bytes) {
+        ssize_t n = read(fd, (char *)buffer + got, bytes - got);
+        if (n <= 0) {
+            if (n < 0 && errno == EINTR) continue;
+            return 0;
+        }
+        got += (size_t)n;
+    }
+    return 1;
+}
+
+static void child_main(const job_spec *spec, int rank, int up_fd, int down_fd)
+{
+    if (spec->stderr_path[rank]) {
+        FILE *log = freopen(spec->stderr_path[rank], "w", stderr);
+        if (!log) _exit(90);
+        setvbuf(stderr, NULL, _IONBF, 0);
+    }
+    rank_context ctx = {.rank = rank, .n = spec->n, .up_fd = up_fd};
+    pt_transport_options options = PT_TRANSPORT_OPTIONS_INIT;
+    options.rank = rank;
+    options.secret = spec->secret[rank] ? spec->secret[rank] : JOB_SECRET;
+    options.job = JOB_ID;
+    options.listen_host = "127.0.0.1";
+    options.connect_timeout_s = 10.0;
+    up_record mine = {.kind = 0, .rank = rank};
+    pipert_result rc = pt_transport_create(&options, &ctx.t);
+    if (rc == PIPERT_OK) snprintf(mine.address, sizeof mine.address, "%s", pt_transport_listen_address(ctx.t));
+    else fprintf(stderr, "rank %d: pt_transport_create: %s\n", rank, pipert_last_error());
+    if (write(up_fd, &mine, sizeof mine) != (ssize_t)sizeof mine) _exit(91);
+    if (rc != PIPERT_OK) _exit(92);
+    static char table[MAX_RANKS][ADDRESS_MAX];
+    if (!read_full(down_fd, table, sizeof table)) _exit(93);
+    for (int r = 0; r < spec->n; r++) ctx.addresses[r] = table[r];
+    int status = 0;
+    if (spec->mesh && pt_transport_connect_all(ctx.t, spec->n, ctx.addresses, 20.0) != PIPERT_OK) {
+        fprintf(stderr, "rank %d: connect_all: %s\n", rank, pipert_last_error());
+        status = 94;
+    }
+    if (status == 0) status = spec->body(&ctx);
+    pt_transport_destroy(ctx.t);
+    fflush(stderr);
+    _exit(status);
+}
+
+static void kill_all(pid_t *pids, int n)
+{
+    for (int r = 0; r < n; r++)
+        if (pids[r] > 0) kill(pids[r], SIGKILL);
+    for (int r = 0; r < n; r++)
+        if (pids[r] > 0) waitpid(pids[r], NULL, 0);
+}
+
+/* Runs the job; returns 1 if every child ended as expected, else 0 with `why` filled. */
+static int run_job(const job_spec *spec, char *why, size_t why_capacity)
+{
+    int up[2];
+    if (pipe(up) != 0) return snprintf(why, why_capacity, "pipe: %s", strerror(errno)), 0;
+    int down[MAX_RANKS][2];
+    pid_t pids[MAX_RANKS] = {0};
+    for (int r = 0; r < spec->n; r++) {
+        if (pipe(down[r]) != 0) return snprintf(why, why_capacity, "pipe: %s", strerror(errno)), 0;
+        fflush(NULL);
+        pids[r] = fork();
+        if (pids[r] < 0) {
+            kill_all(pids, r);
+            return snprintf(why, why_capacity, "fork: %s", strerror(errno)), 0;
+        }
+        if (pids[r] == 0) {
+            close(up[0]);
+            close(down[r][1]);
+            child_main(spec, r, up[1], down[r][0]);
+        }
+        close(down[r][0]);
+    }
+    close(up[1]);
+    static char table[MAX_RANKS][ADDRESS_MAX];
+    memset(table, 0, sizeof table);
+    int reported = 0, status[MAX_RANKS], ended[MAX_RANKS] = {0}, n_ended = 0, ok = 1;
+    double deadline = pt_now_s() + JOB_DEADLINE_S;
+    why[0] = '\0';
+    while (n_ended < spec->n) {
+        if (pt_now_s() > deadline) {
+            snprintf(why, why_capacity, "the job did not end within %.0f s", JOB_DEADLINE_S);
+            ok = 0;
+            break;
+        }
+        struct pollfd fd = {.fd = up[0], .events = POLLIN};
+        if (poll(&fd, 1, 10) > 0) {
+            up_record record;
+            if (!read_full(up[0], &record, sizeof record)) {
+                fd.fd = -1; /* every child closed its end: keep reaping */
+                close(up[0]);
+                up[0] = -1;
+            } else if (record.kind == 0) {
+                if (!record.address[0]) {
+                    snprintf(why, why_capacity, "rank %d could not create its transport", record.rank);
+                    ok = 0;
+                    break;
+                }
+                snprintf(table[record.rank], ADDRESS_MAX, "%s", record.address);
+                if (++reported == spec->n)
+                    for (int r = 0; r < spec->n; r++)
+                        if (write(down[r][1], table, sizeof table) != (ssize_t)sizeof table) ok = 0;
+            } else if (record.kind == 1 && record.rank >= 0 && record.rank < spec->n) {
+                kill(pids[record.rank], SIGKILL);
+            }
+        }
+        if (up[0] < 0) usleep(10000);
+        for (int r = 0; r < spec->n; r++) {
+            if (ended[r] || waitpid(pids[r], &status[r], WNOHANG) != pids[r]) continue;
+            ended[r] = 1;
+            n_ended++;
+            pids[r] = 0;
+            int expected = spec->expect_killed[r] ? WIFSIGNALED(status[r]) && WTERMSIG(status[r]) == SIGKILL
+                                                  : WIFEXITED(status[r]) && WEXITSTATUS(status[r]) == 0;
+            if (!expected && ok) {
+                snprintf(why, why_capacity, "rank %d ended with %s %d", r,
+                         WIFEXITED(status[r]) ? "exit status" : "signal",
+                         WIFEXITED(status[r]) ? WEXITSTATUS(status[r]) : WTERMSIG(status[r]));
+                ok = 0;
+            }
+        }
+        if (!ok) break;
+    }
+    kill_all(pids, spec->n);
+    if (up[0] >= 0) close(up[0]);
+    for (int r = 0; r < spec->n; r++) close(down[r][1]);
+    return ok;
+}
+
+#define RUN_JOB(spec)                                                                              \
+    do {                                                                                           \
+        char why_[512];                                                                            \
+        int ok_ = run_job(&(spec), why_, sizeof why_);                                             \
+        cr_assert(ok_, "%s (see the children's stderr above)", why_);                             \
+    } while (0)
+
+/* ---- helpers for the bodies ---------------------------------------------------------------------- */
+
+static unsigned char pattern_byte(uint64_t seed, size_t i)
+{
+    uint64_t x = (seed + 1) * 0x9E3779B97F4A7C15ull + i * 0xBF58476D1CE4E5B9ull;
+    x ^= x >> 29;
+    return (unsigned char)(x * 0x94D049BB133111EBull >> 56);
+}
+
+static void fill_pattern(void *buffer, size_t bytes, uint64_t seed)
+{
+    for (size_t i = 0; i < bytes; i++) ((unsigned char *)buffer)[i] = pattern_byte(seed, i);
+}
+
+/* Index of the first byte that differs from the pattern, or -1. */
+static long pattern_mismatch(const void *buffer, size_t bytes, uint64_t seed)
+{
+    for (size_t i = 0; i < bytes; i++)
+        if (((const unsigned char *)buffer)[i] != pattern_byte(seed, i)) return (long)i;
+    return -1;
+}
+
+static pt_message_header bytes_header(size_t nbytes, unsigned kind)
+{
+    pt_message_header h = {.kind = (uint16_t)kind, .dtype = PT_DTYPE_U8, .ndim = 1,
+                           .shape = {(int64_t)nbytes}, .nbytes = nbytes};
+    return h;
+}
+
+static pt_recv_expect any_shape(unsigned kind)
+{
+    pt_recv_expect e = {.kind = (uint16_t)kind, .dtype = -1, .ndim = -1};
+    return e;
+}
+
+static pipert_result send_and_wait(pt_transport *t, int to, uint32_t tag, const pt_message_header *h,
+                                   const void *payload, unsigned flags)
+{
+    pt_request *r;
+    PT_TRY(pt_send(t, to, tag, h, payload, flags, &r));
+    pipert_result rc = pt_request_wait(r, 20.0);
+    pt_request_free(r);
+    return rc;
+}
+
+/* ---- tests --------------------------------------------------------------------------------------- */
+
+static const size_t message_sizes[] = {0, 1, 7, 4095, 4096, 4097, 65539, 4u << 20};
+#define N_SIZES (sizeof message_sizes / sizeof message_sizes[0])
+
+/* Both ranks send every size to each other at once and check what they get. */
+static int exchange_sizes_body(rank_context *ctx)
+{
+    int other = 1 - ctx->rank;
+    size_t largest = 4u << 20;
+    unsigned char *out = malloc(N_SIZES * largest), *in = malloc(largest + 16);
+    CHILD_CHECK(ctx, out && in, "no memory");
+    pt_request *sends[N_SIZES];
+    pt_message_header headers[N_SIZES];
+    for (size_t k = 0; k < N_SIZES; k++) {
+        unsigned char *payload = out + k * largest;
+        fill_pattern(payload, message_sizes[k], 100 * (uint64_t)ctx->rank + k);
+        headers[k] = bytes_header(message_sizes[k], PT_KIND_ACTIVATION);
+        headers[k].step = 1000 + (int64_t)k;
+        headers[k].microbatch = (int32_t)k;
+        headers[k].weight_version = -3;
+        headers[k].replica = 2;
+        headers[k].stage = ctx->rank;
+        CHILD_CHECK(ctx, pt_send(ctx->t, other, (uint32_t)k, &headers[k], payload, k % 2 ? PT_SEND_CHECKSUM : 0,
+                                 &sends[k]) == PIPERT_OK, "posting send %zu", k);
+    }
+    /* Receive in reverse order: tags keep them apart. */
+    for (size_t j = N_SIZES; j-- > 0;) {
+        size_t bytes = message_sizes[j];
+        pt_recv_expect e = {.kind = PT_KIND_ACTIVATION, .dtype = PT_DTYPE_U8, .ndim = 1, .shape = {(int64_t)bytes}};
+        memset(in, 0xEE, bytes + 16);
+        pt_request *r;
+        CHILD_CHECK(ctx, pt_recv(ctx->t, other, (uint32_t)j, &e, in, bytes, &r) == PIPERT_OK, "posting recv %zu", j);
+        pipert_result rc = pt_request_wait(r, 20.0);
+        CHILD_CHECK(ctx, rc == PIPERT_OK, "receiving %zu bytes: %s", bytes, pipert_result_str(rc));
+        const pt_message_header *h = pt_request_header(r);
+        CHILD_CHECK(ctx, h->nbytes == bytes && h->src_rank == other && h->step == 1000 + (int64_t)j &&
+                             h->microbatch == (int32_t)j && h->weight_version == -3 && h->replica == 2 &&
+                             h->stage == other && h->job == JOB_ID && h->ndim == 1 && h->shape[0] == (int64_t)bytes,
+                    "header of the %zu-byte message: nbytes %llu src %d step %lld", bytes,
+                    (unsigned long long)h->nbytes, h->src_rank, (long long)h->step);
+        CHILD_CHECK(ctx, (h->checksum != 0) == (j % 2 && bytes > 0), "checksum presence for size %zu", bytes);
+        long bad = pattern_mismatch(in, bytes, 100 * (uint64_t)other + j);
+        CHILD_CHECK(ctx, bad < 0, "%zu-byte message differs at byte %ld", bytes, bad);
+        CHILD_CHECK(ctx, in[bytes] == 0xEE, "the %zu-byte message wrote past its end", bytes);
+        pt_request_free(r);
+    }
+    for (size_t k = 0; k < N_SIZES; k++) {
+        CHILD_CHECK(ctx, pt_request_wait(sends[k], 20.0) == PIPERT_OK, "send %zu", k);
+        pt_request_free(sends[k]);
+    }
+    free(out);
+    free(in);
+    return 0;
+}
+
+Test(transport, tensors_of_every_size_both_ways)
+{
+    job_spec spec = {.n = 2, .body = exchange_sizes_body, .mesh = 1};
+    RUN_JOB(spec);
+}
+
+/* Same user tag, different kinds; same kind and tag, kept in order. */
+static int tags_body(rank_context *ctx)
+{
+    enum { BIG = 100000 };
+    static unsigned char a[BIG], b[BIG], c[16], got[BIG];
+    if (ctx->rank == 1) {
+        fill_pattern(a, BIG, 1);
+        fill_pattern(b, BIG, 2);
+        fill_pattern(c, 16, 3);
+        pt_message_header big = bytes_header(BIG, PT_KIND_ACTIVATION), small = bytes_header(16, PT_KIND_ACTIVATION_GRAD);
+        pt_request *r[3];
+        CHILD_CHECK(ctx, pt_send(ctx->t, 0, 5, &big, a, 0, &r[0]) == PIPERT_OK, "send a");
+        CHILD_CHECK(ctx, pt_send(ctx->t, 0, 5, &big, b, 0, &r[1]) == PIPERT_OK, "send b");
+        CHILD_CHECK(ctx, pt_send(ctx->t, 0, 5, &small, c, 0, &r[2]) == PIPERT_OK, "send c");
+        for (int i = 0; i < 3; i++) {
+            CHILD_CHECK(ctx, pt_request_wait(r[i], 20.0) == PIPERT_OK, "send %d", i);
+            pt_request_free(r[i]);
+        }
+        return 0;
+    }
+    pt_request *r;
+    pt_recv_expect grad = any_shape(PT_KIND_ACTIVATION_GRAD), act = any_shape(PT_KIND_ACTIVATION);
+    CHILD_CHECK(ctx, pt_recv(ctx->t, 1, 5, &grad, got, sizeof got, &r) == PIPERT_OK, "recv c");
+    CHILD_CHECK(ctx, pt_request_wait(r, 20.0) == PIPERT_OK, "recv c");
+    CHILD_CHECK(ctx, pt_request_header(r)->nbytes == 16 && pattern_mismatch(got, 16, 3) < 0,
+                "the gradient message (sent last) is what a gradient receive gets");
+    pt_request_free(r);
+    for (int seed = 1; seed <= 2; seed++) {
+        CHILD_CHECK(ctx, pt_recv(ctx->t, 1, 5, &act, got, sizeof got, &r) == PIPERT_OK, "recv %d", seed);
+        CHILD_CHECK(ctx, pt_request_wait(r, 20.0) == PIPERT_OK, "recv %d", seed);
+        long bad = pattern_mismatch(got, BIG, (uint64_t)seed);
+        CHILD_CHECK(ctx, bad < 0, "message %d of equal tags arrived out of order or damaged (byte %ld)", seed, bad);
+        pt_request_free(r);
+    }
+    return 0;
+}
+
+Test(transport, tags_separate_kinds_and_keep_order)
+{
+    job_spec spec = {.n = 2, .body = tags_body, .mesh = 1};
+    RUN_JOB(spec);
+}
+
+/* ---- refused messages ---- */
+
+typedef struct bad_case {
+    const char *name;
+    const char *field; /* must appear in the error */
+    size_t nbytes;     /* payload sent */
+    pt_recv_expect expect;
+    size_t capacity;
+} bad_case;
+
+enum { BAD_WRONG_SHAPE, BAD_TOO_LARGE, BAD_TOO_LARGE_INLINE, BAD_CHECKSUM, BAD_CHECKSUM_INLINE, BAD_MAGIC,
+       BAD_DTYPE, BAD_JOB, BAD_SRC_RANK, BAD_NBYTES_VS_SHAPE, BAD_NO_CHECKSUM, N_BAD };
+
+static bad_case bad_cases[N_BAD] = {
+    [BAD_WRONG_SHAPE] = {"wrong shape", "shape", 60 * 4, {PT_KIND_ACTIVATION, PT_DTYPE_F32, 2, {4, 16}}, 64 * 4},
+    [BAD_TOO_LARGE] = {"too large", "nbytes", 2u << 20, {PT_KIND_ACTIVATION, -1, -1, {0}}, 1u << 20},
+    [BAD_TOO_LARGE_INLINE] = {"too large inline", "nbytes", 100, {PT_KIND_ACTIVATION, -1, -1, {0}}, 64},
+    [BAD_CHECKSUM] = {"corrupt checksum", "checksum", 65536, {PT_KIND_ACTIVATION, -1, -1, {0}}, 65536},
+    [BAD_CHECKSUM_INLINE] = {"corrupt checksum inline", "checksum", 100, {PT_KIND_ACTIVATION, -1, -1, {0}}, 100},
+    [BAD_MAGIC] = {"bad magic", "magic", 8192, {PT_KIND_ACTIVATION, -1, -1, {0}}, 8192},
+    [BAD_DTYPE] = {"wrong dtype", "dtype", 256, {PT_KIND_ACTIVATION, PT_DTYPE_F32, -1, {0}}, 256},
+    [BAD_JOB] = {"another job", "job", 64, {PT_KIND_ACTIVATION, -1, -1, {0}}, 64},
+    [BAD_SRC_RANK] = {"lying source", "src_rank", 64, {PT_KIND_ACTIVATION, -1, -1, {0}}, 64},
+    [BAD_NBYTES_VS_SHAPE] = {"nbytes against shape", "nbytes", 8000, {PT_KIND_ACTIVATION, -1, -1, {0}}, 1 << 16},
+    [BAD_NO_CHECKSUM] = {"missing checksum", "checksum", 64, {PT_KIND_ACTIVATION, -1, -1, {0}, 1}, 64},
+};
+
+/* The header each case sends (rank 1 to rank 0). */
+static pt_message_header bad_header(int which, const void *payload)
+{
+    const bad_case *b = &bad_cases[which];
+    pt_message_header h = {.magic = PT_MESSAGE_MAGIC, .version = PT_MESSAGE_VERSION, .kind = PT_KIND_ACTIVATION,
+                           .dtype = PT_DTYPE_U8, .job = JOB_ID, .src_rank = 1, .ndim = 1,
+                           .shape = {(int64_t)b->nbytes}, .nbytes = b->nbytes,
+                           .checksum = pt_checksum64(payload, b->nbytes)};
+    switch (which) {
+    case BAD_WRONG_SHAPE: h.dtype = PT_DTYPE_F32, h.ndim = 2, h.shape[0] = 4, h.shape[1] = 15; break;
+    case BAD_CHECKSUM:
+    case BAD_CHECKSUM_INLINE: h.checksum ^= 1u << 17; break;
+    case BAD_MAGIC: h.magic = 0xdeadbeefu; break;
+    case BAD_DTYPE: h.dtype = PT_DTYPE_F16, h.shape[0] = (int64_t)b->nbytes / 2; break;
+    case BAD_JOB: h.job = JOB_ID + 1; break;
+    case BAD_SRC_RANK: h.src_rank = 5; break;
+    case BAD_NBYTES_VS_SHAPE: h.shape[0] = 7999; break;
+    case BAD_NO_CHECKSUM: h.checksum = 0; break;
+    }
+    return h;
+}
+
+static int bad_headers_body(rank_context *ctx)
+{
+    static unsigned char payload[2u << 20], good[4096], buffer[1u << 20];
+    fill_pattern(payload, sizeof payload, 7);
+    fill_pattern(good, sizeof good, 8);
+    if (ctx->rank == 1) {
+        /* Each bad message is followed, under the same tag, by a good one. */
+        for (int which = 0; which < N_BAD; which++) {
+            pt_message_header h = bad_header(which, payload);
+            pt_request *r;
+            CHILD_CHECK(ctx, pt_send_raw(ctx->t, 0, (uint32_t)which, &h, payload, &r) == PIPERT_OK, "send bad");
+            pt_message_header ok = bytes_header(sizeof good, PT_KIND_ACTIVATION);
+            CHILD_CHECK(ctx, send_and_wait(ctx->t, 0, (uint32_t)which, &ok, good, PT_SEND_CHECKSUM) == PIPERT_OK,
+                        "good message after %s", bad_cases[which].name);
+            /* A refused large message is drained by the receiver, so this send ends too. */
+            CHILD_CHECK(ctx, pt_request_wait(r, 20.0) == PIPERT_OK, "send of %s", bad_cases[which].name);
+            pt_request_free(r);
+        }
+        return 0;
+    }
+    for (int which = 0; which < N_BAD; which++) {
+        const bad_case *b = &bad_cases[which];
+        pt_request *r;
+        CHILD_CHECK(ctx, pt_recv(ctx->t, 1, (uint32_t)which, &b->expect, buffer, b->capacity, &r) == PIPERT_OK,
+                    "recv");
+        pipert_result rc = pt_request_wait(r, 20.0);
+        const char *message = pipert_last_error();
+        CHILD_CHECK(ctx, rc == PIPERT_ERR_PEER, "%s: expected a peer error, got %s", b->name, pipert_result_str(rc));
+        CHILD_CHECK(ctx, strstr(message, "rank 1") && strstr(message, b->field),
+                    "%s: the error \"%s\" should name rank 1 and the field %s", b->name, message, b->field);
+        pt_request_free(r);
+        /* The connection is still good, and the refused payload did not leak into this receive. */
+        pt_recv_expect e = {.kind = PT_KIND_ACTIVATION, .dtype = PT_DTYPE_U8, .ndim = 1, .shape = {sizeof good},
+                            .require_checksum = 1};
+        CHILD_CHECK(ctx, pt_recv(ctx->t, 1, (uint32_t)which, &e, buffer, sizeof good, &r) == PIPERT_OK, "recv");
+        CHILD_CHECK(ctx, pt_request_wait(r, 20.0) == PIPERT_OK, "good message after %s", b->name);
+        CHILD_CHECK(ctx, pattern_mismatch(buffer, sizeof good, 8) < 0, "good message after %s damaged", b->name);
+        pt_request_free(r);
+    }
+    return 0;
+}
+
+Test(transport, bad_headers_fail_with_peer_error_naming_rank_and_field)
+{
+    job_spec spec = {.n = 2, .body = bad_headers_body, .mesh = 1};
+    RUN_JOB(spec);
+}
+
+/* ---- authentication ---- */
+
+static int secret_body(rank_context *ctx)
+{
+    if (ctx->rank == 0) {
+        /* Rank 1 knocks with the wrong secret, rank 2 with the right one. */
+        CHILD_CHECK(ctx, pt_transport_wait_peer(ctx->t, 2, 20.0) == PIPERT_OK, "rank 2 connects");
+        CHILD_CHECK(ctx, pt_transport_wait_peer(ctx->t, 1, 2.0) == PIPERT_ERR_TIMEOUT, "rank 1 must not get in");
+        CHILD_CHECK(ctx, !pt_transport_peer_alive(ctx->t, 1), "rank 1 is not a peer");
+        CHILD_CHECK(ctx, pt_transport_peer_alive(ctx->t, 2), "rank 2 is a peer");
+        return 0;
+    }
+    pipert_result rc = pt_transport_connect(ctx->t, 0, ctx->addresses[0]);
+    if (ctx->rank == 1) {
+        CHILD_CHECK(ctx, rc == PIPERT_ERR_AUTH, "a wrong secret should be refused, got %s", pipert_result_str(rc));
+        CHILD_CHECK(ctx, !pt_transport_peer_alive(ctx->t, 0), "rank 0 must not count as connected");
+        pt_request *r;
+        pt_message_header h = bytes_header(0, PT_KIND_ACTIVATION);
+        CHILD_CHECK(ctx, pt_send(ctx->t, 0, 1, &h, NULL, 0, &r) == PIPERT_OK, "post");
+        CHILD_CHECK(ctx, pt_request_wait(r, 5.0) == PIPERT_ERR_PEER, "sending to a refused peer fails");
+        pt_request_free(r);
+    } else {
+        CHILD_CHECK(ctx, rc == PIPERT_OK, "the right secret gets in");
+    }
+    return 0;
+}
+
+Test(transport, wrong_secret_is_refused_and_logged)
+{
+    char log_path[] = "/tmp/pipert-transport-log-XXXXXX";
+    int fd = mkstemp(log_path);
+    cr_assert(fd >= 0);
+    close(fd);
+    job_spec spec = {.n = 3, .body = secret_body, .secret = {NULL, "not the secret", NULL},
+                     .stderr_path = {log_path}};
+    char why[512];
+    int ok = run_job(&spec, why, sizeof why);
+    char *log = NULL;
+    size_t size = 0;
+    FILE *f = fopen(log_path, "r");
+    if (f) {
+        log = calloc(1, 1 << 16);
+        size = fread(log, 1, (1 << 16) - 1, f);
+        fclose(f);
+    }
+    unlink(log_path);
+    cr_assert(ok, "%s; rank 0 logged: %s", why, log ? log : "(nothing)");
+    cr_assert(log && size > 0, "rank 0 logged nothing");
+    cr_expect(strstr(log, "refused") && strstr(log, "127.0.0.1") && strstr(log, "secret"),
+              "rank 0's warning should say it refused 127.0.0.1:PORT for its secret; it logged: %s", log);
+    free(log);
+}
+
+/* ---- failures ---- */
+
+static int killed_peer_body(rank_context *ctx)
+{
+    if (ctx->rank == 1) {
+        pt_message_header h = bytes_header(0, PT_KIND_ACTIVATION);
+        CHILD_CHECK(ctx, send_and_wait(ctx->t, 0, 1, &h, NULL, 0) == PIPERT_OK, "hello message");
+        for (;;) pause(); /* until SIGKILL */
+    }
+    static float buffer[1024];
+    pt_recv_expect e = any_shape(PT_KIND_ACTIVATION);
+    pt_request *r;
+    CHILD_CHECK(ctx, pt_recv(ctx->t, 1, 1, &e, buffer, sizeof buffer, &r) == PIPERT_OK, "post");
+    CHILD_CHECK(ctx, pt_request_wait(r, 20.0) == PIPERT_OK, "first message");
+    pt_request_free(r);
+    CHILD_CHECK(ctx, pt_recv(ctx->t, 1, 2, &e, buffer, sizeof buffer, &r) == PIPERT_OK, "post");
+    request_kill(ctx, 1);
+    pipert_result rc = pt_request_wait(r, 10.0);
+    CHILD_CHECK(ctx, rc == PIPERT_ERR_PEER, "a receive from a killed peer should fail within 10 s, got %s",
+                pipert_result_str(rc));
+    CHILD_CHECK(ctx, strstr(pipert_last_error(), "rank 1") != NULL, "the error names rank 1: %s",
+                pipert_last_error());
+    pt_request_free(r);
+    CHILD_CHECK(ctx, !pt_transport_peer_alive(ctx->t, 1), "rank 1 is dead");
+    /* Later requests fail at once. */
+    CHILD_CHECK(ctx, pt_recv(ctx->t, 1, 3, &e, buffer, sizeof buffer, &r) == PIPERT_OK, "post");
+    CHILD_CHECK(ctx, pt_request_wait(r, 5.0) == PIPERT_ERR_PEER, "a later receive fails");
+    pt_request_free(r);
+    pt_message_header h = bytes_header(64, PT_KIND_ACTIVATION);
+    CHILD_CHECK(ctx, send_and_wait(ctx->t, 1, 3, &h, buffer, 0) == PIPERT_ERR_PEER, "a later send fails");
+    CHILD_CHECK(ctx, strstr(pipert_last_error(), "rank 1") != NULL, "the send error names rank 1: %s",
+                pipert_last_error());
+    return 0;
+}
+
+Test(transport, killed_peer_fails_pending_and_later_requests)
+{
+    job_spec spec = {.n = 2, .body = killed_peer_body, .mesh = 1, .expect_killed = {0, 1}};
+    RUN_JOB(spec);
+}
+
+static int leaving_peer_body(rank_context *ctx)
+{
+    if (ctx->rank == 1) return 0; /* destroys its transport at once */
+    static float buffer[16];
+    pt_recv_expect e = any_shape(PT_KIND_ACTIVATION);
+    pt_request *r;
+    CHILD_CHECK(ctx, pt_recv(ctx->t, 1, 1, &e, buffer, sizeof buffer, &r) == PIPERT_OK, "post");
+    pipert_result rc = pt_request_wait(r, 10.0);
+    CHILD_CHECK(ctx, rc == PIPERT_ERR_PEER && strstr(pipert_last_error(), "rank 1 has left"),
+                "a receive from a peer that shut down fails: %s", pipert_last_error());
+    pt_request_free(r);
+    CHILD_CHECK(ctx, !pt_transport_peer_alive(ctx->t, 1), "rank 1 is gone");
+    return 0;
+}
+
+Test(transport, peer_that_shuts_down_is_marked_left)
+{
+    job_spec spec = {.n = 2, .body = leaving_peer_body, .mesh = 1};
+    RUN_JOB(spec);
+}
+
+/* ---- completion by callback, cancellation, timeouts ---- */
+
+typedef struct echo_state {
+    pt_transport *t;
+    float value[4];
+    pt_message_header header;
+    pt_request *echo;
+    atomic_int called;
+    pipert_result result;
+} echo_state;
+
+/* Runs on the progress thread: answers right from the callback. */
+static void echo_back(pt_request *request, pipert_result result, void *arg)
+{
+    echo_state *s = arg;
+    s->result = result;
+    for (int i = 0; i < 4; i++) s->value[i] *= 2;
+    s->header = (pt_message_header){.kind = PT_KIND_ACTIVATION, .dtype = PT_DTYPE_F32, .ndim = 1, .shape = {4},
+                                    .nbytes = sizeof s->value};
+    if (result == PIPERT_OK) pt_send(s->t, 1, 2, &s->header, s->value, 0, &s->echo);
+    pt_request_free(request);
+    atomic_store(&s->called, 1);
+}
+
+static int callback_body(rank_context *ctx)
+{
+    pt_recv_expect e = {.kind = PT_KIND_ACTIVATION, .dtype = PT_DTYPE_F32, .ndim = 1, .shape = {4}};
+    if (ctx->rank == 1) {
+        float value[4] = {1, 2, 3, 4}, back[4];
+        pt_message_header h = {.kind = PT_KIND_ACTIVATION, .dtype = PT_DTYPE_F32, .ndim = 1, .shape = {4},
+                               .nbytes = sizeof value};
+        CHILD_CHECK(ctx, send_and_wait(ctx->t, 0, 1, &h, value, 0) == PIPERT_OK, "send");
+        pt_request *r;
+        CHILD_CHECK(ctx, pt_recv(ctx->t, 0, 2, &e, back, sizeof back, &r) == PIPERT_OK, "post");
+        CHILD_CHECK(ctx, pt_request_wait(r, 20.0) == PIPERT_OK, "echo");
+        pt_request_free(r);
+        for (int i = 0; i < 4; i++) CHILD_CHECK(ctx, back[i] == 2 * value[i], "echo[%d] = %g", i, back[i]);
+        return 0;
+    }
+    static echo_state s;
+    s.t = ctx->t;
+    pt_request *r;
+    CHILD_CHECK(ctx, pt_recv(ctx->t, 1, 1, &e, s.value, sizeof s.value, &r) == PIPERT_OK, "post");
+    pt_request_on_complete(r, echo_back, &s);
+    double give_up = pt_now_s() + 20.0;
+    while (!atomic_load(&s.called) && pt_now_s() < give_up) usleep(1000);
+    CHILD_CHECK(ctx, atomic_load(&s.called) && s.result == PIPERT_OK, "the callback ran with success");
+    CHILD_CHECK(ctx, s.echo && pt_request_wait(s.echo, 20.0) == PIPERT_OK, "the echo posted from the callback");
+    pt_request_free(s.echo);
+
+    /* A receive nobody answers: wait times out, cancel ends it. */
+    static float nothing[4];
+    CHILD_CHECK(ctx, pt_recv(ctx->t, 1, 99, &e, nothing, sizeof nothing, &r) == PIPERT_OK, "post");
+    CHILD_CHECK(ctx, pt_request_wait(r, 0.05) == PIPERT_ERR_TIMEOUT, "wait times out");
+    pipert_result result;
+    CHILD_CHECK(ctx, !pt_request_test(r, &result), "still pending");
+    pt_request_cancel(r);
+    CHILD_CHECK(ctx, pt_request_wait(r, 20.0) == PIPERT_ERR_INTERRUPTED, "cancelled");
+    pt_request_free(r);
+    /* Freeing a pending receive cancels it. */
+    CHILD_CHECK(ctx, pt_recv(ctx->t, 1, 98, &e, nothing, sizeof nothing, &r) == PIPERT_OK, "post");
+    pt_request_free(r);
+    return 0;
+}
+
+Test(transport, callbacks_cancel_and_timeouts)
+{
+    job_spec spec = {.n = 2, .body = callback_body, .mesh = 1};
+    RUN_JOB(spec);
+}
+
+/* The progress thread sleeps when there is nothing to do. */
+static int idle_body(rank_context *ctx)
+{
+    struct timespec before, after;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &before);
+    usleep(500000);
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &after);
+    double cpu_s = (double)(after.tv_sec - before.tv_sec) + 1e-9 * (double)(after.tv_nsec - before.tv_nsec);
+    CHILD_CHECK(ctx, cpu_s < 0.05, "an idle connected transport used %.3f s of CPU in 0.5 s", cpu_s);
+    return 0;
+}
+
+Test(transport, idle_progress_thread_does_not_spin)
+{
+    job_spec spec = {.n = 2, .body = idle_body, .mesh = 1};
+    RUN_JOB(spec);
+}
+
+/* ---- without processes ---- */
+
+Test(transport, options_are_checked_before_anything_starts)
+{
+    pt_transport *t = NULL;
+    pt_transport_options options = PT_TRANSPORT_OPTIONS_INIT;
+    options.rank = 0;
+    cr_expect_eq(pt_transport_create(&options, &t), PIPERT_ERR_INVALID_ARG, "no secret");
+    cr_expect(strstr(pipert_last_error(), "secret"), "%s", pipert_last_error());
+    options.secret = "s";
+    options.rank = -1;
+    cr_expect_eq(pt_transport_create(&options, &t), PIPERT_ERR_INVALID_ARG, "negative rank");
+    options.rank = 0;
+    options.listen_port = 70000;
+    cr_expect_eq(pt_transport_create(&options, &t), PIPERT_ERR_INVALID_ARG, "port");
+    cr_expect_null(t);
+}
+
+Test(transport, checksum_sees_every_bit)
+{
+    unsigned char data[1000];
+    fill_pattern(data, sizeof data, 42);
+    /* Every length (all tail paths) and every single-bit flip of a 100-byte prefix change the sum. */
+    for (size_t length = 0; length < 80; length++) {
+        uint64_t base = pt_checksum64(data, length);
+        cr_assert_neq(base, 0u);
+        cr_assert_neq(base, pt_checksum64(data, length + 1), "lengths %zu and %zu collide", length, length + 1);
+    }
+    uint64_t base = pt_checksum64(data, 100);
+    for (size_t bit = 0; bit < 800; bit++) {
+        data[bit / 8] ^= (unsigned char)(1u << (bit % 8));
+        cr_assert_neq(pt_checksum64(data, 100), base, "flipping bit %zu went unnoticed", bit);
+        data[bit / 8] ^= (unsigned char)(1u << (bit % 8));
+    }
+    cr_assert_eq(pt_checksum64(data, 100), base, "deterministic");
+    /* Alignment does not matter. */
+    unsigned char shifted[1001];
+    memcpy(shifted + 1, data, 1000);
+    cr_assert_eq(pt_checksum64(shifted + 1, 1000), pt_checksum64(data, 1000));
+}

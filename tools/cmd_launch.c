@@ -1,0 +1,611 @@
+/* pipert launch: a job of stages × replicas workers on this machine.
+ *
+ * The launcher generates the job's secret (DIR/job.secret, mode 0600), runs
+ * the coordinator (runtime/coordinator.h) on 127.0.0.1, and starts one
+ * `pipert worker` process per rank — this very executable again
+ * (/proc/self/exe), with the same configuration arguments — with the
+ * environment of runtime/bootstrap.h. Rank r is stage r mod S of replica
+ * r div S (pt_rank_layout). Cores are divided evenly: with n workers on c
+ * cores each gets c div n cores (PIPERT_CORES, the worker binds itself);
+ * with more workers than cores, worker r gets core r mod c.
+ *
+ * Each worker writes stdout and stderr to DIR/logs/rank-R.log; the launcher
+ * writes DIR/workers.pid ("RANK PID" lines) and shows one job-wide progress
+ * line. A worker that fails — exits non-zero, dies from a signal, goes silent
+ * — aborts the job: the others are told, given --grace seconds to stop, then
+ * sent SIGTERM and after another grace SIGKILL, and the launcher exits 1
+ * naming the rank and why. SIGINT or SIGTERM to the launcher stops every
+ * worker the same way (exit 128 + signal). Workers run in process groups of
+ * their own (a terminal's Ctrl-C reaches only the launcher, which stops them
+ * in order) and with PR_SET_PDEATHSIG, so a launcher killed outright takes
+ * them with it.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <math.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "runtime/bootstrap.h"
+#include "runtime/clock.h"
+#include "runtime/config.h"
+#include "runtime/coordinator.h"
+#include "runtime/fileio.h"
+#include "runtime/log.h"
+#include "runtime/metrics.h"
+#include "runtime/topology.h"
+#include "tools/cli.h"
+#include "tools/commands.h"
+
+#define EXIT_JOB_ABORTED 3 /* a worker that stopped because the job aborted (cmd_worker.c) */
+#define POLL_MS 100
+#define LOG_TAIL_LINES 4
+
+extern char **environ;
+
+static volatile sig_atomic_t launcher_signal, launcher_signal_count;
+
+static void on_signal(int signal_number)
+{
+    launcher_signal = signal_number;
+    launcher_signal_count++;
+}
+
+typedef struct worker_process {
+    int rank, stage, replica;
+    int cores_first, cores_count;
+    pid_t pid;
+    bool running;
+    int wait_status;
+    bool signalled_by_launcher;
+    char log_path[PATH_MAX + 64];
+} worker_process;
+
+typedef struct job {
+    int stages, replicas, world;
+    char out_dir[PATH_MAX];
+    char secret_path[PATH_MAX + 16];
+    char secret[2 * PT_SECRET_BYTES + 1];
+    char host[PT_HOST_MAX];
+    int cores;
+    double grace_s;
+    pt_coordinator *coordinator;
+    worker_process *workers; /* [world] */
+    int running;
+    /* passed to every worker: --config FILE and --section.key=value */
+    const char **config_args;
+    int n_config_args;
+    bool quiet;
+    long total_steps, log_every;
+    /* shutdown: once the job aborts, stragglers get SIGTERM at term_at and
+     * SIGKILL at kill_at */
+    double term_at, kill_at;
+    bool terminated, killed;
+} job;
+
+/* ---- setup ------------------------------------------------------------------ */
+
+/* Cores for worker r of n on `cores` cores. */
+static void assign_cores(int r, int n, int cores, int *first, int *count)
+{
+    if (n <= cores) {
+        *count = cores / n;
+        *first = r * *count;
+    } else {
+        *count = 1;
+        *first = r % cores;
+    }
+}
+
+static pipert_result plan_workers(job *j)
+{
+    pt_topology *topology;
+    PT_TRY(pt_topology_load(&topology));
+    j->cores = pt_topology_cores(topology);
+    pt_topology_free(topology);
+    j->workers = calloc((size_t)j->world, sizeof *j->workers);
+    if (!j->workers) return pt_fail(PIPERT_ERR_NOMEM, "out of memory");
+    for (int r = 0; r < j->world; r++) {
+        worker_process *w = &j->workers[r];
+        w->rank = r;
+        PT_TRY(pt_rank_layout(r, j->world, j->stages, &w->stage, &w->replica));
+        assign_cores(r, j->world, j->cores, &w->cores_first, &w->cores_count);
+        snprintf(w->log_path, sizeof w->log_path, "%s/logs/rank-%d.log", j->out_dir, r);
+    }
+    return PIPERT_OK;
+}
+
+static pipert_result prepare_directory(job *j, const char *out_dir)
+{
+    char logs[PATH_MAX + 8];
+    snprintf(logs, sizeof logs, "%s/logs", out_dir);
+    PT_TRY(pt_make_dirs(logs));
+    if (!realpath(out_dir, j->out_dir))
+        return pt_fail(PIPERT_ERR_IO, "%s: %s", out_dir, strerror(errno));
+    snprintf(j->secret_path, sizeof j->secret_path, "%s/job.secret", j->out_dir);
+    PT_TRY(pt_secret_generate(j->secret));
+    return pt_secret_write_file(j->secret_path, j->secret);
+}
+
+static pipert_result start_coordinator(job *j)
+{
+    pt_coordinator_options options = PT_COORDINATOR_OPTIONS_INIT;
+    options.bind_host = "127.0.0.1"; /* one machine: nobody else needs to reach it */
+    options.world = j->world;
+    options.secret = j->secret;
+    return pt_coordinator_create(&j->coordinator, &options);
+}
+
+static void format_cores(const worker_process *w, char *text, size_t cap)
+{
+    if (w->cores_count == 1) snprintf(text, cap, "%d", w->cores_first);
+    else snprintf(text, cap, "%d-%d", w->cores_first, w->cores_first + w->cores_count - 1);
+}
+
+static void print_mapping(const job *j)
+{
+    printf("pipert launch: %d worker%s (%d stage%s x %d replica%s) on %s, %d cores; coordinator "
+           "127.0.0.1:%d; job directory %s\n",
+           j->world, j->world == 1 ? "" : "s", j->stages, j->stages == 1 ? "" : "s", j->replicas,
+           j->replicas == 1 ? "" : "s", j->host, j->cores, pt_coordinator_port(j->coordinator),
+           j->out_dir);
+    if (j->world > j->cores)
+        printf("  (more workers than cores: %d workers share each core)\n",
+               (j->world + j->cores - 1) / j->cores);
+    printf("  %-5s %-5s %-7s %-16s %-7s %s\n", "rank", "stage", "replica", "host", "cores", "log");
+    for (int r = 0; r < j->world; r++) {
+        const worker_process *w = &j->workers[r];
+        char cores[32];
+        format_cores(w, cores, sizeof cores);
+        printf("  %-5d %-5d %-7d %-16s %-7s %s\n", r, w->stage, w->replica, j->host, cores,
+               w->log_path);
+    }
+    fflush(stdout);
+}
+
+/* ---- starting workers ------------------------------------------------------ */
+
+static bool is_bootstrap_variable(const char *entry)
+{
+    static const char *const names[] = {"PIPERT_RANK=", "PIPERT_WORLD_SIZE=", "PIPERT_LOCAL_RANK=",
+                                        "PIPERT_COORD=", "PIPERT_COORD_PORT=", "PIPERT_SECRET=",
+                                        "PIPERT_SECRET_FILE=", "PIPERT_CORES="};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (!strncmp(entry, names[i], strlen(names[i]))) return true;
+    return false;
+}
+
+/* The environment of worker w: ours, without inherited bootstrap variables,
+ * plus w's. Strings in `storage` [6][PATH_MAX + 64]. */
+static char **worker_environment(const job *j, const worker_process *w, char storage[][PATH_MAX + 64])
+{
+    size_t n = 0;
+    while (environ[n]) n++;
+    char **env = calloc(n + 8, sizeof *env);
+    if (!env) return NULL;
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (!is_bootstrap_variable(environ[i])) env[k++] = environ[i];
+    snprintf(storage[0], sizeof storage[0], "PIPERT_RANK=%d", w->rank);
+    snprintf(storage[1], sizeof storage[1], "PIPERT_WORLD_SIZE=%d", j->world);
+    snprintf(storage[2], sizeof storage[2], "PIPERT_LOCAL_RANK=%d", w->rank);
+    snprintf(storage[3], sizeof storage[3], "PIPERT_COORD=127.0.0.1:%d",
+             pt_coordinator_port(j->coordinator));
+    snprintf(storage[4], sizeof storage[4], "PIPERT_SECRET_FILE=%s", j->secret_path);
+    snprintf(storage[5], sizeof storage[5], "PIPERT_CORES=%d,%d", w->cores_first, w->cores_count);
+    for (int i = 0; i < 6; i++) env[k++] = storage[i];
+    env[k] = NULL;
+    return env;
+}
+
+/* argv of `pipert worker --stages S --out DIR [config args] [--quiet]`. */
+static char **worker_arguments(const job *j, char *stages_text)
+{
+    char **argv = calloc((size_t)j->n_config_args + 8, sizeof *argv);
+    if (!argv) return NULL;
+    int k = 0;
+    argv[k++] = "pipert";
+    argv[k++] = "worker";
+    argv[k++] = "--stages";
+    argv[k++] = stages_text;
+    argv[k++] = (char *)"--out";
+    argv[k++] = (char *)j->out_dir;
+    for (int i = 0; i < j->n_config_args; i++) argv[k++] = (char *)j->config_args[i];
+    argv[k] = NULL;
+    return argv;
+}
+
+/* In the child, between fork and exec: die with the launcher, write to the
+ * log, start a process group of its own. Returns only on failure. */
+static void exec_worker(const worker_process *w, pid_t launcher, char **argv, char **env)
+{
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != launcher) _exit(127); /* the launcher died before prctl */
+    setpgid(0, 0);
+    int log = open(w->log_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    int null = open("/dev/null", O_RDONLY);
+    if (log < 0 || null < 0 || dup2(log, STDOUT_FILENO) < 0 || dup2(log, STDERR_FILENO) < 0 ||
+        dup2(null, STDIN_FILENO) < 0)
+        _exit(127);
+    close(log);
+    close(null);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    execve("/proc/self/exe", argv, env);
+    dprintf(STDERR_FILENO, "pipert launch: cannot start the worker (/proc/self/exe): %s\n",
+            strerror(errno));
+    _exit(127);
+}
+
+static pipert_result start_worker(job *j, worker_process *w)
+{
+    char storage[6][PATH_MAX + 64], stages_text[16];
+    snprintf(stages_text, sizeof stages_text, "%d", j->stages);
+    char **env = worker_environment(j, w, storage);
+    char **argv = worker_arguments(j, stages_text);
+    pid_t launcher = getpid();
+    pid_t pid = env && argv ? fork() : -2;
+    if (pid == 0) exec_worker(w, launcher, argv, env);
+    free(env);
+    free(argv);
+    if (pid == -2) return pt_fail(PIPERT_ERR_NOMEM, "out of memory");
+    if (pid < 0) return pt_fail(PIPERT_ERR_INTERNAL, "rank %d: fork: %s", w->rank, strerror(errno));
+    w->pid = pid;
+    w->running = true;
+    j->running++;
+    return PIPERT_OK;
+}
+
+static pipert_result write_pid_file(const job *j)
+{
+    char path[PATH_MAX + 16], *text = malloc((size_t)j->world * 24 + 1);
+    if (!text) return pt_fail(PIPERT_ERR_NOMEM, "out of memory");
+    size_t used = 0;
+    for (int r = 0; r < j->world; r++)
+        used += (size_t)sprintf(text + used, "%d %d\n", r, (int)j->workers[r].pid);
+    snprintf(path, sizeof path, "%s/workers.pid", j->out_dir);
+    pipert_result rc = pt_write_file_atomic(path, text, used);
+    free(text);
+    return rc;
+}
+
+/* ---- watching ------------------------------------------------------------- */
+
+static void signal_running(job *j, int signal_number)
+{
+    for (int r = 0; r < j->world; r++) {
+        worker_process *w = &j->workers[r];
+        if (!w->running) continue;
+        w->signalled_by_launcher = true;
+        kill(w->pid, signal_number);
+    }
+}
+
+/* A worker's end, in words; whether the rank failed on its own (rather than
+ * finishing, or stopping because the job aborted or the launcher stopped it).
+ * The coordinator's word on a rank (the error it reported, its silence)
+ * counts as its own failure. */
+static bool describe_exit(job *j, const worker_process *w, char *text, size_t cap)
+{
+    const int s = w->wait_status;
+    char reported[512];
+    const bool has_report = pt_coordinator_rank_failure(j->coordinator, w->rank, reported,
+                                                        sizeof reported);
+    if (WIFSIGNALED(s)) {
+        const char *name = sigabbrev_np(WTERMSIG(s));
+        if (!w->signalled_by_launcher) {
+            snprintf(text, cap, "killed by signal %d (SIG%s)", WTERMSIG(s), name ? name : "?");
+            return true;
+        }
+        snprintf(text, cap, "%s%sstopped by the launcher with SIG%s", has_report ? reported : "",
+                 has_report ? "; then " : "", name ? name : "?");
+        return has_report;
+    }
+    const int code = WEXITSTATUS(s);
+    if (has_report) snprintf(text, cap, "%s", reported);
+    else if (code == 0) snprintf(text, cap, "finished");
+    else if (code == EXIT_JOB_ABORTED) snprintf(text, cap, "stopped: the job aborted");
+    else snprintf(text, cap, "exited with status %d", code);
+    return has_report || (code != 0 && code != EXIT_JOB_ABORTED && !w->signalled_by_launcher);
+}
+
+static void reap_workers(job *j)
+{
+    for (;;) {
+        int status;
+        pid_t pid = waitpid(-1, &status, WNOHANG);
+        if (pid <= 0) return;
+        for (int r = 0; r < j->world; r++) {
+            worker_process *w = &j->workers[r];
+            if (w->pid != pid || !w->running) continue;
+            w->running = false;
+            w->wait_status = status;
+            j->running--;
+            char why[1024];
+            bool failed = describe_exit(j, w, why, sizeof why);
+            pt_debug("rank %d (pid %d): %s", r, (int)pid, why);
+            /* The coordinator may have seen its connection drop already; the
+             * exit status says more, but the first word stands. */
+            if (failed || (WIFEXITED(status) && WEXITSTATUS(status) == EXIT_JOB_ABORTED))
+                pt_coordinator_abort(j->coordinator, failed ? r : -1, "%s", why);
+        }
+    }
+}
+
+/* Once the job aborted: grace for the workers to stop on their own, then
+ * SIGTERM, then SIGKILL. */
+static void enforce_shutdown(job *j, const pt_job_status *status, double now)
+{
+    if (status->phase == PT_JOB_ABORTED && j->term_at == 0) j->term_at = now + j->grace_s;
+    if (j->term_at > 0 && now >= j->term_at && !j->terminated && j->running) {
+        signal_running(j, SIGTERM);
+        j->terminated = true;
+        j->kill_at = now + j->grace_s;
+    }
+    if (j->kill_at > 0 && now >= j->kill_at && !j->killed && j->running) {
+        pt_warn("pipert launch: %d worker%s still running %.0f s after SIGTERM; sending SIGKILL",
+                j->running, j->running == 1 ? "" : "s", j->grace_s);
+        signal_running(j, SIGKILL);
+        j->killed = true;
+    }
+}
+
+static void handle_launcher_signal(job *j, double now)
+{
+    static int handled;
+    if (launcher_signal_count == handled) return;
+    handled = launcher_signal_count;
+    if (handled == 1) {
+        pt_coordinator_abort(j->coordinator, -1, "pipert launch received SIG%s",
+                             sigabbrev_np(launcher_signal));
+        signal_running(j, SIGTERM);
+        j->term_at = now;
+        j->terminated = true;
+        j->kill_at = now + j->grace_s;
+    } else if (!j->killed) { /* asked twice: no more waiting */
+        signal_running(j, SIGKILL);
+        j->killed = true;
+    }
+}
+
+static void show_progress(job *j, pt_progress *progress, const pt_job_status *s, long *shown_step,
+                          long *shown_val_step)
+{
+    if (s->phase == PT_JOB_ABORTED) return;
+    char line[256];
+    pt_job_progress_line(s, line, sizeof line);
+    const bool logged_step = s->reporting == s->world && s->min_step > *shown_step &&
+                             (j->log_every <= 0 || s->min_step % j->log_every == 0 ||
+                              s->min_step == j->total_steps);
+    if (s->val_step > *shown_val_step) {
+        pt_progress_print(progress, "step %ld | val_loss %.4f", s->val_step, s->val_loss);
+        *shown_val_step = s->val_step;
+    }
+    if (logged_step) *shown_step = s->min_step;
+    pt_progress_update(progress, line, logged_step);
+}
+
+static void watch(job *j)
+{
+    pt_progress progress;
+    pt_progress_init(&progress, j->quiet);
+    long shown_step = 0, shown_val_step = -1;
+    while (j->running > 0) {
+        if (pt_coordinator_poll(j->coordinator, POLL_MS) != PIPERT_OK)
+            pt_coordinator_abort(j->coordinator, -1, "%s", pipert_last_error());
+        const double now = pt_now_s();
+        reap_workers(j);
+        handle_launcher_signal(j, now);
+        pt_job_status status;
+        pt_coordinator_status(j->coordinator, &status);
+        enforce_shutdown(j, &status, now);
+        show_progress(j, &progress, &status, &shown_step, &shown_val_step);
+    }
+    pt_progress_finish(&progress);
+}
+
+/* ---- the outcome ------------------------------------------------------------- */
+
+/* The last lines of a worker's log, indented, on stderr. */
+static void print_log_tail(const char *path)
+{
+    char *text;
+    size_t size;
+    if (pt_read_file(path, &text, &size) != PIPERT_OK) return;
+    const char *end = text + size;
+    if (end > text && end[-1] == '\n') end--;
+    const char *start = end;
+    for (int lines = 0; start > text; start--)
+        if (start[-1] == '\n' && ++lines == LOG_TAIL_LINES) break;
+    for (const char *line = start; line < end;) {
+        const char *newline = memchr(line, '\n', (size_t)(end - line));
+        int length = (int)(newline ? newline - line : end - line);
+        fprintf(stderr, "    | %.*s\n", length, line);
+        line += length + 1;
+    }
+    free(text);
+}
+
+static void report_rank_failure(job *j, const worker_process *w)
+{
+    char why[1024];
+    describe_exit(j, w, why, sizeof why);
+    fprintf(stderr, "pipert launch: rank %d (stage %d, replica %d) failed: %s; log: %s\n", w->rank,
+            w->stage, w->replica, why, w->log_path);
+    print_log_tail(w->log_path);
+}
+
+/* Prints the outcome; returns the exit status. */
+static int report(job *j)
+{
+    pt_job_status status;
+    pt_coordinator_status(j->coordinator, &status);
+    if (launcher_signal_count) {
+        fprintf(stderr, "pipert launch: stopped by SIG%s; every worker has exited\n",
+                sigabbrev_np(launcher_signal));
+        return 128 + launcher_signal;
+    }
+    int failures = 0;
+    /* The rank the job aborted for first, then every other rank that failed on its own. */
+    if (status.abort_rank >= 0) {
+        report_rank_failure(j, &j->workers[status.abort_rank]);
+        failures++;
+    }
+    for (int r = 0; r < j->world; r++) {
+        char why[1024];
+        if (r == status.abort_rank || !describe_exit(j, &j->workers[r], why, sizeof why)) continue;
+        report_rank_failure(j, &j->workers[r]);
+        failures++;
+    }
+    if (failures == 0 && status.phase == PT_JOB_FINISHED) {
+        if (!j->quiet)
+            printf("pipert launch: done: %d worker%s, %ld steps, loss %.4f%s; metrics in "
+                   "%s/metrics.jsonl, logs in %s/logs\n",
+                   j->world, j->world == 1 ? "" : "s", status.min_step, status.mean_loss,
+                   status.val_step >= 0 ? ", validation loss below" : "", j->out_dir, j->out_dir);
+        if (!j->quiet && status.val_step >= 0)
+            printf("  val_loss %.4f at step %ld\n", status.val_loss, status.val_step);
+        return 0;
+    }
+    if (failures == 0)
+        fprintf(stderr, "pipert launch: job failed: %s\n",
+                status.phase == PT_JOB_ABORTED ? status.abort_reason
+                                               : "the workers exited before every rank was done");
+    return 1;
+}
+
+/* ---- the command ------------------------------------------------------------- */
+
+/* --config FILE and every --section.key=value of argv, for the workers. */
+static pipert_result collect_config_args(job *j, int argc, char **argv)
+{
+    j->config_args = calloc((size_t)argc + 1, sizeof *j->config_args);
+    if (!j->config_args) return pt_fail(PIPERT_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "--config") && i + 1 < argc) {
+            j->config_args[j->n_config_args++] = argv[i++];
+            j->config_args[j->n_config_args++] = argv[i];
+        } else if (!strncmp(argv[i], "--", 2) && strchr(argv[i], '=')) {
+            j->config_args[j->n_config_args++] = argv[i];
+        }
+    }
+    return PIPERT_OK;
+}
+
+static pipert_result run_job(job *j, const char *out_dir, int argc, char **argv)
+{
+    PT_TRY(collect_config_args(j, argc, argv));
+    PT_TRY(prepare_directory(j, out_dir));
+    PT_TRY(start_coordinator(j));
+    PT_TRY(plan_workers(j));
+    gethostname(j->host, sizeof j->host - 1);
+    if (!j->quiet) print_mapping(j);
+    for (int r = 0; r < j->world; r++) {
+        pipert_result rc = start_worker(j, &j->workers[r]);
+        if (rc != PIPERT_OK) {
+            pt_coordinator_abort(j->coordinator, -1, "%s", pipert_last_error());
+            return rc;
+        }
+    }
+    return write_pid_file(j);
+}
+
+static void free_job(job *j)
+{
+    pt_coordinator_free(j->coordinator);
+    if (j->secret_path[0]) unlink(j->secret_path);
+    free(j->workers);
+    free(j->config_args);
+}
+
+static bool parse_count(const char *text, int max, int *value)
+{
+    char *end;
+    long v = strtol(text, &end, 10);
+    if (end == text || *end || v < 1 || v > max) return false;
+    *value = (int)v;
+    return true;
+}
+
+static void default_out_dir(char *dir, size_t cap)
+{
+    time_t now = time(NULL);
+    struct tm tm;
+    localtime_r(&now, &tm);
+    strftime(dir, cap, "runs/launch-%Y%m%d-%H%M%S", &tm);
+}
+
+int pt_cmd_launch(int argc, char **argv)
+{
+    const char *out_dir = NULL, *stages = "1", *replicas = "1", *grace = "5";
+    bool quiet = false;
+    const pt_cli_flag flags[] = {
+        {"--stages", "S", "pipeline stages per replica (1 until the pipeline engine lands)",
+         &stages, NULL},
+        {"--replicas", "R", "data-parallel replicas (default 1)", &replicas, NULL},
+        {"--out", "DIR", "job directory: logs/rank-N.log, metrics.jsonl, checkpoints "
+                         "(default runs/launch-DATE-TIME)", &out_dir, NULL},
+        {"--grace", "SECONDS", "wait this long for workers to stop before SIGTERM, and again "
+                               "before SIGKILL (default 5)", &grace, NULL},
+        {"--quiet", NULL, "no mapping or progress output", NULL, &quiet},
+    };
+    const pt_cli cli = {"launch", "--stages S --replicas R [--out DIR] [--config FILE] "
+                                  "[--section.key=value ...]",
+                        "Starts S x R `pipert worker` processes on this machine (rank = replica*S\n"
+                        "+ stage), pinned to evenly divided cores, with a coordinator for\n"
+                        "rendezvous, heartbeats and job-wide abort. One log per rank in\n"
+                        "DIR/logs; exits non-zero naming the rank if any worker fails.\n"
+                        "Under SLURM or MPI start `pipert worker` directly (docs/RUNNING.md).",
+                        flags, (int)(sizeof flags / sizeof flags[0]), true, NULL};
+    pipert_config *cfg;
+    pt_cli_outcome outcome = pt_cli_parse(&cli, argc, argv, &cfg);
+    if (outcome != PT_CLI_OK) {
+        pipert_config_free(cfg);
+        return pt_cli_exit_status(outcome);
+    }
+    job j = {.quiet = quiet, .total_steps = cfg->train.steps, .log_every = cfg->train.log_every};
+    pipert_config_free(cfg);
+    char grace_text[32];
+    snprintf(grace_text, sizeof grace_text, "%s", grace);
+    char *end;
+    j.grace_s = strtod(grace_text, &end);
+    if (!parse_count(stages, PT_MAX_WORLD, &j.stages) ||
+        !parse_count(replicas, PT_MAX_WORLD, &j.replicas) || *end || !(j.grace_s >= 0) ||
+        (long)j.stages * j.replicas > PT_MAX_WORLD) {
+        fprintf(stderr, "pipert launch: --stages and --replicas take positive integers (at most "
+                        "%d workers), --grace a number of seconds\n",
+                PT_MAX_WORLD);
+        return 2;
+    }
+    if (j.stages > 1) {
+        fprintf(stderr, "pipert launch: pipeline stages arrive with the pipeline engine; use "
+                        "--stages 1\n");
+        return 2;
+    }
+    j.world = j.stages * j.replicas;
+    char default_dir[64];
+    if (!out_dir) {
+        default_out_dir(default_dir, sizeof default_dir);
+        out_dir = default_dir;
+    }
+    struct sigaction action = {.sa_handler = on_signal}; /* no SA_RESTART: poll wakes up */
+    sigaction(SIGINT, &action, NULL);
+    sigaction(SIGTERM, &action, NULL);
+    sigaction(SIGHUP, &action, NULL);
+
+    pipert_result rc = run_job(&j, out_dir, argc, argv);
+    if (rc != PIPERT_OK) fprintf(stderr, "pipert launch: error: %s\n", pipert_last_error());
+    if (j.running > 0) watch(&j);
+    int status = rc != PIPERT_OK ? 1 : report(&j);
+    free_job(&j);
+    return status;
+}
