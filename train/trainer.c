@@ -142,6 +142,7 @@ pipert_result pt_trainer_step(pt_trainer *t, pt_step_stats *stats)
         loss_sum += loss;
     }
     stats->loss = (float)(loss_sum / accum);
+    if (t->gradient_hook) PT_TRY(t->gradient_hook(t, &stats->loss, t->gradient_hook_context));
     if (!isfinite(stats->loss))
         return pt_fail(PIPERT_ERR_INTERNAL,
                        "step %ld: the loss is %f; lower train.lr or check the data", step,

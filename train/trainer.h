@@ -9,7 +9,14 @@
 #include "runtime/data.h"
 #include "train/optimizer.h"
 
-typedef struct pt_trainer {
+typedef struct pt_trainer pt_trainer;
+
+/* Runs after the backward of every step and before clipping: where the
+ * replicas of a data-parallel job average their gradients (and may average
+ * the step's loss for reporting). */
+typedef pipert_result (*pt_gradient_hook)(pt_trainer *t, float *loss, void *context);
+
+struct pt_trainer {
     pipert_config config;
     const pt_kernels *kernels;
     pt_gpt_slice *model;
@@ -19,7 +26,9 @@ typedef struct pt_trainer {
     long step;                 /* optimizer steps completed */
     int replica;               /* data-parallel replica id: picks this worker's batches (0 alone) */
     int threads;
-} pt_trainer;
+    pt_gradient_hook gradient_hook; /* NULL: none */
+    void *gradient_hook_context;
+};
 
 typedef struct pt_step_stats {
     float loss;       /* mean over the step's microbatches */
