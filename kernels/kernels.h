@@ -76,6 +76,11 @@ typedef struct pt_kernels {
                               int NH);
     void (*attention_backward)(float *dqkv, const float *dout, const float *qkv, const float *att,
                                int B, int T, int C, int NH);
+    /* Floats the caller must provide in `att` for these shapes: what the
+     * forward saves for the backward is the backend's choice. cpu: the
+     * probabilities, B·NH·T·T. cuda (flash-style, docs/CUDA.md): each row's
+     * log-sum-exp and a copy of out, B·NH·T + B·T·C. */
+    size_t (*attention_saved_floats)(int B, int T, int C, int NH);
 
     /* GELU, tanh approximation */
     void (*gelu_forward)(float *out, const float *inp, size_t n);

@@ -330,7 +330,7 @@ static void allreduce_start_step(pt_allreduce_handle *h)
         if (recv) pt_request_cancel(recv); /* its message will not be needed */
     }
     pthread_mutex_lock(&allreduce_lock);
-    h->outstanding -= 3 - posted;
+    h->outstanding -= 2 - posted; /* requests that were never posted */
     pthread_mutex_unlock(&allreduce_lock);
     if (recv) pt_request_on_complete(recv, allreduce_part_done, h);
     if (send) pt_request_on_complete(send, allreduce_part_done, h);

@@ -545,7 +545,7 @@ static void check_deadlines(pt_coordinator *c, double now)
                 used += (size_t)snprintf(missing + used, sizeof missing - used, "%s%d",
                                          listed > 1 ? ", " : "", r);
         char reason[512];
-        snprintf(reason, sizeof reason, "%d of %d ranks did not register within %.0f s (rank%s %s%s)",
+        snprintf(reason, sizeof reason, "%d of %d ranks did not register within %g s (rank%s %s%s)",
                  o->world - c->registered, o->world, o->register_timeout_s,
                  o->world - c->registered > 1 ? "s" : "", missing,
                  listed > 16 ? ", ..." : "");

@@ -14,7 +14,8 @@
  *     error     {reason}      the worker failed; the job aborts
  *   coordinator → worker
  *     welcome   {}            registration accepted
- *     refused   {reason}      registration refused; the connection closes
+ *     refused   {reason, auth}  registration refused (auth: a wrong secret);
+ *                             the connection closes
  *     table     {world, peers: [{rank, host, pid, address}, ...]}
  *                             once every rank has registered
  *     heartbeat {}            every interval, so a worker notices a dead

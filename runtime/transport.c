@@ -1,19 +1,25 @@
 /* The UCX data plane: see transport.h for the protocol.
  *
- * Threads. User threads build requests and push commands onto a queue; only
- * the progress thread calls into UCX (ucp_*), and UCX calls our callbacks on
- * it from inside ucp_worker_progress(). Shared state (request completion,
- * the peer table, connection outcomes) is guarded by one process-wide mutex,
- * `state_lock`, with one condition variable `state_changed` that every waiter
- * sleeps on; it is process-wide so that a request outlives its transport. The
- * command queue has its own lock. Neither lock is ever held while calling
- * UCX or a user callback.
+ * Threads. Only one thread at a time calls into UCX (ucp_*): the holder of
+ * `ucx_lock`. That is the progress thread, which drains a command queue that
+ * other threads fill and runs ucp_worker_progress() (UCX calls our callbacks
+ * from there), except while it sleeps in epoll: then a user thread may take
+ * the lock and post its send or receive itself (post_directly). Everything
+ * UCX-facing (connections, the in-flight list, a request's UCX side) is
+ * touched only under ucx_lock. Shared state that waiters read (request
+ * completion, the peer table, connection outcomes) is guarded by one
+ * process-wide mutex, `state_lock`, with one condition variable
+ * `state_changed` that every waiter sleeps on; it is process-wide so that a
+ * request outlives its transport. The command queue has its own lock.
+ * Neither of those two is held while calling UCX or a user callback; user
+ * callbacks do run under ucx_lock (which is why they must be short, and why
+ * requests they post are queued rather than posted on the spot).
  *
  * Objects. A `connection` is one UCX endpoint and its handshake; connections
  * live in the transport's list until destroy. A `peer` is a rank: its state
  * and the connection we send on. A pt_request is one user send or receive;
  * while it has UCX operations in flight it sits in the transport's in-flight
- * list, which only the progress thread touches.
+ * list.
  */
 #include "runtime/transport.h"
 
@@ -165,7 +171,7 @@ struct pt_request {
     pt_request_callback callback;
     void *callback_arg;
     int free_requested; /* pt_request_free() called from the request's own callback */
-    /* Progress-thread side. */
+    /* UCX side, under ucx_lock. */
     pt_message_header header; /* send: as sent; receive: as received */
     ucp_dt_iov_t iov[2];
     ucp_tag_recv_info_t info;
@@ -175,12 +181,15 @@ struct pt_request {
     pt_recv_expect expect;
     void *op;        /* receive: the UCX operation in flight */
     int part;        /* receive: which part `op` is (PART_HEADER or PART_PAYLOAD) */
+    int posting;     /* receive: inside ucp_tag_recv_nbx (its callback may run there) */
+    int completed_in_post;
+    ucs_status_t completed_status;
     int ops_pending; /* send: header and payload parts in flight */
     int failed;      /* a failure was recorded in result/message */
     pipert_result cancel_result;
     char cancel_reason[TEXT_CAPACITY];
     int in_flight;
-    pt_request *prev, *next; /* the transport's in-flight list */
+    pt_request *prev, *next; /* the transport's in-flight list (under ucx_lock) */
 };
 
 typedef enum command_op { COMMAND_POST, COMMAND_CANCEL, COMMAND_CONNECT } command_op;
@@ -210,12 +219,16 @@ struct pt_transport {
     peer *peers;
     int peer_capacity;
 
+    /* Held by whoever calls into UCX: the progress thread, except while it
+     * sleeps in epoll, or a user thread posting directly (see submit()). */
+    pthread_mutex_t ucx_lock;
+
     /* Under queue_lock. */
     pthread_mutex_t queue_lock;
     command *queue_head, *queue_tail;
     int stopping;
 
-    /* Progress thread only. */
+    /* Under ucx_lock. */
     connection *connections;
     pt_request *in_flight;
 };
@@ -513,6 +526,7 @@ static void connection_mark_failed(connection *c)
 
 static void on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
 {
+    if (!in_progress_thread) fprintf(stderr, "DEBUG on_ep_error outside the progress thread\n");
     connection *c = arg;
     pt_transport *t = c->t;
     conn_state before = c->state;
@@ -527,9 +541,12 @@ static void on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
             connection_finish(c, PIPERT_ERR_TRANSPORT, "connection to %s failed: %s", c->address,
                               ucs_status_string(status));
     } else if (before == CONN_READY) {
+        /* Once either side said goodbye on this endpoint, its end is no failure. */
+        int leaving = c->bye_sent || c->peer_left;
         char reason[TEXT_CAPACITY];
-        snprintf(reason, sizeof reason, "endpoint error: %s", ucs_status_string(status));
-        peer_fail(t, c->rank, 0, reason);
+        snprintf(reason, sizeof reason, leaving ? "its endpoint closed during shutdown (%s)" : "endpoint error: %s",
+                 ucs_status_string(status));
+        peer_fail(t, c->rank, leaving, reason);
     }
 }
 
@@ -541,24 +558,26 @@ static void on_close_done(void *request, ucs_status_t status, void *user_data)
     ucp_request_free(request);
 }
 
-static void connection_close(connection *c, int force)
+/* Always forced: see shut_down() for why a graceful close is not used. */
+static void connection_close(connection *c)
 {
     if (!c->ep || c->state == CONN_CLOSING || c->state == CONN_CLOSED) return;
     ucp_request_param_t param = {
         .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS,
-        .flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0,
+        .flags = UCP_EP_CLOSE_FLAG_FORCE,
         .cb.send = on_close_done,
         .user_data = c,
     };
+    /* Counted before the call: the callback may run inside it. */
+    c->ops++;
+    c->state = CONN_CLOSING;
     ucs_status_ptr_t op = ucp_ep_close_nbx(c->ep, &param);
     c->ep = NULL;
-    if (op && !UCS_PTR_IS_ERR(op)) {
-        c->ops++;
-        c->state = CONN_CLOSING;
-    } else {
+    if (op == NULL || UCS_PTR_IS_ERR(op)) {
         if (UCS_PTR_IS_ERR(op))
             pt_debug("transport: closing the endpoint to %s: %s", c->address,
                      ucs_status_string(UCS_PTR_STATUS(op)));
+        c->ops--;
         c->state = CONN_CLOSED;
     }
 }
@@ -577,7 +596,7 @@ static void connection_refuse(connection *c, const char *fmt, ...)
     connection_finish(c, PIPERT_ERR_AUTH, "refused the connection %s %s: %s", c->accepted ? "from" : "to",
                       c->address, reason);
     c->state = CONN_FAILED;
-    connection_close(c, 1);
+    connection_close(c);
 }
 
 /* Posts a stream operation whose completion calls done(c, status); handles
@@ -606,6 +625,7 @@ static void stream_post(connection *c, int is_send, void *buffer, size_t bytes, 
     };
     ucs_status_ptr_t op;
     size_t received = 0;
+    c->ops++; /* before the call: the callback may run inside it */
     if (is_send) {
         param.cb.send = on_stream_send_done;
         op = ucp_stream_send_nbx(c->ep, buffer, bytes, &param);
@@ -617,14 +637,14 @@ static void stream_post(connection *c, int is_send, void *buffer, size_t bytes, 
     }
     if (op == NULL || UCS_PTR_IS_ERR(op)) {
         free(context);
+        c->ops--;
         done(c, op ? UCS_PTR_STATUS(op) : UCS_OK);
-        return;
     }
-    c->ops++;
 }
 
 static void stream_op_finished(void *request, ucs_status_t status, void *user_data)
 {
+    if (!in_progress_thread) fprintf(stderr, "DEBUG stream cb outside the progress thread\n");
     stream_op_context *context = user_data;
     connection *c = context->c;
     stream_done_fn done = context->done;
@@ -777,6 +797,7 @@ static void connection_link(pt_transport *t, connection *c)
 
 static void on_connection_request(ucp_conn_request_h request, void *arg)
 {
+    if (!in_progress_thread) fprintf(stderr, "DEBUG conn request outside the progress thread\n");
     pt_transport *t = arg;
     char address[ADDRESS_CAPACITY] = "(unknown address)";
     ucp_conn_request_attr_t attr = {.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR};
@@ -845,7 +866,7 @@ static void maintain_connections(pt_transport *t)
                               c->address, t->connect_timeout_s);
             c->state = CONN_FAILED;
         }
-        if (c->state == CONN_FAILED) connection_close(c, 1);
+        if (c->state == CONN_FAILED) connection_close(c);
         pthread_mutex_lock(&state_lock);
         int reapable = c->state == CONN_CLOSED && c->ops == 0 && !c->waiter &&
                        !(c->rank >= 0 && c->rank < t->peer_capacity && t->peers[c->rank].conn == c);
@@ -880,6 +901,7 @@ static void send_part_finished(pt_request *r, ucs_status_t status)
 
 static void on_send_part_done(void *request, ucs_status_t status, void *user_data)
 {
+    if (!in_progress_thread) fprintf(stderr, "DEBUG send cb outside the progress thread\n");
     ucp_request_free(request);
     send_part_finished(user_data, status);
 }
@@ -940,21 +962,27 @@ static void payload_arrived(pt_request *r, ucs_status_t status, const ucp_tag_re
 static void recv_part(pt_request *r, void *buffer, size_t count, int iov, int part)
 {
     pt_transport *t = r->t;
+    /* No immediate completion: UCX 1.13 leaves recv_info unfilled when an
+     * IOV receive completes at once, so every completion comes through the
+     * callback (which may run inside ucp_tag_recv_nbx: see on_recv_part_done). */
     ucp_request_param_t param = {
         .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
-                        UCP_OP_ATTR_FIELD_DATATYPE | UCP_OP_ATTR_FIELD_RECV_INFO,
+                        UCP_OP_ATTR_FIELD_DATATYPE | UCP_OP_ATTR_FLAG_NO_IMM_CMPL,
         .cb.recv = on_recv_part_done,
         .user_data = r,
         .datatype = iov ? UCP_DATATYPE_IOV : ucp_dt_make_contig(1),
-        .recv_info.tag_info = &r->info,
     };
     r->part = part;
+    r->posting = 1;
+    r->completed_in_post = 0;
     ucs_status_ptr_t op =
         ucp_tag_recv_nbx(t->worker, buffer, count, make_tag(r->kind, r->peer, part, r->user_tag), ~(ucp_tag_t)0, &param);
+    r->posting = 0;
     void (*arrived)(pt_request *, ucs_status_t, const ucp_tag_recv_info_t *) =
         part == PART_HEADER ? header_arrived : payload_arrived;
-    if (op == NULL || UCS_PTR_IS_ERR(op)) {
-        arrived(r, op ? UCS_PTR_STATUS(op) : UCS_OK, &r->info);
+    if (r->completed_in_post || op == NULL || UCS_PTR_IS_ERR(op)) {
+        ucs_status_t status = r->completed_in_post ? r->completed_status : op ? UCS_PTR_STATUS(op) : UCS_ERR_NO_PROGRESS;
+        arrived(r, status, &r->info);
         return;
     }
     r->op = op;
@@ -977,8 +1005,15 @@ static void recv_part(pt_request *r, void *buffer, size_t count, int iov, int pa
 
 static void on_recv_part_done(void *request, ucs_status_t status, const ucp_tag_recv_info_t *info, void *user_data)
 {
+    if (!in_progress_thread) fprintf(stderr, "DEBUG recv cb outside the progress thread\n");
     pt_request *r = user_data;
     ucp_request_free(request);
+    if (status == UCS_OK) r->info = *info;
+    if (r->posting) { /* finish in recv_part, after ucp_tag_recv_nbx returned */
+        r->completed_in_post = 1;
+        r->completed_status = status;
+        return;
+    }
     r->op = NULL;
     if (r->part == PART_HEADER) header_arrived(r, status, info);
     else payload_arrived(r, status, info);
@@ -1053,7 +1088,7 @@ static int header_acceptable(const pt_transport *t, const pt_request *r, char *w
     if (h->nbytes > r->capacity)
         return snprintf(why, capacity, "nbytes: %llu exceeds the %zu bytes this receive allows",
                         (unsigned long long)h->nbytes, r->capacity), 0;
-    if (e->require_checksum && h->checksum == 0)
+    if (e->require_checksum && h->checksum == 0 && h->nbytes > 0)
         return snprintf(why, capacity, "checksum: none, and this receive requires one"), 0;
     return 1;
 }
@@ -1198,7 +1233,9 @@ static void progress_round(pt_transport *t, int max_wait_ms)
     int wait_ms = next_deadline_ms(t);
     if (wait_ms > max_wait_ms) wait_ms = max_wait_ms;
     struct epoll_event events[2];
+    pthread_mutex_unlock(&t->ucx_lock);
     int n = epoll_wait(t->epoll_fd, events, 2, status == UCS_OK ? wait_ms : 1);
+    pthread_mutex_lock(&t->ucx_lock);
     for (int i = 0; i < n; i++) {
         if (events[i].data.fd == t->wake_fd) {
             uint64_t count;
@@ -1228,7 +1265,13 @@ static void progress_until(pt_transport *t, int (*done)(const pt_transport *), d
     while (!done(t) && pt_now_s() < deadline) progress_round(t, 50);
 }
 
-/* Goodbyes first, so that peers see us leave rather than fail; then closes. */
+/* Goodbyes first, so that peers see us leave rather than fail; then closes.
+ *
+ * Endpoints are closed with UCP_EP_CLOSE_FLAG_FORCE: a peer that acknowledged
+ * our goodbye has received everything we sent before it (one ordered lane),
+ * and what is still in flight (a rendezvous send the peer never matched) is
+ * to be cancelled anyway. A graceful close would also trip an assertion in
+ * UCX 1.13 when such a rendezvous request is still attached to the endpoint. */
 static void shut_down(pt_transport *t)
 {
     if (t->listener) {
@@ -1242,10 +1285,7 @@ static void shut_down(pt_transport *t)
     }
     progress_until(t, all_byes_acknowledged, SHUTDOWN_STEP_S);
     cancel_receives_from(t, -1, PIPERT_ERR_INTERRUPTED, "the transport was shut down");
-    for (connection *c = t->connections; c; c = c->next) {
-        if (c->state == CONN_HANDSHAKE) c->state = CONN_FAILED;
-        connection_close(c, c->state != CONN_READY);
-    }
+    for (connection *c = t->connections; c; c = c->next) connection_close(c);
     progress_until(t, all_connections_closed, SHUTDOWN_STEP_S);
 }
 
@@ -1253,6 +1293,7 @@ static void *progress_main(void *arg)
 {
     pt_transport *t = arg;
     in_progress_thread = 1;
+    pthread_mutex_lock(&t->ucx_lock);
     for (;;) {
         pthread_mutex_lock(&t->queue_lock);
         int stopping = t->stopping;
@@ -1262,6 +1303,7 @@ static void *progress_main(void *arg)
     }
     run_commands(t); /* commands queued before `stopping` was set */
     shut_down(t);
+    pthread_mutex_unlock(&t->ucx_lock);
     return NULL;
 }
 
@@ -1375,6 +1417,7 @@ static void release(pt_transport *t)
     if (t->epoll_fd >= 0) close(t->epoll_fd);
     if (t->wake_fd >= 0) close(t->wake_fd);
     pthread_mutex_destroy(&t->queue_lock);
+    pthread_mutex_destroy(&t->ucx_lock);
     free(t->peers);
     free(t);
 }
@@ -1400,6 +1443,7 @@ pipert_result pt_transport_create(const pt_transport_options *options, pt_transp
     t->connect_timeout_s = options->connect_timeout_s > 0 ? options->connect_timeout_s : 30.0;
     t->wake_fd = t->epoll_fd = -1;
     pthread_mutex_init(&t->queue_lock, NULL);
+    pthread_mutex_init(&t->ucx_lock, NULL);
     pipert_result rc = open_ucx(t);
     if (rc == PIPERT_OK) rc = open_listener(t, options);
     if (rc == PIPERT_OK && pthread_create(&t->thread, NULL, progress_main, t) != 0)
@@ -1560,8 +1604,38 @@ static pipert_result new_request(pt_transport *t, request_type type, int peer_ra
     return PIPERT_OK;
 }
 
+/* Posts on this thread when UCX is free (the progress thread sleeps), which
+ * saves a thread hand-off: an eager send then completes before we return.
+ * Commands already queued run first, so requests keep the order in which
+ * they were made. Returns 0 if the caller must queue the request instead. */
+static int post_directly(pt_transport *t, pt_request *r)
+{
+    if (in_progress_thread || pthread_mutex_trylock(&t->ucx_lock) != 0) return 0;
+    pthread_mutex_lock(&t->queue_lock);
+    int stopping = t->stopping;
+    pthread_mutex_unlock(&t->queue_lock);
+    if (stopping) {
+        pthread_mutex_unlock(&t->ucx_lock);
+        return 0;
+    }
+    run_commands(t);
+    if (r->type == REQUEST_SEND) post_send(t, r);
+    else post_receive(t, r);
+    pthread_mutex_lock(&state_lock);
+    int pending = r->state == REQUEST_PENDING;
+    pthread_mutex_unlock(&state_lock);
+    pthread_mutex_unlock(&t->ucx_lock);
+    /* Whatever is left needs ucp_worker_progress: the progress thread's job. */
+    if (pending) wake_progress_thread(t);
+    return 1;
+}
+
 static pipert_result submit(pt_transport *t, pt_request *r, pt_request **out)
 {
+    if (post_directly(t, r)) {
+        *out = r;
+        return PIPERT_OK;
+    }
     pipert_result rc = enqueue(t, COMMAND_POST, r, NULL);
     if (rc != PIPERT_OK) {
         free(r);

@@ -8,7 +8,17 @@
  * test: on a deadline or a failure every child is killed and reaped. */
 #include <criterion/criterion.h>
 
+#ifdef __SANITIZE_ADDRESS__
+#include <sanitizer/lsan_interface.h>
+/* Children end with _exit, which skips LeakSanitizer's exit check: run it by hand. */
+#define CHILD_LEAK_CHECK() __lsan_do_recoverable_leak_check()
+#else
+#define CHILD_LEAK_CHECK() 0
+#endif
+
+#include <arpa/inet.h>
 #include <errno.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -16,12 +26,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "runtime/clock.h"
 #include "runtime/safetensors.h"
+#include "runtime/log.h"
 #include "runtime/transport.h"
 
 #define MAX_RANKS 8
@@ -97,6 +109,7 @@ static void child_main(const job_spec *spec, int rank, int up_fd, int down_fd)
         setvbuf(stderr, NULL, _IONBF, 0);
     }
     rank_context ctx = {.rank = rank, .n = spec->n, .up_fd = up_fd};
+    pt_log_set_rank(rank);
     pt_transport_options options = PT_TRANSPORT_OPTIONS_INIT;
     options.rank = rank;
     options.secret = spec->secret[rank] ? spec->secret[rank] : JOB_SECRET;
@@ -118,7 +131,8 @@ static void child_main(const job_spec *spec, int rank, int up_fd, int down_fd)
         status = 94;
     }
     if (status == 0) status = spec->body(&ctx);
-    pt_transport_destroy(ctx.t);
+    pt_transport_destroy(ctx.t); /* NULL if the body destroyed it */
+    if (status == 0 && CHILD_LEAK_CHECK()) status = 95;
     fflush(stderr);
     _exit(status);
 }
@@ -473,6 +487,8 @@ static int secret_body(rank_context *ctx)
         CHILD_CHECK(ctx, pt_transport_wait_peer(ctx->t, 1, 2.0) == PIPERT_ERR_TIMEOUT, "rank 1 must not get in");
         CHILD_CHECK(ctx, !pt_transport_peer_alive(ctx->t, 1), "rank 1 is not a peer");
         CHILD_CHECK(ctx, pt_transport_peer_alive(ctx->t, 2), "rank 2 is a peer");
+        pt_message_header done = bytes_header(0, PT_KIND_ACTIVATION);
+        CHILD_CHECK(ctx, send_and_wait(ctx->t, 2, 1, &done, NULL, 0) == PIPERT_OK, "tell rank 2 we are done");
         return 0;
     }
     pipert_result rc = pt_transport_connect(ctx->t, 0, ctx->addresses[0]);
@@ -486,6 +502,11 @@ static int secret_body(rank_context *ctx)
         pt_request_free(r);
     } else {
         CHILD_CHECK(ctx, rc == PIPERT_OK, "the right secret gets in");
+        pt_recv_expect e = any_shape(PT_KIND_ACTIVATION);
+        pt_request *r;
+        CHILD_CHECK(ctx, pt_recv(ctx->t, 0, 1, &e, NULL, 0, &r) == PIPERT_OK, "post");
+        CHILD_CHECK(ctx, pt_request_wait(r, 20.0) == PIPERT_OK, "rank 0 is done");
+        pt_request_free(r);
     }
     return 0;
 }
@@ -517,6 +538,36 @@ Test(transport, wrong_secret_is_refused_and_logged)
 }
 
 /* ---- failures ---- */
+
+static int connect_to_nobody_body(rank_context *ctx)
+{
+    /* A port that was just free: nothing listens there. */
+    int probe = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in address = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t length = sizeof address;
+    CHILD_CHECK(ctx, probe >= 0 && bind(probe, (struct sockaddr *)&address, sizeof address) == 0 &&
+                         getsockname(probe, (struct sockaddr *)&address, &length) == 0, "probe socket");
+    close(probe);
+    char target[64];
+    snprintf(target, sizeof target, "127.0.0.1:%d", ntohs(address.sin_port));
+    double start = pt_now_s();
+    pipert_result rc = pt_transport_connect(ctx->t, 1, target);
+    CHILD_CHECK(ctx, rc == PIPERT_ERR_TRANSPORT || rc == PIPERT_ERR_TIMEOUT, "connecting to %s: got %s", target,
+                pipert_result_str(rc));
+    CHILD_CHECK(ctx, strstr(pipert_last_error(), target) != NULL, "the error names %s: %s", target,
+                pipert_last_error());
+    CHILD_CHECK(ctx, pt_now_s() - start < 11.0, "gave up after %.1f s", pt_now_s() - start);
+    CHILD_CHECK(ctx, pt_transport_connect(ctx->t, 1, "no-port-here") == PIPERT_ERR_INVALID_ARG, "bad address");
+    CHILD_CHECK(ctx, pt_transport_connect(ctx->t, 0, target) == PIPERT_ERR_INVALID_ARG, "connect to itself");
+    return 0;
+}
+
+Test(transport, connecting_to_a_closed_port_fails)
+{
+    job_spec spec = {.n = 1, .body = connect_to_nobody_body};
+    RUN_JOB(spec);
+}
+
 
 static int killed_peer_body(rank_context *ctx)
 {
@@ -578,6 +629,43 @@ Test(transport, peer_that_shuts_down_is_marked_left)
     RUN_JOB(spec);
 }
 
+/* Destroying a transport with sends and receives still in flight: nothing
+ * crashes, and every request ends (with an error) by the time destroy returns. */
+static int destroy_in_flight_body(rank_context *ctx)
+{
+    int other = 1 - ctx->rank;
+    size_t big = 4u << 20;
+    unsigned char *out = calloc(1, big), *in = calloc(1, big);
+    CHILD_CHECK(ctx, out && in, "no memory");
+    pt_message_header large = bytes_header(big, PT_KIND_ACTIVATION), small = bytes_header(16, PT_KIND_ACTIVATION);
+    pt_recv_expect e = any_shape(PT_KIND_ACTIVATION);
+    pt_request *r[4];
+    /* Rendezvous and eager sends nobody receives, receives nobody sends to. */
+    CHILD_CHECK(ctx, pt_send(ctx->t, other, 1, &large, out, 0, &r[0]) == PIPERT_OK, "post");
+    CHILD_CHECK(ctx, pt_send(ctx->t, other, 2, &small, out, 0, &r[1]) == PIPERT_OK, "post");
+    CHILD_CHECK(ctx, pt_recv(ctx->t, other, 3, &e, in, big, &r[2]) == PIPERT_OK, "post");
+    CHILD_CHECK(ctx, pt_recv(ctx->t, other, 4, &e, in, 16, &r[3]) == PIPERT_OK, "post");
+    usleep(100000); /* let the rendezvous start */
+    pt_transport_destroy(ctx->t);
+    ctx->t = NULL;
+    for (int i = 0; i < 4; i++) {
+        pipert_result result;
+        CHILD_CHECK(ctx, pt_request_test(r[i], &result), "request %d ended with the transport", i);
+        /* The eager send may have completed before; the others cannot have. */
+        CHILD_CHECK(ctx, i == 1 || result != PIPERT_OK, "request %d cannot have succeeded", i);
+        pt_request_free(r[i]);
+    }
+    free(out);
+    free(in);
+    return 0;
+}
+
+Test(transport, destroy_with_requests_in_flight)
+{
+    job_spec spec = {.n = 2, .body = destroy_in_flight_body, .mesh = 1};
+    RUN_JOB(spec);
+}
+
 /* ---- completion by callback, cancellation, timeouts ---- */
 
 typedef struct echo_state {
@@ -615,6 +703,10 @@ static int callback_body(rank_context *ctx)
         CHILD_CHECK(ctx, pt_request_wait(r, 20.0) == PIPERT_OK, "echo");
         pt_request_free(r);
         for (int i = 0; i < 4; i++) CHILD_CHECK(ctx, back[i] == 2 * value[i], "echo[%d] = %g", i, back[i]);
+        pt_recv_expect done = any_shape(PT_KIND_ACTIVATION);
+        CHILD_CHECK(ctx, pt_recv(ctx->t, 0, 3, &done, NULL, 0, &r) == PIPERT_OK, "post");
+        CHILD_CHECK(ctx, pt_request_wait(r, 20.0) == PIPERT_OK, "rank 0 is done");
+        pt_request_free(r);
         return 0;
     }
     static echo_state s;
@@ -640,6 +732,8 @@ static int callback_body(rank_context *ctx)
     /* Freeing a pending receive cancels it. */
     CHILD_CHECK(ctx, pt_recv(ctx->t, 1, 98, &e, nothing, sizeof nothing, &r) == PIPERT_OK, "post");
     pt_request_free(r);
+    pt_message_header done = bytes_header(0, PT_KIND_ACTIVATION);
+    CHILD_CHECK(ctx, send_and_wait(ctx->t, 1, 3, &done, NULL, 0) == PIPERT_OK, "tell rank 1 we are done");
     return 0;
 }
 

@@ -89,6 +89,7 @@ typedef struct job {
      * SIGKILL at kill_at */
     double term_at, kill_at;
     bool terminated, killed;
+    int signals_handled; /* SIGINT/SIGTERM/SIGHUP to the launcher acted upon */
 } job;
 
 /* ---- setup ------------------------------------------------------------------ */
@@ -324,6 +325,9 @@ static void reap_workers(job *j)
         int status;
         pid_t pid = waitpid(-1, &status, WNOHANG);
         if (pid <= 0) return;
+        /* What the worker said last (its error, its "done") was sent before
+         * it exited: read it before judging the exit. */
+        pt_coordinator_poll(j->coordinator, 0);
         for (int r = 0; r < j->world; r++) {
             worker_process *w = &j->workers[r];
             if (w->pid != pid || !w->running) continue;
@@ -361,10 +365,9 @@ static void enforce_shutdown(job *j, const pt_job_status *status, double now)
 
 static void handle_launcher_signal(job *j, double now)
 {
-    static int handled;
-    if (launcher_signal_count == handled) return;
-    handled = launcher_signal_count;
-    if (handled == 1) {
+    if (launcher_signal_count == j->signals_handled) return;
+    j->signals_handled = launcher_signal_count;
+    if (j->signals_handled == 1) {
         pt_coordinator_abort(j->coordinator, -1, "pipert launch received SIG%s",
                              sigabbrev_np(launcher_signal));
         signal_running(j, SIGTERM);
@@ -410,6 +413,9 @@ static void watch(job *j)
         enforce_shutdown(j, &status, now);
         show_progress(j, &progress, &status, &shown_step, &shown_val_step);
     }
+    /* The last worker's "done" may still wait in its socket: it was sent
+     * before the process exited, so one more round reads it. */
+    pt_coordinator_poll(j->coordinator, 0);
     pt_progress_finish(&progress);
 }
 

@@ -232,6 +232,11 @@ static pipert_result train(worker *w)
         float val_loss = NAN;
         if (w->writes_outputs && (every(t->step, ts->val_every) || last))
             PT_TRY(validate(w, &val_loss));
+        if (log_now || !isnan(val_loss) || now - reported_at >= PROGRESS_PERIOD_S) {
+            pt_rank_progress p = {t->step, ts->steps, stats.loss, tokens_per_s, val_loss};
+            PT_TRY(pt_coord_client_send_progress(w->client, &p));
+            reported_at = now;
+        }
         if (log_now) {
             char text[192];
             snprintf(text, sizeof text, "step %ld/%ld | loss %.4f | lr %.2e | %.0f tok/s | %.0f ms/step",
@@ -242,11 +247,6 @@ static pipert_result train(worker *w)
             log_job_progress(w);
             window_started = pt_now_s();
             window_steps = 0;
-        }
-        if (log_now || !isnan(val_loss) || now - reported_at >= PROGRESS_PERIOD_S) {
-            pt_rank_progress p = {t->step, ts->steps, stats.loss, tokens_per_s, val_loss};
-            PT_TRY(pt_coord_client_send_progress(w->client, &p));
-            reported_at = now;
         }
         if (w->writes_outputs && (every(t->step, ts->checkpoint_every) || last))
             PT_TRY(pt_checkpoint_save(w->out_dir, t->step, t->model, &t->optimizer, &t->config,
@@ -263,11 +263,17 @@ static pipert_result finish(worker *w)
 {
     PT_TRY(pt_coord_client_send_done(w->client));
     if (!w->coordinator) return PIPERT_OK;
-    pt_coordinator_wait(w->coordinator, 1e9);
-    log_job_progress(w);
     pt_job_status status;
-    pt_coordinator_status(w->coordinator, &status);
-    if (status.phase != PT_JOB_ABORTED) return PIPERT_OK;
+    do {
+        pt_coordinator_wait(w->coordinator, 0.5);
+        pt_coordinator_status(w->coordinator, &status);
+    } while (status.phase != PT_JOB_FINISHED && status.phase != PT_JOB_ABORTED && !stop_signal);
+    log_job_progress(w);
+    if (status.phase == PT_JOB_FINISHED) return PIPERT_OK;
+    if (status.phase != PT_JOB_ABORTED)
+        return pt_fail(PIPERT_ERR_INTERRUPTED, "stopped by signal %d while the other ranks ran "
+                                               "(this process hosts the coordinator)",
+                       (int)stop_signal);
     return status.abort_rank >= 0 ? pt_fail(PIPERT_ERR_PEER, "job aborted: rank %d: %s",
                                             status.abort_rank, status.abort_reason)
                                   : pt_fail(PIPERT_ERR_PEER, "job aborted: %s", status.abort_reason);
@@ -336,8 +342,10 @@ int pt_cmd_worker(int argc, char **argv)
         pipert_config_free(cfg);
         return pt_cli_exit_status(outcome);
     }
-    worker w = {.out_dir = out_dir, .quiet = quiet, .stages = atoi(stages)};
-    if (!out_dir || w.stages < 1) {
+    char *end;
+    long stage_count = strtol(stages, &end, 10);
+    worker w = {.out_dir = out_dir, .quiet = quiet, .stages = (int)stage_count};
+    if (!out_dir || *end || stage_count < 1 || stage_count > PT_MAX_WORLD) {
         pipert_config_free(cfg);
         fprintf(stderr, "pipert worker: %s\n", !out_dir ? "--out DIR is required"
                                                         : "--stages must be a positive integer");

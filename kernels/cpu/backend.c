@@ -15,6 +15,12 @@ static void cpu_copy(void *dst, const void *src, size_t bytes) { memcpy(dst, src
 
 static void cpu_synchronize(void) {}
 
+/* attention_forward keeps the softmax probabilities att[B,NH,T,T]. */
+static size_t cpu_attention_saved_floats(int B, int T, int C, int NH)
+{
+    return (size_t)B * (size_t)NH * (size_t)T * (size_t)T;
+}
+
 static const pt_kernels cpu_kernels = {
     .name = "cpu",
 
@@ -34,6 +40,7 @@ static const pt_kernels cpu_kernels = {
     .matmul_backward = pt_cpu_matmul_backward,
     .attention_forward = pt_cpu_attention_forward,
     .attention_backward = pt_cpu_attention_backward,
+    .attention_saved_floats = cpu_attention_saved_floats,
     .gelu_forward = pt_cpu_gelu_forward,
     .gelu_backward = pt_cpu_gelu_backward,
     .residual_forward = pt_cpu_residual_forward,
