@@ -128,9 +128,19 @@ static float *carve(carver *cv, size_t n)
     return p;
 }
 
+/* What attention keeps for its backward: the whole probability matrix on the
+ * CPU, one log-sum-exp per row for a flash-style kernel. Without a backend
+ * yet (sizing only), the CPU's amount, the larger. */
+static size_t attention_saved_floats(const pt_gpt_slice *s)
+{
+    const int NH = s->config.n_head, C = s->config.n_embd;
+    if (s->kernels) return s->kernels->attention_saved_floats(s->B, s->T, C, NH);
+    return (size_t)s->B * NH * s->T * s->T;
+}
+
 static void carve_activations(pt_gpt_slice *s, carver *cv)
 {
-    const size_t N = (size_t)s->B * s->T, C = s->config.n_embd, NH = s->config.n_head;
+    const size_t N = (size_t)s->B * s->T, C = s->config.n_embd;
     s->input = carve(cv, N * C);
     for (int b = 0; b < s->last - s->first; b++) {
         pt_gpt_block_acts *a = &s->block_acts[b];
@@ -138,7 +148,7 @@ static void carve_activations(pt_gpt_slice *s, carver *cv)
         a->ln_1_mean = carve(cv, N);
         a->ln_1_rstd = carve(cv, N);
         a->qkv = carve(cv, N * 3 * C);
-        a->att = carve(cv, (size_t)s->B * NH * s->T * s->T);
+        a->att = carve(cv, attention_saved_floats(s));
         a->atty = carve(cv, N * C);
         a->residual_2 = carve(cv, N * C);
         a->ln_2 = carve(cv, N * C);

@@ -62,7 +62,8 @@ typedef struct pt_gpt_block_acts {
     float *ln_1;                  /* [N, C] */
     float *ln_1_mean, *ln_1_rstd; /* [N] */
     float *qkv;                   /* [N, 3C] */
-    float *att;                   /* [B, NH, T, T] softmax probabilities */
+    float *att;                   /* what attention saves for its backward: [B, NH, T, T]
+                                     probabilities (cpu), or per-row statistics (cuda) */
     float *atty;                  /* [N, C] attention output before c_proj */
     float *residual_2;            /* [N, C] x + attn(ln_1(x)) */
     float *ln_2;                  /* [N, C] */
