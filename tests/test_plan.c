@@ -1,0 +1,93 @@
+/* Stage splits: the balanced split is the best contiguous split (checked
+ * against brute force), every block is assigned exactly once, and explicit
+ * splits that are not a partition are errors naming the problem. */
+#include <criterion/criterion.h>
+#include <string.h>
+
+#include "pipeline/plan.h"
+
+static double max_stage_cost(const pt_gpt_config *c, int T, const int *bounds, int S)
+{
+    double worst = 0;
+    for (int s = 0; s < S; s++) {
+        double cost = pt_plan_stage_flops(c, T, bounds[s], bounds[s + 1]);
+        worst = cost > worst ? cost : worst;
+    }
+    return worst;
+}
+
+/* The cheapest "most expensive stage" over every split of L blocks into S
+ * non-empty ranges. */
+static double brute_force(const pt_gpt_config *c, int T, int S, int *bounds, int s)
+{
+    if (s == S - 1) {
+        bounds[S] = c->n_layer;
+        return max_stage_cost(c, T, bounds, S);
+    }
+    double best = 1e300;
+    for (int cut = bounds[s] + 1; cut <= c->n_layer - (S - 1 - s); cut++) {
+        bounds[s + 1] = cut;
+        double cost = brute_force(c, T, S, bounds, s + 1);
+        best = cost < best ? cost : best;
+    }
+    return best;
+}
+
+Test(plan, balanced_split_is_optimal)
+{
+    const int widths[] = {64, 256, 768};
+    const int vocabs[] = {256, 4096, 50257};
+    for (int w = 0; w < 3; w++)
+        for (int L = 1; L <= 10; L++)
+            for (int S = 1; S <= L && S <= 5; S++) {
+                pt_gpt_config c = {.n_layer = L, .n_embd = widths[w], .n_head = 4,
+                                   .block_size = 256, .vocab_size = vocabs[w]};
+                pt_stage_plan plan;
+                cr_assert_eq(pt_plan_balanced(&c, 256, S, &plan), PIPERT_OK, "%s", pipert_last_error());
+                cr_assert_eq(plan.bounds[0], 0);
+                cr_assert_eq(plan.bounds[S], L);
+                for (int s = 0; s < S; s++)
+                    cr_assert_lt(plan.bounds[s], plan.bounds[s + 1], "L=%d S=%d: stage %d empty", L, S, s);
+                int scratch[8] = {0};
+                double best = brute_force(&c, 256, S, scratch, 0);
+                double got = max_stage_cost(&c, 256, plan.bounds, S);
+                cr_assert(got <= best * (1 + 1e-9), "C=%d L=%d S=%d: worst stage %.4g, best %.4g",
+                          widths[w], L, S, got, best);
+            }
+}
+
+Test(plan, the_head_weighs_on_the_last_stage)
+{
+    /* GPT-2 small: the 50257×768 head costs about 3.3 blocks */
+    pt_gpt_config c = {.n_layer = 12, .n_embd = 768, .n_head = 12, .block_size = 1024, .vocab_size = 50257};
+    pt_stage_plan plan;
+    cr_assert_eq(pt_plan_balanced(&c, 1024, 4, &plan), PIPERT_OK);
+    int last_blocks = plan.bounds[4] - plan.bounds[3], first_blocks = plan.bounds[1];
+    cr_expect_lt(last_blocks, first_blocks, "last stage %d blocks, first %d", last_blocks, first_blocks);
+}
+
+Test(plan, explicit_splits)
+{
+    pt_stage_plan plan;
+    cr_assert_eq(pt_plan_parse("3,3,3,3", 12, 4, &plan), PIPERT_OK, "%s", pipert_last_error());
+    cr_expect_eq(plan.bounds[2], 6);
+    cr_assert_eq(pt_plan_parse("1,5", 6, 2, &plan), PIPERT_OK);
+    cr_expect_eq(plan.bounds[1], 1);
+
+    struct { const char *spec; int L, S; const char *phrase; } bad[] = {
+        {"3,3,3", 12, 4, "3 entries for 4 stages"},
+        {"3,3,3,2", 12, 4, "blocks 11..11 left out"},
+        {"4,4,4,4", 12, 4, "more than model.n_layer=12"},
+        {"3,0,3,6", 12, 4, "stage 1 gets 0 blocks"},
+        {"3,3,x,3", 12, 4, "not a list"},
+        {"3,3,3,3,", 12, 4, "not a list"},
+        {"6,6,0", 12, 2, "more entries"},
+        {"1,1,1", 2, 3, "every stage needs at least one block"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        cr_expect_eq(pt_plan_parse(bad[i].spec, bad[i].L, bad[i].S, &plan), PIPERT_ERR_CONFIG, "%s",
+                     bad[i].spec);
+        cr_expect(strstr(pipert_last_error(), bad[i].phrase) != NULL, "%s: message '%s' lacks '%s'",
+                  bad[i].spec, pipert_last_error(), bad[i].phrase);
+    }
+}
