@@ -20,22 +20,25 @@ struct pt_group {
     atomic_uint sequence; /* of the next collective */
 };
 
-pipert_result pt_group_create(pt_transport *t, const int *ranks, int n_ranks, const pt_group_options *options,
-                              pt_group **out)
+pipert_result pt_group_create(pt_transport *t, const int *ranks, int n_ranks,
+                              const pt_group_options *options, pt_group **out)
 {
     *out = NULL;
     pt_group_options defaults = PT_GROUP_OPTIONS_INIT;
     if (!options) options = &defaults;
     if (n_ranks < 1) return pt_fail(PIPERT_ERR_INVALID_ARG, "group: %d members", n_ranks);
-    if (options->id > 255) return pt_fail(PIPERT_ERR_INVALID_ARG, "group: id %u is above 255", options->id);
+    if (options->id > 255)
+        return pt_fail(PIPERT_ERR_INVALID_ARG, "group: id %u is above 255", options->id);
     int index = -1;
     for (int i = 0; i < n_ranks; i++) {
         if (ranks[i] < 0 || ranks[i] >= PT_TRANSPORT_MAX_RANKS)
-            return pt_fail(PIPERT_ERR_INVALID_ARG, "group: ranks[%d] = %d is not a rank", i, ranks[i]);
+            return pt_fail(PIPERT_ERR_INVALID_ARG, "group: ranks[%d] = %d is not a rank", i,
+                           ranks[i]);
         for (int j = 0; j < i; j++)
             if (ranks[j] == ranks[i])
-                return pt_fail(PIPERT_ERR_INVALID_ARG, "group: rank %d appears twice (ranks[%d], ranks[%d])",
-                               ranks[i], j, i);
+                return pt_fail(PIPERT_ERR_INVALID_ARG,
+                               "group: rank %d appears twice (ranks[%d], ranks[%d])", ranks[i], j,
+                               i);
         if (ranks[i] == pt_transport_rank(t)) index = i;
     }
     if (index < 0)
@@ -70,7 +73,7 @@ void pt_group_destroy(pt_group *g)
 int pt_group_size(const pt_group *g) { return g->size; }
 int pt_group_index(const pt_group *g) { return g->index; }
 
-/* ---- messages of one collective ----------------------------------------------------------------- */
+/* ---- messages of one collective ------------------------------------------ */
 
 /* One collective's identity: its tag (group id | sequence) and its name for errors. */
 typedef struct collective {
@@ -92,8 +95,8 @@ static int member(const pt_group *g, int index) { return (index % g->size + g->s
 
 /* Posts the send of `count` elements of `dtype` to member `to`; `step` goes
  * into the header (microbatch) to help whoever reads a trace. */
-static pipert_result post_send(const collective *c, int to, const void *data, size_t count, pt_dtype dtype,
-                               int step, pt_request **out)
+static pipert_result post_send(const collective *c, int to, const void *data, size_t count,
+                               pt_dtype dtype, int step, pt_request **out)
 {
     pt_message_header h = {
         .kind = PT_KIND_COLLECTIVE,
@@ -110,8 +113,8 @@ static pipert_result post_send(const collective *c, int to, const void *data, si
     return rc;
 }
 
-static pipert_result post_recv(const collective *c, int from, void *data, size_t count, pt_dtype dtype,
-                               pt_request **out)
+static pipert_result post_recv(const collective *c, int from, void *data, size_t count,
+                               pt_dtype dtype, pt_request **out)
 {
     pt_recv_expect expect = {
         .kind = PT_KIND_COLLECTIVE,
@@ -159,7 +162,7 @@ static pipert_result exchange(const collective *c, int to, const void *send, int
     return waited;
 }
 
-/* ---- barrier, broadcast, all-gather --------------------------------------------------------------- */
+/* ---- barrier, broadcast, all-gather -------------------------------------- */
 
 pipert_result pt_barrier(pt_group *g)
 {
@@ -168,15 +171,16 @@ pipert_result pt_barrier(pt_group *g)
      * ceil(log2 n) rounds each has heard, indirectly, from all. */
     int round = 0;
     for (int distance = 1; distance < g->size; distance *= 2, round++)
-        PT_TRY(exchange(&c, g->index + distance, NULL, g->index - distance, NULL, 0, PT_DTYPE_U8, round));
+        PT_TRY(exchange(&c, g->index + distance, NULL, g->index - distance, NULL, 0, PT_DTYPE_U8,
+                        round));
     return PIPERT_OK;
 }
 
 pipert_result pt_broadcast(pt_group *g, void *buffer, size_t nbytes, int root_index)
 {
     if (root_index < 0 || root_index >= g->size)
-        return pt_fail(PIPERT_ERR_INVALID_ARG, "broadcast: root %d is not a member of a group of %d", root_index,
-                       g->size);
+        return pt_fail(PIPERT_ERR_INVALID_ARG,
+                       "broadcast: root %d is not a member of a group of %d", root_index, g->size);
     collective c = collective_begin(g, "broadcast");
     /* Binomial tree over positions relative to the root: member v receives
      * from v - 2^k (k = its lowest set bit) and forwards to v + 2^j for
@@ -194,7 +198,8 @@ pipert_result pt_broadcast(pt_group *g, void *buffer, size_t nbytes, int root_in
     pipert_result rc = PIPERT_OK;
     for (mask >>= 1; mask > 0 && rc == PIPERT_OK; mask >>= 1)
         if (relative + mask < g->size)
-            rc = post_send(&c, g->index + mask, buffer, nbytes, PT_DTYPE_U8, mask, &sends[n_sends++]);
+            rc = post_send(&c, g->index + mask, buffer, nbytes, PT_DTYPE_U8, mask,
+                           &sends[n_sends++]);
     char message[MESSAGE_CAPACITY];
     snprintf(message, sizeof message, "%s", pipert_last_error());
     pipert_result waited = wait_all(&c, sends, n_sends);
@@ -209,14 +214,15 @@ pipert_result pt_allgather(pt_group *g, const void *send, size_t nbytes_each, vo
     if (nbytes_each) memcpy(blocks + (size_t)g->index * nbytes_each, send, nbytes_each);
     /* Ring: in step s each member passes on the block it got in step s - 1. */
     for (int step = 0; step < g->size - 1; step++) {
-        size_t outgoing = (size_t)member(g, g->index - step), incoming = (size_t)member(g, g->index - step - 1);
+        size_t outgoing = (size_t)member(g, g->index - step),
+               incoming = (size_t)member(g, g->index - step - 1);
         PT_TRY(exchange(&c, g->index + 1, blocks + outgoing * nbytes_each, g->index - 1,
                         blocks + incoming * nbytes_each, nbytes_each, PT_DTYPE_U8, step));
     }
     return PIPERT_OK;
 }
 
-/* ---- ring all-reduce, driven by request callbacks ----------------------------------------------- */
+/* ---- ring all-reduce, driven by request callbacks ------------------------ */
 
 struct pt_allreduce_handle {
     collective c;
@@ -283,7 +289,8 @@ static void allreduce_advance(pt_allreduce_handle *h)
             float *chunk = h->data + chunk_begin(h->count, n, k);
             size_t length = chunk_length(h->count, n, k);
             for (size_t e = 0; e < length; e++) chunk[e] += h->scratch[e];
-            if (h->step == n - 2 && h->op == PT_REDUCE_MEAN) /* chunk k = i + 1 is now complete here */
+            if (h->step == n - 2 &&
+                h->op == PT_REDUCE_MEAN) /* chunk k = i + 1 is now complete here */
                 for (size_t e = 0; e < length; e++) chunk[e] /= (float)n;
         }
         if (++h->step < 2 * (n - 1)) {
@@ -317,13 +324,15 @@ static void allreduce_start_step(pt_allreduce_handle *h)
     int recv_k = member(g, gathering ? i - s : i - s - 1);
     float *recv_into = gathering ? h->data + chunk_begin(h->count, n, recv_k) : h->scratch;
     pthread_mutex_lock(&allreduce_lock);
-    h->outstanding = 3; /* two requests and this function, so neither can advance before both are posted */
+    h->outstanding =
+        3; /* two requests and this function, so neither can advance before both are posted */
     pthread_mutex_unlock(&allreduce_lock);
     pt_request *recv = NULL, *send = NULL;
-    pipert_result rc = post_recv(&h->c, i - 1, recv_into, chunk_length(h->count, n, recv_k), PT_DTYPE_F32, &recv);
+    pipert_result rc =
+        post_recv(&h->c, i - 1, recv_into, chunk_length(h->count, n, recv_k), PT_DTYPE_F32, &recv);
     if (rc == PIPERT_OK)
-        rc = post_send(&h->c, i + 1, h->data + chunk_begin(h->count, n, send_k), chunk_length(h->count, n, send_k),
-                       PT_DTYPE_F32, h->step, &send);
+        rc = post_send(&h->c, i + 1, h->data + chunk_begin(h->count, n, send_k),
+                       chunk_length(h->count, n, send_k), PT_DTYPE_F32, h->step, &send);
     int posted = (recv != NULL) + (send != NULL);
     if (rc != PIPERT_OK) {
         allreduce_fail(h, rc, pipert_last_error());
@@ -341,12 +350,14 @@ static void allreduce_start_step(pt_allreduce_handle *h)
     if (remaining == 0) allreduce_advance(h);
 }
 
-pipert_result pt_allreduce_start(pt_group *g, float *data, size_t count, pt_reduce_op op, pt_allreduce_handle **out)
+pipert_result pt_allreduce_start(pt_group *g, float *data, size_t count, pt_reduce_op op,
+                                 pt_allreduce_handle **out)
 {
     *out = NULL;
     if (op != PT_REDUCE_SUM && op != PT_REDUCE_MEAN)
         return pt_fail(PIPERT_ERR_INVALID_ARG, "allreduce: unknown reduce op %d", (int)op);
-    if (count > 0 && !data) return pt_fail(PIPERT_ERR_INVALID_ARG, "allreduce: %zu elements but no data", count);
+    if (count > 0 && !data)
+        return pt_fail(PIPERT_ERR_INVALID_ARG, "allreduce: %zu elements but no data", count);
     pt_allreduce_handle *h = calloc(1, sizeof *h);
     size_t largest = chunk_length(count, g->size, 0);
     float *scratch = malloc((largest ? largest : 1) * sizeof *scratch);
@@ -363,8 +374,10 @@ pipert_result pt_allreduce_start(pt_group *g, float *data, size_t count, pt_redu
     *out = h;
     /* Size 0 moves nothing (every member agrees, since the sizes must be
      * equal); a single member has nothing to reduce. */
-    if (count == 0 || g->size == 1) allreduce_finish(h);
-    else allreduce_start_step(h);
+    if (count == 0 || g->size == 1)
+        allreduce_finish(h);
+    else
+        allreduce_start_step(h);
     return PIPERT_OK;
 }
 

@@ -29,16 +29,19 @@
 typedef struct pt_group pt_group;
 
 typedef struct pt_group_options {
-    uint32_t id;      /* 0..255: tells apart groups that share members */
-    int checksum;     /* checksum every message (pt_checksum64) */
+    uint32_t id;  /* 0..255: tells apart groups that share members */
+    int checksum; /* checksum every message (pt_checksum64) */
 } pt_group_options;
 
-#define PT_GROUP_OPTIONS_INIT {.id = 0, .checksum = 0}
+#define PT_GROUP_OPTIONS_INIT                                                                      \
+    {                                                                                              \
+        .id = 0, .checksum = 0                                                                     \
+    }
 
 /* ranks[0..n_ranks) are transport ranks, distinct, and include this process's
  * rank; a member's index in the group is its position in `ranks`. */
-pipert_result pt_group_create(pt_transport *t, const int *ranks, int n_ranks, const pt_group_options *options,
-                              pt_group **out);
+pipert_result pt_group_create(pt_transport *t, const int *ranks, int n_ranks,
+                              const pt_group_options *options, pt_group **out);
 void pt_group_destroy(pt_group *g);
 int pt_group_size(const pt_group *g);
 int pt_group_index(const pt_group *g); /* this process's index */
@@ -59,7 +62,8 @@ typedef struct pt_allreduce_handle pt_allreduce_handle;
 
 /* Starts reducing data[0..count) in place across the group. `data` must stay
  * untouched until pt_allreduce_wait() returns. */
-pipert_result pt_allreduce_start(pt_group *g, float *data, size_t count, pt_reduce_op op, pt_allreduce_handle **out);
+pipert_result pt_allreduce_start(pt_group *g, float *data, size_t count, pt_reduce_op op,
+                                 pt_allreduce_handle **out);
 
 /* Waits for the all-reduce and releases the handle; returns its result. */
 pipert_result pt_allreduce_wait(pt_allreduce_handle *handle);

@@ -391,13 +391,14 @@ static void copy_sequence(const uint16_t *tok, size_t start, int T, int32_t *inp
     }
 }
 
-void pt_dataset_train_batch(const pt_dataset *ds, uint64_t seed, int replica, long step, int B,
+void pt_dataset_train_batch(const pt_dataset *ds, uint64_t seed, long step, long first, int B,
                             int T, int32_t *inputs, int32_t *targets)
 {
-    pt_philox_key key = pt_rng_key(seed, (uint64_t)replica);
+    pt_philox_key key = pt_rng_key(seed, PT_DATA_STREAM);
     uint64_t starts = ds->n_train - (size_t)T; /* offsets 0 .. n_train − T − 1 */
     for (int b = 0; b < B; b++) {
-        uint64_t counter = (uint64_t)step * (uint64_t)B + (uint64_t)b;
+        /* (step, sequence) as the two halves of the counter */
+        uint64_t counter = (uint64_t)step << 32 | (uint32_t)(first + b);
         size_t offset = (size_t)pt_rng_below(key, counter, starts);
         copy_sequence(ds->tokens, offset, T, inputs + (size_t)b * T, targets + (size_t)b * T);
     }

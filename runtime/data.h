@@ -71,16 +71,22 @@ void pt_dataset_free(pt_dataset *ds);
  * message naming the source otherwise. */
 pipert_result pt_dataset_check(const pt_dataset *ds, int T, int vocab_size);
 
-/* Training batch for (seed, replica, step): B sequences of T+1 tokens from
- * the train split. Sequence b starts at offset o_b = pt_rng_below(key,
- * step·B + b, n_train − T) with key = pt_rng_key(seed, replica), i.e. uniform
- * in [0, n_train − T − 1]. It depends on nothing else, so the same call always
- * gives the same batch (that is what makes --resume exact).
- *   inputs  [B, T]: inputs[b·T + t]  = tok[o_b + t]
- *   targets [B, T]: targets[b·T + t] = tok[o_b + t + 1]
+/* Sequences [first, first + B) of the global training batch of `step`: T+1
+ * tokens each from the train split. Sequence i starts at offset
+ * o_i = pt_rng_below(key, step·2³² + i, n_train − T) with
+ * key = pt_rng_key(seed, PT_DATA_STREAM), i.e. uniform in [0, n_train − T − 1].
+ * A batch depends on nothing else: the same call always gives the same batch
+ * (that is what makes --resume exact), and replica r of R, with first = r·B,
+ * draws its share of the very batch one worker with batch R·B would draw
+ * (that is what makes data parallelism equal to a larger batch).
+ *   inputs  [B, T]: inputs[b·T + t]  = tok[o_{first+b} + t]
+ *   targets [B, T]: targets[b·T + t] = tok[o_{first+b} + t + 1]
  * Requires pt_dataset_check(ds, T, ...) == PIPERT_OK. */
-void pt_dataset_train_batch(const pt_dataset *ds, uint64_t seed, int replica, long step, int B,
+void pt_dataset_train_batch(const pt_dataset *ds, uint64_t seed, long step, long first, int B,
                             int T, int32_t *inputs, int32_t *targets);
+
+/* The Philox stream id of training-batch draws. */
+#define PT_DATA_STREAM 0x64617461u /* "data" */
 
 /* Validation batch k of n (0 ≤ k < n): fixed sequences evenly spread over the
  * validation split. Sequence j = k·B + b of J = n·B starts at

@@ -41,13 +41,14 @@
 
 #include <ucp/api/ucp.h>
 
+#include "runtime/bootstrap.h"
 #include "runtime/clock.h"
 #include "runtime/log.h"
 #include "runtime/safetensors.h"
 
 #define TEXT_CAPACITY 256
-#define REASON_CAPACITY 160    /* why a peer is gone */
-#define MESSAGE_CAPACITY 512   /* a request's failure */
+#define REASON_CAPACITY 160  /* why a peer is gone */
+#define MESSAGE_CAPACITY 512 /* a request's failure */
 #define ADDRESS_CAPACITY 64
 #define HELLO_MAGIC 0x4c485450u /* "PTHL" */
 #define HELLO_VERSION 1u
@@ -58,7 +59,7 @@
 /* An idle progress thread still wakes this often (UCX keepalive, handshake deadlines). */
 #define IDLE_WAKE_MS 1000
 
-/* ---- checksum ----------------------------------------------------------------------------------- */
+/* ---- checksum ------------------------------------------------------------ */
 
 static const uint64_t prime1 = 0x9E3779B185EBCA87ull, prime2 = 0xC2B2AE3D27D4EB4Full,
                       prime3 = 0x165667B19E3779F9ull, prime4 = 0x85EBCA77C2B2AE63ull,
@@ -85,7 +86,8 @@ uint64_t pt_checksum64(const void *data, size_t nbytes)
     if (nbytes >= 32) {
         uint64_t v[4] = {prime1 + prime2, prime2, 0, -prime1};
         for (; end - p >= 32; p += 32)
-            for (int lane = 0; lane < 4; lane++) v[lane] = lane_round(v[lane], read64(p + 8 * lane));
+            for (int lane = 0; lane < 4; lane++)
+                v[lane] = lane_round(v[lane], read64(p + 8 * lane));
         h = rotl64(v[0], 1) + rotl64(v[1], 7) + rotl64(v[2], 12) + rotl64(v[3], 18);
         for (int lane = 0; lane < 4; lane++) h = (h ^ lane_round(0, v[lane])) * prime1 + prime4;
     } else {
@@ -102,7 +104,7 @@ uint64_t pt_checksum64(const void *data, size_t nbytes)
     return h ? h : 1; /* 0 means "no checksum" in a header */
 }
 
-/* ---- types -------------------------------------------------------------------------------------- */
+/* ---- types --------------------------------------------------------------- */
 
 typedef enum peer_state { PEER_UNKNOWN, PEER_ALIVE, PEER_DEAD, PEER_LEFT } peer_state;
 
@@ -143,9 +145,9 @@ struct connection {
     struct sockaddr_storage target; /* where we connect (not accepted) */
     socklen_t target_length;
     uint32_t control_in;
-    int peer_left;   /* it said goodbye on this endpoint */
-    int ops;         /* UCX operations in flight with this connection as user data */
-    int hello_sent;  /* our hello left (its send completed) */
+    int peer_left;  /* it said goodbye on this endpoint */
+    int ops;        /* UCX operations in flight with this connection as user data */
+    int hello_sent; /* our hello left (its send completed) */
     int bye_sent, bye_acked;
     /* Outcome of the handshake, for a pt_transport_connect() caller; under state_lock. */
     int finished, waiter;
@@ -179,9 +181,9 @@ struct pt_request {
     void *buffer;        /* receive */
     size_t capacity;
     pt_recv_expect expect;
-    void *op;        /* receive: the UCX operation in flight */
-    int part;        /* receive: which part `op` is (PART_HEADER or PART_PAYLOAD) */
-    int posting;     /* receive: inside ucp_tag_recv_nbx (its callback may run there) */
+    void *op;    /* receive: the UCX operation in flight */
+    int part;    /* receive: which part `op` is (PART_HEADER or PART_PAYLOAD) */
+    int posting; /* receive: inside ucp_tag_recv_nbx (its callback may run there) */
     int completed_in_post;
     ucs_status_t completed_status;
     int ops_pending; /* send: header and payload parts in flight */
@@ -234,11 +236,12 @@ struct pt_transport {
 };
 
 static pthread_mutex_t state_lock = PTHREAD_MUTEX_INITIALIZER;
-/* Set on progress threads: waiting there would wait for ourselves. */
-static _Thread_local int in_progress_thread;
+/* Set while this thread holds a transport's ucx_lock: callbacks run then,
+ * and a wait there would wait for ourselves. */
+static _Thread_local int holding_ucx_lock;
 static pthread_cond_t state_changed = PTHREAD_COND_INITIALIZER;
 
-/* ---- small helpers ------------------------------------------------------------------------------ */
+/* ---- small helpers ------------------------------------------------------- */
 
 static void format_sockaddr(const struct sockaddr_storage *sa, char *out, size_t capacity)
 {
@@ -266,7 +269,8 @@ static pipert_result resolve_address(const char *address, int passive, struct so
     char host[256];
     const char *colon = strrchr(address, ':');
     if (!colon || colon == address || !colon[1])
-        return pt_fail(PIPERT_ERR_INVALID_ARG, "transport address \"%s\": expected host:port", address);
+        return pt_fail(PIPERT_ERR_INVALID_ARG, "transport address \"%s\": expected host:port",
+                       address);
     size_t host_length = (size_t)(colon - address);
     const char *host_start = address;
     if (address[0] == '[' && colon[-1] == ']') {
@@ -277,12 +281,14 @@ static pipert_result resolve_address(const char *address, int passive, struct so
         return pt_fail(PIPERT_ERR_INVALID_ARG, "transport address \"%s\": host too long", address);
     memcpy(host, host_start, host_length);
     host[host_length] = '\0';
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+    struct addrinfo hints = {.ai_family = AF_UNSPEC,
+                             .ai_socktype = SOCK_STREAM,
                              .ai_flags = AI_NUMERICSERV | (passive ? AI_PASSIVE : 0)};
     struct addrinfo *found = NULL;
     int rc = getaddrinfo(host, colon + 1, &hints, &found);
     if (rc != 0)
-        return pt_fail(PIPERT_ERR_INVALID_ARG, "transport address \"%s\": %s", address, gai_strerror(rc));
+        return pt_fail(PIPERT_ERR_INVALID_ARG, "transport address \"%s\": %s", address,
+                       gai_strerror(rc));
     memcpy(out, found->ai_addr, found->ai_addrlen);
     *out_length = found->ai_addrlen;
     freeaddrinfo(found);
@@ -299,25 +305,32 @@ static void first_external_ipv4(char *out, size_t capacity)
     for (struct ifaddrs *it = list; it; it = it->ifa_next) {
         if (!it->ifa_addr || it->ifa_addr->sa_family != AF_INET) continue;
         if (!(it->ifa_flags & IFF_UP) || (it->ifa_flags & IFF_LOOPBACK)) continue;
-        inet_ntop(AF_INET, &((struct sockaddr_in *)it->ifa_addr)->sin_addr, out, (socklen_t)capacity);
+        inet_ntop(AF_INET, &((struct sockaddr_in *)it->ifa_addr)->sin_addr, out,
+                  (socklen_t)capacity);
         break;
     }
     freeifaddrs(list);
 }
 
-static int secrets_equal(const uint8_t *a, size_t a_length, const uint8_t *b, size_t b_length)
+/* The secret in a hello against ours (in constant time: pt_secret_equal). */
+static int hello_secret_matches(const pt_transport *t, const hello *h)
 {
-    /* Constant time in the contents: every byte of the fixed-size field is compared. */
-    unsigned difference = (unsigned)(a_length != b_length);
-    for (size_t i = 0; i < PT_TRANSPORT_SECRET_MAX; i++) difference |= (unsigned)(a[i] ^ b[i]);
-    return difference == 0;
+    if (h->secret_length > PT_TRANSPORT_SECRET_MAX) return 0;
+    char theirs[PT_TRANSPORT_SECRET_MAX + 1], ours[PT_TRANSPORT_SECRET_MAX + 1];
+    memcpy(theirs, h->secret, h->secret_length);
+    theirs[h->secret_length] = '\0';
+    memcpy(ours, t->secret, t->secret_length);
+    ours[t->secret_length] = '\0';
+    /* A NUL inside their secret shortens it: it then differs in length. */
+    return pt_secret_equal(theirs, ours) && strlen(theirs) == h->secret_length;
 }
 
 static void format_shape(char *out, size_t capacity, int32_t ndim, const int64_t *shape)
 {
     size_t used = (size_t)snprintf(out, capacity, "[");
     for (int32_t d = 0; d < ndim && d < PT_MESSAGE_MAX_DIMS && used < capacity; d++)
-        used += (size_t)snprintf(out + used, capacity - used, d ? ", %lld" : "%lld", (long long)shape[d]);
+        used += (size_t)snprintf(out + used, capacity - used, d ? ", %lld" : "%lld",
+                                 (long long)shape[d]);
     if (used < capacity) snprintf(out + used, capacity - used, "]");
 }
 
@@ -330,6 +343,25 @@ static ucp_tag_t make_tag(unsigned kind, int src_rank, int part, uint32_t user_t
            ((ucp_tag_t)part << 32) | user_tag;
 }
 
+static void ucx_lock_acquire(pt_transport *t)
+{
+    pthread_mutex_lock(&t->ucx_lock);
+    holding_ucx_lock = 1;
+}
+
+static int ucx_lock_try(pt_transport *t)
+{
+    if (holding_ucx_lock || pthread_mutex_trylock(&t->ucx_lock) != 0) return 0;
+    holding_ucx_lock = 1;
+    return 1;
+}
+
+static void ucx_lock_release(pt_transport *t)
+{
+    holding_ucx_lock = 0;
+    pthread_mutex_unlock(&t->ucx_lock);
+}
+
 static void wake_progress_thread(pt_transport *t)
 {
     uint64_t one = 1;
@@ -337,7 +369,7 @@ static void wake_progress_thread(pt_transport *t)
     (void)written; /* EAGAIN means the counter is already non-zero: the thread will wake */
 }
 
-/* ---- peers (under state_lock) ------------------------------------------------------------------ */
+/* ---- peers (under state_lock) -------------------------------------------- */
 
 static peer *peer_slot_locked(pt_transport *t, int rank)
 {
@@ -359,7 +391,7 @@ static peer_state peer_state_locked(const pt_transport *t, int rank)
     return rank >= 0 && rank < t->peer_capacity ? t->peers[rank].state : PEER_UNKNOWN;
 }
 
-/* ---- request completion -------------------------------------------------------------------------- */
+/* ---- request completion -------------------------------------------------- */
 
 static void record_failure(pt_request *r, pipert_result code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -379,8 +411,10 @@ static void record_failure(pt_request *r, pipert_result code, const char *fmt, .
 static void in_flight_remove(pt_transport *t, pt_request *r)
 {
     if (!r->in_flight) return;
-    if (r->prev) r->prev->next = r->next;
-    else t->in_flight = r->next;
+    if (r->prev)
+        r->prev->next = r->next;
+    else
+        t->in_flight = r->next;
     if (r->next) r->next->prev = r->prev;
     r->prev = r->next = NULL;
     r->in_flight = 0;
@@ -435,15 +469,19 @@ static void fail_request(pt_request *r, pipert_result code, const char *fmt, ...
     complete_request(r);
 }
 
-static const char *request_verb(const pt_request *r) { return r->type == REQUEST_SEND ? "send to" : "receive from"; }
+static const char *request_verb(const pt_request *r)
+{
+    return r->type == REQUEST_SEND ? "send to" : "receive from";
+}
 
 /* "receive from rank 3 (kind 1, tag 7)" */
 static void describe_request(const pt_request *r, char *out, size_t capacity)
 {
-    snprintf(out, capacity, "%s rank %d (kind %u, tag %u)", request_verb(r), r->peer, r->kind, r->user_tag);
+    snprintf(out, capacity, "%s rank %d (kind %u, tag %u)", request_verb(r), r->peer, r->kind,
+             r->user_tag);
 }
 
-/* ---- command queue ------------------------------------------------------------------------------ */
+/* ---- command queue ------------------------------------------------------- */
 
 static pipert_result enqueue(pt_transport *t, command_op op, pt_request *request, connection *conn)
 {
@@ -456,8 +494,10 @@ static pipert_result enqueue(pt_transport *t, command_op op, pt_request *request
         free(c);
         return pt_fail(PIPERT_ERR_INTERRUPTED, "transport of rank %d is shutting down", t->rank);
     }
-    if (t->queue_tail) t->queue_tail->next = c;
-    else t->queue_head = c;
+    if (t->queue_tail)
+        t->queue_tail->next = c;
+    else
+        t->queue_head = c;
     t->queue_tail = c;
     pthread_mutex_unlock(&t->queue_lock);
     wake_progress_thread(t);
@@ -473,7 +513,7 @@ static command *take_commands(pt_transport *t)
     return list;
 }
 
-/* ---- connections -------------------------------------------------------------------------------- */
+/* ---- connections --------------------------------------------------------- */
 
 static void connection_finish(connection *c, pipert_result result, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -512,8 +552,10 @@ static void peer_fail(pt_transport *t, int rank, int departed, const char *reaso
     if (p) snprintf(address, sizeof address, "%s", p->address);
     pthread_mutex_unlock(&state_lock);
     if (!changed) return;
-    if (departed) pt_debug("transport: rank %d (%s) left", rank, address);
-    else pt_warn("transport: rank %d (%s) failed: %s", rank, address, reason);
+    if (departed)
+        pt_debug("transport: rank %d (%s) left", rank, address);
+    else
+        pt_warn("transport: rank %d (%s) failed: %s", rank, address, reason);
     char text[TEXT_CAPACITY];
     snprintf(text, sizeof text, "rank %d %s: %s", rank, departed ? "has left" : "failed", reason);
     cancel_receives_from(t, rank, PIPERT_ERR_PEER, text);
@@ -526,7 +568,6 @@ static void connection_mark_failed(connection *c)
 
 static void on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
 {
-    if (!in_progress_thread) fprintf(stderr, "DEBUG on_ep_error outside the progress thread\n");
     connection *c = arg;
     pt_transport *t = c->t;
     conn_state before = c->state;
@@ -544,7 +585,8 @@ static void on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
         /* Once either side said goodbye on this endpoint, its end is no failure. */
         int leaving = c->bye_sent || c->peer_left;
         char reason[TEXT_CAPACITY];
-        snprintf(reason, sizeof reason, leaving ? "its endpoint closed during shutdown (%s)" : "endpoint error: %s",
+        snprintf(reason, sizeof reason,
+                 leaving ? "its endpoint closed during shutdown (%s)" : "endpoint error: %s",
                  ucs_status_string(status));
         peer_fail(t, c->rank, leaving, reason);
     }
@@ -561,9 +603,14 @@ static void on_close_done(void *request, ucs_status_t status, void *user_data)
 /* Always forced: see shut_down() for why a graceful close is not used. */
 static void connection_close(connection *c)
 {
-    if (!c->ep || c->state == CONN_CLOSING || c->state == CONN_CLOSED) return;
+    if (c->state == CONN_CLOSING || c->state == CONN_CLOSED) return;
+    if (!c->ep) { /* never had one (ucp_ep_create failed) */
+        c->state = CONN_CLOSED;
+        return;
+    }
     ucp_request_param_t param = {
-        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS,
+        .op_attr_mask =
+            UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS,
         .flags = UCP_EP_CLOSE_FLAG_FORCE,
         .cb.send = on_close_done,
         .user_data = c,
@@ -582,7 +629,8 @@ static void connection_close(connection *c)
     }
 }
 
-static void connection_refuse(connection *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void connection_refuse(connection *c, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 
 /* Refuses a peer's hello: logs, fails the handshake and closes the endpoint. */
 static void connection_refuse(connection *c, const char *fmt, ...)
@@ -592,9 +640,10 @@ static void connection_refuse(connection *c, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(reason, sizeof reason, fmt, ap);
     va_end(ap);
-    pt_warn("transport: refused the connection %s %s: %s", c->accepted ? "from" : "to", c->address, reason);
-    connection_finish(c, PIPERT_ERR_AUTH, "refused the connection %s %s: %s", c->accepted ? "from" : "to",
-                      c->address, reason);
+    pt_warn("transport: refused the connection %s %s: %s", c->accepted ? "from" : "to", c->address,
+            reason);
+    connection_finish(c, PIPERT_ERR_AUTH, "refused the connection %s %s: %s",
+                      c->accepted ? "from" : "to", c->address, reason);
     c->state = CONN_FAILED;
     connection_close(c);
 }
@@ -644,7 +693,6 @@ static void stream_post(connection *c, int is_send, void *buffer, size_t bytes, 
 
 static void stream_op_finished(void *request, ucs_status_t status, void *user_data)
 {
-    if (!in_progress_thread) fprintf(stderr, "DEBUG stream cb outside the progress thread\n");
     stream_op_context *context = user_data;
     connection *c = context->c;
     stream_done_fn done = context->done;
@@ -676,7 +724,9 @@ static void on_control_sent(connection *c, ucs_status_t status) { (void)c, (void
 static void send_control(connection *c, uint32_t word)
 {
     static const uint32_t bye = CONTROL_BYE, bye_ack = CONTROL_BYE_ACK;
-    if (c->ep) stream_post(c, 1, (void *)(word == CONTROL_BYE ? &bye : &bye_ack), sizeof word, on_control_sent);
+    if (c->ep)
+        stream_post(c, 1, (void *)(word == CONTROL_BYE ? &bye : &bye_ack), sizeof word,
+                    on_control_sent);
 }
 
 static void on_control_received(connection *c, ucs_status_t status)
@@ -748,8 +798,7 @@ static void on_hello_received(connection *c, ucs_status_t status)
         connection_refuse(c, "not a pipert hello (magic 0x%08x, version %u)", h->magic, h->version);
         return;
     }
-    if (h->secret_length > PT_TRANSPORT_SECRET_MAX ||
-        !secrets_equal(h->secret, h->secret_length, (const uint8_t *)t->secret, t->secret_length)) {
+    if (!hello_secret_matches(t, h)) {
         connection_refuse(c, "wrong job secret (claimed rank %d)", h->rank);
         return;
     }
@@ -772,7 +821,8 @@ static void on_hello_received(connection *c, ucs_status_t status)
         stream_post(c, 1, &c->hello_out, sizeof c->hello_out, on_hello_sent);
     }
     if (!connection_register(c)) return;
-    pt_debug("transport: rank %d connected %s %s", c->rank, c->accepted ? "from" : "to", c->address);
+    pt_debug("transport: rank %d connected %s %s", c->rank, c->accepted ? "from" : "to",
+             c->address);
     connection_finish(c, PIPERT_OK, "connected");
 }
 
@@ -797,7 +847,6 @@ static void connection_link(pt_transport *t, connection *c)
 
 static void on_connection_request(ucp_conn_request_h request, void *arg)
 {
-    if (!in_progress_thread) fprintf(stderr, "DEBUG conn request outside the progress thread\n");
     pt_transport *t = arg;
     char address[ADDRESS_CAPACITY] = "(unknown address)";
     ucp_conn_request_attr_t attr = {.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR};
@@ -820,7 +869,8 @@ static void on_connection_request(ucp_conn_request_h request, void *arg)
     };
     ucs_status_t status = ucp_ep_create(t->worker, &params, &c->ep);
     if (status != UCS_OK) {
-        pt_warn("transport: could not accept the connection from %s: %s", address, ucs_status_string(status));
+        pt_warn("transport: could not accept the connection from %s: %s", address,
+                ucs_status_string(status));
         free(c);
         return;
     }
@@ -832,8 +882,8 @@ static void start_connect(pt_transport *t, connection *c)
 {
     connection_link(t, c);
     ucp_ep_params_t params = {
-        .field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR | UCP_EP_PARAM_FIELD_ERR_HANDLER |
-                      UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
+        .field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLER | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
         .flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER,
         .sockaddr = {.addr = (const struct sockaddr *)&c->target, .addrlen = c->target_length},
         .err_mode = UCP_ERR_HANDLING_MODE_PEER,
@@ -843,8 +893,8 @@ static void start_connect(pt_transport *t, connection *c)
     if (status != UCS_OK) {
         c->ep = NULL;
         c->state = CONN_CLOSED;
-        connection_finish(c, PIPERT_ERR_TRANSPORT, "cannot connect to rank %d at %s: %s", c->rank, c->address,
-                          ucs_status_string(status));
+        connection_finish(c, PIPERT_ERR_TRANSPORT, "cannot connect to rank %d at %s: %s", c->rank,
+                          c->address, ucs_status_string(status));
         return;
     }
     fill_hello(t, &c->hello_out);
@@ -860,10 +910,11 @@ static void maintain_connections(pt_transport *t)
     while (*link) {
         connection *c = *link;
         if (c->state == CONN_HANDSHAKE && now > c->deadline) {
-            if (c->accepted) pt_warn("transport: no valid hello from %s within %.0f s; closing", c->address,
-                                     t->connect_timeout_s);
-            connection_finish(c, PIPERT_ERR_TIMEOUT, "no hello from rank %d at %s within %.0f s", c->rank,
-                              c->address, t->connect_timeout_s);
+            if (c->accepted)
+                pt_warn("transport: no valid hello from %s within %.0f s; closing", c->address,
+                        t->connect_timeout_s);
+            connection_finish(c, PIPERT_ERR_TIMEOUT, "no hello from rank %d at %s within %.0f s",
+                              c->rank, c->address, t->connect_timeout_s);
             c->state = CONN_FAILED;
         }
         if (c->state == CONN_FAILED) connection_close(c);
@@ -872,8 +923,10 @@ static void maintain_connections(pt_transport *t)
                        !(c->rank >= 0 && c->rank < t->peer_capacity && t->peers[c->rank].conn == c);
         if (reapable) *link = c->next;
         pthread_mutex_unlock(&state_lock);
-        if (reapable) free(c);
-        else link = &c->next;
+        if (reapable)
+            free(c);
+        else
+            link = &c->next;
     }
 }
 
@@ -885,7 +938,7 @@ static int next_deadline_ms(const pt_transport *t)
     return wait_s <= 0 ? 0 : (int)(wait_s * 1000.0) + 1;
 }
 
-/* ---- messages: sending ------------------------------------------------------------------------- */
+/* ---- messages: sending --------------------------------------------------- */
 
 static void on_send_part_done(void *request, ucs_status_t status, void *user_data);
 
@@ -901,22 +954,23 @@ static void send_part_finished(pt_request *r, ucs_status_t status)
 
 static void on_send_part_done(void *request, ucs_status_t status, void *user_data)
 {
-    if (!in_progress_thread) fprintf(stderr, "DEBUG send cb outside the progress thread\n");
     ucp_request_free(request);
     send_part_finished(user_data, status);
 }
 
-static void send_part(pt_request *r, ucp_ep_h ep, const void *buffer, size_t count, int iov, int part)
+static void send_part(pt_request *r, ucp_ep_h ep, const void *buffer, size_t count, int iov,
+                      int part)
 {
     ucp_request_param_t param = {
-        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_DATATYPE,
+        .op_attr_mask =
+            UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_DATATYPE,
         .cb.send = on_send_part_done,
         .user_data = r,
         .datatype = iov ? UCP_DATATYPE_IOV : ucp_dt_make_contig(1),
     };
     r->ops_pending++;
-    ucs_status_ptr_t op =
-        ucp_tag_send_nbx(ep, buffer, count, make_tag(r->kind, r->t->rank, part, r->user_tag), &param);
+    ucs_status_ptr_t op = ucp_tag_send_nbx(
+        ep, buffer, count, make_tag(r->kind, r->t->rank, part, r->user_tag), &param);
     if (op == NULL || UCS_PTR_IS_ERR(op)) send_part_finished(r, op ? UCS_PTR_STATUS(op) : UCS_OK);
 }
 
@@ -926,7 +980,8 @@ static void post_send(pt_transport *t, pt_request *r)
     peer_state state = peer_state_locked(t, r->peer);
     connection *c = state == PEER_ALIVE ? t->peers[r->peer].conn : NULL;
     char reason[TEXT_CAPACITY] = "";
-    if (state == PEER_DEAD || state == PEER_LEFT) snprintf(reason, sizeof reason, "%s", t->peers[r->peer].reason);
+    if (state == PEER_DEAD || state == PEER_LEFT)
+        snprintf(reason, sizeof reason, "%s", t->peers[r->peer].reason);
     pthread_mutex_unlock(&state_lock);
     char what[96];
     describe_request(r, what, sizeof what);
@@ -934,11 +989,13 @@ static void post_send(pt_transport *t, pt_request *r)
         if (state == PEER_DEAD || state == PEER_LEFT)
             fail_request(r, PIPERT_ERR_PEER, "%s: rank %d %s: %s", what, r->peer,
                          state == PEER_LEFT ? "has left" : "failed", reason);
-        else fail_request(r, PIPERT_ERR_PEER, "%s: rank %d is not connected", what, r->peer);
+        else
+            fail_request(r, PIPERT_ERR_PEER, "%s: rank %d is not connected", what, r->peer);
         return;
     }
     in_flight_add(t, r);
-    /* Hold one count while posting so that a part finishing at once cannot complete the request early. */
+    /* Hold one count while posting so that a part finishing at once cannot complete the request
+     * early. */
     r->ops_pending = 1;
     uint64_t nbytes = r->header.nbytes;
     if (nbytes > 0 && nbytes <= PT_TRANSPORT_INLINE_BYTES) {
@@ -952,9 +1009,10 @@ static void post_send(pt_transport *t, pt_request *r)
     send_part_finished(r, UCS_OK);
 }
 
-/* ---- messages: receiving ----------------------------------------------------------------------- */
+/* ---- messages: receiving ------------------------------------------------- */
 
-static void on_recv_part_done(void *request, ucs_status_t status, const ucp_tag_recv_info_t *info, void *user_data);
+static void on_recv_part_done(void *request, ucs_status_t status, const ucp_tag_recv_info_t *info,
+                              void *user_data);
 static void header_arrived(pt_request *r, ucs_status_t status, const ucp_tag_recv_info_t *info);
 static void payload_arrived(pt_request *r, ucs_status_t status, const ucp_tag_recv_info_t *info);
 
@@ -976,12 +1034,15 @@ static void recv_part(pt_request *r, void *buffer, size_t count, int iov, int pa
     r->posting = 1;
     r->completed_in_post = 0;
     ucs_status_ptr_t op =
-        ucp_tag_recv_nbx(t->worker, buffer, count, make_tag(r->kind, r->peer, part, r->user_tag), ~(ucp_tag_t)0, &param);
+        ucp_tag_recv_nbx(t->worker, buffer, count, make_tag(r->kind, r->peer, part, r->user_tag),
+                         ~(ucp_tag_t)0, &param);
     r->posting = 0;
     void (*arrived)(pt_request *, ucs_status_t, const ucp_tag_recv_info_t *) =
         part == PART_HEADER ? header_arrived : payload_arrived;
     if (r->completed_in_post || op == NULL || UCS_PTR_IS_ERR(op)) {
-        ucs_status_t status = r->completed_in_post ? r->completed_status : op ? UCS_PTR_STATUS(op) : UCS_ERR_NO_PROGRESS;
+        ucs_status_t status = r->completed_in_post ? r->completed_status
+                              : op                 ? UCS_PTR_STATUS(op)
+                                                   : UCS_ERR_NO_PROGRESS;
         arrived(r, status, &r->info);
         return;
     }
@@ -993,8 +1054,8 @@ static void recv_part(pt_request *r, void *buffer, size_t count, int iov, int pa
     peer_state state = peer_state_locked(t, r->peer);
     char reason[TEXT_CAPACITY] = "";
     if (state == PEER_DEAD || state == PEER_LEFT)
-        snprintf(reason, sizeof reason, "rank %d %s: %s", r->peer, state == PEER_LEFT ? "has left" : "failed",
-                 t->peers[r->peer].reason);
+        snprintf(reason, sizeof reason, "rank %d %s: %s", r->peer,
+                 state == PEER_LEFT ? "has left" : "failed", t->peers[r->peer].reason);
     pthread_mutex_unlock(&state_lock);
     if (reason[0] && r->op) {
         r->cancel_result = PIPERT_ERR_PEER;
@@ -1003,9 +1064,9 @@ static void recv_part(pt_request *r, void *buffer, size_t count, int iov, int pa
     }
 }
 
-static void on_recv_part_done(void *request, ucs_status_t status, const ucp_tag_recv_info_t *info, void *user_data)
+static void on_recv_part_done(void *request, ucs_status_t status, const ucp_tag_recv_info_t *info,
+                              void *user_data)
 {
-    if (!in_progress_thread) fprintf(stderr, "DEBUG recv cb outside the progress thread\n");
     pt_request *r = user_data;
     ucp_request_free(request);
     if (status == UCS_OK) r->info = *info;
@@ -1015,8 +1076,10 @@ static void on_recv_part_done(void *request, ucs_status_t status, const ucp_tag_
         return;
     }
     r->op = NULL;
-    if (r->part == PART_HEADER) header_arrived(r, status, info);
-    else payload_arrived(r, status, info);
+    if (r->part == PART_HEADER)
+        header_arrived(r, status, info);
+    else
+        payload_arrived(r, status, info);
 }
 
 static int receive_failed_status(pt_request *r, ucs_status_t status, const char *part_name)
@@ -1027,9 +1090,11 @@ static int receive_failed_status(pt_request *r, ucs_status_t status, const char 
     if (status == UCS_ERR_CANCELED && r->cancel_reason[0])
         fail_request(r, r->cancel_result, "%s: %s", what, r->cancel_reason);
     else if (status == UCS_ERR_MESSAGE_TRUNCATED)
-        fail_request(r, PIPERT_ERR_PEER, "%s: nbytes: the %s is longer than the %zu bytes this receive allows",
-                     what, part_name, r->capacity);
-    else fail_request(r, PIPERT_ERR_PEER, "%s: %s", what, ucs_status_string(status));
+        fail_request(r, PIPERT_ERR_PEER,
+                     "%s: nbytes: the %s is longer than the %zu bytes this receive allows", what,
+                     part_name, r->capacity);
+    else
+        fail_request(r, PIPERT_ERR_PEER, "%s: %s", what, ucs_status_string(status));
     return 1;
 }
 
@@ -1057,20 +1122,31 @@ static int header_acceptable(const pt_transport *t, const pt_request *r, char *w
     if (h->magic != PT_MESSAGE_MAGIC)
         return snprintf(why, capacity, "magic: 0x%08x is not a pipert message", h->magic), 0;
     if (h->version != PT_MESSAGE_VERSION)
-        return snprintf(why, capacity, "version: %u, this build speaks %u", h->version, PT_MESSAGE_VERSION), 0;
-    if (h->job != t->job) return snprintf(why, capacity, "job: %u is not this job (%u)", h->job, t->job), 0;
+        return snprintf(why, capacity, "version: %u, this build speaks %u", h->version,
+                        PT_MESSAGE_VERSION),
+               0;
+    if (h->job != t->job)
+        return snprintf(why, capacity, "job: %u is not this job (%u)", h->job, t->job), 0;
     if (h->src_rank != r->peer)
-        return snprintf(why, capacity, "src_rank: %d in a message from rank %d", h->src_rank, r->peer), 0;
-    if (h->kind != e->kind) return snprintf(why, capacity, "kind: %u, expected %u", h->kind, e->kind), 0;
-    if (h->dtype >= PT_DTYPE_COUNT) return snprintf(why, capacity, "dtype: %u is not a dtype", h->dtype), 0;
+        return snprintf(why, capacity, "src_rank: %d in a message from rank %d", h->src_rank,
+                        r->peer),
+               0;
+    if (h->kind != e->kind)
+        return snprintf(why, capacity, "kind: %u, expected %u", h->kind, e->kind), 0;
+    if (h->dtype >= PT_DTYPE_COUNT)
+        return snprintf(why, capacity, "dtype: %u is not a dtype", h->dtype), 0;
     if (e->dtype >= 0 && h->dtype != e->dtype)
-        return snprintf(why, capacity, "dtype: %s, expected %s", pt_dtype_name(h->dtype), pt_dtype_name(e->dtype)), 0;
+        return snprintf(why, capacity, "dtype: %s, expected %s", pt_dtype_name(h->dtype),
+                        pt_dtype_name(e->dtype)),
+               0;
     if (h->ndim < 0 || h->ndim > PT_MESSAGE_MAX_DIMS)
-        return snprintf(why, capacity, "ndim: %d is outside 0..%d", h->ndim, PT_MESSAGE_MAX_DIMS), 0;
+        return snprintf(why, capacity, "ndim: %d is outside 0..%d", h->ndim, PT_MESSAGE_MAX_DIMS),
+               0;
     format_shape(got, sizeof got, h->ndim, h->shape);
     uint64_t numel = 1;
     for (int d = 0; d < h->ndim; d++) {
-        if (h->shape[d] < 0) return snprintf(why, capacity, "shape: %s has a negative size", got), 0;
+        if (h->shape[d] < 0)
+            return snprintf(why, capacity, "shape: %s has a negative size", got), 0;
         if (h->shape[d] && numel > UINT64_MAX / (uint64_t)h->shape[d])
             return snprintf(why, capacity, "shape: %s overflows", got), 0;
         numel *= (uint64_t)h->shape[d];
@@ -1083,11 +1159,13 @@ static int header_acceptable(const pt_transport *t, const pt_request *r, char *w
     }
     size_t element = pt_dtype_size(h->dtype);
     if (numel > UINT64_MAX / element || h->nbytes != numel * element)
-        return snprintf(why, capacity, "nbytes: %llu does not match shape %s of %s", (unsigned long long)h->nbytes,
-                        got, pt_dtype_name(h->dtype)), 0;
+        return snprintf(why, capacity, "nbytes: %llu does not match shape %s of %s",
+                        (unsigned long long)h->nbytes, got, pt_dtype_name(h->dtype)),
+               0;
     if (h->nbytes > r->capacity)
         return snprintf(why, capacity, "nbytes: %llu exceeds the %zu bytes this receive allows",
-                        (unsigned long long)h->nbytes, r->capacity), 0;
+                        (unsigned long long)h->nbytes, r->capacity),
+               0;
     if (e->require_checksum && h->checksum == 0 && h->nbytes > 0)
         return snprintf(why, capacity, "checksum: none, and this receive requires one"), 0;
     return 1;
@@ -1101,7 +1179,8 @@ static void finish_receive(pt_request *r)
         if (actual != h->checksum) {
             char what[96];
             describe_request(r, what, sizeof what);
-            fail_request(r, PIPERT_ERR_PEER, "%s: checksum: the payload hashes to 0x%016llx, the header says 0x%016llx",
+            fail_request(r, PIPERT_ERR_PEER,
+                         "%s: checksum: the payload hashes to 0x%016llx, the header says 0x%016llx",
                          what, (unsigned long long)actual, (unsigned long long)h->checksum);
             return;
         }
@@ -1115,7 +1194,8 @@ static void header_arrived(pt_request *r, ucs_status_t status, const ucp_tag_rec
     char what[96], why[TEXT_CAPACITY];
     describe_request(r, what, sizeof what);
     if (info->length < sizeof r->header) {
-        fail_request(r, PIPERT_ERR_PEER, "%s: a %zu-byte message is shorter than a header", what, info->length);
+        fail_request(r, PIPERT_ERR_PEER, "%s: a %zu-byte message is shorter than a header", what,
+                     info->length);
         return;
     }
     if (!header_acceptable(r->t, r, why, sizeof why)) {
@@ -1126,7 +1206,8 @@ static void header_arrived(pt_request *r, ucs_status_t status, const ucp_tag_rec
     uint64_t nbytes = r->header.nbytes;
     if (nbytes <= PT_TRANSPORT_INLINE_BYTES) {
         if (info->length != sizeof r->header + nbytes) {
-            fail_request(r, PIPERT_ERR_PEER, "%s: nbytes: the header says %llu but %zu payload bytes came", what,
+            fail_request(r, PIPERT_ERR_PEER,
+                         "%s: nbytes: the header says %llu but %zu payload bytes came", what,
                          (unsigned long long)nbytes, info->length - sizeof r->header);
             return;
         }
@@ -1134,7 +1215,8 @@ static void header_arrived(pt_request *r, ucs_status_t status, const ucp_tag_rec
         return;
     }
     if (info->length != sizeof r->header) {
-        fail_request(r, PIPERT_ERR_PEER, "%s: nbytes: %llu should travel apart from the header, not inline", what,
+        fail_request(r, PIPERT_ERR_PEER,
+                     "%s: nbytes: %llu should travel apart from the header, not inline", what,
                      (unsigned long long)nbytes);
         return;
     }
@@ -1151,8 +1233,8 @@ static void payload_arrived(pt_request *r, ucs_status_t status, const ucp_tag_re
     if (info->length != r->header.nbytes) {
         char what[96];
         describe_request(r, what, sizeof what);
-        fail_request(r, PIPERT_ERR_PEER, "%s: nbytes: the header says %llu but the payload has %zu", what,
-                     (unsigned long long)r->header.nbytes, info->length);
+        fail_request(r, PIPERT_ERR_PEER, "%s: nbytes: the header says %llu but the payload has %zu",
+                     what, (unsigned long long)r->header.nbytes, info->length);
         return;
     }
     finish_receive(r);
@@ -1161,7 +1243,8 @@ static void payload_arrived(pt_request *r, ucs_status_t status, const ucp_tag_re
 static void post_receive(pt_transport *t, pt_request *r)
 {
     in_flight_add(t, r);
-    size_t inline_room = r->capacity < PT_TRANSPORT_INLINE_BYTES ? r->capacity : PT_TRANSPORT_INLINE_BYTES;
+    size_t inline_room =
+        r->capacity < PT_TRANSPORT_INLINE_BYTES ? r->capacity : PT_TRANSPORT_INLINE_BYTES;
     r->iov[0] = (ucp_dt_iov_t){&r->header, sizeof r->header};
     r->iov[1] = (ucp_dt_iov_t){r->buffer, inline_room};
     recv_part(r, r->iov, inline_room ? 2 : 1, 1, PART_HEADER);
@@ -1181,7 +1264,7 @@ static void cancel_receives_from(pt_transport *t, int rank, pipert_result code, 
     }
 }
 
-/* ---- the progress thread ------------------------------------------------------------------------ */
+/* ---- the progress thread ------------------------------------------------- */
 
 static void run_command(pt_transport *t, command *c)
 {
@@ -1189,8 +1272,10 @@ static void run_command(pt_transport *t, command *c)
     switch (c->op) {
     case COMMAND_POST:
         r->t = t;
-        if (r->type == REQUEST_SEND) post_send(t, r);
-        else post_receive(t, r);
+        if (r->type == REQUEST_SEND)
+            post_send(t, r);
+        else
+            post_receive(t, r);
         break;
     case COMMAND_CANCEL:
         if (r->in_flight && r->op && r->type == REQUEST_RECV && !r->cancel_reason[0]) {
@@ -1221,7 +1306,8 @@ static void run_commands(pt_transport *t)
 static void progress_round(pt_transport *t, int max_wait_ms)
 {
     run_commands(t);
-    while (ucp_worker_progress(t->worker)) {}
+    while (ucp_worker_progress(t->worker)) {
+    }
     maintain_connections(t);
     pthread_mutex_lock(&t->queue_lock);
     int queued = t->queue_head != NULL;
@@ -1233,9 +1319,9 @@ static void progress_round(pt_transport *t, int max_wait_ms)
     int wait_ms = next_deadline_ms(t);
     if (wait_ms > max_wait_ms) wait_ms = max_wait_ms;
     struct epoll_event events[2];
-    pthread_mutex_unlock(&t->ucx_lock);
+    ucx_lock_release(t);
     int n = epoll_wait(t->epoll_fd, events, 2, status == UCS_OK ? wait_ms : 1);
-    pthread_mutex_lock(&t->ucx_lock);
+    ucx_lock_acquire(t);
     for (int i = 0; i < n; i++) {
         if (events[i].data.fd == t->wake_fd) {
             uint64_t count;
@@ -1292,8 +1378,7 @@ static void shut_down(pt_transport *t)
 static void *progress_main(void *arg)
 {
     pt_transport *t = arg;
-    in_progress_thread = 1;
-    pthread_mutex_lock(&t->ucx_lock);
+    ucx_lock_acquire(t);
     for (;;) {
         pthread_mutex_lock(&t->queue_lock);
         int stopping = t->stopping;
@@ -1303,11 +1388,11 @@ static void *progress_main(void *arg)
     }
     run_commands(t); /* commands queued before `stopping` was set */
     shut_down(t);
-    pthread_mutex_unlock(&t->ucx_lock);
+    ucx_lock_release(t);
     return NULL;
 }
 
-/* ---- creation and destruction ------------------------------------------------------------------ */
+/* ---- creation and destruction -------------------------------------------- */
 
 static pipert_result ucx_fail(ucs_status_t status, const char *what)
 {
@@ -1316,9 +1401,11 @@ static pipert_result ucx_fail(ucs_status_t status, const char *what)
 
 static pipert_result open_listener(pt_transport *t, const pt_transport_options *options)
 {
-    const char *host = options->listen_host && options->listen_host[0] ? options->listen_host : "0.0.0.0";
+    const char *host =
+        options->listen_host && options->listen_host[0] ? options->listen_host : "0.0.0.0";
     char bind_address[ADDRESS_CAPACITY + 16];
-    snprintf(bind_address, sizeof bind_address, strchr(host, ':') ? "[%s]:%d" : "%s:%d", host, options->listen_port);
+    snprintf(bind_address, sizeof bind_address, strchr(host, ':') ? "[%s]:%d" : "%s:%d", host,
+             options->listen_port);
     struct sockaddr_storage address;
     socklen_t length;
     PT_TRY(resolve_address(bind_address, 1, &address, &length));
@@ -1340,8 +1427,10 @@ static pipert_result open_listener(pt_transport *t, const pt_transport_options *
     format_sockaddr(&attr.sockaddr, bound, sizeof bound);
     const char *port = strrchr(bound, ':') + 1;
     char advertised[INET6_ADDRSTRLEN + 2];
-    if (!strcmp(host, "0.0.0.0") || !strcmp(host, "::")) first_external_ipv4(advertised, sizeof advertised);
-    else snprintf(advertised, sizeof advertised, strchr(host, ':') ? "[%s]" : "%s", host);
+    if (!strcmp(host, "0.0.0.0") || !strcmp(host, "::"))
+        first_external_ipv4(advertised, sizeof advertised);
+    else
+        snprintf(advertised, sizeof advertised, strchr(host, ':') ? "[%s]" : "%s", host);
     snprintf(t->listen_address, sizeof t->listen_address, "%s:%s", advertised, port);
     return PIPERT_OK;
 }
@@ -1384,8 +1473,21 @@ static pipert_result open_ucx(pt_transport *t)
     return PIPERT_OK;
 }
 
+/* Ends a connection's life with its transport: freed now, or by the
+ * pt_transport_connect() call still waiting on it. */
+static void connection_orphan(connection *c)
+{
+    connection_finish(c, PIPERT_ERR_INTERRUPTED, "the transport was destroyed");
+    pthread_mutex_lock(&state_lock);
+    int waited_on = c->waiter;
+    c->t = NULL;
+    pthread_mutex_unlock(&state_lock);
+    if (!waited_on) free(c);
+}
+
 static void release(pt_transport *t)
 {
+    ucx_lock_acquire(t); /* no other thread is left, but callbacks may run here */
     if (t->listener) ucp_listener_destroy(t->listener);
     /* Destroying the worker may still call our callbacks for operations it
      * purges: connections and requests must outlive it. */
@@ -1395,27 +1497,25 @@ static void release(pt_transport *t)
         pt_request *r = t->in_flight;
         r->op = NULL;
         r->ops_pending = 0;
-        fail_request(r, PIPERT_ERR_INTERRUPTED, "%s rank %d: the transport was destroyed", request_verb(r), r->peer);
+        fail_request(r, PIPERT_ERR_INTERRUPTED, "%s rank %d: the transport was destroyed",
+                     request_verb(r), r->peer);
     }
     for (command *c = take_commands(t); c;) {
         command *next = c->next;
         if (c->op == COMMAND_POST)
             fail_request(c->request, PIPERT_ERR_INTERRUPTED, "the transport was destroyed");
+        if (c->op == COMMAND_CONNECT) connection_orphan(c->conn);
         free(c);
         c = next;
     }
     while (t->connections) {
         connection *c = t->connections;
         t->connections = c->next;
-        connection_finish(c, PIPERT_ERR_INTERRUPTED, "the transport was destroyed");
-        pthread_mutex_lock(&state_lock);
-        int waited_on = c->waiter;
-        c->t = NULL;
-        pthread_mutex_unlock(&state_lock);
-        if (!waited_on) free(c);
+        connection_orphan(c);
     }
     if (t->epoll_fd >= 0) close(t->epoll_fd);
     if (t->wake_fd >= 0) close(t->wake_fd);
+    ucx_lock_release(t);
     pthread_mutex_destroy(&t->queue_lock);
     pthread_mutex_destroy(&t->ucx_lock);
     free(t->peers);
@@ -1426,14 +1526,16 @@ pipert_result pt_transport_create(const pt_transport_options *options, pt_transp
 {
     *out = NULL;
     if (!options || options->rank < 0 || options->rank >= PT_TRANSPORT_MAX_RANKS)
-        return pt_fail(PIPERT_ERR_INVALID_ARG, "transport: rank %d is outside 0..%d", options ? options->rank : -1,
-                       PT_TRANSPORT_MAX_RANKS - 1);
+        return pt_fail(PIPERT_ERR_INVALID_ARG, "transport: rank %d is outside 0..%d",
+                       options ? options->rank : -1, PT_TRANSPORT_MAX_RANKS - 1);
     size_t secret_length = options->secret ? strlen(options->secret) : 0;
     if (secret_length == 0 || secret_length > PT_TRANSPORT_SECRET_MAX)
-        return pt_fail(PIPERT_ERR_INVALID_ARG, "transport: the job secret must have 1..%d bytes (it has %zu)",
+        return pt_fail(PIPERT_ERR_INVALID_ARG,
+                       "transport: the job secret must have 1..%d bytes (it has %zu)",
                        PT_TRANSPORT_SECRET_MAX, secret_length);
     if (options->listen_port < 0 || options->listen_port > 65535)
-        return pt_fail(PIPERT_ERR_INVALID_ARG, "transport: listen_port %d is outside 0..65535", options->listen_port);
+        return pt_fail(PIPERT_ERR_INVALID_ARG, "transport: listen_port %d is outside 0..65535",
+                       options->listen_port);
     pt_transport *t = calloc(1, sizeof *t);
     if (!t) return pt_fail(PIPERT_ERR_NOMEM, "transport: no memory");
     t->rank = options->rank;
@@ -1472,7 +1574,7 @@ int pt_transport_rank(const pt_transport *t) { return t->rank; }
 
 const char *pt_transport_listen_address(const pt_transport *t) { return t->listen_address; }
 
-/* ---- connecting ------------------------------------------------------------------------------- */
+/* ---- connecting ---------------------------------------------------------- */
 
 static int wait_on_state(const struct timespec *deadline)
 {
@@ -1495,7 +1597,8 @@ static void deadline_after(double seconds, struct timespec *out)
 pipert_result pt_transport_connect(pt_transport *t, int peer_rank, const char *address)
 {
     if (peer_rank < 0 || peer_rank >= PT_TRANSPORT_MAX_RANKS || peer_rank == t->rank)
-        return pt_fail(PIPERT_ERR_INVALID_ARG, "transport: cannot connect rank %d to rank %d", t->rank, peer_rank);
+        return pt_fail(PIPERT_ERR_INVALID_ARG, "transport: cannot connect rank %d to rank %d",
+                       t->rank, peer_rank);
     connection *c = connection_new(t, 0, peer_rank, address);
     if (!c) return pt_fail(PIPERT_ERR_NOMEM, "transport: no memory for a connection");
     pipert_result resolved = resolve_address(address, 0, &c->target, &c->target_length);
@@ -1509,7 +1612,8 @@ pipert_result pt_transport_connect(pt_transport *t, int peer_rank, const char *a
         free(c);
         return rc;
     }
-    /* The progress thread enforces the handshake deadline; the margin here only guards against a stuck thread. */
+    /* The progress thread enforces the handshake deadline; the margin here only guards against a
+     * stuck thread. */
     struct timespec deadline;
     deadline_after(t->connect_timeout_s + 5.0, &deadline);
     pthread_mutex_lock(&state_lock);
@@ -1517,7 +1621,8 @@ pipert_result pt_transport_connect(pt_transport *t, int peer_rank, const char *a
         if (wait_on_state(&deadline) == ETIMEDOUT) break;
     pipert_result result = c->finished ? c->result : PIPERT_ERR_TIMEOUT;
     char message[TEXT_CAPACITY];
-    snprintf(message, sizeof message, "%s", c->finished ? c->message : "connect: no answer from the progress thread");
+    snprintf(message, sizeof message, "%s",
+             c->finished ? c->message : "connect: no answer from the progress thread");
     c->waiter = 0;
     int orphan = c->t == NULL;
     pthread_mutex_unlock(&state_lock);
@@ -1536,20 +1641,24 @@ pipert_result pt_transport_wait_peer(pt_transport *t, int peer_rank, double time
         if (wait_on_state(&deadline) == ETIMEDOUT) break;
     state = peer_state_locked(t, peer_rank);
     char reason[TEXT_CAPACITY] = "";
-    if (state == PEER_DEAD || state == PEER_LEFT) snprintf(reason, sizeof reason, "%s", t->peers[peer_rank].reason);
+    if (state == PEER_DEAD || state == PEER_LEFT)
+        snprintf(reason, sizeof reason, "%s", t->peers[peer_rank].reason);
     pthread_mutex_unlock(&state_lock);
     if (state == PEER_ALIVE) return PIPERT_OK;
     if (state == PEER_UNKNOWN)
-        return pt_fail(PIPERT_ERR_TIMEOUT, "transport: rank %d did not connect to rank %d within %.1f s", peer_rank,
+        return pt_fail(PIPERT_ERR_TIMEOUT,
+                       "transport: rank %d did not connect to rank %d within %.1f s", peer_rank,
                        t->rank, timeout_s);
     return pt_fail(PIPERT_ERR_PEER, "transport: rank %d %s: %s", peer_rank,
                    state == PEER_LEFT ? "has left" : "failed", reason);
 }
 
-pipert_result pt_transport_connect_all(pt_transport *t, int n_ranks, const char *const *addresses, double timeout_s)
+pipert_result pt_transport_connect_all(pt_transport *t, int n_ranks, const char *const *addresses,
+                                       double timeout_s)
 {
     if (t->rank >= n_ranks)
-        return pt_fail(PIPERT_ERR_INVALID_ARG, "transport: rank %d is not below n_ranks %d", t->rank, n_ranks);
+        return pt_fail(PIPERT_ERR_INVALID_ARG, "transport: rank %d is not below n_ranks %d",
+                       t->rank, n_ranks);
     double deadline = pt_now_s() + timeout_s;
     for (int rank = 0; rank < t->rank; rank++) {
         pipert_result rc = pt_transport_connect(t, rank, addresses[rank]);
@@ -1573,24 +1682,26 @@ int pt_transport_peer_alive(pt_transport *t, int peer_rank)
     return alive;
 }
 
-/* ---- requests --------------------------------------------------------------------------------- */
+/* ---- requests ------------------------------------------------------------ */
 
 static pipert_result check_peer_argument(const pt_transport *t, int rank, const char *what)
 {
     if (rank < 0 || rank >= PT_TRANSPORT_MAX_RANKS || rank == t->rank)
-        return pt_fail(PIPERT_ERR_INVALID_ARG, "%s: rank %d is not a peer of rank %d", what, rank, t->rank);
+        return pt_fail(PIPERT_ERR_INVALID_ARG, "%s: rank %d is not a peer of rank %d", what, rank,
+                       t->rank);
     return PIPERT_OK;
 }
 
 static pipert_result check_kind(unsigned kind, const char *what)
 {
     if (kind < 1 || kind > PT_KIND_MAX)
-        return pt_fail(PIPERT_ERR_INVALID_ARG, "%s: kind %u is outside 1..%d", what, kind, PT_KIND_MAX);
+        return pt_fail(PIPERT_ERR_INVALID_ARG, "%s: kind %u is outside 1..%d", what, kind,
+                       PT_KIND_MAX);
     return PIPERT_OK;
 }
 
-static pipert_result new_request(pt_transport *t, request_type type, int peer_rank, uint32_t user_tag,
-                                 unsigned kind, pt_request **out)
+static pipert_result new_request(pt_transport *t, request_type type, int peer_rank,
+                                 uint32_t user_tag, unsigned kind, pt_request **out)
 {
     pt_request *r = calloc(1, sizeof *r);
     if (!r) return pt_fail(PIPERT_ERR_NOMEM, "transport: no memory for a request");
@@ -1610,21 +1721,23 @@ static pipert_result new_request(pt_transport *t, request_type type, int peer_ra
  * they were made. Returns 0 if the caller must queue the request instead. */
 static int post_directly(pt_transport *t, pt_request *r)
 {
-    if (in_progress_thread || pthread_mutex_trylock(&t->ucx_lock) != 0) return 0;
+    if (!ucx_lock_try(t)) return 0;
     pthread_mutex_lock(&t->queue_lock);
     int stopping = t->stopping;
     pthread_mutex_unlock(&t->queue_lock);
     if (stopping) {
-        pthread_mutex_unlock(&t->ucx_lock);
+        ucx_lock_release(t);
         return 0;
     }
     run_commands(t);
-    if (r->type == REQUEST_SEND) post_send(t, r);
-    else post_receive(t, r);
+    if (r->type == REQUEST_SEND)
+        post_send(t, r);
+    else
+        post_receive(t, r);
     pthread_mutex_lock(&state_lock);
     int pending = r->state == REQUEST_PENDING;
     pthread_mutex_unlock(&state_lock);
-    pthread_mutex_unlock(&t->ucx_lock);
+    ucx_lock_release(t);
     /* Whatever is left needs ucp_worker_progress: the progress thread's job. */
     if (pending) wake_progress_thread(t);
     return 1;
@@ -1645,8 +1758,8 @@ static pipert_result submit(pt_transport *t, pt_request *r, pt_request **out)
     return PIPERT_OK;
 }
 
-pipert_result pt_send_raw(pt_transport *t, int dst_rank, uint32_t user_tag, const pt_message_header *header,
-                          const void *payload, pt_request **out)
+pipert_result pt_send_raw(pt_transport *t, int dst_rank, uint32_t user_tag,
+                          const pt_message_header *header, const void *payload, pt_request **out)
 {
     *out = NULL;
     PT_TRY(check_peer_argument(t, dst_rank, "pt_send"));
@@ -1661,23 +1774,28 @@ pipert_result pt_send_raw(pt_transport *t, int dst_rank, uint32_t user_tag, cons
     return submit(t, r, out);
 }
 
-pipert_result pt_send(pt_transport *t, int dst_rank, uint32_t user_tag, const pt_message_header *header,
-                      const void *payload, unsigned flags, pt_request **out)
+pipert_result pt_send(pt_transport *t, int dst_rank, uint32_t user_tag,
+                      const pt_message_header *header, const void *payload, unsigned flags,
+                      pt_request **out)
 {
     *out = NULL;
     if (header->dtype >= PT_DTYPE_COUNT)
         return pt_fail(PIPERT_ERR_INVALID_ARG, "pt_send: dtype %u is not a dtype", header->dtype);
     if (header->ndim < 0 || header->ndim > PT_MESSAGE_MAX_DIMS)
-        return pt_fail(PIPERT_ERR_INVALID_ARG, "pt_send: ndim %d is outside 0..%d", header->ndim, PT_MESSAGE_MAX_DIMS);
+        return pt_fail(PIPERT_ERR_INVALID_ARG, "pt_send: ndim %d is outside 0..%d", header->ndim,
+                       PT_MESSAGE_MAX_DIMS);
     uint64_t numel = 1;
     for (int d = 0; d < header->ndim; d++) {
-        if (header->shape[d] < 0) return pt_fail(PIPERT_ERR_INVALID_ARG, "pt_send: shape[%d] is negative", d);
+        if (header->shape[d] < 0)
+            return pt_fail(PIPERT_ERR_INVALID_ARG, "pt_send: shape[%d] is negative", d);
         if (__builtin_mul_overflow(numel, (uint64_t)header->shape[d], &numel))
             return pt_fail(PIPERT_ERR_INVALID_ARG, "pt_send: the shape overflows");
     }
     if (header->nbytes != numel * pt_dtype_size(header->dtype))
-        return pt_fail(PIPERT_ERR_INVALID_ARG, "pt_send: nbytes %llu is not the %llu bytes of its shape",
-                       (unsigned long long)header->nbytes, (unsigned long long)(numel * pt_dtype_size(header->dtype)));
+        return pt_fail(PIPERT_ERR_INVALID_ARG,
+                       "pt_send: nbytes %llu is not the %llu bytes of its shape",
+                       (unsigned long long)header->nbytes,
+                       (unsigned long long)(numel * pt_dtype_size(header->dtype)));
     /* A fresh header (padding zeroed), with the fields the transport owns. */
     pt_message_header wire;
     memset(&wire, 0, sizeof wire);
@@ -1695,20 +1813,22 @@ pipert_result pt_send(pt_transport *t, int dst_rank, uint32_t user_tag, const pt
     wire.ndim = header->ndim;
     for (int d = 0; d < header->ndim; d++) wire.shape[d] = header->shape[d];
     wire.nbytes = header->nbytes;
-    wire.checksum = (flags & PT_SEND_CHECKSUM) && header->nbytes ? pt_checksum64(payload, header->nbytes) : 0;
+    wire.checksum =
+        (flags & PT_SEND_CHECKSUM) && header->nbytes ? pt_checksum64(payload, header->nbytes) : 0;
     return pt_send_raw(t, dst_rank, user_tag, &wire, payload, out);
 }
 
-pipert_result pt_recv(pt_transport *t, int src_rank, uint32_t user_tag, const pt_recv_expect *expect, void *buffer,
-                      size_t capacity, pt_request **out)
+pipert_result pt_recv(pt_transport *t, int src_rank, uint32_t user_tag,
+                      const pt_recv_expect *expect, void *buffer, size_t capacity, pt_request **out)
 {
     *out = NULL;
     PT_TRY(check_peer_argument(t, src_rank, "pt_recv"));
     PT_TRY(check_kind(expect->kind, "pt_recv"));
     if (expect->ndim > PT_MESSAGE_MAX_DIMS)
-        return pt_fail(PIPERT_ERR_INVALID_ARG, "pt_recv: expected ndim %d is above %d", expect->ndim,
-                       PT_MESSAGE_MAX_DIMS);
-    if (capacity > 0 && !buffer) return pt_fail(PIPERT_ERR_INVALID_ARG, "pt_recv: capacity %zu but no buffer", capacity);
+        return pt_fail(PIPERT_ERR_INVALID_ARG, "pt_recv: expected ndim %d is above %d",
+                       expect->ndim, PT_MESSAGE_MAX_DIMS);
+    if (capacity > 0 && !buffer)
+        return pt_fail(PIPERT_ERR_INVALID_ARG, "pt_recv: capacity %zu but no buffer", capacity);
     pt_request *r = NULL;
     PT_TRY(new_request(t, REQUEST_RECV, src_rank, user_tag, expect->kind, &r));
     r->expect = *expect;
@@ -1734,8 +1854,8 @@ int pt_request_test(pt_request *request, pipert_result *result)
 
 pipert_result pt_request_wait(pt_request *request, double timeout_s)
 {
-    if (in_progress_thread)
-        return pt_fail(PIPERT_ERR_INTERNAL, "pt_request_wait called on the progress thread (from a callback?)");
+    if (holding_ucx_lock)
+        return pt_fail(PIPERT_ERR_INTERNAL, "pt_request_wait called from a transport callback");
     struct timespec deadline;
     if (timeout_s >= 0) deadline_after(timeout_s, &deadline);
     pthread_mutex_lock(&state_lock);
@@ -1760,8 +1880,10 @@ void pt_request_on_complete(pt_request *request, pt_request_callback fn, void *a
         pthread_mutex_unlock(&state_lock);
         return;
     }
-    /* Completing on this very thread (we are inside another callback): it cannot become DONE while we wait. */
-    while (request->state != REQUEST_DONE && !in_progress_thread) pthread_cond_wait(&state_changed, &state_lock);
+    /* Completing on this very thread (we are inside a callback): it cannot become DONE while we
+     * wait. */
+    while (request->state != REQUEST_DONE && !holding_ucx_lock)
+        pthread_cond_wait(&state_changed, &state_lock);
     pthread_mutex_unlock(&state_lock);
     fn(request, request->result, arg);
 }
@@ -1787,8 +1909,9 @@ void pt_request_free(pt_request *request)
     if (!request) return;
     pt_request_cancel(request);
     pthread_mutex_lock(&state_lock);
-    if (request->state != REQUEST_DONE && in_progress_thread) {
-        /* From a callback, where waiting would wait for ourselves: complete_request frees it when it is done. */
+    if (request->state != REQUEST_DONE && holding_ucx_lock) {
+        /* From a callback, where waiting would wait for ourselves: complete_request frees it when
+         * it is done. */
         request->free_requested = 1;
         pthread_mutex_unlock(&state_lock);
         return;

@@ -2,11 +2,14 @@
  * tensor messages over UCX (ucp).
  *
  * One pt_transport per process owns a ucp context, one worker, a listener on a
- * socket address and a progress thread. Every other thread talks to UCX only
- * through a command queue that the progress thread drains, so the worker runs
- * in serialized mode and no UCX call ever races with another. When there is
- * nothing to do the progress thread sleeps in epoll on the worker's event fd
- * (armed with ucp_worker_arm) and on an eventfd that posting threads write.
+ * socket address and a progress thread. One thread at a time calls into UCX
+ * (the worker runs in serialized mode): the progress thread, which drains a
+ * queue of commands that other threads post; or, while the progress thread
+ * sleeps, a thread posting a send or receive directly (an eager send then
+ * completes without any thread hand-off). When there is nothing to do the
+ * progress thread sleeps in epoll on the worker's event fd (armed with
+ * ucp_worker_arm) and on an eventfd that posting threads write; it wakes at
+ * least once a second for housekeeping (handshake deadlines).
  *
  * Connections. Each process has a rank. A bootstrap hands every process the
  * others' pt_transport_listen_address() ("host:port"); pt_transport_connect()
@@ -34,7 +37,9 @@
  *     zero-length receive: UCX drops it without the receiver allocating it.
  * A refused message completes the request with PIPERT_ERR_PEER and a message
  * naming the peer's rank and the offending field (magic, version, job,
- * src_rank, kind, dtype, shape, nbytes, checksum).
+ * src_rank, kind, dtype, shape, nbytes, checksum); an inline payload may
+ * already have been written to the first min(capacity, 4096) bytes of the
+ * buffer, which is why the buffer is only to be trusted after success.
  *
  * Tags are 64 bits: kind (8) | source rank (23) | part (1: header or
  * payload) | user tag (32), so messages between a pair with different kinds
@@ -45,7 +50,9 @@
  * peer dead, its pending receives fail with PIPERT_ERR_PEER naming the rank,
  * and later sends and receives to it fail at once. A peer that shuts down
  * with pt_transport_destroy() says goodbye first and is marked "left"
- * (same errors, no warning). Dead stays dead for the life of the transport.
+ * (same errors, no warning). Messages it sent before it left (or died) that
+ * already arrived are still delivered to receives posted later. Dead stays
+ * dead for the life of the transport.
  *
  * Environment: UCX reads its own UCX_* variables (UCX_TLS=tcp restricts the
  * transports, e.g. between emulated sites); pipert changes no UCX default.
@@ -68,14 +75,14 @@
  * that does not fails the magic check). */
 typedef struct pt_message_header {
     uint32_t magic, version;
-    uint16_t kind, dtype;          /* a pt_message_kind; a pt_dtype (runtime/safetensors.h) */
-    uint32_t job;                  /* the job id: receivers refuse other jobs' messages */
+    uint16_t kind, dtype; /* a pt_message_kind; a pt_dtype (runtime/safetensors.h) */
+    uint32_t job;         /* the job id: receivers refuse other jobs' messages */
     int32_t replica, stage, microbatch, src_rank;
     int64_t step, weight_version;
-    int32_t ndim;                  /* 0..PT_MESSAGE_MAX_DIMS */
+    int32_t ndim; /* 0..PT_MESSAGE_MAX_DIMS */
     int64_t shape[PT_MESSAGE_MAX_DIMS];
-    uint64_t nbytes;               /* prod(shape) * dtype size */
-    uint64_t checksum;             /* pt_checksum64 of the payload, or 0 for none */
+    uint64_t nbytes;   /* prod(shape) * dtype size */
+    uint64_t checksum; /* pt_checksum64 of the payload, or 0 for none */
 } pt_message_header;
 
 /* What a message carries; the transport only needs kinds to be 1..255.
@@ -97,7 +104,7 @@ typedef enum pt_message_kind {
  * in a header means "no checksum". */
 uint64_t pt_checksum64(const void *data, size_t nbytes);
 
-/* ---- the transport --------------------------------------------------------- */
+/* ---- the transport ------------------------------------------------------- */
 
 typedef struct pt_transport pt_transport;
 
@@ -113,8 +120,10 @@ typedef struct pt_transport_options {
 #define PT_TRANSPORT_MAX_RANKS (1 << 20)
 #define PT_TRANSPORT_SECRET_MAX 128
 #define PT_TRANSPORT_OPTIONS_INIT                                                                  \
-    {.rank = -1, .secret = NULL, .job = 0, .listen_host = NULL, .listen_port = 0,                  \
-     .connect_timeout_s = 30.0}
+    {                                                                                              \
+        .rank = -1, .secret = NULL, .job = 0, .listen_host = NULL, .listen_port = 0,               \
+        .connect_timeout_s = 30.0                                                                  \
+    }
 
 /* Creates the ucp context, worker and listener and starts the progress thread. */
 pipert_result pt_transport_create(const pt_transport_options *options, pt_transport **out);
@@ -152,15 +161,15 @@ pipert_result pt_transport_connect_all(pt_transport *t, int n_ranks, const char 
 /* 1 while `peer_rank` is connected and has neither failed nor left. */
 int pt_transport_peer_alive(pt_transport *t, int peer_rank);
 
-/* ---- requests -------------------------------------------------------------- */
+/* ---- requests ------------------------------------------------------------ */
 
 typedef struct pt_request pt_request;
 
 /* What a receive accepts. Anything else completes it with PIPERT_ERR_PEER. */
 typedef struct pt_recv_expect {
-    uint16_t kind;        /* required kind (1..PT_KIND_MAX) */
-    int32_t dtype;        /* required pt_dtype, or -1 for any */
-    int32_t ndim;         /* -1: any shape (only the capacity bounds it); else the exact shape */
+    uint16_t kind; /* required kind (1..PT_KIND_MAX) */
+    int32_t dtype; /* required pt_dtype, or -1 for any */
+    int32_t ndim;  /* -1: any shape (only the capacity bounds it); else the exact shape */
     int64_t shape[PT_MESSAGE_MAX_DIMS];
     int require_checksum; /* refuse messages sent without a checksum */
 } pt_recv_expect;
@@ -198,9 +207,11 @@ int pt_request_test(pt_request *request, pipert_result *result);
 pipert_result pt_request_wait(pt_request *request, double timeout_s);
 
 /* Calls fn(request, result, arg) once the request completes: right away on
- * this thread if it already has, else on the progress thread. fn must be
- * short and must not wait on requests; it may post new ones, and it may free
- * `request`. */
+ * this thread if it already has, else on whichever thread completes it (the
+ * progress thread, or a thread posting a request at that moment), with the
+ * transport's UCX lock held. So fn must be short and must not wait on
+ * requests (pt_request_wait fails there with PIPERT_ERR_INTERNAL); it may
+ * post new ones (they are queued), and it may free `request`. */
 typedef void (*pt_request_callback)(pt_request *request, pipert_result result, void *arg);
 void pt_request_on_complete(pt_request *request, pt_request_callback fn, void *arg);
 

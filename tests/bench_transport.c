@@ -41,15 +41,18 @@ static double median(double *values, int n)
     do {                                                                                           \
         pipert_result rc_ = (expr);                                                                \
         if (rc_ != PIPERT_OK) {                                                                    \
-            fprintf(stderr, "bench_transport: %s: %s\n", #expr, pipert_last_error());             \
+            fprintf(stderr, "bench_transport: %s: %s\n", #expr, pipert_last_error());              \
             return 1;                                                                              \
         }                                                                                          \
     } while (0)
 
 static pt_message_header bytes_header(size_t nbytes)
 {
-    pt_message_header h = {.kind = PT_KIND_ACTIVATION, .dtype = PT_DTYPE_U8, .ndim = 1,
-                           .shape = {(int64_t)nbytes}, .nbytes = nbytes};
+    pt_message_header h = {.kind = PT_KIND_ACTIVATION,
+                           .dtype = PT_DTYPE_U8,
+                           .ndim = 1,
+                           .shape = {(int64_t)nbytes},
+                           .nbytes = nbytes};
     return h;
 }
 
@@ -62,7 +65,8 @@ static pipert_result wait_free(pt_request **r)
     return rc;
 }
 
-static pipert_result send_wait(pt_transport *t, int to, uint32_t tag, const void *data, size_t bytes, unsigned flags)
+static pipert_result send_wait(pt_transport *t, int to, uint32_t tag, const void *data,
+                               size_t bytes, unsigned flags)
 {
     pt_message_header h = bytes_header(bytes);
     pt_request *r;
@@ -78,27 +82,36 @@ static pipert_result recv_wait(pt_transport *t, int from, uint32_t tag, void *da
     return wait_free(&r);
 }
 
-/* Rank 0 streams `messages` large messages to rank 1, which acknowledges the last. Seconds, on rank 0. */
-static int bandwidth_run(pt_transport *t, const bench_options *o, unsigned char *buffers, double *seconds)
+/* Rank 0 streams `messages` large messages to rank 1, which acknowledges the last. Seconds, on rank
+ * 0. */
+static int bandwidth_run(pt_transport *t, const bench_options *o, unsigned char *buffers,
+                         double *seconds)
 {
     int rank = pt_transport_rank(t), other = 1 - rank;
     pt_request *window[WINDOW] = {NULL};
     char token[8] = {0};
     /* Both sides ready before the clock starts. */
-    if (rank == 0) CHECK(recv_wait(t, other, 1, token, sizeof token));
-    else CHECK(send_wait(t, other, 1, token, sizeof token, 0));
+    if (rank == 0)
+        CHECK(recv_wait(t, other, 1, token, sizeof token));
+    else
+        CHECK(send_wait(t, other, 1, token, sizeof token, 0));
     double start = pt_now_s();
     pt_message_header h = bytes_header(LARGE_BYTES);
     pt_recv_expect e = {.kind = PT_KIND_ACTIVATION, .dtype = -1, .ndim = -1};
     for (int i = 0; i < o->messages; i++) {
         pt_request **slot = &window[i % WINDOW];
         CHECK(wait_free(slot));
-        if (rank == 0) CHECK(pt_send(t, other, 2, &h, buffers, o->send_flags, slot));
-        else CHECK(pt_recv(t, other, 2, &e, buffers + (size_t)(i % WINDOW) * LARGE_BYTES, LARGE_BYTES, slot));
+        if (rank == 0)
+            CHECK(pt_send(t, other, 2, &h, buffers, o->send_flags, slot));
+        else
+            CHECK(pt_recv(t, other, 2, &e, buffers + (size_t)(i % WINDOW) * LARGE_BYTES,
+                          LARGE_BYTES, slot));
     }
     for (int i = 0; i < WINDOW; i++) CHECK(wait_free(&window[i]));
-    if (rank == 0) CHECK(recv_wait(t, other, 3, token, sizeof token));
-    else CHECK(send_wait(t, other, 3, token, sizeof token, 0));
+    if (rank == 0)
+        CHECK(recv_wait(t, other, 3, token, sizeof token));
+    else
+        CHECK(send_wait(t, other, 3, token, sizeof token, 0));
     *seconds = pt_now_s() - start;
     return 0;
 }
@@ -133,14 +146,18 @@ static int run_rank(int rank, int to_peer, int from_peer, const bench_options *o
     CHECK(pt_transport_create(&options, &t));
     char mine[ADDRESS_MAX] = {0}, theirs[ADDRESS_MAX] = {0};
     snprintf(mine, sizeof mine, "%s", pt_transport_listen_address(t));
-    if (write(to_peer, mine, sizeof mine) != (ssize_t)sizeof mine || read(from_peer, theirs, sizeof theirs) != (ssize_t)sizeof theirs) {
+    if (write(to_peer, mine, sizeof mine) != (ssize_t)sizeof mine ||
+        read(from_peer, theirs, sizeof theirs) != (ssize_t)sizeof theirs) {
         fprintf(stderr, "bench_transport: address exchange: %s\n", strerror(errno));
         return 1;
     }
-    if (rank == 1) CHECK(pt_transport_connect(t, 0, theirs));
-    else CHECK(pt_transport_wait_peer(t, 1, 30.0));
+    if (rank == 1)
+        CHECK(pt_transport_connect(t, 0, theirs));
+    else
+        CHECK(pt_transport_wait_peer(t, 1, 30.0));
     unsigned char *buffers = calloc(WINDOW, LARGE_BYTES);
-    double *bandwidth = calloc((size_t)o->runs, sizeof *bandwidth), *latency = calloc((size_t)o->runs, sizeof *latency);
+    double *bandwidth = calloc((size_t)o->runs, sizeof *bandwidth),
+           *latency = calloc((size_t)o->runs, sizeof *latency);
     if (!buffers || !bandwidth || !latency) return 1;
     double seconds, half;
     if (bandwidth_run(t, o, buffers, &seconds) || latency_run(t, o, &half)) return 1; /* warm-up */
@@ -166,8 +183,9 @@ static int run_rank(int rank, int to_peer, int from_peer, const bench_options *o
                tls ? tls : "(default)", o->send_flags ? ", checksums on" : "", o->runs);
         printf("  bandwidth, %d x 4 MiB messages:  %7.2f GB/s  (min %.2f, max %.2f)\n", o->messages,
                median(bandwidth, o->runs), low_bw, high_bw);
-        printf("  latency, 8-byte ping-pong x %d:  %7.2f us half round trip  (min %.2f, max %.2f)\n", o->pings,
-               median(latency, o->runs), low_lat, high_lat);
+        printf(
+            "  latency, 8-byte ping-pong x %d:  %7.2f us half round trip  (min %.2f, max %.2f)\n",
+            o->pings, median(latency, o->runs), low_lat, high_lat);
     }
     free(buffers);
     free(bandwidth);
@@ -180,12 +198,17 @@ int main(int argc, char **argv)
 {
     bench_options o = {.runs = 5, .messages = 32, .pings = 2000};
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--runs") && i + 1 < argc) o.runs = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--messages") && i + 1 < argc) o.messages = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--pings") && i + 1 < argc) o.pings = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--checksum")) o.send_flags = PT_SEND_CHECKSUM;
+        if (!strcmp(argv[i], "--runs") && i + 1 < argc)
+            o.runs = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--messages") && i + 1 < argc)
+            o.messages = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--pings") && i + 1 < argc)
+            o.pings = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--checksum"))
+            o.send_flags = PT_SEND_CHECKSUM;
         else {
-            fprintf(stderr, "usage: %s [--runs N] [--messages M] [--pings K] [--checksum]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--runs N] [--messages M] [--pings K] [--checksum]\n",
+                    argv[0]);
             return 2;
         }
     }

@@ -27,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -38,7 +39,7 @@
 #define ADDRESS_MAX 96
 #define JOB_DEADLINE_S 90.0
 
-/* ---- the multi-process harness ------------------------------------------------------------------ */
+/* ---- the multi-process harness ------------------------------------------- */
 
 typedef struct rank_context {
     int rank, n;
@@ -49,7 +50,7 @@ typedef struct rank_context {
 typedef int (*rank_body)(rank_context *ctx);
 
 typedef struct up_record {
-    int kind; /* 0: my address (empty: I failed), 1: kill rank `rank` */
+    int kind; /* 0: my address (empty: I failed), 1: kill rank `rank`, 2: connected, waiting */
     int rank;
     char address[ADDRESS_MAX];
 } up_record;
@@ -60,7 +61,7 @@ typedef struct up_record {
             fprintf(stderr, "rank %d of %d, %s:%d: check failed: %s: ", (ctx)->rank, (ctx)->n,     \
                     __FILE__, __LINE__, #cond);                                                    \
             fprintf(stderr, __VA_ARGS__);                                                          \
-            fprintf(stderr, " (last error: %s)\n", pipert_last_error());                          \
+            fprintf(stderr, " (last error: %s)\n", pipert_last_error());                           \
             return 1;                                                                              \
         }                                                                                          \
     } while (0)
@@ -89,8 +90,10 @@ static void child_main(int n, int rank, rank_body body, int up_fd, int down_fd)
     options.connect_timeout_s = 20.0;
     up_record mine = {.kind = 0, .rank = rank};
     pipert_result rc = pt_transport_create(&options, &ctx.t);
-    if (rc == PIPERT_OK) snprintf(mine.address, sizeof mine.address, "%s", pt_transport_listen_address(ctx.t));
-    else fprintf(stderr, "rank %d: pt_transport_create: %s\n", rank, pipert_last_error());
+    if (rc == PIPERT_OK)
+        snprintf(mine.address, sizeof mine.address, "%s", pt_transport_listen_address(ctx.t));
+    else
+        fprintf(stderr, "rank %d: pt_transport_create: %s\n", rank, pipert_last_error());
     if (write(up_fd, &mine, sizeof mine) != (ssize_t)sizeof mine || rc != PIPERT_OK) _exit(91);
     static char table[MAX_RANKS][ADDRESS_MAX];
     if (!read_full(down_fd, table, sizeof table)) _exit(92);
@@ -101,6 +104,11 @@ static void child_main(int n, int rank, rank_body body, int up_fd, int down_fd)
         fprintf(stderr, "rank %d: connect_all: %s\n", rank, pipert_last_error());
         status = 93;
     }
+    /* Nobody starts (and so nobody can finish and leave) before everyone is connected. */
+    up_record ready = {.kind = 2, .rank = rank};
+    char go;
+    if (write(up_fd, &ready, sizeof ready) != (ssize_t)sizeof ready || !read_full(down_fd, &go, 1))
+        _exit(97);
     if (status == 0) status = body(&ctx);
     pt_transport_destroy(ctx.t);
     if (status == 0 && CHILD_LEAK_CHECK()) status = 95;
@@ -111,7 +119,7 @@ static void child_main(int n, int rank, rank_body body, int up_fd, int down_fd)
 static int run_job(int n, rank_body body, int killed, char *why, size_t why_capacity)
 {
     int up[2], down[MAX_RANKS][2];
-    pid_t pids[MAX_RANKS] = {0};
+    pid_t pids[MAX_RANKS] = {0}, parent = getpid();
     if (pipe(up) != 0) return snprintf(why, why_capacity, "pipe: %s", strerror(errno)), 0;
     int ok = 1;
     for (int r = 0; r < n && ok; r++) {
@@ -119,6 +127,9 @@ static int run_job(int n, rank_body body, int killed, char *why, size_t why_capa
         fflush(NULL);
         pids[r] = fork();
         if (pids[r] == 0) {
+            /* Never outlive the test, even if it is killed itself. */
+            prctl(PR_SET_PDEATHSIG, SIGKILL);
+            if (getppid() != parent) _exit(96);
             close(up[0]);
             close(down[r][1]);
             child_main(n, r, body, up[1], down[r][0]);
@@ -129,7 +140,7 @@ static int run_job(int n, rank_body body, int killed, char *why, size_t why_capa
     close(up[1]);
     static char table[MAX_RANKS][ADDRESS_MAX];
     memset(table, 0, sizeof table);
-    int reported = 0, ended = 0, done[MAX_RANKS] = {0};
+    int reported = 0, ready = 0, ended = 0, done[MAX_RANKS] = {0};
     double deadline = pt_now_s() + JOB_DEADLINE_S;
     while (ok && ended < n) {
         if (pt_now_s() > deadline) {
@@ -143,12 +154,17 @@ static int run_job(int n, rank_body body, int killed, char *why, size_t why_capa
                 close(up[0]);
                 up[0] = -1;
             } else if (record.kind == 0 && !record.address[0]) {
-                ok = !snprintf(why, why_capacity, "rank %d could not create its transport", record.rank);
+                ok = !snprintf(why, why_capacity, "rank %d could not create its transport",
+                               record.rank);
             } else if (record.kind == 0) {
                 snprintf(table[record.rank], ADDRESS_MAX, "%s", record.address);
                 if (++reported == n)
                     for (int r = 0; r < n; r++)
                         if (write(down[r][1], table, sizeof table) != (ssize_t)sizeof table) ok = 0;
+            } else if (record.kind == 2) {
+                if (++ready == n)
+                    for (int r = 0; r < n; r++)
+                        if (write(down[r][1], "g", 1) != 1) ok = 0;
             } else if (record.rank >= 0 && record.rank < n) {
                 kill(pids[record.rank], SIGKILL);
             }
@@ -182,10 +198,10 @@ static int run_job(int n, rank_body body, int killed, char *why, size_t why_capa
     do {                                                                                           \
         char why_[512] = "";                                                                       \
         int ok_ = run_job((n), (body), (killed), why_, sizeof why_);                               \
-        cr_assert(ok_, "%d ranks: %s (see the children's stderr above)", (n), why_);              \
+        cr_assert(ok_, "%d ranks: %s (see the children's stderr above)", (n), why_);               \
     } while (0)
 
-/* ---- inputs and references ------------------------------------------------------------------------ */
+/* ---- inputs and references ----------------------------------------------- */
 
 /* Quarter-integers in [-12, 12]: sums of up to 8 are exact in fp32. */
 static float exact_input(int rank, size_t i, int salt)
@@ -207,20 +223,21 @@ static pt_group *whole_group(rank_context *ctx, uint32_t id)
 }
 
 /* Checks data[0..count) against the serial sum (or mean) over `members` of exact_input. */
-static int check_exact(rank_context *ctx, const float *data, size_t count, const int *members, int n_members,
-                       pt_reduce_op op, int salt, const char *what)
+static int check_exact(rank_context *ctx, const float *data, size_t count, const int *members,
+                       int n_members, pt_reduce_op op, int salt, const char *what)
 {
     for (size_t i = 0; i < count; i++) {
         double sum = 0;
         for (int m = 0; m < n_members; m++) sum += exact_input(members[m], i, salt);
         float expected = op == PT_REDUCE_MEAN ? (float)sum / (float)n_members : (float)sum;
-        CHILD_CHECK(ctx, data[i] == expected, "%s: element %zu of %zu is %.9g, the serial %s is %.9g", what, i, count,
+        CHILD_CHECK(ctx, data[i] == expected,
+                    "%s: element %zu of %zu is %.9g, the serial %s is %.9g", what, i, count,
                     data[i], op == PT_REDUCE_MEAN ? "mean" : "sum", expected);
     }
     return 0;
 }
 
-/* ---- all-reduce ------------------------------------------------------------------------------------ */
+/* ---- all-reduce ---------------------------------------------------------- */
 
 static int allreduce_exact_body(rank_context *ctx)
 {
@@ -239,7 +256,8 @@ static int allreduce_exact_body(rank_context *ctx)
             CHILD_CHECK(ctx, rc == PIPERT_OK, "allreduce of %zu", counts[k]);
             char what[64];
             snprintf(what, sizeof what, "%s of %zu elements", op ? "mean" : "sum", counts[k]);
-            if (check_exact(ctx, data, counts[k], members, ctx->n, (pt_reduce_op)op, salt, what)) return 1;
+            if (check_exact(ctx, data, counts[k], members, ctx->n, (pt_reduce_op)op, salt, what))
+                return 1;
         }
     }
     free(data);
@@ -266,7 +284,8 @@ static int allreduce_inexact_body(rank_context *ctx)
     for (size_t i = 0; i < COUNT; i++) {
         double sum = 0;
         for (int r = 0; r < ctx->n; r++) sum += (float)sin(1.3 * r + 0.01 * (double)i);
-        CHILD_CHECK(ctx, fabs(data[i] - sum) <= 1e-6 * ctx->n, "element %zu: %.9g vs serial %.9g", i, data[i], sum);
+        CHILD_CHECK(ctx, fabs(data[i] - sum) <= 1e-6 * ctx->n, "element %zu: %.9g vs serial %.9g",
+                    i, data[i], sum);
     }
     uint64_t mine = pt_checksum64(data, sizeof data), all[MAX_RANKS];
     CHILD_CHECK(ctx, pt_allgather(g, &mine, sizeof mine, all) == PIPERT_OK, "allgather");
@@ -276,7 +295,10 @@ static int allreduce_inexact_body(rank_context *ctx)
     return 0;
 }
 
-Test(collectives, allreduce_inexact_inputs_agree_on_every_rank) { RUN_JOB(4, allreduce_inexact_body, -1); }
+Test(collectives, allreduce_inexact_inputs_agree_on_every_rank)
+{
+    RUN_JOB(4, allreduce_inexact_body, -1);
+}
 
 /* Several non-blocking all-reduces in flight at once, waited out of order, with work in between. */
 static int nonblocking_body(rank_context *ctx)
@@ -294,7 +316,9 @@ static int nonblocking_body(rank_context *ctx)
         data[k] = malloc((counts[k] + 1) * sizeof(float));
         CHILD_CHECK(ctx, data[k], "no memory");
         for (size_t i = 0; i < counts[k]; i++) data[k][i] = exact_input(ctx->rank, i, 50 + k);
-        CHILD_CHECK(ctx, pt_allreduce_start(g, data[k], counts[k], ops[k], &handles[k]) == PIPERT_OK, "start %d", k);
+        CHILD_CHECK(ctx,
+                    pt_allreduce_start(g, data[k], counts[k], ops[k], &handles[k]) == PIPERT_OK,
+                    "start %d", k);
     }
     /* "Compute" while they run. */
     volatile double work = 0;
@@ -322,13 +346,16 @@ static int subgroup_body(rank_context *ctx)
     pt_group_options options = PT_GROUP_OPTIONS_INIT;
     options.id = odd ? 1 : 2;
     pt_group *g;
-    CHILD_CHECK(ctx, pt_group_create(ctx->t, members, n_members, &options, &g) == PIPERT_OK, "group");
+    CHILD_CHECK(ctx, pt_group_create(ctx->t, members, n_members, &options, &g) == PIPERT_OK,
+                "group");
     CHILD_CHECK(ctx, pt_group_size(g) == n_members, "size");
     enum { COUNT = 10007 };
     static float data[COUNT];
     for (size_t i = 0; i < COUNT; i++) data[i] = exact_input(ctx->rank, i, 9);
-    CHILD_CHECK(ctx, pt_allreduce(g, data, COUNT, PT_REDUCE_SUM) == PIPERT_OK, "subgroup allreduce");
-    if (check_exact(ctx, data, COUNT, members, n_members, PT_REDUCE_SUM, 9, "subgroup sum")) return 1;
+    CHILD_CHECK(ctx, pt_allreduce(g, data, COUNT, PT_REDUCE_SUM) == PIPERT_OK,
+                "subgroup allreduce");
+    if (check_exact(ctx, data, COUNT, members, n_members, PT_REDUCE_SUM, 9, "subgroup sum"))
+        return 1;
     pt_group_destroy(g);
     /* Then everyone together. */
     g = whole_group(ctx, 0);
@@ -344,7 +371,7 @@ static int subgroup_body(rank_context *ctx)
 
 Test(collectives, subgroups_reduce_only_their_members) { RUN_JOB(5, subgroup_body, -1); }
 
-/* ---- broadcast, all-gather, barrier --------------------------------------------------------------- */
+/* ---- broadcast, all-gather, barrier -------------------------------------- */
 
 static unsigned char pattern_byte(int seed, size_t i)
 {
@@ -360,11 +387,15 @@ static int broadcast_body(rank_context *ctx)
     for (int root = 0; root < ctx->n; root++) {
         for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
             int seed = 10 * root + (int)k;
-            for (size_t i = 0; i < sizes[k] + 1; i++) buffer[i] = ctx->rank == root ? pattern_byte(seed, i) : 0;
-            CHILD_CHECK(ctx, pt_broadcast(g, buffer, sizes[k], root) == PIPERT_OK, "broadcast from %d", root);
+            for (size_t i = 0; i < sizes[k] + 1; i++)
+                buffer[i] = ctx->rank == root ? pattern_byte(seed, i) : 0;
+            CHILD_CHECK(ctx, pt_broadcast(g, buffer, sizes[k], root) == PIPERT_OK,
+                        "broadcast from %d", root);
             for (size_t i = 0; i < sizes[k]; i++)
-                CHILD_CHECK(ctx, buffer[i] == pattern_byte(seed, i), "byte %zu of %zu from root %d", i, sizes[k], root);
-            CHILD_CHECK(ctx, ctx->rank == root || buffer[sizes[k]] == 0, "broadcast wrote past %zu bytes", sizes[k]);
+                CHILD_CHECK(ctx, buffer[i] == pattern_byte(seed, i), "byte %zu of %zu from root %d",
+                            i, sizes[k], root);
+            CHILD_CHECK(ctx, ctx->rank == root || buffer[sizes[k]] == 0,
+                        "broadcast wrote past %zu bytes", sizes[k]);
         }
     }
     pt_group_destroy(g);
@@ -383,7 +414,8 @@ static int allgather_body(rank_context *ctx)
     for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
         for (size_t i = 0; i < sizes[k]; i++) mine[i] = pattern_byte(ctx->rank + 100 * (int)k, i);
         memset(all, 0, sizeof all);
-        CHILD_CHECK(ctx, pt_allgather(g, mine, sizes[k], all) == PIPERT_OK, "allgather of %zu", sizes[k]);
+        CHILD_CHECK(ctx, pt_allgather(g, mine, sizes[k], all) == PIPERT_OK, "allgather of %zu",
+                    sizes[k]);
         for (int r = 0; r < ctx->n; r++)
             for (size_t i = 0; i < sizes[k]; i++)
                 CHILD_CHECK(ctx, all[(size_t)r * sizes[k] + i] == pattern_byte(r + 100 * (int)k, i),
@@ -409,7 +441,8 @@ static int barrier_body(rank_context *ctx)
         atomic_fetch_add(&arrivals[round], 1);
         CHILD_CHECK(ctx, pt_barrier(g) == PIPERT_OK, "barrier %d", round);
         int seen = atomic_load(&arrivals[round]);
-        CHILD_CHECK(ctx, seen == ctx->n, "left barrier %d when only %d of %d had arrived", round, seen, ctx->n);
+        CHILD_CHECK(ctx, seen == ctx->n, "left barrier %d when only %d of %d had arrived", round,
+                    seen, ctx->n);
     }
     pt_group_destroy(g);
     return 0;
@@ -427,7 +460,7 @@ static void barrier_test(int n)
 Test(collectives, barrier_waits_for_everyone_3_ranks) { barrier_test(3); }
 Test(collectives, barrier_waits_for_everyone_6_ranks) { barrier_test(6); }
 
-/* ---- arguments and failures ----------------------------------------------------------------------- */
+/* ---- arguments and failures ---------------------------------------------- */
 
 static int dead_member_body(rank_context *ctx)
 {
@@ -438,7 +471,9 @@ static int dead_member_body(rank_context *ctx)
     if (ctx->rank == 1)
         for (;;) pause(); /* until killed */
     up_record kill_request = {.kind = 1, .rank = 1};
-    CHILD_CHECK(ctx, write(ctx->up_fd, &kill_request, sizeof kill_request) == (ssize_t)sizeof kill_request, "ask");
+    CHILD_CHECK(
+        ctx, write(ctx->up_fd, &kill_request, sizeof kill_request) == (ssize_t)sizeof kill_request,
+        "ask");
     double start = pt_now_s();
     pipert_result rc = pt_allreduce(g, data, 100000, PT_REDUCE_SUM);
     CHILD_CHECK(ctx, rc == PIPERT_ERR_PEER && strstr(pipert_last_error(), "rank 1"),
@@ -454,23 +489,29 @@ static int arguments_body(rank_context *ctx)
 {
     pt_group *g;
     int not_me[] = {1 - ctx->rank}, twice[] = {0, 1, 0}, both[] = {0, 1};
-    CHILD_CHECK(ctx, pt_group_create(ctx->t, not_me, 1, NULL, &g) == PIPERT_ERR_INVALID_ARG, "not a member");
-    CHILD_CHECK(ctx, pt_group_create(ctx->t, twice, 3, NULL, &g) == PIPERT_ERR_INVALID_ARG, "duplicate");
+    CHILD_CHECK(ctx, pt_group_create(ctx->t, not_me, 1, NULL, &g) == PIPERT_ERR_INVALID_ARG,
+                "not a member");
+    CHILD_CHECK(ctx, pt_group_create(ctx->t, twice, 3, NULL, &g) == PIPERT_ERR_INVALID_ARG,
+                "duplicate");
     CHILD_CHECK(ctx, strstr(pipert_last_error(), "twice"), "%s", pipert_last_error());
     CHILD_CHECK(ctx, pt_group_create(ctx->t, both, 2, NULL, &g) == PIPERT_OK, "ok");
-    CHILD_CHECK(ctx, pt_broadcast(g, NULL, 0, 2) == PIPERT_ERR_INVALID_ARG, "root outside the group");
+    CHILD_CHECK(ctx, pt_broadcast(g, NULL, 0, 2) == PIPERT_ERR_INVALID_ARG,
+                "root outside the group");
     /* Members disagreeing on the size: the receivers' shape check (or, for a
      * small message longer than the receive, the capacity check) catches it. */
     static float data[64];
     pipert_result rc = pt_allreduce(g, data, ctx->rank == 0 ? 64 : 60, PT_REDUCE_SUM);
-    CHILD_CHECK(ctx, rc == PIPERT_ERR_PEER && (strstr(pipert_last_error(), "shape") || strstr(pipert_last_error(), "nbytes")),
+    CHILD_CHECK(ctx,
+                rc == PIPERT_ERR_PEER &&
+                    (strstr(pipert_last_error(), "shape") || strstr(pipert_last_error(), "nbytes")),
                 "mismatched sizes are refused, got %s", pipert_result_str(rc));
     pt_group_destroy(g);
     /* A group of one reduces to itself. */
     int me[] = {ctx->rank};
     CHILD_CHECK(ctx, pt_group_create(ctx->t, me, 1, NULL, &g) == PIPERT_OK, "singleton");
     data[0] = 3;
-    CHILD_CHECK(ctx, pt_allreduce(g, data, 1, PT_REDUCE_MEAN) == PIPERT_OK && data[0] == 3, "singleton mean");
+    CHILD_CHECK(ctx, pt_allreduce(g, data, 1, PT_REDUCE_MEAN) == PIPERT_OK && data[0] == 3,
+                "singleton mean");
     CHILD_CHECK(ctx, pt_barrier(g) == PIPERT_OK, "singleton barrier");
     pt_group_destroy(g);
     return 0;

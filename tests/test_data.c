@@ -388,17 +388,17 @@ Test(data, train_batches_are_reproducible_shifted_and_inside_the_train_split)
     const uint64_t starts = ds.n_train - T;
     int32_t in[B * T], tg[B * T], in2[B * T], tg2[B * T];
     size_t lowest = SIZE_MAX, highest = 0;
+    pt_philox_key key = pt_rng_key(seed, PT_DATA_STREAM);
     for (int replica = 0; replica < 2; replica++) {
-        pt_philox_key key = pt_rng_key(seed, (uint64_t)replica);
         for (long step = 0; step < 1000; step++) {
-            pt_dataset_train_batch(&ds, seed, replica, step, B, T, in, tg);
+            pt_dataset_train_batch(&ds, seed, step, replica * B, B, T, in, tg);
             for (int b = 0; b < B; b++) {
                 size_t o = (size_t)in[b * T];
                 cr_assert_leq(o + T, ds.n_train - 1, "step %ld seq %d: offset %zu leaves the "
                               "train split [0, %zu)", step, b, o, ds.n_train);
                 /* Reference: the high word of u64·bound (rejection has
                  * probability < 4000/2^64, never in this range). */
-                uint64_t x = pt_rng_u64(key, (uint64_t)step * B + b);
+                uint64_t x = pt_rng_u64(key, (uint64_t)step << 32 | (uint64_t)(replica * B + b));
                 uint64_t want = (uint64_t)(((unsigned __int128)x * starts) >> 64);
                 cr_assert_eq(o, want, "step %ld seq %d: offset %zu, expected %lu", step, b, o,
                              (unsigned long)want);
@@ -414,16 +414,34 @@ Test(data, train_batches_are_reproducible_shifted_and_inside_the_train_split)
     cr_expect_lt(lowest, 20, "8000 draws never came near 0 (lowest %zu)", lowest);
     cr_expect_gt(highest, starts - 21, "8000 draws never came near the end (highest %zu)", highest);
 
-    pt_dataset_train_batch(&ds, seed, 0, 77, B, T, in, tg);
-    pt_dataset_train_batch(&ds, seed, 0, 77, B, T, in2, tg2);
+    pt_dataset_train_batch(&ds, seed, 77, 0, B, T, in, tg);
+    pt_dataset_train_batch(&ds, seed, 77, 0, B, T, in2, tg2);
     cr_expect_eq(memcmp(in, in2, sizeof in), 0, "same call, different inputs");
     cr_expect_eq(memcmp(tg, tg2, sizeof tg), 0, "same call, different targets");
-    pt_dataset_train_batch(&ds, seed, 0, 78, B, T, in2, tg2);
+    pt_dataset_train_batch(&ds, seed, 78, 0, B, T, in2, tg2);
     cr_expect_neq(memcmp(in, in2, sizeof in), 0, "steps 77 and 78 gave the same batch");
-    pt_dataset_train_batch(&ds, seed, 1, 77, B, T, in2, tg2);
+    pt_dataset_train_batch(&ds, seed, 77, B, B, T, in2, tg2);
     cr_expect_neq(memcmp(in, in2, sizeof in), 0, "replicas 0 and 1 gave the same batch");
-    pt_dataset_train_batch(&ds, seed + 1, 0, 77, B, T, in2, tg2);
+    pt_dataset_train_batch(&ds, seed + 1, 77, 0, B, T, in2, tg2);
     cr_expect_neq(memcmp(in, in2, sizeof in), 0, "seeds 1234 and 1235 gave the same batch");
+    pt_dataset_free(&ds);
+}
+
+/* R replicas of batch B draw, between them, exactly the batch R·B of one
+ * worker: the property that makes data parallelism equal a larger batch. */
+Test(data, replicas_share_the_global_batch)
+{
+    enum { B = 3, R = 4, T = 8 };
+    pt_dataset ds = counting_dataset(5000, 4000);
+    int32_t whole_in[R * B * T], whole_tg[R * B * T], in[B * T], tg[B * T];
+    for (long step = 0; step < 50; step++) {
+        pt_dataset_train_batch(&ds, 7, step, 0, R * B, T, whole_in, whole_tg);
+        for (int r = 0; r < R; r++) {
+            pt_dataset_train_batch(&ds, 7, step, (long)r * B, B, T, in, tg);
+            cr_assert_eq(memcmp(in, whole_in + r * B * T, sizeof in), 0, "step %ld replica %d", step, r);
+            cr_assert_eq(memcmp(tg, whole_tg + r * B * T, sizeof tg), 0, "step %ld replica %d", step, r);
+        }
+    }
     pt_dataset_free(&ds);
 }
 
@@ -436,7 +454,7 @@ Test(data, train_offsets_are_uniform)
     long counts[STARTS] = {0};
     int32_t in[B * T], tg[B * T];
     for (long step = 0; step < STEPS; step++) {
-        pt_dataset_train_batch(&ds, 99, 3, step, B, T, in, tg);
+        pt_dataset_train_batch(&ds, 99, step, 3 * B, B, T, in, tg);
         for (int b = 0; b < B; b++) {
             cr_assert(in[b * T] >= 0 && in[b * T] < STARTS, "offset %d", in[b * T]);
             counts[in[b * T]]++;

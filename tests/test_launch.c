@@ -541,14 +541,13 @@ Test(launch, worker_killed_mid_run_is_named)
     remove_dir(dir);
 }
 
-/* Two replicas, rank 1 killed. Until the transport lands, a second replica
- * cannot pass its first gradient averaging, so rank 1 dies at step 1, before
- * it; rank 0 may stop at the averaging or on the abort, and the launcher must
- * name rank 1 either way. When data parallelism works, make it step 3. */
+/* Two replicas averaging gradients over UCX, rank 1 killed at step 3: rank 0
+ * fails in the all-reduce (peer error) or on the job's abort, and the launcher
+ * names rank 1 either way, within 10 s. */
 Test(launch, killed_replica_is_named)
 {
     char *dir = make_temp_dir();
-    run_result r = run_pipert("PIPERT_TEST_DIE_AT_STEP=1",
+    run_result r = run_pipert("PIPERT_TEST_DIE_AT_STEP=3",
                               "launch --stages 1 --replicas 2 --out %s " SMALL_MODEL
                               " --train.steps=1000000",
                               dir);
@@ -557,7 +556,7 @@ Test(launch, killed_replica_is_named)
               "stderr: %s", r.err);
     cr_expect_lt(r.seconds, 10.0, "the launcher took %.1f s", r.seconds);
     char *log = read_text(dir, "logs/rank-1.log");
-    cr_expect(strstr(log, "raises SIGKILL at step 1"), "rank-1.log: %s", log);
+    cr_expect(strstr(log, "raises SIGKILL at step 3"), "rank-1.log: %s", log);
     free(log);
     remove_dir(dir);
 }
@@ -656,16 +655,59 @@ Test(launch, sigterm_leaves_no_worker_behind)
 
 /* ---- requests that cannot be served yet, and bad input ---------------------------- */
 
-/* Until the UCX transport lands; then this becomes a two-replica training test. */
-Test(launch, replicas_fail_loudly_without_the_transport)
+/* The "loss" of each step in DIR/metrics.jsonl, steps 1..n. */
+static void read_step_losses(const char *dir, double *losses, int n)
 {
-    char *dir = make_temp_dir();
-    run_result r = run_pipert("", "launch --replicas 2 --out %s " SMALL_MODEL " --train.steps=5", dir);
-    cr_expect_eq(r.status, 1, "exit status %d: %s", r.status, r.err);
-    cr_expect(strstr(r.err, "data-parallel averaging needs the UCX transport (in progress)"),
-              "stderr: %s", r.err);
-    cr_expect_not(exists(dir, "ckpt-00000001.safetensors"), "an unaveraged step was checkpointed");
-    remove_dir(dir);
+    char *text = read_text(dir, "metrics.jsonl");
+    int found = 0;
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+        long step;
+        double loss;
+        if (sscanf(line, "{\"step\":%ld,\"loss\":%lf", &step, &loss) == 2 && step >= 1 && step <= n) {
+            losses[step - 1] = loss;
+            found++;
+        }
+    }
+    free(text);
+    cr_assert_eq(found, n, "%s/metrics.jsonl: %d of %d steps", dir, found, n);
+}
+
+/* Dense synchronous data parallelism (ALGORITHMS.md §4.1), the baseline every
+ * later method is measured against: R replicas with batch B each, averaging
+ * their gradients every step over UCX, give the losses of one worker with
+ * batch R·B, within 1e-5 relative, for 20 steps. */
+static void check_replicas_equal_one_large_batch(int R)
+{
+    char *single = make_temp_dir(), *replicas = make_temp_dir();
+    enum { STEPS = 20, B = 2 };
+    run_result r = run_pipert("", "train --quiet --out %s " SMALL_MODEL " --train.batch_size=%d "
+                                  "--train.steps=%d --train.log_every=1 --runtime.threads=1",
+                              single, R * B, STEPS);
+    cr_assert_eq(r.status, 0, "single worker failed: %s", r.err);
+    r = run_pipert("", "launch --quiet --stages 1 --replicas %d --out %s " SMALL_MODEL
+                       " --train.batch_size=%d --train.steps=%d --train.log_every=1",
+                   R, replicas, B, STEPS);
+    cr_assert_eq(r.status, 0, "%d replicas failed: %s", R, r.err);
+    double expected[STEPS], got[STEPS];
+    read_step_losses(single, expected, STEPS);
+    read_step_losses(replicas, got, STEPS);
+    for (int i = 0; i < STEPS; i++)
+        cr_expect(fabs(got[i] - expected[i]) <= 1e-5 * fabs(expected[i]),
+                  "R=%d step %d: replicas %.9g, one worker with batch %d: %.9g", R, i + 1, got[i],
+                  R * B, expected[i]);
+    cr_expect_lt(got[STEPS - 1], got[0], "the loss did not fall");
+    remove_dir(single);
+    remove_dir(replicas);
+}
+
+Test(launch, two_replicas_equal_one_worker_with_twice_the_batch)
+{
+    check_replicas_equal_one_large_batch(2);
+}
+
+Test(launch, three_replicas_equal_one_worker_with_three_times_the_batch)
+{
+    check_replicas_equal_one_large_batch(3);
 }
 
 Test(launch, stages_arrive_with_the_pipeline)

@@ -23,12 +23,14 @@
 
 #include "runtime/bootstrap.h"
 #include "runtime/clock.h"
+#include "runtime/collectives.h"
 #include "runtime/config.h"
 #include "runtime/coordinator.h"
 #include "runtime/fileio.h"
 #include "runtime/log.h"
 #include "runtime/metrics.h"
 #include "runtime/topology.h"
+#include "runtime/transport.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
 #include "train/checkpoint.h"
@@ -40,12 +42,17 @@
 #define TABLE_TIMEOUT_S (PT_REGISTER_TIMEOUT_S + 30.0)
 /* Progress goes to the coordinator at every logged step, and at least this often. */
 #define PROGRESS_PERIOD_S 0.5
+/* How long connecting the data plane to every peer may take. */
+#define CONNECT_TIMEOUT_S 60.0
 
 extern char **environ;
 
 static volatile sig_atomic_t stop_signal;
 
 static void request_stop(int signal_number) { stop_signal = signal_number; }
+
+/* Set while the main thread waits in a collective (see leave_on_abort). */
+static volatile sig_atomic_t in_collective;
 
 typedef struct worker {
     pt_bootstrap boot;
@@ -56,34 +63,46 @@ typedef struct worker {
     pt_coordinator *coordinator;  /* rank 0 under SLURM/MPI, else NULL */
     pt_coord_client *client;
     const pt_peer_table *peers;
+    pt_transport *transport;      /* UCX data plane */
+    pt_group *replica_group;      /* the replicas of this stage (R > 1) */
     pt_trainer *trainer;
     pt_metrics metrics;
     pt_progress progress;
     float last_loss;
 } worker;
 
-/* ==== DATA-PARALLEL GRADIENT AVERAGING — the lead wires this in when the UCX
- * transport (runtime/transport.h, runtime/collectives.h) lands. ============
+/* ---- data parallelism: dense synchronous averaging (ALGORITHMS.md §4.1) ---
  *
- * grads [n] are this replica's gradients of the step; afterwards every
- * replica must hold their mean over the w->replicas replicas of this stage:
- *     grads ← (1/R) Σ_r grads_r        (an all-reduce among the ranks
- *                                        stage + r·stages, r ∈ [0, R))
- * It belongs between the step's backward pass and its optimizer update (before
- * the gradient clipping, so every replica clips the same global norm).
- * pt_trainer_step does backward and update in one call, so the trainer needs a
- * hook between the two (a callback in pt_trainer, say). Until then the worker
- * calls this before each step: with one replica there is nothing to average,
- * and with more it stops the job before any replica takes an unaveraged step. */
-static pipert_result average_gradients(const worker *w, float *grads, size_t n)
+ * After each step's backward, every replica of a stage holds the mean of the
+ * replicas' gradients, grads ← (1/R) Σ_r grads_r, by a ring all-reduce over
+ * UCX among the ranks stage + r·stages (r ∈ [0, R)). It runs before clipping,
+ * so every replica clips the same global norm and takes the same update: R
+ * replicas with batch B each train like one worker with batch R·B. The step's
+ * loss is averaged too, for reporting. */
+static pipert_result average_gradients(pt_trainer *t, float *loss, void *context)
 {
-    (void)grads;
-    (void)n;
-    if (w->replicas == 1) return PIPERT_OK;
-    return pt_fail(PIPERT_ERR_UNSUPPORTED,
-                   "data-parallel averaging needs the UCX transport (in progress)");
+    worker *w = context;
+    in_collective = 1;
+    pipert_result rc = pt_allreduce(w->replica_group, t->model->grads, t->model->n_params,
+                                    PT_REDUCE_MEAN);
+    if (rc == PIPERT_OK) rc = pt_allreduce(w->replica_group, loss, 1, PT_REDUCE_MEAN);
+    in_collective = 0;
+    if (rc != PIPERT_OK) pt_error_prefix("averaging the gradients of step %ld", t->step + 1);
+    return rc;
 }
-/* ==== end of DATA-PARALLEL GRADIENT AVERAGING ============================ */
+
+/* A job-wide abort while this rank waits inside a collective for a peer that
+ * is alive but will never answer (it stopped on its own error): nothing will
+ * complete the transfer, so the worker leaves at once. Called from the
+ * coordinator client's thread. */
+static void leave_on_abort(void *context, int rank, const char *reason)
+{
+    (void)context;
+    if (!in_collective) return; /* the step loop sees the abort itself */
+    fprintf(stderr, "pipert worker: job aborted (rank %d: %s) during gradient averaging\n", rank,
+            reason);
+    _exit(EXIT_JOB_ABORTED);
+}
 
 /* TEST HOOK (tests/test_launch.c; not for production): with
  * PIPERT_TEST_DIE_AT_STEP=N in the environment, rank PIPERT_TEST_DIE_RANK
@@ -142,30 +161,64 @@ static pipert_result wait_for_peers(worker *w)
     }
 }
 
+/* Connects the data plane to the other replicas of this stage (each rank
+ * dials the lower ranks and waits for the higher ones) and forms their group. */
+static pipert_result connect_replicas(worker *w)
+{
+    if (w->replicas == 1) return PIPERT_OK;
+    int *ranks = calloc((size_t)w->replicas, sizeof *ranks);
+    if (!ranks) return pt_fail(PIPERT_ERR_NOMEM, "replica group: out of memory");
+    pipert_result rc = PIPERT_OK;
+    for (int r = 0; r < w->replicas && rc == PIPERT_OK; r++) {
+        int peer = ranks[r] = w->stage + r * w->stages;
+        if (peer < w->boot.rank)
+            rc = pt_transport_connect(w->transport, peer, w->peers->peers[peer].address);
+    }
+    for (int r = 0; r < w->replicas && rc == PIPERT_OK; r++)
+        if (ranks[r] != w->boot.rank)
+            rc = pt_transport_wait_peer(w->transport, ranks[r], CONNECT_TIMEOUT_S);
+    pt_group_options options = PT_GROUP_OPTIONS_INIT;
+    options.id = (uint32_t)w->stage;
+    if (rc == PIPERT_OK)
+        rc = pt_group_create(w->transport, ranks, w->replicas, &options, &w->replica_group);
+    free(ranks);
+    return rc;
+}
+
 static pipert_result join_job(worker *w)
 {
     char secret[PT_SECRET_MAX + 1];
     PT_TRY(pt_bootstrap_read_secret(&w->boot, secret));
     if (w->boot.hosts_coordinator) PT_TRY(start_coordinator(w, secret));
+    pt_transport_options transport = PT_TRANSPORT_OPTIONS_INIT;
+    transport.rank = w->boot.rank;
+    transport.secret = secret;
+    transport.job = (uint32_t)w->boot.coord_port;
+    PT_TRY(pt_transport_create(&transport, &w->transport));
     pt_coord_client_options options = PT_COORD_CLIENT_OPTIONS_INIT;
     options.host = w->boot.coord_host;
     options.port = w->boot.coord_port;
     options.secret = secret;
     options.rank = w->boot.rank;
     options.world = w->boot.world_size;
-    options.address = ""; /* the transport's data-plane address goes here */
+    options.address = pt_transport_listen_address(w->transport);
+    options.on_abort = leave_on_abort;
     PT_TRY(pt_coord_client_connect(&w->client, &options));
     PT_TRY(wait_for_peers(w));
     for (int r = 0; r < w->peers->world; r++)
-        pt_debug("peer rank %d: host %s, pid %d", r, w->peers->peers[r].host,
-                 w->peers->peers[r].pid);
-    return PIPERT_OK;
+        pt_debug("peer rank %d: host %s, pid %d, data plane %s", r, w->peers->peers[r].host,
+                 w->peers->peers[r].pid, w->peers->peers[r].address);
+    return connect_replicas(w);
 }
 
 static pipert_result build_trainer(worker *w, const pipert_config *cfg)
 {
     PT_TRY(pt_trainer_create(&w->trainer, cfg));
     w->trainer->replica = w->replica; /* this replica's own batches */
+    if (w->replicas > 1) {
+        w->trainer->gradient_hook = average_gradients;
+        w->trainer->gradient_hook_context = w;
+    }
     if (!w->writes_outputs) return PIPERT_OK;
     PT_TRY(pt_make_dirs(w->out_dir));
     char path[PT_CONFIG_STRING_MAX + 32];
@@ -212,7 +265,7 @@ static pipert_result before_step(worker *w, long step)
     if (stop_signal)
         return pt_fail(PIPERT_ERR_INTERRUPTED, "stopped by signal %d before step %ld",
                        (int)stop_signal, step);
-    return average_gradients(w, w->trainer->model->grads, w->trainer->model->n_params);
+    return PIPERT_OK;
 }
 
 static pipert_result train(worker *w)
@@ -300,6 +353,8 @@ static void free_worker(worker *w)
 {
     pt_metrics_close(&w->metrics);
     pt_trainer_free(w->trainer);
+    pt_group_destroy(w->replica_group);
+    pt_transport_destroy(w->transport);
     pt_coord_client_close(w->client);
     pt_coordinator_free(w->coordinator);
 }

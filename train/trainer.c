@@ -133,8 +133,8 @@ pipert_result pt_trainer_step(pt_trainer *t, pt_step_stats *stats)
     pt_gpt_zero_grads(t->model);
     for (int micro = 0; micro < accum; micro++) {
         /* Batches are a pure function of (seed, replica, microbatch index). */
-        pt_dataset_train_batch(&t->data, (uint64_t)t->config.seed, t->replica,
-                               (step - 1) * accum + micro, B, T, t->inputs, t->targets);
+        pt_dataset_train_batch(&t->data, (uint64_t)t->config.seed, (step - 1) * accum + micro,
+                               (long)t->replica * B, B, T, t->inputs, t->targets);
         upload_batch(t);
         float loss = 0;
         pt_gpt_forward(t->model, 1.0f / (float)accum, &loss);

@@ -24,7 +24,8 @@ struct pt_trainer {
     pt_dataset data;
     int32_t *inputs, *targets; /* host staging, [B·T] */
     long step;                 /* optimizer steps completed */
-    int replica;               /* data-parallel replica id: picks this worker's batches (0 alone) */
+    int replica;               /* data-parallel replica r draws sequences [r·B, (r+1)·B) of each
+                                  step's global batch (0 alone) */
     int threads;
     pt_gradient_hook gradient_hook; /* NULL: none */
     void *gradient_hook_context;

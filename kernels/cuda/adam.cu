@@ -1,0 +1,33 @@
+/* One Adam-family step over a flat buffer, one thread per element; the
+ * coefficients (AdamW or NAdamW, bias corrections, learning rate) come folded
+ * into pt_adam_coeffs (kernels.h, train/optimizer.c). Parameters and moments
+ * are fp32 (the master copy, also when the matrix products run in bf16).
+ *
+ * Naive reading, per element:
+ *   m ← β1·m + (1−β1)·g;  v ← β2·v + (1−β2)·g²;  d = √(v/bias2) + ε
+ *   θ ← θ·decay − c_grad·g/d − c_mom·m/d
+ */
+#include "kernels/cuda/common.cuh"
+
+__global__ void adam_update_kernel(float *param, const float *grad, float *m, float *v, size_t n,
+                                   pt_adam_coeffs c)
+{
+    /* param[n], grad[n], m[n], v[n] */
+    const float inv_bias2 = 1.0f / c.bias2;
+    PT_GRID_STRIDE_LOOP(i, n)
+    {
+        float g = grad[i];
+        float mi = c.beta1 * m[i] + (1.0f - c.beta1) * g;
+        float vi = c.beta2 * v[i] + (1.0f - c.beta2) * g * g;
+        float d = sqrtf(vi * inv_bias2) + c.eps;
+        param[i] = param[i] * c.decay - (c.c_grad * g + c.c_mom * mi) / d;
+        m[i] = mi;
+        v[i] = vi;
+    }
+}
+
+void pt_cuda_adam_update(float *param, const float *grad, float *m, float *v, size_t n,
+                         const pt_adam_coeffs *coeffs)
+{
+    PT_LAUNCH_ELEMENTWISE(adam_update_kernel, n, param, grad, m, v, n, *coeffs);
+}

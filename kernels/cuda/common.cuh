@@ -1,0 +1,181 @@
+/* Private to kernels/cuda/: the one device context, error recording, the
+ * arena's scratch space, and the kernel entry points each file gives the
+ * table in backend.cu. Shapes and semantics are those of kernels/kernels.h;
+ * every entry runs on the compute stream and returns before the work is done.
+ */
+#ifndef PT_KERNELS_CUDA_COMMON_CUH
+#define PT_KERNELS_CUDA_COMMON_CUH
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/cuda/cuda.h"
+
+extern "C" {
+#include "runtime/error.h"
+}
+
+/* ---- the context ------------------------------------------------------------ */
+
+/* One live piece of the arena. */
+struct pt_cuda_arena_piece {
+    size_t offset, bytes;
+    bool live;
+};
+
+/* The device memory arena: one cudaMalloc, handed out bottom-up. */
+struct pt_cuda_arena {
+    char *base;
+    size_t capacity, top;       /* bytes; [0, top) is in use or freed-but-buried */
+    size_t live_bytes;
+    pt_cuda_arena_piece *pieces; /* allocation order */
+    int n_pieces, pieces_capacity;
+};
+
+/* Blocks of the deterministic two-stage reductions (sum, sum_squares). */
+#define PT_CUDA_REDUCE_BLOCKS 512
+
+struct pt_cuda_context {
+    bool ready;
+    int device;
+    cudaDeviceProp prop;
+    cudaStream_t compute, copy;
+    cudaEvent_t compute_mark; /* recorded on compute before a copy-stream transfer */
+    cudaEvent_t copy_mark;    /* recorded on copy after it; compute waits on it */
+    cublasHandle_t cublas;
+    bool tf32;
+    pt_cuda_arena arena;
+    double *host_partials; /* pinned [PT_CUDA_REDUCE_BLOCKS] */
+
+    /* the first error since start-up */
+    pipert_result error;
+    char error_message[512];
+};
+
+/* The process's one device context (backend.cu). */
+extern pt_cuda_context pt_cuda;
+
+/* ---- errors ------------------------------------------------------------------ */
+
+/* Records `what` failed with `detail` (the first failure only; logged once). */
+void pt_cuda_record_error(const char *what, const char *detail, const char *file, int line);
+
+/* true when err is cudaSuccess; records the failure otherwise. */
+bool pt_cuda_ok(cudaError_t err, const char *what, const char *file, int line);
+bool pt_cublas_ok(cublasStatus_t status, const char *what, const char *file, int line);
+
+#define PT_CUDA_CHECK(call) pt_cuda_ok((call), #call, __FILE__, __LINE__)
+#define PT_CUBLAS_CHECK(call) pt_cublas_ok((call), #call, __FILE__, __LINE__)
+/* After a <<<...>>> launch: reports a bad configuration at once. */
+#define PT_CUDA_LAUNCHED(kernel) pt_cuda_ok(cudaGetLastError(), kernel, __FILE__, __LINE__)
+
+/* ---- memory (memory.cu) ---------------------------------------------------- */
+
+pipert_result pt_cuda_arena_create(size_t capacity);
+void pt_cuda_arena_destroy(void);
+
+/* Scratch space for one kernel-table call, taken from the top of the arena
+ * and given back before the call returns (later work on the compute stream
+ * is ordered after the kernels that used it, so it can be reused at once):
+ *     size_t mark = pt_cuda_scratch_mark();
+ *     float *tmp = (float *)pt_cuda_scratch(bytes, "what");  // NULL: recorded error
+ *     ... launches ...
+ *     pt_cuda_scratch_release(mark);
+ */
+size_t pt_cuda_scratch_mark(void);
+void *pt_cuda_scratch(size_t bytes, const char *what);
+void pt_cuda_scratch_release(size_t mark);
+
+pipert_result pt_cuda_alloc(void **out, size_t bytes, const char *what);
+void pt_cuda_free(void *ptr);
+void pt_cuda_zero(void *ptr, size_t bytes);
+void pt_cuda_copy_to_device(void *dst, const void *src_host, size_t bytes);
+void pt_cuda_copy_to_host(void *dst_host, const void *src, size_t bytes);
+void pt_cuda_copy(void *dst, const void *src, size_t bytes);
+void pt_cuda_synchronize(void);
+
+/* ---- launch helpers ---------------------------------------------------------- */
+
+#define PT_CUDA_THREADS 256
+
+/* Blocks for a grid-stride loop over n elements: enough to fill the device,
+ * no more than needed. */
+static inline unsigned pt_cuda_blocks_for(size_t n)
+{
+    size_t needed = (n + PT_CUDA_THREADS - 1) / PT_CUDA_THREADS;
+    size_t cap = (size_t)(pt_cuda.prop.multiProcessorCount > 0 ? pt_cuda.prop.multiProcessorCount
+                                                               : 1) * 32;
+    size_t blocks = needed < cap ? needed : cap;
+    return (unsigned)(blocks > 0 ? blocks : 1);
+}
+
+static inline int pt_cuda_ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+/* for (i = this thread's first element; i < n; i += every thread of the grid) */
+#define PT_GRID_STRIDE_LOOP(i, n)                                                                  \
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                        \
+         i += (size_t)gridDim.x * blockDim.x)
+
+/* kernel<<<blocks for n, PT_CUDA_THREADS>>>(args...) on the compute stream,
+ * for kernels that run a PT_GRID_STRIDE_LOOP over n; nothing for n = 0. */
+#define PT_LAUNCH_ELEMENTWISE(kernel, n, ...)                                                      \
+    do {                                                                                           \
+        if ((n) == 0) break;                                                                       \
+        kernel<<<pt_cuda_blocks_for(n), PT_CUDA_THREADS, 0, pt_cuda.compute>>>(__VA_ARGS__);       \
+        PT_CUDA_LAUNCHED(#kernel);                                                                 \
+    } while (0)
+
+/* ---- the kernels, by file ------------------------------------------------------ */
+
+/* encoder.cu */
+void pt_cuda_encoder_forward(float *out, const int32_t *tokens, const float *wte, const float *wpe,
+                             int B, int T, int C);
+void pt_cuda_encoder_backward(float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
+                              int B, int T, int C);
+
+/* layernorm.cu */
+void pt_cuda_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                               const float *weight, const float *bias, int N, int C);
+void pt_cuda_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                                const float *inp, const float *weight, const float *mean,
+                                const float *rstd, int N, int C);
+
+/* matmul.cu */
+void pt_cuda_matmul_forward(float *out, const float *inp, const float *weight, const float *bias,
+                            int N, int C, int OC, pt_weight_layout layout);
+void pt_cuda_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                             const float *inp, const float *weight, int N, int C, int OC,
+                             pt_weight_layout layout);
+
+/* attention.cu */
+pipert_result pt_cuda_attention_setup(void); /* shared-memory limits, once per context */
+void pt_cuda_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C,
+                               int NH);
+void pt_cuda_attention_backward(float *dqkv, const float *dout, const float *qkv,
+                                const float *att, int B, int T, int C, int NH);
+size_t pt_cuda_attention_saved_floats(int B, int T, int C, int NH);
+
+/* elementwise.cu */
+void pt_cuda_gelu_forward(float *out, const float *inp, size_t n);
+void pt_cuda_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n);
+void pt_cuda_residual_forward(float *out, const float *a, const float *b, size_t n);
+void pt_cuda_scale(float *x, float factor, size_t n);
+
+/* reduce.cu */
+double pt_cuda_sum_squares(const float *x, size_t n);
+double pt_cuda_sum(const float *x, size_t n);
+
+/* crossentropy.cu */
+void pt_cuda_crossentropy_forward(float *losses, const float *logits, const int32_t *targets,
+                                  int N, int V);
+void pt_cuda_crossentropy_forward_backward(float *losses, float *logits, const int32_t *targets,
+                                           int N, int V, float dloss);
+
+/* adam.cu */
+void pt_cuda_adam_update(float *param, const float *grad, float *m, float *v, size_t n,
+                         const pt_adam_coeffs *coeffs);
+
+#endif

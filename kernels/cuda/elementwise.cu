@@ -1,0 +1,85 @@
+/* Element-wise kernels: GELU, the residual add, scaling, and the bf16 casts.
+ * One thread per element in a grid-stride loop.
+ *
+ * Naive reading (as kernels/cpu/elementwise.c):
+ *   gelu:     y = ½x·(1 + tanh(u)),  u = √(2/π)·(x + 0.044715x³)
+ *             dy/dx = ½(1 + tanh u) + ½x·(1 − tanh²u)·√(2/π)·(1 + 3·0.044715x²)
+ *   residual: out = a + b;   scale: x ← factor·x
+ *   casts:    bf16 = round-to-nearest-even(float), float = bf16 (exact)
+ */
+#include "kernels/cuda/common.cuh"
+
+#define GELU_SCALE 0.7978845608028654f /* √(2/π) */
+#define GELU_CUBIC 0.044715f
+
+__global__ void gelu_forward_kernel(float *out, const float *inp, size_t n)
+{
+    PT_GRID_STRIDE_LOOP(i, n)
+    {
+        float x = inp[i];
+        float u = GELU_SCALE * (x + GELU_CUBIC * x * x * x);
+        out[i] = 0.5f * x * (1.0f + tanhf(u));
+    }
+}
+
+__global__ void gelu_backward_kernel(float *dinp, const float *inp, const float *dout, size_t n)
+{
+    PT_GRID_STRIDE_LOOP(i, n)
+    {
+        float x = inp[i];
+        float th = tanhf(GELU_SCALE * (x + GELU_CUBIC * x * x * x));
+        float du_dx = GELU_SCALE * (1.0f + 3.0f * GELU_CUBIC * x * x);
+        float local = 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * du_dx;
+        dinp[i] += local * dout[i];
+    }
+}
+
+__global__ void residual_forward_kernel(float *out, const float *a, const float *b, size_t n)
+{
+    PT_GRID_STRIDE_LOOP(i, n) out[i] = a[i] + b[i];
+}
+
+__global__ void scale_kernel(float *x, float factor, size_t n)
+{
+    PT_GRID_STRIDE_LOOP(i, n) x[i] *= factor;
+}
+
+__global__ void cast_to_bf16_kernel(__nv_bfloat16 *out, const float *inp, size_t n)
+{
+    PT_GRID_STRIDE_LOOP(i, n) out[i] = __float2bfloat16_rn(inp[i]);
+}
+
+__global__ void cast_from_bf16_kernel(float *out, const __nv_bfloat16 *inp, size_t n)
+{
+    PT_GRID_STRIDE_LOOP(i, n) out[i] = __bfloat162float(inp[i]);
+}
+
+void pt_cuda_gelu_forward(float *out, const float *inp, size_t n)
+{
+    PT_LAUNCH_ELEMENTWISE(gelu_forward_kernel, n, out, inp, n);
+}
+
+void pt_cuda_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n)
+{
+    PT_LAUNCH_ELEMENTWISE(gelu_backward_kernel, n, dinp, inp, dout, n);
+}
+
+void pt_cuda_residual_forward(float *out, const float *a, const float *b, size_t n)
+{
+    PT_LAUNCH_ELEMENTWISE(residual_forward_kernel, n, out, a, b, n);
+}
+
+void pt_cuda_scale(float *x, float factor, size_t n)
+{
+    PT_LAUNCH_ELEMENTWISE(scale_kernel, n, x, factor, n);
+}
+
+extern "C" void pt_cuda_cast_to_bf16(pt_bf16 *out, const float *inp, size_t n)
+{
+    PT_LAUNCH_ELEMENTWISE(cast_to_bf16_kernel, n, (__nv_bfloat16 *)out, inp, n);
+}
+
+extern "C" void pt_cuda_cast_from_bf16(float *out, const pt_bf16 *inp, size_t n)
+{
+    PT_LAUNCH_ELEMENTWISE(cast_from_bf16_kernel, n, out, (const __nv_bfloat16 *)inp, n);
+}

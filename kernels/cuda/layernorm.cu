@@ -1,0 +1,95 @@
+/* LayerNorm over the channels of each position, ε = 1e-5.
+ *
+ * Naive reading, for each row x = inp[n, :] (as kernels/cpu/layernorm.c):
+ *   forward:  μ = Σx/C;  σ² = Σ(x−μ)²/C;  rstd = 1/√(σ²+ε);  x̂ = (x−μ)·rstd;
+ *             out = x̂·weight + bias
+ *   backward: g = dout·weight;
+ *             dinp += rstd·(g − mean(g) − x̂·mean(g·x̂));
+ *             dweight += Σ_n dout·x̂;  dbias += Σ_n dout
+ *
+ * One warp per row for everything per row (two passes for the variance, as
+ * on the CPU: no cancellation for large means); the parameter gradients are
+ * deterministic column sums (reduce.cuh). */
+#include "kernels/cuda/reduce.cuh"
+
+#define LAYERNORM_EPS 1e-5f
+#define ROWS_PER_BLOCK 8 /* warps per block */
+
+__global__ void layernorm_forward_kernel(float *out, float *mean, float *rstd, const float *inp,
+                                         const float *weight, const float *bias, int N, int C)
+{
+    /* out[N,C], mean[N], rstd[N], inp[N,C], weight[C], bias[C]; one warp per row */
+    int n = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (n >= N) return;
+    const float *x = inp + (size_t)n * C;
+    float *y = out + (size_t)n * C;
+    float sum = 0.0f;
+    for (int c = lane; c < C; c += 32) sum += x[c];
+    float mu = pt_warp_sum(sum) / (float)C;
+    float squares = 0.0f;
+    for (int c = lane; c < C; c += 32) squares += (x[c] - mu) * (x[c] - mu);
+    float s = 1.0f / sqrtf(pt_warp_sum(squares) / (float)C + LAYERNORM_EPS);
+    for (int c = lane; c < C; c += 32) y[c] = (x[c] - mu) * s * weight[c] + bias[c];
+    if (lane == 0) {
+        mean[n] = mu;
+        rstd[n] = s;
+    }
+}
+
+__global__ void layernorm_backward_input_kernel(float *dinp, const float *dout, const float *inp,
+                                                const float *weight, const float *mean,
+                                                const float *rstd, int N, int C)
+{
+    /* dinp[N,C] +=, dout[N,C], inp[N,C], weight[C], mean[N], rstd[N]; one warp per row */
+    int n = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (n >= N) return;
+    const float *x = inp + (size_t)n * C, *dy = dout + (size_t)n * C;
+    float *dx = dinp + (size_t)n * C;
+    const float mu = mean[n], s = rstd[n];
+    float g_sum = 0.0f, g_xhat_sum = 0.0f;
+    for (int c = lane; c < C; c += 32) {
+        float g = dy[c] * weight[c];
+        g_sum += g;
+        g_xhat_sum += g * (x[c] - mu) * s;
+    }
+    float g_mean = pt_warp_sum(g_sum) / (float)C, g_xhat_mean = pt_warp_sum(g_xhat_sum) / (float)C;
+    for (int c = lane; c < C; c += 32) {
+        float xhat = (x[c] - mu) * s;
+        dx[c] += s * (dy[c] * weight[c] - g_mean - xhat * g_xhat_mean);
+    }
+}
+
+/* value(n, c) = dout[n, c]·x̂[n, c], the summand of dweight */
+struct normalized_gradient {
+    const float *dout, *inp, *mean, *rstd;
+    int C;
+    __device__ float operator()(int n, int c) const
+    {
+        size_t i = (size_t)n * C + c;
+        return dout[i] * (inp[i] - mean[n]) * rstd[n];
+    }
+};
+
+static unsigned row_blocks(int N) { return (unsigned)pt_cuda_ceil_div(N, ROWS_PER_BLOCK); }
+
+void pt_cuda_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                               const float *weight, const float *bias, int N, int C)
+{
+    if (N <= 0) return;
+    layernorm_forward_kernel<<<row_blocks(N), 32 * ROWS_PER_BLOCK, 0, pt_cuda.compute>>>(
+        out, mean, rstd, inp, weight, bias, N, C);
+    PT_CUDA_LAUNCHED("layernorm_forward_kernel");
+}
+
+void pt_cuda_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                                const float *inp, const float *weight, const float *mean,
+                                const float *rstd, int N, int C)
+{
+    /* dinp[N,C], dweight[C], dbias[C], dout[N,C], inp[N,C], weight[C], mean[N], rstd[N] */
+    if (N <= 0) return;
+    layernorm_backward_input_kernel<<<row_blocks(N), 32 * ROWS_PER_BLOCK, 0, pt_cuda.compute>>>(
+        dinp, dout, inp, weight, mean, rstd, N, C);
+    PT_CUDA_LAUNCHED("layernorm_backward_input_kernel");
+    pt_column_sums_add(dweight, normalized_gradient{dout, inp, mean, rstd, C}, N, C);
+    pt_column_sums_add(dbias, pt_rows_f32{dout, C}, N, C);
+}

@@ -1,0 +1,751 @@
+/* The CUDA backend against the CPU backend (itself checked against finite
+ * differences and naive loops in test_kernels.c): every kernel of the table
+ * on the same random inputs, gradients pre-filled with the same random
+ * values (so the backwards' accumulation is compared too), attention forward
+ * and backward at T = 1024, the bf16 GEMMs and casts, memory, staging, NCCL
+ * on a one-member group, and a training step of a small GPT built once per
+ * backend from the same seed.
+ *
+ * Every test that needs a device skips ("no CUDA device: ...") when
+ * pt_kernels_cuda() finds none, or when this build has no CUDA backend.
+ *
+ * Tolerances. An element passes when |cuda − cpu| ≤ tol·(|cpu| + rms(cpu)),
+ * rms over the whole array: relative where values are large, relative to the
+ * array's scale where a value is a cancellation near 0.
+ *   FP32_TOL  1e-5  one float rounding per operation, sums in another order
+ *   LONG_TOL  1e-4  attention's backward (T = 1024 terms per sum, and
+ *                   dP − D cancels) and a whole training step
+ *   BF16_TOL  1e-2  bf16 operands against the fp32 CPU on unrounded inputs
+ */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cuda/cuda.h"
+#include "kernels/kernels.h"
+#include "models/gpt.h"
+#include "train/optimizer.h"
+
+#define FP32_TOL 1e-5
+#define LONG_TOL 1e-4
+#define BF16_TOL 1e-2
+
+/* In the sanitizer build on a GPU machine: the CUDA driver maps memory where
+ * AddressSanitizer protects its shadow gap (cudaMalloc then fails), and the
+ * driver and cuBLAS keep allocations to the end that LeakSanitizer would
+ * report. These hooks are read by the sanitizer runtimes at start-up;
+ * ASAN_OPTIONS and LSAN_OPTIONS still override them. Without sanitizers they
+ * are unused functions. */
+const char *__asan_default_options(void);
+const char *__asan_default_options(void) { return "protect_shadow_gap=0"; }
+const char *__lsan_default_suppressions(void);
+const char *__lsan_default_suppressions(void)
+{
+    return "leak:libcuda.so\nleak:libcudart.so\nleak:libcublas\nleak:libnccl.so\n";
+}
+
+/* Each test runs in its own process and holds its own arena: keep it small
+ * so that Criterion's parallel test processes share the device. */
+static void limit_arena(void) { setenv("PIPERT_CUDA_ARENA_MB", "2048", 0); }
+
+TestSuite(cuda, .init = limit_arena);
+
+/* ---- helpers --------------------------------------------------------------- */
+
+static uint64_t rng_state = 0x2545f4914f6cdd1dull;
+
+static double uniform(double lo, double hi)
+{
+    rng_state ^= rng_state >> 12; /* xorshift64* */
+    rng_state ^= rng_state << 25;
+    rng_state ^= rng_state >> 27;
+    uint64_t r = rng_state * 0x2545f4914f6cdd1dull;
+    return lo + (hi - lo) * (double)(r >> 11) / 9007199254740992.0;
+}
+
+static float *random_floats(size_t n, double lo, double hi)
+{
+    float *x = malloc((n ? n : 1) * sizeof *x);
+    cr_assert(x);
+    for (size_t i = 0; i < n; i++) x[i] = (float)uniform(lo, hi);
+    return x;
+}
+
+static int32_t *random_tokens(size_t n, int vocab)
+{
+    int32_t *t = malloc(n * sizeof *t);
+    cr_assert(t);
+    for (size_t i = 0; i < n; i++) t[i] = (int32_t)(uniform(0, vocab) * 0.9999);
+    return t;
+}
+
+static const pt_kernels *cpu(void) { return pt_kernels_cpu(); }
+
+/* The CUDA table, or the test is skipped. */
+static const pt_kernels *cuda_or_skip(void)
+{
+    const pt_kernels *k = NULL;
+    if (pt_kernels_cuda(&k) != PIPERT_OK) {
+        const char *why = pipert_last_error(), *prefix = "no CUDA device: ";
+        if (!strncmp(why, prefix, strlen(prefix))) why += strlen(prefix);
+        cr_skip_test("no CUDA device: %s", why);
+    }
+    cr_assert(k && !strcmp(k->name, "cuda"), "pt_kernels_cuda returned no cuda table");
+    return k;
+}
+
+/* A device copy of host[bytes]. */
+static void *upload(const pt_kernels *k, const void *host, size_t bytes)
+{
+    void *d = NULL;
+    cr_assert_eq(k->alloc(&d, bytes, "test buffer"), PIPERT_OK, "cuda alloc of %zu bytes: %s",
+                 bytes, pipert_last_error());
+    k->copy_to_device(d, host, bytes);
+    return d;
+}
+
+static float *download(const pt_kernels *k, const void *dev, size_t n)
+{
+    float *h = malloc((n ? n : 1) * sizeof *h);
+    cr_assert(h);
+    k->copy_to_host(h, dev, n * sizeof *h);
+    return h;
+}
+
+/* Every element within tol·(|ref| + rms(ref)); NaN fails. */
+static void expect_close(const char *what, const float *got, const float *ref, size_t n,
+                         double tol)
+{
+    double squares = 0;
+    for (size_t i = 0; i < n; i++) squares += (double)ref[i] * ref[i];
+    double rms = sqrt(squares / (double)(n ? n : 1));
+    cr_expect(rms > 0, "%s: the CPU reference is all zeros: the comparison proves nothing", what);
+    size_t bad = 0, worst = 0;
+    double worst_ratio = -1;
+    for (size_t i = 0; i < n; i++) {
+        double allowed = tol * (fabs(ref[i]) + rms), error = fabs((double)got[i] - ref[i]);
+        double ratio = error <= allowed ? error / (allowed + 1e-300) : INFINITY;
+        if (!(error <= allowed)) bad++;
+        if (!(ratio <= worst_ratio)) worst_ratio = ratio, worst = i;
+    }
+    cr_expect(bad == 0,
+              "%s: %zu of %zu elements differ by more than %.0e·(|cpu| + rms %.3g); e.g. [%zu]: "
+              "cuda %.9g, cpu %.9g",
+              what, bad, n, tol, rms, worst, got[worst], ref[worst]);
+}
+
+/* The device copy dev[n] against the host reference. */
+static void expect_device_close(const pt_kernels *gpu, const char *what, const void *dev,
+                                const float *ref, size_t n, double tol)
+{
+    float *got = download(gpu, dev, n);
+    expect_close(what, got, ref, n, tol);
+    free(got);
+}
+
+static void expect_no_cuda_error(void)
+{
+    cr_expect_eq(pt_cuda_status(), PIPERT_OK, "CUDA error: %s", pipert_last_error());
+}
+
+/* ---- without a device ------------------------------------------------------ */
+
+Test(cuda, peak_table_knows_the_devices_mfu_needs)
+{
+    cr_expect_eq(pt_cuda_peak_flops("NVIDIA H100 80GB HBM3", 1), 989e12);
+    cr_expect_eq(pt_cuda_peak_flops("NVIDIA H100 PCIe", 1), 756e12);
+    cr_expect_eq(pt_cuda_peak_flops("NVIDIA H200", 1), 989e12);
+    cr_expect_eq(pt_cuda_peak_flops("NVIDIA A100-SXM4-80GB", 1), 312e12);
+    cr_expect_eq(pt_cuda_peak_flops("NVIDIA A100-SXM4-80GB", 0), 19.5e12);
+    cr_expect_eq(pt_cuda_peak_flops("Tesla T4", 1), 0.0, "an unknown device has no peak");
+    cr_expect_eq(pt_cuda_peak_flops(NULL, 1), 0.0);
+}
+
+Test(cuda, missing_device_is_a_clear_error)
+{
+    const pt_kernels *k = (const pt_kernels *)1;
+    pipert_result rc = pt_kernels_cuda(&k);
+    if (rc == PIPERT_OK) {
+        cr_expect(k && !strcmp(k->name, "cuda"));
+        return;
+    }
+    cr_expect(rc == PIPERT_ERR_NO_DEVICE || rc == PIPERT_ERR_UNSUPPORTED, "result %d", rc);
+    cr_expect_null(k, "*out must be NULL on failure");
+    cr_expect(strstr(pipert_last_error(), "CUDA") != NULL, "message: %s", pipert_last_error());
+    pt_cuda_device_info info;
+    cr_expect_neq(pt_cuda_device_query(&info), PIPERT_OK);
+}
+
+/* ---- the table and memory -------------------------------------------------- */
+
+Test(cuda, table_is_complete)
+{
+    const pt_kernels *k = cuda_or_skip();
+    void (*const entries[])(void) = {
+        (void (*)(void))k->alloc, (void (*)(void))k->free, (void (*)(void))k->zero,
+        (void (*)(void))k->copy_to_device, (void (*)(void))k->copy_to_host,
+        (void (*)(void))k->copy, (void (*)(void))k->synchronize,
+        (void (*)(void))k->encoder_forward, (void (*)(void))k->encoder_backward,
+        (void (*)(void))k->layernorm_forward, (void (*)(void))k->layernorm_backward,
+        (void (*)(void))k->matmul_forward, (void (*)(void))k->matmul_backward,
+        (void (*)(void))k->attention_forward, (void (*)(void))k->attention_backward,
+        (void (*)(void))k->attention_saved_floats, (void (*)(void))k->gelu_forward,
+        (void (*)(void))k->gelu_backward, (void (*)(void))k->residual_forward,
+        (void (*)(void))k->crossentropy_forward, (void (*)(void))k->crossentropy_forward_backward,
+        (void (*)(void))k->adam_update, (void (*)(void))k->sum_squares, (void (*)(void))k->sum,
+        (void (*)(void))k->scale,
+    };
+    for (size_t i = 0; i < sizeof entries / sizeof entries[0]; i++)
+        cr_expect(entries[i] != NULL, "entry %zu of the cuda table is NULL", i);
+    /* flash-style: one log-sum-exp per row and a copy of the output, not T×T */
+    cr_expect_eq(k->attention_saved_floats(16, 1024, 768, 12), (size_t)16 * 12 * 1024 + (size_t)16 * 1024 * 768);
+    pt_cuda_device_info info;
+    cr_assert_eq(pt_cuda_device_query(&info), PIPERT_OK, "%s", pipert_last_error());
+    cr_expect(info.major >= 8 && info.sm_count > 0 && info.arena_bytes > 0, "%s: cc %d.%d, %d SMs",
+              info.name, info.major, info.minor, info.sm_count);
+}
+
+Test(cuda, memory_is_zeroed_aligned_copied_and_reused)
+{
+    const pt_kernels *k = cuda_or_skip();
+    enum { n = 1000 };
+    float host[n], back[n];
+    for (int i = 0; i < n; i++) host[i] = (float)i - 17.5f;
+    float *a = NULL, *b = NULL;
+    cr_assert_eq(k->alloc((void **)&a, n * sizeof(float), "test a"), PIPERT_OK);
+    cr_assert_eq(k->alloc((void **)&b, n * sizeof(float), "test b"), PIPERT_OK);
+    cr_expect_eq((uintptr_t)a % 256, 0, "allocation not 256-byte aligned");
+    cr_expect_eq((uintptr_t)b % 256, 0, "allocation not 256-byte aligned");
+    k->copy_to_host(back, a, sizeof back);
+    for (int i = 0; i < n; i++) cr_assert_eq(back[i], 0.0f, "alloc is not zero-filled at %d", i);
+    k->copy_to_device(a, host, sizeof host);
+    k->copy(b, a, sizeof host);
+    k->copy_to_host(back, b, sizeof back);
+    for (int i = 0; i < n; i++) cr_assert_eq(back[i], host[i], "copies lost element %d", i);
+    k->zero(b, sizeof host);
+    k->synchronize();
+    k->copy_to_host(back, b, sizeof back);
+    for (int i = 0; i < n; i++) cr_assert_eq(back[i], 0.0f, "zero missed element %d", i);
+
+    /* the arena: freed in reverse order, memory comes back; buried frees wait */
+    float *c = NULL;
+    k->free(a); /* buried under b */
+    cr_assert_eq(k->alloc((void **)&c, sizeof(float), "test c"), PIPERT_OK);
+    cr_expect_neq(c, a, "a buried piece was handed out again");
+    k->free(c);
+    k->free(b); /* now b and a are both free at the top */
+    cr_assert_eq(k->alloc((void **)&c, sizeof(float), "test c"), PIPERT_OK);
+    cr_expect_eq(c, a, "memory freed in reverse order was not reused");
+    k->free(c);
+
+    pt_cuda_device_info info;
+    cr_assert_eq(pt_cuda_device_query(&info), PIPERT_OK);
+    cr_expect_eq(info.arena_used_bytes, 0, "%zu bytes still live after freeing everything",
+                 info.arena_used_bytes);
+    void *huge = NULL;
+    cr_expect_eq(k->alloc(&huge, info.arena_bytes + 1, "too large"), PIPERT_ERR_NOMEM);
+    cr_expect_null(huge);
+    cr_expect(strstr(pipert_last_error(), "too large") && strstr(pipert_last_error(), "arena"),
+              "message: %s", pipert_last_error());
+    expect_no_cuda_error();
+}
+
+Test(cuda, pinned_staging_round_trip)
+{
+    const pt_kernels *k = cuda_or_skip();
+    const size_t n = (1 << 20) + 3;
+    float *pinned_in = NULL, *pinned_out = NULL, *dev = NULL;
+    cr_assert_eq(pt_cuda_pinned_alloc((void **)&pinned_in, n * sizeof(float), "in"), PIPERT_OK);
+    cr_assert_eq(pt_cuda_pinned_alloc((void **)&pinned_out, n * sizeof(float), "out"), PIPERT_OK);
+    cr_assert_eq(k->alloc((void **)&dev, n * sizeof(float), "dev"), PIPERT_OK);
+    for (size_t i = 0; i < n; i++) pinned_in[i] = (float)(i % 1013) * 0.5f;
+    pt_cuda_stage_to_device(dev, pinned_in, n * sizeof(float));
+    k->scale(dev, 2.0f, n); /* compute after the copy sees its data */
+    pt_cuda_stage_to_host(pinned_out, dev, n * sizeof(float)); /* and the copy after the compute */
+    cr_assert_eq(pt_cuda_copy_wait(), PIPERT_OK, "%s", pipert_last_error());
+    for (size_t i = 0; i < n; i++)
+        cr_assert_eq(pinned_out[i], 2.0f * pinned_in[i], "staged element %zu", i);
+    /* the table's copy_to_device from pinned memory: the buffer is free on return */
+    k->copy_to_device(dev, pinned_in, n * sizeof(float));
+    memset(pinned_in, 0, n * sizeof(float));
+    float *back = download(k, dev, n);
+    for (size_t i = 0; i < n; i++)
+        cr_assert_eq(back[i], (float)(i % 1013) * 0.5f, "copy_to_device from pinned memory [%zu]", i);
+    free(back);
+    k->free(dev);
+    pt_cuda_pinned_free(pinned_out);
+    pt_cuda_pinned_free(pinned_in);
+    expect_no_cuda_error();
+}
+
+/* ---- encoder, layernorm ------------------------------------------------------ */
+
+Test(cuda, encoder_matches_cpu)
+{
+    const pt_kernels *gpu = cuda_or_skip();
+    const int B = 4, T = 64, C = 96, V = 1000, N = B * T; /* V > 256 token groups */
+    int32_t *tokens = random_tokens(N, V);
+    for (int n = 0; n < N; n += 3) tokens[n] = 7; /* a token repeated many times */
+    float *wte = random_floats((size_t)V * C, -1, 1), *wpe = random_floats((size_t)T * C, -1, 1);
+    float *out = random_floats((size_t)N * C, -9, 9), *dout = random_floats((size_t)N * C, -1, 1);
+    float *dwte = random_floats((size_t)V * C, -1, 1), *dwpe = random_floats((size_t)T * C, -1, 1);
+    int32_t *d_tokens = upload(gpu, tokens, N * sizeof(int32_t));
+    float *d_wte = upload(gpu, wte, (size_t)V * C * 4), *d_wpe = upload(gpu, wpe, (size_t)T * C * 4);
+    float *d_out = upload(gpu, out, (size_t)N * C * 4), *d_dout = upload(gpu, dout, (size_t)N * C * 4);
+    float *d_dwte = upload(gpu, dwte, (size_t)V * C * 4), *d_dwpe = upload(gpu, dwpe, (size_t)T * C * 4);
+
+    cpu()->encoder_forward(out, tokens, wte, wpe, B, T, C);
+    gpu->encoder_forward(d_out, d_tokens, d_wte, d_wpe, B, T, C);
+    expect_device_close(gpu, "encoder out", d_out, out, (size_t)N * C, FP32_TOL);
+    cpu()->encoder_backward(dwte, dwpe, dout, tokens, B, T, C);
+    gpu->encoder_backward(d_dwte, d_dwpe, d_dout, d_tokens, B, T, C);
+    expect_device_close(gpu, "encoder dwte", d_dwte, dwte, (size_t)V * C, FP32_TOL);
+    expect_device_close(gpu, "encoder dwpe", d_dwpe, dwpe, (size_t)T * C, FP32_TOL);
+    expect_no_cuda_error();
+}
+
+static void check_layernorm(int N, int C)
+{
+    const pt_kernels *gpu = cuda_or_skip();
+    size_t NC = (size_t)N * C;
+    float *inp = random_floats(NC, -2, 3), *weight = random_floats(C, 0.5, 1.5),
+          *bias = random_floats(C, -1, 1), *dout = random_floats(NC, -1, 1);
+    float *out = random_floats(NC, -9, 9), *mean = random_floats(N, -9, 9),
+          *rstd = random_floats(N, -9, 9);
+    float *dinp = random_floats(NC, -1, 1), *dweight = random_floats(C, -1, 1),
+          *dbias = random_floats(C, -1, 1);
+    float *d_inp = upload(gpu, inp, NC * 4), *d_weight = upload(gpu, weight, C * 4),
+          *d_bias = upload(gpu, bias, C * 4), *d_dout = upload(gpu, dout, NC * 4),
+          *d_out = upload(gpu, out, NC * 4), *d_mean = upload(gpu, mean, N * 4),
+          *d_rstd = upload(gpu, rstd, N * 4), *d_dinp = upload(gpu, dinp, NC * 4),
+          *d_dweight = upload(gpu, dweight, C * 4), *d_dbias = upload(gpu, dbias, C * 4);
+
+    cpu()->layernorm_forward(out, mean, rstd, inp, weight, bias, N, C);
+    gpu->layernorm_forward(d_out, d_mean, d_rstd, d_inp, d_weight, d_bias, N, C);
+    expect_device_close(gpu, "layernorm out", d_out, out, NC, FP32_TOL);
+    expect_device_close(gpu, "layernorm mean", d_mean, mean, N, FP32_TOL);
+    expect_device_close(gpu, "layernorm rstd", d_rstd, rstd, N, FP32_TOL);
+
+    cpu()->layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+    gpu->layernorm_backward(d_dinp, d_dweight, d_dbias, d_dout, d_inp, d_weight, d_mean, d_rstd,
+                            N, C);
+    expect_device_close(gpu, "layernorm dinp", d_dinp, dinp, NC, FP32_TOL);
+    expect_device_close(gpu, "layernorm dweight", d_dweight, dweight, C, FP32_TOL);
+    expect_device_close(gpu, "layernorm dbias", d_dbias, dbias, C, FP32_TOL);
+    expect_no_cuda_error();
+}
+
+Test(cuda, layernorm_matches_cpu)
+{
+    check_layernorm(256, 768);
+    check_layernorm(1000, 37); /* rows not a multiple of the block, C not of the warp */
+}
+
+/* ---- matmul ------------------------------------------------------------------- */
+
+static void check_matmul(int N, int C, int OC, pt_weight_layout layout, int with_bias,
+                         int with_dinp)
+{
+    const pt_kernels *gpu = cuda_or_skip();
+    char what[96];
+    const char *name = layout == PT_WEIGHT_IN_OUT ? "in-out" : "out-in";
+    float *inp = random_floats((size_t)N * C, -1, 1), *weight = random_floats((size_t)C * OC, -1, 1);
+    float *bias = random_floats(OC, -1, 1), *dout = random_floats((size_t)N * OC, -1, 1);
+    float *out = random_floats((size_t)N * OC, -9, 9), *dinp = random_floats((size_t)N * C, -1, 1);
+    float *dweight = random_floats((size_t)C * OC, -1, 1), *dbias = random_floats(OC, -1, 1);
+    float *d_inp = upload(gpu, inp, (size_t)N * C * 4), *d_weight = upload(gpu, weight, (size_t)C * OC * 4),
+          *d_bias = upload(gpu, bias, OC * 4), *d_dout = upload(gpu, dout, (size_t)N * OC * 4),
+          *d_out = upload(gpu, out, (size_t)N * OC * 4), *d_dinp = upload(gpu, dinp, (size_t)N * C * 4),
+          *d_dweight = upload(gpu, dweight, (size_t)C * OC * 4), *d_dbias = upload(gpu, dbias, OC * 4);
+
+    cpu()->matmul_forward(out, inp, weight, with_bias ? bias : NULL, N, C, OC, layout);
+    gpu->matmul_forward(d_out, d_inp, d_weight, with_bias ? d_bias : NULL, N, C, OC, layout);
+    snprintf(what, sizeof what, "matmul %s %dx%dx%d out", name, N, C, OC);
+    expect_device_close(gpu, what, d_out, out, (size_t)N * OC, FP32_TOL);
+
+    cpu()->matmul_backward(with_dinp ? dinp : NULL, dweight, with_bias ? dbias : NULL, dout, inp,
+                           weight, N, C, OC, layout);
+    gpu->matmul_backward(with_dinp ? d_dinp : NULL, d_dweight, with_bias ? d_dbias : NULL, d_dout,
+                         d_inp, d_weight, N, C, OC, layout);
+    snprintf(what, sizeof what, "matmul %s %dx%dx%d dinp", name, N, C, OC);
+    expect_device_close(gpu, what, d_dinp, dinp, (size_t)N * C, FP32_TOL);
+    snprintf(what, sizeof what, "matmul %s %dx%dx%d dweight", name, N, C, OC);
+    expect_device_close(gpu, what, d_dweight, dweight, (size_t)C * OC, FP32_TOL);
+    snprintf(what, sizeof what, "matmul %s %dx%dx%d dbias", name, N, C, OC);
+    expect_device_close(gpu, what, d_dbias, dbias, OC, FP32_TOL);
+    expect_no_cuda_error();
+    free(inp), free(weight), free(bias), free(dout), free(out), free(dinp), free(dweight), free(dbias);
+    gpu->free(d_dbias), gpu->free(d_dweight), gpu->free(d_dinp), gpu->free(d_out);
+    gpu->free(d_dout), gpu->free(d_bias), gpu->free(d_weight), gpu->free(d_inp);
+}
+
+Test(cuda, matmul_matches_cpu)
+{
+    check_matmul(37, 19, 23, PT_WEIGHT_IN_OUT, 1, 1); /* sizes nothing tiles evenly */
+    check_matmul(37, 19, 23, PT_WEIGHT_OUT_IN, 1, 1);
+    check_matmul(37, 19, 23, PT_WEIGHT_IN_OUT, 0, 0); /* NULL bias, dinp, dbias */
+    check_matmul(37, 19, 23, PT_WEIGHT_OUT_IN, 0, 0);
+    check_matmul(256, 768, 2304, PT_WEIGHT_IN_OUT, 1, 1); /* GPT-2 c_attn */
+    check_matmul(64, 768, 50257, PT_WEIGHT_OUT_IN, 0, 1); /* GPT-2 lm_head */
+}
+
+/* ---- attention ----------------------------------------------------------------- */
+
+/* The forward's output and the backward's dqkv (pre-filled, so accumulation
+ * is compared too) of both backends, each with its own saved state. */
+static void check_attention(int B, int T, int C, int NH)
+{
+    const pt_kernels *gpu = cuda_or_skip();
+    char what[96];
+    size_t n_qkv = (size_t)B * T * 3 * C, n_out = (size_t)B * T * C;
+    size_t cpu_saved = cpu()->attention_saved_floats(B, T, C, NH);
+    size_t gpu_saved = gpu->attention_saved_floats(B, T, C, NH);
+    float *qkv = random_floats(n_qkv, -2, 2), *dout = random_floats(n_out, -1, 1);
+    float *out = random_floats(n_out, -9, 9), *dqkv = random_floats(n_qkv, -1, 1);
+    float *att = random_floats(cpu_saved, -9, 9);
+    float *d_qkv = upload(gpu, qkv, n_qkv * 4), *d_dout = upload(gpu, dout, n_out * 4),
+          *d_out = upload(gpu, out, n_out * 4), *d_dqkv = upload(gpu, dqkv, n_qkv * 4);
+    float *d_att = NULL;
+    cr_assert_eq(gpu->alloc((void **)&d_att, gpu_saved * 4, "att"), PIPERT_OK);
+
+    cpu()->attention_forward(out, att, qkv, B, T, C, NH);
+    gpu->attention_forward(d_out, d_att, d_qkv, B, T, C, NH);
+    snprintf(what, sizeof what, "attention B=%d T=%d C=%d NH=%d out", B, T, C, NH);
+    expect_device_close(gpu, what, d_out, out, n_out, FP32_TOL);
+
+    cpu()->attention_backward(dqkv, dout, qkv, att, B, T, C, NH);
+    gpu->attention_backward(d_dqkv, d_dout, d_qkv, d_att, B, T, C, NH);
+    snprintf(what, sizeof what, "attention B=%d T=%d C=%d NH=%d dqkv", B, T, C, NH);
+    expect_device_close(gpu, what, d_dqkv, dqkv, n_qkv, LONG_TOL);
+    expect_no_cuda_error();
+    gpu->free(d_att), gpu->free(d_dqkv), gpu->free(d_out), gpu->free(d_dout), gpu->free(d_qkv);
+    free(qkv), free(dout), free(out), free(dqkv), free(att);
+}
+
+Test(cuda, attention_matches_cpu_at_T_1024)
+{
+    check_attention(1, 1024, 128, 2); /* GPT-2's head size 64, its full context */
+}
+
+Test(cuda, attention_matches_cpu_for_every_head_size)
+{
+    check_attention(2, 67, 12, 3); /* head size 4 (template 16), T not a multiple of any tile */
+    check_attention(2, 33, 64, 2); /* 32 */
+    check_attention(1, 100, 96, 2); /* 48 (template 64, zero padding) */
+    check_attention(1, 70, 96, 1); /* 96 (template 128) */
+    check_attention(3, 1, 8, 2);   /* one position */
+}
+
+/* ---- element-wise, cross-entropy, optimizer, reductions --------------------------- */
+
+Test(cuda, gelu_and_residual_match_cpu)
+{
+    const pt_kernels *gpu = cuda_or_skip();
+    const size_t n = (1 << 20) + 3;
+    float *x = random_floats(n, -6, 6), *b = random_floats(n, -1, 1), *dout = random_floats(n, -1, 1);
+    float *y = random_floats(n, -9, 9), *dx = random_floats(n, -1, 1), *sum = random_floats(n, -9, 9);
+    float *d_x = upload(gpu, x, n * 4), *d_b = upload(gpu, b, n * 4), *d_dout = upload(gpu, dout, n * 4),
+          *d_y = upload(gpu, y, n * 4), *d_dx = upload(gpu, dx, n * 4), *d_sum = upload(gpu, sum, n * 4);
+    cpu()->gelu_forward(y, x, n);
+    gpu->gelu_forward(d_y, d_x, n);
+    expect_device_close(gpu, "gelu out", d_y, y, n, FP32_TOL);
+    cpu()->gelu_backward(dx, x, dout, n);
+    gpu->gelu_backward(d_dx, d_x, d_dout, n);
+    expect_device_close(gpu, "gelu dinp", d_dx, dx, n, FP32_TOL);
+    cpu()->residual_forward(sum, x, b, n);
+    gpu->residual_forward(d_sum, d_x, d_b, n);
+    expect_device_close(gpu, "residual", d_sum, sum, n, 0); /* one rounding: exact */
+    cpu()->scale(sum, -0.75f, n);
+    gpu->scale(d_sum, -0.75f, n);
+    expect_device_close(gpu, "scale", d_sum, sum, n, 0);
+    expect_no_cuda_error();
+}
+
+Test(cuda, crossentropy_matches_cpu)
+{
+    const pt_kernels *gpu = cuda_or_skip();
+    const int N = 64, V = 50257; /* rows 40..: logits near ±500 overflow a naive exp */
+    size_t NV = (size_t)N * V;
+    float *logits = random_floats(NV, -4, 4);
+    for (int n = 40; n < N; n++)
+        for (int v = 0; v < V; v++) logits[(size_t)n * V + v] += n % 2 ? 500.0f : -500.0f;
+    int32_t *targets = random_tokens(N, V);
+    targets[0] = 0, targets[1] = V - 1;
+    float *losses = random_floats(N, -9, 9), *losses_fb = random_floats(N, -9, 9);
+    float *d_logits = upload(gpu, logits, NV * 4), *d_losses = upload(gpu, losses, N * 4);
+    int32_t *d_targets = upload(gpu, targets, N * sizeof(int32_t));
+
+    cpu()->crossentropy_forward(losses, logits, targets, N, V);
+    gpu->crossentropy_forward(d_losses, d_logits, d_targets, N, V);
+    expect_device_close(gpu, "crossentropy losses", d_losses, losses, N, FP32_TOL);
+    expect_device_close(gpu, "crossentropy_forward leaves logits alone", d_logits, logits, NV, 0);
+
+    const float dloss = 1.0f / N;
+    cpu()->crossentropy_forward_backward(losses_fb, logits, targets, N, V, dloss);
+    gpu->crossentropy_forward_backward(d_losses, d_logits, d_targets, N, V, dloss);
+    expect_device_close(gpu, "crossentropy_forward_backward losses", d_losses, losses_fb, N, FP32_TOL);
+    expect_device_close(gpu, "crossentropy dlogits", d_logits, logits, NV, FP32_TOL);
+    expect_no_cuda_error();
+}
+
+Test(cuda, adam_update_matches_cpu)
+{
+    const pt_kernels *gpu = cuda_or_skip();
+    const size_t n = 100003;
+    float *param = random_floats(n, -1, 1), *grad = random_floats(n, -1, 1);
+    float *m = random_floats(n, -0.1, 0.1), *v = random_floats(n, 0, 0.01);
+    float *d_param = upload(gpu, param, n * 4), *d_grad = upload(gpu, grad, n * 4),
+          *d_m = upload(gpu, m, n * 4), *d_v = upload(gpu, v, n * 4);
+    pt_adam_coeffs c = {.decay = 0.99f, .beta1 = 0.9f, .beta2 = 0.95f, .bias2 = 0.2f,
+                        .eps = 1e-3f, .c_grad = 0.01f, .c_mom = 0.02f};
+    for (int step = 0; step < 3; step++) {
+        cpu()->adam_update(param, grad, m, v, n, &c);
+        gpu->adam_update(d_param, d_grad, d_m, d_v, n, &c);
+    }
+    expect_device_close(gpu, "adam param", d_param, param, n, FP32_TOL);
+    expect_device_close(gpu, "adam m", d_m, m, n, FP32_TOL);
+    expect_device_close(gpu, "adam v", d_v, v, n, FP32_TOL);
+    expect_no_cuda_error();
+}
+
+Test(cuda, reductions_match_cpu_in_double)
+{
+    const pt_kernels *gpu = cuda_or_skip();
+    const size_t n = (1 << 22) + 5;
+    float *x = random_floats(n, -1, 1);
+    x[0] = 16777216.0f; /* 2²⁴: a float accumulator would drop the 1s added to it */
+    float *d_x = upload(gpu, x, n * 4);
+    double cpu_sum = cpu()->sum(x, n), gpu_sum = gpu->sum(d_x, n);
+    double cpu_sq = cpu()->sum_squares(x, n), gpu_sq = gpu->sum_squares(d_x, n);
+    double magnitude = 0; /* Σ|x|: both sums are in double, so they agree to ~1e-16 of it */
+    for (size_t i = 0; i < n; i++) magnitude += fabs(x[i]);
+    cr_expect(fabs(gpu_sum - cpu_sum) <= 1e-12 * magnitude, "sum: cuda %.17g, cpu %.17g", gpu_sum,
+              cpu_sum);
+    cr_expect(fabs(gpu_sq - cpu_sq) <= 1e-12 * cpu_sq, "sum_squares: cuda %.17g, cpu %.17g",
+              gpu_sq, cpu_sq);
+    cr_expect_eq(gpu->sum(d_x, n), gpu_sum, "the same input gave another sum: not deterministic");
+    cr_expect_eq(gpu->sum(d_x, 0), 0.0);
+    expect_no_cuda_error();
+}
+
+/* ---- bf16 --------------------------------------------------------------------------- */
+
+/* bf16 bits of x, round to nearest even (x finite): the reference. */
+static uint16_t bf16_reference(float x)
+{
+    uint32_t bits;
+    memcpy(&bits, &x, 4);
+    bits += 0x7fffu + ((bits >> 16) & 1u);
+    return (uint16_t)(bits >> 16);
+}
+
+static float bf16_to_float(uint16_t b)
+{
+    uint32_t bits = (uint32_t)b << 16;
+    float x;
+    memcpy(&x, &bits, 4);
+    return x;
+}
+
+static float *bf16_rounded(const float *x, size_t n)
+{
+    float *y = malloc(n * sizeof *y);
+    cr_assert(y);
+    for (size_t i = 0; i < n; i++) y[i] = bf16_to_float(bf16_reference(x[i]));
+    return y;
+}
+
+Test(cuda, bf16_casts_round_to_nearest_even)
+{
+    const pt_kernels *gpu = cuda_or_skip();
+    const size_t n = 4099;
+    float *x = random_floats(n, -100, 100);
+    x[0] = 1.0f + 0x1p-8f;     /* half an ulp above 1: ties to even, 1 */
+    x[1] = 1.0f + 3 * 0x1p-8f; /* one and a half ulp: ties to even, 1 + 2 ulp */
+    x[2] = -0.0f, x[3] = 3.0e38f;
+    float *d_x = upload(gpu, x, n * 4), *d_back = NULL;
+    pt_bf16 *d_b = NULL;
+    cr_assert_eq(gpu->alloc((void **)&d_b, n * sizeof(pt_bf16), "bf16"), PIPERT_OK);
+    cr_assert_eq(gpu->alloc((void **)&d_back, n * 4, "back"), PIPERT_OK);
+    pt_cuda_cast_to_bf16(d_b, d_x, n);
+    pt_cuda_cast_from_bf16(d_back, d_b, n);
+    pt_bf16 *b = malloc(n * sizeof *b);
+    gpu->copy_to_host(b, d_b, n * sizeof *b);
+    float *back = download(gpu, d_back, n);
+    for (size_t i = 0; i < n; i++) {
+        cr_expect_eq(b[i], bf16_reference(x[i]), "bf16(%.9g): cuda 0x%04x, reference 0x%04x", x[i],
+                     b[i], bf16_reference(x[i]));
+        cr_expect_eq(back[i], bf16_to_float(b[i]), "bf16 0x%04x back to float", b[i]);
+    }
+    cr_expect_eq(b[0], 0x3f80, "1 + 2^-8 rounds to 0x%04x", b[0]);
+    cr_expect_eq(b[1], 0x3f82, "1 + 3·2^-8 rounds to 0x%04x", b[1]);
+    expect_no_cuda_error();
+}
+
+/* bf16 operands, fp32 results: against the CPU on the bf16-rounded inputs
+ * (the products are then exact in fp32: only the summation order differs)
+ * and on the unrounded ones (what switching to bf16 costs). */
+static void check_matmul_bf16(int N, int C, int OC, pt_weight_layout layout)
+{
+    const pt_kernels *gpu = cuda_or_skip();
+    size_t n_inp = (size_t)N * C, n_w = (size_t)C * OC, n_out = (size_t)N * OC;
+    float *inp = random_floats(n_inp, -1, 1), *weight = random_floats(n_w, -1, 1);
+    float *dout = random_floats(n_out, -1, 1), *bias = random_floats(OC, -1, 1);
+    float *inp_r = bf16_rounded(inp, n_inp), *weight_r = bf16_rounded(weight, n_w),
+          *dout_r = bf16_rounded(dout, n_out);
+    float *zeros_inp = calloc(n_inp, 4), *zeros_w = calloc(n_w, 4), *zeros_b = calloc(OC, 4);
+    /* bf16 operands, cast on the device from fp32 copies */
+    float *d_inp32 = upload(gpu, inp, n_inp * 4), *d_weight32 = upload(gpu, weight, n_w * 4),
+          *d_dout32 = upload(gpu, dout, n_out * 4);
+    pt_bf16 *d_inp, *d_weight, *d_dout;
+    cr_assert_eq(gpu->alloc((void **)&d_inp, n_inp * 2, "inp"), PIPERT_OK);
+    cr_assert_eq(gpu->alloc((void **)&d_weight, n_w * 2, "weight"), PIPERT_OK);
+    cr_assert_eq(gpu->alloc((void **)&d_dout, n_out * 2, "dout"), PIPERT_OK);
+    pt_cuda_cast_to_bf16(d_inp, d_inp32, n_inp);
+    pt_cuda_cast_to_bf16(d_weight, d_weight32, n_w);
+    pt_cuda_cast_to_bf16(d_dout, d_dout32, n_out);
+    float *d_bias = upload(gpu, bias, OC * 4), *d_out = NULL;
+    cr_assert_eq(gpu->alloc((void **)&d_out, n_out * 4, "out"), PIPERT_OK);
+    float *d_dinp = upload(gpu, zeros_inp, n_inp * 4), *d_dweight = upload(gpu, zeros_w, n_w * 4),
+          *d_dbias = upload(gpu, zeros_b, OC * 4);
+
+    pt_cuda_matmul_forward_bf16(d_out, d_inp, d_weight, d_bias, N, C, OC, layout);
+    pt_cuda_matmul_backward_bf16(d_dinp, d_dweight, d_dbias, d_dout, d_inp, d_weight, N, C, OC, layout);
+    const char *name = layout == PT_WEIGHT_IN_OUT ? "bf16 in-out" : "bf16 out-in";
+    char what[96];
+    for (int rounded = 1; rounded >= 0; rounded--) {
+        float *out = calloc(n_out, 4), *dinp = calloc(n_inp, 4), *dweight = calloc(n_w, 4),
+              *dbias = calloc(OC, 4);
+        const float *x = rounded ? inp_r : inp, *w = rounded ? weight_r : weight,
+                    *dy = rounded ? dout_r : dout;
+        double tol = rounded ? LONG_TOL : BF16_TOL;
+        const char *inputs = rounded ? "rounded inputs" : "fp32 inputs";
+        cpu()->matmul_forward(out, x, w, bias, N, C, OC, layout);
+        cpu()->matmul_backward(dinp, dweight, dbias, dy, x, w, N, C, OC, layout);
+        snprintf(what, sizeof what, "%s out vs cpu on %s", name, inputs);
+        expect_device_close(gpu, what, d_out, out, n_out, tol);
+        snprintf(what, sizeof what, "%s dinp vs cpu on %s", name, inputs);
+        expect_device_close(gpu, what, d_dinp, dinp, n_inp, tol);
+        snprintf(what, sizeof what, "%s dweight vs cpu on %s", name, inputs);
+        expect_device_close(gpu, what, d_dweight, dweight, n_w, tol);
+        snprintf(what, sizeof what, "%s dbias vs cpu on %s", name, inputs);
+        expect_device_close(gpu, what, d_dbias, dbias, OC, tol);
+        free(out), free(dinp), free(dweight), free(dbias);
+    }
+    expect_no_cuda_error();
+    void *device_buffers[] = {d_dbias, d_dweight, d_dinp, d_out, d_bias, d_dout, d_weight,
+                              d_inp, d_dout32, d_weight32, d_inp32};
+    for (size_t i = 0; i < sizeof device_buffers / sizeof device_buffers[0]; i++)
+        gpu->free(device_buffers[i]); /* newest first: the arena takes them back */
+    free(inp), free(weight), free(dout), free(bias), free(inp_r), free(weight_r), free(dout_r);
+    free(zeros_inp), free(zeros_w), free(zeros_b);
+}
+
+Test(cuda, bf16_matmul_matches_cpu)
+{
+    check_matmul_bf16(256, 768, 3072, PT_WEIGHT_IN_OUT); /* GPT-2 c_fc */
+    check_matmul_bf16(64, 768, 5000, PT_WEIGHT_OUT_IN);  /* a head */
+    check_matmul_bf16(37, 19, 23, PT_WEIGHT_IN_OUT);
+}
+
+/* ---- NCCL ------------------------------------------------------------------------------ */
+
+Test(cuda, nccl_one_member_group)
+{
+    const pt_kernels *gpu = cuda_or_skip();
+    pt_nccl_id id;
+    pipert_result rc = pt_nccl_unique_id(&id);
+    if (rc == PIPERT_ERR_UNSUPPORTED) cr_skip_test("no NCCL in this build: %s", pipert_last_error());
+    cr_assert_eq(rc, PIPERT_OK, "%s", pipert_last_error());
+    pt_nccl_group *g;
+    cr_assert_eq(pt_nccl_group_create(&id, 1, 0, &g), PIPERT_OK, "%s", pipert_last_error());
+    cr_expect_eq(pt_nccl_group_size(g), 1);
+    cr_expect_eq(pt_nccl_group_index(g), 0);
+
+    const size_t n = 100003;
+    float *x = random_floats(n, -1, 1), *d_x = upload(gpu, x, n * 4), *d_y = upload(gpu, x, n * 4);
+    cr_expect_eq(pt_nccl_allreduce(g, d_x, n, PT_REDUCE_SUM), PIPERT_OK, "%s", pipert_last_error());
+    cr_expect_eq(pt_nccl_allreduce(g, d_x, n, PT_REDUCE_MEAN), PIPERT_OK, "%s", pipert_last_error());
+    pt_nccl_allreduce_handle *h;
+    cr_expect_eq(pt_nccl_allreduce_start(g, d_x, n, PT_REDUCE_SUM, &h), PIPERT_OK);
+    gpu->scale(d_y, 1.0f, n); /* compute beside the reduction */
+    cr_expect_eq(pt_nccl_allreduce_wait(h), PIPERT_OK, "%s", pipert_last_error());
+    cr_expect_eq(pt_nccl_broadcast(g, d_x, n * 4, 0), PIPERT_OK, "%s", pipert_last_error());
+    expect_device_close(gpu, "one member's all-reduce and broadcast", d_x, x, n, 0);
+    gpu->zero(d_y, n * 4);
+    cr_expect_eq(pt_nccl_sendrecv(g, d_x, d_y, n * 4, 0), PIPERT_OK, "%s", pipert_last_error());
+    expect_device_close(gpu, "send/recv to oneself", d_y, x, n, 0);
+    cr_expect_eq(pt_nccl_broadcast(g, d_x, 4, 1), PIPERT_ERR_INVALID_ARG, "root 1 of 1 member");
+    pt_nccl_group_destroy(g);
+    expect_no_cuda_error();
+}
+
+/* ---- a training step ------------------------------------------------------------------ */
+
+typedef struct trained_model {
+    pt_gpt_slice *slice;
+    pt_optimizer optimizer;
+    float loss_before, loss_after;
+} trained_model;
+
+/* Builds the model on k, runs forward, backward and one AdamW step on the
+ * batch, and the forward again. */
+static trained_model train_one_step(const pt_kernels *k, const pt_gpt_config *config, int B, int T,
+                                    const int32_t *tokens, const int32_t *targets)
+{
+    trained_model m = {0};
+    cr_assert_eq(pt_gpt_slice_create(&m.slice, config, 0, config->n_layer, B, T, k), PIPERT_OK,
+                 "%s: %s", k->name, pipert_last_error());
+    cr_assert_eq(pt_gpt_init(m.slice, 1234), PIPERT_OK);
+    k->copy_to_device(m.slice->tokens, tokens, (size_t)B * T * sizeof(int32_t));
+    k->copy_to_device(m.slice->targets, targets, (size_t)B * T * sizeof(int32_t));
+    pt_gpt_zero_grads(m.slice);
+    pt_gpt_forward(m.slice, 1.0f, &m.loss_before);
+    pt_gpt_backward(m.slice, NULL);
+
+    pt_optimizer_settings settings = {.kind = PT_OPTIMIZER_ADAMW, .beta1 = 0.9, .beta2 = 0.95,
+                                      .eps = 1e-8, .weight_decay = 0.1, .psi = PT_NADAM_PSI};
+    cr_assert_eq(pt_optimizer_init(&m.optimizer, &settings, k, m.slice->n_params), PIPERT_OK);
+    pt_param_region regions[m.slice->n_tensors];
+    for (int i = 0; i < m.slice->n_tensors; i++)
+        regions[i] = (pt_param_region){m.slice->tensors[i].offset, m.slice->tensors[i].numel,
+                                       m.slice->tensors[i].decay};
+    pt_optimizer_step(&m.optimizer, m.slice->params, m.slice->grads, regions, m.slice->n_tensors,
+                      1e-3);
+    pt_gpt_forward_eval(m.slice, &m.loss_after);
+    k->synchronize();
+    return m;
+}
+
+Test(cuda, training_step_matches_cpu)
+{
+    const pt_kernels *gpu = cuda_or_skip();
+    const pt_gpt_config config = {.n_layer = 2, .n_embd = 64, .n_head = 4, .block_size = 64,
+                                  .vocab_size = 101};
+    const int B = 2, T = 64;
+    int32_t *tokens = random_tokens((size_t)B * T, config.vocab_size);
+    int32_t *targets = random_tokens((size_t)B * T, config.vocab_size);
+    trained_model on_cpu = train_one_step(cpu(), &config, B, T, tokens, targets);
+    trained_model on_gpu = train_one_step(gpu, &config, B, T, tokens, targets);
+
+    cr_expect(fabsf(on_gpu.loss_before - on_cpu.loss_before) <= 1e-4f * on_cpu.loss_before,
+              "loss: cuda %.7f, cpu %.7f", on_gpu.loss_before, on_cpu.loss_before);
+    float *grads = download(gpu, on_gpu.slice->grads, on_gpu.slice->n_params);
+    for (int i = 0; i < on_cpu.slice->n_tensors; i++) {
+        const pt_gpt_tensor *t = &on_cpu.slice->tensors[i];
+        char what[96];
+        snprintf(what, sizeof what, "gradient of %s", t->name);
+        expect_close(what, grads + t->offset, on_cpu.slice->grads + t->offset, t->numel, LONG_TOL);
+    }
+    cr_expect(fabsf(on_gpu.loss_after - on_cpu.loss_after) <= 1e-4f * on_cpu.loss_after,
+              "loss after one AdamW step: cuda %.7f, cpu %.7f", on_gpu.loss_after,
+              on_cpu.loss_after);
+    cr_expect(on_gpu.loss_after < on_gpu.loss_before, "one step on the same batch did not lower "
+              "the loss: %.7f, then %.7f", on_gpu.loss_before, on_gpu.loss_after);
+    free(grads);
+    pt_optimizer_free(&on_gpu.optimizer), pt_optimizer_free(&on_cpu.optimizer);
+    pt_gpt_slice_free(on_gpu.slice), pt_gpt_slice_free(on_cpu.slice);
+    expect_no_cuda_error();
+}
