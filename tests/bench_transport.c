@@ -14,6 +14,7 @@
 
 #include "runtime/clock.h"
 #include "runtime/safetensors.h"
+#include "runtime/stats.h"
 #include "runtime/transport.h"
 
 #define ADDRESS_MAX 96
@@ -25,17 +26,6 @@ typedef struct bench_options {
     unsigned send_flags;
 } bench_options;
 
-static int compare_doubles(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *values, int n)
-{
-    qsort(values, (size_t)n, sizeof *values, compare_doubles);
-    return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
-}
 
 #define CHECK(expr)                                                                                \
     do {                                                                                           \
@@ -182,10 +172,10 @@ static int run_rank(int rank, int to_peer, int from_peer, const bench_options *o
         printf("transport between 2 processes on this host (UCX_TLS=%s%s), medians of %d runs:\n",
                tls ? tls : "(default)", o->send_flags ? ", checksums on" : "", o->runs);
         printf("  bandwidth, %d x 4 MiB messages:  %7.2f GB/s  (min %.2f, max %.2f)\n", o->messages,
-               median(bandwidth, o->runs), low_bw, high_bw);
+               pt_median(bandwidth, (size_t)(o->runs)), low_bw, high_bw);
         printf(
             "  latency, 8-byte ping-pong x %d:  %7.2f us half round trip  (min %.2f, max %.2f)\n",
-            o->pings, median(latency, o->runs), low_lat, high_lat);
+            o->pings, pt_median(latency, (size_t)(o->runs)), low_lat, high_lat);
     }
     free(buffers);
     free(bandwidth);
