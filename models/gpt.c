@@ -129,8 +129,8 @@ static float *carve(carver *cv, size_t n)
 }
 
 /* What attention keeps for its backward: the whole probability matrix on the
- * CPU, one log-sum-exp per row for a flash-style kernel. Without a backend
- * yet (sizing only), the CPU's amount, the larger. */
+ * CPU, per-row statistics and a copy of the output for a flash-style kernel.
+ * Without a backend (pt_gpt_slice_bytes, a host-memory estimate), the CPU's. */
 static size_t attention_saved_floats(const pt_gpt_slice *s)
 {
     const int NH = s->config.n_head, C = s->config.n_embd;

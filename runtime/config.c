@@ -121,6 +121,20 @@ static const config_key schema[] = {
     NUMBER_KEY(runtime.threads, 0, AT_LEAST(0), "compute threads; 0 = every core of this machine"),
     STRING_KEY(runtime.device, "cpu", "cpu|cuda", "where the kernels run"),
 
+    STRING_KEY(pipeline.schedule, "async-1f1b", "async-1f1b|1f1b|gpipe",
+               "pipeline schedule: asynchronous 1F1B (no flush), 1F1B with flush, or GPipe"),
+    STRING_KEY(pipeline.lookahead, "nesterov", "nesterov|stash|predict|none",
+               "weight handling of async-1f1b: stash + NAdamW(β1=0.99), stash, weight prediction, "
+               "or none"),
+    NUMBER_KEY(pipeline.microbatches, 4, AT_LEAST(1),
+               "microbatches per optimizer step (gpipe, 1f1b); async-1f1b steps after each"),
+    BOOL_KEY(pipeline.recompute, false,
+             "keep only each stage's input and recompute activations at backward time"),
+    BOOL_KEY(pipeline.trace, true, "write a Chrome/Perfetto trace (trace-rank-N.json) per rank"),
+
+    STRING_KEY(plan.layers, "", NULL,
+               "blocks per stage, e.g. \"3,3,3,3\"; \"\" = balanced by compute"),
+
     NUMBER_KEY(seed, 1337, AT_LEAST(0),
                "seed of every random stream (initial weights, data sampling)"),
 };

@@ -51,11 +51,25 @@ typedef struct pt_runtime_settings {
     char device[PT_CONFIG_STRING_MAX]; /* "cpu" | "cuda" */
 } pt_runtime_settings;
 
+typedef struct pt_pipeline_settings {
+    char schedule[PT_CONFIG_STRING_MAX];  /* "async-1f1b" | "1f1b" | "gpipe" */
+    char lookahead[PT_CONFIG_STRING_MAX]; /* "nesterov" | "stash" | "predict" | "none" */
+    int microbatches;                     /* per optimizer step (gpipe, 1f1b) */
+    bool recompute;                       /* recompute activations at backward time */
+    bool trace;                           /* write a Chrome trace per rank */
+} pt_pipeline_settings;
+
+typedef struct pt_plan_settings {
+    char layers[PT_CONFIG_STRING_MAX]; /* "3,3,3,3": blocks per stage; "" = balanced by compute */
+} pt_plan_settings;
+
 struct pipert_config {
     pt_model_settings model;
     pt_train_settings train;
     pt_data_settings data;
     pt_runtime_settings runtime;
+    pt_pipeline_settings pipeline;
+    pt_plan_settings plan;
     int64_t seed;
 };
 
