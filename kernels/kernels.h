@@ -100,6 +100,17 @@ typedef struct pt_kernels {
     /* ---- optimizer and reductions ---- */
     void (*adam_update)(float *param, const float *grad, float *m, float *v, size_t n,
                         const pt_adam_coeffs *coeffs);
+    /* Weight prediction (ALGORITHMS.md §3, lookahead = predict): `steps`
+     * applications of the update above with the gradient term left out and
+     * the moments frozen, extrapolated linearly; m and v are only read:
+     *   out = param·(1 − steps·(1 − decay)) − steps·c_mom·m/d,  d = √(v/bias2) + ε
+     * (beta1, beta2 and c_grad are not used). With AdamW coefficients of step t,
+     * c_mom = γ/(1−β1ᵗ), bias2 = 1−β2ᵗ and decay = 1 − γλ, this is exactly
+     * ŵ = θ − τγ(m̂/(√v̂+ε) + λθ) for steps = τ. steps = 0 gives out == param
+     * exactly. out[n], param[n], m[n], v[n]; out may be param.
+     * OPTIONAL: NULL in a backend that lacks it (cuda for now); callers check. */
+    void (*adam_extrapolate)(float *out, const float *param, const float *m, const float *v,
+                             size_t n, const pt_adam_coeffs *coeffs, float steps);
     double (*sum_squares)(const float *x, size_t n);
     double (*sum)(const float *x, size_t n);
     void (*scale)(float *x, float factor, size_t n);

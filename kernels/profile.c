@@ -8,14 +8,16 @@
 enum {
     K_ENCODER_FWD, K_ENCODER_BWD, K_LAYERNORM_FWD, K_LAYERNORM_BWD, K_MATMUL_FWD, K_MATMUL_BWD,
     K_ATTENTION_FWD, K_ATTENTION_BWD, K_GELU_FWD, K_GELU_BWD, K_RESIDUAL_FWD, K_XENT_FWD,
-    K_XENT_FWD_BWD, K_ADAM, K_SUM_SQUARES, K_SUM, K_SCALE, K_ZERO, K_COPY, K_COUNT
+    K_XENT_FWD_BWD, K_ADAM, K_ADAM_EXTRAPOLATE, K_SUM_SQUARES, K_SUM, K_SCALE, K_ZERO, K_COPY,
+    K_COUNT
 };
 
 static const char *const kernel_names[K_COUNT] = {
     "encoder_forward", "encoder_backward", "layernorm_forward", "layernorm_backward",
     "matmul_forward", "matmul_backward", "attention_forward", "attention_backward",
     "gelu_forward", "gelu_backward", "residual_forward", "crossentropy_forward",
-    "crossentropy_forward_backward", "adam_update", "sum_squares", "sum", "scale", "zero", "copy",
+    "crossentropy_forward_backward", "adam_update", "adam_extrapolate", "sum_squares", "sum",
+    "scale", "zero", "copy",
 };
 
 static const pt_kernels *inner;
@@ -102,6 +104,11 @@ static void p_adam_update(float *p, const float *g, float *m, float *v, size_t n
 {
     TIMED(K_ADAM, inner->adam_update(p, g, m, v, n, c));
 }
+static void p_adam_extrapolate(float *o, const float *p, const float *m, const float *v,
+                               size_t n, const pt_adam_coeffs *c, float steps)
+{
+    TIMED(K_ADAM_EXTRAPOLATE, inner->adam_extrapolate(o, p, m, v, n, c, steps));
+}
 static double p_sum_squares(const float *x, size_t n)
 {
     double r;
@@ -142,6 +149,8 @@ const pt_kernels *pt_kernels_profiled(const pt_kernels *wrapped)
     profiled.crossentropy_forward = p_crossentropy_forward;
     profiled.crossentropy_forward_backward = p_crossentropy_forward_backward;
     profiled.adam_update = p_adam_update;
+    /* optional: a backend without it stays without it (callers test for NULL) */
+    profiled.adam_extrapolate = wrapped->adam_extrapolate ? p_adam_extrapolate : NULL;
     profiled.sum_squares = p_sum_squares;
     profiled.sum = p_sum;
     profiled.scale = p_scale;

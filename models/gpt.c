@@ -265,6 +265,7 @@ pipert_result pt_gpt_slice_create(pt_gpt_slice **out, const pt_gpt_config *confi
     pt_gpt_slice *s = calloc(1, sizeof *s);
     if (!s) return pt_fail(PIPERT_ERR_NOMEM, "model slice: out of memory");
     s->kernels = kernels;
+    s->act_slots = 1;
     pipert_result rc = slice_describe(s, config, first, last, B, T);
     size_t bytes = sizeof(float) * (2 * s->n_params + s->n_acts + s->n_grad_acts);
     char what[160];
@@ -511,4 +512,38 @@ const float *pt_gpt_backward(pt_gpt_slice *s, const float *dout)
 void pt_gpt_zero_grads(pt_gpt_slice *s)
 {
     s->kernels->zero(s->grads, s->n_params * sizeof(float));
+}
+
+/* ---- pipeline support ---------------------------------------------------- */
+
+pipert_result pt_gpt_set_activation_slots(pt_gpt_slice *s, int slots)
+{
+    if (slots < 1) return pt_fail(PIPERT_ERR_INVALID_ARG, "activation slots: %d", slots);
+    if (slots == s->act_slots) return PIPERT_OK;
+    size_t floats;
+    if (!pt_mul_size(s->n_acts, (size_t)slots, &floats) || !pt_mul_size(floats, sizeof(float), &floats))
+        return pt_fail(PIPERT_ERR_NOMEM, "activations of %d microbatches: size overflows", slots);
+    char what[96];
+    snprintf(what, sizeof what, "activations of %d microbatches in flight (blocks [%d, %d))", slots,
+             s->first, s->last);
+    if (!strcmp(s->kernels->name, "cpu")) PT_TRY(pt_memory_check_fits(floats, what));
+    float *acts;
+    PT_TRY(s->kernels->alloc((void **)&acts, floats, what));
+    s->kernels->copy(acts, s->acts, s->n_acts * sizeof(float));
+    s->kernels->free(s->acts);
+    s->acts = acts;
+    s->act_slots = slots;
+    pt_gpt_use_activation_slot(s, 0);
+    return PIPERT_OK;
+}
+
+void pt_gpt_use_activation_slot(pt_gpt_slice *s, int slot)
+{
+    carver acts = {.base = s->acts + (size_t)slot * s->n_acts};
+    carve_activations(s, &acts);
+}
+
+void pt_gpt_use_params(pt_gpt_slice *s, float *params)
+{
+    bind_views(s, params ? params : s->params, s->blocks, &s->head);
 }

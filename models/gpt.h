@@ -89,9 +89,10 @@ typedef struct pt_gpt_slice {
     pt_gpt_block_params *blocks, *block_grads; /* [last − first] */
     pt_gpt_head_params head, head_grads;
 
-    /* activations: one allocation */
+    /* activations: one allocation of `act_slots` sets of n_acts floats */
     float *acts;
     size_t n_acts;
+    int act_slots;
     float *input;          /* [N, C] slice input: embeddings (stage 0) or received activations */
     pt_gpt_block_acts *block_acts;
     float *ln_f, *ln_f_mean, *ln_f_rstd; /* [N, C], [N], [N] */
@@ -152,5 +153,19 @@ void pt_gpt_forward_eval(pt_gpt_slice *slice, float *loss);
 const float *pt_gpt_backward(pt_gpt_slice *slice, const float *dout);
 
 void pt_gpt_zero_grads(pt_gpt_slice *slice);
+
+/* Activation slots: a pipeline stage keeps the activations of several
+ * microbatches in flight (1F1B keeps up to S−s). Grows the activation memory
+ * to `slots` sets (slot 0 is the current one, kept); call once, before use. */
+pipert_result pt_gpt_set_activation_slots(pt_gpt_slice *slice, int slots);
+/* Points every activation pointer (input, tokens, targets, logits, …) at the
+ * set of `slot`. */
+void pt_gpt_use_activation_slot(pt_gpt_slice *slice, int slot);
+
+/* Runs the forward and backward on the parameters in `params` (same layout
+ * as slice->params: a stashed or predicted weight version) instead of the
+ * slice's own; NULL goes back to slice->params. Gradients still go to
+ * slice->grads. */
+void pt_gpt_use_params(pt_gpt_slice *slice, float *params);
 
 #endif

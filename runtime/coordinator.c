@@ -772,17 +772,18 @@ void pt_coordinator_status(pt_coordinator *c, pt_job_status *s)
                          .abort_rank = c->abort_rank};
     snprintf(s->abort_reason, sizeof s->abort_reason, "%s", c->abort_reason);
     double loss_sum = 0;
+    int losses = 0;
     for (int r = 0; r < c->options.world; r++) {
         const rank_state *rs = &c->ranks[r];
         if (!rs->has_progress) continue;
         const pt_rank_progress *p = &rs->progress;
         s->min_step = s->reporting == 0 || p->step < s->min_step ? p->step : s->min_step;
         s->total_steps = p->total_steps > s->total_steps ? p->total_steps : s->total_steps;
-        loss_sum += p->loss;
+        if (isfinite(p->loss)) loss_sum += p->loss, losses++;
         s->tokens_per_s += p->tokens_per_s;
         s->reporting++;
     }
-    if (s->reporting) s->mean_loss = loss_sum / s->reporting;
+    if (losses) s->mean_loss = loss_sum / losses;
     pthread_mutex_unlock(&c->lock);
 }
 
@@ -1245,9 +1246,11 @@ pipert_result pt_coord_client_wait_table(pt_coord_client *c, double timeout_s,
 pipert_result pt_coord_client_send_progress(pt_coord_client *c, const pt_rank_progress *p)
 {
     PT_TRY(pt_coord_client_check(c));
-    json_t *m = json_pack("{s:s, s:I, s:I, s:f, s:f}", "type", "progress", "step",
-                          (json_int_t)p->step, "total", (json_int_t)p->total_steps, "loss",
-                          isfinite(p->loss) ? p->loss : 0.0, "tokens_per_s", p->tokens_per_s);
+    json_t *m = json_pack("{s:s, s:I, s:I, s:f}", "type", "progress", "step",
+                          (json_int_t)p->step, "total", (json_int_t)p->total_steps,
+                          "tokens_per_s", p->tokens_per_s);
+    /* A rank without a loss (a pipeline stage before the last) sends none. */
+    if (m && isfinite(p->loss)) json_object_set_new(m, "loss", json_real(p->loss));
     if (m && isfinite(p->val_loss)) json_object_set_new(m, "val_loss", json_real(p->val_loss));
     return client_send(c, m);
 }

@@ -20,6 +20,30 @@
  * and the connection we send on. A pt_request is one user send or receive;
  * while it has UCX operations in flight it sits in the transport's in-flight
  * list.
+ *
+ * Same-host direct reads. Endpoints use UCX peer error handling, and UCX 1.13
+ * then refuses its shared-memory transports (sysv/posix: "no peer failure
+ * handler"; cma as a rendezvous lane needs memory invalidation), so two
+ * workers on one host would talk over TCP on loopback: two copies through the
+ * kernel and about a fifth of what cma reaches. So large payloads between
+ * processes of one host take the path UCX's cma transport would: the receiver
+ * copies them straight out of the sender's memory with process_vm_readv (one
+ * copy, by the kernel). The handshake proves it can: each hello carries the
+ * sender's boot id, pid and the address and value of a random probe word; a
+ * side that reads that word back from the peer's memory tells the peer
+ * CONTROL_DIRECT_OK on the stream. From then on that peer sends payloads of
+ * DIRECT_MIN_BYTES or more as a `direct_descriptor` (address, nbytes, ack id)
+ * in place of the payload part, under the same tag; the receiver tells the two
+ * apart by length (a real separate payload is longer than 4096 bytes), reads
+ * into the caller's buffer, then answers with a `direct_ack` under kind 0
+ * (never a user kind) and the ack id, and only that answer completes the send,
+ * so the payload stays untouched until it was read. Control words, headers,
+ * descriptors and acks all travel over the error-handled UCX endpoint, so
+ * failures are detected as before; a read from a peer that has failed or left
+ * is refused rather than attempted (its memory may already be reused). Direct
+ * reads stand in for UCX's cma, so they are used only where UCX_TLS allows
+ * cma (unset, all, sm, shm, cma, or a ^list excluding none of those); with
+ * UCX_TLS=tcp everything goes through UCX.
  */
 #include "runtime/transport.h"
 
@@ -31,12 +55,15 @@
 #include <netinet/in.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/random.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <ucp/api/ucp.h>
@@ -51,13 +78,26 @@
 #define MESSAGE_CAPACITY 512 /* a request's failure */
 #define ADDRESS_CAPACITY 64
 #define HELLO_MAGIC 0x4c485450u /* "PTHL" */
-#define HELLO_VERSION 1u
+#define HELLO_VERSION 2u
 #define CONTROL_BYE 0x45594221u
 #define CONTROL_BYE_ACK 0x4b434121u
+#define CONTROL_DIRECT_OK 0x4b4f5244u /* "I can read your memory" */
+#define DIRECT_MAGIC 0x44525450u      /* "PTRD": a direct_descriptor */
+#define DIRECT_ACK_MAGIC 0x41525450u  /* "PTRA": a direct_ack */
+/* Payloads of at least this many bytes go by direct read where the peer can (see above). */
+#define DIRECT_MIN_BYTES (64u << 10)
+/* The kind of transport-internal tagged messages (user kinds are 1..255). */
+#define KIND_INTERNAL 0u
 /* Shutdown waits at most this long for goodbyes, and again for endpoints to close. */
 #define SHUTDOWN_STEP_S 2.0
 /* An idle progress thread still wakes this often (UCX keepalive, handshake deadlines). */
 #define IDLE_WAKE_MS 1000
+/* While requests are in flight, the progress thread polls UCX this long after the last thing
+ * that happened before it arms the worker and sleeps: a protocol step or an answer that comes
+ * within that time costs no wake-up. With nothing in flight it sleeps at once, so an idle
+ * transport spins at most SPIN_US after each event (and after each IDLE_WAKE_MS wake-up while a
+ * receive waits): well under 1% of a core. */
+#define SPIN_US 50
 
 /* ---- checksum ------------------------------------------------------------ */
 
@@ -113,6 +153,8 @@ typedef struct connection connection;
 typedef struct peer {
     peer_state state;
     connection *conn; /* the endpoint we send on while ALIVE */
+    pid_t read_pid;   /* > 0: its memory is readable from here (direct reads), at this pid */
+    int reads_us;     /* it said it can read ours: send it descriptors in place of payloads */
     char address[ADDRESS_CAPACITY];
     char reason[REASON_CAPACITY]; /* why it is DEAD or LEFT */
 } peer;
@@ -123,7 +165,26 @@ typedef struct hello {
     int32_t rank;
     uint32_t secret_length;
     uint8_t secret[PT_TRANSPORT_SECRET_MAX];
+    /* For same-host direct reads: who we are, and a word the peer may try to read back. */
+    int32_t pid;
+    uint32_t reserved;
+    uint64_t probe_address, probe_word;
+    uint8_t boot_id[16];
 } hello;
+
+/* Sent in place of a payload to a peer that reads it from our memory. */
+typedef struct direct_descriptor {
+    uint32_t magic, ack_id;
+    uint64_t address, nbytes;
+} direct_descriptor;
+
+/* The receiver's answer to a descriptor; it completes the send. */
+enum { ACK_READ = 0, ACK_REFUSED = 1, ACK_FAILED = 2 };
+typedef struct direct_ack {
+    uint32_t magic, ack_id;
+    int32_t status; /* ACK_*: read; refused (its header was refused, nothing read); read failed */
+    uint32_t reserved;
+} direct_ack;
 
 typedef enum conn_state {
     CONN_HANDSHAKE, /* hellos not yet exchanged */
@@ -181,12 +242,16 @@ struct pt_request {
     void *buffer;        /* receive */
     size_t capacity;
     pt_recv_expect expect;
-    void *op;    /* receive: the UCX operation in flight */
+    void *op;    /* receive: the UCX operation in flight; direct send: the ack's receive */
     int part;    /* receive: which part `op` is (PART_HEADER or PART_PAYLOAD) */
-    int posting; /* receive: inside ucp_tag_recv_nbx (its callback may run there) */
+    int posting; /* inside ucp_tag_recv_nbx for `op` (its callback may run there) */
     int completed_in_post;
     ucs_status_t completed_status;
-    int ops_pending; /* send: header and payload parts in flight */
+    /* Direct reads. Send: the descriptor sent and the ack received. Receive: the descriptor
+     * received. Discard: room for a descriptor to refuse. */
+    direct_descriptor descriptor;
+    direct_ack ack;
+    int ops_pending; /* send: header and payload parts (and a direct send's ack) in flight */
     int failed;      /* a failure was recorded in result/message */
     pipert_result cancel_result;
     char cancel_reason[TEXT_CAPACITY];
@@ -211,11 +276,21 @@ struct pt_transport {
     double connect_timeout_s;
     char listen_address[ADDRESS_CAPACITY + 8];
 
+    /* Same-host direct reads: whether UCX_TLS allows them, what our hellos offer, and the id of
+     * the next descriptor (under ucx_lock). */
+    int direct_allowed;
+    uint64_t probe_word;
+    uint8_t boot_id[16];
+    uint32_t next_ack_id;
+
     ucp_context_h context;
     ucp_worker_h worker;
     ucp_listener_h listener;
     int worker_fd, wake_fd, epoll_fd;
     pthread_t thread;
+    /* 1 while the progress thread sleeps (or is about to) in epoll: only then does a queued
+     * command need a write to wake_fd. */
+    atomic_int in_epoll;
 
     /* Under state_lock. */
     peer *peers;
@@ -369,6 +444,13 @@ static void wake_progress_thread(pt_transport *t)
     (void)written; /* EAGAIN means the counter is already non-zero: the thread will wake */
 }
 
+/* After queueing a command: a progress thread that is awake finds it before it sleeps (it sets
+ * in_epoll, then looks at the queue). */
+static void wake_progress_thread_if_asleep(pt_transport *t)
+{
+    if (atomic_load(&t->in_epoll)) wake_progress_thread(t);
+}
+
 /* ---- peers (under state_lock) -------------------------------------------- */
 
 static peer *peer_slot_locked(pt_transport *t, int rank)
@@ -500,8 +582,16 @@ static pipert_result enqueue(pt_transport *t, command_op op, pt_request *request
         t->queue_head = c;
     t->queue_tail = c;
     pthread_mutex_unlock(&t->queue_lock);
-    wake_progress_thread(t);
+    wake_progress_thread_if_asleep(t);
     return PIPERT_OK;
+}
+
+static int commands_queued(pt_transport *t)
+{
+    pthread_mutex_lock(&t->queue_lock);
+    int queued = t->queue_head != NULL;
+    pthread_mutex_unlock(&t->queue_lock);
+    return queued;
 }
 
 static command *take_commands(pt_transport *t)
@@ -723,10 +813,24 @@ static void on_control_sent(connection *c, ucs_status_t status) { (void)c, (void
 
 static void send_control(connection *c, uint32_t word)
 {
-    static const uint32_t bye = CONTROL_BYE, bye_ack = CONTROL_BYE_ACK;
-    if (c->ep)
-        stream_post(c, 1, (void *)(word == CONTROL_BYE ? &bye : &bye_ack), sizeof word,
-                    on_control_sent);
+    static const uint32_t bye = CONTROL_BYE, bye_ack = CONTROL_BYE_ACK,
+                          direct_ok = CONTROL_DIRECT_OK;
+    const uint32_t *stored = word == CONTROL_BYE       ? &bye
+                             : word == CONTROL_BYE_ACK ? &bye_ack
+                                                       : &direct_ok;
+    if (c->ep) stream_post(c, 1, (void *)stored, sizeof word, on_control_sent);
+}
+
+/* The peer can read our memory: large payloads to it go as descriptors from now on. */
+static void peer_reads_us(connection *c)
+{
+    if (!c->t->direct_allowed) return; /* UCX_TLS keeps us off cma: we send through UCX */
+    pthread_mutex_lock(&state_lock);
+    peer *p = peer_slot_locked(c->t, c->rank);
+    if (p) p->reads_us = 1;
+    pthread_mutex_unlock(&state_lock);
+    pt_debug("transport: rank %d reads payloads of %u bytes or more from our memory", c->rank,
+             DIRECT_MIN_BYTES);
 }
 
 static void on_control_received(connection *c, ucs_status_t status)
@@ -738,6 +842,8 @@ static void on_control_received(connection *c, ucs_status_t status)
         send_control(c, CONTROL_BYE_ACK);
     } else if (c->control_in == CONTROL_BYE_ACK) {
         c->bye_acked = 1;
+    } else if (c->control_in == CONTROL_DIRECT_OK) {
+        peer_reads_us(c);
     } else {
         pt_warn("transport: rank %d (%s) sent an unknown control word 0x%08x", c->rank, c->address,
                 c->control_in);
@@ -781,6 +887,49 @@ static void fill_hello(const pt_transport *t, hello *h)
     h->rank = t->rank;
     h->secret_length = (uint32_t)t->secret_length;
     memcpy(h->secret, t->secret, t->secret_length);
+    h->pid = (int32_t)getpid();
+    h->probe_address = (uint64_t)(uintptr_t)&t->probe_word;
+    h->probe_word = t->probe_word;
+    memcpy(h->boot_id, t->boot_id, sizeof h->boot_id);
+}
+
+/* Copies nbytes at `address` in process `pid` into `into`, by the kernel in one copy
+ * (process_vm_readv, as UCX's cma transport does). Returns 0 or an errno. */
+static int read_remote(pid_t pid, void *into, uint64_t address, uint64_t nbytes)
+{
+    uint64_t done = 0;
+    while (done < nbytes) {
+        struct iovec local = {(char *)into + done, (size_t)(nbytes - done)},
+                     remote = {(void *)(uintptr_t)(address + done), (size_t)(nbytes - done)};
+        ssize_t got = process_vm_readv(pid, &local, 1, &remote, 1, 0);
+        if (got < 0 && errno == EINTR) continue;
+        if (got < 0) return errno;
+        if (got == 0) return EFAULT;
+        done += (uint64_t)got;
+    }
+    return 0;
+}
+
+/* Whether we can read the memory of the peer that sent hello `h`: same kernel (boot id), and
+ * its probe word reads back (same pid namespace, and ptrace rules let us). */
+static int can_read_peer(const pt_transport *t, const hello *h)
+{
+    if (!t->direct_allowed || h->pid <= 0 || memcmp(h->boot_id, t->boot_id, sizeof h->boot_id))
+        return 0;
+    uint64_t seen = 0;
+    return read_remote((pid_t)h->pid, &seen, h->probe_address, sizeof seen) == 0 &&
+           seen == h->probe_word;
+}
+
+/* After the handshake: if we can read the peer's memory, it may send us descriptors. */
+static void offer_direct_reads(connection *c, const hello *h)
+{
+    if (!can_read_peer(c->t, h)) return;
+    pthread_mutex_lock(&state_lock);
+    peer *p = peer_slot_locked(c->t, c->rank);
+    if (p) p->read_pid = (pid_t)h->pid;
+    pthread_mutex_unlock(&state_lock);
+    if (p) send_control(c, CONTROL_DIRECT_OK);
 }
 
 static void on_hello_sent(connection *c, ucs_status_t status)
@@ -821,6 +970,7 @@ static void on_hello_received(connection *c, ucs_status_t status)
         stream_post(c, 1, &c->hello_out, sizeof c->hello_out, on_hello_sent);
     }
     if (!connection_register(c)) return;
+    offer_direct_reads(c, h);
     pt_debug("transport: rank %d connected %s %s", c->rank, c->accepted ? "from" : "to",
              c->address);
     connection_finish(c, PIPERT_OK, "connected");
@@ -974,11 +1124,63 @@ static void send_part(pt_request *r, ucp_ep_h ep, const void *buffer, size_t cou
     if (op == NULL || UCS_PTR_IS_ERR(op)) send_part_finished(r, op ? UCS_PTR_STATUS(op) : UCS_OK);
 }
 
+static void ack_arrived(pt_request *r, ucs_status_t status);
+static void on_recv_part_done(void *request, ucs_status_t status, const ucp_tag_recv_info_t *info,
+                              void *user_data);
+
+/* A direct send waits for the receiver's answer under (KIND_INTERNAL, peer, ack id); posted
+ * before the descriptor leaves, so it is never unexpected. */
+static void post_ack_receive(pt_request *r)
+{
+    ucp_request_param_t param = {
+        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                        UCP_OP_ATTR_FIELD_DATATYPE | UCP_OP_ATTR_FLAG_NO_IMM_CMPL,
+        .cb.recv = on_recv_part_done,
+        .user_data = r,
+        .datatype = ucp_dt_make_contig(1),
+    };
+    r->ops_pending++;
+    r->posting = 1;
+    r->completed_in_post = 0;
+    ucs_status_ptr_t op = ucp_tag_recv_nbx(
+        r->t->worker, &r->ack, sizeof r->ack,
+        make_tag(KIND_INTERNAL, r->peer, PART_PAYLOAD, r->descriptor.ack_id), ~(ucp_tag_t)0, &param);
+    r->posting = 0;
+    if (r->completed_in_post || op == NULL || UCS_PTR_IS_ERR(op)) {
+        ack_arrived(r, r->completed_in_post ? r->completed_status
+                       : op                 ? UCS_PTR_STATUS(op)
+                                            : UCS_ERR_NO_PROGRESS);
+        return;
+    }
+    r->op = op;
+}
+
+static void ack_arrived(pt_request *r, ucs_status_t status)
+{
+    r->op = NULL;
+    char what[96];
+    describe_request(r, what, sizeof what);
+    if (status == UCS_ERR_CANCELED && r->cancel_reason[0])
+        record_failure(r, r->cancel_result, "%s: %s", what, r->cancel_reason);
+    else if (status != UCS_OK)
+        record_failure(r, PIPERT_ERR_PEER, "%s: no answer to the direct read: %s", what,
+                       ucs_status_string(status));
+    else if (r->ack.magic != DIRECT_ACK_MAGIC || r->ack.ack_id != r->descriptor.ack_id)
+        record_failure(r, PIPERT_ERR_PEER, "%s: a malformed answer to the direct read", what);
+    else if (r->ack.status == ACK_FAILED)
+        record_failure(r, PIPERT_ERR_PEER,
+                       "%s: rank %d could not read the payload from this process's memory", what,
+                       r->peer);
+    /* ACK_REFUSED: the receiver refused the header; the message was taken all the same. */
+    send_part_finished(r, UCS_OK);
+}
+
 static void post_send(pt_transport *t, pt_request *r)
 {
     pthread_mutex_lock(&state_lock);
     peer_state state = peer_state_locked(t, r->peer);
     connection *c = state == PEER_ALIVE ? t->peers[r->peer].conn : NULL;
+    int reads_us = state == PEER_ALIVE && t->peers[r->peer].reads_us;
     char reason[TEXT_CAPACITY] = "";
     if (state == PEER_DEAD || state == PEER_LEFT)
         snprintf(reason, sizeof reason, "%s", t->peers[r->peer].reason);
@@ -1002,6 +1204,14 @@ static void post_send(pt_transport *t, pt_request *r)
         r->iov[0] = (ucp_dt_iov_t){&r->header, sizeof r->header};
         r->iov[1] = (ucp_dt_iov_t){(void *)r->payload, (size_t)nbytes};
         send_part(r, c->ep, r->iov, 2, 1, PART_HEADER);
+    } else if (reads_us && nbytes >= DIRECT_MIN_BYTES) {
+        r->descriptor = (direct_descriptor){.magic = DIRECT_MAGIC,
+                                            .ack_id = t->next_ack_id++,
+                                            .address = (uint64_t)(uintptr_t)r->payload,
+                                            .nbytes = nbytes};
+        post_ack_receive(r);
+        send_part(r, c->ep, &r->header, sizeof r->header, 0, PART_HEADER);
+        send_part(r, c->ep, &r->descriptor, sizeof r->descriptor, 0, PART_PAYLOAD);
     } else {
         send_part(r, c->ep, &r->header, sizeof r->header, 0, PART_HEADER);
         if (nbytes > 0) send_part(r, c->ep, r->payload, (size_t)nbytes, 0, PART_PAYLOAD);
@@ -1076,7 +1286,9 @@ static void on_recv_part_done(void *request, ucs_status_t status, const ucp_tag_
         return;
     }
     r->op = NULL;
-    if (r->part == PART_HEADER)
+    if (r->type == REQUEST_SEND) /* a direct send's answer */
+        ack_arrived(r, status);
+    else if (r->part == PART_HEADER)
         header_arrived(r, status, info);
     else
         payload_arrived(r, status, info);
@@ -1099,7 +1311,7 @@ static int receive_failed_status(pt_request *r, ucs_status_t status, const char 
 }
 
 /* Drains the payload of a refused header so it neither lingers in UCX nor
- * matches a later receive: a zero-length receive truncates it away. */
+ * matches a later receive: a receive with no room for it truncates it away. */
 static void discard_payload(pt_request *r)
 {
     pt_request *d = calloc(1, sizeof *d);
@@ -1110,7 +1322,9 @@ static void discard_payload(pt_request *r)
     d->kind = r->kind;
     d->user_tag = r->user_tag;
     in_flight_add(r->t, d);
-    recv_part(d, NULL, 0, 0, PART_PAYLOAD);
+    /* Room for a descriptor only: it is answered (so its sender's send ends); a real payload is
+     * longer and truncated away. */
+    recv_part(d, &d->descriptor, sizeof d->descriptor, 0, PART_PAYLOAD);
 }
 
 /* The header checks, in the order a reader would ask them. Returns 0 and fills `why` on refusal. */
@@ -1223,13 +1437,104 @@ static void header_arrived(pt_request *r, ucs_status_t status, const ucp_tag_rec
     recv_part(r, r->buffer, (size_t)nbytes, 0, PART_PAYLOAD);
 }
 
+static void on_ack_sent(void *request, ucs_status_t status, void *user_data)
+{
+    ucp_request_free(request);
+    free(user_data);
+}
+
+/* Answers the descriptor `ack_id` from `rank`: its send completes with this. */
+static void acknowledge(pt_transport *t, int rank, uint32_t ack_id, int32_t status)
+{
+    pthread_mutex_lock(&state_lock);
+    connection *c = peer_state_locked(t, rank) == PEER_ALIVE ? t->peers[rank].conn : NULL;
+    pthread_mutex_unlock(&state_lock);
+    if (!c || !c->ep) return; /* it failed or left: nobody waits for the answer */
+    direct_ack *a = malloc(sizeof *a);
+    if (!a) {
+        pt_warn("transport: no memory to answer rank %d's direct read; its send stays pending",
+                rank);
+        return;
+    }
+    *a = (direct_ack){.magic = DIRECT_ACK_MAGIC, .ack_id = ack_id, .status = status};
+    ucp_request_param_t param = {
+        .op_attr_mask =
+            UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_DATATYPE,
+        .cb.send = on_ack_sent,
+        .user_data = a,
+        .datatype = ucp_dt_make_contig(1),
+    };
+    ucs_status_ptr_t op = ucp_tag_send_nbx(
+        c->ep, a, sizeof *a, make_tag(KIND_INTERNAL, t->rank, PART_PAYLOAD, ack_id), &param);
+    if (op == NULL || UCS_PTR_IS_ERR(op)) free(a);
+}
+
+static int is_descriptor(const direct_descriptor *d, size_t length)
+{
+    return length == sizeof *d && d->magic == DIRECT_MAGIC;
+}
+
+/* The payload part was a descriptor: copy the payload out of the sender's memory. */
+static void read_directly(pt_request *r)
+{
+    pt_transport *t = r->t;
+    const direct_descriptor *d = &r->descriptor;
+    char what[96];
+    describe_request(r, what, sizeof what);
+    pthread_mutex_lock(&state_lock);
+    peer_state state = peer_state_locked(t, r->peer);
+    pid_t pid = state == PEER_ALIVE ? t->peers[r->peer].read_pid : 0;
+    pthread_mutex_unlock(&state_lock);
+    if (state != PEER_ALIVE) {
+        /* Its memory may be reused by now: nothing is read. */
+        fail_request(r, PIPERT_ERR_PEER,
+                     "%s: rank %d %s before its %llu-byte payload was read from its memory", what,
+                     r->peer, state == PEER_LEFT ? "left" : "failed",
+                     (unsigned long long)r->header.nbytes);
+        return;
+    }
+    if (pid <= 0 || d->nbytes != r->header.nbytes) {
+        acknowledge(t, r->peer, d->ack_id, ACK_FAILED);
+        if (pid <= 0)
+            fail_request(r, PIPERT_ERR_PEER,
+                         "%s: the payload came as a direct-read descriptor, but rank %d's memory "
+                         "is not readable from here",
+                         what, r->peer);
+        else
+            fail_request(r, PIPERT_ERR_PEER,
+                         "%s: nbytes: the header says %llu but the payload descriptor %llu", what,
+                         (unsigned long long)r->header.nbytes, (unsigned long long)d->nbytes);
+        return;
+    }
+    int error = read_remote(pid, r->buffer, d->address, d->nbytes);
+    acknowledge(t, r->peer, d->ack_id, error ? ACK_FAILED : ACK_READ);
+    if (error) {
+        fail_request(r, PIPERT_ERR_PEER,
+                     "%s: reading the %llu-byte payload from the memory of rank %d (pid %d): %s",
+                     what, (unsigned long long)d->nbytes, r->peer, (int)pid, strerror(error));
+        return;
+    }
+    finish_receive(r);
+}
+
 static void payload_arrived(pt_request *r, ucs_status_t status, const ucp_tag_recv_info_t *info)
 {
     if (r->type == REQUEST_DISCARD) {
+        if (status == UCS_OK && is_descriptor(&r->descriptor, info->length))
+            acknowledge(r->t, r->peer, r->descriptor.ack_id, ACK_REFUSED);
         complete_request(r);
         return;
     }
     if (receive_failed_status(r, status, "payload")) return;
+    /* A separate payload is longer than PT_TRANSPORT_INLINE_BYTES: a descriptor-sized one is a
+     * descriptor (or a lie, refused below as before). */
+    if (info->length == sizeof r->descriptor) {
+        memcpy(&r->descriptor, r->buffer, sizeof r->descriptor);
+        if (is_descriptor(&r->descriptor, info->length)) {
+            read_directly(r);
+            return;
+        }
+    }
     if (info->length != r->header.nbytes) {
         char what[96];
         describe_request(r, what, sizeof what);
@@ -1250,14 +1555,15 @@ static void post_receive(pt_transport *t, pt_request *r)
     recv_part(r, r->iov, inline_room ? 2 : 1, 1, PART_HEADER);
 }
 
-/* Fails every receive from `rank` that is still waiting in UCX. */
+/* Fails every receive from `rank` (every rank if < 0) that is still waiting in UCX. */
 static void cancel_receives_from(pt_transport *t, int rank, pipert_result code, const char *reason)
 {
     /* Cancelling may complete (and unlink) a request at once: step before it. */
     pt_request *next;
     for (pt_request *r = t->in_flight; r; r = next) {
         next = r->next;
-        if (r->type == REQUEST_SEND || (rank >= 0 && r->peer != rank) || !r->op) continue;
+        /* Receives, and direct sends waiting for their answer. */
+        if ((rank >= 0 && r->peer != rank) || !r->op) continue;
         r->cancel_result = code;
         snprintf(r->cancel_reason, sizeof r->cancel_reason, "%s", reason);
         ucp_request_cancel(t->worker, r->op);
@@ -1278,7 +1584,10 @@ static void run_command(pt_transport *t, command *c)
             post_receive(t, r);
         break;
     case COMMAND_CANCEL:
-        if (r->in_flight && r->op && r->type == REQUEST_RECV && !r->cancel_reason[0]) {
+        /* Only while its header has not matched: cancelling the payload part would leave the
+         * payload (or a descriptor whose sender waits for an answer) to match a later receive. */
+        if (r->in_flight && r->op && r->type == REQUEST_RECV && r->part == PART_HEADER &&
+            !r->cancel_reason[0]) {
             r->cancel_result = PIPERT_ERR_INTERRUPTED;
             snprintf(r->cancel_reason, sizeof r->cancel_reason, "cancelled");
             ucp_request_cancel(t->worker, r->op);
@@ -1301,26 +1610,39 @@ static void run_commands(pt_transport *t)
     }
 }
 
-/* One round: commands, UCX progress until it has nothing left, upkeep; then
- * sleeps on the worker's event fd and the wake fd for at most max_wait_ms. */
+/* Polls UCX for at most SPIN_US; 1 as soon as something happened (progress or a command). */
+static int poll_briefly(pt_transport *t)
+{
+    double until = pt_now_s() + SPIN_US * 1e-6;
+    do {
+        if (ucp_worker_progress(t->worker) || commands_queued(t)) return 1;
+    } while (pt_now_s() < until);
+    return 0;
+}
+
+/* One round: commands, UCX progress until it has nothing left, upkeep; then,
+ * with requests in flight, polls briefly (SPIN_US); then sleeps on the
+ * worker's event fd and the wake fd for at most max_wait_ms. */
 static void progress_round(pt_transport *t, int max_wait_ms)
 {
     run_commands(t);
     while (ucp_worker_progress(t->worker)) {
     }
     maintain_connections(t);
-    pthread_mutex_lock(&t->queue_lock);
-    int queued = t->queue_head != NULL;
-    pthread_mutex_unlock(&t->queue_lock);
-    if (queued) return;
-    ucs_status_t status = ucp_worker_arm(t->worker);
-    if (status == UCS_ERR_BUSY) return;
+    if (t->in_flight && poll_briefly(t)) return;
+    atomic_store(&t->in_epoll, 1);
+    ucs_status_t status = commands_queued(t) ? UCS_ERR_BUSY : ucp_worker_arm(t->worker);
+    if (status == UCS_ERR_BUSY) {
+        atomic_store(&t->in_epoll, 0);
+        return;
+    }
     if (status != UCS_OK) pt_warn("transport: ucp_worker_arm: %s", ucs_status_string(status));
     int wait_ms = next_deadline_ms(t);
     if (wait_ms > max_wait_ms) wait_ms = max_wait_ms;
     struct epoll_event events[2];
     ucx_lock_release(t);
     int n = epoll_wait(t->epoll_fd, events, 2, status == UCS_OK ? wait_ms : 1);
+    atomic_store(&t->in_epoll, 0);
     ucx_lock_acquire(t);
     for (int i = 0; i < n; i++) {
         if (events[i].data.fd == t->wake_fd) {
@@ -1435,6 +1757,58 @@ static pipert_result open_listener(pt_transport *t, const pt_transport_options *
     return PIPERT_OK;
 }
 
+/* /proc/sys/kernel/random/boot_id as 16 bytes (zeros if unreadable): same value, same kernel. */
+static void read_boot_id(uint8_t out[16])
+{
+    memset(out, 0, 16);
+    char text[64] = "";
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+    if (f) {
+        if (!fgets(text, sizeof text, f)) text[0] = '\0';
+        fclose(f);
+    }
+    int digits = 0;
+    for (const char *p = text; *p && digits < 32; p++) {
+        int value = *p >= '0' && *p <= '9'   ? *p - '0'
+                    : *p >= 'a' && *p <= 'f' ? *p - 'a' + 10
+                    : *p >= 'A' && *p <= 'F' ? *p - 'A' + 10
+                                             : -1;
+        if (value < 0) continue;
+        out[digits / 2] = (uint8_t)(out[digits / 2] << 4 | value);
+        digits++;
+    }
+}
+
+static int tls_item_is(const char *item, const char *name) { return !strcmp(item, name); }
+
+/* Direct reads stand in for UCX's cma transport: allowed where UCX_TLS allows cma. */
+static int tls_allows_direct_reads(void)
+{
+    const char *tls = getenv("UCX_TLS");
+    if (!tls || !tls[0]) return 1;
+    int excluding = tls[0] == '^';
+    char list[256];
+    snprintf(list, sizeof list, "%s", tls + excluding);
+    int named = 0;
+    char *save = NULL;
+    for (char *item = strtok_r(list, ",", &save); item; item = strtok_r(NULL, ",", &save))
+        named |= tls_item_is(item, "cma") || tls_item_is(item, "sm") ||
+                 tls_item_is(item, "shm") || (!excluding && tls_item_is(item, "all"));
+    return excluding ? !named : named;
+}
+
+static void init_direct_reads(pt_transport *t)
+{
+    t->direct_allowed = tls_allows_direct_reads();
+    read_boot_id(t->boot_id);
+    /* Only has to be unlikely to sit at that address by chance (another host's process). */
+    if (getrandom(&t->probe_word, sizeof t->probe_word, GRND_NONBLOCK) !=
+        (ssize_t)sizeof t->probe_word)
+        t->probe_word = (uint64_t)(pt_now_s() * 1e9) ^ ((uint64_t)getpid() << 32) ^
+                        (uint64_t)(uintptr_t)t;
+    t->probe_word |= 1;
+}
+
 static pipert_result open_ucx(pt_transport *t)
 {
     ucp_params_t params = {
@@ -1546,6 +1920,7 @@ pipert_result pt_transport_create(const pt_transport_options *options, pt_transp
     t->wake_fd = t->epoll_fd = -1;
     pthread_mutex_init(&t->queue_lock, NULL);
     pthread_mutex_init(&t->ucx_lock, NULL);
+    init_direct_reads(t);
     pipert_result rc = open_ucx(t);
     if (rc == PIPERT_OK) rc = open_listener(t, options);
     if (rc == PIPERT_OK && pthread_create(&t->thread, NULL, progress_main, t) != 0)
@@ -1716,9 +2091,10 @@ static pipert_result new_request(pt_transport *t, request_type type, int peer_ra
 }
 
 /* Posts on this thread when UCX is free (the progress thread sleeps), which
- * saves a thread hand-off: an eager send then completes before we return.
- * Commands already queued run first, so requests keep the order in which
- * they were made. Returns 0 if the caller must queue the request instead. */
+ * saves a thread hand-off: an eager send then completes before we return,
+ * and a receive waits without waking anyone. Commands already queued run
+ * first, so requests keep the order in which they were made. Returns 0 if
+ * the caller must queue the request instead. */
 static int post_directly(pt_transport *t, pt_request *r)
 {
     if (!ucx_lock_try(t)) return 0;
@@ -1734,12 +2110,13 @@ static int post_directly(pt_transport *t, pt_request *r)
         post_send(t, r);
     else
         post_receive(t, r);
-    pthread_mutex_lock(&state_lock);
-    int pending = r->state == REQUEST_PENDING;
-    pthread_mutex_unlock(&state_lock);
+    /* Leave the worker as the sleeping progress thread left it: progressed and armed, so that
+     * what comes next wakes it. Only if it cannot be armed (events wait) must it look now. */
+    while (ucp_worker_progress(t->worker)) {
+    }
+    int busy = ucp_worker_arm(t->worker) != UCS_OK;
     ucx_lock_release(t);
-    /* Whatever is left needs ucp_worker_progress: the progress thread's job. */
-    if (pending) wake_progress_thread(t);
+    if (busy) wake_progress_thread(t);
     return 1;
 }
 

@@ -143,7 +143,8 @@ Test(kernels, cpu_table_is_complete)
         (void (*)(void))k->gelu_forward, (void (*)(void))k->gelu_backward,
         (void (*)(void))k->residual_forward, (void (*)(void))k->crossentropy_forward,
         (void (*)(void))k->crossentropy_forward_backward, (void (*)(void))k->adam_update,
-        (void (*)(void))k->sum_squares, (void (*)(void))k->sum, (void (*)(void))k->scale,
+        (void (*)(void))k->adam_extrapolate, (void (*)(void))k->sum_squares,
+        (void (*)(void))k->sum, (void (*)(void))k->scale,
     };
     for (size_t i = 0; i < sizeof entries / sizeof entries[0]; i++)
         cr_expect(entries[i] != NULL, "entry %zu of the cpu table is NULL", i);
@@ -622,6 +623,78 @@ Test(kernels, adam_update_follows_its_formula)
         cr_expect(fabs(param[i] - expected) < 1e-5 * fabs(expected) + 1e-6,
                   "param[%zu]: %.7g, expected %.7g", i, param[i], expected);
     }
+}
+
+/* adam_extrapolate against its formula in double. beta1, beta2 and c_grad are
+ * NaN: the kernel must not read them. A few v are exactly 0, where d = ε. */
+Test(kernels, adam_extrapolate_follows_its_formula)
+{
+    const size_t n = 1001; /* odd, and more than one vector per thread */
+    float *param = random_floats(n, -1, 1);
+    float *m = random_floats(n, -0.1, 0.1), *v = random_floats(n, 0, 0.01);
+    for (size_t i = 0; i < n; i += 97) v[i] = 0.0f;
+    float *p0 = copy_floats(param, n), *m0 = copy_floats(m, n), *v0 = copy_floats(v, n);
+    float *out = zero_floats(n);
+    pt_adam_coeffs c = {.decay = 0.99f, .beta1 = NAN, .beta2 = NAN, .bias2 = 0.3f,
+                        .eps = 1e-3f, .c_grad = NAN, .c_mom = 0.02f};
+    const float all_steps[] = {0.0f, 1.0f, 2.5f};
+    for (int s = 0; s < 3; s++) {
+        const double steps = all_steps[s];
+        cpu()->adam_extrapolate(out, param, m, v, n, &c, (float)steps);
+        double largest_move = 0;
+        for (size_t i = 0; i < n; i++) {
+            double d = sqrt((double)v0[i] / 0.3) + 1e-3;
+            /* decay and c_mom as the floats the kernel holds */
+            double expected = p0[i] * (1 - steps * (1 - (double)c.decay)) -
+                              steps * (double)c.c_mom * m0[i] / d;
+            if (steps == 0)
+                cr_assert_eq(out[i], param[i], "steps 0, out[%zu] = %.9g, param %.9g", i,
+                             out[i], param[i]);
+            /* float against double: a few ulp of max(|θ|, |ŵ|, 1) */
+            cr_assert(fabs(out[i] - expected) < 4e-7 * fmax(1, fabs(expected)),
+                      "steps %.1f, out[%zu]: %.9g, expected %.9g (v = %g)", steps, i, out[i],
+                      expected, v0[i]);
+            largest_move = fmax(largest_move, fabs(expected - p0[i]));
+        }
+        if (steps > 0) cr_assert(largest_move > 0.1, "the test moves nothing: %g", largest_move);
+    }
+    for (size_t i = 0; i < n; i++)
+        cr_assert(param[i] == p0[i] && m[i] == m0[i] && v[i] == v0[i],
+                  "adam_extrapolate wrote into its inputs at %zu", i);
+
+    /* in place: out = param */
+    cpu()->adam_extrapolate(out, param, m, v, n, &c, 2.5f);
+    cpu()->adam_extrapolate(param, param, m, v, n, &c, 2.5f);
+    for (size_t i = 0; i < n; i++)
+        cr_assert_eq(param[i], out[i], "in place differs at %zu: %.9g vs %.9g", i, param[i],
+                     out[i]);
+    free(param), free(m), free(v), free(p0), free(m0), free(v0), free(out);
+}
+
+/* The property the prediction rests on: with c_grad = 0 (AdamW), adam_update
+ * moves θ to θ·decay − c_mom·m'/d' where m', v' are the moments it leaves
+ * behind, so one step of adam_extrapolate from the old θ along the NEW
+ * moments lands where adam_update did, for any gradient, β1 and β2. The two
+ * kernels round differently, hence a few ulp rather than equality. */
+Test(kernels, adam_extrapolate_one_step_repeats_an_adamw_update)
+{
+    const size_t n = 257;
+    float *param = random_floats(n, -1, 1), *grad = random_floats(n, -1, 1);
+    float *m = random_floats(n, -0.1, 0.1), *v = random_floats(n, 0, 0.01);
+    float *before = copy_floats(param, n), *out = zero_floats(n);
+    pt_adam_coeffs c = {.decay = 0.995f, .beta1 = 0.9f, .beta2 = 0.95f, .bias2 = 0.1426f,
+                        .eps = 1e-8f, .c_grad = 0.0f, .c_mom = 0.0369f};
+    cpu()->adam_update(param, grad, m, v, n, &c);
+    cpu()->adam_extrapolate(out, before, m, v, n, &c, 1.0f);
+    double largest_move = 0;
+    for (size_t i = 0; i < n; i++) {
+        cr_assert(fabs(out[i] - param[i]) < 4e-7,
+                  "[%zu]: one extrapolated step %.9g, adam_update %.9g (from %.9g)", i, out[i],
+                  param[i], before[i]);
+        largest_move = fmax(largest_move, fabs(param[i] - before[i]));
+    }
+    cr_assert(largest_move > 1e-3, "the update moved nothing: %g", largest_move);
+    free(param), free(grad), free(m), free(v), free(before), free(out);
 }
 
 Test(kernels, thread_count_does_not_change_results)

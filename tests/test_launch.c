@@ -710,14 +710,14 @@ Test(launch, three_replicas_equal_one_worker_with_three_times_the_batch)
     check_replicas_equal_one_large_batch(3);
 }
 
-Test(launch, stages_arrive_with_the_pipeline)
+/* An uneven explicit split is refused before any worker trains. */
+Test(launch, a_split_that_drops_blocks_is_refused)
 {
     char *dir = make_temp_dir();
-    run_result r = run_pipert("", "launch --stages 2 --replicas 1 --out %s", dir);
-    cr_expect_eq(r.status, 2);
-    cr_expect(strstr(r.err, "pipeline stages arrive with the pipeline engine; use --stages 1"),
-              "stderr: %s", r.err);
-    cr_expect_not(exists(dir, "logs"), "a refused job started anyway");
+    run_result r = run_pipert("", "launch --stages 2 --replicas 1 --out %s " SMALL_MODEL
+                                  " --plan.layers=1,0 --train.steps=3", dir);
+    cr_expect_neq(r.status, 0);
+    cr_expect(strstr(r.err, "plan.layers=1,0"), "stderr: %s", r.err);
     remove_dir(dir);
 }
 

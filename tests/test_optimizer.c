@@ -1,7 +1,8 @@
 /* The optimizers against ALGORITHMS.md §2 computed here in double, written as
  * plainly as the formulas read (bias-corrected moments for AdamW, the μ/Π
  * schedule for NAdamW), not through pt_adam_coeffs; plus hand-computed values,
- * the learning-rate schedule and gradient clipping. */
+ * the weight prediction of lookahead = predict, the learning-rate schedule
+ * and gradient clipping. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <string.h>
@@ -190,6 +191,147 @@ Test(optimizer, coefficients)
     cr_expect_float_eq(c.c_mom, 0.02 / (1 - 0.9 * 0.9 * 0.9), 1e-7);
     cr_expect_eq(c.c_grad, 0.0f);
     cr_expect_eq(pt_optimizer_coeffs(&s, 3, 1.0, 0.02, 0).decay, 1.0f, "no decay means 1");
+}
+
+/* ---- weight prediction (lookahead = predict) ------------------------------- */
+
+/* The prediction against ALGORITHMS.md §3 written out here in double from
+ * the optimizer's own m, v and t: ŵ = θ − τ·γ·u with, for AdamW, the current
+ * bias-corrected moments, u = m̂_t/(√v̂_t + ε) + λθ; for NAdamW, the update of
+ * step t+1 with g replaced by m̂_t (see optimizer.h). Float against double:
+ * 1e-6 on θ ~ 1. */
+
+#define PREDICT_LR 0.02
+
+static const double staleness[] = {0.0, 1.0, 2.5, 3.0};
+
+static double predicted_reference(const pt_optimizer *opt, const pt_optimizer_settings *s,
+                                  const float *params, int i, double tau)
+{
+    const double lr = PREDICT_LR, theta = params[i];
+    const long t = opt->t;
+    const double decay_term = decayed(i) ? lr * s->weight_decay * theta : 0.0;
+    if (t == 0) return theta - tau * decay_term;
+    double m_hat = opt->m[i] / (1 - pow(s->beta1, t));
+    double v_hat = opt->v[i] / (1 - pow(s->beta2, t));
+    double d = sqrt(v_hat) + s->eps;
+    if (s->kind == PT_OPTIMIZER_ADAMW) return theta - tau * (lr * m_hat / d + decay_term);
+    /* NAdamW: step t+1 with μ_{t+1}, μ_{t+2} and Π_{t+1}, recomputed here */
+    double product = 1;
+    for (long k = 1; k <= t + 1; k++) product *= s->beta1 * (1 - 0.5 * pow(0.96, k * s->psi));
+    double mu_next = s->beta1 * (1 - 0.5 * pow(0.96, (t + 1) * s->psi));
+    double mu_after = s->beta1 * (1 - 0.5 * pow(0.96, (t + 2) * s->psi));
+    double expected_m_next = s->beta1 * opt->m[i] + (1 - s->beta1) * m_hat;
+    double step = lr * (1 - mu_next) / (1 - product) * m_hat / d +
+                  lr * mu_after / (1 - product * mu_after) * expected_m_next / d;
+    return theta - tau * (step + decay_term);
+}
+
+/* `steps` optimizer steps on the test gradients, then every τ of staleness[]
+ * against the reference; returns the largest |ŵ − θ| seen. */
+static double check_prediction(const pt_optimizer_settings *s, long steps)
+{
+    pt_optimizer opt;
+    cr_assert_eq(pt_optimizer_init(&opt, s, pt_kernels_cpu(), N_PARAMS), PIPERT_OK);
+    float params[N_PARAMS], grads[N_PARAMS], out[N_PARAMS];
+    memcpy(params, initial_params, sizeof params);
+    for (long t = 1; t <= steps; t++) {
+        for (int i = 0; i < N_PARAMS; i++) grads[i] = gradient_at(t, i);
+        pt_optimizer_step(&opt, params, grads, regions, 2, lr_of_step(t));
+    }
+    float params_before[N_PARAMS], m_before[N_PARAMS];
+    memcpy(params_before, params, sizeof params);
+    memcpy(m_before, opt.m, sizeof m_before);
+
+    const char *name = pt_optimizer_kind_name(s->kind);
+    double largest_move = 0;
+    for (size_t k = 0; k < sizeof staleness / sizeof staleness[0]; k++) {
+        const double tau = staleness[k];
+        memset(out, 0xff, sizeof out); /* NaN: every element must be written */
+        cr_assert_eq(pt_optimizer_predict(&opt, out, params, regions, 2, PREDICT_LR, tau),
+                     PIPERT_OK, "%s", pipert_last_error());
+        for (int i = 0; i < N_PARAMS; i++) {
+            double expected = predicted_reference(&opt, s, params, i, tau);
+            if (tau == 0)
+                cr_assert_eq(out[i], params[i],
+                             "%s after %ld steps, τ = 0: ŵ[%d] = %.9g, θ %.9g", name, steps, i,
+                             out[i], params[i]);
+            cr_assert(fabs(out[i] - expected) < 1e-6,
+                      "%s after %ld steps, τ = %g, ŵ[%d] (%s): %.9f, reference %.9f", name, steps,
+                      tau, i, decayed(i) ? "decayed" : "not decayed", out[i], expected);
+            largest_move = fmax(largest_move, fabs(expected - params[i]));
+        }
+    }
+    cr_assert(!memcmp(params, params_before, sizeof params) &&
+                  !memcmp(opt.m, m_before, sizeof m_before) && opt.t == steps,
+              "%s: predict changed the parameters or the optimizer", name);
+    pt_optimizer_free(&opt);
+    return largest_move;
+}
+
+Test(optimizer, predict_adamw_is_theta_minus_tau_lr_current_direction)
+{
+    pt_optimizer_settings s = {PT_OPTIMIZER_ADAMW, 0.9, 0.95, 1e-8, 0.1, PT_NADAM_PSI};
+    /* after one step the bias corrections of t and t+1 differ by a quarter of
+     * the step, so using the wrong t cannot hide under 1e-6 */
+    for (long steps = 1; steps <= 4; steps += 3)
+        cr_expect(check_prediction(&s, steps) > 0.02, "the prediction moved too little to test");
+    pt_optimizer_settings no_decay = {PT_OPTIMIZER_ADAMW, 0.8, 0.99, 1e-3, 0.0, PT_NADAM_PSI};
+    check_prediction(&no_decay, 3);
+}
+
+Test(optimizer, predict_nadamw_is_the_expected_next_update)
+{
+    pt_optimizer_settings s = {PT_OPTIMIZER_NADAMW, 0.99, 0.999, 1e-8, 0.01, PT_NADAM_PSI};
+    cr_expect(check_prediction(&s, 5) > 0.02, "the prediction moved too little to test");
+    /* a large ψ keeps μ_{t+1} and μ_{t+2} far apart */
+    pt_optimizer_settings fast_mu = {PT_OPTIMIZER_NADAMW, 0.9, 0.95, 1e-8, 0.1, 0.5};
+    check_prediction(&fast_mu, 1);
+    check_prediction(&fast_mu, 4);
+}
+
+Test(optimizer, predict_before_the_first_step_is_the_decay_alone)
+{
+    /* t = 0: ŵ = θ·(1 − τγλ) on decayed regions, θ on the others */
+    pt_optimizer_settings s = {PT_OPTIMIZER_ADAMW, 0.9, 0.95, 1e-8, 0.1, PT_NADAM_PSI};
+    check_prediction(&s, 0);
+    pt_optimizer_settings n = {PT_OPTIMIZER_NADAMW, 0.99, 0.999, 1e-8, 0.01, PT_NADAM_PSI};
+    check_prediction(&n, 0);
+    /* by hand: θ = 0.5, τ = 2, γ = 0.01, λ = 0.1 → 0.5·(1 − 0.002) = 0.499 */
+    pt_optimizer opt;
+    cr_assert_eq(pt_optimizer_init(&opt, &s, pt_kernels_cpu(), 2), PIPERT_OK);
+    float theta[2] = {0.5f, 0.5f}, out[2];
+    pt_param_region two[2] = {{0, 1, 1}, {1, 1, 0}};
+    cr_assert_eq(pt_optimizer_predict(&opt, out, theta, two, 2, 0.01, 2.0), PIPERT_OK);
+    cr_expect_float_eq(out[0], 0.499f, 1e-7, "decayed: %.9g", out[0]);
+    cr_expect_eq(out[1], 0.5f, "not decayed: %.9g", out[1]);
+    pt_optimizer_free(&opt);
+}
+
+Test(optimizer, predict_refuses_a_missing_kernel_and_bad_staleness)
+{
+    pt_optimizer_settings s = {PT_OPTIMIZER_ADAMW, 0.9, 0.95, 1e-8, 0.1, PT_NADAM_PSI};
+    pt_optimizer opt;
+    cr_assert_eq(pt_optimizer_init(&opt, &s, pt_kernels_cpu(), N_PARAMS), PIPERT_OK);
+    float out[N_PARAMS] = {0};
+    cr_expect_eq(pt_optimizer_predict(&opt, out, initial_params, regions, 2, 0.01, -1.0),
+                 PIPERT_ERR_INVALID_ARG);
+    cr_expect(strstr(pipert_last_error(), "staleness") != NULL, "message: %s",
+              pipert_last_error());
+    cr_expect_eq(pt_optimizer_predict(&opt, out, initial_params, regions, 2, 0.01, NAN),
+                 PIPERT_ERR_INVALID_ARG);
+
+    /* adam_extrapolate is optional in a backend (cuda has none yet) */
+    pt_kernels without = *pt_kernels_cpu();
+    without.adam_extrapolate = NULL;
+    opt.kernels = &without;
+    cr_expect_eq(pt_optimizer_predict(&opt, out, initial_params, regions, 2, 0.01, 1.0),
+                 PIPERT_ERR_UNSUPPORTED);
+    cr_expect(strstr(pipert_last_error(), "adam_extrapolate") != NULL, "message: %s",
+              pipert_last_error());
+    for (int i = 0; i < N_PARAMS; i++) cr_expect_eq(out[i], 0.0f, "out[%d] was written", i);
+    opt.kernels = pt_kernels_cpu();
+    pt_optimizer_free(&opt);
 }
 
 /* ---- settings --------------------------------------------------------------- */

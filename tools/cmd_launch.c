@@ -42,6 +42,7 @@
 #include "runtime/log.h"
 #include "runtime/metrics.h"
 #include "runtime/topology.h"
+#include "runtime/trace.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
 
@@ -450,6 +451,20 @@ static void report_rank_failure(job *j, const worker_process *w)
     print_log_tail(w->log_path);
 }
 
+/* Pipeline workers leave DIR/trace-rank-N.json: one timeline, DIR/trace.json. */
+static void merge_traces(const job *j)
+{
+    char pattern[PATH_MAX], out[PATH_MAX];
+    snprintf(pattern, sizeof pattern, "%s/trace-rank-0.json", j->out_dir);
+    if (access(pattern, F_OK) != 0) return;
+    snprintf(out, sizeof out, "%s/trace.json", j->out_dir);
+    int ranks = 0;
+    if (pt_trace_merge(j->out_dir, out, &ranks) != PIPERT_OK)
+        pt_warn("trace not merged: %s", pipert_last_error());
+    else if (!j->quiet)
+        printf("pipert launch: trace of %d ranks in %s (open in ui.perfetto.dev)\n", ranks, out);
+}
+
 /* Prints the outcome; returns the exit status. */
 static int report(job *j)
 {
@@ -473,6 +488,7 @@ static int report(job *j)
         failures++;
     }
     if (failures == 0 && status.phase == PT_JOB_FINISHED) {
+        merge_traces(j);
         if (!j->quiet)
             printf("pipert launch: done: %d worker%s, %ld steps, loss %.4f%s; metrics in "
                    "%s/metrics.jsonl, logs in %s/logs\n",
@@ -555,7 +571,7 @@ int pt_cmd_launch(int argc, char **argv)
     const char *out_dir = NULL, *stages = "1", *replicas = "1", *grace = "5";
     bool quiet = false;
     const pt_cli_flag flags[] = {
-        {"--stages", "S", "pipeline stages per replica (1 until the pipeline engine lands)",
+        {"--stages", "S", "pipeline stages per replica (blocks split by plan.layers or balanced)",
          &stages, NULL},
         {"--replicas", "R", "data-parallel replicas (default 1)", &replicas, NULL},
         {"--out", "DIR", "job directory: logs/rank-N.log, metrics.jsonl, checkpoints "
@@ -590,11 +606,6 @@ int pt_cmd_launch(int argc, char **argv)
         fprintf(stderr, "pipert launch: --stages and --replicas take positive integers (at most "
                         "%d workers), --grace a number of seconds\n",
                 PT_MAX_WORLD);
-        return 2;
-    }
-    if (j.stages > 1) {
-        fprintf(stderr, "pipert launch: pipeline stages arrive with the pipeline engine; use "
-                        "--stages 1\n");
         return 2;
     }
     j.world = j.stages * j.replicas;

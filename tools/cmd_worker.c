@@ -29,7 +29,10 @@
 #include "runtime/fileio.h"
 #include "runtime/log.h"
 #include "runtime/metrics.h"
+#include "pipeline/executor.h"
+#include "pipeline/plan.h"
 #include "runtime/topology.h"
+#include "runtime/trace.h"
 #include "runtime/transport.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
@@ -65,6 +68,13 @@ typedef struct worker {
     const pt_peer_table *peers;
     pt_transport *transport;      /* UCX data plane */
     pt_group *replica_group;      /* the replicas of this stage (R > 1) */
+    pt_group *stage_group;        /* the stages of this replica (S > 1) */
+    pt_stage_executor *executor;  /* S > 1: the pipeline stage */
+    pt_trace *trace;
+    const pipert_config *config;
+    pt_metrics stage_metrics;     /* S > 1, replica 0: this stage's staleness and bubble */
+    double window_started;        /* tokens/s over the logging window */
+    long window_steps;
     pt_trainer *trainer;
     pt_metrics metrics;
     pt_progress progress;
@@ -161,28 +171,50 @@ static pipert_result wait_for_peers(worker *w)
     }
 }
 
-/* Connects the data plane to the other replicas of this stage (each rank
- * dials the lower ranks and waits for the higher ones) and forms their group. */
-static pipert_result connect_replicas(worker *w)
+/* rank of (stage, replica): rank = replica·S + stage (runtime/bootstrap.h) */
+static int rank_of(const worker *w, int stage, int replica) { return replica * w->stages + stage; }
+
+/* Connects the data plane to every rank this one exchanges tensors with: the
+ * other stages of its replica (pipeline) and the other replicas of its stage
+ * (data parallelism). Each pair connects once: the higher rank dials. */
+static pipert_result connect_peers(worker *w)
 {
-    if (w->replicas == 1) return PIPERT_OK;
-    int *ranks = calloc((size_t)w->replicas, sizeof *ranks);
-    if (!ranks) return pt_fail(PIPERT_ERR_NOMEM, "replica group: out of memory");
+    const int me = w->boot.rank;
     pipert_result rc = PIPERT_OK;
-    for (int r = 0; r < w->replicas && rc == PIPERT_OK; r++) {
-        int peer = ranks[r] = w->stage + r * w->stages;
-        if (peer < w->boot.rank)
-            rc = pt_transport_connect(w->transport, peer, w->peers->peers[peer].address);
-    }
-    for (int r = 0; r < w->replicas && rc == PIPERT_OK; r++)
-        if (ranks[r] != w->boot.rank)
-            rc = pt_transport_wait_peer(w->transport, ranks[r], CONNECT_TIMEOUT_S);
+    for (int pass = 0; pass < 2 && rc == PIPERT_OK; pass++) /* dial lower ranks, then wait for higher */
+        for (int i = 0; i < w->stages + w->replicas && rc == PIPERT_OK; i++) {
+            int peer = i < w->stages ? rank_of(w, i, w->replica) : rank_of(w, w->stage, i - w->stages);
+            if (peer == me || (i >= w->stages && i - w->stages == w->replica)) continue;
+            if (pass == 0 && peer < me)
+                rc = pt_transport_connect(w->transport, peer, w->peers->peers[peer].address);
+            else if (pass == 1 && peer > me)
+                rc = pt_transport_wait_peer(w->transport, peer, CONNECT_TIMEOUT_S);
+        }
+    return rc;
+}
+
+/* A group of `n` ranks: stage·… along one axis of the (stage, replica) grid. */
+static pipert_result make_group(worker *w, bool along_stages, uint32_t id, pt_group **out)
+{
+    const int n = along_stages ? w->stages : w->replicas;
+    if (n == 1) return PIPERT_OK;
+    int *ranks = calloc((size_t)n, sizeof *ranks);
+    if (!ranks) return pt_fail(PIPERT_ERR_NOMEM, "group: out of memory");
+    for (int i = 0; i < n; i++)
+        ranks[i] = along_stages ? rank_of(w, i, w->replica) : rank_of(w, w->stage, i);
     pt_group_options options = PT_GROUP_OPTIONS_INIT;
-    options.id = (uint32_t)w->stage;
-    if (rc == PIPERT_OK)
-        rc = pt_group_create(w->transport, ranks, w->replicas, &options, &w->replica_group);
+    options.id = id;
+    pipert_result rc = pt_group_create(w->transport, ranks, n, &options, out);
     free(ranks);
     return rc;
+}
+
+static pipert_result connect_groups(worker *w)
+{
+    PT_TRY(connect_peers(w));
+    /* group ids: replica groups 0..S−1 (one per stage), stage groups S.. */
+    PT_TRY(make_group(w, false, (uint32_t)w->stage, &w->replica_group));
+    return make_group(w, true, (uint32_t)(w->stages + w->replica), &w->stage_group);
 }
 
 static pipert_result join_job(worker *w)
@@ -208,7 +240,7 @@ static pipert_result join_job(worker *w)
     for (int r = 0; r < w->peers->world; r++)
         pt_debug("peer rank %d: host %s, pid %d, data plane %s", r, w->peers->peers[r].host,
                  w->peers->peers[r].pid, w->peers->peers[r].address);
-    return connect_replicas(w);
+    return connect_groups(w);
 }
 
 static pipert_result build_trainer(worker *w, const pipert_config *cfg)
@@ -310,6 +342,148 @@ static pipert_result train(worker *w)
     return PIPERT_OK;
 }
 
+/* ---- the pipeline (S > 1) ----------------------------------------------------- */
+
+static bool pipeline_should_stop(void *context)
+{
+    const worker *w = context;
+    return stop_signal || pt_coord_client_aborted(w->client);
+}
+
+static pipert_result stage_plan(const worker *w, const pipert_config *cfg, int *first, int *last)
+{
+    const pt_model_settings *m = &cfg->model;
+    pt_gpt_config model = {m->n_layer, m->n_embd, m->n_head, m->block_size, m->vocab_size,
+                           m->tie_weights};
+    pt_stage_plan plan;
+    if (cfg->plan.layers[0]) PT_TRY(pt_plan_parse(cfg->plan.layers, m->n_layer, w->stages, &plan));
+    else PT_TRY(pt_plan_balanced(&model, m->block_size, w->stages, &plan));
+    *first = plan.bounds[w->stage];
+    *last = plan.bounds[w->stage + 1];
+    return PIPERT_OK;
+}
+
+static bool is_last_stage(const worker *w) { return w->stage == w->stages - 1; }
+
+/* Replica 0's stages write DIR/metrics-stage-N.jsonl: staleness, bubble. */
+static pipert_result write_stage_metrics(worker *w, const pt_pipeline_step *p)
+{
+    json_t *line = json_pack("{s:I, s:i, s:f, s:f, s:f, s:f}", "step", (json_int_t)p->step, "stage",
+                             w->stage, "staleness", p->staleness, "bubble",
+                             pt_trace_bubble_fraction(w->trace), "grad_norm", p->grad_norm,
+                             "ms_per_step", 1e3 * p->seconds);
+    return pt_metrics_write(&w->stage_metrics, line);
+}
+
+static pipert_result write_step_metrics(worker *w, const pt_pipeline_step *p, double tokens_per_s)
+{
+    json_t *line = json_pack("{s:I, s:f, s:f, s:f, s:f, s:f, s:f}", "step", (json_int_t)p->step,
+                             "loss", (double)p->loss, "lr", p->lr, "grad_norm", p->grad_norm,
+                             "tokens_per_s", tokens_per_s, "ms_per_step", 1e3 * p->seconds,
+                             "staleness", p->staleness);
+    return pt_metrics_write(&w->metrics, line);
+}
+
+static pipert_result validate_pipeline(worker *w, long step)
+{
+    float val_loss;
+    PT_TRY(pt_stage_executor_validate(w->executor, &val_loss));
+    if (!w->writes_outputs) return PIPERT_OK;
+    pt_progress_print(&w->progress, "step %ld | val_loss %.4f", step, (double)val_loss);
+    pt_rank_progress p = {step, w->config->train.steps, NAN, 0, val_loss};
+    PT_TRY(pt_coord_client_send_progress(w->client, &p));
+    PT_TRY(pt_metrics_write(&w->metrics, json_pack("{s:I, s:f}", "step", (json_int_t)step,
+                                                   "val_loss", (double)val_loss)));
+    return PIPERT_OK;
+}
+
+/* After every optimizer step of this stage. */
+static pipert_result on_pipeline_step(pt_stage_executor *ex, const pt_pipeline_step *p, void *context)
+{
+    worker *w = context;
+    (void)ex;
+    test_hook_die_at_step(w, p->step);
+    PT_TRY(pt_coord_client_check(w->client));
+    const pt_train_settings *ts = &w->config->train;
+    const bool last = p->step == p->total_steps, log_now = every(p->step, ts->log_every) || last;
+    w->window_steps++;
+    const double tokens_per_s = p->tokens * w->window_steps / (pt_now_s() - w->window_started);
+    /* loss and tokens/s come from the last stage; the others report progress only */
+    pt_rank_progress progress = {p->step, p->total_steps, is_last_stage(w) ? p->loss : NAN,
+                                 is_last_stage(w) ? tokens_per_s : 0, NAN};
+    if (log_now) {
+        PT_TRY(pt_coord_client_send_progress(w->client, &progress));
+        if (w->replica == 0) PT_TRY(write_stage_metrics(w, p));
+        if (w->writes_outputs) {
+            PT_TRY(write_step_metrics(w, p, tokens_per_s));
+            char text[192];
+            snprintf(text, sizeof text, "step %ld/%ld | loss %.4f | lr %.2e | %.0f tok/s | staleness %.2f",
+                     p->step, p->total_steps, (double)p->loss, p->lr, tokens_per_s, p->staleness);
+            pt_progress_update(&w->progress, text, true);
+        }
+        log_job_progress(w);
+        w->window_started = pt_now_s();
+        w->window_steps = 0;
+    }
+    /* Flush schedules end every step drained, every stage at the same step:
+     * validation can run through the pipeline there. */
+    if (strcmp(w->config->pipeline.schedule, "async-1f1b") && every(p->step, ts->val_every) && !last)
+        PT_TRY(validate_pipeline(w, p->step));
+    return PIPERT_OK;
+}
+
+static pipert_result open_pipeline_outputs(worker *w)
+{
+    char path[PT_CONFIG_STRING_MAX + 48];
+    PT_TRY(pt_make_dirs(w->out_dir));
+    if (w->replica == 0) {
+        snprintf(path, sizeof path, "%s/metrics-stage-%d.jsonl", w->out_dir, w->stage);
+        PT_TRY(pt_metrics_open(&w->stage_metrics, path, -1));
+    }
+    if (!w->writes_outputs) return PIPERT_OK;
+    snprintf(path, sizeof path, "%s/metrics.jsonl", w->out_dir);
+    return pt_metrics_open(&w->metrics, path, -1);
+}
+
+static pipert_result compute_threads(const pipert_config *cfg, int *threads)
+{
+    if (cfg->runtime.threads > 0) {
+        *threads = cfg->runtime.threads;
+        return PIPERT_OK;
+    }
+    pt_topology *topology;
+    PT_TRY(pt_topology_load(&topology)); /* after binding: this worker's cores */
+    *threads = pt_topology_cores(topology);
+    pt_topology_free(topology);
+    return PIPERT_OK;
+}
+
+static pipert_result run_pipeline(worker *w, const pipert_config *cfg)
+{
+    pt_stage_executor_options o = {.config = cfg, .stage = w->stage, .stages = w->stages,
+                                   .replica = w->replica, .replicas = w->replicas,
+                                   .transport = w->transport, .stage_group = w->stage_group,
+                                   .replica_group = w->replica_group,
+                                   .should_stop = pipeline_should_stop,
+                                   .on_step = on_pipeline_step, .context = w};
+    o.prev_rank = w->stage > 0 ? rank_of(w, w->stage - 1, w->replica) : -1;
+    o.next_rank = is_last_stage(w) ? -1 : rank_of(w, w->stage + 1, w->replica);
+    PT_TRY(stage_plan(w, cfg, &o.first_layer, &o.last_layer));
+    PT_TRY(compute_threads(cfg, &o.threads));
+    if (cfg->pipeline.trace)
+        PT_TRY(pt_trace_create(&w->trace, w->boot.rank, w->stage, w->replica, 1 << 17));
+    o.trace = w->trace;
+    PT_TRY(open_pipeline_outputs(w));
+    PT_TRY(pt_stage_executor_create(&w->executor, &o));
+    pt_info("%s", pt_stage_executor_describe(w->executor));
+    w->window_started = pt_now_s();
+    PT_TRY(pt_stage_executor_run(w->executor));
+    PT_TRY(validate_pipeline(w, cfg->train.steps));
+    pt_progress_finish(&w->progress);
+    if (w->trace) PT_TRY(pt_trace_write_rank_file(w->trace, w->out_dir));
+    return PIPERT_OK;
+}
+
 /* After this rank's last step: say done; the rank hosting the coordinator
  * keeps it serving until every rank is done or the job aborted. */
 static pipert_result finish(worker *w)
@@ -338,22 +512,33 @@ static pipert_result run_worker(worker *w, const pipert_config *cfg)
     pt_log_set_rank(w->boot.rank);
     PT_TRY(pt_rank_layout(w->boot.rank, w->boot.world_size, w->stages, &w->stage, &w->replica));
     w->replicas = w->boot.world_size / w->stages;
-    w->writes_outputs = w->boot.rank == 0;
+    w->config = cfg;
+    /* metrics.jsonl, validation and checkpoints: the rank that has the loss
+     * (the last stage of replica 0) */
+    w->writes_outputs = w->replica == 0 && w->stage == w->stages - 1;
     PT_TRY(bind_cores(w));
     pt_info("rank %d of %d (stage %d, replica %d) under %s; coordinator %s:%d%s", w->boot.rank,
             w->boot.world_size, w->stage, w->replica, pt_launcher_name(w->boot.launcher),
             w->boot.coord_host, w->boot.coord_port, w->boot.hosts_coordinator ? " (here)" : "");
     PT_TRY(join_job(w));
-    PT_TRY(build_trainer(w, cfg));
-    PT_TRY(train(w));
+    if (w->stages > 1) {
+        PT_TRY(run_pipeline(w, cfg));
+    } else {
+        PT_TRY(build_trainer(w, cfg));
+        PT_TRY(train(w));
+    }
     return finish(w);
 }
 
 static void free_worker(worker *w)
 {
     pt_metrics_close(&w->metrics);
+    pt_metrics_close(&w->stage_metrics);
     pt_trainer_free(w->trainer);
+    pt_stage_executor_free(w->executor);
+    pt_trace_free(w->trace);
     pt_group_destroy(w->replica_group);
+    pt_group_destroy(w->stage_group);
     pt_transport_destroy(w->transport);
     pt_coord_client_close(w->client);
     pt_coordinator_free(w->coordinator);
@@ -382,7 +567,7 @@ int pt_cmd_worker(int argc, char **argv)
     const pt_cli_flag flags[] = {
         {"--out", "DIR", "the job's directory: rank 0 writes metrics.jsonl and checkpoints here "
                          "(required)", &out_dir, NULL},
-        {"--stages", "S", "pipeline stages (1 until the pipeline engine lands)", &stages, NULL},
+        {"--stages", "S", "pipeline stages (the replicas are the world size / S)", &stages, NULL},
         {"--quiet", NULL, "no progress lines", NULL, &quiet},
     };
     const pt_cli cli = {"worker", "[--config FILE] [--section.key=value ...] --out DIR",
@@ -406,12 +591,6 @@ int pt_cmd_worker(int argc, char **argv)
                                                         : "--stages must be a positive integer");
         return 2;
     }
-    if (w.stages > 1) {
-        pipert_config_free(cfg);
-        fprintf(stderr, "pipert worker: pipeline stages arrive with the pipeline engine; use "
-                        "--stages 1\n");
-        return 2;
-    }
     struct sigaction action = {.sa_handler = request_stop};
     sigaction(SIGINT, &action, NULL);
     sigaction(SIGTERM, &action, NULL);
@@ -419,9 +598,11 @@ int pt_cmd_worker(int argc, char **argv)
 
     pipert_result rc = run_worker(&w, cfg);
     int status = rc == PIPERT_OK ? 0 : report_failure(&w, rc);
-    if (rc == PIPERT_OK && !quiet)
+    if (rc == PIPERT_OK && !quiet && w.trainer)
         printf("rank %d done: %ld steps, final loss %.4f\n", w.boot.rank, w.trainer->step,
                (double)w.last_loss);
+    else if (rc == PIPERT_OK && !quiet)
+        printf("rank %d done: %ld steps\n", w.boot.rank, cfg->train.steps);
     free_worker(&w);
     pipert_config_free(cfg);
     return status;

@@ -1,7 +1,9 @@
 /* AdamW and NAdamW (ALGORITHMS.md §2). Each step folds the learning rate, the
  * bias corrections and the NAdam momentum schedule into one pt_adam_coeffs per
  * kind of region (decayed or not), computed in double, and the backend's
- * adam_update kernel applies it element by element. */
+ * adam_update kernel applies it element by element. The weight prediction of
+ * lookahead = predict (§3) folds its coefficients the same way for the
+ * adam_extrapolate kernel. */
 #include "train/optimizer.h"
 
 #include <math.h>
@@ -86,27 +88,42 @@ double pt_nadam_mu(const pt_optimizer_settings *s, long t)
     return s->beta1 * (1.0 - 0.5 * pow(0.96, (double)t * s->psi));
 }
 
+/* The step-size coefficients of step t (1-based) in double, before anything
+ * is rounded to float: θ −= c_grad·g/d + c_mom·m/d. mu_product_prev = Π_{t−1}. */
+static void step_coefficients(const pt_optimizer_settings *s, long t, double mu_product_prev,
+                              double lr, double *c_grad, double *c_mom)
+{
+    if (s->kind == PT_OPTIMIZER_ADAMW) {
+        /* θ −= γ·m̂/d with m̂ = m/(1−β1ᵗ): all of it on the momentum term */
+        *c_grad = 0.0;
+        *c_mom = lr / (1.0 - pow(s->beta1, (double)t));
+    } else {
+        double mu = pt_nadam_mu(s, t), mu_next = pt_nadam_mu(s, t + 1);
+        double mu_product = mu_product_prev * mu; /* Π_t */
+        *c_grad = lr * (1.0 - mu) / (1.0 - mu_product);
+        *c_mom = lr * mu_next / (1.0 - mu_product * mu_next);
+    }
+}
+
+static float decay_factor(const pt_optimizer_settings *s, double lr, int decay)
+{
+    return (float)(decay ? 1.0 - lr * s->weight_decay : 1.0);
+}
+
 pt_adam_coeffs pt_optimizer_coeffs(const pt_optimizer_settings *s, long t, double mu_product_prev,
                                    double lr, int decay)
 {
-    pt_adam_coeffs c = {
-        .decay = (float)(decay ? 1.0 - lr * s->weight_decay : 1.0),
+    double c_grad, c_mom;
+    step_coefficients(s, t, mu_product_prev, lr, &c_grad, &c_mom);
+    return (pt_adam_coeffs){
+        .decay = decay_factor(s, lr, decay),
         .beta1 = (float)s->beta1,
         .beta2 = (float)s->beta2,
         .bias2 = (float)(1.0 - pow(s->beta2, (double)t)),
         .eps = (float)s->eps,
+        .c_grad = (float)c_grad,
+        .c_mom = (float)c_mom,
     };
-    if (s->kind == PT_OPTIMIZER_ADAMW) {
-        /* θ −= γ·m̂/d with m̂ = m/(1−β1ᵗ): all of it on the momentum term */
-        c.c_grad = 0.0f;
-        c.c_mom = (float)(lr / (1.0 - pow(s->beta1, (double)t)));
-    } else {
-        double mu = pt_nadam_mu(s, t), mu_next = pt_nadam_mu(s, t + 1);
-        double mu_product = mu_product_prev * mu; /* Π_t */
-        c.c_grad = (float)(lr * (1.0 - mu) / (1.0 - mu_product));
-        c.c_mom = (float)(lr * mu_next / (1.0 - mu_product * mu_next));
-    }
-    return c;
 }
 
 void pt_optimizer_step(pt_optimizer *opt, float *params, const float *grads,
@@ -123,6 +140,59 @@ void pt_optimizer_step(pt_optimizer *opt, float *params, const float *grads,
                                   opt->v + r->offset, r->numel, r->decay ? &decayed : &plain);
     }
     if (s->kind == PT_OPTIMIZER_NADAMW) opt->mu_product *= pt_nadam_mu(s, opt->t);
+}
+
+/* The coefficients of the prediction for one kind of region, as the
+ * adam_extrapolate kernel reads them: decay and c_mom per step, bias2 and ε
+ * for d. The reasoning is in optimizer.h; in short, the expected update of
+ * step t+1 with the unknown g_{t+1} replaced by m̂_t = m_t/(1−β1ᵗ) (and g² by
+ * v̂_t) is k·m_t/d̂_t with
+ *   m_{t+1} → β1·m_t + (1−β1)·m̂_t = m_t·(1 − β1^{t+1})/(1 − β1ᵗ)
+ *   k = (c_grad + c_mom·(1 − β1^{t+1})) / (1 − β1ᵗ)    (step t+1's c_grad, c_mom)
+ *   v_{t+1}/(1−β2^{t+1}) → v̂_t, so d̂_t = √(v_t/(1−β2ᵗ)) + ε.
+ * AdamW: c_grad = 0, c_mom = γ/(1−β1^{t+1}), so k = γ/(1−β1ᵗ) and u = m̂_t/d̂_t.
+ * NAdamW: k → γ(1−μ) + γμ = γ once Π is small. */
+static pt_adam_coeffs prediction_coeffs(const pt_optimizer *opt, double lr, int decay)
+{
+    const pt_optimizer_settings *s = &opt->settings;
+    pt_adam_coeffs c = {.decay = decay_factor(s, lr, decay), .eps = (float)s->eps};
+    if (opt->t == 0) {
+        /* m = v = 0 and no estimate of the gradient yet: the decay alone */
+        c.bias2 = 1.0f;
+        c.c_mom = 0.0f;
+        return c;
+    }
+    const long t = opt->t;
+    double c_grad, c_mom; /* of step t+1, after Π_t = opt->mu_product */
+    step_coefficients(s, t + 1, opt->mu_product, lr, &c_grad, &c_mom);
+    const double bias1 = 1.0 - pow(s->beta1, (double)t);
+    const double bias1_next = 1.0 - pow(s->beta1, (double)(t + 1));
+    c.bias2 = (float)(1.0 - pow(s->beta2, (double)t));
+    c.c_mom = (float)((c_grad + c_mom * bias1_next) / bias1);
+    return c;
+}
+
+pipert_result pt_optimizer_predict(const pt_optimizer *opt, float *out, const float *params,
+                                   const pt_param_region *regions, int n_regions, double lr,
+                                   double steps)
+{
+    const pt_kernels *k = opt->kernels;
+    if (!k->adam_extrapolate)
+        return pt_fail(PIPERT_ERR_UNSUPPORTED,
+                       "lookahead predict: the %s kernels have no adam_extrapolate", k->name);
+    if (!(steps >= 0 && isfinite(steps)))
+        return pt_fail(PIPERT_ERR_INVALID_ARG,
+                       "lookahead predict: staleness %g must be finite and >= 0", steps);
+    const pt_adam_coeffs decayed = prediction_coeffs(opt, lr, 1);
+    const pt_adam_coeffs plain = prediction_coeffs(opt, lr, 0);
+    for (int i = 0; i < n_regions; i++) {
+        const pt_param_region *r = &regions[i];
+        if (r->numel == 0) continue;
+        k->adam_extrapolate(out + r->offset, params + r->offset, opt->m + r->offset,
+                            opt->v + r->offset, r->numel, r->decay ? &decayed : &plain,
+                            (float)steps);
+    }
+    return PIPERT_OK;
 }
 
 double pt_lr_at(long step, long total, double lr, long warmup, double min_ratio)

@@ -5,6 +5,10 @@
  * Naive reading, per element:
  *   m ← β1·m + (1−β1)·g;  v ← β2·v + (1−β2)·g²;  d = √(v/bias2) + ε
  *   θ ← θ·decay − c_grad·g/d − c_mom·m/d
+ *
+ * And the weight prediction of lookahead = predict, with the same
+ * coefficients, the moments only read and no gradient:
+ *   out = θ·(1 − steps·(1 − decay)) − steps·c_mom·m/d
  */
 #include <math.h>
 
@@ -25,5 +29,24 @@ void pt_cpu_adam_update(float *param, const float *grad, float *m, float *v, siz
         param[i] = param[i] * c.decay - (c.c_grad * g + c.c_mom * mi) / d;
         m[i] = mi;
         v[i] = vi;
+    }
+}
+
+void pt_cpu_adam_extrapolate(float *out, const float *param, const float *m, const float *v,
+                             size_t n, const pt_adam_coeffs *coeffs, float steps)
+{
+    /* out[n], param[n], m[n], v[n] */
+    const pt_adam_coeffs c = *coeffs;
+    const float inv_bias2 = 1.0f / c.bias2;
+    /* 1 − decay is exact in float (Sterbenz, decay ∈ [½, 1]), so the decay
+     * per step is the one adam_update applies. The correction is summed
+     * before it is subtracted from θ, so steps = 0 returns θ unchanged and a
+     * small step is rounded relative to itself rather than to θ. */
+    const float shrink = steps * (1.0f - c.decay);
+    const float push = steps * c.c_mom;
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        float d = sqrtf(v[i] * inv_bias2) + c.eps;
+        out[i] = param[i] - (shrink * param[i] + push * m[i] / d);
     }
 }

@@ -48,6 +48,7 @@ static const pt_kernels cpu_kernels = {
     .crossentropy_forward_backward = pt_cpu_crossentropy_forward_backward,
 
     .adam_update = pt_cpu_adam_update,
+    .adam_extrapolate = pt_cpu_adam_extrapolate,
     .sum_squares = pt_cpu_sum_squares,
     .sum = pt_cpu_sum,
     .scale = pt_cpu_scale,

@@ -93,5 +93,7 @@ void pt_cpu_crossentropy_forward_backward(float *losses, float *logits, const in
 /* adam.c */
 void pt_cpu_adam_update(float *param, const float *grad, float *m, float *v, size_t n,
                         const pt_adam_coeffs *coeffs);
+void pt_cpu_adam_extrapolate(float *out, const float *param, const float *m, const float *v,
+                             size_t n, const pt_adam_coeffs *coeffs, float steps);
 
 #endif

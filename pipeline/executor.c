@@ -1,0 +1,691 @@
+#include "pipeline/executor.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/clock.h"
+#include "runtime/data.h"
+#include "runtime/safetensors.h"
+#include "runtime/log.h"
+#include "runtime/memory.h"
+#include "train/optimizer.h"
+
+/* How long one wait for a message lasts before should_stop is asked again. */
+#define WAIT_SLICE_S 0.5
+/* A message that has not come after this long means a peer is stuck. */
+#define MESSAGE_TIMEOUT_S 600.0
+
+/* User tags of the two directions; the microbatch id is the low bits. */
+#define TAG_ACTIVATION 0u
+#define TAG_GRADIENT 1u
+#define TAG_EVAL 2u
+
+struct pt_stage_executor {
+    pt_stage_executor_options options;
+    pipert_config config;
+    const pt_kernels *kernels;
+    pt_schedule_kind schedule_kind;
+    pt_lookahead lookahead;
+    pt_schedule schedule;
+    int microbatches; /* per optimizer step: M (flush) or 1 (async) */
+    int B, T, C;
+    char description[256];
+
+    pt_gpt_slice *model;
+    pt_optimizer optimizer;
+    pt_param_region *regions;
+    pt_dataset data; /* stage 0 and the last stage */
+    bool has_data;
+    int32_t *inputs, *targets; /* host staging [N] */
+    float *dout;               /* gradient received from stage s+1 [N, C] */
+
+    /* in-flight microbatches: slot = microbatch mod slots */
+    int slots;
+    long *slot_version; /* weight version each slot's forward used */
+    float **slot_weights; /* stashed/predicted weights per slot, or NULL (use θ) */
+    float **stash_input;  /* recompute: the slot's input [N, C] (stage > 0) */
+    int32_t **stash_tokens, **stash_targets; /* recompute: stage 0 / last stage */
+    pt_request **activation_sends; /* per slot */
+    pt_request *gradient_send;
+
+    long version;        /* optimizer steps taken = the version of θ */
+    double staleness_sum; /* measured over the current step's backwards */
+    int staleness_count;
+    double staleness_estimate; /* running mean, for predict */
+    double loss_sum;
+    int loss_count;
+    double step_started;
+};
+
+static const char *const lookahead_names[] = {
+    [PT_LOOKAHEAD_NONE] = "none",
+    [PT_LOOKAHEAD_STASH] = "stash",
+    [PT_LOOKAHEAD_NESTEROV] = "nesterov",
+    [PT_LOOKAHEAD_PREDICT] = "predict",
+};
+
+pipert_result pt_lookahead_parse(const char *name, pt_lookahead *out)
+{
+    for (int i = 0; i < (int)(sizeof lookahead_names / sizeof lookahead_names[0]); i++)
+        if (!strcmp(name, lookahead_names[i])) {
+            *out = (pt_lookahead)i;
+            return PIPERT_OK;
+        }
+    return pt_fail(PIPERT_ERR_CONFIG,
+                   "pipeline.lookahead: unknown \"%s\" (expected nesterov, stash, predict or none)",
+                   name);
+}
+
+static bool is_last_stage(const pt_stage_executor *ex)
+{
+    return ex->options.stage == ex->options.stages - 1;
+}
+
+static bool is_async(const pt_stage_executor *ex)
+{
+    return ex->schedule_kind == PT_SCHEDULE_ASYNC_1F1B;
+}
+
+/* ---- setup --------------------------------------------------------------- */
+
+static pipert_result optimizer_settings(pt_stage_executor *ex, pt_optimizer_settings *s)
+{
+    const pt_train_settings *t = &ex->config.train;
+    memset(s, 0, sizeof *s);
+    PT_TRY(pt_optimizer_parse_kind(t->optimizer, &s->kind));
+    s->beta1 = t->beta1;
+    s->beta2 = t->beta2;
+    s->eps = t->eps;
+    s->weight_decay = t->weight_decay;
+    s->psi = PT_NADAM_PSI;
+    if (is_async(ex) && ex->lookahead == PT_LOOKAHEAD_NESTEROV) {
+        /* The look-ahead is the optimizer: NAdam with a large β1 (AsyncMesh). */
+        s->kind = PT_OPTIMIZER_NADAMW;
+        s->beta1 = 0.99;
+    }
+    return PIPERT_OK;
+}
+
+/* Microbatches in flight on this stage: every forward before the first
+ * backward under GPipe; S−s under 1F1B (bounded by what the run has). */
+static int in_flight(const pt_stage_executor *ex)
+{
+    const int S = ex->options.stages, s = ex->options.stage;
+    int M = is_async(ex) ? (int)(ex->config.train.steps < 1 << 20 ? ex->config.train.steps : 1 << 20)
+                         : ex->microbatches;
+    if (ex->schedule_kind == PT_SCHEDULE_GPIPE) return M;
+    return S - s < M ? S - s : M;
+}
+
+static bool stashes_weights(const pt_stage_executor *ex)
+{
+    return is_async(ex) && ex->lookahead != PT_LOOKAHEAD_NONE && ex->slots > 1;
+}
+
+static pipert_result alloc_slot_tables(pt_stage_executor *ex)
+{
+    const size_t S = (size_t)ex->slots, N = (size_t)ex->B * ex->T;
+    ex->slot_version = calloc(S, sizeof *ex->slot_version);
+    ex->slot_weights = calloc(S, sizeof *ex->slot_weights);
+    ex->stash_input = calloc(S, sizeof *ex->stash_input);
+    ex->stash_tokens = calloc(S, sizeof *ex->stash_tokens);
+    ex->stash_targets = calloc(S, sizeof *ex->stash_targets);
+    ex->activation_sends = calloc(S, sizeof *ex->activation_sends);
+    if (!ex->slot_version || !ex->slot_weights || !ex->stash_input || !ex->stash_tokens ||
+        !ex->stash_targets || !ex->activation_sends)
+        return pt_fail(PIPERT_ERR_NOMEM, "executor tables: out of memory");
+    const pt_kernels *k = ex->kernels;
+    for (size_t i = 0; i < S; i++) {
+        if (stashes_weights(ex))
+            PT_TRY(k->alloc((void **)&ex->slot_weights[i], ex->model->n_params * sizeof(float),
+                            "stashed weight versions"));
+        if (!ex->config.pipeline.recompute) continue;
+        if (ex->options.stage > 0)
+            PT_TRY(k->alloc((void **)&ex->stash_input[i], N * ex->C * sizeof(float), "stashed inputs"));
+        else PT_TRY(k->alloc((void **)&ex->stash_tokens[i], N * sizeof(int32_t), "stashed tokens"));
+        if (is_last_stage(ex))
+            PT_TRY(k->alloc((void **)&ex->stash_targets[i], N * sizeof(int32_t), "stashed targets"));
+    }
+    return PIPERT_OK;
+}
+
+static pipert_result build_model(pt_stage_executor *ex)
+{
+    const pt_model_settings *m = &ex->config.model;
+    pt_gpt_config model = {m->n_layer, m->n_embd, m->n_head, m->block_size, m->vocab_size,
+                           m->tie_weights};
+    PT_TRY(pt_gpt_slice_create(&ex->model, &model, ex->options.first_layer, ex->options.last_layer,
+                               ex->B, ex->T, ex->kernels));
+    PT_TRY(pt_gpt_init(ex->model, (uint64_t)ex->config.seed));
+    if (!ex->config.pipeline.recompute) PT_TRY(pt_gpt_set_activation_slots(ex->model, ex->slots));
+    ex->regions = calloc((size_t)ex->model->n_tensors, sizeof *ex->regions);
+    if (!ex->regions) return pt_fail(PIPERT_ERR_NOMEM, "executor: out of memory");
+    for (int i = 0; i < ex->model->n_tensors; i++)
+        ex->regions[i] = (pt_param_region){ex->model->tensors[i].offset,
+                                           ex->model->tensors[i].numel, ex->model->tensors[i].decay};
+    pt_optimizer_settings settings;
+    PT_TRY(optimizer_settings(ex, &settings));
+    return pt_optimizer_init(&ex->optimizer, &settings, ex->kernels, ex->model->n_params);
+}
+
+static pipert_result load_data(pt_stage_executor *ex)
+{
+    const pt_data_settings *d = &ex->config.data;
+    if (ex->options.stage != 0 && !is_last_stage(ex)) return PIPERT_OK;
+    PT_TRY(pt_dataset_load(&ex->data, d->path, d->format, d->val_fraction));
+    ex->has_data = true;
+    return pt_dataset_check(&ex->data, ex->T, ex->config.model.vocab_size);
+}
+
+static pipert_result executor_setup(pt_stage_executor *ex)
+{
+    const pipert_config *cfg = ex->options.config;
+    ex->config = *cfg;
+    ex->kernels = pt_kernels_cpu();
+    if (!strcmp(cfg->runtime.device, "cuda")) PT_TRY(pt_kernels_cuda(&ex->kernels));
+    else pt_kernels_cpu_set_threads(ex->options.threads);
+    PT_TRY(pt_schedule_parse_kind(cfg->pipeline.schedule, &ex->schedule_kind));
+    PT_TRY(pt_lookahead_parse(cfg->pipeline.lookahead, &ex->lookahead));
+    if (ex->lookahead == PT_LOOKAHEAD_PREDICT && is_async(ex) && !ex->kernels->adam_extrapolate)
+        return pt_fail(PIPERT_ERR_UNSUPPORTED,
+                       "pipeline.lookahead=predict: the %s backend has no adam_extrapolate kernel",
+                       ex->kernels->name);
+    ex->microbatches = is_async(ex) ? 1 : cfg->pipeline.microbatches;
+    ex->B = cfg->train.batch_size;
+    ex->T = cfg->model.block_size;
+    ex->C = cfg->model.n_embd;
+    ex->slots = in_flight(ex);
+    PT_TRY(build_model(ex));
+    PT_TRY(alloc_slot_tables(ex));
+    PT_TRY(load_data(ex));
+    const size_t N = (size_t)ex->B * ex->T;
+    PT_TRY(pt_alloc((void **)&ex->inputs, N * sizeof(int32_t), "input tokens"));
+    PT_TRY(pt_alloc((void **)&ex->targets, N * sizeof(int32_t), "target tokens"));
+    PT_TRY(ex->kernels->alloc((void **)&ex->dout, N * ex->C * sizeof(float), "received gradient"));
+    const long total = is_async(ex) ? cfg->train.steps : ex->microbatches;
+    if (total > INT32_MAX / 8)
+        return pt_fail(PIPERT_ERR_CONFIG, "train.steps=%ld: too many for one schedule", total);
+    PT_TRY(pt_schedule_build(&ex->schedule, ex->schedule_kind, ex->options.stages, (int)total,
+                             ex->options.stage));
+    ex->staleness_estimate = ex->options.stages - 1 - ex->options.stage;
+    snprintf(ex->description, sizeof ex->description,
+             "stage %d/%d (blocks [%d, %d), %.2fM parameters), %s, lookahead %s, %s, %d "
+             "microbatch%s in flight%s",
+             ex->options.stage, ex->options.stages, ex->options.first_layer,
+             ex->options.last_layer, (double)ex->model->n_params / 1e6,
+             pt_schedule_kind_name(ex->schedule_kind),
+             is_async(ex) ? lookahead_names[ex->lookahead] : "n/a (flush)",
+             pt_optimizer_kind_name(ex->optimizer.settings.kind), ex->slots,
+             ex->slots == 1 ? "" : "es", cfg->pipeline.recompute ? ", recompute" : "");
+    return PIPERT_OK;
+}
+
+pipert_result pt_stage_executor_create(pt_stage_executor **out, const pt_stage_executor_options *o)
+{
+    *out = NULL;
+    pt_stage_executor *ex = calloc(1, sizeof *ex);
+    if (!ex) return pt_fail(PIPERT_ERR_NOMEM, "executor: out of memory");
+    ex->options = *o;
+    pipert_result rc = executor_setup(ex);
+    if (rc != PIPERT_OK) {
+        pt_stage_executor_free(ex);
+        return rc;
+    }
+    *out = ex;
+    return PIPERT_OK;
+}
+
+static void finish_request(pt_request **request)
+{
+    if (!*request) return;
+    pt_request_wait(*request, MESSAGE_TIMEOUT_S);
+    pt_request_free(*request);
+    *request = NULL;
+}
+
+void pt_stage_executor_free(pt_stage_executor *ex)
+{
+    if (!ex) return;
+    const pt_kernels *k = ex->kernels;
+    for (int i = 0; i < ex->slots; i++) {
+        if (ex->activation_sends) finish_request(&ex->activation_sends[i]);
+        if (!k) continue;
+        if (ex->slot_weights) k->free(ex->slot_weights[i]);
+        if (ex->stash_input) k->free(ex->stash_input[i]);
+        if (ex->stash_tokens) k->free(ex->stash_tokens[i]);
+        if (ex->stash_targets) k->free(ex->stash_targets[i]);
+    }
+    finish_request(&ex->gradient_send);
+    free(ex->slot_version);
+    free(ex->slot_weights);
+    free(ex->stash_input);
+    free(ex->stash_tokens);
+    free(ex->stash_targets);
+    free(ex->activation_sends);
+    if (k) {
+        k->free(ex->dout);
+        pt_optimizer_free(&ex->optimizer);
+    }
+    free(ex->regions);
+    pt_free(ex->inputs);
+    pt_free(ex->targets);
+    if (ex->has_data) pt_dataset_free(&ex->data);
+    pt_gpt_slice_free(ex->model);
+    pt_schedule_free(&ex->schedule);
+    free(ex);
+}
+
+const pt_gpt_slice *pt_stage_executor_model(const pt_stage_executor *ex) { return ex->model; }
+const char *pt_stage_executor_describe(const pt_stage_executor *ex) { return ex->description; }
+
+/* ---- messages ------------------------------------------------------------ */
+
+static uint32_t message_tag(uint32_t direction, long microbatch)
+{
+    return direction << 30 | ((uint32_t)microbatch & 0x3fffffffu);
+}
+
+static pt_message_header activation_header(const pt_stage_executor *ex, uint16_t kind,
+                                           long microbatch)
+{
+    const size_t N = (size_t)ex->B * ex->T;
+    return (pt_message_header){.kind = kind,
+                               .dtype = PT_DTYPE_F32,
+                               .replica = ex->options.replica,
+                               .stage = ex->options.stage,
+                               .microbatch = (int32_t)microbatch,
+                               .step = ex->version,
+                               .weight_version = ex->version,
+                               .ndim = 3,
+                               .shape = {ex->B, ex->T, ex->C},
+                               .nbytes = N * ex->C * sizeof(float)};
+}
+
+/* Waits for a request in slices, asking should_stop in between. */
+static pipert_result wait_request(pt_stage_executor *ex, pt_request *request, const char *what)
+{
+    const double deadline = pt_now_s() + MESSAGE_TIMEOUT_S;
+    for (;;) {
+        pipert_result rc = pt_request_wait(request, WAIT_SLICE_S);
+        if (rc != PIPERT_ERR_TIMEOUT) {
+            if (rc != PIPERT_OK) pt_error_prefix("%s", what);
+            return rc;
+        }
+        if (ex->options.should_stop && ex->options.should_stop(ex->options.context))
+            return pt_fail(PIPERT_ERR_INTERRUPTED, "%s: stopped while waiting", what);
+        if (pt_now_s() > deadline)
+            return pt_fail(PIPERT_ERR_TIMEOUT, "%s: nothing for %.0f s", what, MESSAGE_TIMEOUT_S);
+    }
+}
+
+static void trace_span(pt_stage_executor *ex, const char *category, double started_us,
+                       long microbatch)
+{
+    pt_trace_span(ex->options.trace, category, started_us, pt_trace_now_us(), microbatch,
+                  ex->version, ex->version);
+}
+
+/* The transport checked kind, dtype, shape, size and checksum; the pipeline
+ * also wants the message to come from the right replica, stage and
+ * microbatch. */
+static pipert_result check_sender(const pt_stage_executor *ex, const pt_message_header *h, int peer,
+                                  long microbatch, const char *what)
+{
+    const int stage = peer == ex->options.prev_rank ? ex->options.stage - 1 : ex->options.stage + 1;
+    if (h->replica != ex->options.replica || h->stage != stage || h->microbatch != (int32_t)microbatch)
+        return pt_fail(PIPERT_ERR_PEER,
+                       "%s: rank %d sent replica %d, stage %d, microbatch %d (expected %d, %d, %ld)",
+                       what, peer, h->replica, h->stage, h->microbatch, ex->options.replica, stage,
+                       microbatch);
+    return PIPERT_OK;
+}
+
+/* Receives an [N, C] tensor of `kind` for `microbatch` from `peer` into dst. */
+static pipert_result receive_tensor(pt_stage_executor *ex, int peer, uint16_t kind,
+                                    uint32_t direction, long microbatch, float *dst)
+{
+    const double started = pt_trace_now_us();
+    pt_message_header expected = activation_header(ex, kind, microbatch);
+    pt_recv_expect expect = {.kind = kind,
+                             .dtype = PT_DTYPE_F32,
+                             .ndim = 3,
+                             .shape = {ex->B, ex->T, ex->C},
+                             .require_checksum = 1};
+    pt_request *request = NULL;
+    PT_TRY(pt_recv(ex->options.transport, peer, message_tag(direction, microbatch), &expect, dst,
+                   expected.nbytes, &request));
+    char what[96];
+    snprintf(what, sizeof what, "stage %d: receiving %s of microbatch %ld from rank %d",
+             ex->options.stage, kind == PT_KIND_ACTIVATION_GRAD ? "the gradient" : "activations",
+             microbatch, peer);
+    pipert_result rc = wait_request(ex, request, what);
+    if (rc == PIPERT_OK) rc = check_sender(ex, pt_request_header(request), peer, microbatch, what);
+    pt_request_free(request);
+    trace_span(ex, "recv", started, microbatch);
+    return rc;
+}
+
+static pipert_result send_tensor(pt_stage_executor *ex, int peer, uint16_t kind,
+                                 uint32_t direction, long microbatch, const float *src,
+                                 pt_request **request)
+{
+    const double started = pt_trace_now_us();
+    pt_message_header header = activation_header(ex, kind, microbatch);
+    pipert_result rc = pt_send(ex->options.transport, peer, message_tag(direction, microbatch),
+                               &header, src, PT_SEND_CHECKSUM, request);
+    trace_span(ex, "send", started, microbatch);
+    if (rc != PIPERT_OK)
+        pt_error_prefix("stage %d: sending microbatch %ld to rank %d", ex->options.stage,
+                        microbatch, peer);
+    return rc;
+}
+
+static pipert_result complete_send(pt_stage_executor *ex, pt_request **request)
+{
+    if (!*request) return PIPERT_OK;
+    pipert_result rc = wait_request(ex, *request, "completing a send");
+    pt_request_free(*request);
+    *request = NULL;
+    return rc;
+}
+
+/* ---- the instructions ---------------------------------------------------- */
+
+typedef struct run_position {
+    long base;        /* global id of the schedule's microbatch 0 */
+    float loss_scale; /* of each microbatch in its step */
+} run_position;
+
+static int slot_of(const pt_stage_executor *ex, long microbatch)
+{
+    return (int)(microbatch % ex->slots);
+}
+
+/* The activation set a microbatch uses: its own slot, or the single set
+ * shared by every microbatch when activations are recomputed. */
+static void use_activations_of(pt_stage_executor *ex, long microbatch)
+{
+    pt_gpt_use_activation_slot(ex->model, ex->config.pipeline.recompute ? 0 : slot_of(ex, microbatch));
+}
+
+/* The global batch of microbatch g is the data of one optimizer step of the
+ * single-worker trainer with grad_accum = M, so a flush schedule equals it. */
+static void sample_batch(pt_stage_executor *ex, long microbatch)
+{
+    pt_dataset_train_batch(&ex->data, (uint64_t)ex->config.seed, microbatch,
+                           (long)ex->options.replica * ex->B, ex->B, ex->T, ex->inputs,
+                           ex->targets);
+}
+
+static pipert_result load_batch(pt_stage_executor *ex, long g)
+{
+    const size_t bytes = (size_t)ex->B * ex->T * sizeof(int32_t);
+    sample_batch(ex, g);
+    use_activations_of(ex, g);
+    int32_t *dst = ex->config.pipeline.recompute ? ex->stash_tokens[slot_of(ex, g)] : ex->model->tokens;
+    ex->kernels->copy_to_device(dst, ex->inputs, bytes);
+    return PIPERT_OK;
+}
+
+static pipert_result recv_activation(pt_stage_executor *ex, long g)
+{
+    use_activations_of(ex, g);
+    float *dst = ex->config.pipeline.recompute ? ex->stash_input[slot_of(ex, g)] : ex->model->input;
+    return receive_tensor(ex, ex->options.prev_rank, PT_KIND_ACTIVATION, TAG_ACTIVATION, g, dst);
+}
+
+/* The last stage draws its own targets: batches are a pure function of
+ * (seed, step, sequence), so no stage needs to send them. */
+static void load_targets(pt_stage_executor *ex, long g)
+{
+    sample_batch(ex, g);
+    int32_t *dst = ex->config.pipeline.recompute ? ex->stash_targets[slot_of(ex, g)] : ex->model->targets;
+    ex->kernels->copy_to_device(dst, ex->targets, (size_t)ex->B * ex->T * sizeof(int32_t));
+}
+
+/* Restores a recomputed microbatch's inputs into the shared activation set. */
+static void restore_stashed_inputs(pt_stage_executor *ex, long g)
+{
+    const int slot = slot_of(ex, g);
+    const size_t N = (size_t)ex->B * ex->T;
+    pt_gpt_slice *m = ex->model;
+    if (ex->options.stage > 0) ex->kernels->copy(m->input, ex->stash_input[slot], N * ex->C * sizeof(float));
+    else ex->kernels->copy(m->tokens, ex->stash_tokens[slot], N * sizeof(int32_t));
+    if (is_last_stage(ex)) ex->kernels->copy(m->targets, ex->stash_targets[slot], N * sizeof(int32_t));
+}
+
+/* Before microbatch g writes its activation set, the send that still reads
+ * from it must be done: its own slot's previous send, or, with recompute
+ * (one set shared by every microbatch), every send. */
+static pipert_result release_activations(pt_stage_executor *ex, long g)
+{
+    if (!ex->config.pipeline.recompute) return complete_send(ex, &ex->activation_sends[slot_of(ex, g)]);
+    for (int i = 0; i < ex->slots; i++) PT_TRY(complete_send(ex, &ex->activation_sends[i]));
+    return PIPERT_OK;
+}
+
+/* The weights microbatch g's forward uses, recorded for its backward. */
+static pipert_result choose_forward_weights(pt_stage_executor *ex, long g)
+{
+    const int slot = slot_of(ex, g);
+    ex->slot_version[slot] = ex->version;
+    float *stash = ex->slot_weights[slot];
+    if (!stashes_weights(ex)) {
+        pt_gpt_use_params(ex->model, NULL);
+        return PIPERT_OK;
+    }
+    if (ex->lookahead == PT_LOOKAHEAD_PREDICT) {
+        double lr = pt_lr_at(ex->version + 1, ex->config.train.steps, ex->config.train.lr,
+                             ex->config.train.warmup_steps, ex->config.train.min_lr_ratio);
+        PT_TRY(pt_optimizer_predict(&ex->optimizer, stash, ex->model->params, ex->regions,
+                                    ex->model->n_tensors, lr, ex->staleness_estimate));
+    } else {
+        ex->kernels->copy(stash, ex->model->params, ex->model->n_params * sizeof(float));
+    }
+    pt_gpt_use_params(ex->model, stash);
+    return PIPERT_OK;
+}
+
+static void run_forward(pt_stage_executor *ex, float loss_scale, bool count_loss)
+{
+    float loss = NAN;
+    pt_gpt_forward(ex->model, loss_scale, &loss);
+    if (is_last_stage(ex) && count_loss) {
+        ex->loss_sum += loss;
+        ex->loss_count++;
+    }
+}
+
+static pipert_result forward(pt_stage_executor *ex, long g, float loss_scale)
+{
+    const double started = pt_trace_now_us();
+    use_activations_of(ex, g);
+    if (is_last_stage(ex)) load_targets(ex, g);
+    PT_TRY(release_activations(ex, g));
+    if (ex->config.pipeline.recompute) restore_stashed_inputs(ex, g);
+    PT_TRY(choose_forward_weights(ex, g));
+    run_forward(ex, loss_scale, true);
+    pt_gpt_use_params(ex->model, NULL);
+    trace_span(ex, "forward", started, g);
+    return PIPERT_OK;
+}
+
+static pipert_result send_activation(pt_stage_executor *ex, long g)
+{
+    return send_tensor(ex, ex->options.next_rank, PT_KIND_ACTIVATION, TAG_ACTIVATION, g,
+                       pt_gpt_output(ex->model), &ex->activation_sends[slot_of(ex, g)]);
+}
+
+static pipert_result recv_gradient(pt_stage_executor *ex, long g)
+{
+    return receive_tensor(ex, ex->options.next_rank, PT_KIND_ACTIVATION_GRAD, TAG_GRADIENT, g,
+                          ex->dout);
+}
+
+static pipert_result backward(pt_stage_executor *ex, long g, float loss_scale)
+{
+    const double started = pt_trace_now_us();
+    const int slot = slot_of(ex, g);
+    PT_TRY(complete_send(ex, &ex->gradient_send)); /* dresidual is about to be overwritten */
+    if (ex->config.pipeline.recompute) PT_TRY(release_activations(ex, g));
+    use_activations_of(ex, g);
+    pt_gpt_use_params(ex->model, stashes_weights(ex) ? ex->slot_weights[slot] : NULL);
+    if (ex->config.pipeline.recompute) {
+        /* The activations of the forward, again, on the same weights. */
+        restore_stashed_inputs(ex, g);
+        run_forward(ex, loss_scale, false); /* the loss was counted at the first pass */
+    }
+    pt_gpt_backward(ex->model, ex->dout);
+    pt_gpt_use_params(ex->model, NULL);
+    const double staleness = (double)(ex->version - ex->slot_version[slot]);
+    ex->staleness_sum += staleness;
+    ex->staleness_count++;
+    ex->staleness_estimate += 0.05 * (staleness - ex->staleness_estimate);
+    trace_span(ex, "backward", started, g);
+    return PIPERT_OK;
+}
+
+static pipert_result send_gradient(pt_stage_executor *ex, long g)
+{
+    return send_tensor(ex, ex->options.prev_rank, PT_KIND_ACTIVATION_GRAD, TAG_GRADIENT, g,
+                       ex->model->dresidual, &ex->gradient_send);
+}
+
+/* ---- the optimizer step -------------------------------------------------- */
+
+/* Gradient norm: global over the stages of the replica for flush schedules
+ * (a pipelined step then equals a single-worker step), this stage's own for
+ * the asynchronous one (ALGORITHMS.md §2). */
+static pipert_result gradient_norm(pt_stage_executor *ex, double *norm)
+{
+    float squares = (float)ex->kernels->sum_squares(ex->model->grads, ex->model->n_params);
+    if (!is_async(ex) && ex->options.stage_group)
+        PT_TRY(pt_allreduce(ex->options.stage_group, &squares, 1, PT_REDUCE_SUM));
+    *norm = sqrt((double)squares);
+    return PIPERT_OK;
+}
+
+static pipert_result optimizer_step(pt_stage_executor *ex)
+{
+    const double started = pt_trace_now_us();
+    const pt_train_settings *t = &ex->config.train;
+    pt_gpt_slice *m = ex->model;
+    float loss = ex->loss_count ? (float)(ex->loss_sum / ex->loss_count) : NAN;
+    if (ex->options.replica_group) {
+        PT_TRY(pt_allreduce(ex->options.replica_group, m->grads, m->n_params, PT_REDUCE_MEAN));
+        /* the step's loss over every replica, as one worker with their batches would see it */
+        if (is_last_stage(ex)) PT_TRY(pt_allreduce(ex->options.replica_group, &loss, 1, PT_REDUCE_MEAN));
+        trace_span(ex, "allreduce", started, -1);
+    }
+    double norm;
+    PT_TRY(gradient_norm(ex, &norm));
+    if (t->grad_clip > 0 && isfinite(norm) && norm > t->grad_clip)
+        ex->kernels->scale(m->grads, (float)(t->grad_clip / norm), m->n_params);
+    const long step = ex->version + 1;
+    const double lr = pt_lr_at(step, t->steps, t->lr, t->warmup_steps, t->min_lr_ratio);
+    pt_optimizer_step(&ex->optimizer, m->params, m->grads, ex->regions, m->n_tensors, lr);
+    pt_gpt_zero_grads(m);
+    ex->version = step;
+    trace_span(ex, "optimizer", started, -1);
+
+    const double now = pt_now_s();
+    pt_pipeline_step report = {
+        .step = step,
+        .total_steps = t->steps,
+        .loss = loss,
+        .lr = lr,
+        .grad_norm = norm,
+        .staleness = ex->staleness_count ? ex->staleness_sum / ex->staleness_count : 0,
+        .seconds = now - ex->step_started,
+        .tokens = (double)ex->B * ex->T * ex->microbatches,
+    };
+    ex->loss_sum = 0, ex->loss_count = 0;
+    ex->staleness_sum = 0, ex->staleness_count = 0;
+    ex->step_started = now;
+    if (!isfinite(norm))
+        return pt_fail(PIPERT_ERR_INTERNAL, "stage %d, step %ld: the gradient norm is %g",
+                       ex->options.stage, step, norm);
+    return ex->options.on_step ? ex->options.on_step(ex, &report, ex->options.context) : PIPERT_OK;
+}
+
+/* ---- dispatch ------------------------------------------------------------ */
+
+static pipert_result execute(pt_stage_executor *ex, const pt_instruction *in, const run_position *at)
+{
+    const long g = at->base + in->microbatch;
+    switch (in->kind) {
+    case PT_LOAD_BATCH: return load_batch(ex, g);
+    case PT_RECV_ACTIVATION: return recv_activation(ex, g);
+    case PT_FORWARD: return forward(ex, g, at->loss_scale);
+    case PT_SEND_ACTIVATION: return send_activation(ex, g);
+    case PT_RECV_GRADIENT: return recv_gradient(ex, g);
+    case PT_BACKWARD: return backward(ex, g, at->loss_scale);
+    case PT_SEND_GRADIENT: return send_gradient(ex, g);
+    case PT_OPTIMIZER_STEP: return optimizer_step(ex);
+    case PT_INSTRUCTION_KINDS: break;
+    }
+    return pt_fail(PIPERT_ERR_INTERNAL, "schedule: unknown instruction %d", (int)in->kind);
+}
+
+static pipert_result run_schedule(pt_stage_executor *ex, const run_position *at)
+{
+    for (int i = 0; i < ex->schedule.count; i++) {
+        pipert_result rc = execute(ex, &ex->schedule.instructions[i], at);
+        if (rc != PIPERT_OK) return rc;
+    }
+    return PIPERT_OK;
+}
+
+pipert_result pt_stage_executor_run(pt_stage_executor *ex)
+{
+    ex->step_started = pt_now_s();
+    if (is_async(ex)) {
+        /* One schedule for the whole run: no flush, a step after each backward. */
+        run_position at = {.base = 0, .loss_scale = 1.0f};
+        return run_schedule(ex, &at);
+    }
+    const long steps = ex->config.train.steps;
+    while (ex->version < steps) {
+        run_position at = {.base = ex->version * ex->microbatches,
+                           .loss_scale = 1.0f / (float)ex->microbatches};
+        PT_TRY(run_schedule(ex, &at));
+    }
+    return PIPERT_OK;
+}
+
+/* ---- validation ---------------------------------------------------------- */
+
+pipert_result pt_stage_executor_validate(pt_stage_executor *ex, float *val_loss)
+{
+    const int n = ex->config.train.val_batches;
+    const size_t N = (size_t)ex->B * ex->T;
+    pt_gpt_slice *m = ex->model;
+    double sum = 0;
+    *val_loss = NAN;
+    pt_gpt_use_activation_slot(m, 0);
+    pt_gpt_use_params(m, NULL);
+    for (int k = 0; k < n; k++) {
+        const double started = pt_trace_now_us();
+        if (ex->has_data) {
+            pt_dataset_val_batch(&ex->data, k, n, ex->B, ex->T, ex->inputs, ex->targets);
+            if (ex->options.stage == 0) ex->kernels->copy_to_device(m->tokens, ex->inputs, N * sizeof(int32_t));
+            if (is_last_stage(ex)) ex->kernels->copy_to_device(m->targets, ex->targets, N * sizeof(int32_t));
+        }
+        if (ex->options.stage > 0)
+            PT_TRY(receive_tensor(ex, ex->options.prev_rank, PT_KIND_ACTIVATION, TAG_EVAL, k, m->input));
+        float loss = NAN;
+        pt_gpt_forward_eval(m, &loss);
+        if (!is_last_stage(ex)) {
+            pt_request *request = NULL;
+            PT_TRY(send_tensor(ex, ex->options.next_rank, PT_KIND_ACTIVATION, TAG_EVAL, k,
+                               pt_gpt_output(m), &request));
+            PT_TRY(complete_send(ex, &request));
+        }
+        sum += loss;
+        trace_span(ex, "eval", started, k);
+    }
+    if (is_last_stage(ex)) *val_loss = (float)(sum / n);
+    return PIPERT_OK;
+}

@@ -1,0 +1,184 @@
+/* The pipeline engine in real processes (`pipert launch --stages S`):
+ * 1F1B with flush and GPipe on S workers equal single-worker training on the
+ * same global batch (1e-5 relative per step, 20 steps, S = 2 and 4), also
+ * with recomputation and with data-parallel replicas; the asynchronous
+ * schedule trains with every look-ahead and measures the staleness S−1−s; the
+ * run leaves a merged trace. */
+#include <criterion/criterion.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "runtime/fileio.h"
+
+#define MODEL                                                                                      \
+    "--model.n_layer=4 --model.n_embd=32 --model.n_head=2 --model.block_size=32 "                 \
+    "--train.warmup_steps=1 --train.val_every=0 --train.val_batches=2 --train.log_every=1"
+enum { STEPS = 20 };
+
+static char *make_temp_dir(void)
+{
+    char *dir = strdup("/tmp/pipert-pipeline-XXXXXX");
+    cr_assert_not_null(mkdtemp(dir));
+    return dir;
+}
+
+static void remove_dir(char *dir)
+{
+    char command[600];
+    snprintf(command, sizeof command, "rm -rf '%s'", dir);
+    cr_expect_eq(system(command), 0);
+    free(dir);
+}
+
+/* Runs `pipert ARGS`; fails the test with the log tail if it fails. */
+static void run_pipert(const char *fmt, ...)
+{
+    char args[4096], command[8192];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof args, fmt, ap);
+    va_end(ap);
+    snprintf(command, sizeof command, "%s %s >/dev/null 2>/tmp/pipert-pipeline-err", getenv("PIPERT_BIN"), args);
+    int raw = system(command);
+    char *err = NULL;
+    size_t size;
+    if (raw != 0) pt_read_file("/tmp/pipert-pipeline-err", &err, &size);
+    cr_assert_eq(raw, 0, "pipert %s failed:\n%s", args, err ? err : "");
+}
+
+/* Each step's "loss" (and, if wanted, another field) from DIR/FILE. */
+static int read_field(const char *dir, const char *file, const char *field, double *values, int n)
+{
+    char path[512], *text;
+    size_t size;
+    snprintf(path, sizeof path, "%s/%s", dir, file);
+    cr_assert_eq(pt_read_file(path, &text, &size), PIPERT_OK, "%s", pipert_last_error());
+    int found = 0;
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+        json_t *o = json_loads(line, 0, NULL);
+        json_t *v = o ? json_object_get(o, field) : NULL;
+        long step = o ? (long)json_integer_value(json_object_get(o, "step")) : 0;
+        if (v && step >= 1 && step <= n) {
+            values[step - 1] = json_number_value(v);
+            found++;
+        }
+        json_decref(o);
+    }
+    free(text);
+    return found;
+}
+
+static void expect_same_losses(const char *reference, const char *dir, const char *what)
+{
+    double expected[STEPS], got[STEPS];
+    cr_assert_eq(read_field(reference, "metrics.jsonl", "loss", expected, STEPS), STEPS);
+    cr_assert_eq(read_field(dir, "metrics.jsonl", "loss", got, STEPS), STEPS, "%s: steps missing", what);
+    for (int i = 0; i < STEPS; i++)
+        cr_expect(fabs(got[i] - expected[i]) <= 1e-5 * fabs(expected[i]),
+                  "%s, step %d: %.9g, single worker %.9g", what, i + 1, got[i], expected[i]);
+}
+
+/* One worker, batch B·R, M microbatches accumulated: the reference. */
+static char *single_worker(int batch, int microbatches)
+{
+    char *dir = make_temp_dir();
+    run_pipert("train --quiet --out %s " MODEL " --train.steps=%d --train.batch_size=%d "
+               "--train.grad_accum=%d --runtime.threads=1",
+               dir, STEPS, batch, microbatches);
+    return dir;
+}
+
+static void check_flush_schedule(const char *schedule, int stages, int replicas, const char *extra)
+{
+    const int M = 4, B = 2;
+    char *reference = single_worker(B * replicas, M), *dir = make_temp_dir();
+    run_pipert("launch --quiet --stages %d --replicas %d --out %s " MODEL " --train.steps=%d "
+               "--train.batch_size=%d --pipeline.schedule=%s --pipeline.microbatches=%d %s",
+               stages, replicas, dir, STEPS, B, schedule, M, extra);
+    char what[160];
+    snprintf(what, sizeof what, "%s, %d stages × %d replicas %s", schedule, stages, replicas, extra);
+    expect_same_losses(reference, dir, what);
+    remove_dir(reference);
+    remove_dir(dir);
+}
+
+Test(pipeline, one_f_one_b_on_two_stages_equals_one_worker) { check_flush_schedule("1f1b", 2, 1, ""); }
+Test(pipeline, one_f_one_b_on_four_stages_equals_one_worker) { check_flush_schedule("1f1b", 4, 1, ""); }
+Test(pipeline, gpipe_on_two_stages_equals_one_worker) { check_flush_schedule("gpipe", 2, 1, ""); }
+Test(pipeline, gpipe_on_four_stages_equals_one_worker) { check_flush_schedule("gpipe", 4, 1, ""); }
+Test(pipeline, recomputation_changes_nothing)
+{
+    check_flush_schedule("1f1b", 4, 1, "--pipeline.recompute=true");
+}
+Test(pipeline, stages_and_replicas_together_equal_one_worker)
+{
+    check_flush_schedule("1f1b", 2, 2, "");
+}
+Test(pipeline, an_explicit_uneven_split_equals_one_worker)
+{
+    check_flush_schedule("1f1b", 2, 1, "--plan.layers=3,1");
+}
+
+/* The asynchronous pipeline trains (the loss falls) with every look-ahead,
+ * and stage s measures the staleness S−1−s the schedule implies. */
+Test(pipeline, asynchronous_schedule_measures_its_staleness)
+{
+    const char *lookaheads[] = {"none", "stash", "nesterov", "predict"};
+    for (int k = 0; k < 4; k++) {
+        char *dir = make_temp_dir();
+        run_pipert("launch --quiet --stages 4 --replicas 1 --out %s " MODEL " --train.steps=%d "
+                   "--train.batch_size=4 --pipeline.schedule=async-1f1b --pipeline.lookahead=%s",
+                   dir, 3 * STEPS, lookaheads[k]);
+        double loss[3 * STEPS];
+        cr_assert_eq(read_field(dir, "metrics.jsonl", "loss", loss, 3 * STEPS), 3 * STEPS);
+        cr_expect_lt(loss[3 * STEPS - 1], loss[0] - 0.3, "%s: the loss did not fall (%g → %g)",
+                     lookaheads[k], loss[0], loss[3 * STEPS - 1]);
+        for (int s = 0; s < 4; s++) {
+            char file[64];
+            double staleness[3 * STEPS];
+            snprintf(file, sizeof file, "metrics-stage-%d.jsonl", s);
+            cr_assert_eq(read_field(dir, file, "staleness", staleness, 3 * STEPS), 3 * STEPS);
+            cr_expect_float_eq(staleness[3 * STEPS - 1], 3.0 - s, 1e-9, "%s: stage %d staleness %g",
+                               lookaheads[k], s, staleness[3 * STEPS - 1]);
+        }
+        remove_dir(dir);
+    }
+}
+
+/* The launcher merges every rank's trace into DIR/trace.json: forward and
+ * backward spans on every rank, in the Chrome trace format. */
+Test(pipeline, a_run_leaves_one_merged_trace)
+{
+    char *dir = make_temp_dir(), path[512], *text;
+    size_t size;
+    run_pipert("launch --quiet --stages 2 --replicas 1 --out %s " MODEL " --train.steps=5 "
+               "--train.batch_size=2 --pipeline.schedule=1f1b",
+               dir);
+    snprintf(path, sizeof path, "%s/trace.json", dir);
+    cr_assert_eq(pt_read_file(path, &text, &size), PIPERT_OK, "%s", pipert_last_error());
+    json_t *root = json_loads(text, 0, NULL);
+    cr_assert_not_null(root, "trace.json is not JSON");
+    json_t *events = json_object_get(root, "traceEvents");
+    int forward[2] = {0}, backward[2] = {0};
+    for (size_t i = 0; i < json_array_size(events); i++) {
+        json_t *e = json_array_get(events, i);
+        const char *name = json_string_value(json_object_get(e, "cat"));
+        int pid = (int)json_integer_value(json_object_get(e, "pid"));
+        if (!name || pid < 0 || pid > 1) continue;
+        forward[pid] += !strcmp(name, "forward");
+        backward[pid] += !strcmp(name, "backward");
+    }
+    for (int r = 0; r < 2; r++) {
+        cr_expect_eq(forward[r], 5 * 4, "rank %d: %d forward spans", r, forward[r]);
+        cr_expect_eq(backward[r], 5 * 4, "rank %d: %d backward spans", r, backward[r]);
+    }
+    json_decref(root);
+    free(text);
+    remove_dir(dir);
+}
