@@ -2,7 +2,13 @@
  * messages and latency (half a round trip) of 8-byte messages, as medians
  * over several runs. UCX_TLS from the environment picks the transports.
  *
- *     build/tests/bench_transport [--runs N] [--messages M] [--pings K] [--checksum]
+ *     build/tests/bench_transport [--runs N] [--messages M] [--pings K] [--window W]
+ *                                 [--recv-buffers B] [--checksum]
+ *
+ * Bandwidth: rank 0 keeps W sends of the same 4 MiB buffer in flight, rank 1
+ * W receives, into B buffers in turn (B = 1, as ucx_perftest does, keeps the
+ * destination in cache: with 4 distinct buffers the copy itself is slower on
+ * small-cache machines). scripts/bench-transport.sh compares with ucx_perftest.
  */
 #include <errno.h>
 #include <signal.h>
@@ -19,13 +25,14 @@
 
 #define ADDRESS_MAX 96
 #define LARGE_BYTES (4u << 20)
-#define WINDOW 4 /* large messages in flight */
+#define MAX_WINDOW 64
 
 typedef struct bench_options {
     int runs, messages, pings;
+    int window;       /* large messages in flight */
+    int recv_buffers; /* distinct 4 MiB receive buffers, used in turn */
     unsigned send_flags;
 } bench_options;
-
 
 #define CHECK(expr)                                                                                \
     do {                                                                                           \
@@ -78,7 +85,7 @@ static int bandwidth_run(pt_transport *t, const bench_options *o, unsigned char 
                          double *seconds)
 {
     int rank = pt_transport_rank(t), other = 1 - rank;
-    pt_request *window[WINDOW] = {NULL};
+    pt_request *window[MAX_WINDOW] = {NULL};
     char token[8] = {0};
     /* Both sides ready before the clock starts. */
     if (rank == 0)
@@ -89,15 +96,15 @@ static int bandwidth_run(pt_transport *t, const bench_options *o, unsigned char 
     pt_message_header h = bytes_header(LARGE_BYTES);
     pt_recv_expect e = {.kind = PT_KIND_ACTIVATION, .dtype = -1, .ndim = -1};
     for (int i = 0; i < o->messages; i++) {
-        pt_request **slot = &window[i % WINDOW];
+        pt_request **slot = &window[i % o->window];
         CHECK(wait_free(slot));
         if (rank == 0)
             CHECK(pt_send(t, other, 2, &h, buffers, o->send_flags, slot));
         else
-            CHECK(pt_recv(t, other, 2, &e, buffers + (size_t)(i % WINDOW) * LARGE_BYTES,
+            CHECK(pt_recv(t, other, 2, &e, buffers + (size_t)(i % o->recv_buffers) * LARGE_BYTES,
                           LARGE_BYTES, slot));
     }
-    for (int i = 0; i < WINDOW; i++) CHECK(wait_free(&window[i]));
+    for (int i = 0; i < o->window; i++) CHECK(wait_free(&window[i]));
     if (rank == 0)
         CHECK(recv_wait(t, other, 3, token, sizeof token));
     else
@@ -145,7 +152,7 @@ static int run_rank(int rank, int to_peer, int from_peer, const bench_options *o
         CHECK(pt_transport_connect(t, 0, theirs));
     else
         CHECK(pt_transport_wait_peer(t, 1, 30.0));
-    unsigned char *buffers = calloc(WINDOW, LARGE_BYTES);
+    unsigned char *buffers = calloc((size_t)o->recv_buffers, LARGE_BYTES);
     double *bandwidth = calloc((size_t)o->runs, sizeof *bandwidth),
            *latency = calloc((size_t)o->runs, sizeof *latency);
     if (!buffers || !bandwidth || !latency) return 1;
@@ -171,7 +178,9 @@ static int run_rank(int rank, int to_peer, int from_peer, const bench_options *o
         }
         printf("transport between 2 processes on this host (UCX_TLS=%s%s), medians of %d runs:\n",
                tls ? tls : "(default)", o->send_flags ? ", checksums on" : "", o->runs);
-        printf("  bandwidth, %d x 4 MiB messages:  %7.2f GB/s  (min %.2f, max %.2f)\n", o->messages,
+        printf("  bandwidth, %d x 4 MiB messages, %d in flight, %d receive buffer%s:  %7.2f GB/s  "
+               "(min %.2f, max %.2f)\n",
+               o->messages, o->window, o->recv_buffers, o->recv_buffers == 1 ? "" : "s",
                pt_median(bandwidth, (size_t)(o->runs)), low_bw, high_bw);
         printf(
             "  latency, 8-byte ping-pong x %d:  %7.2f us half round trip  (min %.2f, max %.2f)\n",
@@ -186,7 +195,7 @@ static int run_rank(int rank, int to_peer, int from_peer, const bench_options *o
 
 int main(int argc, char **argv)
 {
-    bench_options o = {.runs = 5, .messages = 32, .pings = 2000};
+    bench_options o = {.runs = 5, .messages = 100, .pings = 2000, .window = 4, .recv_buffers = 1};
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--runs") && i + 1 < argc)
             o.runs = atoi(argv[++i]);
@@ -194,16 +203,25 @@ int main(int argc, char **argv)
             o.messages = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--pings") && i + 1 < argc)
             o.pings = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--window") && i + 1 < argc)
+            o.window = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--recv-buffers") && i + 1 < argc)
+            o.recv_buffers = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--checksum"))
             o.send_flags = PT_SEND_CHECKSUM;
         else {
-            fprintf(stderr, "usage: %s [--runs N] [--messages M] [--pings K] [--checksum]\n",
+            fprintf(stderr,
+                    "usage: %s [--runs N] [--messages M] [--pings K] [--window W] "
+                    "[--recv-buffers B] [--checksum]\n",
                     argv[0]);
             return 2;
         }
     }
-    if (o.runs < 1 || o.messages < 1 || o.pings < 1) {
-        fprintf(stderr, "bench_transport: --runs, --messages and --pings must be positive\n");
+    if (o.runs < 1 || o.messages < 1 || o.pings < 1 || o.recv_buffers < 1 || o.window < 1 ||
+        o.window > MAX_WINDOW) {
+        fprintf(stderr, "bench_transport: --runs, --messages, --pings and --recv-buffers must be "
+                        "positive, --window 1..%d\n",
+                MAX_WINDOW);
         return 2;
     }
     /* Fork first: nothing of UCX exists yet in either process. */

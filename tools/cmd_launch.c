@@ -454,7 +454,7 @@ static void report_rank_failure(job *j, const worker_process *w)
 /* Pipeline workers leave DIR/trace-rank-N.json: one timeline, DIR/trace.json. */
 static void merge_traces(const job *j)
 {
-    char pattern[PATH_MAX], out[PATH_MAX];
+    char pattern[PATH_MAX + 32], out[PATH_MAX + 32];
     snprintf(pattern, sizeof pattern, "%s/trace-rank-0.json", j->out_dir);
     if (access(pattern, F_OK) != 0) return;
     snprintf(out, sizeof out, "%s/trace.json", j->out_dir);

@@ -214,6 +214,7 @@ static const pt_kernels cuda_kernels = {
     .crossentropy_forward_backward = pt_cuda_crossentropy_forward_backward,
 
     .adam_update = pt_cuda_adam_update,
+    .adam_extrapolate = NULL, /* weight prediction: not yet on CUDA (pipeline.lookahead=predict refuses) */
     .sum_squares = pt_cuda_sum_squares,
     .sum = pt_cuda_sum,
     .scale = pt_cuda_scale,
