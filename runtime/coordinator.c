@@ -834,6 +834,7 @@ struct pt_coord_client {
     pthread_mutex_t lock;      /* the fields below */
     pthread_cond_t changed;
     atomic_bool aborted;
+    bool abort_claimed; /* under lock: an abort is being delivered */
     int abort_rank;
     char abort_reason[512];
     bool has_table, finished, done_sent;
@@ -872,18 +873,24 @@ static pipert_result client_send(pt_coord_client *c, json_t *message)
 
 /* ---- receiving --------------------------------------------------------------- */
 
+/* The first abort wins. The callback runs before the flag is raised, so
+ * whoever sees pt_coord_client_aborted() also sees what the callback did. */
 static void client_abort(pt_coord_client *c, int rank, const char *reason)
 {
     pthread_mutex_lock(&c->lock);
-    bool first = !atomic_load(&c->aborted);
+    bool first = !c->abort_claimed;
     if (first) {
+        c->abort_claimed = true;
         c->abort_rank = rank;
         snprintf(c->abort_reason, sizeof c->abort_reason, "%s", reason);
-        atomic_store(&c->aborted, true);
-        pthread_cond_broadcast(&c->changed);
     }
     pthread_mutex_unlock(&c->lock);
-    if (first && c->on_abort) c->on_abort(c->on_abort_context, rank, reason);
+    if (!first) return;
+    if (c->on_abort) c->on_abort(c->on_abort_context, rank, reason);
+    pthread_mutex_lock(&c->lock);
+    atomic_store(&c->aborted, true);
+    pthread_cond_broadcast(&c->changed);
+    pthread_mutex_unlock(&c->lock);
 }
 
 static void free_table(pt_peer_table *t)

@@ -97,7 +97,11 @@
  * within that time costs no wake-up. With nothing in flight it sleeps at once, so an idle
  * transport spins at most SPIN_US after each event (and after each IDLE_WAKE_MS wake-up while a
  * receive waits): well under 1% of a core. */
+#ifndef EXPERIMENT_SPIN_US
 #define SPIN_US 50
+#else
+#define SPIN_US EXPERIMENT_SPIN_US
+#endif
 
 /* ---- checksum ------------------------------------------------------------ */
 
@@ -1210,8 +1214,10 @@ static void post_send(pt_transport *t, pt_request *r)
                                             .address = (uint64_t)(uintptr_t)r->payload,
                                             .nbytes = nbytes};
         post_ack_receive(r);
-        send_part(r, c->ep, &r->header, sizeof r->header, 0, PART_HEADER);
-        send_part(r, c->ep, &r->descriptor, sizeof r->descriptor, 0, PART_PAYLOAD);
+        if (!r->failed) { /* no descriptor goes out unless its answer can be received */
+            send_part(r, c->ep, &r->header, sizeof r->header, 0, PART_HEADER);
+            send_part(r, c->ep, &r->descriptor, sizeof r->descriptor, 0, PART_PAYLOAD);
+        }
     } else {
         send_part(r, c->ep, &r->header, sizeof r->header, 0, PART_HEADER);
         if (nbytes > 0) send_part(r, c->ep, r->payload, (size_t)nbytes, 0, PART_PAYLOAD);
