@@ -101,9 +101,12 @@ pt_cli_outcome pt_cli_parse(const pt_cli *cli, int argc, char **argv, pipert_con
     pt_cli_outcome outcome = parse_flags(cli, argc, argv, &config_file);
     if (outcome != PT_CLI_OK || !cli->takes_config) return outcome;
     if (pipert_config_create(cfg) != PIPERT_OK ||
-        build_config(cli, argc, argv, config_file, *cfg) != PIPERT_OK)
-        return config_error(cli);
-    return PT_CLI_OK;
+        build_config(cli, argc, argv, config_file, *cfg) != PIPERT_OK) {
+        outcome = config_error(cli);
+        pipert_config_free(*cfg);
+        *cfg = NULL;
+    }
+    return outcome;
 }
 
 int pt_cli_exit_status(pt_cli_outcome outcome)

@@ -30,9 +30,10 @@ typedef struct pt_cli {
 
 typedef enum pt_cli_outcome { PT_CLI_OK, PT_CLI_HELP_SHOWN, PT_CLI_USAGE_ERROR, PT_CLI_CONFIG_ERROR } pt_cli_outcome;
 
-/* Parses argv; with cli->takes_config, fills *cfg (created here) from
- * defaults, --config and overrides. On a usage or configuration error the
- * message is printed. The exit status for an outcome: */
+/* Parses argv; with cli->takes_config, fills *cfg (created here; the caller
+ * frees it) from defaults, --config and overrides. On a usage or configuration
+ * error the message is printed and *cfg is NULL. The exit status for an
+ * outcome: */
 pt_cli_outcome pt_cli_parse(const pt_cli *cli, int argc, char **argv, pipert_config **cfg);
 int pt_cli_exit_status(pt_cli_outcome outcome);
 

@@ -120,10 +120,7 @@ int pt_cmd_bench(int argc, char **argv)
                         flags, (int)(sizeof flags / sizeof flags[0]), true, bench_model};
     pipert_config *cfg;
     pt_cli_outcome outcome = pt_cli_parse(&cli, argc, argv, &cfg);
-    if (outcome != PT_CLI_OK) {
-        pipert_config_free(cfg);
-        return pt_cli_exit_status(outcome);
-    }
+    if (outcome != PT_CLI_OK) return pt_cli_exit_status(outcome);
     int steps, warmup;
     pipert_result rc = parse_count("--steps", steps_text, 10, &steps);
     if (rc == PIPERT_OK) rc = parse_count("--warmup", warmup_text, 3, &warmup);

@@ -144,10 +144,7 @@ int pt_cmd_check(int argc, char **argv)
                         flags, (int)(sizeof flags / sizeof flags[0]), true, NULL};
     pipert_config *cfg;
     pt_cli_outcome outcome = pt_cli_parse(&cli, argc, argv, &cfg);
-    if (outcome != PT_CLI_OK) {
-        pipert_config_free(cfg);
-        return pt_cli_exit_status(outcome);
-    }
+    if (outcome != PT_CLI_OK) return pt_cli_exit_status(outcome);
     pipert_result rc = PIPERT_OK;
     if (!req.model_path || !req.tokens_path || !req.out_path)
         rc = pt_fail(PIPERT_ERR_INVALID_ARG, "--model, --tokens, --out, --batch and --seq are required");

@@ -590,10 +590,7 @@ int pt_cmd_launch(int argc, char **argv)
                         flags, (int)(sizeof flags / sizeof flags[0]), true, NULL};
     pipert_config *cfg;
     pt_cli_outcome outcome = pt_cli_parse(&cli, argc, argv, &cfg);
-    if (outcome != PT_CLI_OK) {
-        pipert_config_free(cfg);
-        return pt_cli_exit_status(outcome);
-    }
+    if (outcome != PT_CLI_OK) return pt_cli_exit_status(outcome);
     job j = {.quiet = quiet, .total_steps = cfg->train.steps, .log_every = cfg->train.log_every};
     pipert_config_free(cfg);
     char grace_text[32];

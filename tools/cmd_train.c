@@ -32,10 +32,7 @@ int pt_cmd_train(int argc, char **argv)
                         flags, (int)(sizeof flags / sizeof flags[0]), true, NULL};
     pipert_config *cfg;
     pt_cli_outcome outcome = pt_cli_parse(&cli, argc, argv, &cfg);
-    if (outcome != PT_CLI_OK) {
-        pipert_config_free(cfg);
-        return pt_cli_exit_status(outcome);
-    }
+    if (outcome != PT_CLI_OK) return pt_cli_exit_status(outcome);
     if (!out_dir) {
         pipert_config_free(cfg);
         fprintf(stderr, "pipert train: --out DIR is required\n");

@@ -578,10 +578,7 @@ int pt_cmd_worker(int argc, char **argv)
                         flags, (int)(sizeof flags / sizeof flags[0]), true, NULL};
     pipert_config *cfg;
     pt_cli_outcome outcome = pt_cli_parse(&cli, argc, argv, &cfg);
-    if (outcome != PT_CLI_OK) {
-        pipert_config_free(cfg);
-        return pt_cli_exit_status(outcome);
-    }
+    if (outcome != PT_CLI_OK) return pt_cli_exit_status(outcome);
     char *end;
     long stage_count = strtol(stages, &end, 10);
     worker w = {.out_dir = out_dir, .quiet = quiet, .stages = (int)stage_count};
