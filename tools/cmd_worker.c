@@ -390,7 +390,7 @@ static pipert_result validate_pipeline(worker *w, long step)
     PT_TRY(pt_stage_executor_validate(w->executor, &val_loss));
     if (!w->writes_outputs) return PIPERT_OK;
     pt_progress_print(&w->progress, "step %ld | val_loss %.4f", step, (double)val_loss);
-    pt_rank_progress p = {step, w->config->train.steps, NAN, 0, val_loss};
+    pt_rank_progress p = {step, w->config->train.steps, w->last_loss, 0, val_loss};
     PT_TRY(pt_coord_client_send_progress(w->client, &p));
     PT_TRY(pt_metrics_write(&w->metrics, json_pack("{s:I, s:f}", "step", (json_int_t)step,
                                                    "val_loss", (double)val_loss)));
@@ -408,6 +408,7 @@ static pipert_result on_pipeline_step(pt_stage_executor *ex, const pt_pipeline_s
     const bool last = p->step == p->total_steps, log_now = every(p->step, ts->log_every) || last;
     w->window_steps++;
     const double tokens_per_s = p->tokens * w->window_steps / (pt_now_s() - w->window_started);
+    if (is_last_stage(w)) w->last_loss = p->loss;
     /* loss and tokens/s come from the last stage; the others report progress only */
     pt_rank_progress progress = {p->step, p->total_steps, is_last_stage(w) ? p->loss : NAN,
                                  is_last_stage(w) ? tokens_per_s : 0, NAN};
