@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "runtime/data.h"
+#include "tests/command.h"
 #include "runtime/fileio.h"
 #include "runtime/safetensors.h"
 
@@ -22,43 +23,6 @@
     "--model.n_layer=2 --model.n_embd=32 --model.n_head=2 --model.block_size=32 "                 \
     "--train.batch_size=4 --runtime.threads=2 --train.warmup_steps=1 --train.val_every=0 "       \
     "--train.val_batches=2"
-
-typedef struct run_result {
-    int status;
-    char err[4096];
-} run_result;
-
-static char *make_temp_dir(void)
-{
-    char *dir = strdup("/tmp/pipert-cli-XXXXXX");
-    cr_assert_not_null(mkdtemp(dir));
-    return dir;
-}
-
-/* Runs `pipert ARGS` through the shell; captures the exit status and stderr. */
-static run_result run_pipert(const char *fmt, ...)
-{
-    const char *bin = getenv("PIPERT_BIN");
-    cr_assert_not_null(bin, "PIPERT_BIN is not set (run through meson test)");
-    char args[4096], command[8192], err_path[] = "/tmp/pipert-cli-err-XXXXXX";
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(args, sizeof args, fmt, ap);
-    va_end(ap);
-    int fd = mkstemp(err_path);
-    cr_assert_geq(fd, 0);
-    close(fd);
-    snprintf(command, sizeof command, "%s %s >/dev/null 2>%s", bin, args, err_path);
-    run_result r = {0};
-    int raw = system(command);
-    r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : 128;
-    FILE *f = fopen(err_path, "r");
-    size_t n = f ? fread(r.err, 1, sizeof r.err - 1, f) : 0;
-    r.err[n] = '\0';
-    if (f) fclose(f);
-    unlink(err_path);
-    return r;
-}
 
 static bool file_exists(const char *path) { return access(path, F_OK) == 0; }
 
@@ -132,7 +96,7 @@ Test(cli, resume_continues_with_the_same_losses)
                   "step %d: resumed loss %.9g, uninterrupted %.9g", step, resumed[step],
                   expected[step]);
     cr_expect(expected[8] < expected[1], "the loss did not fall: %g → %g", expected[1], expected[8]);
-    free(dir);
+    remove_dir(dir);
 }
 
 /* ---- pipert check -------------------------------------------------------- */
@@ -253,7 +217,7 @@ Test(cli, check_gradients_agree_with_finite_differences_of_check_itself)
                   "%s[%zu]: check wrote %.6g, finite difference %.6g", probes[i].name,
                   probes[i].index, analytic, numeric);
     }
-    free(dir);
+    remove_dir(dir);
 }
 
 /* GPT-2 from Hugging Face: "transformer." names, a tied head (no lm_head),
@@ -286,7 +250,7 @@ Test(cli, check_reads_hugging_face_gpt2_files)
     snprintf(a, sizeof a, "%s/g_pipert.safetensors", dir);
     snprintf(b, sizeof b, "%s/g_hf.safetensors", dir);
     cr_expect_float_eq(gradient_at(a, "wte.weight", 100), gradient_at(b, "wte.weight", 100), 1e-9);
-    free(dir);
+    remove_dir(dir);
 }
 
 /* ---- bad input ----------------------------------------------------------- */
@@ -338,7 +302,7 @@ Test(cli, corrupt_model_files_are_refused_without_output)
 
     cr_expect(!file_exists(out), "an output file was written despite the errors");
     cr_expect(no_temporaries(dir), "a temporary file was left behind");
-    free(dir);
+    remove_dir(dir);
 }
 
 Test(cli, bad_token_shards_are_refused)
@@ -365,7 +329,7 @@ Test(cli, bad_token_shards_are_refused)
                    "--out %s/g.safetensors", dir, shard, dir);
     expect_clean_failure(&r, "tokens.bin", "short shard");
     free(bytes);
-    free(dir);
+    remove_dir(dir);
 }
 
 Test(cli, bad_configuration_is_reported_with_its_place)
@@ -389,5 +353,5 @@ Test(cli, bad_configuration_is_reported_with_its_place)
     r = run_pipert("train --out %s/out --data.path=%s/missing.txt", dir, dir);
     expect_clean_failure(&r, "missing.txt", "missing data");
     cr_expect(!file_exists(strcat(config, ".out")));
-    free(dir);
+    remove_dir(dir);
 }

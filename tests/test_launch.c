@@ -36,6 +36,7 @@
 #include "runtime/clock.h"
 #include "runtime/coordinator.h"
 #include "runtime/fileio.h"
+#include "tests/command.h"
 
 #define SECRET "5ecret5ecret5ecret5ecret5ecret00"
 
@@ -417,60 +418,6 @@ Test(coordinator, worker_notices_a_silent_coordinator)
     "--model.n_layer=2 --model.n_embd=32 --model.n_head=2 --model.block_size=32 "                 \
     "--train.batch_size=4 --train.warmup_steps=1 --train.val_every=0 --train.val_batches=2"
 
-typedef struct run_result {
-    int status;
-    double seconds;
-    char err[8192];
-} run_result;
-
-static const char *pipert_bin(void)
-{
-    const char *bin = getenv("PIPERT_BIN");
-    cr_assert_not_null(bin, "PIPERT_BIN is not set (run through meson test)");
-    return bin;
-}
-
-static char *make_temp_dir(void)
-{
-    char *dir = strdup("/tmp/pipert-launch-XXXXXX");
-    cr_assert_not_null(mkdtemp(dir));
-    return dir;
-}
-
-/* Runs `ENV pipert ARGS` through the shell; exit status, stderr, wall time. */
-static run_result run_pipert(const char *env, const char *fmt, ...)
-{
-    char args[4096], command[8192], err_path[] = "/tmp/pipert-launch-err-XXXXXX";
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(args, sizeof args, fmt, ap);
-    va_end(ap);
-    int fd = mkstemp(err_path);
-    cr_assert_geq(fd, 0);
-    close(fd);
-    snprintf(command, sizeof command, "%s %s %s >/dev/null 2>%s", env, pipert_bin(), args, err_path);
-    run_result r = {0};
-    double start = pt_now_s();
-    int raw = system(command);
-    r.seconds = pt_now_s() - start;
-    r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : 128;
-    FILE *f = fopen(err_path, "r");
-    size_t n = f ? fread(r.err, 1, sizeof r.err - 1, f) : 0;
-    r.err[n] = '\0';
-    if (f) fclose(f);
-    unlink(err_path);
-    return r;
-}
-
-/* Removes a test's directory and frees its name. */
-static void remove_dir(char *dir)
-{
-    char command[600];
-    snprintf(command, sizeof command, "rm -rf '%s'", dir);
-    cr_expect_eq(system(command), 0, "cannot remove %s", dir);
-    free(dir);
-}
-
 static char *read_text(const char *dir, const char *name)
 {
     char path[512], *text;
@@ -503,7 +450,7 @@ static bool process_exists(pid_t pid) { return kill(pid, 0) == 0 || errno != ESR
 Test(launch, one_replica_trains_to_the_end)
 {
     char *dir = make_temp_dir();
-    run_result r = run_pipert("", "launch --stages 1 --replicas 1 --out %s " SMALL_MODEL
+    run_result r = run_pipert("launch --stages 1 --replicas 1 --out %s " SMALL_MODEL
                                   " --train.steps=6 --train.log_every=1",
                               dir);
     cr_assert_eq(r.status, 0, "launch failed (%d): %s", r.status, r.err);
@@ -527,7 +474,7 @@ Test(launch, one_replica_trains_to_the_end)
 Test(launch, worker_killed_mid_run_is_named)
 {
     char *dir = make_temp_dir();
-    run_result r = run_pipert("PIPERT_TEST_DIE_AT_STEP=40 PIPERT_TEST_DIE_RANK=0",
+    run_result r = run_pipert_with("PIPERT_TEST_DIE_AT_STEP=40 PIPERT_TEST_DIE_RANK=0",
                               "launch --replicas 1 --out %s " SMALL_MODEL
                               " --train.steps=1000000 --train.log_every=10",
                               dir);
@@ -547,7 +494,7 @@ Test(launch, worker_killed_mid_run_is_named)
 Test(launch, killed_replica_is_named)
 {
     char *dir = make_temp_dir();
-    run_result r = run_pipert("PIPERT_TEST_DIE_AT_STEP=3",
+    run_result r = run_pipert_with("PIPERT_TEST_DIE_AT_STEP=3",
                               "launch --stages 1 --replicas 2 --out %s " SMALL_MODEL
                               " --train.steps=1000000",
                               dir);
@@ -680,11 +627,11 @@ static void check_replicas_equal_one_large_batch(int R)
 {
     char *single = make_temp_dir(), *replicas = make_temp_dir();
     enum { STEPS = 20, B = 2 };
-    run_result r = run_pipert("", "train --quiet --out %s " SMALL_MODEL " --train.batch_size=%d "
+    run_result r = run_pipert("train --quiet --out %s " SMALL_MODEL " --train.batch_size=%d "
                                   "--train.steps=%d --train.log_every=1 --runtime.threads=1",
                               single, R * B, STEPS);
     cr_assert_eq(r.status, 0, "single worker failed: %s", r.err);
-    r = run_pipert("", "launch --quiet --stages 1 --replicas %d --out %s " SMALL_MODEL
+    r = run_pipert("launch --quiet --stages 1 --replicas %d --out %s " SMALL_MODEL
                        " --train.batch_size=%d --train.steps=%d --train.log_every=1",
                    R, replicas, B, STEPS);
     cr_assert_eq(r.status, 0, "%d replicas failed: %s", R, r.err);
@@ -714,7 +661,7 @@ Test(launch, three_replicas_equal_one_worker_with_three_times_the_batch)
 Test(launch, a_split_that_drops_blocks_is_refused)
 {
     char *dir = make_temp_dir();
-    run_result r = run_pipert("", "launch --stages 2 --replicas 1 --out %s " SMALL_MODEL
+    run_result r = run_pipert("launch --stages 2 --replicas 1 --out %s " SMALL_MODEL
                                   " --plan.layers=1,0 --train.steps=3", dir);
     cr_expect_neq(r.status, 0);
     cr_expect(strstr(r.err, "plan.layers=1,0"), "stderr: %s", r.err);
@@ -724,7 +671,7 @@ Test(launch, a_split_that_drops_blocks_is_refused)
 Test(launch, bad_configuration_fails_before_any_worker)
 {
     char *dir = make_temp_dir();
-    run_result r = run_pipert("", "launch --replicas 2 --out %s --model.n_layer=0", dir);
+    run_result r = run_pipert("launch --replicas 2 --out %s --model.n_layer=0", dir);
     cr_expect_eq(r.status, 1, "exit status %d: %s", r.status, r.err);
     cr_expect(strstr(r.err, "model.n_layer"), "stderr: %s", r.err);
     cr_expect_not(exists(dir, "logs"), "workers were started for a bad configuration");
@@ -734,7 +681,7 @@ Test(launch, bad_configuration_fails_before_any_worker)
 Test(launch, worker_without_a_launcher)
 {
     char *dir = make_temp_dir();
-    run_result r = run_pipert("env -u PIPERT_RANK -u SLURM_PROCID -u OMPI_COMM_WORLD_RANK -u PMI_RANK",
+    run_result r = run_pipert_with("env -u PIPERT_RANK -u SLURM_PROCID -u OMPI_COMM_WORLD_RANK -u PMI_RANK",
                               "worker --out %s " SMALL_MODEL, dir);
     cr_expect_eq(r.status, 1, "exit status %d: %s", r.status, r.err);
     cr_expect(strstr(r.err, "no launcher found"), "stderr: %s", r.err);

@@ -15,41 +15,21 @@
 #include <unistd.h>
 
 #include "runtime/fileio.h"
+#include "tests/command.h"
 
 #define MODEL                                                                                      \
     "--model.n_layer=4 --model.n_embd=32 --model.n_head=2 --model.block_size=32 "                 \
     "--train.warmup_steps=1 --train.val_every=0 --train.val_batches=2 --train.log_every=1"
 enum { STEPS = 20 };
 
-static char *make_temp_dir(void)
+/* Runs `pipert ARGS`; fails the test, with its stderr, if it fails. */
+static void run_ok(const char *fmt, ...)
 {
-    char *dir = strdup("/tmp/pipert-pipeline-XXXXXX");
-    cr_assert_not_null(mkdtemp(dir));
-    return dir;
-}
-
-static void remove_dir(char *dir)
-{
-    char command[600];
-    snprintf(command, sizeof command, "rm -rf '%s'", dir);
-    cr_expect_eq(system(command), 0);
-    free(dir);
-}
-
-/* Runs `pipert ARGS`; fails the test with the log tail if it fails. */
-static void run_pipert(const char *fmt, ...)
-{
-    char args[4096], command[8192];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(args, sizeof args, fmt, ap);
+    run_result r = run_pipert_env("", fmt, ap);
     va_end(ap);
-    snprintf(command, sizeof command, "%s %s >/dev/null 2>/tmp/pipert-pipeline-err", getenv("PIPERT_BIN"), args);
-    int raw = system(command);
-    char *err = NULL;
-    size_t size;
-    if (raw != 0) pt_read_file("/tmp/pipert-pipeline-err", &err, &size);
-    cr_assert_eq(raw, 0, "pipert %s failed:\n%s", args, err ? err : "");
+    cr_assert_eq(r.status, 0, "pipert failed (%d):\n%s", r.status, r.err);
 }
 
 /* Each step's "loss" (and, if wanted, another field) from DIR/FILE. */
@@ -88,7 +68,7 @@ static void expect_same_losses(const char *reference, const char *dir, const cha
 static char *single_worker(int batch, int microbatches)
 {
     char *dir = make_temp_dir();
-    run_pipert("train --quiet --out %s " MODEL " --train.steps=%d --train.batch_size=%d "
+    run_ok("train --quiet --out %s " MODEL " --train.steps=%d --train.batch_size=%d "
                "--train.grad_accum=%d --runtime.threads=1",
                dir, STEPS, batch, microbatches);
     return dir;
@@ -98,7 +78,7 @@ static void check_flush_schedule(const char *schedule, int stages, int replicas,
 {
     const int M = 4, B = 2;
     char *reference = single_worker(B * replicas, M), *dir = make_temp_dir();
-    run_pipert("launch --quiet --stages %d --replicas %d --out %s " MODEL " --train.steps=%d "
+    run_ok("launch --quiet --stages %d --replicas %d --out %s " MODEL " --train.steps=%d "
                "--train.batch_size=%d --pipeline.schedule=%s --pipeline.microbatches=%d %s",
                stages, replicas, dir, STEPS, B, schedule, M, extra);
     char what[160];
@@ -132,7 +112,7 @@ Test(pipeline, asynchronous_schedule_measures_its_staleness)
     const char *lookaheads[] = {"none", "stash", "nesterov", "predict"};
     for (int k = 0; k < 4; k++) {
         char *dir = make_temp_dir();
-        run_pipert("launch --quiet --stages 4 --replicas 1 --out %s " MODEL " --train.steps=%d "
+        run_ok("launch --quiet --stages 4 --replicas 1 --out %s " MODEL " --train.steps=%d "
                    "--train.batch_size=4 --pipeline.schedule=async-1f1b --pipeline.lookahead=%s",
                    dir, 3 * STEPS, lookaheads[k]);
         double loss[3 * STEPS];
@@ -157,7 +137,7 @@ Test(pipeline, a_run_leaves_one_merged_trace)
 {
     char *dir = make_temp_dir(), path[512], *text;
     size_t size;
-    run_pipert("launch --quiet --stages 2 --replicas 1 --out %s " MODEL " --train.steps=5 "
+    run_ok("launch --quiet --stages 2 --replicas 1 --out %s " MODEL " --train.steps=5 "
                "--train.batch_size=2 --pipeline.schedule=1f1b",
                dir);
     snprintf(path, sizeof path, "%s/trace.json", dir);

@@ -1,0 +1,88 @@
+/* Running the `pipert` command from a test, as a user would: through the
+ * shell, with its exit status, its stderr and its wall time. The binary comes
+ * from PIPERT_BIN, which tests/meson.build sets for the command tests. */
+#ifndef PT_TEST_COMMAND_H
+#define PT_TEST_COMMAND_H
+
+#include <criterion/criterion.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "runtime/clock.h"
+
+typedef struct run_result {
+    int status;     /* exit status; 128 when killed by a signal */
+    double seconds;
+    char err[8192]; /* the start of stderr */
+} run_result;
+
+static inline const char *pipert_bin(void)
+{
+    const char *bin = getenv("PIPERT_BIN");
+    cr_assert_not_null(bin, "PIPERT_BIN is not set (run through meson test)");
+    return bin;
+}
+
+/* A fresh directory /tmp/pipert-TEST-XXXXXX (free() the name, or remove_dir). */
+static inline char *make_temp_dir(void)
+{
+    char *dir = strdup("/tmp/pipert-test-XXXXXX");
+    cr_assert_not_null(mkdtemp(dir));
+    return dir;
+}
+
+/* Removes a test's directory and frees its name. */
+static inline void remove_dir(char *dir)
+{
+    char command[600];
+    snprintf(command, sizeof command, "rm -rf '%s'", dir);
+    cr_expect_eq(system(command), 0, "cannot remove %s", dir);
+    free(dir);
+}
+
+/* Runs `ENV pipert ARGS` (env: "" or "NAME=value ..."). */
+static inline run_result run_pipert_env(const char *env, const char *fmt, va_list ap)
+{
+    const char *bin = pipert_bin();
+    char args[4096], command[8192], err_path[] = "/tmp/pipert-test-err-XXXXXX";
+    vsnprintf(args, sizeof args, fmt, ap);
+    int fd = mkstemp(err_path);
+    cr_assert_geq(fd, 0);
+    close(fd);
+    snprintf(command, sizeof command, "%s %s %s >/dev/null 2>%s", env, bin, args, err_path);
+    run_result r = {0};
+    double start = pt_now_s();
+    int raw = system(command);
+    r.seconds = pt_now_s() - start;
+    r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : 128;
+    FILE *f = fopen(err_path, "r");
+    size_t n = f ? fread(r.err, 1, sizeof r.err - 1, f) : 0;
+    r.err[n] = '\0';
+    if (f) fclose(f);
+    unlink(err_path);
+    return r;
+}
+
+static inline run_result run_pipert_with(const char *env, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    run_result r = run_pipert_env(env, fmt, ap);
+    va_end(ap);
+    return r;
+}
+
+static inline run_result run_pipert(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    run_result r = run_pipert_env("", fmt, ap);
+    va_end(ap);
+    return r;
+}
+
+#endif
