@@ -4,7 +4,11 @@
  * `ucx_lock`. That is the progress thread, which drains a command queue that
  * other threads fill and runs ucp_worker_progress() (UCX calls our callbacks
  * from there), except while it sleeps in epoll: then a user thread may take
- * the lock and post its send or receive itself (post_directly). Everything
+ * the lock and post its send or receive itself (post_directly), or, blocked in
+ * pt_request_wait, drive UCX for a bounded while (poll_while_waiting). Either
+ * leaves the worker progressed and armed, as the sleeping progress thread
+ * expects, and wakes it only if the worker cannot be armed. Polling is always
+ * bounded (SPIN_US, WAIT_SPIN_US): an idle transport sleeps. Everything
  * UCX-facing (connections, the in-flight list, a request's UCX side) is
  * touched only under ucx_lock. Shared state that waiters read (request
  * completion, the peer table, connection outcomes) is guarded by one
@@ -92,16 +96,16 @@
 #define SHUTDOWN_STEP_S 2.0
 /* An idle progress thread still wakes this often (UCX keepalive, handshake deadlines). */
 #define IDLE_WAKE_MS 1000
-/* While requests are in flight, the progress thread polls UCX this long after the last thing
- * that happened before it arms the worker and sleeps: a protocol step or an answer that comes
- * within that time costs no wake-up. With nothing in flight it sleeps at once, so an idle
- * transport spins at most SPIN_US after each event (and after each IDLE_WAKE_MS wake-up while a
- * receive waits): well under 1% of a core. */
-#ifndef EXPERIMENT_SPIN_US
+/* Bounded polling, so that a protocol step or an answer that comes soon costs no wake-up.
+ * The progress thread, while requests are in flight, polls UCX this long after the last thing
+ * that happened before it arms the worker and sleeps; with nothing in flight it sleeps at once.
+ * So a transport with nothing happening polls at most SPIN_US per IDLE_WAKE_MS (a receive that
+ * waits long: 0.005% of a core), never continuously. */
 #define SPIN_US 50
-#else
-#define SPIN_US EXPERIMENT_SPIN_US
-#endif
+/* A thread blocked in pt_request_wait drives UCX itself (if the progress thread sleeps) for at
+ * most this long per call before it sleeps on the condition variable: an answer within that time
+ * (a round trip on one host takes ~20 us) wakes neither the progress thread nor the waiter. */
+#define WAIT_SPIN_US 100
 
 /* ---- checksum ------------------------------------------------------------ */
 
@@ -221,6 +225,9 @@ struct connection {
     connection *next;
 };
 
+/* What runs when a receive part (or a direct send's answer) completes. */
+typedef void (*arrival_fn)(pt_request *r, ucs_status_t status, const ucp_tag_recv_info_t *info);
+
 typedef enum request_type { REQUEST_SEND, REQUEST_RECV, REQUEST_DISCARD } request_type;
 typedef enum request_state { REQUEST_PENDING, REQUEST_COMPLETING, REQUEST_DONE } request_state;
 
@@ -248,6 +255,7 @@ struct pt_request {
     pt_recv_expect expect;
     void *op;    /* receive: the UCX operation in flight; direct send: the ack's receive */
     int part;    /* receive: which part `op` is (PART_HEADER or PART_PAYLOAD) */
+    arrival_fn arrived; /* runs when `op` ends */
     int posting; /* inside ucp_tag_recv_nbx for `op` (its callback may run there) */
     int completed_in_post;
     ucs_status_t completed_status;
@@ -295,6 +303,7 @@ struct pt_transport {
     /* 1 while the progress thread sleeps (or is about to) in epoll: only then does a queued
      * command need a write to wake_fd. */
     atomic_int in_epoll;
+    int pollers; /* threads in pt_request_wait driving UCX (under state_lock): release waits */
 
     /* Under state_lock. */
     peer *peers;
@@ -1128,40 +1137,12 @@ static void send_part(pt_request *r, ucp_ep_h ep, const void *buffer, size_t cou
     if (op == NULL || UCS_PTR_IS_ERR(op)) send_part_finished(r, op ? UCS_PTR_STATUS(op) : UCS_OK);
 }
 
-static void ack_arrived(pt_request *r, ucs_status_t status);
-static void on_recv_part_done(void *request, ucs_status_t status, const ucp_tag_recv_info_t *info,
-                              void *user_data);
+static void post_part_receive(pt_request *r, ucp_tag_t tag, void *buffer, size_t count, int iov,
+                              arrival_fn arrived);
 
-/* A direct send waits for the receiver's answer under (KIND_INTERNAL, peer, ack id); posted
- * before the descriptor leaves, so it is never unexpected. */
-static void post_ack_receive(pt_request *r)
+static void ack_arrived(pt_request *r, ucs_status_t status, const ucp_tag_recv_info_t *info)
 {
-    ucp_request_param_t param = {
-        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
-                        UCP_OP_ATTR_FIELD_DATATYPE | UCP_OP_ATTR_FLAG_NO_IMM_CMPL,
-        .cb.recv = on_recv_part_done,
-        .user_data = r,
-        .datatype = ucp_dt_make_contig(1),
-    };
-    r->ops_pending++;
-    r->posting = 1;
-    r->completed_in_post = 0;
-    ucs_status_ptr_t op = ucp_tag_recv_nbx(
-        r->t->worker, &r->ack, sizeof r->ack,
-        make_tag(KIND_INTERNAL, r->peer, PART_PAYLOAD, r->descriptor.ack_id), ~(ucp_tag_t)0, &param);
-    r->posting = 0;
-    if (r->completed_in_post || op == NULL || UCS_PTR_IS_ERR(op)) {
-        ack_arrived(r, r->completed_in_post ? r->completed_status
-                       : op                 ? UCS_PTR_STATUS(op)
-                                            : UCS_ERR_NO_PROGRESS);
-        return;
-    }
-    r->op = op;
-}
-
-static void ack_arrived(pt_request *r, ucs_status_t status)
-{
-    r->op = NULL;
+    (void)info;
     char what[96];
     describe_request(r, what, sizeof what);
     if (status == UCS_ERR_CANCELED && r->cancel_reason[0])
@@ -1177,6 +1158,15 @@ static void ack_arrived(pt_request *r, ucs_status_t status)
                        r->peer);
     /* ACK_REFUSED: the receiver refused the header; the message was taken all the same. */
     send_part_finished(r, UCS_OK);
+}
+
+/* A direct send waits for the receiver's answer under (KIND_INTERNAL, peer, ack id); posted
+ * before the descriptor leaves, so it is never unexpected. */
+static void post_ack_receive(pt_request *r)
+{
+    r->ops_pending++;
+    post_part_receive(r, make_tag(KIND_INTERNAL, r->peer, PART_PAYLOAD, r->descriptor.ack_id),
+                      &r->ack, sizeof r->ack, 0, ack_arrived);
 }
 
 static void post_send(pt_transport *t, pt_request *r)
@@ -1232,8 +1222,9 @@ static void on_recv_part_done(void *request, ucs_status_t status, const ucp_tag_
 static void header_arrived(pt_request *r, ucs_status_t status, const ucp_tag_recv_info_t *info);
 static void payload_arrived(pt_request *r, ucs_status_t status, const ucp_tag_recv_info_t *info);
 
-/* Posts one receive part; `arrived` runs when it completes, at once or later. */
-static void recv_part(pt_request *r, void *buffer, size_t count, int iov, int part)
+/* Posts one receive of r's under `tag`; `arrived` runs when it completes, at once or later. */
+static void post_part_receive(pt_request *r, ucp_tag_t tag, void *buffer, size_t count, int iov,
+                              arrival_fn arrived)
 {
     pt_transport *t = r->t;
     /* No immediate completion: UCX 1.13 leaves recv_info unfilled when an
@@ -1246,15 +1237,11 @@ static void recv_part(pt_request *r, void *buffer, size_t count, int iov, int pa
         .user_data = r,
         .datatype = iov ? UCP_DATATYPE_IOV : ucp_dt_make_contig(1),
     };
-    r->part = part;
+    r->arrived = arrived;
     r->posting = 1;
     r->completed_in_post = 0;
-    ucs_status_ptr_t op =
-        ucp_tag_recv_nbx(t->worker, buffer, count, make_tag(r->kind, r->peer, part, r->user_tag),
-                         ~(ucp_tag_t)0, &param);
+    ucs_status_ptr_t op = ucp_tag_recv_nbx(t->worker, buffer, count, tag, ~(ucp_tag_t)0, &param);
     r->posting = 0;
-    void (*arrived)(pt_request *, ucs_status_t, const ucp_tag_recv_info_t *) =
-        part == PART_HEADER ? header_arrived : payload_arrived;
     if (r->completed_in_post || op == NULL || UCS_PTR_IS_ERR(op)) {
         ucs_status_t status = r->completed_in_post ? r->completed_status
                               : op                 ? UCS_PTR_STATUS(op)
@@ -1280,24 +1267,27 @@ static void recv_part(pt_request *r, void *buffer, size_t count, int iov, int pa
     }
 }
 
+/* Posts the header or payload part of a receive. */
+static void recv_part(pt_request *r, void *buffer, size_t count, int iov, int part)
+{
+    r->part = part;
+    post_part_receive(r, make_tag(r->kind, r->peer, part, r->user_tag), buffer, count, iov,
+                      part == PART_HEADER ? header_arrived : payload_arrived);
+}
+
 static void on_recv_part_done(void *request, ucs_status_t status, const ucp_tag_recv_info_t *info,
                               void *user_data)
 {
     pt_request *r = user_data;
     ucp_request_free(request);
     if (status == UCS_OK) r->info = *info;
-    if (r->posting) { /* finish in recv_part, after ucp_tag_recv_nbx returned */
+    if (r->posting) { /* finish in post_part_receive, after ucp_tag_recv_nbx returned */
         r->completed_in_post = 1;
         r->completed_status = status;
         return;
     }
     r->op = NULL;
-    if (r->type == REQUEST_SEND) /* a direct send's answer */
-        ack_arrived(r, status);
-    else if (r->part == PART_HEADER)
-        header_arrived(r, status, info);
-    else
-        payload_arrived(r, status, info);
+    r->arrived(r, status, info);
 }
 
 static int receive_failed_status(pt_request *r, ucs_status_t status, const char *part_name)
@@ -1896,6 +1886,9 @@ static void release(pt_transport *t)
     if (t->epoll_fd >= 0) close(t->epoll_fd);
     if (t->wake_fd >= 0) close(t->wake_fd);
     ucx_lock_release(t);
+    pthread_mutex_lock(&state_lock);
+    while (t->pollers > 0) pthread_cond_wait(&state_changed, &state_lock);
+    pthread_mutex_unlock(&state_lock);
     pthread_mutex_destroy(&t->queue_lock);
     pthread_mutex_destroy(&t->ucx_lock);
     free(t->peers);
@@ -2096,6 +2089,28 @@ static pipert_result new_request(pt_transport *t, request_type type, int peer_ra
     return PIPERT_OK;
 }
 
+/* The UCX lock for a user thread: only if it is free (the progress thread sleeps in epoll) and
+ * the transport is not shutting down (its worker may be gone). */
+static int ucx_lock_try_while_running(pt_transport *t)
+{
+    if (!ucx_lock_try(t)) return 0;
+    pthread_mutex_lock(&t->queue_lock);
+    int stopping = t->stopping;
+    pthread_mutex_unlock(&t->queue_lock);
+    if (stopping) ucx_lock_release(t);
+    return !stopping;
+}
+
+/* Before a user thread gives the lock back: leaves the worker as the sleeping progress thread
+ * left it, progressed and armed, so that what comes next wakes it. Returns 1 if it cannot be
+ * armed (events wait): then the progress thread must be woken to look. */
+static int progress_and_arm(pt_transport *t)
+{
+    while (ucp_worker_progress(t->worker)) {
+    }
+    return ucp_worker_arm(t->worker) != UCS_OK;
+}
+
 /* Posts on this thread when UCX is free (the progress thread sleeps), which
  * saves a thread hand-off: an eager send then completes before we return,
  * and a receive waits without waking anyone. Commands already queued run
@@ -2103,24 +2118,13 @@ static pipert_result new_request(pt_transport *t, request_type type, int peer_ra
  * the caller must queue the request instead. */
 static int post_directly(pt_transport *t, pt_request *r)
 {
-    if (!ucx_lock_try(t)) return 0;
-    pthread_mutex_lock(&t->queue_lock);
-    int stopping = t->stopping;
-    pthread_mutex_unlock(&t->queue_lock);
-    if (stopping) {
-        ucx_lock_release(t);
-        return 0;
-    }
+    if (!ucx_lock_try_while_running(t)) return 0;
     run_commands(t);
     if (r->type == REQUEST_SEND)
         post_send(t, r);
     else
         post_receive(t, r);
-    /* Leave the worker as the sleeping progress thread left it: progressed and armed, so that
-     * what comes next wakes it. Only if it cannot be armed (events wait) must it look now. */
-    while (ucp_worker_progress(t->worker)) {
-    }
-    int busy = ucp_worker_arm(t->worker) != UCS_OK;
+    int busy = progress_and_arm(t);
     ucx_lock_release(t);
     if (busy) wake_progress_thread(t);
     return 1;
@@ -2226,19 +2230,67 @@ static pipert_result report(const pt_request *r)
     return PIPERT_OK;
 }
 
-int pt_request_test(pt_request *request, pipert_result *result)
+static int request_done(pt_request *r)
 {
     pthread_mutex_lock(&state_lock);
-    int done = request->state == REQUEST_DONE;
+    int done = r->state == REQUEST_DONE;
     pthread_mutex_unlock(&state_lock);
+    return done;
+}
+
+int pt_request_test(pt_request *request, pipert_result *result)
+{
+    int done = request_done(request);
     if (done) *result = report(request);
     return done;
+}
+
+/* What the progress thread's epoll reports for the worker's event fd: EPOLLIN, or 0 while a
+ * waiter polls (the waiter handles those events; waking the progress thread for them would only
+ * take a core from it). */
+static void set_worker_events(pt_transport *t, uint32_t events)
+{
+    struct epoll_event event = {.events = events, .data.fd = t->worker_fd};
+    if (epoll_ctl(t->epoll_fd, EPOLL_CTL_MOD, t->worker_fd, &event) != 0)
+        pt_warn("transport: epoll_ctl on the worker's event fd: %s", strerror(errno));
+}
+
+/* Before sleeping, a waiter drives UCX itself for at most `seconds` if the
+ * progress thread sleeps: it holds the UCX lock meanwhile, mutes the worker's
+ * fd in the progress thread's epoll, and leaves the worker progressed and
+ * armed (as post_directly does). */
+static void poll_while_waiting(pt_request *r, double seconds)
+{
+    pthread_mutex_lock(&state_lock);
+    pt_transport *t = r->state == REQUEST_PENDING ? r->t : NULL;
+    if (t) t->pollers++; /* keeps t alive: release() waits for pollers to leave */
+    pthread_mutex_unlock(&state_lock);
+    if (!t) return;
+    if (ucx_lock_try_while_running(t)) {
+        set_worker_events(t, 0);
+        double until = pt_now_s() + seconds;
+        do {
+            run_commands(t);
+            while (ucp_worker_progress(t->worker)) {
+            }
+        } while (!request_done(r) && pt_now_s() < until);
+        int busy = progress_and_arm(t);
+        /* Unmuted once armed: an event from here on makes the fd readable, and epoll sees it. */
+        set_worker_events(t, EPOLLIN);
+        ucx_lock_release(t);
+        if (busy) wake_progress_thread(t);
+    }
+    pthread_mutex_lock(&state_lock);
+    if (--t->pollers == 0) pthread_cond_broadcast(&state_changed);
+    pthread_mutex_unlock(&state_lock);
 }
 
 pipert_result pt_request_wait(pt_request *request, double timeout_s)
 {
     if (holding_ucx_lock)
         return pt_fail(PIPERT_ERR_INTERNAL, "pt_request_wait called from a transport callback");
+    double spin_s = WAIT_SPIN_US * 1e-6;
+    poll_while_waiting(request, timeout_s >= 0 && timeout_s < spin_s ? timeout_s : spin_s);
     struct timespec deadline;
     if (timeout_s >= 0) deadline_after(timeout_s, &deadline);
     pthread_mutex_lock(&state_lock);

@@ -35,6 +35,17 @@
  *     buffer only after the header passed, with the header's nbytes (which
  *     is <= capacity). A refused header's payload is drained into a
  *     zero-length receive: UCX drops it without the receiver allocating it.
+ *   - between two processes of one host that can read each other's memory
+ *     (checked in the hello: boot id, pid and a probe word read back), a
+ *     payload of 64 KiB or more travels as a small descriptor instead: the
+ *     receiver copies it straight out of the sender's memory
+ *     (process_vm_readv, one copy, as UCX's cma does) and acknowledges, and
+ *     only the acknowledgement completes the send. UCX 1.13 offers no
+ *     shared-memory transport to endpoints with peer error handling, which
+ *     pipert needs to notice dead peers; this path stands in for it. It is
+ *     off where UCX_TLS excludes cma (UCX_TLS=tcp between emulated sites), and
+ *     a sender that left or died before the copy fails the receive with
+ *     PIPERT_ERR_PEER. Acknowledgements use kind 0, internally.
  * A refused message completes the request with PIPERT_ERR_PEER and a message
  * naming the peer's rank and the offending field (magic, version, job,
  * src_rank, kind, dtype, shape, nbytes, checksum); an inline payload may
@@ -208,7 +219,8 @@ pipert_result pt_request_wait(pt_request *request, double timeout_s);
 
 /* Calls fn(request, result, arg) once the request completes: right away on
  * this thread if it already has, else on whichever thread completes it (the
- * progress thread, or a thread posting a request at that moment), with the
+ * progress thread, a thread posting a request at that moment, or one driving
+ * UCX briefly inside pt_request_wait), with the
  * transport's UCX lock held. So fn must be short and must not wait on
  * requests (pt_request_wait fails there with PIPERT_ERR_INTERNAL); it may
  * post new ones (they are queued), and it may free `request`. */

@@ -77,11 +77,13 @@ perftest_lat() { perftest -t tag_lat -s 8 -n "$LAT_ITERS" -w 1000 "$@" | awk '{ 
 
 median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{ v[NR] = $1 } END { printf "%.3f", NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f%%", 100 * a / b }'; }
+times() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1fx", a / b }'; }
 
 echo "pipert transport vs ucx_perftest, 2 processes on $(hostname), $(nproc) cores, UCX $(ucx_info -v | awk '/Version/ { print $3; exit }')"
 echo "bandwidth: $BW_ITERS x 4 MiB tag messages; latency: 8-byte ping-pong, half round trip"
 echo "  ucx_perftest -t tag_bw -s $LARGE -n $BW_ITERS -w 10    ucx_perftest -t tag_lat -s 8 -n $LAT_ITERS -w 1000"
 echo "  $bench --runs 1 --messages $BW_ITERS --pings $PINGS"
+echo "  (\"perftest -e\": ucx_perftest with endpoint error handling, the mode pipert's endpoints use)"
 for tls in $tls_list; do
   if [[ $tls == default ]]; then unset UCX_TLS; else export UCX_TLS=$tls; fi
   echo
@@ -102,5 +104,5 @@ for tls in $tls_list; do
   mp_lat=$(echo "${p_lat[*]}" | median); me_lat=$(echo "${e_lat[*]}" | median); mx_lat=$(echo "${x_lat[*]}" | median)
   printf '  %-5s %14s %14s %14s   %14s %14s %14s\n' median "$mp_bw" "$me_bw" "$mx_bw" "$mp_lat" "$me_lat" "$mx_lat"
   echo "  bandwidth: pipert / ucx_perftest = $(ratio "$mx_bw" "$mp_bw")   (pipert / ucx_perftest -e = $(ratio "$mx_bw" "$me_bw"))"
-  echo "  latency:   pipert / ucx_perftest = $(ratio "$mx_lat" "$mp_lat")   (pipert / ucx_perftest -e = $(ratio "$mx_lat" "$me_lat"); above 100% is slower)"
+  echo "  latency:   pipert = $(times "$mx_lat" "$mp_lat") ucx_perftest's   ($(times "$mx_lat" "$me_lat") ucx_perftest -e's)"
 done
