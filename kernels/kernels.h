@@ -70,8 +70,9 @@ typedef struct pt_kernels {
                             pt_weight_layout layout);
 
     /* Causal self-attention. qkv[B,T,3C] holds q, k, v side by side, head h
-     * in columns [h·hs, (h+1)·hs) of each; out[B,T,C]; att[B,NH,T,T] keeps the
-     * softmax probabilities for the backward (entries above the diagonal are 0). */
+     * in columns [h·hs, (h+1)·hs) of each; out[B,T,C]; att holds what the forward
+     * saves for the backward, attention_saved_floats(B, T, C, NH) floats (cpu: the
+     * softmax probabilities [B,NH,T,T], zero above the diagonal). */
     void (*attention_forward)(float *out, float *att, const float *qkv, int B, int T, int C,
                               int NH);
     void (*attention_backward)(float *dqkv, const float *dout, const float *qkv, const float *att,

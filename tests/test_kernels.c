@@ -140,6 +140,7 @@ Test(kernels, cpu_table_is_complete)
         (void (*)(void))k->layernorm_forward, (void (*)(void))k->layernorm_backward,
         (void (*)(void))k->matmul_forward, (void (*)(void))k->matmul_backward,
         (void (*)(void))k->attention_forward, (void (*)(void))k->attention_backward,
+        (void (*)(void))k->attention_saved_floats,
         (void (*)(void))k->gelu_forward, (void (*)(void))k->gelu_backward,
         (void (*)(void))k->residual_forward, (void (*)(void))k->crossentropy_forward,
         (void (*)(void))k->crossentropy_forward_backward, (void (*)(void))k->adam_update,
