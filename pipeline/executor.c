@@ -237,10 +237,12 @@ pipert_result pt_stage_executor_create(pt_stage_executor **out, const pt_stage_e
     return PIPERT_OK;
 }
 
+/* Releases a send still in flight when the executor goes away: normally it
+ * completed long ago; after a failure, its peer has usually died or left. */
 static void finish_request(pt_request **request)
 {
     if (!*request) return;
-    pt_request_wait(*request, MESSAGE_TIMEOUT_S);
+    pt_request_wait(*request, 5.0);
     pt_request_free(*request);
     *request = NULL;
 }
