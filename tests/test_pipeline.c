@@ -162,3 +162,20 @@ Test(pipeline, a_run_leaves_one_merged_trace)
     free(text);
     remove_dir(dir);
 }
+
+/* A stage that dies mid-run (the worker's test hook SIGKILLs rank 0 at step
+ * 5) ends the job within seconds, naming it, while its neighbour waits on a
+ * message from it. */
+Test(pipeline, a_dead_stage_is_named)
+{
+    char *dir = make_temp_dir();
+    run_result r = run_pipert_with("PIPERT_TEST_DIE_AT_STEP=5 PIPERT_TEST_DIE_RANK=0",
+                                   "launch --stages 2 --replicas 1 --out %s " MODEL
+                                   " --train.batch_size=2 --train.steps=100000",
+                                   dir);
+    cr_expect_eq(r.status, 1, "exit status %d: %s", r.status, r.err);
+    cr_expect(strstr(r.err, "rank 0 (stage 0, replica 0) failed: killed by signal 9"), "stderr: %s",
+              r.err);
+    cr_expect_lt(r.seconds, 10.0, "the launcher took %.1f s", r.seconds);
+    remove_dir(dir);
+}
