@@ -6,200 +6,35 @@
  * must means (the exact sum divided by n, as the test computes it). One test
  * uses inexact inputs with a stated tolerance.
  *
- * The harness (fork, address exchange through a pipe, kill on request,
- * reaping with a deadline) is the one of test_transport.c, trimmed. */
+ * The harness is the one of multiprocess.h; every job here connects all its
+ * ranks before the body runs. */
 #include <criterion/criterion.h>
 
-#ifdef __SANITIZE_ADDRESS__
-#include <sanitizer/lsan_interface.h>
-/* Children end with _exit, which skips LeakSanitizer's exit check: run it by hand. */
-#define CHILD_LEAK_CHECK() __lsan_do_recoverable_leak_check()
-#else
-#define CHILD_LEAK_CHECK() 0
-#endif
-
-#include <errno.h>
 #include <math.h>
-#include <poll.h>
-#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/prctl.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "runtime/clock.h"
 #include "runtime/collectives.h"
-#include "runtime/log.h"
 
-#define MAX_RANKS 8
-#define ADDRESS_MAX 96
+#define JOB_SECRET "collectives test"
+#define JOB_ID 7u
 #define JOB_DEADLINE_S 90.0
+#define JOB_CONNECT_TIMEOUT_S 20.0
+#define JOB_CONNECT_ALL_TIMEOUT_S 30.0
+#include "multiprocess.h"
 
-/* ---- the multi-process harness ------------------------------------------- */
-
-typedef struct rank_context {
-    int rank, n;
-    pt_transport *t;
-    int up_fd;
-} rank_context;
-
-typedef int (*rank_body)(rank_context *ctx);
-
-typedef struct up_record {
-    int kind; /* 0: my address (empty: I failed), 1: kill rank `rank`, 2: connected, waiting */
-    int rank;
-    char address[ADDRESS_MAX];
-} up_record;
-
-#define CHILD_CHECK(ctx, cond, ...)                                                                \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "rank %d of %d, %s:%d: check failed: %s: ", (ctx)->rank, (ctx)->n,     \
-                    __FILE__, __LINE__, #cond);                                                    \
-            fprintf(stderr, __VA_ARGS__);                                                          \
-            fprintf(stderr, " (last error: %s)\n", pipert_last_error());                           \
-            return 1;                                                                              \
-        }                                                                                          \
-    } while (0)
-
-static int read_full(int fd, void *buffer, size_t bytes)
+/* Runs body on n connected processes; `killed` is the rank expected to die by SIGKILL (-1: none). */
+static void run_ranks(int n, rank_body body, int killed)
 {
-    size_t got = 0;
-    while (got < bytes) {
-        ssize_t n = read(fd, (char *)buffer + got, bytes - got);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) return 0;
-        got += (size_t)n;
-    }
-    return 1;
+    job_spec spec = {.n = n, .body = body, .mesh = 1};
+    if (killed >= 0) spec.expect_killed[killed] = 1;
+    RUN_JOB(spec);
 }
-
-static void child_main(int n, int rank, rank_body body, int up_fd, int down_fd)
-{
-    rank_context ctx = {.rank = rank, .n = n, .up_fd = up_fd};
-    pt_log_set_rank(rank);
-    pt_transport_options options = PT_TRANSPORT_OPTIONS_INIT;
-    options.rank = rank;
-    options.secret = "collectives test";
-    options.job = 7;
-    options.listen_host = "127.0.0.1";
-    options.connect_timeout_s = 20.0;
-    up_record mine = {.kind = 0, .rank = rank};
-    pipert_result rc = pt_transport_create(&options, &ctx.t);
-    if (rc == PIPERT_OK)
-        snprintf(mine.address, sizeof mine.address, "%s", pt_transport_listen_address(ctx.t));
-    else
-        fprintf(stderr, "rank %d: pt_transport_create: %s\n", rank, pipert_last_error());
-    if (write(up_fd, &mine, sizeof mine) != (ssize_t)sizeof mine || rc != PIPERT_OK) _exit(91);
-    static char table[MAX_RANKS][ADDRESS_MAX];
-    if (!read_full(down_fd, table, sizeof table)) _exit(92);
-    const char *addresses[MAX_RANKS];
-    for (int r = 0; r < n; r++) addresses[r] = table[r];
-    int status = 0;
-    if (pt_transport_connect_all(ctx.t, n, addresses, 30.0) != PIPERT_OK) {
-        fprintf(stderr, "rank %d: connect_all: %s\n", rank, pipert_last_error());
-        status = 93;
-    }
-    /* Nobody starts (and so nobody can finish and leave) before everyone is connected. */
-    up_record ready = {.kind = 2, .rank = rank};
-    char go;
-    if (write(up_fd, &ready, sizeof ready) != (ssize_t)sizeof ready || !read_full(down_fd, &go, 1))
-        _exit(97);
-    if (status == 0) status = body(&ctx);
-    pt_transport_destroy(ctx.t);
-    if (status == 0 && CHILD_LEAK_CHECK()) status = 95;
-    _exit(status);
-}
-
-/* Runs body on n processes; `killed` is the rank expected to die by SIGKILL (-1: none). */
-static int run_job(int n, rank_body body, int killed, char *why, size_t why_capacity)
-{
-    int up[2], down[MAX_RANKS][2];
-    pid_t pids[MAX_RANKS] = {0}, parent = getpid();
-    if (pipe(up) != 0) return snprintf(why, why_capacity, "pipe: %s", strerror(errno)), 0;
-    int ok = 1;
-    for (int r = 0; r < n && ok; r++) {
-        if (pipe(down[r]) != 0) return snprintf(why, why_capacity, "pipe: %s", strerror(errno)), 0;
-        fflush(NULL);
-        pids[r] = fork();
-        if (pids[r] == 0) {
-            /* Never outlive the test, even if it is killed itself. */
-            prctl(PR_SET_PDEATHSIG, SIGKILL);
-            if (getppid() != parent) _exit(96);
-            close(up[0]);
-            close(down[r][1]);
-            child_main(n, r, body, up[1], down[r][0]);
-        }
-        close(down[r][0]);
-        if (pids[r] < 0) ok = !snprintf(why, why_capacity, "fork: %s", strerror(errno));
-    }
-    close(up[1]);
-    static char table[MAX_RANKS][ADDRESS_MAX];
-    memset(table, 0, sizeof table);
-    int reported = 0, ready = 0, ended = 0, done[MAX_RANKS] = {0};
-    double deadline = pt_now_s() + JOB_DEADLINE_S;
-    while (ok && ended < n) {
-        if (pt_now_s() > deadline) {
-            ok = !snprintf(why, why_capacity, "the job did not end within %.0f s", JOB_DEADLINE_S);
-            break;
-        }
-        struct pollfd fd = {.fd = up[0], .events = POLLIN};
-        if (up[0] >= 0 && poll(&fd, 1, 10) > 0) {
-            up_record record;
-            if (!read_full(up[0], &record, sizeof record)) {
-                close(up[0]);
-                up[0] = -1;
-            } else if (record.kind == 0 && !record.address[0]) {
-                ok = !snprintf(why, why_capacity, "rank %d could not create its transport",
-                               record.rank);
-            } else if (record.kind == 0) {
-                snprintf(table[record.rank], ADDRESS_MAX, "%s", record.address);
-                if (++reported == n)
-                    for (int r = 0; r < n; r++)
-                        if (write(down[r][1], table, sizeof table) != (ssize_t)sizeof table) ok = 0;
-            } else if (record.kind == 2) {
-                if (++ready == n)
-                    for (int r = 0; r < n; r++)
-                        if (write(down[r][1], "g", 1) != 1) ok = 0;
-            } else if (record.rank >= 0 && record.rank < n) {
-                kill(pids[record.rank], SIGKILL);
-            }
-        } else if (up[0] < 0) {
-            usleep(10000);
-        }
-        for (int r = 0; r < n && ok; r++) {
-            int status;
-            if (done[r] || waitpid(pids[r], &status, WNOHANG) != pids[r]) continue;
-            done[r] = 1;
-            ended++;
-            pids[r] = 0;
-            int expected = r == killed ? WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL
-                                       : WIFEXITED(status) && WEXITSTATUS(status) == 0;
-            if (!expected)
-                ok = !snprintf(why, why_capacity, "rank %d of %d ended with %s %d", r, n,
-                               WIFEXITED(status) ? "exit status" : "signal",
-                               WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
-        }
-    }
-    for (int r = 0; r < n; r++)
-        if (pids[r] > 0) kill(pids[r], SIGKILL);
-    for (int r = 0; r < n; r++)
-        if (pids[r] > 0) waitpid(pids[r], NULL, 0);
-    if (up[0] >= 0) close(up[0]);
-    for (int r = 0; r < n; r++) close(down[r][1]);
-    return ok;
-}
-
-#define RUN_JOB(n, body, killed)                                                                   \
-    do {                                                                                           \
-        char why_[512] = "";                                                                       \
-        int ok_ = run_job((n), (body), (killed), why_, sizeof why_);                               \
-        cr_assert(ok_, "%d ranks: %s (see the children's stderr above)", (n), why_);               \
-    } while (0)
 
 /* ---- inputs and references ----------------------------------------------- */
 
@@ -265,10 +100,10 @@ static int allreduce_exact_body(rank_context *ctx)
     return 0;
 }
 
-Test(collectives, allreduce_2_ranks) { RUN_JOB(2, allreduce_exact_body, -1); }
-Test(collectives, allreduce_3_ranks) { RUN_JOB(3, allreduce_exact_body, -1); }
-Test(collectives, allreduce_5_ranks) { RUN_JOB(5, allreduce_exact_body, -1); }
-Test(collectives, allreduce_8_ranks) { RUN_JOB(8, allreduce_exact_body, -1); }
+Test(collectives, allreduce_2_ranks) { run_ranks(2, allreduce_exact_body, -1); }
+Test(collectives, allreduce_3_ranks) { run_ranks(3, allreduce_exact_body, -1); }
+Test(collectives, allreduce_5_ranks) { run_ranks(5, allreduce_exact_body, -1); }
+Test(collectives, allreduce_8_ranks) { run_ranks(8, allreduce_exact_body, -1); }
 
 /* Inexact inputs: within 1e-6 * n of the double-precision sum (each element
  * is at most 1 in magnitude and goes through n - 1 fp32 additions), and
@@ -297,7 +132,7 @@ static int allreduce_inexact_body(rank_context *ctx)
 
 Test(collectives, allreduce_inexact_inputs_agree_on_every_rank)
 {
-    RUN_JOB(4, allreduce_inexact_body, -1);
+    run_ranks(4, allreduce_inexact_body, -1);
 }
 
 /* Several non-blocking all-reduces in flight at once, waited out of order, with work in between. */
@@ -334,7 +169,7 @@ static int nonblocking_body(rank_context *ctx)
     return 0;
 }
 
-Test(collectives, nonblocking_allreduces_overlap) { RUN_JOB(3, nonblocking_body, -1); }
+Test(collectives, nonblocking_allreduces_overlap) { run_ranks(3, nonblocking_body, -1); }
 
 /* Groups over some of the ranks, listed out of order, running at the same time. */
 static int subgroup_body(rank_context *ctx)
@@ -369,7 +204,7 @@ static int subgroup_body(rank_context *ctx)
     return 0;
 }
 
-Test(collectives, subgroups_reduce_only_their_members) { RUN_JOB(5, subgroup_body, -1); }
+Test(collectives, subgroups_reduce_only_their_members) { run_ranks(5, subgroup_body, -1); }
 
 /* ---- broadcast, all-gather, barrier -------------------------------------- */
 
@@ -402,8 +237,8 @@ static int broadcast_body(rank_context *ctx)
     return 0;
 }
 
-Test(collectives, broadcast_from_every_root_5_ranks) { RUN_JOB(5, broadcast_body, -1); }
-Test(collectives, broadcast_from_every_root_8_ranks) { RUN_JOB(8, broadcast_body, -1); }
+Test(collectives, broadcast_from_every_root_5_ranks) { run_ranks(5, broadcast_body, -1); }
+Test(collectives, broadcast_from_every_root_8_ranks) { run_ranks(8, broadcast_body, -1); }
 
 static int allgather_body(rank_context *ctx)
 {
@@ -425,8 +260,8 @@ static int allgather_body(rank_context *ctx)
     return 0;
 }
 
-Test(collectives, allgather_3_ranks) { RUN_JOB(3, allgather_body, -1); }
-Test(collectives, allgather_5_ranks) { RUN_JOB(5, allgather_body, -1); }
+Test(collectives, allgather_3_ranks) { run_ranks(3, allgather_body, -1); }
+Test(collectives, allgather_5_ranks) { run_ranks(5, allgather_body, -1); }
 
 /* Shared by the forked ranks: how many have arrived at each barrier. */
 static atomic_int *arrivals;
@@ -453,7 +288,7 @@ static void barrier_test(int n)
     arrivals = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     cr_assert(arrivals != MAP_FAILED);
     for (int i = 0; i < 3; i++) atomic_init(&arrivals[i], 0);
-    RUN_JOB(n, barrier_body, -1);
+    run_ranks(n, barrier_body, -1);
     munmap(arrivals, 4096);
 }
 
@@ -470,10 +305,7 @@ static int dead_member_body(rank_context *ctx)
     CHILD_CHECK(ctx, pt_allreduce(g, data, 100000, PT_REDUCE_SUM) == PIPERT_OK, "first allreduce");
     if (ctx->rank == 1)
         for (;;) pause(); /* until killed */
-    up_record kill_request = {.kind = 1, .rank = 1};
-    CHILD_CHECK(
-        ctx, write(ctx->up_fd, &kill_request, sizeof kill_request) == (ssize_t)sizeof kill_request,
-        "ask");
+    CHILD_CHECK(ctx, request_kill(ctx, 1), "ask");
     double start = pt_now_s();
     pipert_result rc = pt_allreduce(g, data, 100000, PT_REDUCE_SUM);
     CHILD_CHECK(ctx, rc == PIPERT_ERR_PEER && strstr(pipert_last_error(), "rank 1"),
@@ -483,7 +315,7 @@ static int dead_member_body(rank_context *ctx)
     return 0;
 }
 
-Test(collectives, allreduce_with_a_killed_member_fails) { RUN_JOB(2, dead_member_body, 1); }
+Test(collectives, allreduce_with_a_killed_member_fails) { run_ranks(2, dead_member_body, 1); }
 
 static int arguments_body(rank_context *ctx)
 {
@@ -517,4 +349,4 @@ static int arguments_body(rank_context *ctx)
     return 0;
 }
 
-Test(collectives, arguments_and_mismatched_sizes) { RUN_JOB(2, arguments_body, -1); }
+Test(collectives, arguments_and_mismatched_sizes) { run_ranks(2, arguments_body, -1); }
