@@ -1,5 +1,6 @@
 #include "tools/cli.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -74,6 +75,21 @@ static pt_cli_outcome parse_flags(const pt_cli *cli, int argc, char **argv, cons
         }
     }
     return PT_CLI_OK;
+}
+
+pipert_result pt_cli_parse_int(const char *flag, const char *text, long min, long max,
+                               int fallback, int *out)
+{
+    *out = fallback;
+    if (!text) return PIPERT_OK;
+    char *end;
+    errno = 0;
+    long value = strtol(text, &end, 10);
+    if (end == text || *end || errno || value < min || value > max)
+        return pt_fail(PIPERT_ERR_INVALID_ARG, "%s: expected an integer in [%ld, %ld], got '%s'",
+                       flag, min, max, text);
+    *out = (int)value;
+    return PIPERT_OK;
 }
 
 pipert_result pt_cli_apply_overrides(int argc, char **argv, pipert_config *cfg)

@@ -37,6 +37,11 @@ typedef enum pt_cli_outcome { PT_CLI_OK, PT_CLI_HELP_SHOWN, PT_CLI_USAGE_ERROR, 
 pt_cli_outcome pt_cli_parse(const pt_cli *cli, int argc, char **argv, pipert_config **cfg);
 int pt_cli_exit_status(pt_cli_outcome outcome);
 
+/* An integer flag value in [min, max], the whole of `text`; NULL text gives
+ * `fallback`. Otherwise PIPERT_ERR_INVALID_ARG naming the flag and the range. */
+pipert_result pt_cli_parse_int(const char *flag, const char *text, long min, long max,
+                               int fallback, int *out);
+
 /* Applies the --section.key=value arguments of argv to cfg again (for a
  * command that rebuilds its configuration from a file first). */
 pipert_result pt_cli_apply_overrides(int argc, char **argv, pipert_config *cfg);

@@ -91,18 +91,6 @@ static pipert_result run_bench(const pipert_config *cfg, int warmup, int steps, 
     return rc;
 }
 
-static pipert_result parse_count(const char *flag, const char *text, int fallback, int *out)
-{
-    char *end;
-    *out = fallback;
-    if (!text) return PIPERT_OK;
-    long value = strtol(text, &end, 10);
-    if (*end || value < 0 || value > 100000)
-        return pt_fail(PIPERT_ERR_INVALID_ARG, "%s: expected a count, got '%s'", flag, text);
-    *out = (int)value;
-    return PIPERT_OK;
-}
-
 int pt_cmd_bench(int argc, char **argv)
 {
     const char *steps_text = NULL, *warmup_text = NULL;
@@ -122,9 +110,8 @@ int pt_cmd_bench(int argc, char **argv)
     pt_cli_outcome outcome = pt_cli_parse(&cli, argc, argv, &cfg);
     if (outcome != PT_CLI_OK) return pt_cli_exit_status(outcome);
     int steps, warmup;
-    pipert_result rc = parse_count("--steps", steps_text, 10, &steps);
-    if (rc == PIPERT_OK) rc = parse_count("--warmup", warmup_text, 3, &warmup);
-    if (rc == PIPERT_OK && steps < 1) rc = pt_fail(PIPERT_ERR_INVALID_ARG, "--steps must be ≥ 1");
+    pipert_result rc = pt_cli_parse_int("--steps", steps_text, 1, 100000, 10, &steps);
+    if (rc == PIPERT_OK) rc = pt_cli_parse_int("--warmup", warmup_text, 0, 100000, 3, &warmup);
     if (rc == PIPERT_OK) rc = run_bench(cfg, warmup, steps, profile);
     pipert_config_free(cfg);
     return rc == PIPERT_OK ? 0 : pt_cmd_report_failure("bench");

@@ -22,17 +22,6 @@ typedef struct check_request {
     int B, T;
 } check_request;
 
-static pipert_result parse_positive(const char *flag, const char *text, int *out)
-{
-    char *end;
-    long value = text ? strtol(text, &end, 10) : 0;
-    if (!text || *end || value < 1 || value > 1 << 20)
-        return pt_fail(PIPERT_ERR_INVALID_ARG, "%s: expected a positive integer, got '%s'", flag,
-                       text ? text : "nothing");
-    *out = (int)value;
-    return PIPERT_OK;
-}
-
 /* Tokens [0, B·T) are the inputs and [1, B·T] the targets. */
 static pipert_result read_tokens(const check_request *req, int vocab_size, int32_t *inputs,
                                  int32_t *targets)
@@ -146,10 +135,10 @@ int pt_cmd_check(int argc, char **argv)
     pt_cli_outcome outcome = pt_cli_parse(&cli, argc, argv, &cfg);
     if (outcome != PT_CLI_OK) return pt_cli_exit_status(outcome);
     pipert_result rc = PIPERT_OK;
-    if (!req.model_path || !req.tokens_path || !req.out_path)
+    if (!req.model_path || !req.tokens_path || !req.out_path || !batch || !seq)
         rc = pt_fail(PIPERT_ERR_INVALID_ARG, "--model, --tokens, --out, --batch and --seq are required");
-    if (rc == PIPERT_OK) rc = parse_positive("--batch", batch, &req.B);
-    if (rc == PIPERT_OK) rc = parse_positive("--seq", seq, &req.T);
+    if (rc == PIPERT_OK) rc = pt_cli_parse_int("--batch", batch, 1, 1 << 20, 0, &req.B);
+    if (rc == PIPERT_OK) rc = pt_cli_parse_int("--seq", seq, 1, 1 << 20, 0, &req.T);
     if (rc == PIPERT_OK) rc = run_check(&req, cfg, argc, argv);
     pipert_config_free(cfg);
     return rc == PIPERT_OK ? 0 : pt_cmd_report_failure("check");

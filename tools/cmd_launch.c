@@ -549,15 +549,6 @@ static void free_job(job *j)
     free(j->config_args);
 }
 
-static bool parse_count(const char *text, int max, int *value)
-{
-    char *end;
-    long v = strtol(text, &end, 10);
-    if (end == text || *end || v < 1 || v > max) return false;
-    *value = (int)v;
-    return true;
-}
-
 static void default_out_dir(char *dir, size_t cap)
 {
     time_t now = time(NULL);
@@ -597,8 +588,9 @@ int pt_cmd_launch(int argc, char **argv)
     snprintf(grace_text, sizeof grace_text, "%s", grace);
     char *end;
     j.grace_s = strtod(grace_text, &end);
-    if (!parse_count(stages, PT_MAX_WORLD, &j.stages) ||
-        !parse_count(replicas, PT_MAX_WORLD, &j.replicas) || *end || !(j.grace_s >= 0) ||
+    if (pt_cli_parse_int("--stages", stages, 1, PT_MAX_WORLD, 1, &j.stages) != PIPERT_OK ||
+        pt_cli_parse_int("--replicas", replicas, 1, PT_MAX_WORLD, 1, &j.replicas) != PIPERT_OK ||
+        *end || !(j.grace_s >= 0) ||
         (long)j.stages * j.replicas > PT_MAX_WORLD) {
         fprintf(stderr, "pipert launch: --stages and --replicas take positive integers (at most "
                         "%d workers), --grace a number of seconds\n",

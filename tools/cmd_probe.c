@@ -13,15 +13,6 @@
 #include "tools/cli.h"
 #include "tools/commands.h"
 
-/* A positive int, the whole of `text`; 0 if it is not one. */
-static int parse_positive_int(const char *text)
-{
-    char *end;
-    long value = strtol(text, &end, 10);
-    if (end == text || *end != '\0' || value < 1 || value > INT_MAX) return 0;
-    return (int)value;
-}
-
 static void print_peak(const pt_gemm_peak *peak, int cores)
 {
     int busy_cores = peak->threads < cores ? peak->threads : cores;
@@ -76,11 +67,10 @@ int pt_cmd_probe(int argc, char **argv)
                         flags, (int)(sizeof flags / sizeof flags[0]), false, NULL};
     pt_cli_outcome outcome = pt_cli_parse(&cli, argc, argv, NULL);
     if (outcome != PT_CLI_OK) return pt_cli_exit_status(outcome);
-    int threads = 0;
-    if (threads_text && !(threads = parse_positive_int(threads_text))) {
-        fprintf(stderr, "pipert probe: --threads '%s': expected a positive integer\n"
-                        "usage: pipert probe %s   (--help for more)\n",
-                threads_text, cli.synopsis);
+    int threads;
+    if (pt_cli_parse_int("--threads", threads_text, 1, INT_MAX, 0, &threads) != PIPERT_OK) {
+        fprintf(stderr, "pipert probe: %s\nusage: pipert probe %s   (--help for more)\n",
+                pipert_last_error(), cli.synopsis);
         return pt_cli_exit_status(PT_CLI_USAGE_ERROR);
     }
 

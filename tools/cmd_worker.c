@@ -566,8 +566,8 @@ int pt_cmd_worker(int argc, char **argv)
     const char *out_dir = NULL, *stages = "1";
     bool quiet = false;
     const pt_cli_flag flags[] = {
-        {"--out", "DIR", "the job's directory: rank 0 writes metrics.jsonl and checkpoints here "
-                         "(required)", &out_dir, NULL},
+        {"--out", "DIR", "the job's directory: the last stage of replica 0 writes metrics.jsonl "
+                         "(and, with one stage, checkpoints) here (required)", &out_dir, NULL},
         {"--stages", "S", "pipeline stages (the replicas are the world size / S)", &stages, NULL},
         {"--quiet", NULL, "no progress lines", NULL, &quiet},
     };
@@ -580,13 +580,10 @@ int pt_cmd_worker(int argc, char **argv)
     pipert_config *cfg;
     pt_cli_outcome outcome = pt_cli_parse(&cli, argc, argv, &cfg);
     if (outcome != PT_CLI_OK) return pt_cli_exit_status(outcome);
-    char *end;
-    long stage_count = strtol(stages, &end, 10);
-    worker w = {.out_dir = out_dir, .quiet = quiet, .stages = (int)stage_count};
-    if (!out_dir || *end || stage_count < 1 || stage_count > PT_MAX_WORLD) {
+    worker w = {.out_dir = out_dir, .quiet = quiet};
+    if (!out_dir || pt_cli_parse_int("--stages", stages, 1, PT_MAX_WORLD, 1, &w.stages) != PIPERT_OK) {
         pipert_config_free(cfg);
-        fprintf(stderr, "pipert worker: %s\n", !out_dir ? "--out DIR is required"
-                                                        : "--stages must be a positive integer");
+        fprintf(stderr, "pipert worker: %s\n", !out_dir ? "--out DIR is required" : pipert_last_error());
         return 2;
     }
     struct sigaction action = {.sa_handler = request_stop};
