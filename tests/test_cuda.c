@@ -25,6 +25,7 @@
 
 #include "kernels/cuda/cuda.h"
 #include "kernels/kernels.h"
+#include "tests/random_data.h"
 #include "models/gpt.h"
 #include "train/optimizer.h"
 
@@ -53,25 +54,6 @@ static void limit_arena(void) { setenv("PIPERT_CUDA_ARENA_MB", "2048", 0); }
 TestSuite(cuda, .init = limit_arena);
 
 /* ---- helpers --------------------------------------------------------------- */
-
-static uint64_t rng_state = 0x2545f4914f6cdd1dull;
-
-static double uniform(double lo, double hi)
-{
-    rng_state ^= rng_state >> 12; /* xorshift64* */
-    rng_state ^= rng_state << 25;
-    rng_state ^= rng_state >> 27;
-    uint64_t r = rng_state * 0x2545f4914f6cdd1dull;
-    return lo + (hi - lo) * (double)(r >> 11) / 9007199254740992.0;
-}
-
-static float *random_floats(size_t n, double lo, double hi)
-{
-    float *x = malloc((n ? n : 1) * sizeof *x);
-    cr_assert(x);
-    for (size_t i = 0; i < n; i++) x[i] = (float)uniform(lo, hi);
-    return x;
-}
 
 static int32_t *random_tokens(size_t n, int vocab)
 {

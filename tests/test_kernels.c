@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "kernels/kernels.h"
+#include "tests/random_data.h"
 
 #define FD_STEP 2e-3f
 #define FD_REL_TOL 1e-2
@@ -22,25 +23,6 @@
 #define FD_CHECKS 16 /* elements checked per gradient */
 
 /* ---- helpers --------------------------------------------------------------- */
-
-static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
-
-static double uniform(double lo, double hi)
-{
-    rng_state ^= rng_state >> 12; /* xorshift64* */
-    rng_state ^= rng_state << 25;
-    rng_state ^= rng_state >> 27;
-    uint64_t r = rng_state * 0x2545f4914f6cdd1dull;
-    return lo + (hi - lo) * (double)(r >> 11) / 9007199254740992.0;
-}
-
-static float *random_floats(size_t n, double lo, double hi)
-{
-    float *x = malloc(n * sizeof *x);
-    cr_assert(x);
-    for (size_t i = 0; i < n; i++) x[i] = (float)uniform(lo, hi);
-    return x;
-}
 
 static float *zero_floats(size_t n)
 {
