@@ -25,10 +25,10 @@
 
 #include "models/gpt.h"
 #include "pipeline/schedule.h"
-#include "runtime/collectives.h"
+#include "runtime/comm/collectives.h"
 #include "runtime/config.h"
 #include "runtime/trace.h"
-#include "runtime/transport.h"
+#include "runtime/comm/transport.h"
 
 typedef enum pt_lookahead {
     PT_LOOKAHEAD_NONE,

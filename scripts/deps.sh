@@ -11,6 +11,7 @@ packages=(
   libhwloc-dev hwloc       # topology and pinning
   libucx-dev ucx-utils     # transport (and ucx_perftest for its benchmark)
   fortunes                 # the default training text
+  openmpi-bin libopenmpi-dev  # the embedding example (examples/) and the mpirun tests
 )
 
 missing=()

@@ -21,7 +21,7 @@
 #include "runtime/clock.h"
 #include "runtime/safetensors.h"
 #include "runtime/stats.h"
-#include "runtime/transport.h"
+#include "runtime/comm/transport.h"
 
 #define ADDRESS_MAX 96
 #define LARGE_BYTES (4u << 20)

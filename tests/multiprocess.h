@@ -42,7 +42,7 @@
 
 #include "runtime/clock.h"
 #include "runtime/log.h"
-#include "runtime/transport.h"
+#include "runtime/comm/transport.h"
 
 #define MAX_RANKS 8
 #define ADDRESS_MAX 96

@@ -9,7 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "runtime/bootstrap.h"
+#include "runtime/comm/bootstrap.h"
 
 #define SECRET "0123456789abcdef0123456789abcdef"
 

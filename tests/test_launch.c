@@ -34,7 +34,7 @@
 #include <unistd.h>
 
 #include "runtime/clock.h"
-#include "runtime/coordinator.h"
+#include "runtime/comm/coordinator.h"
 #include "runtime/fileio.h"
 #include "tests/command.h"
 

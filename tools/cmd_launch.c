@@ -1,10 +1,10 @@
 /* pipert launch: a job of stages × replicas workers on this machine.
  *
  * The launcher generates the job's secret (DIR/job.secret, mode 0600), runs
- * the coordinator (runtime/coordinator.h) on 127.0.0.1, and starts one
+ * the coordinator (runtime/comm/coordinator.h) on 127.0.0.1, and starts one
  * `pipert worker` process per rank — this very executable again
  * (/proc/self/exe), with the same configuration arguments — with the
- * environment of runtime/bootstrap.h. Rank r is stage r mod S of replica
+ * environment of runtime/comm/bootstrap.h. Rank r is stage r mod S of replica
  * r div S (pt_rank_layout). Cores are divided evenly: with n workers on c
  * cores each gets c div n cores (PIPERT_CORES, the worker binds itself);
  * with more workers than cores, worker r gets core r mod c.
@@ -34,10 +34,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "runtime/bootstrap.h"
+#include "runtime/comm/bootstrap.h"
 #include "runtime/clock.h"
 #include "runtime/config.h"
-#include "runtime/coordinator.h"
+#include "runtime/comm/coordinator.h"
 #include "runtime/fileio.h"
 #include "runtime/log.h"
 #include "runtime/metrics.h"

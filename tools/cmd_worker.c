@@ -1,8 +1,8 @@
 /* pipert worker: one process of a multi-worker job, started by `pipert
  * launch`, srun or mpirun (docs/RUNNING.md).
  *
- * It learns its rank from the environment (runtime/bootstrap.h), registers
- * with the job's coordinator (runtime/coordinator.h; under SLURM and MPI rank
+ * It learns its rank from the environment (runtime/comm/bootstrap.h), registers
+ * with the job's coordinator (runtime/comm/coordinator.h; under SLURM and MPI rank
  * 0 runs it, on a thread of its own), waits for every rank, then trains with
  * train/trainer.h, reporting progress to the coordinator and checking for a
  * job-wide abort before every step. The coordinator client heartbeats from its
@@ -21,11 +21,11 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "runtime/bootstrap.h"
+#include "runtime/comm/bootstrap.h"
 #include "runtime/clock.h"
-#include "runtime/collectives.h"
+#include "runtime/comm/collectives.h"
 #include "runtime/config.h"
-#include "runtime/coordinator.h"
+#include "runtime/comm/coordinator.h"
 #include "runtime/fileio.h"
 #include "runtime/log.h"
 #include "runtime/metrics.h"
@@ -33,7 +33,7 @@
 #include "pipeline/plan.h"
 #include "runtime/topology.h"
 #include "runtime/trace.h"
-#include "runtime/transport.h"
+#include "runtime/comm/transport.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
 #include "train/checkpoint.h"
@@ -171,7 +171,7 @@ static pipert_result wait_for_peers(worker *w)
     }
 }
 
-/* rank of (stage, replica): rank = replica·S + stage (runtime/bootstrap.h) */
+/* rank of (stage, replica): rank = replica·S + stage (runtime/comm/bootstrap.h) */
 static int rank_of(const worker *w, int stage, int replica) { return replica * w->stages + stage; }
 
 /* Connects the data plane to every rank this one exchanges tensors with: the

@@ -1,4 +1,4 @@
-#include "runtime/bootstrap.h"
+#include "runtime/comm/bootstrap.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -49,7 +49,7 @@
  * cma (unset, all, sm, shm, cma, or a ^list excluding none of those); with
  * UCX_TLS=tcp everything goes through UCX.
  */
-#include "runtime/transport.h"
+#include "runtime/comm/transport.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -72,7 +72,7 @@
 
 #include <ucp/api/ucp.h>
 
-#include "runtime/bootstrap.h"
+#include "runtime/comm/bootstrap.h"
 #include "runtime/clock.h"
 #include "runtime/log.h"
 #include "runtime/safetensors.h"

@@ -1,5 +1,5 @@
 /* Barrier, broadcast, all-gather and ring all-reduce over pt_transport. */
-#include "runtime/collectives.h"
+#include "runtime/comm/collectives.h"
 
 #include <pthread.h>
 #include <stdatomic.h>

@@ -1,4 +1,4 @@
-#include "runtime/coordinator.h"
+#include "runtime/comm/coordinator.h"
 
 #include <errno.h>
 #include <fcntl.h>

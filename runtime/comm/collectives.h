@@ -24,7 +24,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "runtime/transport.h"
+#include "runtime/comm/transport.h"
 
 typedef struct pt_group pt_group;
 

@@ -3,7 +3,7 @@
  * path only — tensors never pass through it — and speaks plain TCP.
  *
  * Where it runs: in `pipert launch` (one machine), or in rank 0's process
- * under SLURM and MPI (runtime/bootstrap.h says which).
+ * under SLURM and MPI (runtime/comm/bootstrap.h says which).
  *
  * Protocol: one JSON object per line ('\n'-terminated), each with a "type".
  *   worker → coordinator
@@ -40,7 +40,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "runtime/bootstrap.h"
+#include "runtime/comm/bootstrap.h"
 #include "runtime/error.h"
 
 #define PT_HEARTBEAT_INTERVAL_S 1.0
