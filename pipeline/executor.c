@@ -1,4 +1,5 @@
 #include "pipeline/executor.h"
+#include "pipeline/executor_internal.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -22,42 +23,7 @@
 #define TAG_GRADIENT 1u
 #define TAG_EVAL 2u
 
-struct pt_stage_executor {
-    pt_stage_executor_options options;
-    pipert_config config;
-    const pt_kernels *kernels;
-    pt_schedule_kind schedule_kind;
-    pt_lookahead lookahead;
-    pt_schedule schedule;
-    int microbatches; /* per optimizer step: M (flush) or 1 (async) */
-    int B, T, C;
-    char description[256];
 
-    pt_gpt_slice *model;
-    pt_optimizer optimizer;
-    pt_param_region *regions;
-    pt_dataset data; /* stage 0 and the last stage */
-    bool has_data;
-    int32_t *inputs, *targets; /* host staging [N] */
-    float *dout;               /* gradient received from stage s+1 [N, C] */
-
-    /* in-flight microbatches: slot = microbatch mod slots */
-    int slots;
-    long *slot_version; /* weight version each slot's forward used */
-    float **slot_weights; /* stashed/predicted weights per slot, or NULL (use θ) */
-    float **stash_input;  /* recompute: the slot's input [N, C] (stage > 0) */
-    int32_t **stash_tokens, **stash_targets; /* recompute: stage 0 / last stage */
-    pt_request **activation_sends; /* per slot */
-    pt_request *gradient_send;
-
-    long version;        /* optimizer steps taken = the version of θ */
-    double staleness_sum; /* measured over the current step's backwards */
-    int staleness_count;
-    double staleness_estimate; /* running mean, for predict */
-    double loss_sum;
-    int loss_count;
-    double step_started;
-};
 
 static const char *const lookahead_names[] = {
     [PT_LOOKAHEAD_NONE] = "none",
@@ -83,10 +49,7 @@ static bool is_last_stage(const pt_stage_executor *ex)
     return ex->options.stage == ex->options.stages - 1;
 }
 
-static bool is_async(const pt_stage_executor *ex)
-{
-    return ex->schedule_kind == PT_SCHEDULE_ASYNC_1F1B;
-}
+static bool is_async(const pt_stage_executor *ex) { return pt_executor_is_async(ex); }
 
 /* ---- setup --------------------------------------------------------------- */
 
@@ -119,10 +82,7 @@ static int in_flight(const pt_stage_executor *ex)
     return S - s < M ? S - s : M;
 }
 
-static bool stashes_weights(const pt_stage_executor *ex)
-{
-    return is_async(ex) && ex->lookahead != PT_LOOKAHEAD_NONE && ex->slots > 1;
-}
+static bool stashes_weights(const pt_stage_executor *ex) { return pt_executor_stashes_weights(ex); }
 
 static pipert_result alloc_slot_tables(pt_stage_executor *ex)
 {
@@ -170,13 +130,23 @@ static pipert_result build_model(pt_stage_executor *ex)
     return pt_optimizer_init(&ex->optimizer, &settings, ex->kernels, ex->model->n_params);
 }
 
+/* Stage 0 reads the inputs, the last stage the targets; with a batch
+ * callback the host program supplies both. */
 static pipert_result load_data(pt_stage_executor *ex)
 {
     const pt_data_settings *d = &ex->config.data;
     if (ex->options.stage != 0 && !is_last_stage(ex)) return PIPERT_OK;
+    if (ex->options.batch) return PIPERT_OK;
     PT_TRY(pt_dataset_load(&ex->data, d->path, d->format, d->val_fraction));
     ex->has_data = true;
+    PT_TRY(pt_sampling_parse(d->sampling, &ex->data.sampling));
+    ex->data.sequences_per_step = (long)ex->B * ex->options.replicas;
     return pt_dataset_check(&ex->data, ex->T, ex->config.model.vocab_size);
+}
+
+static bool reads_data(const pt_stage_executor *ex)
+{
+    return ex->options.stage == 0 || is_last_stage(ex);
 }
 
 static pipert_result executor_setup(pt_stage_executor *ex)
@@ -187,12 +157,16 @@ static pipert_result executor_setup(pt_stage_executor *ex)
     if (!strcmp(cfg->runtime.device, "cuda")) PT_TRY(pt_kernels_cuda(&ex->kernels));
     else pt_kernels_cpu_set_threads(ex->options.threads);
     PT_TRY(pt_schedule_parse_kind(cfg->pipeline.schedule, &ex->schedule_kind));
+    /* One stage has no staleness to hide: it is 1F1B with a flush over
+     * train.grad_accum microbatches, i.e. plain gradient accumulation. */
+    const bool one_stage = ex->options.stages == 1;
+    if (one_stage) ex->schedule_kind = PT_SCHEDULE_1F1B;
     PT_TRY(pt_lookahead_parse(cfg->pipeline.lookahead, &ex->lookahead));
     if (ex->lookahead == PT_LOOKAHEAD_PREDICT && is_async(ex) && !ex->kernels->adam_extrapolate)
         return pt_fail(PIPERT_ERR_UNSUPPORTED,
                        "pipeline.lookahead=predict: the %s backend has no adam_extrapolate kernel",
                        ex->kernels->name);
-    ex->microbatches = is_async(ex) ? 1 : cfg->pipeline.microbatches;
+    ex->microbatches = is_async(ex) ? 1 : one_stage ? cfg->train.grad_accum : cfg->pipeline.microbatches;
     ex->B = cfg->train.batch_size;
     ex->T = cfg->model.block_size;
     ex->C = cfg->model.n_embd;
@@ -210,6 +184,7 @@ static pipert_result executor_setup(pt_stage_executor *ex)
     PT_TRY(pt_schedule_build(&ex->schedule, ex->schedule_kind, ex->options.stages, (int)total,
                              ex->options.stage));
     ex->staleness_estimate = ex->options.stages - 1 - ex->options.stage;
+    ex->newest_slot = -1;
     snprintf(ex->description, sizeof ex->description,
              "stage %d/%d (blocks [%d, %d), %.2fM parameters), %s, lookahead %s, %s, %d "
              "microbatch%s in flight%s",
@@ -279,7 +254,8 @@ void pt_stage_executor_free(pt_stage_executor *ex)
     free(ex);
 }
 
-const pt_gpt_slice *pt_stage_executor_model(const pt_stage_executor *ex) { return ex->model; }
+pt_gpt_slice *pt_stage_executor_model(pt_stage_executor *ex) { return ex->model; }
+pt_optimizer *pt_stage_executor_optimizer(pt_stage_executor *ex) { return &ex->optimizer; }
 const char *pt_stage_executor_describe(const pt_stage_executor *ex) { return ex->description; }
 
 /* ---- messages ------------------------------------------------------------ */
@@ -402,7 +378,7 @@ typedef struct run_position {
 
 static int slot_of(const pt_stage_executor *ex, long microbatch)
 {
-    return (int)(microbatch % ex->slots);
+    return pt_executor_slot_of(ex, microbatch);
 }
 
 /* The activation set a microbatch uses: its own slot, or the single set
@@ -412,19 +388,43 @@ static void use_activations_of(pt_stage_executor *ex, long microbatch)
     pt_gpt_use_activation_slot(ex->model, ex->config.pipeline.recompute ? 0 : slot_of(ex, microbatch));
 }
 
-/* The global batch of microbatch g is the data of one optimizer step of the
- * single-worker trainer with grad_accum = M, so a flush schedule equals it. */
-static void sample_batch(pt_stage_executor *ex, long microbatch)
+/* Batch `index` of `split` from the host program's callback. */
+static pipert_result host_batch(pt_stage_executor *ex, pipert_split split, long index, long first)
 {
-    pt_dataset_train_batch(&ex->data, (uint64_t)ex->config.seed, microbatch,
-                           (long)ex->options.replica * ex->B, ex->B, ex->T, ex->inputs,
-                           ex->targets);
+    int rc = ex->options.batch(ex->options.batch_user, split, index, first, ex->B, ex->T,
+                               ex->inputs, ex->targets);
+    if (rc != 0)
+        return pt_fail(PIPERT_ERR_IO, "stage %d: the batch callback returned %d for %s batch %ld",
+                       ex->options.stage, rc, split == PIPERT_SPLIT_TRAIN ? "training" : "validation",
+                       index);
+    for (size_t i = 0; i < (size_t)ex->B * ex->T; i++)
+        if (ex->inputs[i] < 0 || ex->inputs[i] >= ex->config.model.vocab_size ||
+            ex->targets[i] < 0 || ex->targets[i] >= ex->config.model.vocab_size)
+            return pt_fail(PIPERT_ERR_INVALID_ARG,
+                           "stage %d: the batch callback gave token %d at position %zu of %s batch "
+                           "%ld (model.vocab_size is %d)",
+                           ex->options.stage, ex->inputs[i] < 0 || ex->inputs[i] >= ex->config.model.vocab_size ? ex->inputs[i] : ex->targets[i],
+                           i, split == PIPERT_SPLIT_TRAIN ? "training" : "validation", index,
+                           ex->config.model.vocab_size);
+    return PIPERT_OK;
+}
+
+/* The global batch of microbatch g is the data of one optimizer step of a
+ * single worker with grad_accum = M, so a flush schedule equals it; replica r
+ * draws sequences [r·B, (r+1)·B) of it. */
+static pipert_result sample_batch(pt_stage_executor *ex, long microbatch)
+{
+    const long first = (long)ex->options.replica * ex->B;
+    if (ex->options.batch) return host_batch(ex, PIPERT_SPLIT_TRAIN, microbatch, first);
+    pt_dataset_train_batch(&ex->data, (uint64_t)ex->config.seed, microbatch, first, ex->B, ex->T,
+                           ex->inputs, ex->targets);
+    return PIPERT_OK;
 }
 
 static pipert_result load_batch(pt_stage_executor *ex, long g)
 {
     const size_t bytes = (size_t)ex->B * ex->T * sizeof(int32_t);
-    sample_batch(ex, g);
+    PT_TRY(sample_batch(ex, g));
     use_activations_of(ex, g);
     int32_t *dst = ex->config.pipeline.recompute ? ex->stash_tokens[slot_of(ex, g)] : ex->model->tokens;
     ex->kernels->copy_to_device(dst, ex->inputs, bytes);
@@ -440,11 +440,12 @@ static pipert_result recv_activation(pt_stage_executor *ex, long g)
 
 /* The last stage draws its own targets: batches are a pure function of
  * (seed, step, sequence), so no stage needs to send them. */
-static void load_targets(pt_stage_executor *ex, long g)
+static pipert_result load_targets(pt_stage_executor *ex, long g)
 {
-    sample_batch(ex, g);
+    PT_TRY(sample_batch(ex, g));
     int32_t *dst = ex->config.pipeline.recompute ? ex->stash_targets[slot_of(ex, g)] : ex->model->targets;
     ex->kernels->copy_to_device(dst, ex->targets, (size_t)ex->B * ex->T * sizeof(int32_t));
+    return PIPERT_OK;
 }
 
 /* Restores a recomputed microbatch's inputs into the shared activation set. */
@@ -473,6 +474,7 @@ static pipert_result choose_forward_weights(pt_stage_executor *ex, long g)
 {
     const int slot = slot_of(ex, g);
     ex->slot_version[slot] = ex->version;
+    ex->newest_slot = slot;
     float *stash = ex->slot_weights[slot];
     if (!stashes_weights(ex)) {
         pt_gpt_use_params(ex->model, NULL);
@@ -504,7 +506,7 @@ static pipert_result forward(pt_stage_executor *ex, long g, float loss_scale)
 {
     const double started = pt_trace_now_us();
     use_activations_of(ex, g);
-    if (is_last_stage(ex)) load_targets(ex, g);
+    if (is_last_stage(ex)) PT_TRY(load_targets(ex, g));
     PT_TRY(release_activations(ex, g));
     if (ex->config.pipeline.recompute) restore_stashed_inputs(ex, g);
     PT_TRY(choose_forward_weights(ex, g));
@@ -575,25 +577,38 @@ static pipert_result optimizer_step(pt_stage_executor *ex)
     const pt_train_settings *t = &ex->config.train;
     pt_gpt_slice *m = ex->model;
     float loss = ex->loss_count ? (float)(ex->loss_sum / ex->loss_count) : NAN;
-    if (ex->options.replica_group) {
-        PT_TRY(pt_allreduce(ex->options.replica_group, m->grads, m->n_params, PT_REDUCE_MEAN));
-        /* the step's loss over every replica, as one worker with their batches would see it */
-        if (is_last_stage(ex)) PT_TRY(pt_allreduce(ex->options.replica_group, &loss, 1, PT_REDUCE_MEAN));
-        trace_span(ex, "allreduce", started, -1);
+    const long step = ex->version + 1;
+    pt_coupling_point at = {.model = m, .params = m->params, .grads = m->grads,
+                            .n_params = m->n_params, .step = step,
+                            .loss = is_last_stage(ex) ? &loss : NULL};
+    if (ex->options.coupling) {
+        PT_TRY(pt_coupling_after_backward(ex->options.coupling, &at));
+        trace_span(ex, "couple", started, -1);
     }
+    if (is_last_stage(ex) && !isfinite(loss))
+        return pt_fail(PIPERT_ERR_INTERNAL, "step %ld: the loss is %f; lower train.lr or check the data",
+                       step, (double)loss);
     double norm;
     PT_TRY(gradient_norm(ex, &norm));
     if (t->grad_clip > 0 && isfinite(norm) && norm > t->grad_clip)
         ex->kernels->scale(m->grads, (float)(t->grad_clip / norm), m->n_params);
-    const long step = ex->version + 1;
     const double lr = pt_lr_at(step, t->steps, t->lr, t->warmup_steps, t->min_lr_ratio);
     pt_optimizer_step(&ex->optimizer, m->params, m->grads, ex->regions, m->n_tensors, lr);
     pt_gpt_zero_grads(m);
     ex->version = step;
+    if (ex->options.coupling) {
+        at.grads = NULL;
+        at.loss = NULL;
+        at.newest_stash = stashes_weights(ex) && ex->newest_slot >= 0 ? ex->slot_weights[ex->newest_slot] : NULL;
+        PT_TRY(pt_coupling_after_step(ex->options.coupling, &at));
+    }
+    ex->kernels->synchronize();
     trace_span(ex, "optimizer", started, -1);
 
     const double now = pt_now_s();
-    pt_pipeline_step report = {
+    const pt_coupling_metrics dp = ex->options.coupling ? pt_coupling_take_metrics(ex->options.coupling)
+                                                        : (pt_coupling_metrics){0};
+    ex->last_report = (pt_pipeline_step){
         .step = step,
         .total_steps = t->steps,
         .loss = loss,
@@ -602,6 +617,7 @@ static pipert_result optimizer_step(pt_stage_executor *ex)
         .staleness = ex->staleness_count ? ex->staleness_sum / ex->staleness_count : 0,
         .seconds = now - ex->step_started,
         .tokens = (double)ex->B * ex->T * ex->microbatches,
+        .dp = dp,
     };
     ex->loss_sum = 0, ex->loss_count = 0;
     ex->staleness_sum = 0, ex->staleness_count = 0;
@@ -609,7 +625,7 @@ static pipert_result optimizer_step(pt_stage_executor *ex)
     if (!isfinite(norm))
         return pt_fail(PIPERT_ERR_INTERNAL, "stage %d, step %ld: the gradient norm is %g",
                        ex->options.stage, step, norm);
-    return ex->options.on_step ? ex->options.on_step(ex, &report, ex->options.context) : PIPERT_OK;
+    return PIPERT_OK;
 }
 
 /* ---- dispatch ------------------------------------------------------------ */
@@ -631,30 +647,68 @@ static pipert_result execute(pt_stage_executor *ex, const pt_instruction *in, co
     return pt_fail(PIPERT_ERR_INTERNAL, "schedule: unknown instruction %d", (int)in->kind);
 }
 
-static pipert_result run_schedule(pt_stage_executor *ex, const run_position *at)
+/* The position of the schedule's microbatch 0, and each microbatch's share
+ * of its step's loss. */
+static run_position position(const pt_stage_executor *ex)
 {
-    for (int i = 0; i < ex->schedule.count; i++) {
-        pipert_result rc = execute(ex, &ex->schedule.instructions[i], at);
-        if (rc != PIPERT_OK) return rc;
+    if (is_async(ex)) return (run_position){.base = 0, .loss_scale = 1.0f};
+    return (run_position){.base = ex->base, .loss_scale = 1.0f / (float)ex->microbatches};
+}
+
+bool pt_stage_executor_finished(const pt_stage_executor *ex)
+{
+    return ex->version >= ex->config.train.steps && (!is_async(ex) || ex->cursor == ex->schedule.count);
+}
+
+/* Runs instructions until the next optimizer step is done. A flush schedule
+ * is one step long and starts again; the asynchronous one is the whole run,
+ * and after its last step the rest (the last sends) runs too. */
+pipert_result pt_stage_executor_step(pt_stage_executor *ex, pt_pipeline_step *report)
+{
+    if (pt_stage_executor_finished(ex))
+        return pt_fail(PIPERT_ERR_INVALID_ARG, "stage %d: all %ld steps are done",
+                       ex->options.stage, ex->config.train.steps);
+    if (ex->step_started == 0) ex->step_started = pt_now_s();
+    const long target = ex->version + 1;
+    while (ex->version < target) {
+        if (ex->cursor == ex->schedule.count) {
+            if (is_async(ex)) return pt_fail(PIPERT_ERR_INTERNAL, "stage %d: the schedule ended "
+                                                                  "before step %ld",
+                                             ex->options.stage, target);
+            ex->cursor = 0;
+        }
+        if (ex->cursor == 0 && !is_async(ex)) ex->base = ex->version * ex->microbatches;
+        const run_position at = position(ex);
+        PT_TRY(execute(ex, &ex->schedule.instructions[ex->cursor], &at));
+        ex->cursor++;
     }
+    if (is_async(ex) && ex->version == ex->config.train.steps) {
+        const run_position at = position(ex);
+        for (; ex->cursor < ex->schedule.count; ex->cursor++)
+            PT_TRY(execute(ex, &ex->schedule.instructions[ex->cursor], &at));
+    }
+    if (report) *report = ex->last_report;
     return PIPERT_OK;
 }
 
-pipert_result pt_stage_executor_run(pt_stage_executor *ex)
+long pt_stage_executor_version(const pt_stage_executor *ex) { return ex->version; }
+
+pipert_result pt_stage_executor_resume_at(pt_stage_executor *ex, long version)
 {
-    ex->step_started = pt_now_s();
-    if (is_async(ex)) {
-        /* One schedule for the whole run: no flush, a step after each backward. */
-        run_position at = {.base = 0, .loss_scale = 1.0f};
-        return run_schedule(ex, &at);
-    }
-    const long steps = ex->config.train.steps;
-    while (ex->version < steps) {
-        run_position at = {.base = ex->version * ex->microbatches,
-                           .loss_scale = 1.0f / (float)ex->microbatches};
-        PT_TRY(run_schedule(ex, &at));
-    }
+    if (is_async(ex) && version > 0)
+        return pt_fail(PIPERT_ERR_UNSUPPORTED, "stage %d: resuming the asynchronous schedule is "
+                                               "not supported yet", ex->options.stage);
+    ex->version = version;
+    ex->cursor = 0;
+    ex->base = version * ex->microbatches;
     return PIPERT_OK;
+}
+
+void pt_stage_executor_use_kernels(pt_stage_executor *ex, const pt_kernels *kernels)
+{
+    ex->kernels = kernels;
+    ex->model->kernels = kernels;
+    ex->optimizer.kernels = kernels;
 }
 
 /* ---- validation ---------------------------------------------------------- */
@@ -670,8 +724,9 @@ pipert_result pt_stage_executor_validate(pt_stage_executor *ex, float *val_loss)
     pt_gpt_use_params(m, NULL);
     for (int k = 0; k < n; k++) {
         const double started = pt_trace_now_us();
-        if (ex->has_data) {
-            pt_dataset_val_batch(&ex->data, k, n, ex->B, ex->T, ex->inputs, ex->targets);
+        if (reads_data(ex)) {
+            if (ex->options.batch) PT_TRY(host_batch(ex, PIPERT_SPLIT_VAL, k, 0));
+            else pt_dataset_val_batch(&ex->data, k, n, ex->B, ex->T, ex->inputs, ex->targets);
             if (ex->options.stage == 0) ex->kernels->copy_to_device(m->tokens, ex->inputs, N * sizeof(int32_t));
             if (is_last_stage(ex)) ex->kernels->copy_to_device(m->targets, ex->targets, N * sizeof(int32_t));
         }

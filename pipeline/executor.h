@@ -1,6 +1,10 @@
-/* The stage executor: runs a schedule's instructions (pipeline/schedule.h) on
- * this worker's model slice and the UCX transport. One executor per
- * (stage, replica) worker.
+/* The stage executor: the one training engine. It runs a schedule's
+ * instructions (pipeline/schedule.h) on this worker's model slice and the UCX
+ * transport, one optimizer step per call. One executor per (stage, replica)
+ * worker; a single worker is the one-stage case (1F1B with a flush over
+ * train.grad_accum microbatches: gradient accumulation). The replicas of a
+ * stage are coupled through dp/coupling.h, called after the backward and
+ * after the optimizer step of every step.
  *
  * Weight handling (ALGORITHMS.md §3). Flush schedules (gpipe, 1f1b) run every
  * microbatch of a step on the same weights θ and step the optimizer once.
@@ -23,12 +27,14 @@
 
 #include <stdbool.h>
 
+#include "dp/coupling.h"
 #include "models/gpt.h"
 #include "pipeline/schedule.h"
 #include "runtime/comm/collectives.h"
 #include "runtime/config.h"
 #include "runtime/trace.h"
 #include "runtime/comm/transport.h"
+#include "train/optimizer.h"
 
 typedef enum pt_lookahead {
     PT_LOOKAHEAD_NONE,
@@ -51,6 +57,7 @@ typedef struct pt_pipeline_step {
     double staleness;   /* mean measured staleness of the step's backwards */
     double seconds;     /* wall time since the previous step */
     double tokens;      /* tokens this replica trained on in the step */
+    pt_coupling_metrics dp; /* what the coupling did in the step */
 } pt_pipeline_step;
 
 typedef struct pt_stage_executor_options {
@@ -61,12 +68,13 @@ typedef struct pt_stage_executor_options {
     pt_transport *transport;     /* connected to the neighbouring stages */
     int prev_rank, next_rank;    /* ranks of stages s−1 and s+1 of this replica (−1: none) */
     pt_group *stage_group;       /* the stages of this replica (NULL when stages == 1) */
-    pt_group *replica_group;     /* the replicas of this stage (NULL when replicas == 1) */
+    pt_coupling *coupling;       /* the replicas of this stage (NULL: none to couple) */
     pt_trace *trace;             /* NULL: no trace */
-    /* Checked while waiting for a message: true ends the run (PIPERT_ERR_INTERRUPTED). */
+    /* The host program's batches (pipert.h); NULL: data.path. */
+    pipert_batch_fn batch;
+    void *batch_user;
+    /* Checked while waiting for a message: true ends the wait (PIPERT_ERR_INTERRUPTED). */
     bool (*should_stop)(void *context);
-    /* Called after every optimizer step of this stage. */
-    pipert_result (*on_step)(pt_stage_executor *ex, const pt_pipeline_step *step, void *context);
     void *context;
 } pt_stage_executor_options;
 
@@ -74,16 +82,33 @@ pipert_result pt_stage_executor_create(pt_stage_executor **out,
                                        const pt_stage_executor_options *options);
 void pt_stage_executor_free(pt_stage_executor *ex);
 
-/* Trains for train.steps optimizer steps. */
-pipert_result pt_stage_executor_run(pt_stage_executor *ex);
+/* Runs the schedule until this stage's next optimizer step is done (after
+ * the last one, until the schedule ends); *report (may be NULL) says what the
+ * step did. */
+pipert_result pt_stage_executor_step(pt_stage_executor *ex, pt_pipeline_step *report);
+
+/* Every step of train.steps is done. */
+bool pt_stage_executor_finished(const pt_stage_executor *ex);
+
+/* Optimizer steps taken: the version of θ. */
+long pt_stage_executor_version(const pt_stage_executor *ex);
+
+/* Continues a flush schedule from a checkpoint: `version` steps are done
+ * (the parameters and optimizer state were restored by the caller). */
+pipert_result pt_stage_executor_resume_at(pt_stage_executor *ex, long version);
+
+/* Runs every later kernel call through `kernels` (the same memory: a
+ * profiling wrapper of the current table). */
+void pt_stage_executor_use_kernels(pt_stage_executor *ex, const pt_kernels *kernels);
 
 /* Mean validation loss over train.val_batches batches, computed through the
  * pipeline: every stage of the replica calls it at the same point; the last
  * stage gets the loss (NaN elsewhere). */
 pipert_result pt_stage_executor_validate(pt_stage_executor *ex, float *val_loss);
 
-/* The model slice (for checkpoints) and a one-line description. */
-const pt_gpt_slice *pt_stage_executor_model(const pt_stage_executor *ex);
+/* The model slice and optimizer (for checkpoints) and a one-line description. */
+pt_gpt_slice *pt_stage_executor_model(pt_stage_executor *ex);
+pt_optimizer *pt_stage_executor_optimizer(pt_stage_executor *ex);
 const char *pt_stage_executor_describe(const pt_stage_executor *ex);
 
 #endif

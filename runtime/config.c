@@ -117,6 +117,9 @@ static const config_key schema[] = {
                "how to read data.path; auto decides from the file"),
     NUMBER_KEY(data.val_fraction, 0.1, OPEN_RANGE(0, 1),
                "tail of the token stream held out for validation"),
+    STRING_KEY(data.sampling, "random", "random|sequential",
+               "training sequences: random offsets from (seed, step, sequence), or the stream "
+               "read in order (sequence q of the run starts at token q*block_size)"),
 
     NUMBER_KEY(runtime.threads, 0, AT_LEAST(0), "compute threads; 0 = every core of this machine"),
     STRING_KEY(runtime.device, "cpu", "cpu|cuda", "where the kernels run"),
@@ -131,6 +134,10 @@ static const config_key schema[] = {
     BOOL_KEY(pipeline.recompute, false,
              "keep only each stage's input and recompute activations at backward time"),
     BOOL_KEY(pipeline.trace, true, "write a Chrome/Perfetto trace (trace-rank-N.json) per rank"),
+
+    STRING_KEY(dp.method, "allreduce", "allreduce",
+               "how the replicas of a stage are coupled: allreduce = mean of the gradients every "
+               "step (dense, synchronous)"),
 
     STRING_KEY(plan.layers, "", NULL,
                "blocks per stage, e.g. \"3,3,3,3\"; \"\" = balanced by compute"),

@@ -44,6 +44,7 @@ typedef struct pt_data_settings {
     char path[PT_CONFIG_STRING_MAX];   /* text file, directory of text files, or llm.c .bin shard; "" = fortunes */
     char format[PT_CONFIG_STRING_MAX]; /* "auto" | "text" | "tokens" */
     double val_fraction;               /* tail of the token stream held out for validation */
+    char sampling[PT_CONFIG_STRING_MAX]; /* "random" | "sequential" */
 } pt_data_settings;
 
 typedef struct pt_runtime_settings {
@@ -59,6 +60,10 @@ typedef struct pt_pipeline_settings {
     bool trace;                           /* write a Chrome trace per rank */
 } pt_pipeline_settings;
 
+typedef struct pt_dp_settings {
+    char method[PT_CONFIG_STRING_MAX]; /* coupling of a stage's replicas: "allreduce" */
+} pt_dp_settings;
+
 typedef struct pt_plan_settings {
     char layers[PT_CONFIG_STRING_MAX]; /* "3,3,3,3": blocks per stage; "" = balanced by compute */
 } pt_plan_settings;
@@ -69,6 +74,7 @@ struct pipert_config {
     pt_data_settings data;
     pt_runtime_settings runtime;
     pt_pipeline_settings pipeline;
+    pt_dp_settings dp;
     pt_plan_settings plan;
     int64_t seed;
 };

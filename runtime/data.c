@@ -391,15 +391,33 @@ static void copy_sequence(const uint16_t *tok, size_t start, int T, int32_t *inp
     }
 }
 
+pipert_result pt_sampling_parse(const char *name, pt_sampling *out)
+{
+    if (!strcmp(name, "random")) *out = PT_SAMPLING_RANDOM;
+    else if (!strcmp(name, "sequential")) *out = PT_SAMPLING_SEQUENTIAL;
+    else return pt_fail(PIPERT_ERR_CONFIG, "data.sampling: unknown \"%s\" (expected random or "
+                                           "sequential)", name);
+    return PIPERT_OK;
+}
+
+static size_t sequence_offset(const pt_dataset *ds, pt_philox_key key, long step, long sequence,
+                              int T)
+{
+    uint64_t starts = ds->n_train - (size_t)T; /* offsets 0 .. n_train − T − 1 */
+    if (ds->sampling == PT_SAMPLING_SEQUENTIAL) {
+        uint64_t q = (uint64_t)step * (uint64_t)ds->sequences_per_step + (uint64_t)sequence;
+        return (size_t)((unsigned __int128)q * (uint64_t)T % starts);
+    }
+    /* (step, sequence) as the two halves of the counter */
+    return (size_t)pt_rng_below(key, (uint64_t)step << 32 | (uint32_t)sequence, starts);
+}
+
 void pt_dataset_train_batch(const pt_dataset *ds, uint64_t seed, long step, long first, int B,
                             int T, int32_t *inputs, int32_t *targets)
 {
     pt_philox_key key = pt_rng_key(seed, PT_DATA_STREAM);
-    uint64_t starts = ds->n_train - (size_t)T; /* offsets 0 .. n_train − T − 1 */
     for (int b = 0; b < B; b++) {
-        /* (step, sequence) as the two halves of the counter */
-        uint64_t counter = (uint64_t)step << 32 | (uint32_t)(first + b);
-        size_t offset = (size_t)pt_rng_below(key, counter, starts);
+        size_t offset = sequence_offset(ds, key, step, first + b, T);
         copy_sequence(ds->tokens, offset, T, inputs + (size_t)b * T, targets + (size_t)b * T);
     }
 }

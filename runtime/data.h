@@ -48,12 +48,23 @@ pipert_result pt_shard_write(const char *path, const uint16_t *tokens, size_t co
 
 /* ---- dataset ------------------------------------------------------------- */
 
+/* How training sequences are drawn (data.sampling). */
+typedef enum pt_sampling {
+    PT_SAMPLING_RANDOM,     /* uniform offsets from (seed, step, sequence) */
+    PT_SAMPLING_SEQUENTIAL, /* the stream in order: sequence q of the run starts at q·T */
+} pt_sampling;
+
+/* "random" | "sequential" */
+pipert_result pt_sampling_parse(const char *name, pt_sampling *out);
+
 typedef struct pt_dataset {
     uint16_t *tokens;  /* [n_tokens]: train split, then validation split */
     size_t n_tokens;
     size_t n_train;    /* tokens [0, n_train) train, [n_train, n_tokens) validate */
     int max_token;     /* the largest token id (to check against model.vocab_size) */
     char source[256];  /* what was loaded, for messages and logs */
+    pt_sampling sampling;      /* PT_SAMPLING_RANDOM unless set after loading */
+    long sequences_per_step;   /* sequential: sequences in one step's global batch */
 } pt_dataset;
 
 /* Loads `path` ("" or NULL: the fortunes corpus) as `format` ("auto", "text"
@@ -72,7 +83,9 @@ void pt_dataset_free(pt_dataset *ds);
 pipert_result pt_dataset_check(const pt_dataset *ds, int T, int vocab_size);
 
 /* Sequences [first, first + B) of the global training batch of `step`: T+1
- * tokens each from the train split. Sequence i starts at offset
+ * tokens each from the train split. Sequential sampling: sequence i starts at
+ * o_i = ((step·sequences_per_step + i)·T) mod (n_train − T). Random sampling
+ * (the default): sequence i starts at offset
  * o_i = pt_rng_below(key, step·2³² + i, n_train − T) with
  * key = pt_rng_key(seed, PT_DATA_STREAM), i.e. uniform in [0, n_train − T − 1].
  * A batch depends on nothing else: the same call always gives the same batch

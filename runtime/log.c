@@ -10,6 +10,14 @@
 static int current_level = -1;
 static int current_rank = -1;
 static pthread_once_t level_once = PTHREAD_ONCE_INIT;
+static _Thread_local const pt_log_sink *thread_sink;
+
+const pt_log_sink *pt_log_use_sink(const pt_log_sink *sink)
+{
+    const pt_log_sink *previous = thread_sink;
+    thread_sink = sink;
+    return previous;
+}
 
 static void read_level_from_env(void)
 {
@@ -27,6 +35,7 @@ static void read_level_from_env(void)
 
 int pt_log_enabled(pt_log_level level)
 {
+    if (thread_sink && thread_sink->write) return (int)level <= (int)thread_sink->level;
     pthread_once(&level_once, read_level_from_env);
     return (int)level <= current_level;
 }
@@ -48,12 +57,20 @@ void pt_log(pt_log_level level, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(message, sizeof message, fmt, ap);
     va_end(ap);
+    if (thread_sink && thread_sink->write) {
+        char line[2100];
+        if (thread_sink->rank >= 0) snprintf(line, sizeof line, "[rank %d] %s", thread_sink->rank, message);
+        else snprintf(line, sizeof line, "%s", message);
+        thread_sink->write(thread_sink->user, level, line);
+        return;
+    }
     struct timespec now;
     clock_gettime(CLOCK_REALTIME, &now);
     struct tm tm;
     localtime_r(&now.tv_sec, &tm);
     char rank[24] = "";
-    if (current_rank >= 0) snprintf(rank, sizeof rank, " [rank %d]", current_rank);
+    const int tag = thread_sink ? thread_sink->rank : current_rank;
+    if (tag >= 0) snprintf(rank, sizeof rank, " [rank %d]", tag);
     /* One fprintf per line keeps lines from different threads whole. */
     fprintf(stderr, "%02d:%02d:%02d.%03ld %-5s%s %s\n", tm.tm_hour, tm.tm_min, tm.tm_sec,
             now.tv_nsec / 1000000, names[level], rank, message);

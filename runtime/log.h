@@ -12,6 +12,19 @@ void pt_log_set_level(pt_log_level level);
 /* Tags every line with "[rank N]" (multi-worker jobs); -1 for none. */
 void pt_log_set_rank(int rank);
 
+/* Where a library user's log lines go: a callback and its level (write NULL:
+ * stderr at PIPERT_LOG's level), and a rank tag. */
+typedef struct pt_log_sink {
+    void (*write)(void *user, pt_log_level level, const char *line);
+    void *user;
+    pt_log_level level;
+    int rank; /* tag "[rank N]"; −1: none */
+} pt_log_sink;
+
+/* Routes this thread's log lines to `sink` (NULL: back to stderr) and returns
+ * the sink it replaces. A session sets its sink on the threads that call it. */
+const pt_log_sink *pt_log_use_sink(const pt_log_sink *sink);
+
 #define pt_error(...) pt_log(PT_LOG_ERROR, __VA_ARGS__)
 #define pt_warn(...) pt_log(PT_LOG_WARN, __VA_ARGS__)
 #define pt_info(...) pt_log(PT_LOG_INFO, __VA_ARGS__)

@@ -8,7 +8,7 @@
  *            --steps N --warmup W --lr LR --data PATH (text or llm.c shard)
  *            --tf32 (let fp32 GEMMs use TF32) --profile (per-kernel times)
  *
- * Throughput is tokens per second over the median timed step (the trainer
+ * Throughput is tokens per second over the median timed step (the executor
  * synchronizes the device at the end of each step). MFU counts the model's
  * FLOPs per token, 6·N + 12·L·C·T (ALGORITHMS.md §1), against the device's
  * dense bf16 tensor-core peak from pt_cuda_peak_flops (H100 SXM and H200:
@@ -32,7 +32,7 @@
 #include "runtime/config.h"
 #include "runtime/data.h"
 #include "runtime/stats.h"
-#include "train/trainer.h"
+#include "pipeline/executor.h"
 
 typedef struct bench_options {
     int batch, seq, layers, width, heads, vocab;
@@ -144,13 +144,18 @@ static int run(const bench_options *o, const char *data)
     if (o->tf32) pt_cuda_set_tf32(1);
     pipert_config *cfg;
     if (pipert_config_create(&cfg) != PIPERT_OK || !configure(cfg, o, data)) return 1;
-    pt_trainer *trainer;
-    if (pt_trainer_create(&trainer, cfg) != PIPERT_OK) {
+    cfg->train.steps = o->warmup + o->steps;
+    pt_stage_executor_options eo = {.config = cfg, .stages = 1, .replicas = 1,
+                                    .last_layer = cfg->model.n_layer, .threads = 1,
+                                    .prev_rank = -1, .next_rank = -1};
+    pt_stage_executor *ex;
+    if (pt_config_validate(cfg) != PIPERT_OK || pt_stage_executor_create(&ex, &eo) != PIPERT_OK) {
         fprintf(stderr, "bench_cuda: %s\n", pipert_last_error());
         pipert_config_free(cfg);
         return 1;
     }
-    const pt_gpt_config *model = &trainer->model->config;
+    pt_gpt_slice *slice = pt_stage_executor_model(ex);
+    const pt_gpt_config *model = &slice->config;
     const double tokens_per_step = (double)o->batch * o->seq;
     const double flops_per_token = pt_gpt_flops_per_token(model, o->seq);
     printf("%s (compute capability %d.%d, %d SMs), arena %zu MiB, TF32 %s\n", device.name,
@@ -159,15 +164,15 @@ static int run(const bench_options *o, const char *data)
     printf("model: %d layers, %d wide, %d heads, T=%d, vocabulary %d, %.1fM parameters; B=%d; "
            "data %s\n",
            model->n_layer, model->n_embd, model->n_head, o->seq, model->vocab_size,
-           1e-6 * (double)trainer->model->n_params, o->batch, trainer->data.source);
+           1e-6 * (double)slice->n_params, o->batch, data[0] ? data : "fortunes");
 
     double *seconds = calloc((size_t)o->steps, sizeof *seconds);
     int rc = seconds ? 0 : 1;
     for (int step = 0; step < o->warmup + o->steps && rc == 0; step++) {
         if (o->profile && step == o->warmup)
-            pt_trainer_use_kernels(trainer, pt_kernels_profiled(trainer->kernels));
-        pt_step_stats stats;
-        if (pt_trainer_step(trainer, &stats) != PIPERT_OK || pt_cuda_status() != PIPERT_OK) {
+            pt_stage_executor_use_kernels(ex, pt_kernels_profiled(slice->kernels));
+        pt_pipeline_step stats;
+        if (pt_stage_executor_step(ex, &stats) != PIPERT_OK || pt_cuda_status() != PIPERT_OK) {
             fprintf(stderr, "bench_cuda: step %d: %s\n", step + 1, pipert_last_error());
             rc = 1;
             break;
@@ -196,7 +201,7 @@ static int run(const bench_options *o, const char *data)
         if (o->profile) print_profile();
     }
     free(seconds);
-    pt_trainer_free(trainer);
+    pt_stage_executor_free(ex);
     pipert_config_free(cfg);
     return rc;
 }

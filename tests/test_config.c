@@ -88,7 +88,7 @@ static const char *const all_keys[] = {
     "train.warmup_steps", "train.min_lr_ratio", "train.optimizer", "train.beta1", "train.beta2",
     "train.eps", "train.weight_decay", "train.grad_clip", "train.val_every", "train.val_batches",
     "train.log_every", "train.checkpoint_every", "train.keep_checkpoints", "data.path", "data.format",
-    "data.val_fraction", "runtime.threads", "runtime.device", "pipeline.schedule",
+    "data.val_fraction", "data.sampling", "dp.method", "runtime.threads", "runtime.device", "pipeline.schedule",
     "pipeline.lookahead", "pipeline.microbatches", "pipeline.recompute", "pipeline.trace",
     "plan.layers", "seed",
 };

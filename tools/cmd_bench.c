@@ -11,7 +11,8 @@
 #include "runtime/stats.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
-#include "train/trainer.h"
+#include "pipeline/executor.h"
+#include "runtime/topology.h"
 
 /* The reference configuration of the foundation issue. */
 static const char *const bench_model[] = {
@@ -20,18 +21,17 @@ static const char *const bench_model[] = {
 };
 
 /* Median and mean seconds per step over `steps` timed steps. */
-static pipert_result time_steps(pt_trainer *t, int warmup, int steps, double *median_s,
+static pipert_result time_steps(pt_stage_executor *ex, int warmup, int steps, double *median_s,
                                 double *mean_s)
 {
-    pt_step_stats stats;
-    t->config.train.steps = t->step + warmup + steps; /* keeps the lr schedule in range */
-    for (int i = 0; i < warmup; i++) PT_TRY(pt_trainer_step(t, &stats));
+    pt_pipeline_step stats;
+    for (int i = 0; i < warmup; i++) PT_TRY(pt_stage_executor_step(ex, &stats));
     double *seconds = calloc((size_t)steps, sizeof *seconds);
     if (!seconds) return pt_fail(PIPERT_ERR_NOMEM, "out of memory");
     pipert_result rc = PIPERT_OK;
     double total = 0;
     for (int i = 0; i < steps && rc == PIPERT_OK; i++) {
-        rc = pt_trainer_step(t, &stats);
+        rc = pt_stage_executor_step(ex, &stats);
         seconds[i] = stats.seconds;
         total += stats.seconds;
     }
@@ -56,24 +56,52 @@ static void print_profile(double mean_step_seconds, int steps)
     printf("  %-30s %10.2f\n", "step (mean)", 1e3 * mean_step_seconds);
 }
 
-static pipert_result run_bench(const pipert_config *cfg, int warmup, int steps, bool profile)
+static pipert_result machine_threads(const pipert_config *cfg, int *threads)
 {
-    pt_trainer *t;
-    PT_TRY(pt_trainer_create(&t, cfg));
+    if (cfg->runtime.threads > 0) {
+        *threads = cfg->runtime.threads;
+        return PIPERT_OK;
+    }
+    pt_topology *topology;
+    PT_TRY(pt_topology_load(&topology));
+    *threads = pt_topology_cores(topology);
+    pt_topology_free(topology);
+    return PIPERT_OK;
+}
+
+/* One worker's engine: the executor with a single stage. */
+static pipert_result create_engine(pipert_config *cfg, int threads, pt_stage_executor **out)
+{
+    PT_TRY(pt_config_validate(cfg));
+    pt_stage_executor_options o = {.config = cfg, .stage = 0, .stages = 1, .replica = 0,
+                                   .replicas = 1, .first_layer = 0,
+                                   .last_layer = cfg->model.n_layer, .threads = threads,
+                                   .prev_rank = -1, .next_rank = -1};
+    return pt_stage_executor_create(out, &o);
+}
+
+static pipert_result run_bench(pipert_config *cfg, int warmup, int steps, bool profile)
+{
+    int threads;
+    PT_TRY(machine_threads(cfg, &threads));
+    cfg->train.steps = warmup + 2L * steps; /* the timed runs, and the lr schedule in range */
+    pt_stage_executor *ex;
+    PT_TRY(create_engine(cfg, threads, &ex));
+    const pt_gpt_slice *model = pt_stage_executor_model(ex);
     pt_gemm_peak peak;
-    pipert_result rc = pt_cpu_gemm_peak(t->threads, &peak);
-    pt_kernels_cpu_set_threads(t->threads);
+    pipert_result rc = pt_cpu_gemm_peak(threads, &peak);
+    pt_kernels_cpu_set_threads(threads);
     double step_s = 0, mean_s = 0;
-    if (rc == PIPERT_OK) rc = time_steps(t, warmup, steps, &step_s, &mean_s);
+    if (rc == PIPERT_OK) rc = time_steps(ex, warmup, steps, &step_s, &mean_s);
     if (rc == PIPERT_OK) {
         const pt_model_settings *m = &cfg->model;
         double tokens = (double)cfg->train.batch_size * m->block_size * cfg->train.grad_accum;
-        double flops = pt_gpt_flops_per_token(&t->model->config, m->block_size) * tokens;
+        double flops = pt_gpt_flops_per_token(&model->config, m->block_size) * tokens;
         double gflops = flops / step_s / 1e9;
         printf("model n_layer=%d n_embd=%d n_head=%d T=%d B=%d vocab=%d (%.2fM params), "
                "%d threads, %s backend\n",
                m->n_layer, m->n_embd, m->n_head, m->block_size, cfg->train.batch_size,
-               m->vocab_size, (double)t->model->n_params / 1e6, t->threads, t->kernels->name);
+               m->vocab_size, (double)model->n_params / 1e6, threads, model->kernels->name);
         printf("fp32 GEMM peak (sgemm %d³, median of %d): %.1f GFLOP/s\n", peak.size,
                peak.repeats, peak.gflops_median);
         printf("step: median %.2f ms over %d steps (after %d warm-up) | %.0f tokens/s | "
@@ -82,12 +110,12 @@ static pipert_result run_bench(const pipert_config *cfg, int warmup, int steps, 
                100 * gflops / peak.gflops_median);
     }
     if (rc == PIPERT_OK && profile) {
-        pt_trainer_use_kernels(t, pt_kernels_profiled(t->kernels));
+        pt_stage_executor_use_kernels(ex, pt_kernels_profiled(model->kernels));
         pt_kernel_profile_reset();
-        rc = time_steps(t, 0, steps, &step_s, &mean_s);
+        rc = time_steps(ex, 0, steps, &step_s, &mean_s);
         if (rc == PIPERT_OK) print_profile(mean_s, steps);
     }
-    pt_trainer_free(t);
+    pt_stage_executor_free(ex);
     return rc;
 }
 

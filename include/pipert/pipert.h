@@ -90,6 +90,139 @@ typedef struct pipert_train_summary {
 pipert_result pipert_train(const pipert_config *cfg, const pipert_train_options *options,
                            pipert_train_summary *summary);
 
+/* ---- sessions: one worker of a (multi-worker) job -------------------------
+ *
+ * A session is one worker process's whole life in a job of stages × replicas
+ * workers: it learns its rank, joins the job, builds its stage of the model,
+ * trains step by step, writes metrics and checkpoints, and leaves. `pipert
+ * worker`, `pipert train` and `pipert launch`'s workers are thin wrappers over
+ * it. Typical use:
+ *
+ *     pipert_session_options o = PIPERT_SESSION_OPTIONS_INIT;
+ *     o.out_dir = "runs/x";
+ *     o.stages = 2;
+ *     pipert_session *s;
+ *     if (pipert_session_create(cfg, &o, &s) == PIPERT_OK) rc = pipert_session_run(s);
+ *     pipert_session_destroy(s);
+ *
+ * Where the rank comes from, in order: the caller's out-of-band allgather
+ * (`oob`, below: no coordinator, no environment); else the environment of
+ * `pipert launch`, SLURM, Open MPI or PMI (docs/RUNNING.md); else a job of
+ * one worker. A session owns no process-wide state: its compute threads are
+ * set on the threads that call it, its log lines go to `log` when given, and
+ * it installs no signal handler.
+ */
+
+typedef struct pipert_session pipert_session;
+
+typedef enum pipert_log_level {
+    PIPERT_LOG_ERROR,
+    PIPERT_LOG_WARN,
+    PIPERT_LOG_INFO,
+    PIPERT_LOG_DEBUG,
+} pipert_log_level;
+
+/* Receives every log line of the session (no trailing newline). */
+typedef void (*pipert_log_fn)(void *user, pipert_log_level level, const char *line);
+
+/* Bring your own bootstrap (like UCC's ucc_oob_coll): an allgather over the
+ * host program's own communicator, e.g. MPI_Allgather on MPI_BYTE. Each rank
+ * passes `bytes` bytes in `send`; `recv` receives size × bytes bytes, rank i's
+ * at offset i × bytes. Returns 0 on success. Called a few times during
+ * pipert_session_create, collectively on every rank, never afterwards. */
+typedef struct pipert_oob {
+    int rank, size;
+    int (*allgather)(void *user, const void *send, void *recv, size_t bytes);
+    void *user;
+} pipert_oob;
+
+typedef enum pipert_split { PIPERT_SPLIT_TRAIN, PIPERT_SPLIT_VAL } pipert_split;
+
+/* Bring your own data: fills `batch` sequences of `seq_len` tokens into
+ * inputs[batch × seq_len] and their next tokens into targets (the inputs
+ * shifted by one). Training: microbatch `index` (0-based over the run), the
+ * sequences [first_sequence, first_sequence + batch) of that microbatch's
+ * global batch (replica r asks for [r·batch, (r+1)·batch)). Validation:
+ * batch `index` of train.val_batches. The answer must be a pure function of
+ * the arguments: the first and the last stage of a pipeline both ask (one for
+ * the inputs, one for the targets), and a resumed run asks again. Returns 0
+ * on success; anything else stops the step with PIPERT_ERR_IO. */
+typedef int (*pipert_batch_fn)(void *user, pipert_split split, long index, long first_sequence,
+                               int batch, int seq_len, int32_t *inputs, int32_t *targets);
+
+typedef struct pipert_session_options {
+    size_t size;           /* sizeof(pipert_session_options): set by the initializer */
+    const char *out_dir;   /* metrics, checkpoints, traces (required) */
+    int stages;            /* pipeline stages; replicas = world size / stages */
+    int resume;            /* continue from the newest complete checkpoint in out_dir */
+    const pipert_oob *oob; /* NULL: the environment (or one worker) */
+    int alone;             /* one worker whatever the environment says (pipert train) */
+    pipert_batch_fn batch; /* NULL: data.path */
+    void *batch_user;
+    pipert_log_fn log;     /* NULL: stderr */
+    void *log_user;
+    pipert_log_level log_level;
+} pipert_session_options;
+
+#define PIPERT_SESSION_OPTIONS_INIT                                                                \
+    {sizeof(pipert_session_options), NULL, 1, 0, NULL, 0, NULL, NULL, NULL, NULL, PIPERT_LOG_INFO}
+
+/* Where this worker is and what its last step did. Fields a worker does not
+ * have are NaN (loss on any stage but the last) or 0. */
+typedef struct pipert_metrics {
+    size_t size;        /* sizeof(pipert_metrics): set by the caller */
+    int rank, world, stage, stages, replica, replicas;
+    long step;          /* optimizer steps this stage has taken */
+    long total_steps;
+    int done;           /* the run is over (final validation and checkpoint written) */
+    float loss;         /* mean training loss of the step, over the replicas (last stage) */
+    float val_loss;     /* the newest validation loss (last stage), NaN before the first */
+    double lr, grad_norm;
+    double staleness;   /* mean measured weight staleness of the step's backwards */
+    double tokens_per_s; /* this replica, over the last step */
+    double ms_per_step;
+    double dp_bytes;    /* bytes this worker sent for coupling replicas in the step */
+    double dp_wait_ms;  /* milliseconds the step waited on the coupling */
+    double dp_delay;    /* steps between sending a coupling exchange and applying it */
+    const char *dp_method; /* the coupling that ran ("allreduce", ...) */
+} pipert_metrics;
+
+/* Joins the job (the oob allgather, or the coordinator) and builds this
+ * worker's stage; with options->resume, restores the newest checkpoint. On
+ * failure *out is NULL. */
+pipert_result pipert_session_create(const pipert_config *cfg, const pipert_session_options *options,
+                                    pipert_session **out);
+
+/* One optimizer step of this worker's stage, with the validation and
+ * checkpoint that fall due after it. After the last step the run is finished
+ * (metrics.done): final validation, checkpoint, trace, and the job told.
+ * metrics may be NULL. */
+pipert_result pipert_session_step(pipert_session *s, pipert_metrics *metrics);
+
+/* Steps until the run is finished. */
+pipert_result pipert_session_run(pipert_session *s);
+
+/* This worker's newest metrics (also between steps, from any thread). */
+pipert_result pipert_session_metrics(const pipert_session *s, pipert_metrics *metrics);
+
+/* Writes a checkpoint of the current step now, collectively: every worker of
+ * the job calls it at the same step (flush schedules, or one stage). */
+pipert_result pipert_session_checkpoint(pipert_session *s);
+
+/* Asks the session to stop: the call in progress (a step, even one waiting
+ * inside a collective for a peer) returns PIPERT_ERR_INTERRUPTED within a
+ * second, and so does every later one. Safe from any thread and from a
+ * signal handler. */
+void pipert_session_stop(pipert_session *s);
+
+/* The error that ended the job asynchronously (another rank failed, the
+ * coordinator or a peer is gone), PIPERT_OK while none did; the message is
+ * then pipert_last_error(). Safe from any thread. */
+pipert_result pipert_session_async_error(pipert_session *s);
+
+/* Leaves the job and frees the session (NULL is fine). */
+void pipert_session_destroy(pipert_session *s);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,11 +1,13 @@
 /* Barrier, broadcast, all-gather and ring all-reduce over pt_transport. */
 #include "runtime/comm/collectives.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "runtime/safetensors.h"
 
@@ -234,6 +236,7 @@ struct pt_allreduce_handle {
     /* Under allreduce_lock. */
     int outstanding; /* requests of the current step not yet completed (+1 while posting) */
     int finished;
+    int abandoned; /* its waiter left: the last callback frees it */
     pipert_result result;
     char message[MESSAGE_CAPACITY];
 };
@@ -255,12 +258,16 @@ static size_t chunk_length(size_t count, int n, int k)
     return chunk_begin(count, n, k + 1) - chunk_begin(count, n, k);
 }
 
+static pipert_result allreduce_release(pt_allreduce_handle *h);
+
 static void allreduce_finish(pt_allreduce_handle *h)
 {
     pthread_mutex_lock(&allreduce_lock);
     h->finished = 1;
+    const int abandoned = h->abandoned;
     pthread_cond_broadcast(&allreduce_finished);
     pthread_mutex_unlock(&allreduce_lock);
+    if (abandoned) allreduce_release(h); /* nobody waits: it frees itself */
 }
 
 static void allreduce_fail(pt_allreduce_handle *h, pipert_result result, const char *message)
@@ -381,11 +388,8 @@ pipert_result pt_allreduce_start(pt_group *g, float *data, size_t count, pt_redu
     return PIPERT_OK;
 }
 
-pipert_result pt_allreduce_wait(pt_allreduce_handle *h)
+static pipert_result allreduce_release(pt_allreduce_handle *h)
 {
-    pthread_mutex_lock(&allreduce_lock);
-    while (!h->finished) pthread_cond_wait(&allreduce_finished, &allreduce_lock);
-    pthread_mutex_unlock(&allreduce_lock);
     /* The last callbacks may still be returning on the progress thread, but
      * they touch neither the handle nor the (self-freeing) requests again. */
     pipert_result result = h->result;
@@ -395,6 +399,44 @@ pipert_result pt_allreduce_wait(pt_allreduce_handle *h)
     free(h);
     if (result != PIPERT_OK) return pt_fail(result, "%s", message);
     return PIPERT_OK;
+}
+
+pipert_result pt_allreduce_wait(pt_allreduce_handle *h)
+{
+    pthread_mutex_lock(&allreduce_lock);
+    while (!h->finished) pthread_cond_wait(&allreduce_finished, &allreduce_lock);
+    pthread_mutex_unlock(&allreduce_lock);
+    return allreduce_release(h);
+}
+
+pipert_result pt_allreduce_wait_for(pt_allreduce_handle *h, double timeout_s)
+{
+    struct timespec deadline;
+    clock_gettime(CLOCK_REALTIME, &deadline);
+    double whole = floor(timeout_s);
+    deadline.tv_sec += (time_t)whole;
+    deadline.tv_nsec += (long)((timeout_s - whole) * 1e9);
+    if (deadline.tv_nsec >= 1000000000L) {
+        deadline.tv_sec++;
+        deadline.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&allreduce_lock);
+    int waited = 0;
+    while (!h->finished && waited == 0)
+        waited = pthread_cond_timedwait(&allreduce_finished, &allreduce_lock, &deadline);
+    const int finished = h->finished;
+    pthread_mutex_unlock(&allreduce_lock);
+    if (!finished) return PIPERT_ERR_TIMEOUT; /* no message: the caller asks again */
+    return allreduce_release(h);
+}
+
+void pt_allreduce_abandon(pt_allreduce_handle *h)
+{
+    pthread_mutex_lock(&allreduce_lock);
+    const int finished = h->finished;
+    if (!finished) h->abandoned = 1;
+    pthread_mutex_unlock(&allreduce_lock);
+    if (finished) allreduce_release(h);
 }
 
 pipert_result pt_allreduce(pt_group *g, float *data, size_t count, pt_reduce_op op)

@@ -68,6 +68,15 @@ pipert_result pt_allreduce_start(pt_group *g, float *data, size_t count, pt_redu
 /* Waits for the all-reduce and releases the handle; returns its result. */
 pipert_result pt_allreduce_wait(pt_allreduce_handle *handle);
 
+/* Waits at most timeout_s: PIPERT_ERR_TIMEOUT (no message set, the handle
+ * still live) if the all-reduce is not done, else as pt_allreduce_wait. */
+pipert_result pt_allreduce_wait_for(pt_allreduce_handle *handle, double timeout_s);
+
+/* Gives up waiting (a stop request): the handle frees itself once the
+ * transport is done with it (its peers answer, or the transport closes).
+ * `data` must stay valid until then, or until the transport is destroyed. */
+void pt_allreduce_abandon(pt_allreduce_handle *handle);
+
 /* pt_allreduce_start + pt_allreduce_wait. */
 pipert_result pt_allreduce(pt_group *g, float *data, size_t count, pt_reduce_op op);
 

@@ -1,0 +1,62 @@
+/* dp.method=allreduce: dense synchronous averaging (ALGORITHMS.md §4.1).
+ *
+ * After each step's backward, every replica of a stage holds the mean of the
+ * replicas' gradients, g ← (1/R) Σ_r g_r, by a ring all-reduce among the
+ * replicas of the stage. It runs before clipping, so every replica clips the
+ * same norm and takes the same update: R replicas with batch B each train
+ * like one worker with batch R·B. The step's loss is averaged too, for
+ * reporting. With one replica it does nothing. */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "dp/methods.h"
+
+typedef struct allreduce_state {
+    pt_coupling_options options;
+} allreduce_state;
+
+static pipert_result allreduce_create(const pt_coupling_options *options, void **out)
+{
+    allreduce_state *s = calloc(1, sizeof *s);
+    if (!s) return pt_fail(PIPERT_ERR_NOMEM, "dp allreduce: out of memory");
+    s->options = *options;
+    *out = s;
+    return PIPERT_OK;
+}
+
+static pipert_result mean_over_replicas(allreduce_state *s, float *data, size_t count,
+                                        const char *what)
+{
+    pt_allreduce_handle *handle;
+    PT_TRY(pt_allreduce_start(s->options.replicas, data, count, PT_REDUCE_MEAN, &handle));
+    return pt_coupling_wait_allreduce(&s->options, handle, what);
+}
+
+/* A ring all-reduce sends 2(R−1)/R of the buffer from each member. */
+static double ring_bytes(const allreduce_state *s, size_t count)
+{
+    const int R = pt_group_size(s->options.replicas);
+    return 2.0 * (R - 1) / R * (double)count * sizeof(float);
+}
+
+static pipert_result allreduce_after_backward(void *state, pt_coupling_point *at,
+                                              pt_coupling_metrics *m)
+{
+    allreduce_state *s = state;
+    if (!s->options.replicas) return PIPERT_OK;
+    char what[96];
+    snprintf(what, sizeof what, "averaging the gradients of step %ld", at->step);
+    PT_TRY(mean_over_replicas(s, at->grads, at->n_params, what));
+    m->bytes_sent += ring_bytes(s, at->n_params);
+    if (at->loss) PT_TRY(mean_over_replicas(s, at->loss, 1, what));
+    return PIPERT_OK;
+}
+
+static void allreduce_destroy(void *state) { free(state); }
+
+const pt_coupling_method pt_dp_allreduce = {
+    .name = "allreduce",
+    .create = allreduce_create,
+    .after_backward = allreduce_after_backward,
+    .destroy = allreduce_destroy,
+};

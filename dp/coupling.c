@@ -1,0 +1,121 @@
+#include "dp/coupling.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "dp/methods.h"
+#include "runtime/clock.h"
+
+#define WAIT_SLICE_S 0.5
+
+struct pt_coupling {
+    const pt_coupling_method *method;
+    pt_coupling_options options;
+    void *state;
+    pt_coupling_metrics metrics;
+};
+
+static const pt_coupling_method *const methods[] = {
+    &pt_dp_allreduce,
+};
+#define METHOD_COUNT (int)(sizeof methods / sizeof methods[0])
+
+static const pt_coupling_method *find_method(const char *name)
+{
+    for (int i = 0; i < METHOD_COUNT; i++)
+        if (!strcmp(methods[i]->name, name)) return methods[i];
+    return NULL;
+}
+
+pipert_result pt_coupling_create(const pt_coupling_options *options, pt_coupling **out)
+{
+    *out = NULL;
+    const char *name = options->config->dp.method;
+    const pt_coupling_method *method = find_method(name);
+    if (!method) {
+        char known[256] = "";
+        for (int i = 0; i < METHOD_COUNT; i++)
+            snprintf(known + strlen(known), sizeof known - strlen(known), "%s%s", i ? ", " : "",
+                     methods[i]->name);
+        return pt_fail(PIPERT_ERR_CONFIG, "dp.method: unknown \"%s\" (known: %s)", name, known);
+    }
+    pt_coupling *c = calloc(1, sizeof *c);
+    if (!c) return pt_fail(PIPERT_ERR_NOMEM, "coupling: out of memory");
+    c->method = method;
+    c->options = *options;
+    c->metrics.method = method->name;
+    pipert_result rc = method->create(&c->options, &c->state);
+    if (rc != PIPERT_OK) {
+        free(c);
+        return rc;
+    }
+    *out = c;
+    return PIPERT_OK;
+}
+
+void pt_coupling_free(pt_coupling *c)
+{
+    if (!c) return;
+    c->method->destroy(c->state);
+    free(c);
+}
+
+/* Time spent inside a call is time the step waited for the coupling. */
+static pipert_result timed_call(pt_coupling *c,
+                                pipert_result (*call)(void *, pt_coupling_point *,
+                                                      pt_coupling_metrics *),
+                                pt_coupling_point *at)
+{
+    if (!call) return PIPERT_OK;
+    const double started = pt_now_s();
+    pipert_result rc = call(c->state, at, &c->metrics);
+    c->metrics.wait_ms += 1e3 * (pt_now_s() - started);
+    return rc;
+}
+
+pipert_result pt_coupling_after_backward(pt_coupling *c, pt_coupling_point *at)
+{
+    return timed_call(c, c->method->after_backward, at);
+}
+
+pipert_result pt_coupling_after_step(pt_coupling *c, pt_coupling_point *at)
+{
+    return timed_call(c, c->method->after_step, at);
+}
+
+pipert_result pt_coupling_save(pt_coupling *c, pt_safetensors_writer *w)
+{
+    PT_TRY(pt_safetensors_writer_set_metadata(w, "dp_method", c->method->name));
+    return c->method->save ? c->method->save(c->state, w) : PIPERT_OK;
+}
+
+pipert_result pt_coupling_load(pt_coupling *c, const pt_safetensors *st, const char *path)
+{
+    return c->method->load ? c->method->load(c->state, st, path) : PIPERT_OK;
+}
+
+pt_coupling_metrics pt_coupling_take_metrics(pt_coupling *c)
+{
+    pt_coupling_metrics m = c->metrics;
+    c->metrics = (pt_coupling_metrics){.method = c->method->name, .delay = m.delay};
+    return m;
+}
+
+const char *pt_coupling_method_name(const pt_coupling *c) { return c->method->name; }
+
+pipert_result pt_coupling_wait_allreduce(const pt_coupling_options *options,
+                                         pt_allreduce_handle *handle, const char *what)
+{
+    for (;;) {
+        pipert_result rc = pt_allreduce_wait_for(handle, WAIT_SLICE_S);
+        if (rc != PIPERT_ERR_TIMEOUT) {
+            if (rc != PIPERT_OK) pt_error_prefix("%s", what);
+            return rc;
+        }
+        if (options->should_stop && options->should_stop(options->context)) {
+            pt_allreduce_abandon(handle);
+            return pt_fail(PIPERT_ERR_INTERRUPTED, "%s: stopped while waiting for the replicas",
+                           what);
+        }
+    }
+}

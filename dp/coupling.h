@@ -1,0 +1,97 @@
+/* The coupling of a stage's replicas: the seam between the stage executor
+ * (pipeline/) and the data-parallel methods (ALGORITHMS.md §4).
+ *
+ * The executor calls its stage's coupling at two fixed points of every
+ * optimizer step, and knows nothing else about it:
+ *   after_backward  the step's gradient is complete and not yet clipped: a
+ *                   method that averages gradients does it here (and may
+ *                   average the step's loss for reporting);
+ *   after_step      the optimizer has made a new weight version: a method
+ *                   that averages parameters reads or overwrites θ here, and
+ *                   the newest weight stash when the schedule keeps one
+ *                   (§4.2: after a sparse update that stash is overwritten).
+ * A method may start non-blocking work at one call and finish it at a later
+ * one. It reports what it sent and how long the step waited for it, and saves
+ * and restores its own state in checkpoints. Adding a method is a new file in
+ * dp/ and one line in the method table (coupling.c); it never touches the
+ * executor.
+ */
+#ifndef PT_COUPLING_H
+#define PT_COUPLING_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "kernels/kernels.h"
+#include "models/gpt.h"
+#include "runtime/comm/collectives.h"
+#include "runtime/config.h"
+#include "runtime/safetensors.h"
+
+/* What the executor shows the coupling at a call point. */
+typedef struct pt_coupling_point {
+    const pt_gpt_slice *model; /* tensor names and offsets of this stage */
+    float *params;             /* θ [n_params] */
+    float *grads;              /* after_backward: the step's gradient, before clipping */
+    size_t n_params;
+    float *newest_stash;       /* after_step: the newest stashed weights [n_params], or NULL */
+    long step;                 /* the optimizer step being taken (1-based) */
+    float *loss;               /* the step's mean loss (last stage), else NULL */
+} pt_coupling_point;
+
+/* Per step, reset by pt_coupling_take_metrics. */
+typedef struct pt_coupling_metrics {
+    const char *method;
+    double bytes_sent; /* by this worker, for coupling */
+    double wait_ms;    /* the step spent inside the coupling's calls */
+    double delay;      /* steps between sending an exchange and applying it */
+} pt_coupling_metrics;
+
+typedef struct pt_coupling_options {
+    const pipert_config *config;
+    const pt_kernels *kernels;
+    pt_group *replicas; /* the replicas of this stage; NULL with one replica */
+    int stage, replica;
+    /* Asked while a call waits for the network: true ends the wait with
+     * PIPERT_ERR_INTERRUPTED (a stop request, a job-wide abort). */
+    bool (*should_stop)(void *context);
+    void *context;
+} pt_coupling_options;
+
+/* One method: its calls get the state its create returned. */
+typedef struct pt_coupling_method {
+    const char *name;
+    pipert_result (*create)(const pt_coupling_options *options, void **state);
+    pipert_result (*after_backward)(void *state, pt_coupling_point *at, pt_coupling_metrics *m);
+    pipert_result (*after_step)(void *state, pt_coupling_point *at, pt_coupling_metrics *m);
+    /* Adds the method's state to a checkpoint under names "dp.*", and reads
+     * it back (NULL: the method keeps no state). */
+    pipert_result (*save)(void *state, pt_safetensors_writer *w);
+    pipert_result (*load)(void *state, const pt_safetensors *st, const char *path);
+    void (*destroy)(void *state);
+} pt_coupling_method;
+
+typedef struct pt_coupling pt_coupling;
+
+/* The method config->dp.method names; an unknown name is a PIPERT_ERR_CONFIG
+ * listing the known ones. */
+pipert_result pt_coupling_create(const pt_coupling_options *options, pt_coupling **out);
+void pt_coupling_free(pt_coupling *c);
+
+pipert_result pt_coupling_after_backward(pt_coupling *c, pt_coupling_point *at);
+pipert_result pt_coupling_after_step(pt_coupling *c, pt_coupling_point *at);
+pipert_result pt_coupling_save(pt_coupling *c, pt_safetensors_writer *w);
+pipert_result pt_coupling_load(pt_coupling *c, const pt_safetensors *st, const char *path);
+
+/* The metrics gathered since the last call, which starts a new period. */
+pt_coupling_metrics pt_coupling_take_metrics(pt_coupling *c);
+const char *pt_coupling_method_name(const pt_coupling *c);
+
+/* For methods: waits for a non-blocking all-reduce in slices of half a
+ * second, asking should_stop in between; `what` names it in errors. On
+ * PIPERT_ERR_INTERRUPTED the all-reduce is abandoned (it frees itself when
+ * the transport is done with it). */
+pipert_result pt_coupling_wait_allreduce(const pt_coupling_options *options,
+                                         pt_allreduce_handle *handle, const char *what);
+
+#endif

@@ -1,0 +1,9 @@
+/* The coupling methods dp/coupling.c chooses from (one file each). */
+#ifndef PT_DP_METHODS_H
+#define PT_DP_METHODS_H
+
+#include "dp/coupling.h"
+
+extern const pt_coupling_method pt_dp_allreduce; /* dp/allreduce.c */
+
+#endif

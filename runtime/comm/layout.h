@@ -1,0 +1,21 @@
+/* The job's layout: which (stage, replica) a rank is. rank = replica·stages +
+ * stage, so the stages of one replica (a pipeline, which exchanges
+ * activations every microbatch) hold consecutive ranks and land on one host
+ * under block placement; replicas, which exchange less, spread across hosts.
+ * The one place that computes it. */
+#ifndef PT_LAYOUT_H
+#define PT_LAYOUT_H
+
+#include "runtime/error.h"
+
+typedef struct pt_layout {
+    int stages, replicas;
+} pt_layout;
+
+/* Fails unless world % stages == 0. */
+pipert_result pt_layout_make(int world, int stages, pt_layout *out);
+int pt_layout_rank(const pt_layout *l, int stage, int replica);
+int pt_layout_stage(const pt_layout *l, int rank);
+int pt_layout_replica(const pt_layout *l, int rank);
+
+#endif

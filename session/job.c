@@ -1,0 +1,354 @@
+#include "session/job.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/clock.h"
+#include "runtime/log.h"
+#include "runtime/topology.h"
+
+/* How long a worker waits for every rank to register. */
+#define TABLE_TIMEOUT_S (PT_REGISTER_TIMEOUT_S + 30.0)
+/* How long connecting the data plane to every peer may take. */
+#define CONNECT_TIMEOUT_S 60.0
+
+static bool asked_to_stop(const pt_job *job)
+{
+    return job->should_stop && job->should_stop(job->context);
+}
+
+/* ---- the data plane ------------------------------------------------------ */
+
+/* Connects to every rank this one exchanges tensors with: the other stages
+ * of its replica (pipeline) and the other replicas of its stage (coupling).
+ * Each pair connects once: the higher rank dials. */
+static pipert_result connect_peers(pt_job *job)
+{
+    const pt_layout *l = &job->layout;
+    pipert_result rc = PIPERT_OK;
+    for (int pass = 0; pass < 2 && rc == PIPERT_OK; pass++) /* dial lower ranks, then wait for higher */
+        for (int i = 0; i < l->stages + l->replicas && rc == PIPERT_OK; i++) {
+            const bool along_stages = i < l->stages;
+            const int peer = along_stages ? pt_layout_rank(l, i, job->replica)
+                                          : pt_layout_rank(l, job->stage, i - l->stages);
+            if (peer == job->rank || (!along_stages && i - l->stages == job->replica)) continue;
+            if (pass == 0 && peer < job->rank)
+                rc = pt_transport_connect(job->transport, peer, job->addresses[peer]);
+            else if (pass == 1 && peer > job->rank)
+                rc = pt_transport_wait_peer(job->transport, peer, CONNECT_TIMEOUT_S);
+        }
+    return rc;
+}
+
+/* The ranks along one axis of the (stage, replica) grid through this rank. */
+static pipert_result make_group(pt_job *job, bool along_stages, uint32_t id, pt_group **out)
+{
+    const pt_layout *l = &job->layout;
+    const int n = along_stages ? l->stages : l->replicas;
+    if (n == 1) return PIPERT_OK;
+    int *ranks = calloc((size_t)n, sizeof *ranks);
+    if (!ranks) return pt_fail(PIPERT_ERR_NOMEM, "group: out of memory");
+    for (int i = 0; i < n; i++)
+        ranks[i] = along_stages ? pt_layout_rank(l, i, job->replica) : pt_layout_rank(l, job->stage, i);
+    pt_group_options options = PT_GROUP_OPTIONS_INIT;
+    options.id = id;
+    pipert_result rc = pt_group_create(job->transport, ranks, n, &options, out);
+    free(ranks);
+    return rc;
+}
+
+static pipert_result connect_groups(pt_job *job)
+{
+    PT_TRY(connect_peers(job));
+    /* group ids: replica groups 0..S−1 (one per stage), stage groups S.. */
+    PT_TRY(make_group(job, false, (uint32_t)job->stage, &job->replica_group));
+    return make_group(job, true, (uint32_t)(job->layout.stages + job->replica), &job->stage_group);
+}
+
+static pipert_result create_transport(pt_job *job, const char *secret, uint32_t job_id)
+{
+    pt_transport_options options = PT_TRANSPORT_OPTIONS_INIT;
+    options.rank = job->rank;
+    options.secret = secret;
+    options.job = job_id;
+    return pt_transport_create(&options, &job->transport);
+}
+
+static pipert_result place(pt_job *job, int stages)
+{
+    PT_TRY(pt_layout_make(job->world, stages, &job->layout));
+    job->stage = pt_layout_stage(&job->layout, job->rank);
+    job->replica = pt_layout_replica(&job->layout, job->rank);
+    return PIPERT_OK;
+}
+
+static pipert_result alloc_addresses(pt_job *job)
+{
+    job->addresses = calloc((size_t)job->world, sizeof *job->addresses);
+    if (!job->addresses) return pt_fail(PIPERT_ERR_NOMEM, "peer addresses: out of memory");
+    return PIPERT_OK;
+}
+
+/* ---- launched: pipert launch, SLURM, Open MPI, PMI ------------------------ */
+
+static pipert_result bind_cores(const pt_job *job)
+{
+    if (job->boot.cores_count == 0) return PIPERT_OK;
+    pt_topology *topology;
+    PT_TRY(pt_topology_load(&topology));
+    pipert_result rc = pt_topology_bind_process_to_cores(topology, job->boot.cores_first,
+                                                         job->boot.cores_count);
+    pt_topology_free(topology);
+    if (rc != PIPERT_OK)
+        pt_error_prefix("PIPERT_CORES=%d,%d", job->boot.cores_first, job->boot.cores_count);
+    return rc;
+}
+
+static pipert_result start_coordinator(pt_job *job, const char *secret)
+{
+    pt_coordinator_options options = PT_COORDINATOR_OPTIONS_INIT;
+    options.port = job->boot.coord_port;
+    options.world = job->world;
+    options.secret = secret;
+    PT_TRY(pt_coordinator_create(&job->coordinator, &options));
+    pt_info("coordinator listening on port %d (workers reach it at %s:%d)", job->boot.coord_port,
+            job->boot.coord_host, job->boot.coord_port);
+    return pt_coordinator_start(job->coordinator);
+}
+
+/* Waits for every rank's registration in short slices, so a stop request is
+ * not ignored for minutes. */
+static pipert_result wait_for_table(pt_job *job, const pt_peer_table **peers)
+{
+    const double deadline = pt_now_s() + TABLE_TIMEOUT_S;
+    for (;;) {
+        pipert_result rc = pt_coord_client_wait_table(job->client, 0.5, peers);
+        if (rc != PIPERT_ERR_TIMEOUT) return rc;
+        if (asked_to_stop(job))
+            return pt_fail(PIPERT_ERR_INTERRUPTED, "stopped while waiting for the other ranks");
+        if (pt_now_s() > deadline) return pt_coord_client_wait_table(job->client, 0, peers);
+    }
+}
+
+static pipert_result join_launched(pt_job *job, int stages, const char *const *envp)
+{
+    PT_TRY(pt_bootstrap_from_env(&job->boot, envp));
+    job->rank = job->boot.rank;
+    job->world = job->boot.world_size;
+    PT_TRY(place(job, stages));
+    PT_TRY(bind_cores(job));
+    pt_info("rank %d of %d (stage %d, replica %d) under %s; coordinator %s:%d%s", job->rank,
+            job->world, job->stage, job->replica, pt_launcher_name(job->boot.launcher),
+            job->boot.coord_host, job->boot.coord_port, job->boot.hosts_coordinator ? " (here)" : "");
+    char secret[PT_SECRET_MAX + 1];
+    PT_TRY(pt_bootstrap_read_secret(&job->boot, secret));
+    if (job->boot.hosts_coordinator) PT_TRY(start_coordinator(job, secret));
+    PT_TRY(create_transport(job, secret, (uint32_t)job->boot.coord_port));
+    pt_coord_client_options options = PT_COORD_CLIENT_OPTIONS_INIT;
+    options.host = job->boot.coord_host;
+    options.port = job->boot.coord_port;
+    options.secret = secret;
+    options.rank = job->rank;
+    options.world = job->world;
+    options.address = pt_transport_listen_address(job->transport);
+    PT_TRY(pt_coord_client_connect(&job->client, &options));
+    const pt_peer_table *peers;
+    PT_TRY(wait_for_table(job, &peers));
+    PT_TRY(alloc_addresses(job));
+    for (int r = 0; r < job->world; r++) {
+        pt_debug("peer rank %d: host %s, pid %d, data plane %s", r, peers->peers[r].host,
+                 peers->peers[r].pid, peers->peers[r].address);
+        job->addresses[r] = strdup(peers->peers[r].address);
+        if (!job->addresses[r]) return pt_fail(PIPERT_ERR_NOMEM, "peer addresses: out of memory");
+    }
+    return connect_groups(job);
+}
+
+/* ---- out of band: the host program's allgather ---------------------------- */
+
+/* What rank 0 tells every rank first: the job's secret and id. */
+typedef struct oob_job_record {
+    char secret[PT_SECRET_MAX + 1];
+    uint32_t job_id;
+} oob_job_record;
+
+static pipert_result oob_allgather(const pipert_oob *oob, const void *send, void *recv,
+                                   size_t bytes, const char *what)
+{
+    int rc = oob->allgather(oob->user, send, recv, bytes);
+    if (rc != 0)
+        return pt_fail(PIPERT_ERR_TRANSPORT, "the out-of-band allgather of %s failed (it returned %d)",
+                       what, rc);
+    return PIPERT_OK;
+}
+
+static pipert_result agree_on_job(pt_job *job, const pipert_oob *oob, oob_job_record *agreed)
+{
+    oob_job_record mine = {0};
+    if (job->rank == 0) {
+        PT_TRY(pt_secret_generate(mine.secret));
+        mine.job_id = (uint32_t)strtoul((char[9]){mine.secret[0], mine.secret[1], mine.secret[2],
+                                                  mine.secret[3], mine.secret[4], mine.secret[5],
+                                                  mine.secret[6], mine.secret[7], 0},
+                                        NULL, 16);
+    }
+    oob_job_record *all = calloc((size_t)job->world, sizeof *all);
+    if (!all) return pt_fail(PIPERT_ERR_NOMEM, "out-of-band bootstrap: out of memory");
+    pipert_result rc = oob_allgather(oob, &mine, all, sizeof mine, "the job's secret");
+    if (rc == PIPERT_OK) *agreed = all[0];
+    free(all);
+    agreed->secret[PT_SECRET_MAX] = '\0';
+    if (rc == PIPERT_OK && strlen(agreed->secret) < PT_SECRET_MIN)
+        rc = pt_fail(PIPERT_ERR_PEER, "out-of-band bootstrap: rank 0 sent no job secret (do all "
+                                      "ranks call pipert_session_create?)");
+    return rc;
+}
+
+static pipert_result exchange_addresses(pt_job *job, const pipert_oob *oob)
+{
+    const char *mine = pt_transport_listen_address(job->transport);
+    if (strlen(mine) >= PT_ADDRESS_MAX)
+        return pt_fail(PIPERT_ERR_INTERNAL, "transport address longer than %d", PT_ADDRESS_MAX);
+    char *send = calloc(1, PT_ADDRESS_MAX), *all = calloc((size_t)job->world, PT_ADDRESS_MAX);
+    pipert_result rc = send && all ? PIPERT_OK : pt_fail(PIPERT_ERR_NOMEM, "addresses: out of memory");
+    if (rc == PIPERT_OK) {
+        strcpy(send, mine);
+        rc = oob_allgather(oob, send, all, PT_ADDRESS_MAX, "the transport addresses");
+    }
+    if (rc == PIPERT_OK) rc = alloc_addresses(job);
+    for (int r = 0; rc == PIPERT_OK && r < job->world; r++) {
+        char *address = all + (size_t)r * PT_ADDRESS_MAX;
+        address[PT_ADDRESS_MAX - 1] = '\0';
+        job->addresses[r] = strdup(address);
+        if (!job->addresses[r]) rc = pt_fail(PIPERT_ERR_NOMEM, "addresses: out of memory");
+    }
+    free(send);
+    free(all);
+    return rc;
+}
+
+static pipert_result join_oob(pt_job *job, int stages, const pipert_oob *oob)
+{
+    if (!oob->allgather || oob->size < 1 || oob->rank < 0 || oob->rank >= oob->size)
+        return pt_fail(PIPERT_ERR_INVALID_ARG, "options.oob: rank %d of size %d%s", oob->rank,
+                       oob->size, oob->allgather ? "" : " and no allgather");
+    job->rank = oob->rank;
+    job->world = oob->size;
+    PT_TRY(place(job, stages));
+    pt_info("rank %d of %d (stage %d, replica %d), bootstrapped by the host program", job->rank,
+            job->world, job->stage, job->replica);
+    if (job->world == 1) return PIPERT_OK;
+    oob_job_record agreed;
+    PT_TRY(agree_on_job(job, oob, &agreed));
+    PT_TRY(create_transport(job, agreed.secret, agreed.job_id));
+    PT_TRY(exchange_addresses(job, oob));
+    return connect_groups(job);
+}
+
+/* ---- joining and leaving ------------------------------------------------- */
+
+/* Whether the environment names a launcher at all (its rank variable). */
+static bool launched(const char *const *envp)
+{
+    static const char *const rank_variables[] = {"PIPERT_RANK", "OMPI_COMM_WORLD_RANK",
+                                                 "SLURM_PROCID", "PMI_RANK"};
+    for (size_t i = 0; i < sizeof rank_variables / sizeof rank_variables[0]; i++)
+        if (pt_env_lookup(envp, rank_variables[i])) return true;
+    return false;
+}
+
+pipert_result pt_job_join(pt_job *job, int stages, const pipert_oob *oob, const char *const *envp,
+                          bool alone)
+{
+    if (oob) {
+        job->mode = PT_JOB_OOB;
+        return join_oob(job, stages, oob);
+    }
+    if (!alone && envp && launched(envp)) {
+        job->mode = PT_JOB_LAUNCHER;
+        return join_launched(job, stages, envp);
+    }
+    job->mode = PT_JOB_ALONE;
+    job->rank = 0;
+    job->world = 1;
+    return place(job, stages);
+}
+
+void pt_job_leave(pt_job *job)
+{
+    /* The transport goes first: it fails what is still pending, so nothing
+     * writes into a buffer after its owner has freed it. */
+    pt_transport_destroy(job->transport);
+    job->transport = NULL;
+    pt_group_destroy(job->replica_group);
+    pt_group_destroy(job->stage_group);
+    job->replica_group = job->stage_group = NULL;
+    pt_coord_client_close(job->client);
+    job->client = NULL;
+    pt_coordinator_free(job->coordinator);
+    job->coordinator = NULL;
+    if (job->addresses)
+        for (int r = 0; r < job->world; r++) free(job->addresses[r]);
+    free(job->addresses);
+    job->addresses = NULL;
+}
+
+/* ---- the control path ---------------------------------------------------- */
+
+pipert_result pt_job_check(pt_job *job)
+{
+    return job->client ? pt_coord_client_check(job->client) : PIPERT_OK;
+}
+
+bool pt_job_aborted(pt_job *job) { return job->client && pt_coord_client_aborted(job->client); }
+
+pipert_result pt_job_report_progress(pt_job *job, const pt_rank_progress *progress)
+{
+    return job->client ? pt_coord_client_send_progress(job->client, progress) : PIPERT_OK;
+}
+
+void pt_job_log_progress(pt_job *job)
+{
+    if (!job->coordinator) return;
+    pt_job_status status;
+    pt_coordinator_status(job->coordinator, &status);
+    char line[256];
+    pt_job_progress_line(&status, line, sizeof line);
+    pt_info("job: %s", line);
+}
+
+pipert_result pt_job_finish(pt_job *job)
+{
+    if (!job->client) {
+        /* Out of band: leave together, so no rank closes its endpoints while
+         * another still talks to it. A barrier along the stages, then one
+         * along the replicas, waits for every rank of the grid. */
+        if (job->stage_group) PT_TRY(pt_barrier(job->stage_group));
+        if (job->replica_group) PT_TRY(pt_barrier(job->replica_group));
+        return PIPERT_OK;
+    }
+    PT_TRY(pt_coord_client_send_done(job->client));
+    if (!job->coordinator) return PIPERT_OK;
+    pt_job_status status;
+    do {
+        pt_coordinator_wait(job->coordinator, 0.5);
+        pt_coordinator_status(job->coordinator, &status);
+    } while (status.phase != PT_JOB_FINISHED && status.phase != PT_JOB_ABORTED && !asked_to_stop(job));
+    pt_job_log_progress(job);
+    if (status.phase == PT_JOB_FINISHED) return PIPERT_OK;
+    if (status.phase != PT_JOB_ABORTED)
+        return pt_fail(PIPERT_ERR_INTERRUPTED, "stopped while the other ranks ran (this process "
+                                               "hosts the coordinator)");
+    return status.abort_rank >= 0 ? pt_fail(PIPERT_ERR_PEER, "job aborted: rank %d: %s",
+                                            status.abort_rank, status.abort_reason)
+                                  : pt_fail(PIPERT_ERR_PEER, "job aborted: %s", status.abort_reason);
+}
+
+void pt_job_report_failure(pt_job *job, const char *message)
+{
+    const bool aborted = pt_job_aborted(job);
+    if (job->client && !aborted) pt_coord_client_send_error(job->client, message);
+    /* Rank 0 hosting the coordinator gives the others a moment to hear it. */
+    if (job->coordinator && !aborted) pt_coordinator_wait(job->coordinator, 1.0);
+}

@@ -1,0 +1,70 @@
+/* A worker's membership in a job: who it is (rank, stage, replica), how it
+ * got there (the environment of a launcher, the host program's out-of-band
+ * allgather, or alone), the control path (the coordinator) and the data
+ * plane (the transport and the groups of its stage and of its replica).
+ *
+ *   launcher  rank from pipert launch / SLURM / Open MPI / PMI
+ *             (runtime/comm/bootstrap.h); the coordinator does rendezvous,
+ *             heartbeats, job-wide abort and progress.
+ *   oob       the host program's allgather exchanges the job's secret and
+ *             every rank's transport address; no coordinator, no
+ *             environment; a dead peer is noticed by the transport.
+ *   alone     one worker, no network at all.
+ */
+#ifndef PT_SESSION_JOB_H
+#define PT_SESSION_JOB_H
+
+#include <stdbool.h>
+
+#include "pipert/pipert.h"
+#include "runtime/comm/bootstrap.h"
+#include "runtime/comm/collectives.h"
+#include "runtime/comm/coordinator.h"
+#include "runtime/comm/layout.h"
+#include "runtime/comm/transport.h"
+
+typedef enum pt_job_mode { PT_JOB_ALONE, PT_JOB_LAUNCHER, PT_JOB_OOB } pt_job_mode;
+
+typedef struct pt_job {
+    pt_job_mode mode;
+    int rank, world;
+    pt_layout layout;
+    int stage, replica;
+    pt_bootstrap boot;            /* launcher mode */
+    pt_coordinator *coordinator;  /* launcher mode, rank 0 under SLURM/MPI */
+    pt_coord_client *client;      /* launcher mode */
+    char **addresses;             /* every rank's data-plane address ([world]) */
+    pt_transport *transport;      /* world > 1 */
+    pt_group *replica_group;      /* the replicas of this stage (replicas > 1) */
+    pt_group *stage_group;        /* the stages of this replica (stages > 1) */
+    bool (*should_stop)(void *context); /* asked while joining */
+    void *context;
+} pt_job;
+
+/* Joins the job: `oob` when given, else the launcher's environment `envp`
+ * when it names one, else alone (`alone` forces that). */
+pipert_result pt_job_join(pt_job *job, int stages, const pipert_oob *oob, const char *const *envp,
+                          bool alone);
+
+/* Leaves the job: closes the data plane, the coordinator connection and the
+ * coordinator this process hosts. Safe on a partly joined job. */
+void pt_job_leave(pt_job *job);
+
+/* PIPERT_ERR_PEER naming the rank when the job was aborted. */
+pipert_result pt_job_check(pt_job *job);
+bool pt_job_aborted(pt_job *job);
+
+/* This rank's progress, for the coordinator's job-wide line. */
+pipert_result pt_job_report_progress(pt_job *job, const pt_rank_progress *progress);
+
+/* The coordinator's job-wide line, logged by the rank that hosts it. */
+void pt_job_log_progress(pt_job *job);
+
+/* This rank is done; the rank hosting the coordinator keeps it serving until
+ * every rank is done or the job aborted. */
+pipert_result pt_job_finish(pt_job *job);
+
+/* Tells the job this rank failed (unless the failure is the job's abort). */
+void pt_job_report_failure(pt_job *job, const char *message);
+
+#endif

@@ -1,0 +1,64 @@
+/* What a session writes for people and plots: DIR/metrics.jsonl (the last
+ * stage of replica 0, which has the loss) and DIR/metrics-stage-N.jsonl
+ * (each stage of replica 0 in a multi-worker job: staleness, bubble and the
+ * coupling's traffic and waits). */
+#include <math.h>
+#include <stdio.h>
+
+#include "runtime/fileio.h"
+#include "session/session_internal.h"
+
+pipert_result pt_session_open_outputs(pipert_session *s, long resumed_step)
+{
+    char path[PT_CONFIG_STRING_MAX + 48];
+    PT_TRY(pt_make_dirs(s->out_dir));
+    if (s->job.replica == 0 && s->job.world > 1) {
+        snprintf(path, sizeof path, "%s/metrics-stage-%d.jsonl", s->out_dir, s->job.stage);
+        PT_TRY(pt_metrics_open(&s->stage_metrics, path, resumed_step));
+    }
+    if (!s->writes_outputs) return PIPERT_OK;
+    snprintf(path, sizeof path, "%s/metrics.jsonl", s->out_dir);
+    return pt_metrics_open(&s->metrics, path, resumed_step);
+}
+
+void pt_session_close_outputs(pipert_session *s)
+{
+    pt_metrics_close(&s->metrics);
+    pt_metrics_close(&s->stage_metrics);
+}
+
+static pipert_result write_stage_line(pipert_session *s, const pt_pipeline_step *p)
+{
+    json_t *line = json_pack("{s:I, s:i, s:f, s:f, s:f, s:f, s:s, s:f, s:f, s:f}", "step",
+                             (json_int_t)p->step, "stage", s->job.stage, "staleness", p->staleness,
+                             "bubble", pt_trace_bubble_fraction(s->trace), "grad_norm",
+                             p->grad_norm, "ms_per_step", 1e3 * p->seconds, "dp_method",
+                             p->dp.method ? p->dp.method : "none", "dp_bytes", p->dp.bytes_sent,
+                             "dp_wait_ms", p->dp.wait_ms, "dp_delay", p->dp.delay);
+    return pt_metrics_write(&s->stage_metrics, line);
+}
+
+static pipert_result write_loss_line(pipert_session *s, const pt_pipeline_step *p,
+                                     double tokens_per_s)
+{
+    json_t *line = json_pack("{s:I, s:f, s:f, s:f, s:f, s:f, s:f}", "step", (json_int_t)p->step,
+                             "loss", (double)p->loss, "lr", p->lr, "grad_norm", p->grad_norm,
+                             "tokens_per_s", tokens_per_s, "ms_per_step", 1e3 * p->seconds,
+                             "staleness", p->staleness);
+    return pt_metrics_write(&s->metrics, line);
+}
+
+pipert_result pt_session_write_step(pipert_session *s, const pt_pipeline_step *p,
+                                    double tokens_per_s)
+{
+    if (s->stage_metrics.file) PT_TRY(write_stage_line(s, p));
+    if (s->writes_outputs) PT_TRY(write_loss_line(s, p, tokens_per_s));
+    return PIPERT_OK;
+}
+
+pipert_result pt_session_write_validation(pipert_session *s, long step, float val_loss)
+{
+    if (!s->writes_outputs) return PIPERT_OK;
+    return pt_metrics_write(&s->metrics, json_pack("{s:I, s:f}", "step", (json_int_t)step,
+                                                   "val_loss", (double)val_loss));
+}

@@ -1,0 +1,402 @@
+/* A session: one worker's whole life in a job, behind the public API
+ * (include/pipert/pipert.h): join (session/job.c) → build its stage (the
+ * coupling of its replicas, then the executor) → step, with the validation,
+ * metrics and checkpoints that fall due → finish. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/clock.h"
+#include "runtime/topology.h"
+#include "pipeline/plan.h"
+#include "session/session_internal.h"
+
+/* Progress goes to the coordinator at every logged step, and at least this often. */
+#define PROGRESS_PERIOD_S 0.5
+
+extern char **environ;
+
+/* ---- the calling thread: log sink and compute threads --------------------- */
+
+/* Every API call runs with the session's log sink and thread count on the
+ * calling thread, and puts the caller's sink back when it returns. */
+typedef struct session_call {
+    const pt_log_sink *previous_sink;
+} session_call;
+
+static session_call enter(pipert_session *s)
+{
+    session_call call = {pt_log_use_sink(&s->log_sink)};
+    if (s->threads > 0 && strcmp(s->config.runtime.device, "cuda")) pt_kernels_cpu_set_threads(s->threads);
+    return call;
+}
+
+static void leave(const session_call *call) { pt_log_use_sink(call->previous_sink); }
+
+static void forward_log_line(void *user, pt_log_level level, const char *line)
+{
+    const pipert_session *s = user;
+    s->options.log(s->options.log_user, (pipert_log_level)level, line);
+}
+
+static bool should_stop(void *context)
+{
+    pipert_session *s = context;
+    return atomic_load(&s->stop_requested) || pt_job_aborted(&s->job);
+}
+
+/* ---- building -------------------------------------------------------------- */
+
+static pipert_result choose_threads(pipert_session *s)
+{
+    if (s->config.runtime.threads > 0) {
+        s->threads = s->config.runtime.threads;
+        return PIPERT_OK;
+    }
+    pt_topology *topology;
+    PT_TRY(pt_topology_load(&topology)); /* after binding: this worker's cores */
+    s->threads = pt_topology_cores(topology);
+    pt_topology_free(topology);
+    return PIPERT_OK;
+}
+
+static pipert_result stage_blocks(const pipert_session *s, int *first, int *last)
+{
+    const pt_model_settings *m = &s->config.model;
+    const int stages = s->job.layout.stages;
+    pt_gpt_config model = {m->n_layer, m->n_embd, m->n_head, m->block_size, m->vocab_size,
+                           m->tie_weights};
+    pt_stage_plan plan;
+    if (s->config.plan.layers[0]) PT_TRY(pt_plan_parse(s->config.plan.layers, m->n_layer, stages, &plan));
+    else PT_TRY(pt_plan_balanced(&model, m->block_size, stages, &plan));
+    *first = plan.bounds[s->job.stage];
+    *last = plan.bounds[s->job.stage + 1];
+    return PIPERT_OK;
+}
+
+static pipert_result build_coupling(pipert_session *s)
+{
+    pt_coupling_options o = {.config = &s->config,
+                             .kernels = NULL,
+                             .replicas = s->job.replica_group,
+                             .stage = s->job.stage,
+                             .replica = s->job.replica,
+                             .should_stop = should_stop,
+                             .context = s};
+    return pt_coupling_create(&o, &s->coupling);
+}
+
+static pipert_result build_executor(pipert_session *s)
+{
+    const pt_job *job = &s->job;
+    const int S = job->layout.stages;
+    pt_stage_executor_options o = {.config = &s->config,
+                                   .stage = job->stage,
+                                   .stages = S,
+                                   .replica = job->replica,
+                                   .replicas = job->layout.replicas,
+                                   .threads = s->threads,
+                                   .transport = job->transport,
+                                   .stage_group = job->stage_group,
+                                   .coupling = s->coupling,
+                                   .batch = s->options.batch,
+                                   .batch_user = s->options.batch_user,
+                                   .should_stop = should_stop,
+                                   .context = s};
+    o.prev_rank = job->stage > 0 ? pt_layout_rank(&job->layout, job->stage - 1, job->replica) : -1;
+    o.next_rank = job->stage < S - 1 ? pt_layout_rank(&job->layout, job->stage + 1, job->replica) : -1;
+    PT_TRY(stage_blocks(s, &o.first_layer, &o.last_layer));
+    if (s->config.pipeline.trace)
+        PT_TRY(pt_trace_create(&s->trace, job->rank, job->stage, job->replica, 1 << 17));
+    o.trace = s->trace;
+    PT_TRY(pt_stage_executor_create(&s->executor, &o));
+    pt_info("%s; replicas coupled by dp.method=%s", pt_stage_executor_describe(s->executor),
+            pt_coupling_method_name(s->coupling));
+    return PIPERT_OK;
+}
+
+static void init_latest(pipert_session *s)
+{
+    const pt_job *job = &s->job;
+    s->latest = (pipert_metrics){.size = sizeof(pipert_metrics),
+                                 .rank = job->rank,
+                                 .world = job->world,
+                                 .stage = job->stage,
+                                 .stages = job->layout.stages,
+                                 .replica = job->replica,
+                                 .replicas = job->layout.replicas,
+                                 .step = pt_stage_executor_version(s->executor),
+                                 .total_steps = s->config.train.steps,
+                                 .loss = NAN,
+                                 .val_loss = NAN,
+                                 .dp_method = pt_coupling_method_name(s->coupling)};
+}
+
+static pipert_result session_setup(pipert_session *s)
+{
+    PT_TRY(pt_config_validate(&s->config));
+    s->job.should_stop = should_stop;
+    s->job.context = s;
+    PT_TRY(pt_job_join(&s->job, s->options.stages, s->options.oob, (const char *const *)environ,
+                       s->options.alone));
+    s->log_sink.rank = s->job.world > 1 ? s->job.rank : -1;
+    /* metrics.jsonl, validation and checkpoints: the rank that has the loss */
+    s->writes_outputs = s->job.replica == 0 && s->job.stage == s->job.layout.stages - 1;
+    PT_TRY(choose_threads(s));
+    if (strcmp(s->config.runtime.device, "cuda")) pt_kernels_cpu_set_threads(s->threads);
+    PT_TRY(build_coupling(s));
+    PT_TRY(build_executor(s));
+    long resumed = -1;
+    if (s->options.resume) PT_TRY(pt_session_resume(s, &resumed));
+    PT_TRY(pt_session_open_outputs(s, resumed));
+    init_latest(s);
+    s->window_started = pt_now_s();
+    return PIPERT_OK;
+}
+
+static pipert_result copy_options(pipert_session *s, const pipert_session_options *options)
+{
+    if (options->size < offsetof(pipert_session_options, log_level) + sizeof options->log_level)
+        return pt_fail(PIPERT_ERR_INVALID_ARG, "pipert_session_options.size is %zu: initialise "
+                                               "the options with PIPERT_SESSION_OPTIONS_INIT",
+                       options->size);
+    memcpy(&s->options, options, sizeof s->options);
+    if (!options->out_dir || !options->out_dir[0])
+        return pt_fail(PIPERT_ERR_INVALID_ARG, "pipert_session_options.out_dir is required");
+    if (strlen(options->out_dir) >= sizeof s->out_dir)
+        return pt_fail(PIPERT_ERR_INVALID_ARG, "out_dir is longer than %zu characters",
+                       sizeof s->out_dir - 1);
+    if (options->stages < 1)
+        return pt_fail(PIPERT_ERR_INVALID_ARG, "pipert_session_options.stages is %d (at least 1)",
+                       options->stages);
+    strcpy(s->out_dir, options->out_dir);
+    s->options.out_dir = s->out_dir;
+    s->log_sink = (pt_log_sink){.write = options->log ? forward_log_line : NULL,
+                                .user = s,
+                                .level = (pt_log_level)options->log_level,
+                                .rank = -1};
+    return PIPERT_OK;
+}
+
+pipert_result pipert_session_create(const pipert_config *cfg, const pipert_session_options *options,
+                                    pipert_session **out)
+{
+    if (out) *out = NULL;
+    if (!cfg || !options || !out)
+        return pt_fail(PIPERT_ERR_INVALID_ARG, "pipert_session_create: config, options and out "
+                                               "are required");
+    pipert_session *s = calloc(1, sizeof *s);
+    if (!s) return pt_fail(PIPERT_ERR_NOMEM, "session: out of memory");
+    pthread_mutex_init(&s->lock, NULL);
+    s->config = *cfg;
+    pipert_result rc = copy_options(s, options);
+    if (rc == PIPERT_OK) {
+        session_call call = enter(s);
+        rc = session_setup(s);
+        if (rc != PIPERT_OK) pt_job_report_failure(&s->job, pipert_last_error());
+        leave(&call);
+    }
+    if (rc != PIPERT_OK) {
+        char message[1024];
+        snprintf(message, sizeof message, "%s", pipert_last_error());
+        pipert_session_destroy(s);
+        return pt_fail(rc, "%s", message);
+    }
+    *out = s;
+    return PIPERT_OK;
+}
+
+void pipert_session_destroy(pipert_session *s)
+{
+    if (!s) return;
+    session_call call = enter(s);
+    pt_session_close_outputs(s);
+    pt_job_leave(&s->job); /* first: nothing in flight writes into the executor's buffers after */
+    pt_stage_executor_free(s->executor);
+    pt_coupling_free(s->coupling);
+    pt_trace_free(s->trace);
+    leave(&call);
+    pthread_mutex_destroy(&s->lock);
+    free(s);
+}
+
+/* ---- stepping -------------------------------------------------------------- */
+
+static bool every(long step, long period) { return period > 0 && step % period == 0; }
+
+static bool flushes(const pipert_session *s)
+{
+    return s->job.layout.stages == 1 || strcmp(s->config.pipeline.schedule, "async-1f1b") != 0;
+}
+
+static void publish(pipert_session *s, const pipert_metrics *m)
+{
+    pthread_mutex_lock(&s->lock);
+    s->latest = *m;
+    pthread_mutex_unlock(&s->lock);
+}
+
+static pipert_result validate(pipert_session *s, long step, pipert_metrics *m)
+{
+    float val_loss;
+    PT_TRY(pt_stage_executor_validate(s->executor, &val_loss));
+    if (!s->writes_outputs) return PIPERT_OK;
+    m->val_loss = val_loss;
+    pt_info("step %ld | val_loss %.4f", step, (double)val_loss);
+    pt_rank_progress p = {step, s->config.train.steps, m->loss, 0, val_loss};
+    PT_TRY(pt_job_report_progress(&s->job, &p));
+    return pt_session_write_validation(s, step, val_loss);
+}
+
+static bool is_last_stage(const pipert_session *s)
+{
+    return s->job.stage == s->job.layout.stages - 1;
+}
+
+static void fill_metrics(pipert_session *s, const pt_pipeline_step *p, double tokens_per_s,
+                         pipert_metrics *m)
+{
+    m->step = p->step;
+    m->loss = is_last_stage(s) ? p->loss : NAN;
+    m->lr = p->lr;
+    m->grad_norm = p->grad_norm;
+    m->staleness = p->staleness;
+    m->tokens_per_s = tokens_per_s;
+    m->ms_per_step = 1e3 * p->seconds;
+    m->dp_bytes = p->dp.bytes_sent;
+    m->dp_wait_ms = p->dp.wait_ms;
+    m->dp_delay = p->dp.delay;
+}
+
+/* Metrics files and the coordinator's progress, after a step. */
+static pipert_result report_step(pipert_session *s, const pt_pipeline_step *p, pipert_metrics *m)
+{
+    const pt_train_settings *ts = &s->config.train;
+    const bool log_now = every(p->step, ts->log_every) || p->step == p->total_steps;
+    s->window_steps++;
+    const double now = pt_now_s();
+    const double tokens_per_s = p->tokens * (double)s->window_steps / (now - s->window_started);
+    fill_metrics(s, p, tokens_per_s, m);
+    if (log_now || now - s->reported_at >= PROGRESS_PERIOD_S) {
+        /* loss and tokens/s come from the last stage; the others report progress only */
+        pt_rank_progress progress = {p->step, p->total_steps, m->loss,
+                                     is_last_stage(s) ? tokens_per_s : 0, NAN};
+        PT_TRY(pt_job_report_progress(&s->job, &progress));
+        s->reported_at = now;
+    }
+    if (!log_now) return PIPERT_OK;
+    PT_TRY(pt_session_write_step(s, p, tokens_per_s));
+    pt_job_log_progress(&s->job);
+    s->window_started = pt_now_s();
+    s->window_steps = 0;
+    return PIPERT_OK;
+}
+
+/* After the last step: validation through the pipeline, the last checkpoint,
+ * the trace, and the job told. */
+static pipert_result finish_run(pipert_session *s, pipert_metrics *m)
+{
+    const long step = pt_stage_executor_version(s->executor);
+    PT_TRY(validate(s, step, m));
+    PT_TRY(pt_session_save_checkpoint(s, step));
+    if (s->trace) PT_TRY(pt_trace_write_rank_file(s->trace, s->out_dir));
+    PT_TRY(pt_job_finish(&s->job));
+    s->finished = true;
+    m->done = 1;
+    return PIPERT_OK;
+}
+
+static pipert_result step_once(pipert_session *s, pipert_metrics *m)
+{
+    if (s->finished)
+        return pt_fail(PIPERT_ERR_INVALID_ARG, "the session has finished all %ld steps",
+                       s->config.train.steps);
+    if (atomic_load(&s->stop_requested))
+        return pt_fail(PIPERT_ERR_INTERRUPTED, "stopped before step %ld",
+                       pt_stage_executor_version(s->executor) + 1);
+    PT_TRY(pt_job_check(&s->job));
+    pt_pipeline_step p;
+    PT_TRY(pt_stage_executor_step(s->executor, &p));
+    PT_TRY(report_step(s, &p, m));
+    const pt_train_settings *ts = &s->config.train;
+    if (pt_stage_executor_finished(s->executor)) return finish_run(s, m);
+    /* Flush schedules end every step drained, every stage at the same step:
+     * validation and checkpoints can run through the pipeline there. */
+    if (flushes(s) && every(p.step, ts->val_every)) PT_TRY(validate(s, p.step, m));
+    if (flushes(s) && every(p.step, ts->checkpoint_every)) PT_TRY(pt_session_save_checkpoint(s, p.step));
+    return PIPERT_OK;
+}
+
+/* A failure of the job (not of this call's arguments) is remembered for
+ * pipert_session_async_error and told to the other ranks. */
+static pipert_result note_failure(pipert_session *s, pipert_result rc)
+{
+    if (rc == PIPERT_OK || rc == PIPERT_ERR_INVALID_ARG) return rc;
+    if (rc == PIPERT_ERR_PEER || rc == PIPERT_ERR_TRANSPORT || pt_job_aborted(&s->job))
+        atomic_store(&s->failed, 1);
+    if (rc != PIPERT_ERR_INTERRUPTED || !atomic_load(&s->stop_requested))
+        pt_job_report_failure(&s->job, pipert_last_error());
+    return rc;
+}
+
+pipert_result pipert_session_step(pipert_session *s, pipert_metrics *metrics)
+{
+    if (!s) return pt_fail(PIPERT_ERR_INVALID_ARG, "pipert_session_step: no session");
+    session_call call = enter(s);
+    pipert_metrics m;
+    pthread_mutex_lock(&s->lock);
+    m = s->latest;
+    pthread_mutex_unlock(&s->lock);
+    m.val_loss = NAN;
+    pipert_result rc = note_failure(s, step_once(s, &m));
+    if (rc == PIPERT_OK) {
+        if (isnan(m.val_loss)) m.val_loss = s->latest.val_loss; /* the newest one stays */
+        publish(s, &m);
+        if (metrics) rc = pipert_session_metrics(s, metrics);
+    }
+    leave(&call);
+    return rc;
+}
+
+pipert_result pipert_session_run(pipert_session *s)
+{
+    if (!s) return pt_fail(PIPERT_ERR_INVALID_ARG, "pipert_session_run: no session");
+    while (!s->finished) PT_TRY(pipert_session_step(s, NULL));
+    return PIPERT_OK;
+}
+
+pipert_result pipert_session_metrics(const pipert_session *s, pipert_metrics *metrics)
+{
+    if (!s || !metrics || metrics->size < sizeof(size_t))
+        return pt_fail(PIPERT_ERR_INVALID_ARG, "pipert_session_metrics: a session and a metrics "
+                                               "struct with its size set are required");
+    const size_t size = metrics->size < sizeof *metrics ? metrics->size : sizeof *metrics;
+    pthread_mutex_lock((pthread_mutex_t *)&s->lock);
+    memcpy(metrics, &s->latest, size);
+    pthread_mutex_unlock((pthread_mutex_t *)&s->lock);
+    metrics->size = size;
+    return PIPERT_OK;
+}
+
+pipert_result pipert_session_checkpoint(pipert_session *s)
+{
+    if (!s) return pt_fail(PIPERT_ERR_INVALID_ARG, "pipert_session_checkpoint: no session");
+    session_call call = enter(s);
+    pipert_result rc = pt_session_save_checkpoint(s, pt_stage_executor_version(s->executor));
+    leave(&call);
+    return rc;
+}
+
+void pipert_session_stop(pipert_session *s)
+{
+    if (s) atomic_store(&s->stop_requested, 1);
+}
+
+pipert_result pipert_session_async_error(pipert_session *s)
+{
+    if (!s) return pt_fail(PIPERT_ERR_INVALID_ARG, "pipert_session_async_error: no session");
+    if (pt_job_aborted(&s->job)) return pt_job_check(&s->job);
+    if (atomic_load(&s->failed)) return pt_fail(PIPERT_ERR_PEER, "the job failed (see the log)");
+    return PIPERT_OK;
+}

@@ -1,0 +1,59 @@
+/* The session's state, shared by its files (session.c runs it, outputs.c
+ * writes what it reports, checkpoint.c saves and restores it). */
+#ifndef PT_SESSION_INTERNAL_H
+#define PT_SESSION_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+
+#include "dp/coupling.h"
+#include "pipeline/executor.h"
+#include "pipert/pipert.h"
+#include "runtime/config.h"
+#include "runtime/log.h"
+#include "runtime/metrics.h"
+#include "runtime/trace.h"
+#include "session/job.h"
+
+struct pipert_session {
+    pipert_config config;
+    pipert_session_options options;
+    char out_dir[PT_CONFIG_STRING_MAX];
+    pt_log_sink log_sink;
+    int threads;
+
+    pt_job job;
+    pt_coupling *coupling;
+    pt_stage_executor *executor;
+    pt_trace *trace;
+
+    pt_metrics metrics;       /* metrics.jsonl: the last stage of replica 0 */
+    pt_metrics stage_metrics; /* metrics-stage-N.jsonl: replica 0 of a multi-worker job */
+    bool writes_outputs;      /* the last stage of replica 0: it has the loss */
+    double window_started;    /* tokens/s over the logging window */
+    long window_steps;
+    double reported_at;       /* the last progress report to the coordinator */
+
+    pthread_mutex_t lock;     /* guards `latest` for readers on other threads */
+    pipert_metrics latest;
+    bool finished;
+
+    atomic_int stop_requested;
+    atomic_int failed;        /* the job ended asynchronously (abort, dead peer) */
+};
+
+/* metrics.jsonl and metrics-stage-N.jsonl (outputs.c). */
+pipert_result pt_session_open_outputs(pipert_session *s, long resumed_step);
+pipert_result pt_session_write_step(pipert_session *s, const pt_pipeline_step *step,
+                                    double tokens_per_s);
+pipert_result pt_session_write_validation(pipert_session *s, long step, float val_loss);
+void pt_session_close_outputs(pipert_session *s);
+
+/* Checkpoints (checkpoint.c): every stage of replica 0 writes its slice; the
+ * step's index makes the checkpoint complete. */
+pipert_result pt_session_save_checkpoint(pipert_session *s, long step);
+/* Restores the newest complete checkpoint of out_dir; *step is its step. */
+pipert_result pt_session_resume(pipert_session *s, long *step);
+
+#endif
