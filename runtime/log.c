@@ -36,6 +36,7 @@ static void read_level_from_env(void)
 int pt_log_enabled(pt_log_level level)
 {
     if (thread_sink && thread_sink->write) return (int)level <= (int)thread_sink->level;
+    if (thread_sink && (int)level > (int)thread_sink->level) return 0;
     pthread_once(&level_once, read_level_from_env);
     return (int)level <= current_level;
 }

@@ -13,7 +13,7 @@ void pt_log_set_level(pt_log_level level);
 void pt_log_set_rank(int rank);
 
 /* Where a library user's log lines go: a callback and its level (write NULL:
- * stderr at PIPERT_LOG's level), and a rank tag. */
+ * stderr, at the stricter of `level` and PIPERT_LOG's), and a rank tag. */
 typedef struct pt_log_sink {
     void (*write)(void *user, pt_log_level level, const char *line);
     void *user;

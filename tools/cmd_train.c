@@ -86,6 +86,7 @@ int pt_cmd_train(int argc, char **argv)
 
     pipert_session_options options = PIPERT_SESSION_OPTIONS_INIT;
     options.out_dir = out_dir;
+    options.log_level = PIPERT_LOG_DEBUG; /* stderr, at PIPERT_LOG's level */
     options.resume = resume;
     options.alone = 1;
     pt_progress progress;

@@ -99,6 +99,7 @@ int pt_cmd_worker(int argc, char **argv)
     if (outcome != PT_CLI_OK) return pt_cli_exit_status(outcome);
     pipert_session_options options = PIPERT_SESSION_OPTIONS_INIT;
     options.out_dir = out_dir;
+    options.log_level = PIPERT_LOG_DEBUG; /* stderr, at PIPERT_LOG's level */
     if (!out_dir ||
         pt_cli_parse_int("--stages", stages_text, 1, PT_MAX_WORLD, 1, &options.stages) != PIPERT_OK) {
         pipert_config_free(cfg);
