@@ -88,7 +88,9 @@ static const config_key schema[] = {
              "lm_head shares the token embedding (single-stage runs only)"),
 
     NUMBER_KEY(train.batch_size, 8, AT_LEAST(1), "sequences per worker per microbatch"),
-    NUMBER_KEY(train.grad_accum, 1, AT_LEAST(1), "microbatches per optimizer step"),
+    NUMBER_KEY(train.grad_accum, 1, AT_LEAST(1),
+               "microbatches per optimizer step of a single stage (pipelines use "
+               "pipeline.microbatches)"),
     NUMBER_KEY(train.steps, 700, AT_LEAST(1), "optimizer steps of the whole run"),
     NUMBER_KEY(train.lr, 1e-3, ABOVE(0), "peak learning rate, reached at the end of warm-up"),
     NUMBER_KEY(train.warmup_steps, 50, AT_LEAST(0), "steps of linear warm-up from 0 to train.lr"),

@@ -326,3 +326,16 @@ json_t *pt_topology_to_json(const pt_topology *t)
     }
     return host;
 }
+
+pipert_result pt_topology_compute_threads(int configured, int *threads)
+{
+    if (configured > 0) {
+        *threads = configured;
+        return PIPERT_OK;
+    }
+    pt_topology *topology;
+    PT_TRY(pt_topology_load(&topology));
+    *threads = pt_topology_cores(topology);
+    pt_topology_free(topology);
+    return PIPERT_OK;
+}

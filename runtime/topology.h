@@ -23,6 +23,10 @@ void pt_topology_free(pt_topology *t);
 
 /* Physical cores available to this process. */
 int pt_topology_cores(const pt_topology *t);
+/* Compute threads of a worker: `configured` (runtime.threads) when > 0,
+ * else one per physical core this process may run on (after any binding). */
+pipert_result pt_topology_compute_threads(int configured, int *threads);
+
 /* Hardware threads (PUs) available to this process; >= cores with SMT. */
 int pt_topology_pus(const pt_topology *t);
 

@@ -48,19 +48,6 @@ static bool should_stop(void *context)
 
 /* ---- building -------------------------------------------------------------- */
 
-static pipert_result choose_threads(pipert_session *s)
-{
-    if (s->config.runtime.threads > 0) {
-        s->threads = s->config.runtime.threads;
-        return PIPERT_OK;
-    }
-    pt_topology *topology;
-    PT_TRY(pt_topology_load(&topology)); /* after binding: this worker's cores */
-    s->threads = pt_topology_cores(topology);
-    pt_topology_free(topology);
-    return PIPERT_OK;
-}
-
 static pipert_result stage_blocks(const pipert_session *s, int *first, int *last)
 {
     const pt_model_settings *m = &s->config.model;
@@ -143,7 +130,7 @@ static pipert_result session_setup(pipert_session *s)
     s->log_sink.rank = s->job.world > 1 ? s->job.rank : -1;
     /* metrics.jsonl, validation and checkpoints: the rank that has the loss */
     s->writes_outputs = s->job.replica == 0 && s->job.stage == s->job.layout.stages - 1;
-    PT_TRY(choose_threads(s));
+    PT_TRY(pt_topology_compute_threads(s->config.runtime.threads, &s->threads));
     if (strcmp(s->config.runtime.device, "cuda")) pt_kernels_cpu_set_threads(s->threads);
     PT_TRY(build_coupling(s));
     PT_TRY(build_executor(s));

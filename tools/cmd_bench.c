@@ -56,19 +56,6 @@ static void print_profile(double mean_step_seconds, int steps)
     printf("  %-30s %10.2f\n", "step (mean)", 1e3 * mean_step_seconds);
 }
 
-static pipert_result machine_threads(const pipert_config *cfg, int *threads)
-{
-    if (cfg->runtime.threads > 0) {
-        *threads = cfg->runtime.threads;
-        return PIPERT_OK;
-    }
-    pt_topology *topology;
-    PT_TRY(pt_topology_load(&topology));
-    *threads = pt_topology_cores(topology);
-    pt_topology_free(topology);
-    return PIPERT_OK;
-}
-
 /* One worker's engine: the executor with a single stage. */
 static pipert_result create_engine(pipert_config *cfg, int threads, pt_stage_executor **out)
 {
@@ -83,7 +70,7 @@ static pipert_result create_engine(pipert_config *cfg, int threads, pt_stage_exe
 static pipert_result run_bench(pipert_config *cfg, int warmup, int steps, bool profile)
 {
     int threads;
-    PT_TRY(machine_threads(cfg, &threads));
+    PT_TRY(pt_topology_compute_threads(cfg->runtime.threads, &threads));
     cfg->train.steps = warmup + 2L * steps; /* the timed runs, and the lr schedule in range */
     pt_stage_executor *ex;
     PT_TRY(create_engine(cfg, threads, &ex));
