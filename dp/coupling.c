@@ -103,6 +103,11 @@ pt_coupling_metrics pt_coupling_take_metrics(pt_coupling *c)
 
 const char *pt_coupling_method_name(const pt_coupling *c) { return c->method->name; }
 
+const float *pt_coupling_eval_params(const pt_coupling *c)
+{
+    return c && c->method->eval_params ? c->method->eval_params(c->state) : NULL;
+}
+
 pipert_result pt_coupling_wait_allreduce(const pt_coupling_options *options,
                                          pt_allreduce_handle *handle, const char *what)
 {

@@ -64,6 +64,9 @@ typedef struct pt_coupling_method {
     pipert_result (*create)(const pt_coupling_options *options, void **state);
     pipert_result (*after_backward)(void *state, pt_coupling_point *at, pt_coupling_metrics *m);
     pipert_result (*after_step)(void *state, pt_coupling_point *at, pt_coupling_metrics *m);
+    /* The parameters validation evaluates (DiLoCo: the outer θ̃), or NULL
+     * for θ itself; may be NULL. */
+    const float *(*eval_params)(void *state);
     /* Adds the method's state to a checkpoint under names "dp.*", and reads
      * it back (NULL: the method keeps no state). */
     pipert_result (*save)(void *state, pt_safetensors_writer *w);
@@ -85,6 +88,9 @@ pipert_result pt_coupling_load(pt_coupling *c, const pt_safetensors *st, const c
 
 /* The metrics gathered since the last call, which starts a new period. */
 pt_coupling_metrics pt_coupling_take_metrics(pt_coupling *c);
+
+/* What validation evaluates: the method's parameters [n_params], or NULL for θ. */
+const float *pt_coupling_eval_params(const pt_coupling *c);
 const char *pt_coupling_method_name(const pt_coupling *c);
 
 /* For methods: waits for a non-blocking all-reduce in slices of half a

@@ -721,7 +721,8 @@ pipert_result pt_stage_executor_validate(pt_stage_executor *ex, float *val_loss)
     double sum = 0;
     *val_loss = NAN;
     pt_gpt_use_activation_slot(m, 0);
-    pt_gpt_use_params(m, NULL);
+    /* What the coupling says the model is (DiLoCo: the outer parameters). */
+    pt_gpt_use_params(m, (float *)pt_coupling_eval_params(ex->options.coupling));
     for (int k = 0; k < n; k++) {
         const double started = pt_trace_now_us();
         if (reads_data(ex)) {
@@ -743,6 +744,7 @@ pipert_result pt_stage_executor_validate(pt_stage_executor *ex, float *val_loss)
         sum += loss;
         trace_span(ex, "eval", started, k);
     }
+    pt_gpt_use_params(m, NULL);
     if (is_last_stage(ex)) *val_loss = (float)(sum / n);
     return PIPERT_OK;
 }

@@ -137,9 +137,40 @@ static const config_key schema[] = {
              "keep only each stage's input and recompute activations at backward time"),
     BOOL_KEY(pipeline.trace, true, "write a Chrome/Perfetto trace (trace-rank-N.json) per rank"),
 
-    STRING_KEY(dp.method, "allreduce", "allreduce",
-               "how the replicas of a stage are coupled: allreduce = mean of the gradients every "
-               "step (dense, synchronous)"),
+    STRING_KEY(dp.method, "allreduce", "allreduce|sparse|diloco|streaming-diloco|co2",
+               "how the replicas of a stage are coupled (docs/CONFIG.md, ALGORITHMS.md section 4): "
+               "allreduce = mean of the gradients every step (dense, synchronous)"),
+    STRING_KEY(dp.compress, "none", "none|int8|e3m0|e2m1|onebit",
+               "what crosses the link between replicas: fp32, or quantized with per-block fp32 "
+               "scales (8-bit, 4-bit E3M0 or E2M1), or 1-bit signs with error feedback"),
+    NUMBER_KEY(dp.block, 128, AT_LEAST(8), "elements per quantization block (one fp32 scale each)"),
+    NUMBER_KEY(dp.delay, -1, AT_LEAST(-1),
+               "steps between posting an asynchronous exchange and applying it: -1 = when it "
+               "arrives; N >= 0 = exactly N steps later (the step waits if it is late)"),
+    NUMBER_KEY(dp.fraction, 0.05, HALF_OPEN_RANGE(0, 1.0000001),
+               "sparse: fraction p of each tensor averaged per step (partitions of a shared "
+               "random permutation; P = ceil(1/p))"),
+    STRING_KEY(dp.rule, "ema", "ema|avg|delta",
+               "sparse: what replaces the averaged elements: ema = average + lambda * EMA of the "
+               "drift since sending; avg = the average; delta = average + drift"),
+    NUMBER_KEY(dp.lambda, 1.0, AT_LEAST(0), "sparse: weight of the EMA correction"),
+    NUMBER_KEY(dp.ema_warmup_steps, 1000, AT_LEAST(0),
+               "sparse: steps with mu_e = 0.5 before its cosine rise to 0.99"),
+    NUMBER_KEY(dp.period, 30, AT_LEAST(1),
+               "diloco, streaming-diloco, co2: inner steps H per outer step"),
+    NUMBER_KEY(dp.outer_lr, 0.7, ABOVE(0), "outer learning rate (diloco, streaming-diloco, co2)"),
+    NUMBER_KEY(dp.outer_momentum, 0.9, HALF_OPEN_RANGE(0, 1), "outer Nesterov momentum"),
+    NUMBER_KEY(dp.fragments, 0, AT_LEAST(0),
+               "streaming-diloco: fragments (layer l -> fragment l mod P, plus one for embeddings, "
+               "final norm and head); 0 = about 3 layers each"),
+    NUMBER_KEY(dp.overlap, 1, AT_LEAST(0),
+               "streaming-diloco: inner steps tau a fragment's reduce overlaps before it is merged"),
+    NUMBER_KEY(dp.alpha, 0.5, CLOSED_RANGE(0, 1),
+               "streaming-diloco: merge theta = alpha * local + (1 - alpha) * outer"),
+    STRING_KEY(dp.penalty, "constant", "constant|adaptive",
+               "co2: staleness gap penalty Lambda: dp.penalty_value, or computed each round"),
+    NUMBER_KEY(dp.penalty_value, 1.0, AT_LEAST(1), "co2: the constant Lambda"),
+    NUMBER_KEY(dp.clip, 0.1, ABOVE(0), "co2: outer momentum clip phi (element-wise)"),
 
     STRING_KEY(plan.layers, "", NULL,
                "blocks per stage, e.g. \"3,3,3,3\"; \"\" = balanced by compute"),

@@ -60,8 +60,24 @@ typedef struct pt_pipeline_settings {
     bool trace;                           /* write a Chrome trace per rank */
 } pt_pipeline_settings;
 
+/* The coupling of a stage's replicas (dp/, ALGORITHMS.md §4). */
 typedef struct pt_dp_settings {
-    char method[PT_CONFIG_STRING_MAX]; /* coupling of a stage's replicas: "allreduce" */
+    char method[PT_CONFIG_STRING_MAX];   /* allreduce | sparse | diloco | streaming-diloco | co2 */
+    char compress[PT_CONFIG_STRING_MAX]; /* none | int8 | e3m0 | e2m1 | onebit */
+    int block;                           /* elements per quantization block */
+    long delay;                          /* −1: apply when it arrives; N ≥ 0: exactly N steps later */
+    double fraction;                     /* sparse: p */
+    char rule[PT_CONFIG_STRING_MAX];     /* sparse: ema | avg | delta */
+    double lambda;                       /* sparse: weight of the EMA correction */
+    long ema_warmup_steps;               /* sparse: steps at μ_e = 0.5 */
+    long period;                         /* H */
+    double outer_lr, outer_momentum;
+    int fragments;                       /* streaming: 0 = about 3 layers each */
+    int overlap;                         /* streaming: τ */
+    double alpha;                        /* streaming: merge weight of the local parameters */
+    char penalty[PT_CONFIG_STRING_MAX];  /* co2: constant | adaptive */
+    double penalty_value;                /* co2: constant Λ */
+    double clip;                         /* co2: φ */
 } pt_dp_settings;
 
 typedef struct pt_plan_settings {

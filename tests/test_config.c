@@ -88,7 +88,10 @@ static const char *const all_keys[] = {
     "train.warmup_steps", "train.min_lr_ratio", "train.optimizer", "train.beta1", "train.beta2",
     "train.eps", "train.weight_decay", "train.grad_clip", "train.val_every", "train.val_batches",
     "train.log_every", "train.checkpoint_every", "train.keep_checkpoints", "data.path", "data.format",
-    "data.val_fraction", "data.sampling", "dp.method", "runtime.threads", "runtime.device", "pipeline.schedule",
+    "data.val_fraction", "data.sampling", "dp.method", "dp.compress", "dp.block", "dp.delay",
+    "dp.fraction", "dp.rule", "dp.lambda", "dp.ema_warmup_steps", "dp.period", "dp.outer_lr",
+    "dp.outer_momentum", "dp.fragments", "dp.overlap", "dp.alpha", "dp.penalty", "dp.penalty_value",
+    "dp.clip", "runtime.threads", "runtime.device", "pipeline.schedule",
     "pipeline.lookahead", "pipeline.microbatches", "pipeline.recompute", "pipeline.trace",
     "plan.layers", "seed",
 };
