@@ -320,6 +320,11 @@ static pipert_result step_once(pipert_session *s, pipert_metrics *m)
 static pipert_result note_failure(pipert_session *s, pipert_result rc)
 {
     if (rc == PIPERT_OK || rc == PIPERT_ERR_INVALID_ARG) return rc;
+    if (rc == PIPERT_ERR_INTERRUPTED && atomic_exchange(&s->abort_requested, 0)) {
+        rc = pt_fail(PIPERT_ERR_INTERRUPTED, "aborted by the host program: %s", s->abort_reason);
+        pt_job_report_failure(&s->job, pipert_last_error());
+        return rc;
+    }
     if (rc == PIPERT_ERR_PEER || rc == PIPERT_ERR_TRANSPORT || pt_job_aborted(&s->job))
         atomic_store(&s->failed, 1);
     if (rc != PIPERT_ERR_INTERRUPTED || !atomic_load(&s->stop_requested))
@@ -378,6 +383,16 @@ pipert_result pipert_session_checkpoint(pipert_session *s)
 void pipert_session_stop(pipert_session *s)
 {
     if (s) atomic_store(&s->stop_requested, 1);
+}
+
+void pipert_session_abort(pipert_session *s, const char *reason)
+{
+    if (!s) return;
+    if (!atomic_load(&s->abort_requested)) {
+        snprintf(s->abort_reason, sizeof s->abort_reason, "%s", reason ? reason : "no reason given");
+        atomic_store(&s->abort_requested, 1);
+    }
+    atomic_store(&s->stop_requested, 1);
 }
 
 pipert_result pipert_session_async_error(pipert_session *s)

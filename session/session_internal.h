@@ -40,6 +40,8 @@ struct pipert_session {
     bool finished;
 
     atomic_int stop_requested;
+    atomic_int abort_requested;   /* pipert_session_abort: tell the job, with abort_reason */
+    char abort_reason[512];
     atomic_int failed;        /* the job ended asynchronously (abort, dead peer) */
 };
 

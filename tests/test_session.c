@@ -283,6 +283,7 @@ Test(session, a_pipeline_bootstrapped_by_the_host_equals_one_worker)
 typedef struct stopper {
     pipert_session *s;
     double delay_s, stopped_at;
+    const char *abort_reason; /* NULL: stop */
 } stopper;
 
 static void *stop_later(void *arg)
@@ -290,11 +291,13 @@ static void *stop_later(void *arg)
     stopper *st = arg;
     usleep((useconds_t)(st->delay_s * 1e6));
     st->stopped_at = now_s();
-    pipert_session_stop(st->s);
+    if (st->abort_reason) pipert_session_abort(st->s, st->abort_reason);
+    else pipert_session_stop(st->s);
     return NULL;
 }
 
 static int waiting_stages;
+static const char *abort_reason;
 
 /* Rank 1 joins and then never steps; rank 0's step waits for it (a gradient
  * of the pipeline, or the replicas' all-reduce) until another thread stops
@@ -308,20 +311,21 @@ static int stuck_rank(int rank, int n, hub_link *link, int out_fd)
         pipert_session_destroy(s);
         return 0;
     }
-    stopper st = {s, 1.0, 0};
+    stopper st = {s, 1.0, 0, abort_reason};
     pthread_t thread;
     pthread_create(&thread, NULL, stop_later, &st);
     pipert_result rc = pipert_session_step(s, NULL);
     const double returned = now_s();
     pthread_join(thread, NULL);
-    dprintf(out_fd, "%d %.3f\n", (int)rc, returned - st.stopped_at);
+    dprintf(out_fd, "%d %.3f %s\n", (int)rc, returned - st.stopped_at, pipert_last_error());
     pipert_session_destroy(s);
     return 0;
 }
 
-static void check_stop_returns(int stages)
+static void check_stop_returns(int stages, const char *reason)
 {
     waiting_stages = stages;
+    abort_reason = reason;
     snprintf(job_dir, sizeof job_dir, "%s", temp_dir());
     char out[256];
     cr_assert_eq(run_ranks(2, stuck_rank, out, sizeof out), 2, "ranks failed: %s", out);
@@ -333,7 +337,9 @@ static void check_stop_returns(int stages)
      * loaded machine; a step that ignores stop() would hang until rank 1
      * leaves, 7 s later. */
     cr_expect(seconds < 3.0, "control came back %.2f s after stop()", seconds);
+    if (reason) cr_expect(strstr(out, reason), "the error does not give the reason: %s", out);
 }
 
-Test(session, stop_returns_from_a_pipeline_wait) { check_stop_returns(2); }
-Test(session, stop_returns_from_a_replica_collective) { check_stop_returns(1); }
+Test(session, stop_returns_from_a_pipeline_wait) { check_stop_returns(2, NULL); }
+Test(session, stop_returns_from_a_replica_collective) { check_stop_returns(1, NULL); }
+Test(session, abort_returns_with_its_reason) { check_stop_returns(2, "simulation diverged"); }

@@ -215,6 +215,13 @@ pipert_result pipert_session_checkpoint(pipert_session *s);
  * signal handler. */
 void pipert_session_stop(pipert_session *s);
 
+/* Stops the session as pipert_session_stop does, and ends the whole job:
+ * the call in progress (or the next) returns PIPERT_ERR_INTERRUPTED with
+ * `reason`, and every other rank is told (through the coordinator; with an
+ * out-of-band bootstrap they notice this rank leaving). Safe from any thread;
+ * not from a signal handler (use pipert_session_stop there). */
+void pipert_session_abort(pipert_session *s, const char *reason);
+
 /* The error that ended the job asynchronously (another rank failed, the
  * coordinator or a peer is gone), PIPERT_OK while none did; the message is
  * then pipert_last_error(). Safe from any thread. */
