@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "runtime/comm/bootstrap.h"
+#include "runtime/comm/layout.h"
 
 #define SECRET "0123456789abcdef0123456789abcdef"
 
@@ -346,6 +347,50 @@ Test(bootstrap, rank_layout)
     cr_expect(strstr(pipert_last_error(), "6 workers") && strstr(pipert_last_error(), "4"),
               "%s", pipert_last_error());
     cr_expect_eq(pt_rank_layout(6, 6, 2, &s, &r), PIPERT_ERR_INVALID_ARG);
+}
+
+Test(bootstrap, layout)
+{
+    /* 2 stages x 3 replicas, written out: rank = replica·2 + stage. */
+    pt_layout l;
+    cr_assert_eq(pt_layout_make(6, 2, &l), PIPERT_OK, "%s", pipert_last_error());
+    cr_expect(l.stages == 2 && l.replicas == 3, "got %d stages x %d replicas", l.stages,
+              l.replicas);
+    /* {stage, replica} of ranks 0..5 */
+    const int expected[6][2] = {{0, 0}, {1, 0}, {0, 1}, {1, 1}, {0, 2}, {1, 2}};
+    for (int rank = 0; rank < 6; rank++) {
+        cr_expect_eq(pt_layout_stage(&l, rank), expected[rank][0], "rank %d: stage", rank);
+        cr_expect_eq(pt_layout_replica(&l, rank), expected[rank][1], "rank %d: replica", rank);
+        cr_expect_eq(pt_layout_rank(&l, expected[rank][0], expected[rank][1]), rank,
+                     "stage %d of replica %d", expected[rank][0], expected[rank][1]);
+    }
+    /* pt_layout_rank inverts (stage, replica) for every shape, and one replica's stages hold
+     * consecutive ranks. */
+    const int shapes[][2] = {{1, 1}, {1, 4}, {4, 1}, {2, 3}, {3, 2}};
+    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+        const int S = shapes[k][0], R = shapes[k][1];
+        cr_assert_eq(pt_layout_make(S * R, S, &l), PIPERT_OK, "%s", pipert_last_error());
+        cr_expect(l.stages == S && l.replicas == R, "S=%d R=%d: got %d x %d", S, R, l.stages,
+                  l.replicas);
+        for (int rank = 0; rank < S * R; rank++) {
+            const int stage = pt_layout_stage(&l, rank), replica = pt_layout_replica(&l, rank);
+            cr_expect(stage >= 0 && stage < S && replica >= 0 && replica < R,
+                      "S=%d R=%d rank %d: stage %d replica %d out of range", S, R, rank, stage,
+                      replica);
+            cr_expect_eq(pt_layout_rank(&l, stage, replica), rank, "S=%d R=%d rank %d", S, R,
+                         rank);
+            if (stage > 0)
+                cr_expect_eq(pt_layout_rank(&l, stage - 1, replica), rank - 1,
+                             "S=%d R=%d rank %d: stages of a replica are not consecutive", S, R,
+                             rank);
+        }
+    }
+    /* A world that is not a multiple of the stage count, and empty shapes. */
+    cr_expect_eq(pt_layout_make(6, 4, &l), PIPERT_ERR_CONFIG);
+    cr_expect(strstr(pipert_last_error(), "6 workers cannot form 4 pipeline stages"), "%s",
+              pipert_last_error());
+    cr_expect_eq(pt_layout_make(0, 1, &l), PIPERT_ERR_CONFIG);
+    cr_expect_eq(pt_layout_make(4, 0, &l), PIPERT_ERR_CONFIG);
 }
 
 /* ---- the secret --------------------------------------------------------------- */

@@ -5,8 +5,8 @@
  * `pipert worker` process per rank — this very executable again
  * (/proc/self/exe), with the same configuration arguments — with the
  * environment of runtime/comm/bootstrap.h. Rank r is stage r mod S of replica
- * r div S (pt_rank_layout). Cores are divided evenly: with n workers on c
- * cores each gets c div n cores (PIPERT_CORES, the worker binds itself);
+ * r div S (runtime/comm/layout.h). Cores are divided evenly: with n workers
+ * on c cores each gets c div n cores (PIPERT_CORES, the worker binds itself);
  * with more workers than cores, worker r gets core r mod c.
  *
  * Each worker writes stdout and stderr to DIR/logs/rank-R.log; the launcher
@@ -38,6 +38,7 @@
 #include "runtime/clock.h"
 #include "runtime/config.h"
 #include "runtime/comm/coordinator.h"
+#include "runtime/comm/layout.h"
 #include "runtime/fileio.h"
 #include "runtime/log.h"
 #include "runtime/metrics.h"
@@ -109,6 +110,8 @@ static void assign_cores(int r, int n, int cores, int *first, int *count)
 
 static pipert_result plan_workers(job *j)
 {
+    pt_layout layout;
+    PT_TRY(pt_layout_make(j->world, j->stages, &layout));
     pt_topology *topology;
     PT_TRY(pt_topology_load(&topology));
     j->cores = pt_topology_cores(topology);
@@ -118,7 +121,8 @@ static pipert_result plan_workers(job *j)
     for (int r = 0; r < j->world; r++) {
         worker_process *w = &j->workers[r];
         w->rank = r;
-        PT_TRY(pt_rank_layout(r, j->world, j->stages, &w->stage, &w->replica));
+        w->stage = pt_layout_stage(&layout, r);
+        w->replica = pt_layout_replica(&layout, r);
         assign_cores(r, j->world, j->cores, &w->cores_first, &w->cores_count);
         snprintf(w->log_path, sizeof w->log_path, "%s/logs/rank-%d.log", j->out_dir, r);
     }

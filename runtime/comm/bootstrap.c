@@ -444,19 +444,6 @@ pipert_result pt_bootstrap_from_env(pt_bootstrap *b, const char *const *envp)
     return read_cores(b, envp);
 }
 
-pipert_result pt_rank_layout(int rank, int world, int stages, int *stage, int *replica)
-{
-    if (stages < 1 || world < 1 || world % stages != 0)
-        return pt_fail(PIPERT_ERR_CONFIG, "%d workers cannot form %d pipeline stages: the world "
-                                          "size must be a multiple of the stage count",
-                       world, stages);
-    if (rank < 0 || rank >= world)
-        return pt_fail(PIPERT_ERR_INVALID_ARG, "rank %d is outside [0, %d)", rank, world);
-    *stage = rank % stages;
-    *replica = rank / stages;
-    return PIPERT_OK;
-}
-
 /* ---- the secret ------------------------------------------------------------ */
 
 static bool secret_is_well_formed(const char *secret)

@@ -44,6 +44,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "runtime/comm/layout.h" /* pt_rank_layout, for this header's callers */
 #include "runtime/error.h"
 
 #define PT_HOST_MAX 256          /* host names, with their NUL */
@@ -98,12 +99,6 @@ pipert_result pt_parse_host_port(const char *text, const char *variable, char *h
  * are refused. */
 pipert_result pt_nodelist_expand(const char *list, char ***hosts, int *count);
 void pt_nodelist_free(char **hosts, int count);
-
-/* The job layout: rank = replica·stages + stage, so the stages of one replica
- * (a pipeline, which exchanges activations every microbatch) hold consecutive
- * ranks and land on one host under block placement; replicas, which exchange
- * only gradients, spread across hosts. Fails unless world % stages == 0. */
-pipert_result pt_rank_layout(int rank, int world, int stages, int *stage, int *replica);
 
 /* The job secret of b: PIPERT_SECRET's value, or the first line of
  * PIPERT_SECRET_FILE (which must not be readable by group or others).

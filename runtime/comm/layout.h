@@ -18,4 +18,8 @@ int pt_layout_rank(const pt_layout *l, int stage, int replica);
 int pt_layout_stage(const pt_layout *l, int rank);
 int pt_layout_replica(const pt_layout *l, int rank);
 
+/* The stage and replica of `rank` in a job of `world` ranks and `stages`
+ * stages: pt_layout_make, then PIPERT_ERR_INVALID_ARG unless 0 <= rank < world. */
+pipert_result pt_rank_layout(int rank, int world, int stages, int *stage, int *replica);
+
 #endif

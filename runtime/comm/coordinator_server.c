@@ -1,12 +1,13 @@
+/* The job's coordinator (coordinator.h): one thread, or the caller's loop, polls a
+ * listening socket and every worker's connection; it registers ranks, sends the table once
+ * all are in, watches heartbeats and deadlines, aggregates progress and aborts the job. */
 #include "runtime/comm/coordinator.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <jansson.h>
 #include <math.h>
 #include <netdb.h>
 #include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -15,62 +16,22 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "runtime/clock.h"
+#include "runtime/comm/bootstrap.h"
+#include "runtime/comm/coordinator_protocol.h"
 #include "runtime/log.h"
 
 /* A message from a worker longer than this is a protocol error; the table the
- * coordinator sends may be longer (every rank's address). */
+ * coordinator sends may be longer (every rank's address: coordinator_client.c). */
 #define MAX_WORKER_MESSAGE (PT_ADDRESS_MAX + 4096)
-#define MAX_COORDINATOR_MESSAGE (64u << 20)
 /* Queued output beyond this means the peer stopped reading. */
 #define MAX_QUEUED_OUTPUT (256u << 20)
 /* A connection must register within this long (or the registration timeout, if shorter). */
 #define UNREGISTERED_GRACE_S 10.0
 #define SERVE_SLICE_MS 100
-
-/* ---- byte buffers and lines ------------------------------------------------ */
-
-typedef struct byte_buffer {
-    char *data;
-    size_t length, capacity;
-} byte_buffer;
-
-static bool buffer_append(byte_buffer *b, const void *data, size_t n)
-{
-    if (b->length + n > b->capacity) {
-        size_t capacity = b->capacity ? b->capacity : 4096;
-        while (capacity < b->length + n) capacity *= 2;
-        char *grown = realloc(b->data, capacity);
-        if (!grown) return false;
-        b->data = grown;
-        b->capacity = capacity;
-    }
-    memcpy(b->data + b->length, data, n);
-    b->length += n;
-    return true;
-}
-
-static void buffer_consume(byte_buffer *b, size_t n)
-{
-    memmove(b->data, b->data + n, b->length - n);
-    b->length -= n;
-}
-
-/* The first '\n' in b, or NULL. */
-static char *find_newline(const byte_buffer *b)
-{
-    return b->length ? memchr(b->data, '\n', b->length) : NULL;
-}
-
-static void buffer_free(byte_buffer *b)
-{
-    free(b->data);
-    *b = (byte_buffer){0};
-}
 
 /* Copies src into dst[cap], cut short if it must be. */
 static void copy_text(char *dst, size_t cap, const char *src)
@@ -78,44 +39,6 @@ static void copy_text(char *dst, size_t cap, const char *src)
     size_t length = strnlen(src, cap - 1);
     memcpy(dst, src, length);
     dst[length] = '\0';
-}
-
-/* The JSON text of `message` plus '\n' (consumes the reference); NULL if out
- * of memory. */
-static char *message_text(json_t *message, size_t *length)
-{
-    char *text = message ? json_dumps(message, JSON_COMPACT) : NULL;
-    json_decref(message);
-    if (!text) return NULL;
-    *length = strlen(text);
-    char *line = realloc(text, *length + 2);
-    if (!line) {
-        free(text);
-        return NULL;
-    }
-    line[(*length)++] = '\n';
-    line[*length] = '\0';
-    return line;
-}
-
-/* Fields of a received message. */
-static const char *get_string(json_t *m, const char *key)
-{
-    return json_string_value(json_object_get(m, key));
-}
-
-static bool get_long(json_t *m, const char *key, long *value)
-{
-    json_t *v = json_object_get(m, key);
-    if (!json_is_integer(v)) return false;
-    *value = (long)json_integer_value(v);
-    return true;
-}
-
-static double get_double(json_t *m, const char *key, double fallback)
-{
-    json_t *v = json_object_get(m, key);
-    return json_is_number(v) ? json_number_value(v) : fallback;
 }
 
 /* "address:port" of a socket's peer, for messages. */
@@ -133,21 +56,11 @@ static void describe_peer(int fd, char *text, size_t cap)
     snprintf(text, cap, strchr(host, ':') ? "[%s]:%s" : "%s:%s", host, port);
 }
 
-static void set_no_delay(int fd)
-{
-    int one = 1;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-}
-
-/* ============================================================================
- * The coordinator
- * ========================================================================== */
-
 typedef struct connection {
     int fd;
     int rank;            /* -1 until registered */
     char peer[96];       /* "10.0.0.5:41234" */
-    byte_buffer in, out;
+    pt_coord_buffer in, out;
     double opened_at, last_heard;
     bool broken;         /* closed by the peer, or a read/write failed: dropped at the sweep */
     bool close_when_sent; /* refused: close once the answer is out */
@@ -184,14 +97,14 @@ struct pt_coordinator {
     atomic_bool stopping;
 };
 
-/* ---- output ---------------------------------------------------------------- */
+/* ---- output -------------------------------------------------------------- */
 
 /* Writes what `conn` has queued, as far as the socket takes it now. */
 static void flush_output(connection *conn)
 {
     while (conn->out.length > 0 && !conn->broken) {
         ssize_t n = send(conn->fd, conn->out.data, conn->out.length, MSG_NOSIGNAL | MSG_DONTWAIT);
-        if (n > 0) buffer_consume(&conn->out, (size_t)n);
+        if (n > 0) pt_coord_buffer_consume(&conn->out, (size_t)n);
         else if (n < 0 && errno == EINTR) continue;
         else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
         else conn->broken = true;
@@ -201,7 +114,8 @@ static void flush_output(connection *conn)
 static void send_to(connection *conn, const char *line, size_t length)
 {
     if (!conn || conn->broken) return;
-    if (conn->out.length + length > MAX_QUEUED_OUTPUT || !buffer_append(&conn->out, line, length)) {
+    if (conn->out.length + length > MAX_QUEUED_OUTPUT ||
+        !pt_coord_buffer_append(&conn->out, line, length)) {
         conn->broken = true; /* it stopped reading, or we are out of memory */
         return;
     }
@@ -211,7 +125,7 @@ static void send_to(connection *conn, const char *line, size_t length)
 static void send_message(connection *conn, json_t *message)
 {
     size_t length;
-    char *line = message_text(message, &length);
+    char *line = pt_coord_message_text(message, &length);
     if (line) send_to(conn, line, length);
     else if (conn) conn->broken = true;
     free(line);
@@ -221,7 +135,7 @@ static void send_message(connection *conn, json_t *message)
 static void broadcast(pt_coordinator *c, json_t *message)
 {
     size_t length;
-    char *line = message_text(message, &length);
+    char *line = pt_coord_message_text(message, &length);
     for (int r = 0; r < c->options.world; r++)
         if (line && c->ranks[r].conn) send_to(c->ranks[r].conn, line, length);
     free(line);
@@ -284,10 +198,10 @@ static void refuse(connection *conn, const char *reason, bool wrong_secret)
 static bool read_registration(json_t *m, long *rank, long *world, long *pid, const char **host,
                               const char **address, char *why, size_t cap)
 {
-    *host = get_string(m, "host");
-    *address = get_string(m, "address");
-    if (!get_long(m, "rank", rank) || !get_long(m, "world", world) || !get_long(m, "pid", pid) ||
-        !*host || !*address)
+    *host = pt_coord_get_string(m, "host");
+    *address = pt_coord_get_string(m, "address");
+    if (!pt_coord_get_long(m, "rank", rank) || !pt_coord_get_long(m, "world", world) ||
+        !pt_coord_get_long(m, "pid", pid) || !*host || !*address)
         snprintf(why, cap, "malformed registration (rank, world, pid, host, address expected)");
     else if (strlen(*host) >= PT_HOST_MAX) snprintf(why, cap, "host name too long");
     else if (strlen(*address) > PT_ADDRESS_MAX)
@@ -298,7 +212,7 @@ static bool read_registration(json_t *m, long *rank, long *world, long *pid, con
 
 static void handle_register(pt_coordinator *c, connection *conn, json_t *m)
 {
-    const char *secret = get_string(m, "secret");
+    const char *secret = pt_coord_get_string(m, "secret");
     if (!secret || !pt_secret_equal(c->secret, secret)) {
         pt_warn("coordinator: refused a connection from %s: it did not present the job's secret",
                 conn->peer);
@@ -352,10 +266,11 @@ static void handle_register(pt_coordinator *c, connection *conn, json_t *m)
 static void handle_progress(pt_coordinator *c, rank_state *s, json_t *m)
 {
     long step = 0, total = 0;
-    get_long(m, "step", &step);
-    get_long(m, "total", &total);
-    s->progress = (pt_rank_progress){step, total, get_double(m, "loss", NAN),
-                                     get_double(m, "tokens_per_s", 0), get_double(m, "val_loss", NAN)};
+    pt_coord_get_long(m, "step", &step);
+    pt_coord_get_long(m, "total", &total);
+    s->progress = (pt_rank_progress){step, total, pt_coord_get_double(m, "loss", NAN),
+                                     pt_coord_get_double(m, "tokens_per_s", 0),
+                                     pt_coord_get_double(m, "val_loss", NAN)};
     s->has_progress = true;
     if (!isnan(s->progress.val_loss) && step >= c->val_step) {
         c->val_step = step;
@@ -380,7 +295,7 @@ static void handle_message(pt_coordinator *c, connection *conn, const char *line
 {
     json_error_t error;
     json_t *m = json_loadb(line, length, 0, &error);
-    const char *type = m ? get_string(m, "type") : NULL;
+    const char *type = m ? pt_coord_get_string(m, "type") : NULL;
     if (!type) {
         pt_warn("coordinator: %s sent something that is not a message; closing it", conn->peer);
         if (conn->rank >= 0) abort_job_locked(c, conn->rank, "sent a malformed message");
@@ -398,7 +313,7 @@ static void handle_message(pt_coordinator *c, connection *conn, const char *line
         } else if (!strcmp(type, "progress")) handle_progress(c, s, m);
         else if (!strcmp(type, "done")) handle_done(c, s, conn->rank);
         else if (!strcmp(type, "error")) {
-            const char *reason = get_string(m, "reason");
+            const char *reason = pt_coord_get_string(m, "reason");
             abort_job_locked(c, conn->rank, reason ? reason : "failed (no reason given)");
         } else pt_warn("coordinator: rank %d sent an unknown message '%s' (ignored)", conn->rank, type);
     }
@@ -418,17 +333,17 @@ static void read_input(pt_coordinator *c, connection *conn)
             break;
         }
         conn->last_heard = pt_now_s();
-        if (!buffer_append(&conn->in, chunk, (size_t)n)) {
+        if (!pt_coord_buffer_append(&conn->in, chunk, (size_t)n)) {
             conn->broken = true;
             break;
         }
     }
     /* Lines that arrived before a close still count (a "done" just before it). */
     char *newline;
-    while (!conn->close_when_sent && (newline = find_newline(&conn->in))) {
+    while (!conn->close_when_sent && (newline = pt_coord_find_newline(&conn->in))) {
         size_t length = (size_t)(newline - conn->in.data);
         handle_message(c, conn, conn->in.data, length);
-        buffer_consume(&conn->in, length + 1);
+        pt_coord_buffer_consume(&conn->in, length + 1);
     }
     if (conn->in.length > MAX_WORKER_MESSAGE) {
         pt_warn("coordinator: %s sent a message longer than %d bytes; closing it", conn->peer,
@@ -438,7 +353,7 @@ static void read_input(pt_coordinator *c, connection *conn)
     }
 }
 
-/* ---- connections -------------------------------------------------------------- */
+/* ---- connections --------------------------------------------------------- */
 
 static void accept_connections(pt_coordinator *c)
 {
@@ -465,7 +380,7 @@ static void accept_connections(pt_coordinator *c)
             pt_warn("coordinator: out of memory; a connection was dropped");
             continue;
         }
-        set_no_delay(fd);
+        pt_coord_set_no_delay(fd);
         *conn = (connection){.fd = fd, .rank = -1, .opened_at = pt_now_s()};
         conn->last_heard = conn->opened_at;
         describe_peer(fd, conn->peer, sizeof conn->peer);
@@ -476,8 +391,8 @@ static void accept_connections(pt_coordinator *c)
 static void close_connection(connection *conn)
 {
     close(conn->fd);
-    buffer_free(&conn->in);
-    buffer_free(&conn->out);
+    pt_coord_buffer_free(&conn->in);
+    pt_coord_buffer_free(&conn->out);
     free(conn);
 }
 
@@ -505,7 +420,7 @@ static void sweep_connections(pt_coordinator *c)
     c->n_conns = kept;
 }
 
-/* ---- deadlines ------------------------------------------------------------- */
+/* ---- deadlines ----------------------------------------------------------- */
 
 static void check_deadlines(pt_coordinator *c, double now)
 {
@@ -514,7 +429,7 @@ static void check_deadlines(pt_coordinator *c, double now)
     if (live && now - c->heartbeat_sent_at >= o->heartbeat_interval_s) {
         c->heartbeat_sent_at = now;
         size_t length;
-        char *line = message_text(json_pack("{s:s}", "type", "heartbeat"), &length);
+        char *line = pt_coord_message_text(json_pack("{s:s}", "type", "heartbeat"), &length);
         for (int r = 0; line && r < o->world; r++)
             if (!c->ranks[r].done) send_to(c->ranks[r].conn, line, length);
         free(line);
@@ -553,7 +468,7 @@ static void check_deadlines(pt_coordinator *c, double now)
     }
 }
 
-/* ---- serving ----------------------------------------------------------------- */
+/* ---- serving ------------------------------------------------------------- */
 
 pipert_result pt_coordinator_poll(pt_coordinator *c, int timeout_ms)
 {
@@ -620,7 +535,7 @@ pipert_result pt_coordinator_start(pt_coordinator *c)
     return PIPERT_OK;
 }
 
-/* ---- setup ------------------------------------------------------------------ */
+/* ---- setup --------------------------------------------------------------- */
 
 static pipert_result listen_on(pt_coordinator *c, const char *host, int port)
 {
@@ -738,25 +653,11 @@ void pt_coordinator_free(pt_coordinator *c)
 
 int pt_coordinator_port(const pt_coordinator *c) { return c->port; }
 
-/* ---- queries ------------------------------------------------------------------ */
-
-static struct timespec deadline_after(double seconds)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    double whole = floor(seconds);
-    ts.tv_sec += (time_t)whole;
-    ts.tv_nsec += (long)((seconds - whole) * 1e9);
-    if (ts.tv_nsec >= 1000000000L) {
-        ts.tv_sec++;
-        ts.tv_nsec -= 1000000000L;
-    }
-    return ts;
-}
+/* ---- queries ------------------------------------------------------------- */
 
 void pt_coordinator_wait(pt_coordinator *c, double timeout_s)
 {
-    struct timespec deadline = deadline_after(timeout_s);
+    struct timespec deadline = pt_coord_deadline_after(timeout_s);
     pthread_mutex_lock(&c->lock);
     while (c->phase != PT_JOB_FINISHED && c->phase != PT_JOB_ABORTED)
         if (pthread_cond_timedwait(&c->changed, &c->lock, &deadline) == ETIMEDOUT) break;
@@ -815,482 +716,4 @@ void pt_job_progress_line(const pt_job_status *s, char *line, size_t cap)
     if (s->val_step >= 0 && used > 0 && (size_t)used < cap)
         snprintf(line + used, cap - (size_t)used, " | val_loss %.4f (step %ld)", s->val_loss,
                  s->val_step);
-}
-
-/* ============================================================================
- * The client
- * ========================================================================== */
-
-struct pt_coord_client {
-    int fd;
-    int rank;
-    char where[PT_HOST_MAX + 16]; /* "host:port" */
-    double heartbeat_interval_s, dead_after_s;
-    pt_abort_callback on_abort;
-    void *on_abort_context;
-    byte_buffer in;
-    double last_heard, last_sent;
-    pthread_mutex_t send_lock; /* one writer at a time */
-    pthread_mutex_t lock;      /* the fields below */
-    pthread_cond_t changed;
-    atomic_bool aborted;
-    bool abort_claimed; /* under lock: an abort is being delivered */
-    int abort_rank;
-    char abort_reason[512];
-    bool has_table, finished, done_sent;
-    pt_peer_table table;
-    pthread_t thread;
-    bool thread_started;
-    int stop_pipe[2];
-};
-
-/* ---- sending ---------------------------------------------------------------- */
-
-static pipert_result client_send(pt_coord_client *c, json_t *message)
-{
-    size_t length;
-    char *line = message_text(message, &length);
-    if (!line) return pt_fail(PIPERT_ERR_NOMEM, "out of memory");
-    pthread_mutex_lock(&c->send_lock);
-    int saved = 0;
-    for (size_t sent = 0; sent < length;) {
-        ssize_t n = send(c->fd, line + sent, length - sent, MSG_NOSIGNAL);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) {
-            saved = n < 0 ? errno : EPIPE;
-            break;
-        }
-        sent += (size_t)n;
-    }
-    c->last_sent = pt_now_s();
-    pthread_mutex_unlock(&c->send_lock);
-    free(line);
-    if (saved)
-        return pt_fail(PIPERT_ERR_TRANSPORT, "cannot send to the coordinator at %s: %s", c->where,
-                       strerror(saved));
-    return PIPERT_OK;
-}
-
-/* ---- receiving --------------------------------------------------------------- */
-
-/* The first abort wins. The callback runs before the flag is raised, so
- * whoever sees pt_coord_client_aborted() also sees what the callback did. */
-static void client_abort(pt_coord_client *c, int rank, const char *reason)
-{
-    pthread_mutex_lock(&c->lock);
-    bool first = !c->abort_claimed;
-    if (first) {
-        c->abort_claimed = true;
-        c->abort_rank = rank;
-        snprintf(c->abort_reason, sizeof c->abort_reason, "%s", reason);
-    }
-    pthread_mutex_unlock(&c->lock);
-    if (!first) return;
-    if (c->on_abort) c->on_abort(c->on_abort_context, rank, reason);
-    pthread_mutex_lock(&c->lock);
-    atomic_store(&c->aborted, true);
-    pthread_cond_broadcast(&c->changed);
-    pthread_mutex_unlock(&c->lock);
-}
-
-static void free_table(pt_peer_table *t)
-{
-    for (int r = 0; t->peers && r < t->world; r++) free(t->peers[r].address);
-    free(t->peers);
-    *t = (pt_peer_table){0};
-}
-
-/* Fills the table from a "table" message; false if it is malformed. */
-static bool parse_table(json_t *m, pt_peer_table *t)
-{
-    long world;
-    json_t *peers = json_object_get(m, "peers");
-    if (!get_long(m, "world", &world) || world < 1 || world > PT_MAX_WORLD ||
-        !json_is_array(peers) || json_array_size(peers) != (size_t)world)
-        return false;
-    t->peers = calloc((size_t)world, sizeof *t->peers);
-    if (!t->peers) return false;
-    t->world = (int)world;
-    for (long i = 0; i < world; i++) {
-        json_t *p = json_array_get(peers, (size_t)i);
-        long rank, pid;
-        const char *host = get_string(p, "host"), *address = get_string(p, "address");
-        if (!get_long(p, "rank", &rank) || rank != i || !get_long(p, "pid", &pid) || !host ||
-            !address || strlen(host) >= PT_HOST_MAX)
-            return false;
-        pt_peer *peer = &t->peers[i];
-        peer->rank = (int)rank;
-        peer->pid = (int)pid;
-        snprintf(peer->host, sizeof peer->host, "%s", host);
-        if (!(peer->address = strdup(address))) return false;
-    }
-    return true;
-}
-
-static void client_handle_message(pt_coord_client *c, json_t *m)
-{
-    const char *type = get_string(m, "type");
-    if (!type) return;
-    if (!strcmp(type, "table")) {
-        pt_peer_table table = {0};
-        if (!parse_table(m, &table)) {
-            free_table(&table);
-            client_abort(c, -1, "the coordinator sent a malformed table");
-            return;
-        }
-        pthread_mutex_lock(&c->lock);
-        c->table = table;
-        c->has_table = true;
-        pthread_cond_broadcast(&c->changed);
-        pthread_mutex_unlock(&c->lock);
-    } else if (!strcmp(type, "abort")) {
-        long rank = -1;
-        get_long(m, "rank", &rank);
-        const char *reason = get_string(m, "reason");
-        client_abort(c, (int)rank, reason ? reason : "no reason given");
-    } else if (!strcmp(type, "finished")) {
-        pthread_mutex_lock(&c->lock);
-        c->finished = true;
-        pthread_cond_broadcast(&c->changed);
-        pthread_mutex_unlock(&c->lock);
-    }
-    /* heartbeat, welcome: being heard is all they say */
-}
-
-/* Handles every complete line received. */
-static void client_handle_buffered(pt_coord_client *c)
-{
-    char *newline;
-    while ((newline = find_newline(&c->in))) {
-        size_t length = (size_t)(newline - c->in.data);
-        json_t *m = json_loadb(c->in.data, length, 0, NULL);
-        buffer_consume(&c->in, length + 1);
-        if (m) client_handle_message(c, m);
-        json_decref(m);
-    }
-}
-
-/* Reads what there is and handles complete lines; false when the connection
- * closed or failed (*why says how). */
-static bool client_read(pt_coord_client *c, char *why, size_t cap)
-{
-    char chunk[65536];
-    ssize_t n = recv(c->fd, chunk, sizeof chunk, MSG_DONTWAIT);
-    if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) return true;
-    if (n <= 0) {
-        snprintf(why, cap, n == 0 ? "the coordinator at %s closed the connection (it stopped or "
-                                    "died)"
-                                  : "lost the connection to the coordinator at %s",
-                 c->where);
-        return false;
-    }
-    c->last_heard = pt_now_s();
-    if (!buffer_append(&c->in, chunk, (size_t)n)) {
-        snprintf(why, cap, "out of memory reading from the coordinator");
-        return false;
-    }
-    client_handle_buffered(c);
-    if (c->in.length > MAX_COORDINATOR_MESSAGE) {
-        snprintf(why, cap, "the coordinator at %s sent an oversized message", c->where);
-        return false;
-    }
-    return true;
-}
-
-/* Heartbeats out, messages in, and watch for a dead coordinator. */
-static double last_sent_at(pt_coord_client *c)
-{
-    pthread_mutex_lock(&c->send_lock);
-    double at = c->last_sent;
-    pthread_mutex_unlock(&c->send_lock);
-    return at;
-}
-
-static void *client_thread(void *arg)
-{
-    pt_coord_client *c = arg;
-    char why[512];
-    while (!atomic_load(&c->aborted)) {
-        double now = pt_now_s();
-        double wait_s = last_sent_at(c) + c->heartbeat_interval_s - now;
-        struct pollfd fds[2] = {{.fd = c->fd, .events = POLLIN}, {.fd = c->stop_pipe[0], .events = POLLIN}};
-        int ready = poll(fds, 2, wait_s > 0 ? (int)(wait_s * 1e3) + 1 : 0);
-        if (ready < 0 && errno != EINTR) {
-            snprintf(why, sizeof why, "poll: %s", strerror(errno));
-            client_abort(c, -1, why);
-            break;
-        }
-        if (ready > 0 && fds[1].revents) break; /* closing */
-        if (ready > 0 && fds[0].revents && !client_read(c, why, sizeof why)) {
-            pthread_mutex_lock(&c->lock);
-            bool expected = c->done_sent || c->finished;
-            pthread_mutex_unlock(&c->lock);
-            if (!expected) client_abort(c, -1, why);
-            break;
-        }
-        now = pt_now_s();
-        if (now - last_sent_at(c) >= c->heartbeat_interval_s &&
-            client_send(c, json_pack("{s:s}", "type", "heartbeat")) != PIPERT_OK) {
-            client_abort(c, -1, pipert_last_error());
-            break;
-        }
-        if (now - c->last_heard > c->dead_after_s) {
-            snprintf(why, sizeof why, "no word from the coordinator at %s for %.1f s", c->where,
-                     now - c->last_heard);
-            client_abort(c, -1, why);
-            break;
-        }
-    }
-    return NULL;
-}
-
-/* ---- connecting ------------------------------------------------------------ */
-
-/* One connection attempt to every address of host:port, each bounded by
- * timeout_s; the socket (blocking) or -1 with *error set. */
-static int try_connect(const char *host, int port, double timeout_s, int *error, bool *resolved)
-{
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
-                             .ai_flags = AI_NUMERICSERV};
-    struct addrinfo *list;
-    char service[16];
-    snprintf(service, sizeof service, "%d", port);
-    int rc = getaddrinfo(host, service, &hints, &list);
-    *resolved = rc == 0;
-    if (rc != 0) {
-        *error = rc;
-        return -1;
-    }
-    int fd = -1;
-    for (struct addrinfo *ai = list; ai && fd < 0; ai = ai->ai_next) {
-        fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-        if (fd < 0) {
-            *error = errno;
-            continue;
-        }
-        int ok = connect(fd, ai->ai_addr, ai->ai_addrlen) == 0;
-        if (!ok && errno == EINPROGRESS) {
-            struct pollfd p = {.fd = fd, .events = POLLOUT};
-            int soerr = ETIMEDOUT;
-            socklen_t length = sizeof soerr;
-            if (poll(&p, 1, (int)(timeout_s * 1e3) + 1) == 1)
-                getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &length);
-            ok = soerr == 0;
-            errno = soerr;
-        }
-        if (!ok) {
-            *error = errno;
-            close(fd);
-            fd = -1;
-        }
-    }
-    freeaddrinfo(list);
-    if (fd >= 0) fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
-    return fd;
-}
-
-static pipert_result connect_with_retry(pt_coord_client *c, const pt_coord_client_options *o)
-{
-    const double deadline = pt_now_s() + o->connect_timeout_s;
-    int error = 0;
-    bool resolved = true;
-    for (;;) {
-        double left = deadline - pt_now_s();
-        c->fd = try_connect(o->host, o->port, left < 5 ? (left > 0 ? left : 0.01) : 5, &error,
-                            &resolved);
-        if (c->fd >= 0) return PIPERT_OK;
-        if (!resolved && error != EAI_AGAIN)
-            return pt_fail(PIPERT_ERR_TRANSPORT, "coordinator %s: cannot resolve the host: %s",
-                           c->where, gai_strerror(error));
-        if (pt_now_s() >= deadline) break;
-        struct timespec pause = {0, 200 * 1000000L}; /* it may not listen yet */
-        nanosleep(&pause, NULL);
-    }
-    return pt_fail(PIPERT_ERR_TIMEOUT, "no coordinator at %s after %.0f s: %s", c->where,
-                   o->connect_timeout_s, resolved ? strerror(error) : gai_strerror(error));
-}
-
-/* Sends the registration and waits for "welcome" or "refused". */
-static pipert_result register_rank(pt_coord_client *c, const pt_coord_client_options *o)
-{
-    char host[PT_HOST_MAX] = "";
-    gethostname(host, sizeof host - 1);
-    PT_TRY(client_send(c, json_pack("{s:s, s:i, s:i, s:s, s:i, s:s, s:s}", "type", "register",
-                                    "rank", o->rank, "world", o->world, "host", host, "pid",
-                                    (int)getpid(), "address", o->address ? o->address : "",
-                                    "secret", o->secret)));
-    const double deadline = pt_now_s() + fmax(o->connect_timeout_s, 10.0);
-    byte_buffer *in = &c->in;
-    for (;;) {
-        char *newline = find_newline(in);
-        if (newline) {
-            size_t length = (size_t)(newline - in->data);
-            json_t *m = json_loadb(in->data, length, 0, NULL);
-            buffer_consume(in, length + 1);
-            const char *type = m ? get_string(m, "type") : NULL;
-            if (type && !strcmp(type, "welcome")) {
-                json_decref(m);
-                return PIPERT_OK;
-            }
-            if (type && !strcmp(type, "refused")) {
-                const char *reason = get_string(m, "reason");
-                bool auth = json_is_true(json_object_get(m, "auth"));
-                pipert_result rc = pt_fail(auth ? PIPERT_ERR_AUTH : PIPERT_ERR_PEER,
-                                           "the coordinator at %s refused rank %d: %s", c->where,
-                                           o->rank, reason ? reason : "no reason given");
-                json_decref(m);
-                return rc;
-            }
-            json_decref(m);
-            continue;
-        }
-        double left = deadline - pt_now_s();
-        struct pollfd p = {.fd = c->fd, .events = POLLIN};
-        if (left <= 0 || poll(&p, 1, (int)(left * 1e3) + 1) == 0)
-            return pt_fail(PIPERT_ERR_TIMEOUT, "the coordinator at %s did not answer rank %d's "
-                                               "registration",
-                           c->where, o->rank);
-        char chunk[4096];
-        ssize_t n = recv(c->fd, chunk, sizeof chunk, 0);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0)
-            return pt_fail(PIPERT_ERR_PEER, "the coordinator at %s closed the connection during "
-                                            "registration",
-                           c->where);
-        if (!buffer_append(in, chunk, (size_t)n) || in->length > MAX_COORDINATOR_MESSAGE)
-            return pt_fail(PIPERT_ERR_NOMEM, "registration: out of memory");
-    }
-}
-
-static pipert_result client_setup(pt_coord_client *c, const pt_coord_client_options *o)
-{
-    PT_TRY(connect_with_retry(c, o));
-    set_no_delay(c->fd);
-    /* A coordinator that stops reading must not block a worker forever. */
-    struct timeval timeout = {.tv_sec = (time_t)ceil(o->dead_after_s)};
-    setsockopt(c->fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof timeout);
-    PT_TRY(register_rank(c, o));
-    c->last_heard = pt_now_s();
-    /* What came with the welcome: the table, when this rank registered last. */
-    client_handle_buffered(c);
-    if (pipe2(c->stop_pipe, O_CLOEXEC) != 0)
-        return pt_fail(PIPERT_ERR_INTERNAL, "pipe: %s", strerror(errno));
-    int rc = pthread_create(&c->thread, NULL, client_thread, c);
-    if (rc != 0) return pt_fail(PIPERT_ERR_INTERNAL, "heartbeat thread: %s", strerror(rc));
-    c->thread_started = true;
-    return PIPERT_OK;
-}
-
-pipert_result pt_coord_client_connect(pt_coord_client **out, const pt_coord_client_options *o)
-{
-    *out = NULL;
-    if (!o->host || !o->secret || o->rank < 0 || o->world < 1 || o->rank >= o->world ||
-        !(o->heartbeat_interval_s > 0) || !(o->dead_after_s > o->heartbeat_interval_s))
-        return pt_fail(PIPERT_ERR_INVALID_ARG, "coordinator client: host, secret, rank in [0, "
-                                               "world) and dead_after_s > heartbeat_interval_s "
-                                               "are required");
-    pt_coord_client *c = calloc(1, sizeof *c);
-    if (!c) return pt_fail(PIPERT_ERR_NOMEM, "coordinator client: out of memory");
-    c->fd = -1;
-    c->stop_pipe[0] = c->stop_pipe[1] = -1;
-    c->rank = o->rank;
-    c->abort_rank = -1;
-    c->heartbeat_interval_s = o->heartbeat_interval_s;
-    c->dead_after_s = o->dead_after_s;
-    c->on_abort = o->on_abort;
-    c->on_abort_context = o->on_abort_context;
-    snprintf(c->where, sizeof c->where, strchr(o->host, ':') ? "[%s]:%d" : "%s:%d", o->host,
-             o->port);
-    pthread_mutex_init(&c->send_lock, NULL);
-    pthread_mutex_init(&c->lock, NULL);
-    pthread_condattr_t attr;
-    pthread_condattr_init(&attr);
-    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
-    pthread_cond_init(&c->changed, &attr);
-    pthread_condattr_destroy(&attr);
-    pipert_result rc = client_setup(c, o);
-    if (rc != PIPERT_OK) {
-        pt_coord_client_close(c);
-        return rc;
-    }
-    *out = c;
-    return PIPERT_OK;
-}
-
-pipert_result pt_coord_client_check(pt_coord_client *c)
-{
-    if (!atomic_load(&c->aborted)) return PIPERT_OK;
-    pthread_mutex_lock(&c->lock);
-    pipert_result rc =
-        c->abort_rank >= 0
-            ? pt_fail(PIPERT_ERR_PEER, "job aborted: rank %d: %s", c->abort_rank, c->abort_reason)
-            : pt_fail(PIPERT_ERR_PEER, "job aborted: %s", c->abort_reason);
-    pthread_mutex_unlock(&c->lock);
-    return rc;
-}
-
-bool pt_coord_client_aborted(pt_coord_client *c) { return atomic_load(&c->aborted); }
-
-pipert_result pt_coord_client_wait_table(pt_coord_client *c, double timeout_s,
-                                         const pt_peer_table **table)
-{
-    struct timespec deadline = deadline_after(timeout_s);
-    bool timed_out = false;
-    pthread_mutex_lock(&c->lock);
-    while (!c->has_table && !atomic_load(&c->aborted) && !timed_out)
-        timed_out = pthread_cond_timedwait(&c->changed, &c->lock, &deadline) == ETIMEDOUT;
-    bool has_table = c->has_table;
-    pthread_mutex_unlock(&c->lock);
-    if (!has_table) PT_TRY(pt_coord_client_check(c)); /* an abort after the table: the next check */
-    if (!has_table)
-        return pt_fail(PIPERT_ERR_TIMEOUT, "no peer table from the coordinator at %s within %.0f s "
-                                           "(are all ranks started?)",
-                       c->where, timeout_s);
-    *table = &c->table;
-    return PIPERT_OK;
-}
-
-pipert_result pt_coord_client_send_progress(pt_coord_client *c, const pt_rank_progress *p)
-{
-    PT_TRY(pt_coord_client_check(c));
-    json_t *m = json_pack("{s:s, s:I, s:I, s:f}", "type", "progress", "step",
-                          (json_int_t)p->step, "total", (json_int_t)p->total_steps,
-                          "tokens_per_s", p->tokens_per_s);
-    /* A rank without a loss (a pipeline stage before the last) sends none. */
-    if (m && isfinite(p->loss)) json_object_set_new(m, "loss", json_real(p->loss));
-    if (m && isfinite(p->val_loss)) json_object_set_new(m, "val_loss", json_real(p->val_loss));
-    return client_send(c, m);
-}
-
-pipert_result pt_coord_client_send_done(pt_coord_client *c)
-{
-    PT_TRY(pt_coord_client_check(c));
-    pthread_mutex_lock(&c->lock);
-    c->done_sent = true;
-    pthread_mutex_unlock(&c->lock);
-    return client_send(c, json_pack("{s:s}", "type", "done"));
-}
-
-pipert_result pt_coord_client_send_error(pt_coord_client *c, const char *reason)
-{
-    return client_send(c, json_pack("{s:s, s:s}", "type", "error", "reason", reason));
-}
-
-void pt_coord_client_close(pt_coord_client *c)
-{
-    if (!c) return;
-    if (c->thread_started) {
-        ssize_t ignored = write(c->stop_pipe[1], "x", 1);
-        (void)ignored;
-        pthread_join(c->thread, NULL);
-    }
-    if (c->stop_pipe[0] >= 0) close(c->stop_pipe[0]);
-    if (c->stop_pipe[1] >= 0) close(c->stop_pipe[1]);
-    if (c->fd >= 0) close(c->fd);
-    free_table(&c->table);
-    buffer_free(&c->in);
-    pthread_mutex_destroy(&c->send_lock);
-    pthread_mutex_destroy(&c->lock);
-    pthread_cond_destroy(&c->changed);
-    free(c);
 }

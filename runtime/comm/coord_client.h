@@ -1,0 +1,79 @@
+/* The worker's side of the job's coordinator (runtime/comm/coordinator.h):
+ * it registers, waits for the table of every rank's data-plane address, sends
+ * heartbeats (from a thread of its own) and progress, and learns of a
+ * job-wide abort. What it says is runtime/comm/coordinator_protocol.h.
+ */
+#ifndef PT_COORD_CLIENT_H
+#define PT_COORD_CLIENT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "runtime/comm/bootstrap.h"
+#include "runtime/comm/coordinator_protocol.h"
+#include "runtime/error.h"
+
+typedef struct pt_coord_client pt_coord_client;
+
+/* Called once, from the client's thread, when the job aborts (rank -1: not
+ * one rank's fault, or the coordinator is gone). Keep it short: set a flag,
+ * cancel a blocking transfer. */
+typedef void (*pt_abort_callback)(void *context, int rank, const char *reason);
+
+typedef struct pt_coord_client_options {
+    const char *host;            /* the coordinator */
+    int port;
+    const char *secret;
+    int rank, world;
+    const char *address;         /* this worker's data-plane address ("" if none) */
+    double connect_timeout_s;    /* retry connecting this long (it may not listen yet) */
+    double heartbeat_interval_s;
+    double dead_after_s;         /* coordinator silence after which the job is aborted */
+    pt_abort_callback on_abort;  /* may be NULL */
+    void *on_abort_context;
+} pt_coord_client_options;
+
+#define PT_COORD_CLIENT_OPTIONS_INIT                                                               \
+    {NULL, 0, NULL, 0, 0, "", PT_CONNECT_TIMEOUT_S, PT_HEARTBEAT_INTERVAL_S, PT_DEAD_AFTER_S,    \
+     NULL, NULL}
+
+typedef struct pt_peer {
+    int rank;
+    int pid;
+    char host[PT_HOST_MAX];
+    char *address; /* data-plane address, NUL-terminated */
+} pt_peer;
+
+typedef struct pt_peer_table {
+    int world;
+    pt_peer *peers; /* [world], peers[r].rank == r */
+} pt_peer_table;
+
+/* Connects (retrying for connect_timeout_s), registers, waits for the
+ * coordinator's answer, and starts the heartbeat thread. A refusal is
+ * PIPERT_ERR_AUTH (wrong secret) or PIPERT_ERR_PEER with the coordinator's
+ * reason; no coordinator in time is PIPERT_ERR_TIMEOUT. */
+pipert_result pt_coord_client_connect(pt_coord_client **out, const pt_coord_client_options *options);
+
+/* Waits for the table of every rank; it lives as long as the client.
+ * PIPERT_ERR_PEER if the job aborted before the table came, PIPERT_ERR_TIMEOUT
+ * after timeout_s. (An abort after the table is for pt_coord_client_check.) */
+pipert_result pt_coord_client_wait_table(pt_coord_client *c, double timeout_s,
+                                         const pt_peer_table **table);
+
+pipert_result pt_coord_client_send_progress(pt_coord_client *c, const pt_rank_progress *p);
+/* This worker finished; the coordinator expects the connection to close next. */
+pipert_result pt_coord_client_send_done(pt_coord_client *c);
+/* This worker failed: the job aborts, naming this rank and `reason`. */
+pipert_result pt_coord_client_send_error(pt_coord_client *c, const char *reason);
+
+/* Whether the job aborted (a cheap read, for the step loop). */
+bool pt_coord_client_aborted(pt_coord_client *c);
+/* PIPERT_OK while the job runs; after an abort PIPERT_ERR_PEER with the
+ * message "job aborted: rank R: REASON". */
+pipert_result pt_coord_client_check(pt_coord_client *c);
+
+/* Stops the heartbeat thread and closes the connection. NULL is fine. */
+void pt_coord_client_close(pt_coord_client *c);
+
+#endif

@@ -1,0 +1,502 @@
+/* The worker's side of the coordinator (coord_client.h): connects (retrying while the
+ * coordinator is not up yet), registers, then a thread of its own sends heartbeats, reads
+ * the table, "abort" and "finished", and watches for a silent coordinator. */
+#include "runtime/comm/coord_client.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <math.h>
+#include <netdb.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "runtime/clock.h"
+#include "runtime/comm/coordinator_protocol.h"
+
+/* The table the coordinator sends may be long (every rank's address); a message longer than
+ * this is an error. */
+#define MAX_COORDINATOR_MESSAGE (64u << 20)
+
+struct pt_coord_client {
+    int fd;
+    int rank;
+    char where[PT_HOST_MAX + 16]; /* "host:port" */
+    double heartbeat_interval_s, dead_after_s;
+    pt_abort_callback on_abort;
+    void *on_abort_context;
+    pt_coord_buffer in;
+    double last_heard, last_sent;
+    pthread_mutex_t send_lock; /* one writer at a time */
+    pthread_mutex_t lock;      /* the fields below */
+    pthread_cond_t changed;
+    atomic_bool aborted;
+    bool abort_claimed; /* under lock: an abort is being delivered */
+    int abort_rank;
+    char abort_reason[512];
+    bool has_table, finished, done_sent;
+    pt_peer_table table;
+    pthread_t thread;
+    bool thread_started;
+    int stop_pipe[2];
+};
+
+/* ---- sending ------------------------------------------------------------- */
+
+static pipert_result client_send(pt_coord_client *c, json_t *message)
+{
+    size_t length;
+    char *line = pt_coord_message_text(message, &length);
+    if (!line) return pt_fail(PIPERT_ERR_NOMEM, "out of memory");
+    pthread_mutex_lock(&c->send_lock);
+    int saved = 0;
+    for (size_t sent = 0; sent < length;) {
+        ssize_t n = send(c->fd, line + sent, length - sent, MSG_NOSIGNAL);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) {
+            saved = n < 0 ? errno : EPIPE;
+            break;
+        }
+        sent += (size_t)n;
+    }
+    c->last_sent = pt_now_s();
+    pthread_mutex_unlock(&c->send_lock);
+    free(line);
+    if (saved)
+        return pt_fail(PIPERT_ERR_TRANSPORT, "cannot send to the coordinator at %s: %s", c->where,
+                       strerror(saved));
+    return PIPERT_OK;
+}
+
+/* ---- receiving ----------------------------------------------------------- */
+
+/* The first abort wins. The callback runs before the flag is raised, so
+ * whoever sees pt_coord_client_aborted() also sees what the callback did. */
+static void client_abort(pt_coord_client *c, int rank, const char *reason)
+{
+    pthread_mutex_lock(&c->lock);
+    bool first = !c->abort_claimed;
+    if (first) {
+        c->abort_claimed = true;
+        c->abort_rank = rank;
+        snprintf(c->abort_reason, sizeof c->abort_reason, "%s", reason);
+    }
+    pthread_mutex_unlock(&c->lock);
+    if (!first) return;
+    if (c->on_abort) c->on_abort(c->on_abort_context, rank, reason);
+    pthread_mutex_lock(&c->lock);
+    atomic_store(&c->aborted, true);
+    pthread_cond_broadcast(&c->changed);
+    pthread_mutex_unlock(&c->lock);
+}
+
+static void free_table(pt_peer_table *t)
+{
+    for (int r = 0; t->peers && r < t->world; r++) free(t->peers[r].address);
+    free(t->peers);
+    *t = (pt_peer_table){0};
+}
+
+/* Fills the table from a "table" message; false if it is malformed. */
+static bool parse_table(json_t *m, pt_peer_table *t)
+{
+    long world;
+    json_t *peers = json_object_get(m, "peers");
+    if (!pt_coord_get_long(m, "world", &world) || world < 1 || world > PT_MAX_WORLD ||
+        !json_is_array(peers) || json_array_size(peers) != (size_t)world)
+        return false;
+    t->peers = calloc((size_t)world, sizeof *t->peers);
+    if (!t->peers) return false;
+    t->world = (int)world;
+    for (long i = 0; i < world; i++) {
+        json_t *p = json_array_get(peers, (size_t)i);
+        long rank, pid;
+        const char *host = pt_coord_get_string(p, "host"),
+                   *address = pt_coord_get_string(p, "address");
+        if (!pt_coord_get_long(p, "rank", &rank) || rank != i ||
+            !pt_coord_get_long(p, "pid", &pid) || !host || !address || strlen(host) >= PT_HOST_MAX)
+            return false;
+        pt_peer *peer = &t->peers[i];
+        peer->rank = (int)rank;
+        peer->pid = (int)pid;
+        snprintf(peer->host, sizeof peer->host, "%s", host);
+        if (!(peer->address = strdup(address))) return false;
+    }
+    return true;
+}
+
+static void client_handle_message(pt_coord_client *c, json_t *m)
+{
+    const char *type = pt_coord_get_string(m, "type");
+    if (!type) return;
+    if (!strcmp(type, "table")) {
+        pt_peer_table table = {0};
+        if (!parse_table(m, &table)) {
+            free_table(&table);
+            client_abort(c, -1, "the coordinator sent a malformed table");
+            return;
+        }
+        pthread_mutex_lock(&c->lock);
+        c->table = table;
+        c->has_table = true;
+        pthread_cond_broadcast(&c->changed);
+        pthread_mutex_unlock(&c->lock);
+    } else if (!strcmp(type, "abort")) {
+        long rank = -1;
+        pt_coord_get_long(m, "rank", &rank);
+        const char *reason = pt_coord_get_string(m, "reason");
+        client_abort(c, (int)rank, reason ? reason : "no reason given");
+    } else if (!strcmp(type, "finished")) {
+        pthread_mutex_lock(&c->lock);
+        c->finished = true;
+        pthread_cond_broadcast(&c->changed);
+        pthread_mutex_unlock(&c->lock);
+    }
+    /* heartbeat, welcome: being heard is all they say */
+}
+
+/* Handles every complete line received. */
+static void client_handle_buffered(pt_coord_client *c)
+{
+    char *newline;
+    while ((newline = pt_coord_find_newline(&c->in))) {
+        size_t length = (size_t)(newline - c->in.data);
+        json_t *m = json_loadb(c->in.data, length, 0, NULL);
+        pt_coord_buffer_consume(&c->in, length + 1);
+        if (m) client_handle_message(c, m);
+        json_decref(m);
+    }
+}
+
+/* Reads what there is and handles complete lines; false when the connection
+ * closed or failed (*why says how). */
+static bool client_read(pt_coord_client *c, char *why, size_t cap)
+{
+    char chunk[65536];
+    ssize_t n = recv(c->fd, chunk, sizeof chunk, MSG_DONTWAIT);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) return true;
+    if (n <= 0) {
+        snprintf(why, cap, n == 0 ? "the coordinator at %s closed the connection (it stopped or "
+                                    "died)"
+                                  : "lost the connection to the coordinator at %s",
+                 c->where);
+        return false;
+    }
+    c->last_heard = pt_now_s();
+    if (!pt_coord_buffer_append(&c->in, chunk, (size_t)n)) {
+        snprintf(why, cap, "out of memory reading from the coordinator");
+        return false;
+    }
+    client_handle_buffered(c);
+    if (c->in.length > MAX_COORDINATOR_MESSAGE) {
+        snprintf(why, cap, "the coordinator at %s sent an oversized message", c->where);
+        return false;
+    }
+    return true;
+}
+
+/* Heartbeats out, messages in, and watch for a dead coordinator. */
+static double last_sent_at(pt_coord_client *c)
+{
+    pthread_mutex_lock(&c->send_lock);
+    double at = c->last_sent;
+    pthread_mutex_unlock(&c->send_lock);
+    return at;
+}
+
+static void *client_thread(void *arg)
+{
+    pt_coord_client *c = arg;
+    char why[512];
+    while (!atomic_load(&c->aborted)) {
+        double now = pt_now_s();
+        double wait_s = last_sent_at(c) + c->heartbeat_interval_s - now;
+        struct pollfd fds[2] = {{.fd = c->fd, .events = POLLIN}, {.fd = c->stop_pipe[0], .events = POLLIN}};
+        int ready = poll(fds, 2, wait_s > 0 ? (int)(wait_s * 1e3) + 1 : 0);
+        if (ready < 0 && errno != EINTR) {
+            snprintf(why, sizeof why, "poll: %s", strerror(errno));
+            client_abort(c, -1, why);
+            break;
+        }
+        if (ready > 0 && fds[1].revents) break; /* closing */
+        if (ready > 0 && fds[0].revents && !client_read(c, why, sizeof why)) {
+            pthread_mutex_lock(&c->lock);
+            bool expected = c->done_sent || c->finished;
+            pthread_mutex_unlock(&c->lock);
+            if (!expected) client_abort(c, -1, why);
+            break;
+        }
+        now = pt_now_s();
+        if (now - last_sent_at(c) >= c->heartbeat_interval_s &&
+            client_send(c, json_pack("{s:s}", "type", "heartbeat")) != PIPERT_OK) {
+            client_abort(c, -1, pipert_last_error());
+            break;
+        }
+        if (now - c->last_heard > c->dead_after_s) {
+            snprintf(why, sizeof why, "no word from the coordinator at %s for %.1f s", c->where,
+                     now - c->last_heard);
+            client_abort(c, -1, why);
+            break;
+        }
+    }
+    return NULL;
+}
+
+/* ---- connecting ---------------------------------------------------------- */
+
+/* One connection attempt to every address of host:port, each bounded by
+ * timeout_s; the socket (blocking) or -1 with *error set. */
+static int try_connect(const char *host, int port, double timeout_s, int *error, bool *resolved)
+{
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_NUMERICSERV};
+    struct addrinfo *list;
+    char service[16];
+    snprintf(service, sizeof service, "%d", port);
+    int rc = getaddrinfo(host, service, &hints, &list);
+    *resolved = rc == 0;
+    if (rc != 0) {
+        *error = rc;
+        return -1;
+    }
+    int fd = -1;
+    for (struct addrinfo *ai = list; ai && fd < 0; ai = ai->ai_next) {
+        fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        if (fd < 0) {
+            *error = errno;
+            continue;
+        }
+        int ok = connect(fd, ai->ai_addr, ai->ai_addrlen) == 0;
+        if (!ok && errno == EINPROGRESS) {
+            struct pollfd p = {.fd = fd, .events = POLLOUT};
+            int soerr = ETIMEDOUT;
+            socklen_t length = sizeof soerr;
+            if (poll(&p, 1, (int)(timeout_s * 1e3) + 1) == 1)
+                getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &length);
+            ok = soerr == 0;
+            errno = soerr;
+        }
+        if (!ok) {
+            *error = errno;
+            close(fd);
+            fd = -1;
+        }
+    }
+    freeaddrinfo(list);
+    if (fd >= 0) fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    return fd;
+}
+
+static pipert_result connect_with_retry(pt_coord_client *c, const pt_coord_client_options *o)
+{
+    const double deadline = pt_now_s() + o->connect_timeout_s;
+    int error = 0;
+    bool resolved = true;
+    for (;;) {
+        double left = deadline - pt_now_s();
+        c->fd = try_connect(o->host, o->port, left < 5 ? (left > 0 ? left : 0.01) : 5, &error,
+                            &resolved);
+        if (c->fd >= 0) return PIPERT_OK;
+        if (!resolved && error != EAI_AGAIN)
+            return pt_fail(PIPERT_ERR_TRANSPORT, "coordinator %s: cannot resolve the host: %s",
+                           c->where, gai_strerror(error));
+        if (pt_now_s() >= deadline) break;
+        struct timespec pause = {0, 200 * 1000000L}; /* it may not listen yet */
+        nanosleep(&pause, NULL);
+    }
+    return pt_fail(PIPERT_ERR_TIMEOUT, "no coordinator at %s after %.0f s: %s", c->where,
+                   o->connect_timeout_s, resolved ? strerror(error) : gai_strerror(error));
+}
+
+/* Sends the registration and waits for "welcome" or "refused". */
+static pipert_result register_rank(pt_coord_client *c, const pt_coord_client_options *o)
+{
+    char host[PT_HOST_MAX] = "";
+    gethostname(host, sizeof host - 1);
+    PT_TRY(client_send(c, json_pack("{s:s, s:i, s:i, s:s, s:i, s:s, s:s}", "type", "register",
+                                    "rank", o->rank, "world", o->world, "host", host, "pid",
+                                    (int)getpid(), "address", o->address ? o->address : "",
+                                    "secret", o->secret)));
+    const double deadline = pt_now_s() + fmax(o->connect_timeout_s, 10.0);
+    pt_coord_buffer *in = &c->in;
+    for (;;) {
+        char *newline = pt_coord_find_newline(in);
+        if (newline) {
+            size_t length = (size_t)(newline - in->data);
+            json_t *m = json_loadb(in->data, length, 0, NULL);
+            pt_coord_buffer_consume(in, length + 1);
+            const char *type = m ? pt_coord_get_string(m, "type") : NULL;
+            if (type && !strcmp(type, "welcome")) {
+                json_decref(m);
+                return PIPERT_OK;
+            }
+            if (type && !strcmp(type, "refused")) {
+                const char *reason = pt_coord_get_string(m, "reason");
+                bool auth = json_is_true(json_object_get(m, "auth"));
+                pipert_result rc = pt_fail(auth ? PIPERT_ERR_AUTH : PIPERT_ERR_PEER,
+                                           "the coordinator at %s refused rank %d: %s", c->where,
+                                           o->rank, reason ? reason : "no reason given");
+                json_decref(m);
+                return rc;
+            }
+            json_decref(m);
+            continue;
+        }
+        double left = deadline - pt_now_s();
+        struct pollfd p = {.fd = c->fd, .events = POLLIN};
+        if (left <= 0 || poll(&p, 1, (int)(left * 1e3) + 1) == 0)
+            return pt_fail(PIPERT_ERR_TIMEOUT, "the coordinator at %s did not answer rank %d's "
+                                               "registration",
+                           c->where, o->rank);
+        char chunk[4096];
+        ssize_t n = recv(c->fd, chunk, sizeof chunk, 0);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0)
+            return pt_fail(PIPERT_ERR_PEER, "the coordinator at %s closed the connection during "
+                                            "registration",
+                           c->where);
+        if (!pt_coord_buffer_append(in, chunk, (size_t)n) || in->length > MAX_COORDINATOR_MESSAGE)
+            return pt_fail(PIPERT_ERR_NOMEM, "registration: out of memory");
+    }
+}
+
+static pipert_result client_setup(pt_coord_client *c, const pt_coord_client_options *o)
+{
+    PT_TRY(connect_with_retry(c, o));
+    pt_coord_set_no_delay(c->fd);
+    /* A coordinator that stops reading must not block a worker forever. */
+    struct timeval timeout = {.tv_sec = (time_t)ceil(o->dead_after_s)};
+    setsockopt(c->fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof timeout);
+    PT_TRY(register_rank(c, o));
+    c->last_heard = pt_now_s();
+    /* What came with the welcome: the table, when this rank registered last. */
+    client_handle_buffered(c);
+    if (pipe2(c->stop_pipe, O_CLOEXEC) != 0)
+        return pt_fail(PIPERT_ERR_INTERNAL, "pipe: %s", strerror(errno));
+    int rc = pthread_create(&c->thread, NULL, client_thread, c);
+    if (rc != 0) return pt_fail(PIPERT_ERR_INTERNAL, "heartbeat thread: %s", strerror(rc));
+    c->thread_started = true;
+    return PIPERT_OK;
+}
+
+pipert_result pt_coord_client_connect(pt_coord_client **out, const pt_coord_client_options *o)
+{
+    *out = NULL;
+    if (!o->host || !o->secret || o->rank < 0 || o->world < 1 || o->rank >= o->world ||
+        !(o->heartbeat_interval_s > 0) || !(o->dead_after_s > o->heartbeat_interval_s))
+        return pt_fail(PIPERT_ERR_INVALID_ARG, "coordinator client: host, secret, rank in [0, "
+                                               "world) and dead_after_s > heartbeat_interval_s "
+                                               "are required");
+    pt_coord_client *c = calloc(1, sizeof *c);
+    if (!c) return pt_fail(PIPERT_ERR_NOMEM, "coordinator client: out of memory");
+    c->fd = -1;
+    c->stop_pipe[0] = c->stop_pipe[1] = -1;
+    c->rank = o->rank;
+    c->abort_rank = -1;
+    c->heartbeat_interval_s = o->heartbeat_interval_s;
+    c->dead_after_s = o->dead_after_s;
+    c->on_abort = o->on_abort;
+    c->on_abort_context = o->on_abort_context;
+    snprintf(c->where, sizeof c->where, strchr(o->host, ':') ? "[%s]:%d" : "%s:%d", o->host,
+             o->port);
+    pthread_mutex_init(&c->send_lock, NULL);
+    pthread_mutex_init(&c->lock, NULL);
+    pthread_condattr_t attr;
+    pthread_condattr_init(&attr);
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    pthread_cond_init(&c->changed, &attr);
+    pthread_condattr_destroy(&attr);
+    pipert_result rc = client_setup(c, o);
+    if (rc != PIPERT_OK) {
+        pt_coord_client_close(c);
+        return rc;
+    }
+    *out = c;
+    return PIPERT_OK;
+}
+
+pipert_result pt_coord_client_check(pt_coord_client *c)
+{
+    if (!atomic_load(&c->aborted)) return PIPERT_OK;
+    pthread_mutex_lock(&c->lock);
+    pipert_result rc =
+        c->abort_rank >= 0
+            ? pt_fail(PIPERT_ERR_PEER, "job aborted: rank %d: %s", c->abort_rank, c->abort_reason)
+            : pt_fail(PIPERT_ERR_PEER, "job aborted: %s", c->abort_reason);
+    pthread_mutex_unlock(&c->lock);
+    return rc;
+}
+
+bool pt_coord_client_aborted(pt_coord_client *c) { return atomic_load(&c->aborted); }
+
+pipert_result pt_coord_client_wait_table(pt_coord_client *c, double timeout_s,
+                                         const pt_peer_table **table)
+{
+    struct timespec deadline = pt_coord_deadline_after(timeout_s);
+    bool timed_out = false;
+    pthread_mutex_lock(&c->lock);
+    while (!c->has_table && !atomic_load(&c->aborted) && !timed_out)
+        timed_out = pthread_cond_timedwait(&c->changed, &c->lock, &deadline) == ETIMEDOUT;
+    bool has_table = c->has_table;
+    pthread_mutex_unlock(&c->lock);
+    if (!has_table) PT_TRY(pt_coord_client_check(c)); /* an abort after the table: the next check */
+    if (!has_table)
+        return pt_fail(PIPERT_ERR_TIMEOUT, "no peer table from the coordinator at %s within %.0f s "
+                                           "(are all ranks started?)",
+                       c->where, timeout_s);
+    *table = &c->table;
+    return PIPERT_OK;
+}
+
+pipert_result pt_coord_client_send_progress(pt_coord_client *c, const pt_rank_progress *p)
+{
+    PT_TRY(pt_coord_client_check(c));
+    json_t *m = json_pack("{s:s, s:I, s:I, s:f}", "type", "progress", "step",
+                          (json_int_t)p->step, "total", (json_int_t)p->total_steps,
+                          "tokens_per_s", p->tokens_per_s);
+    /* A rank without a loss (a pipeline stage before the last) sends none. */
+    if (m && isfinite(p->loss)) json_object_set_new(m, "loss", json_real(p->loss));
+    if (m && isfinite(p->val_loss)) json_object_set_new(m, "val_loss", json_real(p->val_loss));
+    return client_send(c, m);
+}
+
+pipert_result pt_coord_client_send_done(pt_coord_client *c)
+{
+    PT_TRY(pt_coord_client_check(c));
+    pthread_mutex_lock(&c->lock);
+    c->done_sent = true;
+    pthread_mutex_unlock(&c->lock);
+    return client_send(c, json_pack("{s:s}", "type", "done"));
+}
+
+pipert_result pt_coord_client_send_error(pt_coord_client *c, const char *reason)
+{
+    return client_send(c, json_pack("{s:s, s:s}", "type", "error", "reason", reason));
+}
+
+void pt_coord_client_close(pt_coord_client *c)
+{
+    if (!c) return;
+    if (c->thread_started) {
+        ssize_t ignored = write(c->stop_pipe[1], "x", 1);
+        (void)ignored;
+        pthread_join(c->thread, NULL);
+    }
+    if (c->stop_pipe[0] >= 0) close(c->stop_pipe[0]);
+    if (c->stop_pipe[1] >= 0) close(c->stop_pipe[1]);
+    if (c->fd >= 0) close(c->fd);
+    free_table(&c->table);
+    pt_coord_buffer_free(&c->in);
+    pthread_mutex_destroy(&c->send_lock);
+    pthread_mutex_destroy(&c->lock);
+    pthread_cond_destroy(&c->changed);
+    free(c);
+}

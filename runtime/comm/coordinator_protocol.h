@@ -1,0 +1,83 @@
+/* What the job's coordinator (runtime/comm/coordinator.h) and a worker's
+ * client (runtime/comm/coord_client.h) say to each other. It is on the control
+ * path only — tensors never pass through it — and speaks plain TCP.
+ *
+ * Protocol: one JSON object per line ('\n'-terminated), each with a "type".
+ *   worker → coordinator
+ *     register  {rank, world, host, pid, address, secret}   must come first
+ *     heartbeat {}                                           every interval
+ *     progress  {step, total, loss, tokens_per_s[, val_loss]}
+ *     done      {}            the worker finished; its connection may close
+ *     error     {reason}      the worker failed; the job aborts
+ *   coordinator → worker
+ *     welcome   {}            registration accepted
+ *     refused   {reason, auth}  registration refused (auth: a wrong secret);
+ *                             the connection closes
+ *     table     {world, peers: [{rank, host, pid, address}, ...]}
+ *                             once every rank has registered
+ *     heartbeat {}            every interval, so a worker notices a dead
+ *                             coordinator even when its host vanishes
+ *     abort     {rank, reason}  rank -1: not one rank's fault
+ *     finished  {}            every rank is done
+ *
+ * Failure detection. A registered rank is declared dead, and the job aborted,
+ * when it sends nothing (heartbeats included) for dead_after_s, when its
+ * connection closes before it said "done", or when it reports an error. Every
+ * rank is told {rank, reason}, once. A worker treats a closed or silent
+ * coordinator connection as an abort too. A connection that does not present
+ * the job's secret is refused and logged (pt_warn, naming the peer address);
+ * it does not abort the job.
+ *
+ * The secret travels in clear text: it keeps other jobs and stray clients
+ * out, not an eavesdropper on the network.
+ */
+#ifndef PT_COORDINATOR_PROTOCOL_H
+#define PT_COORDINATOR_PROTOCOL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <time.h>
+
+#define PT_HEARTBEAT_INTERVAL_S 1.0
+#define PT_DEAD_AFTER_S 5.0
+#define PT_REGISTER_TIMEOUT_S 300.0 /* every rank must have registered by then */
+#define PT_CONNECT_TIMEOUT_S 120.0  /* a worker retries connecting this long */
+#define PT_ADDRESS_MAX 16384        /* longest data-plane address, in characters */
+
+/* What a "progress" message says: one rank's latest report. */
+typedef struct pt_rank_progress {
+    long step, total_steps;
+    double loss, tokens_per_s;
+    double val_loss; /* NaN: no validation at this step */
+} pt_rank_progress;
+
+/* ---- line framing, for coordinator_server.c and coordinator_client.c ----- */
+
+struct json_t; /* jansson's */
+
+#pragma GCC visibility push(hidden)
+
+/* Bytes received and not yet handled, or queued and not yet sent. */
+typedef struct pt_coord_buffer {
+    char *data;
+    size_t length, capacity;
+} pt_coord_buffer;
+
+bool pt_coord_buffer_append(pt_coord_buffer *b, const void *data, size_t n);
+void pt_coord_buffer_consume(pt_coord_buffer *b, size_t n);
+char *pt_coord_find_newline(const pt_coord_buffer *b);
+void pt_coord_buffer_free(pt_coord_buffer *b);
+
+char *pt_coord_message_text(struct json_t *message, size_t *length);
+const char *pt_coord_get_string(struct json_t *m, const char *key);
+bool pt_coord_get_long(struct json_t *m, const char *key, long *value);
+double pt_coord_get_double(struct json_t *m, const char *key, double fallback);
+
+void pt_coord_set_no_delay(int fd);
+/* CLOCK_MONOTONIC now + seconds, for pthread_cond_timedwait on a condition
+ * variable that uses that clock. */
+struct timespec pt_coord_deadline_after(double seconds);
+
+#pragma GCC visibility pop
+
+#endif

@@ -1,0 +1,323 @@
+/* Inside the UCX transport: what its files share. runtime/comm/transport.h says
+ * what the transport offers and how its protocol goes. One concern per file:
+ *   transport.c            creating and destroying a transport (UCX context, worker, fds)
+ *   transport_connect.c    connections: endpoints, the hello handshake, control words on
+ *                          their stream, the peer table, and connecting
+ *   transport_direct.c     same-host direct reads (process_vm_readv) in place of UCX's cma
+ *   transport_send_recv.c  messages: the checksum, sending, and receiving with the header
+ *                          checked before the payload is trusted
+ *   transport_request.c    a request's life: completion, test, wait, callbacks, free
+ *   transport_progress.c   who drives UCX: the command queue, the progress thread, and user
+ *                          threads that post or poll while it sleeps
+ * Functions one file offers the others are named pt_transport_* and are hidden from the
+ * library's exported symbols.
+ *
+ * Threads. Only one thread at a time calls into UCX (ucp_*): the holder of
+ * `ucx_lock`. That is the progress thread, which drains a command queue that
+ * other threads fill and runs ucp_worker_progress() (UCX calls our callbacks
+ * from there), except while it sleeps in epoll: then a user thread may take
+ * the lock and post its send or receive itself (post_directly), or, blocked in
+ * pt_request_wait, drive UCX for a bounded while
+ * (pt_transport_poll_while_waiting). Either leaves the worker progressed and
+ * armed, as the sleeping progress thread expects, and wakes it only if the
+ * worker cannot be armed. Polling is always bounded (SPIN_US, WAIT_SPIN_US):
+ * an idle transport sleeps. Everything UCX-facing (connections, the in-flight
+ * list, a request's UCX side) is touched only under ucx_lock. Shared state
+ * that waiters read (request completion, the peer table, connection outcomes)
+ * is guarded by one process-wide mutex, `pt_transport_state_lock`, with one
+ * condition variable `pt_transport_state_changed` that every waiter sleeps
+ * on; it is process-wide so that a request outlives its transport. The
+ * command queue has its own lock. Neither of those two is held while calling
+ * UCX or a user callback; user callbacks do run under ucx_lock (which is why
+ * they must be short, and why requests they post are queued rather than
+ * posted on the spot).
+ *
+ * Objects. A `connection` is one UCX endpoint and its handshake; connections
+ * live in the transport's list until destroy. A `peer` is a rank: its state
+ * and the connection we send on. A pt_request is one user send or receive;
+ * while it has UCX operations in flight it sits in the transport's in-flight
+ * list.
+ */
+#ifndef PT_TRANSPORT_INTERNAL_H
+#define PT_TRANSPORT_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+#include <time.h>
+
+#include <ucp/api/ucp.h>
+
+#include "runtime/comm/transport.h"
+#include "runtime/error.h"
+
+#define TEXT_CAPACITY 256
+#define REASON_CAPACITY 160  /* why a peer is gone */
+#define MESSAGE_CAPACITY 512 /* a request's failure */
+#define ADDRESS_CAPACITY 64
+#define CONTROL_BYE 0x45594221u
+#define CONTROL_BYE_ACK 0x4b434121u
+#define CONTROL_DIRECT_OK 0x4b4f5244u /* "I can read your memory" */
+/* Payloads of at least this many bytes go by direct read where the peer can
+ * (transport_direct.c). */
+#define DIRECT_MIN_BYTES (64u << 10)
+/* An idle progress thread still wakes this often (UCX keepalive, handshake deadlines). */
+#define IDLE_WAKE_MS 1000
+
+/* ---- types --------------------------------------------------------------- */
+
+typedef enum peer_state { PEER_UNKNOWN, PEER_ALIVE, PEER_DEAD, PEER_LEFT } peer_state;
+
+typedef struct connection connection;
+
+typedef struct peer {
+    peer_state state;
+    connection *conn; /* the endpoint we send on while ALIVE */
+    pid_t read_pid;   /* > 0: its memory is readable from here (direct reads), at this pid */
+    int reads_us;     /* it said it can read ours: send it descriptors in place of payloads */
+    char address[ADDRESS_CAPACITY];
+    char reason[REASON_CAPACITY]; /* why it is DEAD or LEFT */
+} peer;
+
+/* The first message each way on an endpoint (stream API, fixed size). */
+typedef struct hello {
+    uint32_t magic, version, job;
+    int32_t rank;
+    uint32_t secret_length;
+    uint8_t secret[PT_TRANSPORT_SECRET_MAX];
+    /* For same-host direct reads: who we are, and a word the peer may try to read back. */
+    int32_t pid;
+    uint32_t reserved;
+    uint64_t probe_address, probe_word;
+    uint8_t boot_id[16];
+} hello;
+
+/* Sent in place of a payload to a peer that reads it from our memory. */
+typedef struct direct_descriptor {
+    uint32_t magic, ack_id;
+    uint64_t address, nbytes;
+} direct_descriptor;
+
+/* The receiver's answer to a descriptor; it completes the send. */
+enum { ACK_READ = 0, ACK_REFUSED = 1, ACK_FAILED = 2 };
+typedef struct direct_ack {
+    uint32_t magic, ack_id;
+    int32_t status; /* ACK_*: read; refused (its header was refused, nothing read); read failed */
+    uint32_t reserved;
+} direct_ack;
+
+typedef enum conn_state {
+    CONN_HANDSHAKE, /* hellos not yet exchanged */
+    CONN_READY,     /* authenticated; the peer's rank is known */
+    CONN_FAILED,    /* refused, timed out or errored: to be closed */
+    CONN_CLOSING,   /* ucp_ep_close_nbx in flight */
+    CONN_CLOSED
+} conn_state;
+
+struct connection {
+    pt_transport *t;
+    ucp_ep_h ep;
+    int accepted; /* created from a connection request on our listener */
+    int rank;     /* expected (we connected) or claimed in its hello (accepted); -1 unknown */
+    char address[ADDRESS_CAPACITY];
+    conn_state state;
+    double deadline; /* of the handshake */
+    hello hello_out, hello_in;
+    struct sockaddr_storage target; /* where we connect (not accepted) */
+    socklen_t target_length;
+    uint32_t control_in;
+    int peer_left;  /* it said goodbye on this endpoint */
+    int ops;        /* UCX operations in flight with this connection as user data */
+    int hello_sent; /* our hello left (its send completed) */
+    int bye_sent, bye_acked;
+    /* Outcome of the handshake, for a pt_transport_connect() caller; under
+     * pt_transport_state_lock. */
+    int finished, waiter;
+    pipert_result result;
+    char message[TEXT_CAPACITY];
+    connection *next;
+};
+
+/* What runs when a receive part (or a direct send's answer) completes. */
+typedef void (*arrival_fn)(pt_request *r, ucs_status_t status, const ucp_tag_recv_info_t *info);
+
+typedef enum request_type { REQUEST_SEND, REQUEST_RECV, REQUEST_DISCARD } request_type;
+typedef enum request_state { REQUEST_PENDING, REQUEST_COMPLETING, REQUEST_DONE } request_state;
+
+struct pt_request {
+    pt_transport *t; /* NULL once the transport is destroyed */
+    request_type type;
+    int peer;
+    uint32_t user_tag;
+    uint16_t kind;
+    /* Completion, under pt_transport_state_lock. result and message are written by the
+     * progress thread before state leaves PENDING and are constant after. */
+    request_state state;
+    pipert_result result;
+    char message[MESSAGE_CAPACITY];
+    pt_request_callback callback;
+    void *callback_arg;
+    int free_requested; /* pt_request_free() called from the request's own callback */
+    /* UCX side, under ucx_lock. */
+    pt_message_header header; /* send: as sent; receive: as received */
+    ucp_dt_iov_t iov[2];
+    ucp_tag_recv_info_t info;
+    const void *payload; /* send */
+    void *buffer;        /* receive */
+    size_t capacity;
+    pt_recv_expect expect;
+    void *op;    /* receive: the UCX operation in flight; direct send: the ack's receive */
+    int part;    /* receive: which part `op` is (PART_HEADER or PART_PAYLOAD) */
+    arrival_fn arrived; /* runs when `op` ends */
+    int posting; /* inside ucp_tag_recv_nbx for `op` (its callback may run there) */
+    int completed_in_post;
+    ucs_status_t completed_status;
+    /* Direct reads. Send: the descriptor sent and the ack received. Receive: the descriptor
+     * received. Discard: room for a descriptor to refuse. */
+    direct_descriptor descriptor;
+    direct_ack ack;
+    int ops_pending; /* send: header and payload parts (and a direct send's ack) in flight */
+    int failed;      /* a failure was recorded in result/message */
+    pipert_result cancel_result;
+    char cancel_reason[TEXT_CAPACITY];
+    int in_flight;
+    pt_request *prev, *next; /* the transport's in-flight list (under ucx_lock) */
+};
+
+typedef enum command_op { COMMAND_POST, COMMAND_CANCEL, COMMAND_CONNECT } command_op;
+
+typedef struct command {
+    command_op op;
+    pt_request *request;
+    connection *conn;
+    struct command *next;
+} command;
+
+struct pt_transport {
+    int rank;
+    uint32_t job;
+    char secret[PT_TRANSPORT_SECRET_MAX];
+    size_t secret_length;
+    double connect_timeout_s;
+    char listen_address[ADDRESS_CAPACITY + 8];
+
+    /* Same-host direct reads: whether UCX_TLS allows them, what our hellos offer, and the id of
+     * the next descriptor (under ucx_lock). */
+    int direct_allowed;
+    uint64_t probe_word;
+    uint8_t boot_id[16];
+    uint32_t next_ack_id;
+
+    ucp_context_h context;
+    ucp_worker_h worker;
+    ucp_listener_h listener;
+    int worker_fd, wake_fd, epoll_fd;
+    pthread_t thread;
+    /* 1 while the progress thread sleeps (or is about to) in epoll: only then does a queued
+     * command need a write to wake_fd. */
+    atomic_int in_epoll;
+    /* Threads in pt_request_wait driving UCX (under pt_transport_state_lock): release waits. */
+    int pollers;
+
+    /* Under pt_transport_state_lock. */
+    peer *peers;
+    int peer_capacity;
+
+    /* Held by whoever calls into UCX: the progress thread, except while it
+     * sleeps in epoll, or a user thread posting directly (see pt_transport_submit()). */
+    pthread_mutex_t ucx_lock;
+
+    /* Under queue_lock. */
+    pthread_mutex_t queue_lock;
+    command *queue_head, *queue_tail;
+    int stopping;
+
+    /* Under ucx_lock. */
+    connection *connections;
+    pt_request *in_flight;
+};
+
+/* kind (8) | source rank (23) | part (1) | user tag (32) */
+enum { PART_HEADER = 0, PART_PAYLOAD = 1 };
+
+static inline ucp_tag_t pt_transport_make_tag(unsigned kind, int src_rank, int part,
+                                              uint32_t user_tag)
+{
+    return ((ucp_tag_t)(kind & 0xff) << 56) | ((ucp_tag_t)((unsigned)src_rank & 0x7fffff) << 33) |
+           ((ucp_tag_t)part << 32) | user_tag;
+}
+
+/* ---- shared between the files -------------------------------------------- */
+
+#pragma GCC visibility push(hidden)
+
+/* transport.c: the process-wide state lock and its condition variable (see Threads above). */
+extern pthread_mutex_t pt_transport_state_lock;
+extern pthread_cond_t pt_transport_state_changed;
+pipert_result pt_transport_ucx_fail(ucs_status_t status, const char *what);
+
+/* transport_progress.c: the UCX lock, the command queue, the progress thread, posting. */
+/* Set while this thread holds a transport's ucx_lock: callbacks run then,
+ * and a wait there would wait for ourselves. */
+extern _Thread_local int pt_transport_holding_ucx_lock;
+void pt_transport_ucx_lock_acquire(pt_transport *t);
+void pt_transport_ucx_lock_release(pt_transport *t);
+void pt_transport_wake_progress_thread(pt_transport *t);
+pipert_result pt_transport_enqueue(pt_transport *t, command_op op, pt_request *request,
+                                   connection *conn);
+command *pt_transport_take_commands(pt_transport *t);
+void *pt_transport_progress_main(void *arg);
+pipert_result pt_transport_submit(pt_transport *t, pt_request *r, pt_request **out);
+void pt_transport_poll_while_waiting(pt_request *r, double seconds);
+
+/* transport_connect.c: peers (under pt_transport_state_lock), connections (under ucx_lock). */
+peer *pt_transport_peer_slot_locked(pt_transport *t, int rank);
+peer_state pt_transport_peer_state_locked(const pt_transport *t, int rank);
+void pt_transport_connection_close(connection *c);
+void pt_transport_send_control(connection *c, uint32_t word);
+void pt_transport_start_connect(pt_transport *t, connection *c);
+void pt_transport_maintain_connections(pt_transport *t);
+int pt_transport_next_deadline_ms(const pt_transport *t);
+pipert_result pt_transport_open_listener(pt_transport *t, const pt_transport_options *options);
+void pt_transport_connection_orphan(connection *c);
+
+/* transport_direct.c: same-host direct reads. */
+void pt_transport_init_direct_reads(pt_transport *t);
+void pt_transport_offer_direct_reads(connection *c, const hello *h);
+void pt_transport_peer_reads_us(connection *c);
+void pt_transport_send_direct(pt_transport *t, pt_request *r, ucp_ep_h ep);
+void pt_transport_acknowledge(pt_transport *t, int rank, uint32_t ack_id, int32_t status);
+int pt_transport_is_descriptor(const direct_descriptor *d, size_t length);
+void pt_transport_read_directly(pt_request *r);
+
+/* transport_send_recv.c: messages. */
+void pt_transport_send_part(pt_request *r, ucp_ep_h ep, const void *buffer, size_t count, int iov,
+                            int part);
+void pt_transport_send_part_finished(pt_request *r, ucs_status_t status);
+void pt_transport_post_part_receive(pt_request *r, ucp_tag_t tag, void *buffer, size_t count,
+                                    int iov, arrival_fn arrived);
+void pt_transport_post_send(pt_transport *t, pt_request *r);
+void pt_transport_post_receive(pt_transport *t, pt_request *r);
+void pt_transport_finish_receive(pt_request *r);
+void pt_transport_cancel_receives_from(pt_transport *t, int rank, pipert_result code,
+                                       const char *reason);
+
+/* transport_request.c: a request's completion, and waiting on the state lock. */
+void pt_transport_record_failure(pt_request *r, pipert_result code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+void pt_transport_in_flight_add(pt_transport *t, pt_request *r);
+void pt_transport_complete_request(pt_request *r);
+void pt_transport_fail_request(pt_request *r, pipert_result code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+const char *pt_transport_request_verb(const pt_request *r);
+void pt_transport_describe_request(const pt_request *r, char *out, size_t capacity);
+int pt_transport_request_done(pt_request *r);
+int pt_transport_wait_on_state(const struct timespec *deadline);
+void pt_transport_deadline_after(double seconds, struct timespec *out);
+
+#pragma GCC visibility pop
+
+#endif
