@@ -565,7 +565,7 @@ static int destroy_in_flight_body(rank_context *ctx)
                       small = bytes_header(16, PT_KIND_ACTIVATION);
     pt_recv_expect e = any_shape(PT_KIND_ACTIVATION);
     pt_request *r[4];
-    /* Rendezvous and eager sends nobody receives, receives nobody sends to. */
+    /* Large and small sends nobody receives, receives nobody sends to. */
     CHILD_CHECK(ctx, pt_send(ctx->t, other, 1, &large, out, 0, &r[0]) == PIPERT_OK, "post");
     CHILD_CHECK(ctx, pt_send(ctx->t, other, 2, &small, out, 0, &r[1]) == PIPERT_OK, "post");
     CHILD_CHECK(ctx, pt_recv(ctx->t, other, 3, &e, in, big, &r[2]) == PIPERT_OK, "post");
@@ -576,8 +576,9 @@ static int destroy_in_flight_body(rank_context *ctx)
     for (int i = 0; i < 4; i++) {
         pipert_result result;
         CHILD_CHECK(ctx, pt_request_test(r[i], &result), "request %d ended with the transport", i);
-        /* The eager send may have completed before; the others cannot have. */
-        CHILD_CHECK(ctx, i == 1 || result != PIPERT_OK, "request %d cannot have succeeded", i);
+        /* Sends may have completed before (over TCP even the large one is
+         * eager: transport.c); the receives cannot have. */
+        CHILD_CHECK(ctx, i <= 1 || result != PIPERT_OK, "request %d cannot have succeeded", i);
         pt_request_free(r[i]);
     }
     free(out);
