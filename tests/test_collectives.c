@@ -350,3 +350,242 @@ static int arguments_body(rank_context *ctx)
 }
 
 Test(collectives, arguments_and_mismatched_sizes) { run_ranks(2, arguments_body, -1); }
+
+/* ---- non-blocking all-gather and all-to-all ------------------------------- */
+
+/* The byte that member `from` sends to member `to` in test `seed` (the
+ * all-gather sends the same block to everyone: to = -1). */
+static unsigned char block_byte(int seed, int from, int to, size_t i)
+{
+    return pattern_byte(seed * 977 + from * 31 + to, i);
+}
+
+/* Waits in short slices, as a coupling does while it asks whether to stop. */
+static pipert_result wait_in_slices(pt_completion *c)
+{
+    for (;;) {
+        pipert_result rc = pt_completion_wait_for(c, 0.01);
+        if (rc != PIPERT_ERR_TIMEOUT) return rc;
+    }
+}
+
+static int nonblocking_allgather_alltoall_body(rank_context *ctx)
+{
+    pt_group *g = whole_group(ctx, 3);
+    CHILD_CHECK(ctx, g, "group");
+    const int n = ctx->n, me = ctx->rank;
+    static const size_t sizes[] = {0, 1, 4096, 4097, 100003};
+    enum { N_SIZES = sizeof sizes / sizeof sizes[0] };
+    unsigned char *send[N_SIZES], *recv[N_SIZES], *all_send[N_SIZES], *all_recv[N_SIZES];
+    pt_completion *gathers[N_SIZES], *scatters[N_SIZES];
+    /* Every size at once, both collectives, waited for out of order. */
+    for (int k = 0; k < N_SIZES; k++) {
+        const size_t b = sizes[k];
+        send[k] = malloc(b + 1);
+        recv[k] = malloc((size_t)n * b + 1);
+        all_send[k] = malloc((size_t)n * b + 1);
+        all_recv[k] = calloc((size_t)n * b + 1, 1);
+        CHILD_CHECK(ctx, send[k] && recv[k] && all_send[k] && all_recv[k], "no memory");
+        for (size_t i = 0; i < b; i++) send[k][i] = block_byte(k, me, -1, i);
+        for (int j = 0; j < n; j++)
+            for (size_t i = 0; i < b; i++) all_send[k][(size_t)j * b + i] = block_byte(k, me, j, i);
+        memset(recv[k], 0, (size_t)n * b + 1);
+        CHILD_CHECK(ctx, pt_allgather_start(g, send[k], b, recv[k], &gathers[k]) == PIPERT_OK,
+                    "allgather start %zu", b);
+        CHILD_CHECK(ctx,
+                    pt_alltoall_start(g, all_send[k], b, all_recv[k], &scatters[k]) == PIPERT_OK,
+                    "alltoall start %zu", b);
+    }
+    for (int k = N_SIZES; k-- > 0;) {
+        const size_t b = sizes[k];
+        CHILD_CHECK(ctx, wait_in_slices(scatters[k]) == PIPERT_OK, "alltoall of %zu", b);
+        CHILD_CHECK(ctx, pt_completion_wait(gathers[k]) == PIPERT_OK, "allgather of %zu", b);
+        for (int r = 0; r < n; r++)
+            for (size_t i = 0; i < b; i++) {
+                CHILD_CHECK(ctx, recv[k][(size_t)r * b + i] == block_byte(k, r, -1, i),
+                            "allgather of %zu: block of member %d, byte %zu", b, r, i);
+                CHILD_CHECK(ctx, all_recv[k][(size_t)r * b + i] == block_byte(k, r, me, i),
+                            "alltoall of %zu: block from member %d, byte %zu", b, r, i);
+            }
+        CHILD_CHECK(ctx, recv[k][(size_t)n * b] == 0 && all_recv[k][(size_t)n * b] == 0,
+                    "wrote past %d blocks of %zu", n, b);
+        free(send[k]), free(recv[k]), free(all_send[k]), free(all_recv[k]);
+    }
+    pt_group_destroy(g);
+    return 0;
+}
+
+Test(collectives, nonblocking_allgather_and_alltoall_3_ranks)
+{
+    run_ranks(3, nonblocking_allgather_alltoall_body, -1);
+}
+Test(collectives, nonblocking_allgather_and_alltoall_5_ranks)
+{
+    run_ranks(5, nonblocking_allgather_alltoall_body, -1);
+}
+
+/* A chain on the progress thread: an all-to-all whose callback starts an
+ * all-gather, then an all-reduce, on tickets taken at the start, while the
+ * caller runs a blocking all-reduce on the same group meanwhile. The tickets
+ * keep every member's order the same, however late the callbacks run. */
+typedef struct chain {
+    pt_group *g;
+    pt_group_ticket tickets[2];
+    unsigned char *scatter_send, *scatter_recv, *gather_recv;
+    float *sums;
+    size_t b, count;
+    int stage;
+    pt_completion *done;
+} chain;
+
+static void chain_reduced(void *arg, pipert_result result, const char *message)
+{
+    chain *c = arg;
+    c->stage = 3;
+    pt_completion_finish(c->done, result, message);
+}
+
+static void chain_gathered(void *arg, pipert_result result, const char *message)
+{
+    chain *c = arg;
+    c->stage = 2;
+    if (result != PIPERT_OK) {
+        pt_completion_finish(c->done, result, message);
+        return;
+    }
+    result =
+        pt_allreduce_then(c->g, c->tickets[1], c->sums, c->count, PT_REDUCE_SUM, chain_reduced, c);
+    if (result != PIPERT_OK) pt_completion_finish(c->done, result, pipert_last_error());
+}
+
+static void chain_scattered(void *arg, pipert_result result, const char *message)
+{
+    chain *c = arg;
+    c->stage = 1;
+    /* Pass on what member index+1 sent us. */
+    const int n = pt_group_size(c->g), next = (pt_group_index(c->g) + 1) % n;
+    if (result != PIPERT_OK) {
+        pt_completion_finish(c->done, result, message);
+        return;
+    }
+    result = pt_allgather_then(c->g, c->tickets[0], c->scatter_recv + (size_t)next * c->b, c->b,
+                               c->gather_recv, chain_gathered, c);
+    if (result != PIPERT_OK) pt_completion_finish(c->done, result, pipert_last_error());
+}
+
+static int chained_body(rank_context *ctx)
+{
+    pt_group *g = whole_group(ctx, 4);
+    CHILD_CHECK(ctx, g, "group");
+    const int n = ctx->n, me = ctx->rank;
+    enum { B = 70001, COUNT = 30011 };
+    chain c = {.g = g, .b = B, .count = COUNT};
+    c.scatter_send = malloc((size_t)n * B);
+    c.scatter_recv = malloc((size_t)n * B);
+    c.gather_recv = malloc((size_t)n * B);
+    c.sums = malloc(COUNT * sizeof(float));
+    static float blocking[COUNT];
+    CHILD_CHECK(ctx, c.scatter_send && c.scatter_recv && c.gather_recv && c.sums, "no memory");
+    for (int j = 0; j < n; j++)
+        for (size_t i = 0; i < B; i++) c.scatter_send[(size_t)j * B + i] = block_byte(7, me, j, i);
+    for (size_t i = 0; i < COUNT; i++) {
+        c.sums[i] = exact_input(me, i, 70);
+        blocking[i] = exact_input(me, i, 71);
+    }
+    CHILD_CHECK(ctx, pt_completion_create(NULL, NULL, &c.done) == PIPERT_OK, "completion");
+    const pt_group_ticket first = pt_group_take_ticket(g);
+    c.tickets[0] = pt_group_take_ticket(g);
+    c.tickets[1] = pt_group_take_ticket(g);
+    CHILD_CHECK(ctx,
+                pt_alltoall_then(g, first, c.scatter_send, B, c.scatter_recv, chain_scattered,
+                                 &c) == PIPERT_OK,
+                "alltoall_then");
+    /* Members start this at different points of the chain. */
+    usleep((useconds_t)(me * 30000));
+    CHILD_CHECK(ctx, pt_allreduce(g, blocking, COUNT, PT_REDUCE_SUM) == PIPERT_OK,
+                "the blocking all-reduce beside the chain");
+    CHILD_CHECK(ctx, pt_completion_wait(c.done) == PIPERT_OK, "the chain (stage %d)", c.stage);
+    /* Member r passed on what r+1 sent it. */
+    for (int r = 0; r < n; r++)
+        for (size_t i = 0; i < B; i++)
+            CHILD_CHECK(ctx, c.gather_recv[(size_t)r * B + i] == block_byte(7, (r + 1) % n, r, i),
+                        "chained allgather: block of member %d, byte %zu", r, i);
+    int members[MAX_RANKS];
+    for (int r = 0; r < n; r++) members[r] = r;
+    if (check_exact(ctx, c.sums, COUNT, members, n, PT_REDUCE_SUM, 70, "chained all-reduce") ||
+        check_exact(ctx, blocking, COUNT, members, n, PT_REDUCE_SUM, 71, "blocking all-reduce"))
+        return 1;
+    free(c.scatter_send), free(c.scatter_recv), free(c.gather_recv), free(c.sums);
+    pt_group_destroy(g);
+    return 0;
+}
+
+Test(collectives, chained_collectives_keep_the_group_order) { run_ranks(4, chained_body, -1); }
+
+/* A waiter that gives up: a member abandons an all-gather its peers join
+ * only afterwards (told through a second group, whose order is its own); it
+ * frees itself (the leak check of the child sees it), and a later
+ * collective on the group still works. */
+static int abandon_allgather_body(rank_context *ctx)
+{
+    pt_group *g = whole_group(ctx, 5), *signal = whole_group(ctx, 7);
+    CHILD_CHECK(ctx, g && signal, "groups");
+    enum { B = 200000 };
+    static unsigned char send[B], recv[MAX_RANKS * B];
+    memset(send, ctx->rank + 1, B);
+    if (ctx->rank != 0) CHILD_CHECK(ctx, pt_barrier(signal) == PIPERT_OK, "member 0 abandoned");
+    pt_completion *c;
+    CHILD_CHECK(ctx, pt_allgather_start(g, send, B, recv, &c) == PIPERT_OK, "start");
+    if (ctx->rank == 0) {
+        CHILD_CHECK(ctx, pt_completion_wait_for(c, 0.02) == PIPERT_ERR_TIMEOUT,
+                    "the peers are late: the wait times out");
+        CHILD_CHECK(ctx, !pt_completion_test(c), "not finished yet");
+        pt_completion_abandon(c);
+        CHILD_CHECK(ctx, pt_barrier(signal) == PIPERT_OK, "signal the others");
+    } else {
+        CHILD_CHECK(ctx, pt_completion_wait(c) == PIPERT_OK, "allgather");
+        CHILD_CHECK(ctx, recv[0] == 1 && recv[(size_t)(ctx->n - 1) * B] == ctx->n, "blocks");
+    }
+    CHILD_CHECK(ctx, pt_barrier(g) == PIPERT_OK, "barrier after");
+    /* The abandoned all-gather may still be running on g: the transport goes first. */
+    pt_transport_destroy(ctx->t);
+    ctx->t = NULL;
+    pt_group_destroy(g);
+    pt_group_destroy(signal);
+    return 0;
+}
+
+Test(collectives, abandoned_allgather_frees_itself) { run_ranks(3, abandon_allgather_body, -1); }
+
+/* Bytes of a ring all-reduce, counted step by step from its definition:
+ * reduce-scatter step s sends chunk i − s, all-gather step s chunk i + 1 − s. */
+static int allreduce_bytes_body(rank_context *ctx)
+{
+    pt_group *g = whole_group(ctx, 6);
+    CHILD_CHECK(ctx, g, "group");
+    const int n = ctx->n, i = ctx->rank;
+    const size_t counts[] = {0, 1, 2, 5, 1000, 1001, 1003};
+    for (size_t k = 0; k < sizeof counts / sizeof counts[0]; k++) {
+        const size_t count = counts[k];
+        size_t expected = 0;
+        for (int s = 0; s < n - 1; s++) {
+            for (int gathering = 0; gathering < 2; gathering++) {
+                int chunk = ((i - s + gathering) % n + n) % n;
+                size_t length = count / (size_t)n + ((size_t)chunk < count % (size_t)n);
+                expected += length * sizeof(float);
+            }
+        }
+        CHILD_CHECK(ctx, pt_allreduce_bytes_sent(g, count) == expected,
+                    "%zu floats over %d: %zu bytes, counted %zu", count, n,
+                    pt_allreduce_bytes_sent(g, count), expected);
+    }
+    pt_group_destroy(g);
+    return 0;
+}
+
+Test(collectives, allreduce_bytes_sent)
+{
+    run_ranks(2, allreduce_bytes_body, -1);
+    run_ranks(3, allreduce_bytes_body, -1);
+    run_ranks(4, allreduce_bytes_body, -1);
+}

@@ -84,13 +84,22 @@ typedef struct collective {
     char name[64];
 } collective;
 
-static collective collective_begin(pt_group *g, const char *what)
+static collective collective_at(pt_group *g, uint32_t sequence, const char *what)
 {
-    collective c = {.g = g};
-    c.sequence = atomic_fetch_add(&g->sequence, 1u);
+    collective c = {.g = g, .sequence = sequence};
     c.tag = (g->id << 24) | (c.sequence & 0xffffffu);
     snprintf(c.name, sizeof c.name, "%s #%u of group %u", what, c.sequence, g->id);
     return c;
+}
+
+static collective collective_begin(pt_group *g, const char *what)
+{
+    return collective_at(g, atomic_fetch_add(&g->sequence, 1u), what);
+}
+
+pt_group_ticket pt_group_take_ticket(pt_group *g)
+{
+    return (pt_group_ticket){.sequence = atomic_fetch_add(&g->sequence, 1u)};
 }
 
 static int member(const pt_group *g, int index) { return (index % g->size + g->size) % g->size; }
@@ -236,9 +245,11 @@ struct pt_allreduce_handle {
     /* Under allreduce_lock. */
     int outstanding; /* requests of the current step not yet completed (+1 while posting) */
     int finished;
-    int abandoned; /* its waiter left: the last callback frees it */
+    int abandoned; /* its waiter left (or it never had one): the last callback frees it */
     pipert_result result;
     char message[MESSAGE_CAPACITY];
+    pt_collective_done done; /* pt_allreduce_then: called before it frees itself */
+    void *done_arg;
 };
 
 /* One lock and condition for every handle: a handle is freed by its waiter
@@ -267,7 +278,10 @@ static void allreduce_finish(pt_allreduce_handle *h)
     const int abandoned = h->abandoned;
     pthread_cond_broadcast(&allreduce_finished);
     pthread_mutex_unlock(&allreduce_lock);
-    if (abandoned) allreduce_release(h); /* nobody waits: it frees itself */
+    if (abandoned) { /* nobody waits: it frees itself */
+        if (h->done) h->done(h->done_arg, h->result, h->message);
+        allreduce_release(h);
+    }
 }
 
 static void allreduce_fail(pt_allreduce_handle *h, pipert_result result, const char *message)
@@ -357,10 +371,12 @@ static void allreduce_start_step(pt_allreduce_handle *h)
     if (remaining == 0) allreduce_advance(h);
 }
 
-pipert_result pt_allreduce_start(pt_group *g, float *data, size_t count, pt_reduce_op op,
-                                 pt_allreduce_handle **out)
+/* pt_allreduce_start (ticket NULL: the group's next sequence number, taken
+ * once the arguments passed) and pt_allreduce_then (done set, out NULL). */
+static pipert_result allreduce_launch(pt_group *g, const pt_group_ticket *ticket, float *data,
+                                      size_t count, pt_reduce_op op, pt_collective_done done,
+                                      void *done_arg, pt_allreduce_handle **out)
 {
-    *out = NULL;
     if (op != PT_REDUCE_SUM && op != PT_REDUCE_MEAN)
         return pt_fail(PIPERT_ERR_INVALID_ARG, "allreduce: unknown reduce op %d", (int)op);
     if (count > 0 && !data)
@@ -373,12 +389,16 @@ pipert_result pt_allreduce_start(pt_group *g, float *data, size_t count, pt_redu
         free(scratch);
         return pt_fail(PIPERT_ERR_NOMEM, "allreduce: no memory for a %zu-element chunk", largest);
     }
-    h->c = collective_begin(g, "allreduce");
+    h->c =
+        ticket ? collective_at(g, ticket->sequence, "allreduce") : collective_begin(g, "allreduce");
     h->data = data;
     h->count = count;
     h->op = op;
     h->scratch = scratch;
-    *out = h;
+    h->done = done;
+    h->done_arg = done_arg;
+    h->abandoned = done != NULL;
+    if (out) *out = h;
     /* Size 0 moves nothing (every member agrees, since the sizes must be
      * equal); a single member has nothing to reduce. */
     if (count == 0 || g->size == 1)
@@ -386,6 +406,19 @@ pipert_result pt_allreduce_start(pt_group *g, float *data, size_t count, pt_redu
     else
         allreduce_start_step(h);
     return PIPERT_OK;
+}
+
+pipert_result pt_allreduce_start(pt_group *g, float *data, size_t count, pt_reduce_op op,
+                                 pt_allreduce_handle **out)
+{
+    *out = NULL;
+    return allreduce_launch(g, NULL, data, count, op, NULL, NULL, out);
+}
+
+pipert_result pt_allreduce_then(pt_group *g, pt_group_ticket ticket, float *data, size_t count,
+                                pt_reduce_op op, pt_collective_done done, void *arg)
+{
+    return allreduce_launch(g, &ticket, data, count, op, done, arg, NULL);
 }
 
 static pipert_result allreduce_release(pt_allreduce_handle *h)
@@ -409,7 +442,8 @@ pipert_result pt_allreduce_wait(pt_allreduce_handle *h)
     return allreduce_release(h);
 }
 
-pipert_result pt_allreduce_wait_for(pt_allreduce_handle *h, double timeout_s)
+/* The CLOCK_REALTIME instant timeout_s from now, for pthread_cond_timedwait. */
+static struct timespec deadline_after(double timeout_s)
 {
     struct timespec deadline;
     clock_gettime(CLOCK_REALTIME, &deadline);
@@ -420,6 +454,12 @@ pipert_result pt_allreduce_wait_for(pt_allreduce_handle *h, double timeout_s)
         deadline.tv_sec++;
         deadline.tv_nsec -= 1000000000L;
     }
+    return deadline;
+}
+
+pipert_result pt_allreduce_wait_for(pt_allreduce_handle *h, double timeout_s)
+{
+    const struct timespec deadline = deadline_after(timeout_s);
     pthread_mutex_lock(&allreduce_lock);
     int waited = 0;
     while (!h->finished && waited == 0)
@@ -444,4 +484,235 @@ pipert_result pt_allreduce(pt_group *g, float *data, size_t count, pt_reduce_op 
     pt_allreduce_handle *h;
     PT_TRY(pt_allreduce_start(g, data, count, op, &h));
     return pt_allreduce_wait(h);
+}
+
+size_t pt_allreduce_bytes_sent(const pt_group *g, size_t count)
+{
+    const int n = g->size, i = g->index;
+    if (n == 1) return 0;
+    return sizeof(float) * (2 * count - chunk_length(count, n, member(g, i + 1)) -
+                            chunk_length(count, n, member(g, i + 2)));
+}
+
+/* ---- completions ---------------------------------------------------------- */
+
+struct pt_completion {
+    void (*release)(void *owner);
+    void *owner;
+    /* Under completion_lock. */
+    int finished, abandoned;
+    pipert_result result;
+    char message[MESSAGE_CAPACITY];
+};
+
+/* One lock and condition for every completion, for the reason given at
+ * allreduce_lock: a waiter frees the completion right after the signal. */
+static pthread_mutex_t completion_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t completion_changed = PTHREAD_COND_INITIALIZER;
+
+pipert_result pt_completion_create(void (*release)(void *owner), void *owner, pt_completion **out)
+{
+    *out = calloc(1, sizeof **out);
+    if (!*out) return pt_fail(PIPERT_ERR_NOMEM, "completion: out of memory");
+    (*out)->release = release;
+    (*out)->owner = owner;
+    return PIPERT_OK;
+}
+
+static void completion_release(pt_completion *c)
+{
+    if (c->release) c->release(c->owner);
+    free(c);
+}
+
+void pt_completion_finish(pt_completion *c, pipert_result result, const char *message)
+{
+    pthread_mutex_lock(&completion_lock);
+    c->finished = 1;
+    /* A wait's PIPERT_ERR_TIMEOUT must mean "not finished" only. */
+    c->result = result == PIPERT_ERR_TIMEOUT ? PIPERT_ERR_TRANSPORT : result;
+    snprintf(c->message, sizeof c->message, "%s", result == PIPERT_OK ? "" : message);
+    const int abandoned = c->abandoned;
+    pthread_cond_broadcast(&completion_changed);
+    pthread_mutex_unlock(&completion_lock);
+    if (abandoned) completion_release(c);
+}
+
+int pt_completion_test(pt_completion *c)
+{
+    pthread_mutex_lock(&completion_lock);
+    const int finished = c->finished;
+    pthread_mutex_unlock(&completion_lock);
+    return finished;
+}
+
+pipert_result pt_completion_wait_for(pt_completion *c, double timeout_s)
+{
+    const struct timespec deadline = deadline_after(timeout_s < 0 ? 0 : timeout_s);
+    pthread_mutex_lock(&completion_lock);
+    int waited = 0;
+    while (!c->finished && waited == 0)
+        waited = timeout_s < 0
+                     ? pthread_cond_wait(&completion_changed, &completion_lock)
+                     : pthread_cond_timedwait(&completion_changed, &completion_lock, &deadline);
+    const int finished = c->finished;
+    pthread_mutex_unlock(&completion_lock);
+    if (!finished) return PIPERT_ERR_TIMEOUT; /* no message: the caller asks again */
+    const pipert_result result = c->result;
+    char message[MESSAGE_CAPACITY];
+    snprintf(message, sizeof message, "%s", c->message);
+    free(c);
+    return result == PIPERT_OK ? PIPERT_OK : pt_fail(result, "%s", message);
+}
+
+pipert_result pt_completion_wait(pt_completion *c) { return pt_completion_wait_for(c, -1.0); }
+
+void pt_completion_abandon(pt_completion *c)
+{
+    pthread_mutex_lock(&completion_lock);
+    const int finished = c->finished;
+    if (!finished) c->abandoned = 1;
+    pthread_mutex_unlock(&completion_lock);
+    if (finished) completion_release(c);
+}
+
+/* ---- all-gather and all-to-all, driven by request callbacks -------------- */
+
+/* One round of messages, all posted at once: one to and one from every
+ * other member. It ends when the last of them completes. */
+typedef struct transfer {
+    collective c;
+    pt_collective_done done;
+    void *arg;
+    atomic_int outstanding; /* requests not yet completed, +1 while posting */
+    pipert_result result;   /* the first failure, under completion_lock */
+    char message[MESSAGE_CAPACITY];
+    pt_request *requests[]; /* [2(n−1)], only while posting */
+} transfer;
+
+static void transfer_fail(transfer *x, pipert_result result, const char *message)
+{
+    pthread_mutex_lock(&completion_lock);
+    if (x->result == PIPERT_OK) {
+        x->result = result;
+        snprintf(x->message, sizeof x->message, "%s: %s", x->c.name, message);
+    }
+    pthread_mutex_unlock(&completion_lock);
+}
+
+/* One request (or the posting) less; the last one ends the transfer. The
+ * atomic decrement orders every failure recorded before it. */
+static void transfer_part_ended(transfer *x)
+{
+    if (atomic_fetch_sub(&x->outstanding, 1) != 1) return;
+    x->done(x->arg, x->result, x->message);
+    free(x);
+}
+
+static void transfer_request_done(pt_request *request, pipert_result result, void *arg)
+{
+    transfer *x = arg;
+    if (result != PIPERT_OK) transfer_fail(x, result, pt_request_error(request));
+    pt_request_free(request); /* from its own callback: released when the callback returns */
+    transfer_part_ended(x);
+}
+
+/* Receives block j of recv from every member j, and sends member j the block
+ * of `send` at j·send_stride (stride 0: the same block to all). Receives go
+ * first; sends go to index+1, index+2, ... so that members do not all start
+ * with the same peer. */
+static void transfer_post(transfer *x, const unsigned char *send, size_t send_stride,
+                          unsigned char *recv, size_t nbytes)
+{
+    pt_group *g = x->c.g;
+    int posted = 0, receives = 0;
+    pipert_result rc = PIPERT_OK;
+    for (int d = 1; d < g->size && rc == PIPERT_OK; d++) {
+        const int from = member(g, g->index - d);
+        rc = post_recv(&x->c, from, recv + (size_t)from * nbytes, nbytes, PT_DTYPE_U8,
+                       &x->requests[posted]);
+        if (rc == PIPERT_OK) receives = ++posted;
+    }
+    for (int d = 1; d < g->size && rc == PIPERT_OK; d++) {
+        const int to = member(g, g->index + d);
+        rc = post_send(&x->c, to, send + (size_t)to * send_stride, nbytes, PT_DTYPE_U8, d,
+                       &x->requests[posted]);
+        if (rc == PIPERT_OK) posted++;
+    }
+    if (rc != PIPERT_OK) {
+        transfer_fail(x, rc, pipert_last_error());
+        for (int k = 0; k < receives; k++) pt_request_cancel(x->requests[k]);
+    }
+    atomic_fetch_add(&x->outstanding, posted); /* before any callback can run */
+    for (int k = 0; k < posted; k++)
+        pt_request_on_complete(x->requests[k], transfer_request_done, x);
+    transfer_part_ended(x); /* the posting */
+}
+
+static pipert_result transfer_start(pt_group *g, const collective *c, const void *send,
+                                    size_t send_stride, void *recv, size_t nbytes,
+                                    pt_collective_done done, void *arg)
+{
+    const unsigned char *own = (const unsigned char *)send + (size_t)g->index * send_stride;
+    if (nbytes) memcpy((unsigned char *)recv + (size_t)g->index * nbytes, own, nbytes);
+    /* Size 0 moves nothing (every member agrees, since sizes must be equal). */
+    if (nbytes == 0 || g->size == 1) {
+        done(arg, PIPERT_OK, "");
+        return PIPERT_OK;
+    }
+    transfer *x = calloc(1, sizeof *x + 2 * (size_t)(g->size - 1) * sizeof x->requests[0]);
+    if (!x) return pt_fail(PIPERT_ERR_NOMEM, "%s: out of memory", c->name);
+    x->c = *c;
+    x->done = done;
+    x->arg = arg;
+    atomic_init(&x->outstanding, 1);
+    transfer_post(x, send, send_stride, recv, nbytes);
+    return PIPERT_OK;
+}
+
+pipert_result pt_allgather_then(pt_group *g, pt_group_ticket ticket, const void *send,
+                                size_t nbytes_each, void *recv, pt_collective_done done, void *arg)
+{
+    const collective c = collective_at(g, ticket.sequence, "allgather");
+    return transfer_start(g, &c, send, 0, recv, nbytes_each, done, arg);
+}
+
+pipert_result pt_alltoall_then(pt_group *g, pt_group_ticket ticket, const void *send,
+                               size_t nbytes_each, void *recv, pt_collective_done done, void *arg)
+{
+    const collective c = collective_at(g, ticket.sequence, "alltoall");
+    return transfer_start(g, &c, send, nbytes_each, recv, nbytes_each, done, arg);
+}
+
+static void completion_done(void *completion, pipert_result result, const char *message)
+{
+    pt_completion_finish(completion, result, message);
+}
+
+/* The waitable forms: a chained collective whose done finishes a completion. */
+static pipert_result transfer_start_waitable(pt_group *g, const char *what, const void *send,
+                                             size_t send_stride, void *recv, size_t nbytes,
+                                             pt_completion **out)
+{
+    PT_TRY(pt_completion_create(NULL, NULL, out));
+    const collective c = collective_begin(g, what);
+    pipert_result rc =
+        transfer_start(g, &c, send, send_stride, recv, nbytes, completion_done, *out);
+    if (rc != PIPERT_OK) {
+        free(*out);
+        *out = NULL;
+    }
+    return rc;
+}
+
+pipert_result pt_allgather_start(pt_group *g, const void *send, size_t nbytes_each, void *recv,
+                                 pt_completion **out)
+{
+    return transfer_start_waitable(g, "allgather", send, 0, recv, nbytes_each, out);
+}
+
+pipert_result pt_alltoall_start(pt_group *g, const void *send, size_t nbytes_each, void *recv,
+                                pt_completion **out)
+{
+    return transfer_start_waitable(g, "alltoall", send, nbytes_each, recv, nbytes_each, out);
 }
