@@ -509,8 +509,10 @@ static pipert_result forward(pt_stage_executor *ex, long g, float loss_scale)
     if (is_last_stage(ex)) PT_TRY(load_targets(ex, g));
     PT_TRY(release_activations(ex, g));
     if (ex->config.pipeline.recompute) restore_stashed_inputs(ex, g);
-    PT_TRY(choose_forward_weights(ex, g));
-    run_forward(ex, loss_scale, true);
+    if (!ex->replaying) PT_TRY(choose_forward_weights(ex, g));
+    else pt_gpt_use_params(ex->model, stashes_weights(ex) ? ex->slot_weights[slot_of(ex, g)]
+                                                          : NULL); /* restored, stashed */
+    run_forward(ex, loss_scale, !ex->replaying);
     pt_gpt_use_params(ex->model, NULL);
     trace_span(ex, "forward", started, g);
     return PIPERT_OK;
@@ -651,8 +653,13 @@ static pipert_result execute(pt_stage_executor *ex, const pt_instruction *in, co
  * of its step's loss. */
 static run_position position(const pt_stage_executor *ex)
 {
-    if (is_async(ex)) return (run_position){.base = 0, .loss_scale = 1.0f};
     return (run_position){.base = ex->base, .loss_scale = 1.0f / (float)ex->microbatches};
+}
+
+pipert_result pt_executor_execute(pt_stage_executor *ex, const pt_instruction *in)
+{
+    const run_position at = position(ex);
+    return execute(ex, in, &at);
 }
 
 bool pt_stage_executor_finished(const pt_stage_executor *ex)
@@ -695,13 +702,24 @@ long pt_stage_executor_version(const pt_stage_executor *ex) { return ex->version
 
 pipert_result pt_stage_executor_resume_at(pt_stage_executor *ex, long version)
 {
-    if (is_async(ex) && version > 0)
-        return pt_fail(PIPERT_ERR_UNSUPPORTED, "stage %d: resuming the asynchronous schedule is "
-                                               "not supported yet", ex->options.stage);
     ex->version = version;
     ex->cursor = 0;
-    ex->base = version * ex->microbatches;
-    return PIPERT_OK;
+    if (!is_async(ex)) {
+        ex->base = version * ex->microbatches;
+        return PIPERT_OK;
+    }
+    if (version == ex->base) return PIPERT_OK; /* the schedule from its start */
+    /* The asynchronous schedule starts again from an empty pipeline at
+     * microbatch `version`: warm-up, steady state and drain over the rest. */
+    const long left = ex->config.train.steps - version;
+    ex->base = version;
+    if (left < 1) {
+        ex->cursor = ex->schedule.count;
+        return PIPERT_OK;
+    }
+    pt_schedule_free(&ex->schedule);
+    return pt_schedule_build(&ex->schedule, ex->schedule_kind, ex->options.stages, (int)left,
+                             ex->options.stage);
 }
 
 void pt_stage_executor_use_kernels(pt_stage_executor *ex, const pt_kernels *kernels)

@@ -93,8 +93,10 @@ bool pt_stage_executor_finished(const pt_stage_executor *ex);
 /* Optimizer steps taken: the version of θ. */
 long pt_stage_executor_version(const pt_stage_executor *ex);
 
-/* Continues a flush schedule from a checkpoint: `version` steps are done
- * (the parameters and optimizer state were restored by the caller). */
+/* Continues from a checkpoint of step `version` (the parameters and
+ * optimizer state were restored by the caller): a flush schedule at its next
+ * step; the asynchronous one from an empty pipeline, warming up again (for
+ * the exact continuation see pipeline/executor_state.h). */
 pipert_result pt_stage_executor_resume_at(pt_stage_executor *ex, long version);
 
 /* Runs every later kernel call through `kernels` (the same memory: a

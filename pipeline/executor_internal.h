@@ -37,9 +37,12 @@ struct pt_stage_executor {
 
     /* where the run is: the next instruction of the schedule */
     int cursor;
-    long base;           /* flush schedules: global id of the schedule's microbatch 0 */
+    long base;           /* global id of the schedule's microbatch 0 (async: 0, or the step
+                            a resume refilled the pipeline at) */
     int newest_slot;     /* the slot of the newest forward (−1: none yet) */
 
+    bool replaying;      /* re-running in-flight forwards after a restore (executor_state.c):
+                            on their stashed weights, no loss counted */
     long version;        /* optimizer steps taken = the version of θ */
     double staleness_sum; /* measured over the current step's backwards */
     int staleness_count;
@@ -49,6 +52,9 @@ struct pt_stage_executor {
     double step_started;
     pt_pipeline_step last_report;
 };
+
+/* Runs one instruction of the schedule (executor.c). */
+pipert_result pt_executor_execute(pt_stage_executor *ex, const pt_instruction *in);
 
 /* Slot of microbatch g: in-flight microbatches rotate through `slots` sets. */
 static inline int pt_executor_slot_of(const pt_stage_executor *ex, long microbatch)

@@ -312,6 +312,8 @@ static pipert_result step_once(pipert_session *s, pipert_metrics *m)
      * validation and checkpoints can run through the pipeline there. */
     if (flushes(s) && every(p.step, ts->val_every)) PT_TRY(validate(s, p.step, m));
     if (flushes(s) && every(p.step, ts->checkpoint_every)) PT_TRY(pt_session_save_checkpoint(s, p.step));
+    /* The asynchronous schedule: each stage after its own N-th step (checkpoint.c). */
+    if (!flushes(s) && every(p.step, ts->checkpoint_every)) PT_TRY(pt_session_save_checkpoint(s, p.step));
     return PIPERT_OK;
 }
 

@@ -71,8 +71,11 @@ Test(cli, resume_continues_with_the_same_losses)
     snprintf(saved, sizeof saved, "%s/uninterrupted.jsonl", dir);
     cr_assert_eq(rename(path, saved), 0);
     /* Pretend the run died after the checkpoint of step 4, having logged a
-     * few steps beyond it. */
-    snprintf(path, sizeof path, "%s/ckpt-00000008.safetensors", dir);
+     * few steps beyond it, and while writing the one of step 8: its stage
+     * file is there, its index (written last) is not. */
+    snprintf(path, sizeof path, "%s/ckpt-00000008-stage-0.safetensors", dir);
+    cr_assert(file_exists(path), "no stage file of step 8");
+    snprintf(path, sizeof path, "%s/ckpt-00000008.json", dir);
     cr_assert_eq(unlink(path), 0);
     char *text;
     size_t size;
@@ -108,7 +111,7 @@ static void make_model_and_tokens(const char *dir, const char *extra)
     run_result r = run_pipert("train --quiet --out %s " SMALL_MODEL " --train.steps=1 %s", dir, extra);
     cr_assert_eq(r.status, 0, "train failed: %s", r.err);
     char from[512], to[512];
-    snprintf(from, sizeof from, "%s/ckpt-00000001.safetensors", dir);
+    snprintf(from, sizeof from, "%s/ckpt-00000001-stage-0.safetensors", dir);
     snprintf(to, sizeof to, "%s/model.safetensors", dir);
     cr_assert_eq(rename(from, to), 0);
     uint16_t tokens[200];

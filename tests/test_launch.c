@@ -462,7 +462,8 @@ Test(launch, one_replica_trains_to_the_end)
     for (const char *p = metrics; (p = strstr(p, "\"loss\"")); p++) losses++;
     cr_expect_eq(losses, 6, "metrics.jsonl holds %d loss lines, expected 6:\n%s", losses, metrics);
     free(metrics);
-    cr_expect(exists(dir, "ckpt-00000006.safetensors"), "no final checkpoint");
+    cr_expect(exists(dir, "ckpt-00000006.json") && exists(dir, "ckpt-00000006-stage-0.safetensors"),
+              "no final checkpoint");
     cr_expect_not(exists(dir, "job.secret"), "the secret file outlived the job");
     pid_t pids[4];
     cr_assert_eq(read_worker_pids(dir, pids, 4), 1);

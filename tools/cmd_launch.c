@@ -86,6 +86,7 @@ typedef struct job {
     const char **config_args;
     int n_config_args;
     bool quiet;
+    bool resume; /* --resume: every worker continues from the newest complete checkpoint */
     long total_steps, log_every;
     /* shutdown: once the job aborts, stragglers get SIGTERM at term_at and
      * SIGKILL at kill_at */
@@ -212,7 +213,7 @@ static char **worker_environment(const job *j, const worker_process *w, char sto
     return env;
 }
 
-/* argv of `pipert worker --stages S --out DIR [config args] [--quiet]`. */
+/* argv of `pipert worker --stages S --out DIR [config args] [--resume]`. */
 static char **worker_arguments(const job *j, char *stages_text)
 {
     char **argv = calloc((size_t)j->n_config_args + 8, sizeof *argv);
@@ -225,6 +226,7 @@ static char **worker_arguments(const job *j, char *stages_text)
     argv[k++] = (char *)"--out";
     argv[k++] = (char *)j->out_dir;
     for (int i = 0; i < j->n_config_args; i++) argv[k++] = (char *)j->config_args[i];
+    if (j->resume) argv[k++] = "--resume";
     argv[k] = NULL;
     return argv;
 }
@@ -564,7 +566,7 @@ static void default_out_dir(char *dir, size_t cap)
 int pt_cmd_launch(int argc, char **argv)
 {
     const char *out_dir = NULL, *stages = "1", *replicas = "1", *grace = "5";
-    bool quiet = false;
+    bool quiet = false, resume = false;
     const pt_cli_flag flags[] = {
         {"--stages", "S", "pipeline stages per replica (blocks split by plan.layers or balanced)",
          &stages, NULL},
@@ -573,9 +575,11 @@ int pt_cmd_launch(int argc, char **argv)
                          "(default runs/launch-DATE-TIME)", &out_dir, NULL},
         {"--grace", "SECONDS", "wait this long for workers to stop before SIGTERM, and again "
                                "before SIGKILL (default 5)", &grace, NULL},
+        {"--resume", NULL, "every worker continues from the newest complete checkpoint in --out "
+                           "(any stage split, stage or replica count)", NULL, &resume},
         {"--quiet", NULL, "no mapping or progress output", NULL, &quiet},
     };
-    const pt_cli cli = {"launch", "--stages S --replicas R [--out DIR] [--config FILE] "
+    const pt_cli cli = {"launch", "--stages S --replicas R [--out DIR] [--resume] [--config FILE] "
                                   "[--section.key=value ...]",
                         "Starts S x R `pipert worker` processes on this machine (rank = replica*S\n"
                         "+ stage), pinned to evenly divided cores, with a coordinator for\n"
@@ -586,7 +590,8 @@ int pt_cmd_launch(int argc, char **argv)
     pipert_config *cfg;
     pt_cli_outcome outcome = pt_cli_parse(&cli, argc, argv, &cfg);
     if (outcome != PT_CLI_OK) return pt_cli_exit_status(outcome);
-    job j = {.quiet = quiet, .total_steps = cfg->train.steps, .log_every = cfg->train.log_every};
+    job j = {.quiet = quiet, .resume = resume, .total_steps = cfg->train.steps,
+             .log_every = cfg->train.log_every};
     pipert_config_free(cfg);
     char grace_text[32];
     snprintf(grace_text, sizeof grace_text, "%s", grace);

@@ -80,15 +80,16 @@ static pipert_result run_steps(pipert_session *s, pt_progress *progress, long lo
 int pt_cmd_worker(int argc, char **argv)
 {
     const char *out_dir = NULL, *stages_text = "1";
-    bool quiet = false;
+    bool quiet = false, resume = false;
     const pt_cli_flag flags[] = {
         {"--out", "DIR", "the job's directory: the last stage of replica 0 writes metrics.jsonl "
                          "here; replica 0's stages write metrics-stage-N.jsonl and checkpoints "
                          "(required)", &out_dir, NULL},
         {"--stages", "S", "pipeline stages (the replicas are the world size / S)", &stages_text, NULL},
+        {"--resume", NULL, "continue from the newest complete checkpoint in --out", NULL, &resume},
         {"--quiet", NULL, "no progress lines", NULL, &quiet},
     };
-    const pt_cli cli = {"worker", "[--config FILE] [--section.key=value ...] --out DIR",
+    const pt_cli cli = {"worker", "[--config FILE] [--section.key=value ...] --out DIR [--resume]",
                         "One worker of a multi-worker job, started by pipert launch, srun or\n"
                         "mpirun: rank, world size and the coordinator come from the environment\n"
                         "(docs/RUNNING.md). Exits 0 when done, 1 when this rank failed, 3 when\n"
@@ -99,6 +100,7 @@ int pt_cmd_worker(int argc, char **argv)
     if (outcome != PT_CLI_OK) return pt_cli_exit_status(outcome);
     pipert_session_options options = PIPERT_SESSION_OPTIONS_INIT;
     options.out_dir = out_dir;
+    options.resume = resume;
     options.log_level = PIPERT_LOG_DEBUG; /* stderr, at PIPERT_LOG's level */
     if (!out_dir ||
         pt_cli_parse_int("--stages", stages_text, 1, PT_MAX_WORLD, 1, &options.stages) != PIPERT_OK) {

@@ -1,20 +1,19 @@
+/* Checkpoint stage files: a slice's parameters and optimizer state by global
+ * tensor name, written by one stage and read back by any slice of any split
+ * (the index and the directory's bookkeeping are in checkpoint_index.c). */
 #include "train/checkpoint.h"
 
-#include <dirent.h>
 #include <inttypes.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
+#include <sys/stat.h>
 
-#include "runtime/fileio.h"
 #include "runtime/log.h"
 #include "runtime/memory.h"
 
-#define CHECKPOINT_FORMAT "pipert-checkpoint-1"
-#define CHECKPOINT_PREFIX "ckpt-"
-#define CHECKPOINT_SUFFIX ".safetensors"
+#define CHECKPOINT_FORMAT "pipert-checkpoint-2"
 
 pt_gpt_config pt_gpt_config_from_settings(const pipert_config *cfg)
 {
@@ -66,38 +65,61 @@ static pipert_result check_shape(const pt_safetensors *st, const pt_tensor_entry
                    pt_safetensors_path(st), e->name, got, want);
 }
 
+/* Where the tensors of a slice come from: one model file (Hugging Face names
+ * and a tied head understood), or the stage files of a checkpoint (exact
+ * names, whichever file holds each). */
+typedef struct tensor_sources {
+    const pt_safetensors *const *files;
+    int count;
+    bool model_file; /* one file from anywhere: "transformer." names, a tied head */
+    const char *what; /* the checkpoint, for errors */
+} tensor_sources;
+
+static const pt_tensor_entry *find_in_sources(const tensor_sources *from, const char *name,
+                                              const pt_safetensors **file)
+{
+    for (int i = 0; i < from->count; i++) {
+        const pt_tensor_entry *e = from->model_file ? find_model_tensor(from->files[i], name)
+                                                    : pt_safetensors_find(from->files[i], name);
+        if (e) {
+            *file = from->files[i];
+            return e;
+        }
+    }
+    return NULL;
+}
+
 /* Reads tensors named prefix + model name into a host buffer laid out like
  * the parameters. */
-static pipert_result read_slice_tensors(const pt_gpt_slice *slice, const pt_safetensors *st,
+static pipert_result read_slice_tensors(const pt_gpt_slice *slice, const tensor_sources *from,
                                         const char *prefix, float *host)
 {
     char name[PT_TENSOR_NAME_MAX + 32];
     for (int i = 0; i < slice->n_tensors; i++) {
         const pt_gpt_tensor *t = &slice->tensors[i];
         snprintf(name, sizeof name, "%s%s", prefix, t->name);
-        const pt_tensor_entry *e = *prefix ? pt_safetensors_find(st, name)
-                                           : find_model_tensor(st, name);
-        if (!e && !*prefix && !strcmp(t->name, "lm_head.weight")) {
+        const pt_safetensors *file = NULL;
+        const pt_tensor_entry *e = find_in_sources(from, name, &file);
+        if (!e && from->model_file && !strcmp(t->name, "lm_head.weight")) {
             /* A tied checkpoint (GPT-2 from Hugging Face): the head starts as wte. */
-            e = find_model_tensor(st, "wte.weight");
+            e = find_in_sources(from, "wte.weight", &file);
             if (e) pt_info("%s: no lm_head.weight; the head starts as a copy of wte.weight",
-                           pt_safetensors_path(st));
+                           pt_safetensors_path(file));
         }
         if (!e)
-            return pt_fail(PIPERT_ERR_NOT_FOUND, "%s: tensor %s is missing",
-                           pt_safetensors_path(st), name);
-        PT_TRY(check_shape(st, e, t));
-        PT_TRY(pt_safetensors_read_f32(st, e, host + t->offset, t->numel));
+            return pt_fail(PIPERT_ERR_NOT_FOUND, "%s: tensor %s is missing", from->what, name);
+        PT_TRY(check_shape(file, e, t));
+        PT_TRY(pt_safetensors_read_f32(file, e, host + t->offset, t->numel));
     }
     return PIPERT_OK;
 }
 
-static pipert_result load_into(const pt_gpt_slice *slice, const pt_safetensors *st,
+static pipert_result load_into(const pt_gpt_slice *slice, const tensor_sources *from,
                                const char *prefix, float *device_dst)
 {
     float *host;
     PT_TRY(pt_alloc((void **)&host, slice->n_params * sizeof(float), "checkpoint tensors"));
-    pipert_result rc = read_slice_tensors(slice, st, prefix, host);
+    pipert_result rc = read_slice_tensors(slice, from, prefix, host);
     if (rc == PIPERT_OK)
         slice->kernels->copy_to_device(device_dst, host, slice->n_params * sizeof(float));
     pt_free(host);
@@ -106,7 +128,15 @@ static pipert_result load_into(const pt_gpt_slice *slice, const pt_safetensors *
 
 pipert_result pt_gpt_load_params(pt_gpt_slice *slice, const pt_safetensors *st)
 {
-    return load_into(slice, st, "", slice->params);
+    tensor_sources from = {&st, 1, true, pt_safetensors_path(st)};
+    return load_into(slice, &from, "", slice->params);
+}
+
+pipert_result pt_checkpoint_read_slice_buffer(const pt_safetensors *st, const pt_gpt_slice *slice,
+                                              const char *prefix, float *device_dst)
+{
+    tensor_sources from = {&st, 1, false, pt_safetensors_path(st)};
+    return load_into(slice, &from, prefix, device_dst);
 }
 
 /* ---- configuration from a file ------------------------------------------- */
@@ -151,151 +181,182 @@ pipert_result pt_model_settings_from_file(const pt_safetensors *st, pipert_confi
     return pt_config_merge_json(cfg, config_text, source);
 }
 
-/* ---- checkpoints --------------------------------------------------------- */
+/* ---- writing a stage's file -------------------------------------------------- */
 
-static char *checkpoint_path(const char *dir, long step)
-{
-    size_t n = strlen(dir) + 64;
-    char *path = malloc(n);
-    if (path) snprintf(path, n, "%s/" CHECKPOINT_PREFIX "%08ld" CHECKPOINT_SUFFIX, dir, step);
-    return path;
-}
-
-/* The step of a checkpoint file name, or −1 if it is not one. */
-static long checkpoint_step(const char *file_name)
-{
+struct pt_checkpoint_writer {
+    pt_safetensors_writer *tensors;
     long step;
-    int consumed = 0;
-    if (sscanf(file_name, CHECKPOINT_PREFIX "%8ld" CHECKPOINT_SUFFIX "%n", &step, &consumed) != 1 ||
-        consumed == 0 || file_name[consumed] != '\0')
-        return -1;
-    return step;
-}
-
-static int compare_desc(const void *a, const void *b)
-{
-    long x = *(const long *)a, y = *(const long *)b;
-    return (x < y) - (x > y);
-}
-
-/* Steps of every checkpoint in dir, newest first; *count of them. */
-static pipert_result list_checkpoints(const char *dir, long **steps, size_t *count)
-{
-    *steps = NULL;
-    *count = 0;
-    DIR *d = opendir(dir);
-    if (!d) return PIPERT_OK;
-    size_t capacity = 0;
-    for (struct dirent *entry; (entry = readdir(d));) {
-        long step = checkpoint_step(entry->d_name);
-        if (step < 0) continue;
-        if (*count == capacity) {
-            capacity = capacity ? 2 * capacity : 16;
-            long *grown = realloc(*steps, capacity * sizeof **steps);
-            if (!grown) {
-                closedir(d);
-                return pt_fail(PIPERT_ERR_NOMEM, "%s: listing checkpoints: out of memory", dir);
-            }
-            *steps = grown;
-        }
-        (*steps)[(*count)++] = step;
-    }
-    closedir(d);
-    if (*count > 1) qsort(*steps, *count, sizeof **steps, compare_desc);
-    return PIPERT_OK;
-}
-
-pipert_result pt_checkpoint_find_latest(const char *dir, char **path, long *step)
-{
-    long *steps;
-    size_t count;
-    *path = NULL;
-    PT_TRY(list_checkpoints(dir, &steps, &count));
-    if (count == 0) {
-        free(steps);
-        return pt_fail(PIPERT_ERR_NOT_FOUND, "%s: no checkpoint (" CHECKPOINT_PREFIX
-                                             "*" CHECKPOINT_SUFFIX ") to resume from", dir);
-    }
-    *step = steps[0];
-    *path = checkpoint_path(dir, steps[0]);
-    free(steps);
-    return *path ? PIPERT_OK : pt_fail(PIPERT_ERR_NOMEM, "out of memory");
-}
-
-static void prune_checkpoints(const char *dir, int keep)
-{
-    long *steps;
-    size_t count;
-    if (keep <= 0 || list_checkpoints(dir, &steps, &count) != PIPERT_OK) return;
-    for (size_t i = (size_t)keep; i < count; i++) {
-        char *path = checkpoint_path(dir, steps[i]);
-        if (path && unlink(path) == 0) pt_debug("removed old checkpoint %s", path);
-        free(path);
-    }
-    free(steps);
-}
+    int stage;
+    const pt_gpt_slice *slice;
+    float **host; /* copies the writer references, freed with it */
+    int n_host, host_capacity;
+};
 
 static char *optimizer_state_json(const pt_optimizer *opt)
 {
     char mu_product[40];
     snprintf(mu_product, sizeof mu_product, "%.17g", opt->mu_product);
-    json_t *o = json_pack("{s:s, s:I, s:s}", "kind",
-                          opt->settings.kind == PT_OPTIMIZER_NADAMW ? "nadamw" : "adamw", "t",
-                          (json_int_t)opt->t, "mu_product", mu_product);
-    char *text = json_dumps(o, JSON_COMPACT);
+    json_t *o = json_pack("{s:s, s:I, s:s}", "kind", pt_optimizer_kind_name(opt->settings.kind),
+                          "t", (json_int_t)opt->t, "mu_product", mu_product);
+    char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
     json_decref(o);
     return text;
 }
 
-static pipert_result set_metadata(pt_safetensors_writer *w, long step, const pt_gpt_slice *slice,
-                                  const pt_optimizer *opt, const pipert_config *cfg)
+static pipert_result set_number(pt_safetensors_writer *w, const char *key, long value)
 {
     char number[32];
+    snprintf(number, sizeof number, "%ld", value);
+    return pt_safetensors_writer_set_metadata(w, key, number);
+}
+
+static pipert_result set_metadata(pt_checkpoint_writer *w, int stages, const pt_optimizer *opt,
+                                  const pipert_config *cfg)
+{
     char *config_json = pipert_config_to_json(cfg);
     char *optimizer_json = optimizer_state_json(opt);
     pipert_result rc = config_json && optimizer_json
                            ? PIPERT_OK
                            : pt_fail(PIPERT_ERR_NOMEM, "checkpoint metadata: out of memory");
-    if (rc == PIPERT_OK) rc = pt_safetensors_writer_set_metadata(w, "format", CHECKPOINT_FORMAT);
-    if (rc == PIPERT_OK) rc = pt_safetensors_writer_set_metadata(w, "config", config_json);
-    if (rc == PIPERT_OK) rc = pt_safetensors_writer_set_metadata(w, "optimizer", optimizer_json);
-    snprintf(number, sizeof number, "%ld", step);
-    if (rc == PIPERT_OK) rc = pt_safetensors_writer_set_metadata(w, "step", number);
-    snprintf(number, sizeof number, "%ld", step + 1);
-    if (rc == PIPERT_OK) rc = pt_safetensors_writer_set_metadata(w, "data_position", number);
-    snprintf(number, sizeof number, "%d", slice->first);
-    if (rc == PIPERT_OK) rc = pt_safetensors_writer_set_metadata(w, "first_layer", number);
-    snprintf(number, sizeof number, "%d", slice->last);
-    if (rc == PIPERT_OK) rc = pt_safetensors_writer_set_metadata(w, "last_layer", number);
+    pt_safetensors_writer *t = w->tensors;
+    if (rc == PIPERT_OK) rc = pt_safetensors_writer_set_metadata(t, "format", CHECKPOINT_FORMAT);
+    if (rc == PIPERT_OK) rc = pt_safetensors_writer_set_metadata(t, "config", config_json);
+    if (rc == PIPERT_OK) rc = pt_safetensors_writer_set_metadata(t, "optimizer", optimizer_json);
+    if (rc == PIPERT_OK) rc = set_number(t, "step", w->step);
+    if (rc == PIPERT_OK) rc = set_number(t, "stage", w->stage);
+    if (rc == PIPERT_OK) rc = set_number(t, "stages", stages);
+    if (rc == PIPERT_OK) rc = set_number(t, "first_layer", w->slice->first);
+    if (rc == PIPERT_OK) rc = set_number(t, "last_layer", w->slice->last);
     free(config_json);
     free(optimizer_json);
     return rc;
 }
 
-pipert_result pt_checkpoint_save(const char *dir, long step, const pt_gpt_slice *slice,
-                                 const pt_optimizer *opt, const pipert_config *cfg, int keep)
+pipert_result pt_checkpoint_writer_add_slice_buffer(pt_checkpoint_writer *w,
+                                                    const float *device_buffer, const char *prefix)
 {
-    const size_t bytes = slice->n_params * sizeof(float);
-    float *host[3] = {NULL, NULL, NULL}; /* params, m, v */
-    pt_safetensors_writer *w = NULL;
-    char *path = checkpoint_path(dir, step);
-    pipert_result rc = path ? pt_safetensors_writer_create(&w)
-                            : pt_fail(PIPERT_ERR_NOMEM, "out of memory");
-    const float *sources[3] = {slice->params, opt->m, opt->v};
-    const char *prefixes[3] = {"", "optimizer.m.", "optimizer.v."};
-    for (int i = 0; i < 3 && rc == PIPERT_OK; i++) {
-        rc = pt_alloc((void **)&host[i], bytes, "checkpoint staging buffer");
-        if (rc != PIPERT_OK) break;
-        slice->kernels->copy_to_host(host[i], sources[i], bytes);
-        rc = pt_gpt_add_to_writer(w, slice, host[i], prefixes[i]);
+    if (w->n_host == w->host_capacity) {
+        int capacity = w->host_capacity ? 2 * w->host_capacity : 4;
+        float **grown = realloc(w->host, (size_t)capacity * sizeof *grown);
+        if (!grown) return pt_fail(PIPERT_ERR_NOMEM, "checkpoint: out of memory");
+        w->host = grown;
+        w->host_capacity = capacity;
     }
-    if (rc == PIPERT_OK) rc = set_metadata(w, step, slice, opt, cfg);
-    if (rc == PIPERT_OK) rc = pt_safetensors_writer_write(w, path);
-    if (rc == PIPERT_OK) prune_checkpoints(dir, keep);
-    pt_safetensors_writer_free(w);
-    for (int i = 0; i < 3; i++) pt_free(host[i]);
+    const size_t bytes = w->slice->n_params * sizeof(float);
+    float *host;
+    PT_TRY(pt_alloc((void **)&host, bytes, "checkpoint staging buffer"));
+    w->host[w->n_host++] = host;
+    w->slice->kernels->copy_to_host(host, device_buffer, bytes);
+    return pt_gpt_add_to_writer(w->tensors, w->slice, host, prefix);
+}
+
+pipert_result pt_checkpoint_writer_create(pt_checkpoint_writer **out, long step, int stage,
+                                          int stages, const pt_gpt_slice *slice,
+                                          const pt_optimizer *opt, const pipert_config *cfg)
+{
+    *out = NULL;
+    pt_checkpoint_writer *w = calloc(1, sizeof *w);
+    if (!w) return pt_fail(PIPERT_ERR_NOMEM, "checkpoint: out of memory");
+    *w = (pt_checkpoint_writer){.step = step, .stage = stage, .slice = slice};
+    pipert_result rc = pt_safetensors_writer_create(&w->tensors);
+    if (rc == PIPERT_OK) rc = pt_checkpoint_writer_add_slice_buffer(w, slice->params, "");
+    if (rc == PIPERT_OK) rc = pt_checkpoint_writer_add_slice_buffer(w, opt->m, "optimizer.m.");
+    if (rc == PIPERT_OK) rc = pt_checkpoint_writer_add_slice_buffer(w, opt->v, "optimizer.v.");
+    if (rc == PIPERT_OK) rc = set_metadata(w, stages, opt, cfg);
+    if (rc != PIPERT_OK) {
+        pt_checkpoint_writer_free(w);
+        return rc;
+    }
+    *out = w;
+    return PIPERT_OK;
+}
+
+pt_safetensors_writer *pt_checkpoint_writer_tensors(pt_checkpoint_writer *w) { return w->tensors; }
+
+pipert_result pt_checkpoint_writer_write(pt_checkpoint_writer *w, const char *dir, uint64_t *bytes)
+{
+    char name[PT_CHECKPOINT_NAME_MAX];
+    pt_checkpoint_part_name(w->step, w->stage, name);
+    size_t n = strlen(dir) + sizeof name + 2;
+    char *path = malloc(n);
+    if (!path) return pt_fail(PIPERT_ERR_NOMEM, "checkpoint: out of memory");
+    snprintf(path, n, "%s/%s", dir, name);
+    pipert_result rc = pt_safetensors_writer_write(w->tensors, path);
+    struct stat st;
+    if (rc == PIPERT_OK && stat(path, &st) != 0)
+        rc = pt_fail(PIPERT_ERR_IO, "%s: written, then gone", path);
+    if (rc == PIPERT_OK) *bytes = (uint64_t)st.st_size;
     free(path);
     return rc;
+}
+
+void pt_checkpoint_writer_free(pt_checkpoint_writer *w)
+{
+    if (!w) return;
+    pt_safetensors_writer_free(w->tensors);
+    for (int i = 0; i < w->n_host; i++) pt_free(w->host[i]);
+    free(w->host);
+    free(w);
+}
+
+/* ---- reading a checkpoint ------------------------------------------------------ */
+
+static pipert_result read_number(const pt_safetensors *st, const char *key, long *out)
+{
+    const char *text = pt_safetensors_metadata(st, key);
+    char *end;
+    if (!text || !*text || ((*out = strtol(text, &end, 10)), *end) || *out < 0)
+        return pt_fail(PIPERT_ERR_FORMAT, "%s: metadata \"%s\" is missing or not a number",
+                       pt_safetensors_path(st), key);
+    return PIPERT_OK;
+}
+
+/* A file the index lists must be the pipert checkpoint of that stage and step. */
+static pipert_result check_part(const pt_safetensors *st, const pt_checkpoint_index *index,
+                                const pt_checkpoint_part *part)
+{
+    const char *path = pt_safetensors_path(st);
+    const char *format = pt_safetensors_metadata(st, "format");
+    if (!format || strcmp(format, CHECKPOINT_FORMAT))
+        return pt_fail(PIPERT_ERR_FORMAT, "%s: not a pipert checkpoint stage file (format %s)",
+                       path, format ? format : "missing");
+    long step = 0, stage = 0, first = 0, last = 0;
+    PT_TRY(read_number(st, "step", &step));
+    PT_TRY(read_number(st, "stage", &stage));
+    PT_TRY(read_number(st, "first_layer", &first));
+    PT_TRY(read_number(st, "last_layer", &last));
+    if (step != index->step || stage != part->stage || first != part->first_layer ||
+        last != part->last_layer)
+        return pt_fail(PIPERT_ERR_FORMAT,
+                       "%s: holds step %ld, stage %ld, blocks [%ld, %ld); the index of step %ld "
+                       "says stage %d, blocks [%d, %d)",
+                       path, step, stage, first, last, index->step, part->stage,
+                       part->first_layer, part->last_layer);
+    return PIPERT_OK;
+}
+
+pipert_result pt_checkpoint_open(pt_checkpoint *c, const char *dir, pt_checkpoint_index *index)
+{
+    c->index = *index;
+    memset(index, 0, sizeof *index);
+    c->parts = calloc((size_t)c->index.stages, sizeof *c->parts);
+    if (!c->parts) return pt_fail(PIPERT_ERR_NOMEM, "checkpoint: out of memory");
+    for (int s = 0; s < c->index.stages; s++) {
+        const pt_checkpoint_part *part = &c->index.parts[s];
+        char path[PT_CONFIG_STRING_MAX + PT_CHECKPOINT_NAME_MAX + 2];
+        snprintf(path, sizeof path, "%s/%s", dir, part->file);
+        PT_TRY(pt_safetensors_open(&c->parts[s], path));
+        PT_TRY(check_part(c->parts[s], &c->index, part));
+    }
+    return PIPERT_OK;
+}
+
+void pt_checkpoint_close(pt_checkpoint *c)
+{
+    for (int s = 0; c->parts && s < c->index.stages; s++) pt_safetensors_close(c->parts[s]);
+    free(c->parts);
+    c->parts = NULL;
+    pt_checkpoint_index_free(&c->index);
 }
 
 /* The checkpoint's model must be the one being trained: compares the model
@@ -320,7 +381,13 @@ static pipert_result check_same_model(const pt_safetensors *st, const pt_gpt_sli
     return PIPERT_OK;
 }
 
-static pipert_result read_optimizer_state(const pt_safetensors *st, pt_optimizer *opt)
+typedef struct optimizer_state {
+    pt_optimizer_kind kind;
+    long t;
+    double mu_product;
+} optimizer_state;
+
+static pipert_result read_optimizer_state(const pt_safetensors *st, optimizer_state *out)
 {
     const char *path = pt_safetensors_path(st);
     const char *text = pt_safetensors_metadata(st, "optimizer");
@@ -332,45 +399,58 @@ static pipert_result read_optimizer_state(const pt_safetensors *st, pt_optimizer
         json_decref(o);
         return pt_fail(PIPERT_ERR_FORMAT, "%s: metadata \"optimizer\" is missing or malformed", path);
     }
-    pt_optimizer_kind saved_kind;
-    pipert_result rc = pt_optimizer_parse_kind(kind, &saved_kind);
-    if (rc == PIPERT_OK && saved_kind != opt->settings.kind)
-        rc = pt_fail(PIPERT_ERR_CONFIG, "%s: was written by optimizer %s, this run uses another",
-                     path, kind);
-    if (rc == PIPERT_OK) {
-        opt->t = (long)t;
-        opt->mu_product = strtod(mu_product, NULL);
-    }
+    pipert_result rc = pt_optimizer_parse_kind(kind, &out->kind);
+    if (rc != PIPERT_OK) pt_error_prefix("%s: metadata \"optimizer\"", path);
+    out->t = (long)t;
+    out->mu_product = strtod(mu_product, NULL);
     json_decref(o);
     return rc;
 }
 
-static pipert_result read_step(const pt_safetensors *st, long *step)
+/* t and Π of the files the slice's tensors come from: every stage of a
+ * checkpoint has taken the same number of steps. */
+static pipert_result restore_optimizer_counters(const pt_checkpoint *c, pt_optimizer *opt)
 {
-    const char *text = pt_safetensors_metadata(st, "step");
-    char *end;
-    if (!text || (*step = strtol(text, &end, 10)) < 0 || *end)
-        return pt_fail(PIPERT_ERR_FORMAT, "%s: metadata \"step\" is missing or not a number",
-                       pt_safetensors_path(st));
+    optimizer_state first = {0};
+    for (int s = 0; s < c->index.stages; s++) {
+        optimizer_state state;
+        PT_TRY(read_optimizer_state(c->parts[s], &state));
+        if (state.kind != opt->settings.kind)
+            return pt_fail(PIPERT_ERR_CONFIG, "%s: was written by optimizer %s; this run uses %s",
+                           pt_safetensors_path(c->parts[s]), pt_optimizer_kind_name(state.kind),
+                           pt_optimizer_kind_name(opt->settings.kind));
+        if (s == 0) first = state;
+        else if (state.t != first.t)
+            return pt_fail(PIPERT_ERR_FORMAT, "%s: the optimizer took %ld steps, in %s %ld",
+                           pt_safetensors_path(c->parts[s]), state.t,
+                           pt_safetensors_path(c->parts[0]), first.t);
+    }
+    opt->t = first.t;
+    opt->mu_product = first.mu_product;
     return PIPERT_OK;
 }
 
-pipert_result pt_checkpoint_load(const char *path, pt_gpt_slice *slice, pt_optimizer *opt,
-                                 long *step)
+pipert_result pt_checkpoint_load_slice(const pt_checkpoint *c, pt_gpt_slice *slice,
+                                       pt_optimizer *opt)
 {
-    pt_safetensors *st;
-    PT_TRY(pt_safetensors_open(&st, path));
-    const char *format = pt_safetensors_metadata(st, "format");
-    pipert_result rc = format && !strcmp(format, CHECKPOINT_FORMAT)
-                           ? PIPERT_OK
-                           : pt_fail(PIPERT_ERR_FORMAT, "%s: not a pipert checkpoint (format %s)",
-                                     path, format ? format : "missing");
-    if (rc == PIPERT_OK) rc = check_same_model(st, slice);
-    if (rc == PIPERT_OK) rc = read_step(st, step);
-    if (rc == PIPERT_OK) rc = read_optimizer_state(st, opt);
-    if (rc == PIPERT_OK) rc = load_into(slice, st, "", slice->params);
-    if (rc == PIPERT_OK) rc = load_into(slice, st, "optimizer.m.", opt->m);
-    if (rc == PIPERT_OK) rc = load_into(slice, st, "optimizer.v.", opt->v);
-    pt_safetensors_close(st);
-    return rc;
+    /* Errors name the directory: the parts' paths are DIR/NAME. */
+    const char *first = pt_safetensors_path(c->parts[0]), *slash = strrchr(first, '/');
+    char what[PT_CONFIG_STRING_MAX + 96];
+    snprintf(what, sizeof what, "%.*s/ckpt-%08ld-stage-*.safetensors",
+             slash ? (int)(slash - first) : 1, slash ? first : ".", c->index.step);
+    tensor_sources from = {(const pt_safetensors *const *)c->parts, c->index.stages, false, what};
+    for (int s = 0; s < c->index.stages; s++) PT_TRY(check_same_model(c->parts[s], slice));
+    PT_TRY(restore_optimizer_counters(c, opt));
+    PT_TRY(load_into(slice, &from, "", slice->params));
+    PT_TRY(load_into(slice, &from, "optimizer.m.", opt->m));
+    return load_into(slice, &from, "optimizer.v.", opt->v);
+}
+
+const pt_safetensors *pt_checkpoint_same_slice(const pt_checkpoint *c, const pt_gpt_slice *slice,
+                                               int stage, int stages)
+{
+    if (c->index.stages != stages || stage < 0 || stage >= stages) return NULL;
+    const pt_checkpoint_part *part = &c->index.parts[stage];
+    return part->first_layer == slice->first && part->last_layer == slice->last ? c->parts[stage]
+                                                                                : NULL;
 }

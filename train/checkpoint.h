@@ -1,38 +1,149 @@
 /* Model state on disk, as safetensors named by the global Hugging Face GPT-2
- * names (ALGORITHMS.md §1), so PyTorch reads them and a run can resume under
- * another stage split.
+ * names (ALGORITHMS.md §1), so PyTorch reads them and a run resumes under
+ * another stage split, stage count or replica count: loading is by name.
  *
- * A checkpoint DIR/ckpt-STEP.safetensors (STEP zero-padded to 8 digits) holds
- * every parameter of a slice under its own name, the optimizer moments under
- * "optimizer.m.NAME" / "optimizer.v.NAME", and metadata: "format"
- * (pipert-checkpoint-1), "config" (the full configuration, JSON), "step",
- * "data_position" (the next training step: batches are a pure function of
- * (seed, replica, step)), "optimizer" (kind, t, Π in full precision), and the
- * slice's "first_layer"/"last_layer". Files are written atomically, so every
- * ckpt-*.safetensors is complete. */
+ * The checkpoint of step STEP (zero-padded to 8 digits) in DIR is
+ *
+ *   DIR/ckpt-STEP-stage-S.safetensors   one per pipeline stage S (written by
+ *       replica 0 of the stage): every parameter of the stage's slice under
+ *       its own name, the optimizer moments under "optimizer.m.NAME" and
+ *       "optimizer.v.NAME", what the layers above add (the coupling's "dp.*",
+ *       the pipeline's "pipeline.*"), and metadata: "format"
+ *       (pipert-checkpoint-2), "config" (the full configuration, JSON),
+ *       "step", "optimizer" (kind, t, Π in full precision), "stage",
+ *       "stages", and "first_layer"/"last_layer" (blocks [first, last));
+ *   DIR/ckpt-STEP.json   the index (format pipert-checkpoint-index-1): the
+ *       step, the schedule that ran, and each stage's file, block range and
+ *       size in bytes (checkpoint_index.c).
+ *
+ * Every file is written under a temporary name and renamed, and the index is
+ * written only once every stage's file is in place, so a checkpoint is
+ * complete exactly when its index exists and every file it lists has the size
+ * it lists. One worker (`pipert train`) writes the same: one stage file,
+ * which is then a whole model `pipert check` and PyTorch read, and an index.
+ */
 #ifndef PT_CHECKPOINT_H
 #define PT_CHECKPOINT_H
 
 #include <stdbool.h>
+#include <stdint.h>
 
 #include "models/gpt.h"
 #include "runtime/config.h"
 #include "runtime/safetensors.h"
 #include "train/optimizer.h"
 
-/* Writes the checkpoint of `step` into dir; keeps the `keep` newest (0: all). */
-pipert_result pt_checkpoint_save(const char *dir, long step, const pt_gpt_slice *slice,
-                                 const pt_optimizer *opt, const pipert_config *cfg, int keep);
+#define PT_CHECKPOINT_NAME_MAX 64
 
-/* The newest checkpoint in dir (PIPERT_ERR_NOT_FOUND if none); *path is
- * malloc'd. */
-pipert_result pt_checkpoint_find_latest(const char *dir, char **path, long *step);
+/* ---- the index ------------------------------------------------------------ */
 
-/* Restores parameters and optimizer state from a checkpoint written for the
- * same model configuration (the model keys must match; a difference is an
- * error naming the key); *step is the step it was written after. */
-pipert_result pt_checkpoint_load(const char *path, pt_gpt_slice *slice, pt_optimizer *opt,
-                                 long *step);
+/* One stage's file of a checkpoint. */
+typedef struct pt_checkpoint_part {
+    int stage;
+    int first_layer, last_layer;        /* blocks [first, last) */
+    char file[PT_CHECKPOINT_NAME_MAX];  /* inside the checkpoint's directory */
+    uint64_t bytes;
+} pt_checkpoint_part;
+
+typedef struct pt_checkpoint_index {
+    long step;
+    int stages;                /* parts */
+    int replicas;              /* of the job that wrote it (for people) */
+    int n_layer;
+    char schedule[32];         /* the schedule that ran: gpipe, 1f1b, async-1f1b */
+    long microbatches;         /* of its instruction lists: per step (flush), per run (async) */
+    long first_microbatch;     /* async: the list's microbatch 0 in the run (0 unless resumed
+                                  from an empty pipeline) */
+    char lookahead[32];        /* async-1f1b's pipeline.lookahead; "n/a" otherwise */
+    pt_checkpoint_part *parts; /* [stages], by stage */
+} pt_checkpoint_index;
+
+/* "ckpt-STEP-stage-S.safetensors" */
+void pt_checkpoint_part_name(long step, int stage, char name[PT_CHECKPOINT_NAME_MAX]);
+
+/* Allocates index->parts for `stages` stages (zeroed). */
+pipert_result pt_checkpoint_index_init(pt_checkpoint_index *index, long step, int stages);
+void pt_checkpoint_index_free(pt_checkpoint_index *index);
+
+/* Writes DIR/ckpt-STEP.json atomically. */
+pipert_result pt_checkpoint_index_write(const char *dir, const pt_checkpoint_index *index);
+
+/* Reads DIR/ckpt-STEP.json; a malformed one is a PIPERT_ERR_FORMAT naming it. */
+pipert_result pt_checkpoint_index_read(const char *dir, long step, pt_checkpoint_index *out);
+
+/* The newest complete checkpoint in dir. Newer incomplete ones (an index
+ * whose files are missing or of another size, an unreadable index) are
+ * skipped with a warning naming the file. PIPERT_ERR_NOT_FOUND when there is
+ * none, naming the newest incomplete one's problem if there was one. */
+pipert_result pt_checkpoint_find_latest(const char *dir, pt_checkpoint_index *out);
+
+/* After the checkpoint of step `newest` is complete: removes whole
+ * checkpoints of earlier steps beyond the `keep` newest complete ones (the
+ * index first, then its files), and the stage files of earlier steps that no
+ * index lists (left by an incomplete checkpoint). keep = 0 removes nothing. */
+void pt_checkpoint_prune(const char *dir, long newest, int keep);
+
+/* ---- writing a stage's file ------------------------------------------------ */
+
+/* A stage file being assembled. Its tensors are host copies it owns, taken
+ * when they are added, so training may go on while it is written. */
+typedef struct pt_checkpoint_writer pt_checkpoint_writer;
+
+/* A writer holding the slice's parameters, the optimizer's moments and the
+ * metadata of step `step` of stage `stage` of `stages`. */
+pipert_result pt_checkpoint_writer_create(pt_checkpoint_writer **out, long step, int stage,
+                                          int stages, const pt_gpt_slice *slice,
+                                          const pt_optimizer *opt, const pipert_config *cfg);
+
+/* The underlying writer, for tensors and metadata of other layers (their
+ * data must outlive pt_checkpoint_writer_write). */
+pt_safetensors_writer *pt_checkpoint_writer_tensors(pt_checkpoint_writer *w);
+
+/* Adds a buffer laid out like the slice's parameters (backend memory: a
+ * stashed weight version) under prefix + each tensor's name, copied now. */
+pipert_result pt_checkpoint_writer_add_slice_buffer(pt_checkpoint_writer *w,
+                                                    const float *device_buffer,
+                                                    const char *prefix);
+
+/* Writes DIR/ckpt-STEP-stage-S.safetensors atomically; *bytes is its size. */
+pipert_result pt_checkpoint_writer_write(pt_checkpoint_writer *w, const char *dir,
+                                         uint64_t *bytes);
+void pt_checkpoint_writer_free(pt_checkpoint_writer *w);
+
+/* ---- reading a checkpoint ---------------------------------------------------- */
+
+/* A complete checkpoint with every stage file open. */
+typedef struct pt_checkpoint {
+    pt_checkpoint_index index;
+    pt_safetensors **parts; /* [index.stages] */
+} pt_checkpoint;
+
+/* Opens every file `index` lists (taking the index over: pt_checkpoint_close
+ * frees it) and checks that each is a pipert checkpoint of the index's step. */
+pipert_result pt_checkpoint_open(pt_checkpoint *c, const char *dir, pt_checkpoint_index *index);
+void pt_checkpoint_close(pt_checkpoint *c);
+
+/* Restores the slice's parameters and optimizer moments by global name, from
+ * whichever files hold them (any split), and the optimizer's t and Π from
+ * their metadata. The checkpoint must be of the same model (a difference is
+ * an error naming the key) and optimizer kind; a missing tensor is an error
+ * naming it and the checkpoint. */
+pipert_result pt_checkpoint_load_slice(const pt_checkpoint *c, pt_gpt_slice *slice,
+                                       pt_optimizer *opt);
+
+/* The file of stage `stage` if the checkpoint was split into `stages` stages
+ * and gave that stage exactly the slice's blocks, else NULL: state that only
+ * means something for the same slice (weight stashes, the coupling's) comes
+ * from there. */
+const pt_safetensors *pt_checkpoint_same_slice(const pt_checkpoint *c, const pt_gpt_slice *slice,
+                                               int stage, int stages);
+
+/* Reads the tensors prefix + each tensor's name of one file into a buffer laid
+ * out like the slice's parameters (backend memory). */
+pipert_result pt_checkpoint_read_slice_buffer(const pt_safetensors *st, const pt_gpt_slice *slice,
+                                              const char *prefix, float *device_dst);
+
+/* ---- model files -------------------------------------------------------------- */
 
 /* Loads every parameter of `slice` from an open safetensors file by global
  * name (any float dtype). A file without lm_head.weight (a tied GPT-2

@@ -1,0 +1,431 @@
+/* Checkpoints of pipelines and --resume, in real processes (`pipert launch`):
+ * a run of 2K steps against a run stopped after its checkpoint of step K and
+ * resumed to 2K. Same layout: the same losses, for 1F1B with a flush and for
+ * the asynchronous schedule (its in-flight microbatches and weight stashes
+ * are saved and replayed). Another layout (2 stages into 3, another split,
+ * 1 replica into 2): loading by global name, checked against independent
+ * runs. An incomplete checkpoint (no index, a stage file missing or
+ * truncated) is never used. And, without processes: the cut of the
+ * asynchronous schedule after every stage's N-th step is consistent, and the
+ * resumed instruction lists (replay, then the rest) run without deadlock. */
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "pipeline/executor_state.h"
+#include "pipeline/schedule.h"
+#include "runtime/fileio.h"
+#include "tests/command.h"
+
+#define MODEL                                                                                      \
+    "--model.n_layer=4 --model.n_embd=32 --model.n_head=2 --model.block_size=32 "                 \
+    "--train.warmup_steps=1 --train.val_every=0 --train.val_batches=2 --train.log_every=1 "       \
+    "--train.keep_checkpoints=0"
+enum { K = 8, STEPS = 2 * K };
+
+/* ---- helpers ---------------------------------------------------------------- */
+
+static void run_ok_env(const char *env, const char *fmt, va_list ap)
+{
+    run_result r = run_pipert_env(env, fmt, ap);
+    cr_assert_eq(r.status, 0, "pipert failed (%d):\n%s", r.status, r.err);
+}
+
+static void run_ok(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    run_ok_env("", fmt, ap);
+    va_end(ap);
+}
+
+/* run_ok with the workers' info lines in their logs. */
+static void run_logged(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    run_ok_env("PIPERT_LOG=info", fmt, ap);
+    va_end(ap);
+}
+
+/* losses[step − 1] from DIR/metrics.jsonl; the number of steps found. */
+static int read_losses(const char *dir, double *losses, int n)
+{
+    char path[512], *text;
+    size_t size;
+    snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
+    cr_assert_eq(pt_read_file(path, &text, &size), PIPERT_OK, "%s", pipert_last_error());
+    int found = 0;
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+        json_t *o = json_loads(line, 0, NULL);
+        json_t *loss = o ? json_object_get(o, "loss") : NULL;
+        long step = o ? (long)json_integer_value(json_object_get(o, "step")) : 0;
+        if (loss && step >= 1 && step <= n) {
+            losses[step - 1] = json_number_value(loss);
+            found++;
+        }
+        json_decref(o);
+    }
+    free(text);
+    return found;
+}
+
+/* Steps [from, STEPS] of dir's losses are within `tolerance` (relative) of
+ * the reference's. SAME: the same losses — up to the last bits a reduction
+ * over threads may change (they agree exactly here, to the 7 digits of
+ * metrics.jsonl). */
+#define SAME 1e-6
+static void expect_losses(const char *reference, const char *dir, int from, double tolerance,
+                          const char *what)
+{
+    double expected[STEPS], got[STEPS];
+    cr_assert_eq(read_losses(reference, expected, STEPS), STEPS, "%s: reference steps missing", what);
+    cr_assert_eq(read_losses(dir, got, STEPS), STEPS, "%s: steps missing", what);
+    for (int step = from; step <= STEPS; step++) {
+        const double e = expected[step - 1], g = got[step - 1];
+        cr_expect(fabs(g - e) <= tolerance * fabs(e),
+                  "%s, step %d: resumed loss %.9g, reference %.9g", what, step, g, e);
+    }
+}
+
+static char *copy_dir(const char *dir)
+{
+    char *copy = make_temp_dir(), command[1200];
+    snprintf(command, sizeof command, "cp -r '%s'/. '%s'/", dir, copy);
+    cr_assert_eq(system(command), 0, "%s", command);
+    return copy;
+}
+
+static void path_of(char *path, size_t cap, const char *dir, const char *fmt, long step)
+{
+    char name[128];
+    snprintf(name, sizeof name, fmt, step);
+    snprintf(path, cap, "%s/%s", dir, name);
+}
+
+static bool exists(const char *dir, const char *fmt, long step)
+{
+    char path[600];
+    path_of(path, sizeof path, dir, fmt, step);
+    return access(path, F_OK) == 0;
+}
+
+/* Removes the checkpoint of `step` the way pruning does: index, then files. */
+static void remove_checkpoint(const char *dir, long step)
+{
+    char command[1200];
+    snprintf(command, sizeof command, "rm '%s'/ckpt-%08ld.json && rm '%s'/ckpt-%08ld-stage-*.safetensors",
+             dir, step, dir, step);
+    cr_assert_eq(system(command), 0, "%s", command);
+}
+
+/* A run of STEPS steps with a checkpoint at K; then a copy of its directory
+ * as a run that died after that checkpoint (the later one is gone). */
+static char *run_and_cut(const char *launch_args, char **reference)
+{
+    *reference = make_temp_dir();
+    run_ok("launch --quiet %s --out %s " MODEL " --train.steps=%d --train.checkpoint_every=%d",
+           launch_args, *reference, STEPS, K);
+    cr_assert(exists(*reference, "ckpt-%08ld.json", K), "no index of step %d", K);
+    cr_assert(exists(*reference, "ckpt-%08ld-stage-0.safetensors", K));
+    char *dir = copy_dir(*reference);
+    remove_checkpoint(dir, STEPS);
+    return dir;
+}
+
+static char *read_text(const char *dir, const char *name)
+{
+    char path[600], *text;
+    size_t size;
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    cr_assert_eq(pt_read_file(path, &text, &size), PIPERT_OK, "%s", pipert_last_error());
+    return text;
+}
+
+/* ---- the same layout: the same losses ------------------------------------------- */
+
+Test(resume, one_f_one_b_on_two_stages_resumes_with_the_same_losses)
+{
+    const char *args = "--stages 2 --replicas 1 --train.batch_size=2 --pipeline.schedule=1f1b "
+                       "--pipeline.microbatches=4";
+    char *reference, *dir = run_and_cut(args, &reference);
+    cr_assert(exists(reference, "ckpt-%08ld-stage-1.safetensors", K));
+    run_ok("launch --quiet --resume %s --out %s " MODEL " --train.steps=%d --train.checkpoint_every=%d",
+           args, dir, STEPS, K);
+    expect_losses(reference, dir, 1, SAME, "1f1b, 2 stages");
+    remove_dir(reference);
+    remove_dir(dir);
+}
+
+static void check_asynchronous(const char *args, const char *what)
+{
+    char *reference, *dir = run_and_cut(args, &reference);
+    run_logged("launch --quiet --resume %s --out %s " MODEL
+               " --train.steps=%d --train.checkpoint_every=%d",
+               args, dir, STEPS, K);
+    expect_losses(reference, dir, 1, SAME, what);
+    char *log = read_text(dir, "logs/rank-0.log");
+    cr_expect(strstr(log, "continued the asynchronous schedule at step 8"), "%s: rank-0.log: %s",
+              what, log);
+    free(log);
+    remove_dir(reference);
+    remove_dir(dir);
+}
+
+/* The default look-ahead (nesterov): stage 0 has one microbatch in flight at
+ * its cut, whose stash and forward must come back. */
+Test(resume, asynchronous_pipeline_resumes_with_the_same_losses)
+{
+    check_asynchronous("--stages 2 --replicas 1 --train.batch_size=2 "
+                       "--pipeline.schedule=async-1f1b",
+                       "async-1f1b, 2 stages, nesterov");
+}
+
+/* Three stages: two microbatches in flight at stage 0, a middle stage that
+ * replays from its predecessor's replay; weight prediction (its stashes are
+ * ŵ and its staleness estimate is state), with recomputation; and 2
+ * replicas, which restore replica 0's stashes. */
+Test(resume, asynchronous_pipeline_resumes_exactly_with_three_stages_or_two_replicas)
+{
+    check_asynchronous("--stages 3 --replicas 1 --train.batch_size=2 "
+                       "--pipeline.schedule=async-1f1b --pipeline.lookahead=predict "
+                       "--pipeline.recompute=true",
+                       "async-1f1b, 3 stages, predict, recompute");
+    check_asynchronous("--stages 2 --replicas 2 --train.batch_size=2 "
+                       "--pipeline.schedule=async-1f1b --pipeline.lookahead=stash",
+                       "async-1f1b, 2 stages x 2 replicas, stash");
+}
+
+/* ---- another layout: loading by global name ------------------------------------------- */
+
+/* A flush pipeline equals single-worker training whatever its stages, so a
+ * 2-stage checkpoint resumed on 3 stages (or under another split) continues
+ * the 2-stage run's losses (to the 1e-5 of the pipeline tests). */
+Test(resume, two_stages_resume_on_three_stages_and_under_another_split)
+{
+    const char *flush = "--train.batch_size=2 --pipeline.schedule=1f1b --pipeline.microbatches=4";
+    char args[256];
+    snprintf(args, sizeof args, "--stages 2 --replicas 1 %s", flush);
+    char *reference, *dir = run_and_cut(args, &reference);
+    char *split = copy_dir(dir);
+    run_ok("launch --quiet --resume --stages 3 --replicas 1 %s --out %s " MODEL
+           " --train.steps=%d --train.checkpoint_every=%d",
+           flush, dir, STEPS, K);
+    expect_losses(reference, dir, K + 1, 1e-5, "2 stages resumed on 3");
+    cr_expect(exists(dir, "ckpt-%08ld-stage-2.safetensors", STEPS), "3 stages wrote no third file");
+    char *index = read_text(dir, "ckpt-00000016.json");
+    cr_expect(strstr(index, "\"stages\": 3"), "index of step 16: %s", index);
+    free(index);
+
+    run_ok("launch --quiet --resume --stages 2 --replicas 1 --plan.layers=3,1 %s --out %s " MODEL
+           " --train.steps=%d --train.checkpoint_every=%d",
+           flush, split, STEPS, K);
+    expect_losses(reference, split, K + 1, 1e-5, "split [0,2),[2,4) resumed as [0,3),[3,4)");
+    remove_dir(reference);
+    remove_dir(dir);
+    remove_dir(split);
+}
+
+/* R replicas of batch B draw exactly the data of one worker of batch R·B, so
+ * a 1-replica checkpoint resumed by 2 replicas must continue like a single
+ * worker of batch 2B resumed from the same checkpoint — two independent
+ * loaders and engines (a 2×2 pipeline with its coupling, one worker) reading
+ * a 2-stage checkpoint. The single worker at the original batch must also
+ * continue the original run: loading into one stage loses nothing. */
+Test(resume, one_replica_resumes_as_two)
+{
+    const char *flush = "--pipeline.schedule=1f1b --pipeline.microbatches=2";
+    char args[256];
+    snprintf(args, sizeof args, "--stages 2 --replicas 1 --train.batch_size=2 %s", flush);
+    char *reference, *dir = run_and_cut(args, &reference);
+    char *single = copy_dir(dir), *single_same_batch = copy_dir(dir);
+    run_ok("launch --quiet --resume --stages 2 --replicas 2 --train.batch_size=2 %s --out %s " MODEL
+           " --train.steps=%d --train.checkpoint_every=%d",
+           flush, dir, STEPS, K);
+    run_ok("train --quiet --resume --out %s " MODEL " --train.batch_size=4 --train.grad_accum=2 "
+           "--runtime.threads=1 --train.steps=%d --train.checkpoint_every=%d",
+           single, STEPS, K);
+    expect_losses(single, dir, K + 1, 1e-5, "2 replicas of batch 2 against one worker of batch 4");
+    /* Only replica 0 writes: one file per stage. */
+    cr_expect(exists(dir, "ckpt-%08ld-stage-1.safetensors", STEPS));
+    cr_expect_not(exists(dir, "ckpt-%08ld-stage-2.safetensors", STEPS));
+
+    run_ok("train --quiet --resume --out %s " MODEL " --train.batch_size=2 --train.grad_accum=2 "
+           "--runtime.threads=1 --train.steps=%d --train.checkpoint_every=%d",
+           single_same_batch, STEPS, K);
+    expect_losses(reference, single_same_batch, K + 1, 1e-5, "2 stages resumed by one worker");
+    remove_dir(reference);
+    remove_dir(dir);
+    remove_dir(single);
+    remove_dir(single_same_batch);
+}
+
+/* The asynchronous schedule under another stage count starts again from an
+ * empty pipeline: it warns, and continues from the checkpoint's parameters
+ * (its losses stay within 1 % of the uninterrupted run's; a fresh model's
+ * are 10 % higher). */
+Test(resume, asynchronous_two_stages_resume_on_three_from_an_empty_pipeline)
+{
+    char *reference, *dir = run_and_cut("--stages 2 --replicas 1 --train.batch_size=2 "
+                                        "--pipeline.schedule=async-1f1b",
+                                        &reference);
+    run_ok("launch --quiet --resume --stages 3 --replicas 1 --train.batch_size=2 "
+           "--pipeline.schedule=async-1f1b --out %s " MODEL
+           " --train.steps=%d --train.checkpoint_every=%d",
+           dir, STEPS, K);
+    expect_losses(reference, dir, K + 1, 1e-2, "async, 2 stages resumed on 3");
+    char *log = read_text(dir, "logs/rank-0.log");
+    cr_expect(strstr(log, "starts again empty at step 8 (the checkpoint has 2 stages, this run 3)"),
+              "rank-0.log: %s", log);
+    free(log);
+    remove_dir(reference);
+    remove_dir(dir);
+}
+
+/* ---- incomplete checkpoints ------------------------------------------------------------ */
+
+static void truncate_file(const char *path, size_t cut)
+{
+    char *bytes;
+    size_t size;
+    cr_assert_eq(pt_read_file(path, &bytes, &size), PIPERT_OK, "%s", pipert_last_error());
+    cr_assert_eq(pt_write_file_atomic(path, bytes, size - cut), PIPERT_OK);
+    free(bytes);
+}
+
+/* Checkpoints at 4, 8, 12 and 16. The index of 16 is missing (the job died
+ * before stage 0 wrote it), and a stage file of 12 is truncated (the disk
+ * filled): resume passes both by, naming what is wrong, and continues from 8
+ * with the same losses. With every checkpoint broken it fails, naming the
+ * file. */
+Test(resume, incomplete_checkpoints_are_not_used)
+{
+    const char *args = "--stages 2 --replicas 1 --train.batch_size=2 --pipeline.schedule=1f1b "
+                       "--pipeline.microbatches=2";
+    char *reference = make_temp_dir(), path[600];
+    run_ok("launch --quiet %s --out %s " MODEL " --train.steps=%d --train.checkpoint_every=4", args,
+           reference, STEPS);
+    char *dir = copy_dir(reference);
+    path_of(path, sizeof path, dir, "ckpt-%08ld.json", 16);
+    cr_assert_eq(unlink(path), 0);
+    path_of(path, sizeof path, dir, "ckpt-%08ld-stage-1.safetensors", 12);
+    truncate_file(path, 100);
+    run_logged("launch --quiet --resume %s --out %s " MODEL
+               " --train.steps=%d --train.checkpoint_every=4",
+               args, dir, STEPS);
+    expect_losses(reference, dir, 1, SAME, "resumed past two incomplete checkpoints");
+    char *log = read_text(dir, "logs/rank-0.log");
+    cr_expect(strstr(log, "ckpt-00000012-stage-1.safetensors has"), "rank-0.log: %s", log);
+    cr_expect(strstr(log, "resumed from the checkpoint of step 8"), "rank-0.log: %s", log);
+    free(log);
+
+    /* Nothing complete left: 16 has no index, each other one lacks a file. */
+    path_of(path, sizeof path, dir, "ckpt-%08ld.json", 16);
+    cr_assert_eq(unlink(path), 0);
+    for (long step = 4; step <= 12; step += 4) {
+        path_of(path, sizeof path, dir, "ckpt-%08ld-stage-0.safetensors", step);
+        cr_assert_eq(unlink(path), 0, "%s", path);
+    }
+    run_result r = run_pipert("launch --quiet --resume %s --out %s " MODEL
+                              " --train.steps=%d --train.checkpoint_every=4",
+                              args, dir, STEPS);
+    cr_expect_neq(r.status, 0, "resumed from nothing");
+    log = read_text(dir, "logs/rank-0.log");
+    cr_expect(strstr(log, "no complete checkpoint") && strstr(log, "ckpt-00000012-stage-0.safetensors"),
+              "rank-0.log: %s", log);
+    free(log);
+    remove_dir(reference);
+    remove_dir(dir);
+}
+
+/* keep_checkpoints counts whole checkpoints: index and stage files go
+ * together, and nothing temporary is left. */
+Test(resume, old_checkpoints_go_whole)
+{
+    char *dir = make_temp_dir();
+    run_ok("launch --quiet --stages 2 --replicas 1 --train.batch_size=2 --pipeline.schedule=1f1b "
+           "--out %s " MODEL " --train.steps=8 --train.checkpoint_every=2 --train.keep_checkpoints=2",
+           dir);
+    for (long step = 2; step <= 8; step += 2) {
+        const bool kept = step >= 6;
+        cr_expect_eq(exists(dir, "ckpt-%08ld.json", step), kept, "index of step %ld", step);
+        cr_expect_eq(exists(dir, "ckpt-%08ld-stage-0.safetensors", step), kept, "step %ld", step);
+        cr_expect_eq(exists(dir, "ckpt-%08ld-stage-1.safetensors", step), kept, "step %ld", step);
+    }
+    DIR *d = opendir(dir);
+    for (struct dirent *e; d && (e = readdir(d));)
+        cr_expect(strstr(e->d_name, ".tmp.") == NULL, "left behind: %s", e->d_name);
+    if (d) closedir(d);
+    remove_dir(dir);
+}
+
+/* ---- the cut of the asynchronous schedule, without processes ------------------------- */
+
+/* For every S, M and N: each stage's cut after its N-th step is consistent
+ * (pt_schedule_replay checks it against the neighbours), one activation per
+ * boundary crosses it in the steady state, and the resumed lists — replay,
+ * then the rest of the schedule — match every send with one receive and do
+ * not deadlock. */
+Test(resume, the_asynchronous_cut_is_consistent_and_the_resumed_lists_run)
+{
+    const int sizes[] = {1, 2, 3, 5, 8, 13};
+    for (int S = 1; S <= 6; S++)
+        for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+            const int M = sizes[k];
+            for (int N = 0; N <= M; N++) {
+                pt_schedule resumed[6];
+                for (int s = 0; s < S; s++) {
+                    pt_schedule full;
+                    cr_assert_eq(pt_schedule_build(&full, PT_SCHEDULE_ASYNC_1F1B, S, M, s), PIPERT_OK);
+                    pt_instruction *replay;
+                    int count, cursor;
+                    cr_assert_eq(pt_schedule_replay(PT_SCHEDULE_ASYNC_1F1B, S, M, s, N, &replay,
+                                                    &count, &cursor),
+                                 PIPERT_OK, "S=%d M=%d N=%d stage %d: %s", S, M, N, s,
+                                 pipert_last_error());
+                    resumed[s] = full;
+                    resumed[s].instructions = calloc((size_t)(count + full.count - cursor) + 1,
+                                                     sizeof *resumed[s].instructions);
+                    if (count) memcpy(resumed[s].instructions, replay, (size_t)count * sizeof *replay);
+                    memcpy(resumed[s].instructions + count, full.instructions + cursor,
+                           (size_t)(full.count - cursor) * sizeof *replay);
+                    resumed[s].count = count + full.count - cursor;
+                    int sends = 0;
+                    for (int i = 0; i < count; i++) sends += replay[i].kind == PT_SEND_ACTIVATION;
+                    const bool steady = N >= 1 && N + S - 1 <= M;
+                    if (steady && s < S - 1)
+                        cr_expect_eq(sends, S - 1 - s, "S=%d M=%d N=%d stage %d: %d activations "
+                                                       "sent again", S, M, N, s, sends);
+                    free(replay);
+                    pt_schedule_free(&full);
+                }
+                pt_simulation sim = pt_schedule_simulate(resumed, S, 1.0, 2.0);
+                cr_expect(!sim.deadlocked && !sim.problem[0], "S=%d M=%d N=%d: %s", S, M, N,
+                          sim.problem);
+                for (int s = 0; s < S; s++) free(resumed[s].instructions);
+            }
+        }
+}
+
+/* The cut itself: after N steps stage s of S has S−1−s microbatches in
+ * flight (the steady state), the oldest first. */
+Test(resume, stage_s_holds_S_minus_1_minus_s_microbatches_at_its_cut)
+{
+    pt_schedule schedule;
+    for (int s = 0; s < 4; s++) {
+        cr_assert_eq(pt_schedule_build(&schedule, PT_SCHEDULE_ASYNC_1F1B, 4, 20, s), PIPERT_OK);
+        pt_schedule_cut cut;
+        cr_assert_eq(pt_schedule_cut_at(&schedule, 7, &cut), PIPERT_OK);
+        cr_expect_eq(cut.n_in_flight, 3 - s, "stage %d: %d in flight", s, cut.n_in_flight);
+        for (int i = 0; i < cut.n_in_flight; i++) cr_expect_eq(cut.in_flight[i], 7 + i);
+        cr_expect_eq(schedule.instructions[cut.cursor - 1].kind, PT_OPTIMIZER_STEP);
+        pt_schedule_cut_free(&cut);
+        pt_schedule_free(&schedule);
+    }
+}

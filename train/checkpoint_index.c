@@ -1,0 +1,374 @@
+/* A checkpoint's index, DIR/ckpt-STEP.json, and the directory's bookkeeping:
+ * which checkpoints are complete, which is the newest, which go away. The
+ * index is written last (after every stage's file), atomically, so it is what
+ * makes a checkpoint complete:
+ *
+ *   {"format": "pipert-checkpoint-index-1", "step": 40, "stages": 2,
+ *    "replicas": 1, "n_layer": 4, "schedule": "async-1f1b",
+ *    "microbatches": 100, "first_microbatch": 0, "lookahead": "nesterov",
+ *    "files": [{"stage": 0, "file": "ckpt-00000040-stage-0.safetensors",
+ *               "first_layer": 0, "last_layer": 2, "bytes": 123456}, ...]}
+ */
+#include "train/checkpoint.h"
+
+#include <ctype.h>
+#include <dirent.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "runtime/fileio.h"
+#include "runtime/log.h"
+
+#define INDEX_FORMAT "pipert-checkpoint-index-1"
+#define PREFIX "ckpt-"
+#define INDEX_SUFFIX ".json"
+#define PART_INFIX "-stage-"
+#define PART_SUFFIX ".safetensors"
+
+void pt_checkpoint_part_name(long step, int stage, char name[PT_CHECKPOINT_NAME_MAX])
+{
+    snprintf(name, PT_CHECKPOINT_NAME_MAX, PREFIX "%08ld" PART_INFIX "%d" PART_SUFFIX, step, stage);
+}
+
+static void index_name(long step, char name[PT_CHECKPOINT_NAME_MAX])
+{
+    snprintf(name, PT_CHECKPOINT_NAME_MAX, PREFIX "%08ld" INDEX_SUFFIX, step);
+}
+
+/* "ckpt-" DIGITS, then the rest; the step, or −1. */
+static long parse_step(const char *name, const char **rest)
+{
+    if (strncmp(name, PREFIX, strlen(PREFIX))) return -1;
+    const char *p = name + strlen(PREFIX);
+    if (!isdigit((unsigned char)*p)) return -1;
+    char *end;
+    long step = strtol(p, &end, 10);
+    *rest = end;
+    return step;
+}
+
+/* The step of an index file name, or −1. */
+static long index_step(const char *name)
+{
+    const char *rest;
+    long step = parse_step(name, &rest);
+    return step >= 0 && !strcmp(rest, INDEX_SUFFIX) ? step : -1;
+}
+
+/* The step of a stage file name, or −1. */
+static long part_step(const char *name)
+{
+    const char *rest;
+    long step = parse_step(name, &rest);
+    if (step < 0 || strncmp(rest, PART_INFIX, strlen(PART_INFIX))) return -1;
+    const char *p = rest + strlen(PART_INFIX);
+    if (!isdigit((unsigned char)*p)) return -1;
+    char *end;
+    strtol(p, &end, 10);
+    return !strcmp(end, PART_SUFFIX) ? step : -1;
+}
+
+pipert_result pt_checkpoint_index_init(pt_checkpoint_index *index, long step, int stages)
+{
+    memset(index, 0, sizeof *index);
+    if (stages < 1) return pt_fail(PIPERT_ERR_FORMAT, "checkpoint index: %d stages", stages);
+    index->parts = calloc((size_t)stages, sizeof *index->parts);
+    if (!index->parts) return pt_fail(PIPERT_ERR_NOMEM, "checkpoint index: out of memory");
+    index->step = step;
+    index->stages = stages;
+    return PIPERT_OK;
+}
+
+void pt_checkpoint_index_free(pt_checkpoint_index *index)
+{
+    free(index->parts);
+    memset(index, 0, sizeof *index);
+}
+
+static char *join(const char *dir, const char *name)
+{
+    size_t n = strlen(dir) + strlen(name) + 2;
+    char *path = malloc(n);
+    if (path) snprintf(path, n, "%s/%s", dir, name);
+    return path;
+}
+
+/* ---- writing and reading ---------------------------------------------------- */
+
+static json_t *index_to_json(const pt_checkpoint_index *index)
+{
+    json_t *files = json_array();
+    for (int s = 0; files && s < index->stages; s++) {
+        const pt_checkpoint_part *p = &index->parts[s];
+        json_array_append_new(files, json_pack("{s:i, s:s, s:i, s:i, s:I}", "stage", p->stage,
+                                               "file", p->file, "first_layer", p->first_layer,
+                                               "last_layer", p->last_layer, "bytes",
+                                               (json_int_t)p->bytes));
+    }
+    return json_pack("{s:s, s:I, s:i, s:i, s:i, s:s, s:I, s:I, s:s, s:o}", "format",
+                     INDEX_FORMAT, "step", (json_int_t)index->step, "stages", index->stages,
+                     "replicas", index->replicas, "n_layer", index->n_layer, "schedule",
+                     index->schedule, "microbatches", (json_int_t)index->microbatches,
+                     "first_microbatch", (json_int_t)index->first_microbatch, "lookahead",
+                     index->lookahead, "files", files);
+}
+
+pipert_result pt_checkpoint_index_write(const char *dir, const pt_checkpoint_index *index)
+{
+    char name[PT_CHECKPOINT_NAME_MAX];
+    index_name(index->step, name);
+    char *path = join(dir, name);
+    json_t *o = index_to_json(index);
+    char *text = o ? json_dumps(o, JSON_INDENT(1)) : NULL;
+    json_decref(o);
+    pipert_result rc = path && text ? pt_write_file_atomic(path, text, strlen(text))
+                                    : pt_fail(PIPERT_ERR_NOMEM, "checkpoint index: out of memory");
+    free(text);
+    free(path);
+    return rc;
+}
+
+static pipert_result copy_text(const char *path, const char *key, const char *value, char *dst,
+                               size_t cap)
+{
+    if (strlen(value) >= cap)
+        return pt_fail(PIPERT_ERR_FORMAT, "%s: \"%s\" is too long", path, key);
+    strcpy(dst, value);
+    return PIPERT_OK;
+}
+
+static pipert_result parse_part(const char *path, json_t *entry, int s, pt_checkpoint_part *part)
+{
+    const char *file = NULL;
+    json_int_t bytes = 0;
+    if (json_unpack(entry, "{s:i, s:s, s:i, s:i, s:I}", "stage", &part->stage, "file", &file,
+                    "first_layer", &part->first_layer, "last_layer", &part->last_layer, "bytes",
+                    &bytes) != 0 ||
+        bytes < 0)
+        return pt_fail(PIPERT_ERR_FORMAT, "%s: files[%d] is malformed", path, s);
+    if (part->stage != s || strchr(file, '/') || part_step(file) < 0 ||
+        part->first_layer < 0 || part->last_layer < part->first_layer)
+        return pt_fail(PIPERT_ERR_FORMAT, "%s: files[%d] (stage %d, \"%s\", blocks [%d, %d)) is "
+                                          "not a stage file of this checkpoint",
+                       path, s, part->stage, file, part->first_layer, part->last_layer);
+    part->bytes = (uint64_t)bytes;
+    return copy_text(path, "file", file, part->file, sizeof part->file);
+}
+
+static pipert_result parse_index(const char *path, json_t *o, pt_checkpoint_index *out)
+{
+    const char *format = NULL, *schedule = NULL, *lookahead = NULL;
+    json_int_t step = 0, microbatches = 0, first_microbatch = 0;
+    int stages = 0, replicas = 0, n_layer = 0;
+    json_t *files = NULL;
+    if (json_unpack(o, "{s:s, s:I, s:i, s:i, s:i, s:s, s:I, s:I, s:s, s:o}", "format", &format,
+                    "step", &step, "stages", &stages, "replicas", &replicas, "n_layer", &n_layer,
+                    "schedule", &schedule, "microbatches", &microbatches, "first_microbatch",
+                    &first_microbatch, "lookahead", &lookahead, "files", &files) != 0)
+        return pt_fail(PIPERT_ERR_FORMAT, "%s: not a pipert checkpoint index (fields missing)", path);
+    if (strcmp(format, INDEX_FORMAT))
+        return pt_fail(PIPERT_ERR_FORMAT, "%s: format \"%s\" (this build reads " INDEX_FORMAT ")",
+                       path, format);
+    if (!json_is_array(files) || (int)json_array_size(files) != stages)
+        return pt_fail(PIPERT_ERR_FORMAT, "%s: %d stages, but files lists %zu", path, stages,
+                       json_array_size(files));
+    PT_TRY(pt_checkpoint_index_init(out, (long)step, stages));
+    out->replicas = replicas;
+    out->n_layer = n_layer;
+    out->microbatches = (long)microbatches;
+    out->first_microbatch = (long)first_microbatch;
+    PT_TRY(copy_text(path, "schedule", schedule, out->schedule, sizeof out->schedule));
+    PT_TRY(copy_text(path, "lookahead", lookahead, out->lookahead, sizeof out->lookahead));
+    for (int s = 0; s < stages; s++)
+        PT_TRY(parse_part(path, json_array_get(files, (size_t)s), s, &out->parts[s]));
+    for (int s = 0; s < stages; s++) {
+        const int expected_first = s == 0 ? 0 : out->parts[s - 1].last_layer;
+        if (out->parts[s].first_layer != expected_first ||
+            (s == stages - 1 && out->parts[s].last_layer != n_layer))
+            return pt_fail(PIPERT_ERR_FORMAT, "%s: the stages' blocks do not cover [0, %d) in "
+                                              "order (stage %d has [%d, %d))",
+                           path, n_layer, s, out->parts[s].first_layer, out->parts[s].last_layer);
+    }
+    return PIPERT_OK;
+}
+
+pipert_result pt_checkpoint_index_read(const char *dir, long step, pt_checkpoint_index *out)
+{
+    memset(out, 0, sizeof *out);
+    char name[PT_CHECKPOINT_NAME_MAX];
+    index_name(step, name);
+    char *path = join(dir, name), *text = NULL;
+    size_t size;
+    if (!path) return pt_fail(PIPERT_ERR_NOMEM, "checkpoint index: out of memory");
+    pipert_result rc = pt_read_file(path, &text, &size);
+    json_error_t error;
+    json_t *o = rc == PIPERT_OK ? json_loads(text, 0, &error) : NULL;
+    if (rc == PIPERT_OK && !o)
+        rc = pt_fail(PIPERT_ERR_FORMAT, "%s:%d:%d: %s", path, error.line, error.column, error.text);
+    if (rc == PIPERT_OK) rc = parse_index(path, o, out);
+    if (rc == PIPERT_OK && out->step != step)
+        rc = pt_fail(PIPERT_ERR_FORMAT, "%s: holds the index of step %ld", path, out->step);
+    if (rc != PIPERT_OK) pt_checkpoint_index_free(out);
+    json_decref(o);
+    free(text);
+    free(path);
+    return rc;
+}
+
+/* ---- the directory ------------------------------------------------------------- */
+
+static int compare_desc(const void *a, const void *b)
+{
+    long x = *(const long *)a, y = *(const long *)b;
+    return (x < y) - (x > y);
+}
+
+/* Steps of dir's files that `step_of` recognises, newest first. */
+static pipert_result list_steps(const char *dir, long (*step_of)(const char *), long **steps,
+                                size_t *count)
+{
+    *steps = NULL;
+    *count = 0;
+    DIR *d = opendir(dir);
+    if (!d) return PIPERT_OK;
+    size_t capacity = 0;
+    for (struct dirent *entry; (entry = readdir(d));) {
+        long step = step_of(entry->d_name);
+        if (step < 0) continue;
+        if (*count == capacity) {
+            capacity = capacity ? 2 * capacity : 16;
+            long *grown = realloc(*steps, capacity * sizeof **steps);
+            if (!grown) {
+                closedir(d);
+                free(*steps);
+                *steps = NULL;
+                *count = 0;
+                return pt_fail(PIPERT_ERR_NOMEM, "%s: listing checkpoints: out of memory", dir);
+            }
+            *steps = grown;
+        }
+        (*steps)[(*count)++] = step;
+    }
+    closedir(d);
+    if (*count > 1) qsort(*steps, *count, sizeof **steps, compare_desc);
+    return PIPERT_OK;
+}
+
+/* Every file the index lists is there, with the size it lists. */
+static pipert_result check_complete(const char *dir, const pt_checkpoint_index *index)
+{
+    for (int s = 0; s < index->stages; s++) {
+        const pt_checkpoint_part *p = &index->parts[s];
+        char *path = join(dir, p->file);
+        if (!path) return pt_fail(PIPERT_ERR_NOMEM, "checkpoint: out of memory");
+        struct stat st;
+        pipert_result rc = PIPERT_OK;
+        if (stat(path, &st) != 0)
+            rc = pt_fail(PIPERT_ERR_NOT_FOUND, "%s is missing", path);
+        else if ((uint64_t)st.st_size != p->bytes)
+            rc = pt_fail(PIPERT_ERR_FORMAT, "%s has %lld bytes, the index lists %llu", path,
+                         (long long)st.st_size, (unsigned long long)p->bytes);
+        free(path);
+        PT_TRY(rc);
+    }
+    return PIPERT_OK;
+}
+
+pipert_result pt_checkpoint_find_latest(const char *dir, pt_checkpoint_index *out)
+{
+    long *steps;
+    size_t count;
+    memset(out, 0, sizeof *out);
+    PT_TRY(list_steps(dir, index_step, &steps, &count));
+    char first_problem[1024] = "";
+    for (size_t i = 0; i < count; i++) {
+        pipert_result rc = pt_checkpoint_index_read(dir, steps[i], out);
+        if (rc == PIPERT_OK) {
+            rc = check_complete(dir, out);
+            if (rc != PIPERT_OK) pt_checkpoint_index_free(out);
+        }
+        if (rc == PIPERT_OK) {
+            free(steps);
+            return PIPERT_OK;
+        }
+        pt_warn("the checkpoint of step %ld is incomplete and is not used: %s", steps[i],
+                pipert_last_error());
+        if (!first_problem[0]) snprintf(first_problem, sizeof first_problem, "%s", pipert_last_error());
+    }
+    free(steps);
+    if (first_problem[0])
+        return pt_fail(PIPERT_ERR_NOT_FOUND, "%s: no complete checkpoint to resume from (the "
+                                             "newest: %s)", dir, first_problem);
+    return pt_fail(PIPERT_ERR_NOT_FOUND, "%s: no checkpoint (" PREFIX "*" INDEX_SUFFIX
+                                         ") to resume from", dir);
+}
+
+/* ---- pruning -------------------------------------------------------------------- */
+
+static void remove_file(const char *dir, const char *name)
+{
+    char *path = join(dir, name);
+    if (path && unlink(path) == 0) pt_debug("removed old checkpoint file %s", path);
+    free(path);
+}
+
+/* The index goes first: from then on the checkpoint is incomplete, and a
+ * crash halfway leaves only files that pruning or an overwrite clears. */
+static void remove_checkpoint(const char *dir, long step)
+{
+    pt_checkpoint_index index;
+    pipert_result rc = pt_checkpoint_index_read(dir, step, &index);
+    char name[PT_CHECKPOINT_NAME_MAX];
+    index_name(step, name);
+    remove_file(dir, name);
+    if (rc != PIPERT_OK) return; /* its files are orphans now, removed as such */
+    for (int s = 0; s < index.stages; s++) remove_file(dir, index.parts[s].file);
+    pt_checkpoint_index_free(&index);
+}
+
+static bool contains(const long *steps, size_t count, long step)
+{
+    for (size_t i = 0; i < count; i++)
+        if (steps[i] == step) return true;
+    return false;
+}
+
+/* Stage files of steps before `newest` that no index lists. */
+static void remove_orphans(const char *dir, long newest, const long *indexed, size_t n_indexed)
+{
+    DIR *d = opendir(dir);
+    if (!d) return;
+    for (struct dirent *entry; (entry = readdir(d));) {
+        long step = part_step(entry->d_name);
+        if (step >= 0 && step < newest && !contains(indexed, n_indexed, step))
+            remove_file(dir, entry->d_name);
+    }
+    closedir(d);
+}
+
+void pt_checkpoint_prune(const char *dir, long newest, int keep)
+{
+    long *steps;
+    size_t count;
+    if (keep <= 0 || list_steps(dir, index_step, &steps, &count) != PIPERT_OK) return;
+    /* Only steps before `newest`: stages that are ahead (asynchronous
+     * schedules) may be writing a later checkpoint now. */
+    size_t kept = 0;
+    for (size_t i = 0; i < count; i++) {
+        if (steps[i] >= newest) {
+            kept += steps[i] == newest;
+            continue;
+        }
+        if (kept < (size_t)keep) kept++;
+        else {
+            remove_checkpoint(dir, steps[i]);
+            steps[i] = -1;
+        }
+    }
+    remove_orphans(dir, newest, steps, count);
+    free(steps);
+}
