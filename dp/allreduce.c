@@ -56,6 +56,7 @@ static void allreduce_destroy(void *state) { free(state); }
 
 const pt_coupling_method pt_dp_allreduce = {
     .name = "allreduce",
+    .over_all_replicas = true, /* dense everywhere: a ring ordered by site */
     .create = allreduce_create,
     .after_backward = allreduce_after_backward,
     .destroy = allreduce_destroy,

@@ -1,5 +1,6 @@
 #include "dp/coupling.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -10,7 +11,10 @@
 
 struct pt_coupling {
     const pt_coupling_method *method;
-    pt_coupling_options options;
+    pt_coupling_options options;        /* as the session gave them */
+    pt_coupling_options method_options; /* as the method sees them (sites: the leaders) */
+    bool by_sites;                      /* dense in each site, the method among the leaders */
+    bool runs_method;                   /* this replica runs the method's exchanges */
     void *state;
     pt_coupling_metrics metrics;
 };
@@ -43,8 +47,12 @@ pipert_result pt_coupling_create(const pt_coupling_options *options, pt_coupling
     if (!c) return pt_fail(PIPERT_ERR_NOMEM, "coupling: out of memory");
     c->method = method;
     c->options = *options;
+    c->method_options = *options;
+    c->by_sites = !method->over_all_replicas && options->sites > 1;
+    if (c->by_sites) c->method_options.replicas = options->leaders;
+    c->runs_method = !c->by_sites || options->leaders;
     c->metrics.method = method->name;
-    pipert_result rc = method->create(&c->options, &c->state);
+    pipert_result rc = method->create(&c->method_options, &c->state);
     if (rc != PIPERT_OK) {
         free(c);
         return rc;
@@ -73,14 +81,48 @@ static pipert_result timed_call(pt_coupling *c,
     return rc;
 }
 
+/* ---- sites: dense inside, the method between them -------------------------- */
+
+static pipert_result site_mean(pt_coupling *c, float *data, size_t count, long step)
+{
+    char what[96];
+    snprintf(what, sizeof what, "averaging the gradients of step %ld in this site", step);
+    pt_allreduce_handle *handle;
+    PT_TRY(pt_allreduce_start(c->options.site_replicas, data, count, PT_REDUCE_MEAN, &handle));
+    return pt_coupling_wait_allreduce(&c->options, handle, what);
+}
+
+/* The site's replicas took the same gradients, so they differ only by what
+ * the method changed on the leader: its parameters (and newest stash) go out
+ * to the site. */
+static pipert_result site_follow_leader(pt_coupling *c, pt_coupling_point *at)
+{
+    PT_TRY(pt_broadcast(c->options.site_replicas, at->params, at->n_params * sizeof(float), 0));
+    if (at->newest_stash)
+        PT_TRY(pt_broadcast(c->options.site_replicas, at->newest_stash,
+                            at->n_params * sizeof(float), 0));
+    return PIPERT_OK;
+}
+
 pipert_result pt_coupling_after_backward(pt_coupling *c, pt_coupling_point *at)
 {
-    return timed_call(c, c->method->after_backward, at);
+    if (c->by_sites && c->options.site_replicas) {
+        const double started = pt_now_s();
+        PT_TRY(site_mean(c, at->grads, at->n_params, at->step));
+        if (at->loss) PT_TRY(site_mean(c, at->loss, 1, at->step));
+        c->metrics.wait_ms += 1e3 * (pt_now_s() - started);
+    }
+    return c->runs_method ? timed_call(c, c->method->after_backward, at) : PIPERT_OK;
 }
 
 pipert_result pt_coupling_after_step(pt_coupling *c, pt_coupling_point *at)
 {
-    return timed_call(c, c->method->after_step, at);
+    if (c->runs_method) PT_TRY(timed_call(c, c->method->after_step, at));
+    if (!c->by_sites || !c->options.site_replicas || !c->method->after_step) return PIPERT_OK;
+    const double started = pt_now_s();
+    pipert_result rc = site_follow_leader(c, at);
+    c->metrics.wait_ms += 1e3 * (pt_now_s() - started);
+    return rc;
 }
 
 pipert_result pt_coupling_save(pt_coupling *c, pt_safetensors_writer *w)
@@ -105,7 +147,7 @@ const char *pt_coupling_method_name(const pt_coupling *c) { return c->method->na
 
 const float *pt_coupling_eval_params(const pt_coupling *c)
 {
-    return c && c->method->eval_params ? c->method->eval_params(c->state) : NULL;
+    return c && c->runs_method && c->method->eval_params ? c->method->eval_params(c->state) : NULL;
 }
 
 pipert_result pt_coupling_wait_allreduce(const pt_coupling_options *options,

@@ -11,7 +11,15 @@
  *                   the newest weight stash when the schedule keeps one
  *                   (§4.2: after a sparse update that stash is overwritten).
  * A method may start non-blocking work at one call and finish it at a later
- * one. It reports what it sent and how long the step waited for it, and saves
+ * one.
+ *
+ * Sites (session/job.h). When the replicas of a stage are in more than one
+ * site, a method that couples parameters runs among the sites' leaders only
+ * (one exchange per site crosses the slow links); the replicas of one site
+ * average their gradients densely every step over their fast link, and after
+ * the method's step the leader's parameters are broadcast in its site, so a
+ * site's replicas stay equal. A method that is itself dense (allreduce) runs
+ * over all replicas, in a ring ordered by site. It reports what it sent and how long the step waited for it, and saves
  * and restores its own state in checkpoints. Adding a method is a new file in
  * dp/ and one line in the method table (coupling.c); it never touches the
  * executor.
@@ -50,7 +58,10 @@ typedef struct pt_coupling_metrics {
 typedef struct pt_coupling_options {
     const pipert_config *config;
     const pt_kernels *kernels;
-    pt_group *replicas; /* the replicas of this stage; NULL with one replica */
+    pt_group *replicas;      /* the replicas of this stage (ordered by site); NULL with one */
+    pt_group *site_replicas; /* the replicas of this stage in this site; NULL: alone there */
+    pt_group *leaders;       /* sites > 1, on each site's first replica: the sites' leaders */
+    int sites;               /* sites the replicas of this stage are in (1: no hierarchy) */
     int stage, replica;
     /* Asked while a call waits for the network: true ends the wait with
      * PIPERT_ERR_INTERRUPTED (a stop request, a job-wide abort). */
@@ -61,6 +72,9 @@ typedef struct pt_coupling_options {
 /* One method: its calls get the state its create returned. */
 typedef struct pt_coupling_method {
     const char *name;
+    /* Runs over every replica even across sites (a dense method); false: the
+     * sites' leaders run it and each site averages densely inside. */
+    bool over_all_replicas;
     pipert_result (*create)(const pt_coupling_options *options, void **state);
     pipert_result (*after_backward)(void *state, pt_coupling_point *at, pt_coupling_metrics *m);
     pipert_result (*after_step)(void *state, pt_coupling_point *at, pt_coupling_metrics *m);

@@ -58,11 +58,80 @@ static pipert_result make_group(pt_job *job, bool along_stages, uint32_t id, pt_
     return rc;
 }
 
+/* Ids of the groups one rank is in: its replicas (id = stage), its stages
+ * (S + replica), its site, the leaders, and the site census. */
+#define SITE_GROUP_ID 254u
+#define LEADERS_GROUP_ID 255u
+#define CENSUS_GROUP_ID 253u
+
+/* Every replica's site (sites[replica]), by an all-gather among the replicas
+ * of this stage. */
+static pipert_result site_census(pt_job *job, int *sites)
+{
+    pt_group *census;
+    PT_TRY(make_group(job, false, CENSUS_GROUP_ID, &census));
+    pipert_result rc = pt_allgather(census, &job->site, sizeof job->site, sites);
+    pt_group_destroy(census);
+    if (rc != PIPERT_OK) pt_error_prefix("learning the replicas' sites");
+    return rc;
+}
+
+/* The ranks of the replicas of this stage in order of (site, replica), and
+ * where this worker's site starts and ends among them. */
+static void order_by_site(const pt_job *job, const int *sites, int *ranks, int *site_first,
+                          int *site_count, int *leaders, int *n_leaders)
+{
+    const int R = job->layout.replicas;
+    int n = 0;
+    *n_leaders = 0;
+    *site_first = *site_count = 0;
+    for (int site = 0; n < R; site++) {
+        const int first = n;
+        for (int r = 0; r < R; r++)
+            if (sites[r] == site) ranks[n++] = pt_layout_rank(&job->layout, job->stage, r);
+        if (n == first) continue;
+        leaders[(*n_leaders)++] = ranks[first];
+        if (site == job->site) *site_first = first, *site_count = n - first;
+    }
+}
+
+static pipert_result create_group(pt_job *job, const int *ranks, int n, uint32_t id, pt_group **out)
+{
+    pt_group_options options = PT_GROUP_OPTIONS_INIT;
+    options.id = id;
+    return pt_group_create(job->transport, ranks, n, &options, out);
+}
+
+static pipert_result make_replica_groups(pt_job *job)
+{
+    const int R = job->layout.replicas;
+    if (R == 1) return PIPERT_OK;
+    int *sites = calloc((size_t)R, sizeof *sites), *ranks = calloc((size_t)R, sizeof *ranks),
+        *leaders = calloc((size_t)R, sizeof *leaders);
+    pipert_result rc = sites && ranks && leaders ? PIPERT_OK
+                                                 : pt_fail(PIPERT_ERR_NOMEM, "groups: out of memory");
+    int site_first = 0, site_count = 0, n_leaders = 0;
+    if (rc == PIPERT_OK) rc = site_census(job, sites);
+    if (rc == PIPERT_OK) {
+        order_by_site(job, sites, ranks, &site_first, &site_count, leaders, &n_leaders);
+        job->sites = n_leaders;
+        rc = create_group(job, ranks, R, (uint32_t)job->stage, &job->replica_group);
+    }
+    if (rc == PIPERT_OK && site_count > 1)
+        rc = create_group(job, ranks + site_first, site_count, SITE_GROUP_ID, &job->site_group);
+    if (rc == PIPERT_OK && n_leaders > 1 && ranks[site_first] == job->rank)
+        rc = create_group(job, leaders, n_leaders, LEADERS_GROUP_ID, &job->leaders_group);
+    free(sites);
+    free(ranks);
+    free(leaders);
+    return rc;
+}
+
 static pipert_result connect_groups(pt_job *job)
 {
     PT_TRY(connect_peers(job));
     /* group ids: replica groups 0..S−1 (one per stage), stage groups S.. */
-    PT_TRY(make_group(job, false, (uint32_t)job->stage, &job->replica_group));
+    PT_TRY(make_replica_groups(job));
     return make_group(job, true, (uint32_t)(job->layout.stages + job->replica), &job->stage_group);
 }
 
@@ -136,6 +205,7 @@ static pipert_result join_launched(pt_job *job, int stages, const char *const *e
     PT_TRY(pt_bootstrap_from_env(&job->boot, envp));
     job->rank = job->boot.rank;
     job->world = job->boot.world_size;
+    if (job->site < 0) job->site = job->boot.site;
     PT_TRY(place(job, stages));
     PT_TRY(bind_cores(job));
     pt_info("rank %d of %d (stage %d, replica %d) under %s; coordinator %s:%d%s", job->rank,
@@ -235,6 +305,10 @@ static pipert_result join_oob(pt_job *job, int stages, const pipert_oob *oob)
                        oob->size, oob->allgather ? "" : " and no allgather");
     job->rank = oob->rank;
     job->world = oob->size;
+    if (job->site < 0) {
+        const char *site = getenv("PIPERT_SITE");
+        job->site = site ? atoi(site) : 0;
+    }
     PT_TRY(place(job, stages));
     pt_info("rank %d of %d (stage %d, replica %d), bootstrapped by the host program", job->rank,
             job->world, job->stage, job->replica);
@@ -258,9 +332,11 @@ static bool launched(const char *const *envp)
     return false;
 }
 
-pipert_result pt_job_join(pt_job *job, int stages, const pipert_oob *oob, const char *const *envp,
-                          bool alone)
+pipert_result pt_job_join(pt_job *job, int stages, int site, const pipert_oob *oob,
+                          const char *const *envp, bool alone)
 {
+    job->site = site;
+    job->sites = 1;
     if (oob) {
         job->mode = PT_JOB_OOB;
         return join_oob(job, stages, oob);
@@ -270,6 +346,7 @@ pipert_result pt_job_join(pt_job *job, int stages, const pipert_oob *oob, const 
         return join_launched(job, stages, envp);
     }
     job->mode = PT_JOB_ALONE;
+    if (job->site < 0) job->site = 0;
     job->rank = 0;
     job->world = 1;
     return place(job, stages);
@@ -283,7 +360,9 @@ void pt_job_leave(pt_job *job)
     job->transport = NULL;
     pt_group_destroy(job->replica_group);
     pt_group_destroy(job->stage_group);
-    job->replica_group = job->stage_group = NULL;
+    pt_group_destroy(job->site_group);
+    pt_group_destroy(job->leaders_group);
+    job->replica_group = job->stage_group = job->site_group = job->leaders_group = NULL;
     pt_coord_client_close(job->client);
     job->client = NULL;
     pt_coordinator_free(job->coordinator);

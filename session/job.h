@@ -10,6 +10,13 @@
  *             every rank's transport address; no coordinator, no
  *             environment; a dead peer is noticed by the transport.
  *   alone     one worker, no network at all.
+ *
+ * Sites. Replicas may live in different sites, joined by slow links. The
+ * replicas of a stage learn each other's site once they are connected; their
+ * group is ordered by site (a ring then crosses each site boundary once),
+ * the replicas of one site form a site group (dense averaging over the fast
+ * link), and the first replica of each site joins the leaders' group (the
+ * only one whose traffic crosses between sites for the asynchronous methods).
  */
 #ifndef PT_SESSION_JOB_H
 #define PT_SESSION_JOB_H
@@ -35,16 +42,21 @@ typedef struct pt_job {
     pt_coord_client *client;      /* launcher mode */
     char **addresses;             /* every rank's data-plane address ([world]) */
     pt_transport *transport;      /* world > 1 */
-    pt_group *replica_group;      /* the replicas of this stage (replicas > 1) */
+    pt_group *replica_group;      /* the replicas of this stage (replicas > 1), ordered by site */
     pt_group *stage_group;        /* the stages of this replica (stages > 1) */
+    int site;                     /* this worker's site (PIPERT_SITE, or the session's option) */
+    int sites;                    /* sites the replicas of this stage are in */
+    pt_group *site_group;         /* the replicas of this stage in this site (more than one) */
+    pt_group *leaders_group;      /* sites > 1, on each site's first replica: the leaders */
     bool (*should_stop)(void *context); /* asked while joining */
     void *context;
 } pt_job;
 
 /* Joins the job: `oob` when given, else the launcher's environment `envp`
- * when it names one, else alone (`alone` forces that). */
-pipert_result pt_job_join(pt_job *job, int stages, const pipert_oob *oob, const char *const *envp,
-                          bool alone);
+ * when it names one, else alone (`alone` forces that). site ≥ 0 says this
+ * worker's site; −1 takes PIPERT_SITE from the environment (0 when unset). */
+pipert_result pt_job_join(pt_job *job, int stages, int site, const pipert_oob *oob,
+                          const char *const *envp, bool alone);
 
 /* Leaves the job: closes the data plane, the coordinator connection and the
  * coordinator this process hosts. Safe on a partly joined job. */

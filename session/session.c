@@ -67,6 +67,9 @@ static pipert_result build_coupling(pipert_session *s)
     pt_coupling_options o = {.config = &s->config,
                              .kernels = NULL,
                              .replicas = s->job.replica_group,
+                             .site_replicas = s->job.site_group,
+                             .leaders = s->job.leaders_group,
+                             .sites = s->job.sites,
                              .stage = s->job.stage,
                              .replica = s->job.replica,
                              .should_stop = should_stop,
@@ -125,8 +128,8 @@ static pipert_result session_setup(pipert_session *s)
     PT_TRY(pt_config_validate(&s->config));
     s->job.should_stop = should_stop;
     s->job.context = s;
-    PT_TRY(pt_job_join(&s->job, s->options.stages, s->options.oob, (const char *const *)environ,
-                       s->options.alone));
+    PT_TRY(pt_job_join(&s->job, s->options.stages, s->options.site, s->options.oob,
+                       (const char *const *)environ, s->options.alone));
     s->log_sink.rank = s->job.world > 1 ? s->job.rank : -1;
     /* metrics.jsonl, validation and checkpoints: the rank that has the loss */
     s->writes_outputs = s->job.replica == 0 && s->job.stage == s->job.layout.stages - 1;
@@ -148,7 +151,12 @@ static pipert_result copy_options(pipert_session *s, const pipert_session_option
         return pt_fail(PIPERT_ERR_INVALID_ARG, "pipert_session_options.size is %zu: initialise "
                                                "the options with PIPERT_SESSION_OPTIONS_INIT",
                        options->size);
-    memcpy(&s->options, options, sizeof s->options);
+    /* A caller built against an older header passes a shorter struct: the
+     * fields it does not know keep their defaults. */
+    const pipert_session_options defaults = PIPERT_SESSION_OPTIONS_INIT;
+    s->options = defaults;
+    memcpy(&s->options, options, options->size < sizeof s->options ? options->size : sizeof s->options);
+    s->options.size = sizeof s->options;
     if (!options->out_dir || !options->out_dir[0])
         return pt_fail(PIPERT_ERR_INVALID_ARG, "pipert_session_options.out_dir is required");
     if (strlen(options->out_dir) >= sizeof s->out_dir)

@@ -623,8 +623,9 @@ static void read_step_losses(const char *dir, double *losses, int n)
 /* Dense synchronous data parallelism (ALGORITHMS.md §4.1), the baseline every
  * later method is measured against: R replicas with batch B each, averaging
  * their gradients every step over UCX, give the losses of one worker with
- * batch R·B, within 1e-5 relative, for 20 steps. */
-static void check_replicas_equal_one_large_batch(int R)
+ * batch R·B, within 1e-5 relative, for 20 steps. Spread over sites, the ring
+ * is ordered by site and the result is the same. */
+static void check_replicas_equal_one_large_batch(int R, int sites)
 {
     char *single = make_temp_dir(), *replicas = make_temp_dir();
     enum { STEPS = 20, B = 2 };
@@ -632,9 +633,9 @@ static void check_replicas_equal_one_large_batch(int R)
                                   "--train.steps=%d --train.log_every=1 --runtime.threads=1",
                               single, R * B, STEPS);
     cr_assert_eq(r.status, 0, "single worker failed: %s", r.err);
-    r = run_pipert("launch --quiet --stages 1 --replicas %d --out %s " SMALL_MODEL
+    r = run_pipert("launch --quiet --stages 1 --replicas %d --sites %d --out %s " SMALL_MODEL
                        " --train.batch_size=%d --train.steps=%d --train.log_every=1",
-                   R, replicas, B, STEPS);
+                   R, sites, replicas, B, STEPS);
     cr_assert_eq(r.status, 0, "%d replicas failed: %s", R, r.err);
     double expected[STEPS], got[STEPS];
     read_step_losses(single, expected, STEPS);
@@ -650,12 +651,17 @@ static void check_replicas_equal_one_large_batch(int R)
 
 Test(launch, two_replicas_equal_one_worker_with_twice_the_batch)
 {
-    check_replicas_equal_one_large_batch(2);
+    check_replicas_equal_one_large_batch(2, 1);
 }
 
 Test(launch, three_replicas_equal_one_worker_with_three_times_the_batch)
 {
-    check_replicas_equal_one_large_batch(3);
+    check_replicas_equal_one_large_batch(3, 1);
+}
+
+Test(launch, three_replicas_in_two_sites_equal_one_worker)
+{
+    check_replicas_equal_one_large_batch(3, 2);
 }
 
 /* An uneven explicit split is refused before any worker trains. */

@@ -62,7 +62,7 @@ static void on_signal(int signal_number)
 }
 
 typedef struct worker_process {
-    int rank, stage, replica;
+    int rank, stage, replica, site;
     int cores_first, cores_count;
     pid_t pid;
     bool running;
@@ -73,6 +73,7 @@ typedef struct worker_process {
 
 typedef struct job {
     int stages, replicas, world;
+    int sites; /* --sites: replica r is in site r mod sites */
     char out_dir[PATH_MAX];
     char secret_path[PATH_MAX + 16];
     char secret[2 * PT_SECRET_BYTES + 1];
@@ -124,6 +125,7 @@ static pipert_result plan_workers(job *j)
         w->rank = r;
         w->stage = pt_layout_stage(&layout, r);
         w->replica = pt_layout_replica(&layout, r);
+        w->site = w->replica % j->sites;
         assign_cores(r, j->world, j->cores, &w->cores_first, &w->cores_count);
         snprintf(w->log_path, sizeof w->log_path, "%s/logs/rank-%d.log", j->out_dir, r);
     }
@@ -167,13 +169,14 @@ static void print_mapping(const job *j)
     if (j->world > j->cores)
         printf("  (more workers than cores: %d workers share each core)\n",
                (j->world + j->cores - 1) / j->cores);
-    printf("  %-5s %-5s %-7s %-16s %-7s %s\n", "rank", "stage", "replica", "host", "cores", "log");
+    printf("  %-5s %-5s %-7s %-4s %-16s %-7s %s\n", "rank", "stage", "replica", "site", "host", "cores",
+           "log");
     for (int r = 0; r < j->world; r++) {
         const worker_process *w = &j->workers[r];
         char cores[32];
         format_cores(w, cores, sizeof cores);
-        printf("  %-5d %-5d %-7d %-16s %-7s %s\n", r, w->stage, w->replica, j->host, cores,
-               w->log_path);
+        printf("  %-5d %-5d %-7d %-4d %-16s %-7s %s\n", r, w->stage, w->replica, w->site, j->host,
+               cores, w->log_path);
     }
     fflush(stdout);
 }
@@ -184,14 +187,14 @@ static bool is_bootstrap_variable(const char *entry)
 {
     static const char *const names[] = {"PIPERT_RANK=", "PIPERT_WORLD_SIZE=", "PIPERT_LOCAL_RANK=",
                                         "PIPERT_COORD=", "PIPERT_COORD_PORT=", "PIPERT_SECRET=",
-                                        "PIPERT_SECRET_FILE=", "PIPERT_CORES="};
+                                        "PIPERT_SECRET_FILE=", "PIPERT_CORES=", "PIPERT_SITE="};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (!strncmp(entry, names[i], strlen(names[i]))) return true;
     return false;
 }
 
 /* The environment of worker w: ours, without inherited bootstrap variables,
- * plus w's. Strings in `storage` [6][PATH_MAX + 64]. */
+ * plus w's. Strings in `storage` [7][PATH_MAX + 64]. */
 static char **worker_environment(const job *j, const worker_process *w, char storage[][PATH_MAX + 64])
 {
     size_t n = 0;
@@ -208,7 +211,8 @@ static char **worker_environment(const job *j, const worker_process *w, char sto
              pt_coordinator_port(j->coordinator));
     snprintf(storage[4], sizeof storage[4], "PIPERT_SECRET_FILE=%s", j->secret_path);
     snprintf(storage[5], sizeof storage[5], "PIPERT_CORES=%d,%d", w->cores_first, w->cores_count);
-    for (int i = 0; i < 6; i++) env[k++] = storage[i];
+    snprintf(storage[6], sizeof storage[6], "PIPERT_SITE=%d", w->site);
+    for (int i = 0; i < 7; i++) env[k++] = storage[i];
     env[k] = NULL;
     return env;
 }
@@ -256,7 +260,7 @@ static void exec_worker(const worker_process *w, pid_t launcher, char **argv, ch
 
 static pipert_result start_worker(job *j, worker_process *w)
 {
-    char storage[6][PATH_MAX + 64], stages_text[16];
+    char storage[7][PATH_MAX + 64], stages_text[16];
     snprintf(stages_text, sizeof stages_text, "%d", j->stages);
     char **env = worker_environment(j, w, storage);
     char **argv = worker_arguments(j, stages_text);
@@ -565,12 +569,15 @@ static void default_out_dir(char *dir, size_t cap)
 
 int pt_cmd_launch(int argc, char **argv)
 {
-    const char *out_dir = NULL, *stages = "1", *replicas = "1", *grace = "5";
+    const char *out_dir = NULL, *stages = "1", *replicas = "1", *sites = "1", *grace = "5";
     bool quiet = false, resume = false;
     const pt_cli_flag flags[] = {
         {"--stages", "S", "pipeline stages per replica (blocks split by plan.layers or balanced)",
          &stages, NULL},
         {"--replicas", "R", "data-parallel replicas (default 1)", &replicas, NULL},
+        {"--sites", "N", "sites the replicas are spread over, round-robin (default 1): inside a "
+                         "site replicas average densely, between sites only dp.method's traffic "
+                         "flows", &sites, NULL},
         {"--out", "DIR", "job directory: logs/rank-N.log, metrics.jsonl, checkpoints "
                          "(default runs/launch-DATE-TIME)", &out_dir, NULL},
         {"--grace", "SECONDS", "wait this long for workers to stop before SIGTERM, and again "
@@ -599,10 +606,13 @@ int pt_cmd_launch(int argc, char **argv)
     j.grace_s = strtod(grace_text, &end);
     if (pt_cli_parse_int("--stages", stages, 1, PT_MAX_WORLD, 1, &j.stages) != PIPERT_OK ||
         pt_cli_parse_int("--replicas", replicas, 1, PT_MAX_WORLD, 1, &j.replicas) != PIPERT_OK ||
+        pt_cli_parse_int("--sites", sites, 1, PT_MAX_WORLD, 1, &j.sites) != PIPERT_OK ||
+        j.sites > j.replicas ||
         *end || !(j.grace_s >= 0) ||
         (long)j.stages * j.replicas > PT_MAX_WORLD) {
-        fprintf(stderr, "pipert launch: --stages and --replicas take positive integers (at most "
-                        "%d workers), --grace a number of seconds\n",
+        fprintf(stderr, "pipert launch: --stages, --replicas and --sites take positive integers (at "
+                        "most %d workers, at most one site per replica), --grace a number of "
+                        "seconds\n",
                 PT_MAX_WORLD);
         return 2;
     }

@@ -162,10 +162,11 @@ typedef struct pipert_session_options {
     pipert_log_fn log;     /* NULL: stderr */
     void *log_user;
     pipert_log_level log_level;
+    int site;              /* this worker's site; −1: PIPERT_SITE from the environment, else 0 */
 } pipert_session_options;
 
 #define PIPERT_SESSION_OPTIONS_INIT                                                                \
-    {sizeof(pipert_session_options), NULL, 1, 0, NULL, 0, NULL, NULL, NULL, NULL, PIPERT_LOG_INFO}
+    {sizeof(pipert_session_options), NULL, 1, 0, NULL, 0, NULL, NULL, NULL, NULL, PIPERT_LOG_INFO, -1}
 
 /* Where this worker is and what its last step did. Fields a worker does not
  * have are NaN (loss on any stage but the last) or 0. */

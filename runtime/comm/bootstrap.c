@@ -418,6 +418,17 @@ static pipert_result read_cores(pt_bootstrap *b, const char *const *envp)
     return PIPERT_OK;
 }
 
+static pipert_result read_site(pt_bootstrap *b, const char *const *envp)
+{
+    const char *site = pt_env_lookup(envp, "PIPERT_SITE");
+    long value = 0;
+    if (site && !parse_int(site, 0, PT_MAX_WORLD - 1, &value))
+        return pt_fail(PIPERT_ERR_CONFIG, "PIPERT_SITE='%s': expected a site number in [0, %d)", site,
+                       PT_MAX_WORLD);
+    b->site = (int)value;
+    return PIPERT_OK;
+}
+
 pipert_result pt_bootstrap_from_env(pt_bootstrap *b, const char *const *envp)
 {
     memset(b, 0, sizeof *b);
@@ -441,7 +452,8 @@ pipert_result pt_bootstrap_from_env(pt_bootstrap *b, const char *const *envp)
                        "set; start workers with pipert launch, srun or mpirun (docs/RUNNING.md)");
     }
     PT_TRY(read_secret_source(b, envp));
-    return read_cores(b, envp);
+    PT_TRY(read_cores(b, envp));
+    return read_site(b, envp);
 }
 
 /* ---- the secret ------------------------------------------------------------ */

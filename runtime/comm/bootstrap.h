@@ -34,6 +34,10 @@
  * PIPERT_CORES=first,count (optional, any launcher) binds the worker to those
  * cores (indices among the cores it may run on, see runtime/topology.h).
  *
+ * PIPERT_SITE=N (optional, any launcher; default 0) says which site the
+ * worker is in: sites are joined by slow links, and only the coupling
+ * method's traffic crosses them (session/job.h).
+ *
  * Everything here is a pure function of an environment array
  * ("NAME=value" strings, NULL-terminated, like `environ`), except
  * pt_bootstrap_read_secret and the secret-file helpers, which touch files.
@@ -73,6 +77,7 @@ typedef struct pt_bootstrap {
     char secret[PT_SECRET_MAX + 1]; /* PIPERT_SECRET, or "" */
     char secret_file[4096];        /* PIPERT_SECRET_FILE, or "" */
     int cores_first, cores_count;  /* PIPERT_CORES; cores_count 0 when unset */
+    int site;                      /* PIPERT_SITE; 0 when unset */
 } pt_bootstrap;
 
 /* Fills *b from envp. Fails with PIPERT_ERR_CONFIG and a message naming the
