@@ -26,3 +26,19 @@ PKG_CONFIG_PATH="$pcdir" PKG_CONFIG_SYSROOT_DIR="$stage" \
   cc "$stage/embed.c" -o "$stage/embed" $(PKG_CONFIG_PATH="$pcdir" PKG_CONFIG_SYSROOT_DIR="$stage" pkg-config --cflags --libs pipert)
 LD_LIBRARY_PATH="$libdir" "$stage/embed"
 echo "install check: ok"
+
+# The MPI example builds against the installed library too, and runs: 2 stages
+# x 2 replicas under mpirun for 2 steps.
+if command -v mpicc >/dev/null && command -v mpirun >/dev/null; then
+  mpicc examples/embed_mpi.c -o "$stage/embed_mpi" \
+    $(PKG_CONFIG_PATH="$pcdir" PKG_CONFIG_SYSROOT_DIR="$stage" pkg-config --cflags --libs pipert)
+  mpi_flags=()
+  if mpirun --version 2>&1 | grep -q "Open MPI"; then
+    mpi_flags=(--oversubscribe -x LD_LIBRARY_PATH)
+    if [ "$(id -u)" = 0 ]; then mpi_flags+=(--allow-run-as-root); fi
+  fi
+  LD_LIBRARY_PATH="$libdir" mpirun "${mpi_flags[@]}" -np 4 "$stage/embed_mpi" --steps 2 --out "$stage/embed_mpi-run"
+  echo "installed MPI example: ok"
+else
+  echo "installed MPI example: skipped (no mpicc or mpirun)"
+fi
