@@ -21,6 +21,7 @@ struct pt_coupling {
 
 static const pt_coupling_method *const methods[] = {
     &pt_dp_allreduce,
+    &pt_dp_sparse,
 };
 #define METHOD_COUNT (int)(sizeof methods / sizeof methods[0])
 

@@ -5,5 +5,6 @@
 #include "dp/coupling.h"
 
 extern const pt_coupling_method pt_dp_allreduce; /* dp/allreduce.c */
+extern const pt_coupling_method pt_dp_sparse;    /* dp/sparse.c */
 
 #endif
