@@ -22,6 +22,9 @@ struct pt_coupling {
 static const pt_coupling_method *const methods[] = {
     &pt_dp_allreduce,
     &pt_dp_sparse,
+    &pt_dp_diloco,
+    &pt_dp_streaming_diloco,
+    &pt_dp_co2,
 };
 #define METHOD_COUNT (int)(sizeof methods / sizeof methods[0])
 

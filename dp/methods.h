@@ -6,5 +6,8 @@
 
 extern const pt_coupling_method pt_dp_allreduce; /* dp/allreduce.c */
 extern const pt_coupling_method pt_dp_sparse;    /* dp/sparse.c */
+extern const pt_coupling_method pt_dp_diloco;    /* dp/diloco.c */
+extern const pt_coupling_method pt_dp_streaming_diloco; /* dp/streaming_diloco.c */
+extern const pt_coupling_method pt_dp_co2;       /* dp/co2.c */
 
 #endif

@@ -1,0 +1,35 @@
+/* dp.method=diloco: DiLoCo's outer step (ALGORITHMS.md §4.3).
+ *
+ * Every H = dp.period inner steps each replica posts its pseudo-gradient
+ * Δ_r = θ̃ − θ_r; their mean Δ = θ̃ − mean_r θ_r (outer minus the local
+ * average: a descent direction) takes one step of outer Nesterov SGD, as
+ * PyTorch's SGD(nesterov=True):
+ *   v ← μ·v + Δ;   θ̃ ← θ̃ − η·(Δ + μ·v)        η = dp.outer_lr, μ = dp.outer_momentum
+ * and every replica restarts from θ̃ (θ and the newest weight stash). The
+ * exchange is waited for at once: the replicas meet every H steps. Inner
+ * optimizer states stay local; validation evaluates θ̃. The engine is
+ * dp/outer.c, shared with streaming-diloco and co2. */
+#include "dp/methods.h"
+#include "dp/outer.h"
+
+static pipert_result diloco_create(const pt_coupling_options *options, void **state)
+{
+    const pt_dp_settings *dp = &options->config->dp;
+    const pt_outer_plan plan = {
+        .method = "diloco",
+        .rule = {.lr = dp->outer_lr, .momentum = dp->outer_momentum, .nesterov = true},
+        .period = dp->period,
+        .block_fragments = 1,
+        .delay = 0,
+        .alpha = 0,
+        .penalty = 1,
+        .evaluate_outer = true,
+    };
+    return pt_outer_create(options, &plan, state);
+}
+
+const pt_coupling_method pt_dp_diloco = {
+    .name = "diloco",
+    .create = diloco_create,
+    PT_OUTER_CALLS,
+};
