@@ -654,7 +654,7 @@ static void expect_same_losses(const char *reference, const char *dir, const cha
                   "%s, step %d: %.9g, one worker %.9g", what, i + 1, got[i], expected[i]);
 }
 
-Test(sparse_launch, on_identical_data_parameter_averaging_equals_one_worker, .timeout = 240)
+Test(sparse_launch, on_identical_data_parameter_averaging_equals_one_worker)
 {
     char *shard_dir = make_temp_dir(), shard[600];
     snprintf(shard, sizeof shard, "%s/pattern.bin", shard_dir);
@@ -683,7 +683,7 @@ Test(sparse_launch, on_identical_data_parameter_averaging_equals_one_worker, .ti
 }
 
 /* p = 0.05 on the fortunes: the loss falls, and a step sends p of the dense bytes. */
-Test(sparse_launch, a_twentieth_trains_and_sends_a_twentieth, .timeout = 240)
+Test(sparse_launch, a_twentieth_trains_and_sends_a_twentieth)
 {
     enum { N = 60 };
     char *dense = make_temp_dir(), *sparse = make_temp_dir();
@@ -714,7 +714,7 @@ Test(sparse_launch, a_twentieth_trains_and_sends_a_twentieth, .timeout = 240)
  * up to step 24 are the same. (From the first exchange posted after the
  * resume on they differ: only replica 0 writes checkpoints, so replica 1
  * resumes from replica 0's parameters and state, not its own.) */
-Test(sparse_launch, a_resumed_run_applies_the_exchanges_in_flight_at_their_steps, .timeout = 240)
+Test(sparse_launch, a_resumed_run_applies_the_exchanges_in_flight_at_their_steps)
 {
     enum { N = 40 };
 #define RESUMED MODEL " --train.steps=40 --train.batch_size=4 --dp.method=sparse --dp.delay=3 " \
@@ -742,7 +742,7 @@ Test(sparse_launch, a_resumed_run_applies_the_exchanges_in_flight_at_their_steps
 /* Replica 1 stopped 30 ms of every 40 from outside (SIGSTOP/SIGCONT): with
  * dp.delay = -1 replica 0 keeps training and applies each average when it
  * comes, up to 16 steps later; the job ends. */
-Test(sparse_launch, a_throttled_replica_never_deadlocks_its_peer, .timeout = 240)
+Test(sparse_launch, a_throttled_replica_never_deadlocks_its_peer)
 {
     enum { N = 150 };
     char *dir = make_temp_dir(), command[4096], err_path[600];
@@ -772,8 +772,9 @@ Test(sparse_launch, a_throttled_replica_never_deadlocks_its_peer, .timeout = 240
     cr_assert_eq(read_steps(dir, "metrics.jsonl", "loss", loss, N), N);
     double most = 0;
     for (int i = 0; i < N; i++) most = fmax(most, delay[i]);
-    cr_log_info("throttled peer: the job took %.1f s, averages applied up to %g steps late, "
-                "loss %.3f -> %.3f", took, most, loss[0], loss[N - 1]);
+    /* (stderr, not cr_log_info: Criterion's logger leaks 48 bytes under LeakSanitizer) */
+    fprintf(stderr, "throttled peer: the job took %.1f s, averages applied up to %g steps late, "
+                    "loss %.3f -> %.3f\n", took, most, loss[0], loss[N - 1]);
     cr_expect_geq(most, 3.0, "replica 0 never applied an average later than %g steps: was it "
                              "waiting for its throttled peer?", most);
     cr_expect_leq(most, 16.0, "an average applied %g steps late: more than the 16 in flight", most);
@@ -785,7 +786,7 @@ Test(sparse_launch, a_throttled_replica_never_deadlocks_its_peer, .timeout = 240
  * rank 1 with p = 0.1: neither trains on, and the coordinator's line names
  * the rank that failed and, in its reason, the replica that sent the other
  * size. */
-Test(sparse_launch, replicas_with_different_fractions_fail_naming_each_other, .timeout = 120)
+Test(sparse_launch, replicas_with_different_fractions_fail_naming_each_other)
 {
     char *dir = make_temp_dir(), command[4096];
     const int port = 20000 + (int)(getpid() % 20000);
