@@ -113,7 +113,8 @@ typedef struct sparse_exchange {
     size_t count, capacity;
     uint32_t *index; /* [count] offsets into θ: the partition I */
     float *w_old;    /* [count] θ[I] when posted */
-    float *values;   /* [count] θ[I] when posted, then ā */
+    float *values;   /* [count] θ[I] when posted (compressed: θ[I] − ref), then ā */
+    float *ref;      /* [count] compressed: agreed[I] when posted */
     float *descriptors; /* [R·DESCRIPTOR_FIELDS] */
     in_flight descriptor_mean, values_mean;
     pt_exchange_state *feedback; /* onebit: its error buffers, laid out as `index` */
@@ -140,6 +141,12 @@ typedef struct sparse_state {
     uint32_t *ids;         /* [largest tensor]: scratch, the shuffled partition ids */
     size_t *cursor;        /* [P]: scratch of the bucketing */
     float *ema;             /* [n_params] e (rule ema) */
+    /* Compressed exchanges quantize θ[I] − agreed[I], not θ[I]: parameters
+     * themselves do not survive 4 bits, their drift since the last average
+     * does. agreed holds, per element, the last average every replica got
+     * (bitwise the same everywhere), starting from the initial θ. */
+    float *agreed;          /* [n_params], or NULL (dp.compress=none) */
+    size_t loaded_agreed;   /* elements a checkpoint brought (0: none) */
     size_t loaded_ema;      /* elements of e a checkpoint brought (0: none) */
     /* onebit: the error feedback of every parameter, worker and server side */
     float *worker_error, *server_error; /* [n_params] each */
@@ -330,6 +337,10 @@ static pipert_result set_up(sparse_state *s, const pt_gpt_slice *model)
         return pt_fail(PIPERT_ERR_FORMAT,
                        "dp sparse: the checkpoint's EMA holds %zu values, the stage %zu parameters",
                        s->loaded_ema, model->n_params);
+    if (s->loaded_agreed && s->loaded_agreed != model->n_params)
+        return pt_fail(PIPERT_ERR_FORMAT,
+                       "dp sparse: the checkpoint's agreed values hold %zu, the stage %zu parameters",
+                       s->loaded_agreed, model->n_params);
     if (s->rule == RULE_EMA && !s->ema) {
         s->ema = calloc(model->n_params ? model->n_params : 1, sizeof *s->ema);
         if (!s->ema)
@@ -376,7 +387,9 @@ static pipert_result reserve(sparse_exchange *x, size_t count, int R)
     if (w_old) x->w_old = w_old;
     float *values = realloc(x->values, count * sizeof *values);
     if (values) x->values = values;
-    if (!index || !w_old || !values)
+    float *ref = realloc(x->ref, count * sizeof *ref);
+    if (ref) x->ref = ref;
+    if (!index || !w_old || !values || !ref)
         return pt_fail(PIPERT_ERR_NOMEM, "dp sparse: no memory for a partition of %zu elements",
                        count);
     x->capacity = count;
@@ -395,8 +408,13 @@ static void gather_partition(sparse_state *s, const pt_coupling_point *at, spars
         size_t begin = slice_begin(tensor->numel, s->P, part),
                end = slice_begin(tensor->numel, s->P, part + 1);
         for (size_t k = begin; k < end; k++, count++) {
-            x->index[count] = members[k];
-            x->w_old[count] = x->values[count] = at->params[members[k]];
+            const uint32_t j = members[k];
+            x->index[count] = j;
+            x->w_old[count] = x->values[count] = at->params[j];
+            if (s->agreed) {
+                x->ref[count] = s->agreed[j];
+                x->values[count] -= s->agreed[j];
+            }
         }
     }
     x->count = count;
@@ -628,6 +646,11 @@ static pipert_result arrive(sparse_state *s, sparse_exchange *x, bool wait)
     }
     PT_TRY(in_flight_finish(s, &x->values_mean, wait, what));
     feedback_store(s, x);
+    if (s->agreed) /* the mean drift back into values: ā, the new agreement */
+        for (size_t i = 0; i < x->count; i++) {
+            x->values[i] += x->ref[i];
+            s->agreed[x->index[i]] = x->values[i];
+        }
     x->arrived = true;
     return PIPERT_OK;
 }
@@ -668,6 +691,22 @@ static pipert_result apply_oldest(sparse_state *s, pt_coupling_point *at, bool w
     (*applied)++;
     s->head = (s->head + 1) % s->capacity;
     s->length--;
+    return PIPERT_OK;
+}
+
+/* Before the first optimizer step every replica holds the same θ: with
+ * compression it is where the agreement starts (a resumed run brings its own). */
+static pipert_result sparse_after_backward(void *state, pt_coupling_point *at,
+                                           pt_coupling_metrics *m)
+{
+    sparse_state *s = state;
+    (void)m;
+    if (!s->options.replicas || s->codec.kind == PT_CODEC_NONE || s->agreed) return PIPERT_OK;
+    s->agreed = malloc((at->n_params ? at->n_params : 1) * sizeof *s->agreed);
+    if (!s->agreed)
+        return pt_fail(PIPERT_ERR_NOMEM, "dp sparse: no memory for the agreed values of %zu "
+                                         "parameters", at->n_params);
+    memcpy(s->agreed, at->params, at->n_params * sizeof *s->agreed);
     return PIPERT_OK;
 }
 
@@ -744,6 +783,8 @@ static pipert_result sparse_save(void *state, pt_safetensors_writer *w)
     PT_TRY(pt_safetensors_writer_add(w, "dp.sparse.state", PT_DTYPE_I64, v, 1, shape));
     shape[0] = (int64_t)s->n_params;
     if (s->ema) PT_TRY(pt_safetensors_writer_add(w, "dp.sparse.ema", PT_DTYPE_F32, s->ema, 1, shape));
+    if (s->agreed)
+        PT_TRY(pt_safetensors_writer_add(w, "dp.sparse.agreed", PT_DTYPE_F32, s->agreed, 1, shape));
     if (s->worker_error) {
         PT_TRY(pt_safetensors_writer_add(w, "dp.sparse.worker_error", PT_DTYPE_F32,
                                          s->worker_error, 1, shape));
@@ -872,6 +913,10 @@ static pipert_result sparse_load(void *state, const pt_safetensors *st, const ch
         PT_TRY(load_floats(s, st, path, "dp.sparse.ema", &s->ema, &n));
         s->loaded_ema = n;
     }
+    if (s->codec.kind != PT_CODEC_NONE && pt_safetensors_find(st, "dp.sparse.agreed")) {
+        PT_TRY(load_floats(s, st, path, "dp.sparse.agreed", &s->agreed, &n));
+        s->loaded_agreed = n;
+    }
     if (s->codec.kind == PT_CODEC_ONEBIT && pt_safetensors_find(st, "dp.sparse.worker_error")) {
         PT_TRY(load_floats(s, st, path, "dp.sparse.worker_error", &s->worker_error, &n));
         PT_TRY(load_floats(s, st, path, "dp.sparse.server_error", &s->server_error,
@@ -899,6 +944,7 @@ static void sparse_destroy(void *state)
         free(x->index);
         free(x->w_old);
         free(x->values);
+        free(x->ref);
         free(x->descriptors);
     }
     free(s->queue);
@@ -906,6 +952,7 @@ static void sparse_destroy(void *state)
     free(s->ids);
     free(s->cursor);
     free(s->ema);
+    free(s->agreed);
     free(s->worker_error);
     free(s->server_error);
     free(s->saved_state);
@@ -915,6 +962,7 @@ static void sparse_destroy(void *state)
 const pt_coupling_method pt_dp_sparse = {
     .name = "sparse",
     .create = sparse_create,
+    .after_backward = sparse_after_backward,
     .after_step = sparse_after_step,
     .save = sparse_save,
     .load = sparse_load,
