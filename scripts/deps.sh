@@ -12,6 +12,7 @@ packages=(
   libucx-dev ucx-utils     # transport (and ucx_perftest for its benchmark)
   fortunes                 # the default training text
   openmpi-bin libopenmpi-dev  # the embedding example (examples/) and the mpirun tests
+  python3 iproute2         # benchmark scripts (tables; network namespaces and tc for emulated sites)
 )
 
 missing=()

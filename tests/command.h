@@ -5,6 +5,7 @@
 #define PT_TEST_COMMAND_H
 
 #include <criterion/criterion.h>
+#include <jansson.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +14,7 @@
 #include <unistd.h>
 
 #include "runtime/clock.h"
+#include "runtime/fileio.h"
 
 typedef struct run_result {
     int status;     /* exit status; 128 when killed by a signal */
@@ -83,6 +85,45 @@ static inline run_result run_pipert(const char *fmt, ...)
     run_result r = run_pipert_env("", fmt, ap);
     va_end(ap);
     return r;
+}
+
+/* Runs `ENV pipert ARGS` and fails the test, with its stderr, unless it succeeds. */
+static inline void run_pipert_ok_env(const char *env, const char *fmt, va_list ap)
+{
+    run_result r = run_pipert_env(env, fmt, ap);
+    cr_assert_eq(r.status, 0, "pipert failed (%d):\n%s", r.status, r.err);
+}
+
+static inline void run_pipert_ok(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    run_pipert_ok_env("", fmt, ap);
+    va_end(ap);
+}
+
+/* values[step − 1] = the number `field` of each line of DIR/FILE (metrics
+ * JSON lines) that has it, for steps 1..n; returns how many lines had it. */
+static inline int read_metric_steps(const char *dir, const char *file, const char *field,
+                                    double *values, int n)
+{
+    char path[512], *text;
+    size_t size;
+    snprintf(path, sizeof path, "%s/%s", dir, file);
+    cr_assert_eq(pt_read_file(path, &text, &size), PIPERT_OK, "%s", pipert_last_error());
+    int found = 0;
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+        json_t *o = json_loads(line, 0, NULL);
+        json_t *v = o ? json_object_get(o, field) : NULL;
+        const long step = o ? (long)json_integer_value(json_object_get(o, "step")) : 0;
+        if (json_is_number(v) && step >= 1 && step <= n) {
+            values[step - 1] = json_number_value(v);
+            found++;
+        }
+        json_decref(o);
+    }
+    free(text);
+    return found;
 }
 
 #endif

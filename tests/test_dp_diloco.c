@@ -45,42 +45,11 @@
     "--pipeline.trace=false"
 enum { STEPS = 20, MAX_STEPS = 200 };
 
-static void run_ok(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    run_result r = run_pipert_env("", fmt, ap);
-    va_end(ap);
-    cr_assert_eq(r.status, 0, "pipert failed (%d):\n%s", r.status, r.err);
-}
-
-/* values[step − 1] = FIELD of each line of DIR/FILE that has it (steps 1..n);
- * returns how many lines had it. */
-static int read_field(const char *dir, const char *file, const char *field, double *values, int n)
-{
-    char path[512], *text;
-    size_t size;
-    snprintf(path, sizeof path, "%s/%s", dir, file);
-    cr_assert_eq(pt_read_file(path, &text, &size), PIPERT_OK, "%s", pipert_last_error());
-    int found = 0;
-    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
-        json_t *o = json_loads(line, 0, NULL);
-        json_t *v = o ? json_object_get(o, field) : NULL;
-        const long step = o ? (long)json_integer_value(json_object_get(o, "step")) : 0;
-        if (v && step >= 1 && step <= n) {
-            values[step - 1] = json_is_string(v) ? 0 : json_number_value(v);
-            found++;
-        }
-        json_decref(o);
-    }
-    free(text);
-    return found;
-}
 
 static double final_val_loss(const char *dir)
 {
     double v[MAX_STEPS] = {0};
-    cr_assert_eq(read_field(dir, "metrics.jsonl", "val_loss", v, MAX_STEPS), 1, "%s: no val_loss", dir);
+    cr_assert_eq(read_metric_steps(dir, "metrics.jsonl", "val_loss", v, MAX_STEPS), 1, "%s: no val_loss", dir);
     for (int i = 0; i < MAX_STEPS; i++)
         if (v[i] != 0) return v[i];
     return NAN;
@@ -90,8 +59,8 @@ static double final_val_loss(const char *dir)
 static double loss_difference(const char *a, const char *b, int steps, int *worst_step)
 {
     double x[MAX_STEPS], y[MAX_STEPS], worst = 0;
-    cr_assert_eq(read_field(a, "metrics.jsonl", "loss", x, steps), steps, "%s: steps missing", a);
-    cr_assert_eq(read_field(b, "metrics.jsonl", "loss", y, steps), steps, "%s: steps missing", b);
+    cr_assert_eq(read_metric_steps(a, "metrics.jsonl", "loss", x, steps), steps, "%s: steps missing", a);
+    cr_assert_eq(read_metric_steps(b, "metrics.jsonl", "loss", y, steps), steps, "%s: steps missing", b);
     for (int i = 0; i < steps; i++) {
         const double d = fabs(x[i] - y[i]) / fabs(x[i]);
         if (d > worst) worst = d, *worst_step = i + 1;
@@ -112,7 +81,7 @@ static void expect_same_run(const char *reference, const char *dir, const char *
 static char *launch(int stages, const char *extra)
 {
     char *dir = make_temp_dir();
-    run_ok("launch --quiet --stages %d --replicas 2 --out %s " MODEL " --train.steps=%d "
+    run_pipert_ok("launch --quiet --stages %d --replicas 2 --out %s " MODEL " --train.steps=%d "
            "--train.batch_size=2 %s",
            stages, dir, STEPS, extra);
     return dir;
@@ -143,7 +112,7 @@ Test(dp_diloco, averaging_every_step_on_identical_data_equals_one_worker, .timeo
     snprintf(data, sizeof data, "--data.path=%s --data.sampling=sequential --data.val_fraction=0.1",
              text);
     char *single = make_temp_dir();
-    run_ok("train --quiet --out %s " MODEL " --train.steps=%d --train.batch_size=2 "
+    run_pipert_ok("train --quiet --out %s " MODEL " --train.steps=%d --train.batch_size=2 "
            "--runtime.threads=1 %s",
            single, STEPS, data);
     char extra[1024];
@@ -216,7 +185,7 @@ Test(dp_diloco, a_resumed_run_applies_the_exchange_it_had_in_flight, .timeout = 
     cr_expect(memmem(file, size, "dp.pending.h.1.attn.c_attn.weight", 33),
               "the checkpoint of step 9 does not hold the exchange in flight");
     free(file);
-    run_ok("launch --quiet --resume --stages 1 --replicas 2 --out %s " MODEL " --train.steps=%d "
+    run_pipert_ok("launch --quiet --resume --stages 1 --replicas 2 --out %s " MODEL " --train.steps=%d "
            "--train.batch_size=2 %s",
            resumed, STEPS, extra);
     expect_same_run(whole, resumed, "resumed at step 9 with an exchange in flight");
@@ -314,7 +283,7 @@ Test(dp_diloco, replicas_at_different_speeds_agree_on_the_fragment_order, .timeo
                                          "%ld fragment %ld", i, fast[i] / 100, fast[i] % 100,
                      slowed[i] / 100, slowed[i] % 100);
     double wait[RUN_STEPS] = {0}, waited = 0;
-    read_field(dir, "metrics-stage-0.jsonl", "dp_wait_ms", wait, RUN_STEPS);
+    read_metric_steps(dir, "metrics-stage-0.jsonl", "dp_wait_ms", wait, RUN_STEPS);
     for (int i = 0; i < RUN_STEPS; i++) waited += wait[i];
     cr_expect_gt(waited, 50.0, "replica 0 waited only %.1f ms for the throttled replica", waited);
     remove_dir(dir);
@@ -332,14 +301,14 @@ Test(dp_diloco, every_outer_method_trains_a_two_stage_pipeline, .timeout = 300)
     const char *names[] = {"diloco", "streaming-diloco", "co2"};
     for (int k = 0; k < 3; k++) {
         char *dir = make_temp_dir();
-        run_ok("launch --quiet --stages 2 --replicas 2 --out %s " MODEL " --train.steps=60 "
+        run_pipert_ok("launch --quiet --stages 2 --replicas 2 --out %s " MODEL " --train.steps=60 "
                "--train.batch_size=4 --train.lr=3e-3 --pipeline.schedule=async-1f1b %s",
                dir, methods[k]);
         double loss[60], bytes[60];
-        cr_assert_eq(read_field(dir, "metrics.jsonl", "loss", loss, 60), 60);
+        cr_assert_eq(read_metric_steps(dir, "metrics.jsonl", "loss", loss, 60), 60);
         cr_expect_lt(loss[59], loss[0] - 0.3, "%s: the loss did not fall (%g → %g)", names[k],
                      loss[0], loss[59]);
-        cr_assert_eq(read_field(dir, "metrics-stage-0.jsonl", "dp_bytes", bytes, 60), 60);
+        cr_assert_eq(read_metric_steps(dir, "metrics-stage-0.jsonl", "dp_bytes", bytes, 60), 60);
         int sending = 0;
         for (int i = 0; i < 60; i++) sending += bytes[i] > 0;
         /* diloco: every 5th step; streaming: 3 slots every 6 steps; co2: every 5th but the last */

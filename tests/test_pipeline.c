@@ -22,43 +22,11 @@
     "--train.warmup_steps=1 --train.val_every=0 --train.val_batches=2 --train.log_every=1"
 enum { STEPS = 20 };
 
-/* Runs `pipert ARGS`; fails the test, with its stderr, if it fails. */
-static void run_ok(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    run_result r = run_pipert_env("", fmt, ap);
-    va_end(ap);
-    cr_assert_eq(r.status, 0, "pipert failed (%d):\n%s", r.status, r.err);
-}
-
-/* Each step's "loss" (and, if wanted, another field) from DIR/FILE. */
-static int read_field(const char *dir, const char *file, const char *field, double *values, int n)
-{
-    char path[512], *text;
-    size_t size;
-    snprintf(path, sizeof path, "%s/%s", dir, file);
-    cr_assert_eq(pt_read_file(path, &text, &size), PIPERT_OK, "%s", pipert_last_error());
-    int found = 0;
-    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
-        json_t *o = json_loads(line, 0, NULL);
-        json_t *v = o ? json_object_get(o, field) : NULL;
-        long step = o ? (long)json_integer_value(json_object_get(o, "step")) : 0;
-        if (v && step >= 1 && step <= n) {
-            values[step - 1] = json_number_value(v);
-            found++;
-        }
-        json_decref(o);
-    }
-    free(text);
-    return found;
-}
-
 static void expect_same_losses(const char *reference, const char *dir, const char *what)
 {
     double expected[STEPS], got[STEPS];
-    cr_assert_eq(read_field(reference, "metrics.jsonl", "loss", expected, STEPS), STEPS);
-    cr_assert_eq(read_field(dir, "metrics.jsonl", "loss", got, STEPS), STEPS, "%s: steps missing", what);
+    cr_assert_eq(read_metric_steps(reference, "metrics.jsonl", "loss", expected, STEPS), STEPS);
+    cr_assert_eq(read_metric_steps(dir, "metrics.jsonl", "loss", got, STEPS), STEPS, "%s: steps missing", what);
     for (int i = 0; i < STEPS; i++)
         cr_expect(fabs(got[i] - expected[i]) <= 1e-5 * fabs(expected[i]),
                   "%s, step %d: %.9g, single worker %.9g", what, i + 1, got[i], expected[i]);
@@ -68,7 +36,7 @@ static void expect_same_losses(const char *reference, const char *dir, const cha
 static char *single_worker(int batch, int microbatches)
 {
     char *dir = make_temp_dir();
-    run_ok("train --quiet --out %s " MODEL " --train.steps=%d --train.batch_size=%d "
+    run_pipert_ok("train --quiet --out %s " MODEL " --train.steps=%d --train.batch_size=%d "
                "--train.grad_accum=%d --runtime.threads=1",
                dir, STEPS, batch, microbatches);
     return dir;
@@ -78,7 +46,7 @@ static void check_flush_schedule(const char *schedule, int stages, int replicas,
 {
     const int M = 4, B = 2;
     char *reference = single_worker(B * replicas, M), *dir = make_temp_dir();
-    run_ok("launch --quiet --stages %d --replicas %d --out %s " MODEL " --train.steps=%d "
+    run_pipert_ok("launch --quiet --stages %d --replicas %d --out %s " MODEL " --train.steps=%d "
                "--train.batch_size=%d --pipeline.schedule=%s --pipeline.microbatches=%d %s",
                stages, replicas, dir, STEPS, B, schedule, M, extra);
     char what[160];
@@ -112,18 +80,18 @@ Test(pipeline, asynchronous_schedule_measures_its_staleness)
     const char *lookaheads[] = {"none", "stash", "nesterov", "predict"};
     for (int k = 0; k < 4; k++) {
         char *dir = make_temp_dir();
-        run_ok("launch --quiet --stages 4 --replicas 1 --out %s " MODEL " --train.steps=%d "
+        run_pipert_ok("launch --quiet --stages 4 --replicas 1 --out %s " MODEL " --train.steps=%d "
                    "--train.batch_size=4 --pipeline.schedule=async-1f1b --pipeline.lookahead=%s",
                    dir, 3 * STEPS, lookaheads[k]);
         double loss[3 * STEPS];
-        cr_assert_eq(read_field(dir, "metrics.jsonl", "loss", loss, 3 * STEPS), 3 * STEPS);
+        cr_assert_eq(read_metric_steps(dir, "metrics.jsonl", "loss", loss, 3 * STEPS), 3 * STEPS);
         cr_expect_lt(loss[3 * STEPS - 1], loss[0] - 0.3, "%s: the loss did not fall (%g → %g)",
                      lookaheads[k], loss[0], loss[3 * STEPS - 1]);
         for (int s = 0; s < 4; s++) {
             char file[64];
             double staleness[3 * STEPS];
             snprintf(file, sizeof file, "metrics-stage-%d.jsonl", s);
-            cr_assert_eq(read_field(dir, file, "staleness", staleness, 3 * STEPS), 3 * STEPS);
+            cr_assert_eq(read_metric_steps(dir, file, "staleness", staleness, 3 * STEPS), 3 * STEPS);
             cr_expect_float_eq(staleness[3 * STEPS - 1], 3.0 - s, 1e-9, "%s: stage %d staleness %g",
                                lookaheads[k], s, staleness[3 * STEPS - 1]);
         }
@@ -137,7 +105,7 @@ Test(pipeline, a_run_leaves_one_merged_trace)
 {
     char *dir = make_temp_dir(), path[512], *text;
     size_t size;
-    run_ok("launch --quiet --stages 2 --replicas 1 --out %s " MODEL " --train.steps=5 "
+    run_pipert_ok("launch --quiet --stages 2 --replicas 1 --out %s " MODEL " --train.steps=5 "
                "--train.batch_size=2 --pipeline.schedule=1f1b",
                dir);
     snprintf(path, sizeof path, "%s/trace.json", dir);

@@ -31,49 +31,19 @@ enum { K = 8, STEPS = 2 * K };
 
 /* ---- helpers ---------------------------------------------------------------- */
 
-static void run_ok_env(const char *env, const char *fmt, va_list ap)
-{
-    run_result r = run_pipert_env(env, fmt, ap);
-    cr_assert_eq(r.status, 0, "pipert failed (%d):\n%s", r.status, r.err);
-}
-
-static void run_ok(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    run_ok_env("", fmt, ap);
-    va_end(ap);
-}
-
-/* run_ok with the workers' info lines in their logs. */
+/* run_pipert_ok with the workers' info lines in their logs. */
 static void run_logged(const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    run_ok_env("PIPERT_LOG=info", fmt, ap);
+    run_pipert_ok_env("PIPERT_LOG=info", fmt, ap);
     va_end(ap);
 }
 
 /* losses[step − 1] from DIR/metrics.jsonl; the number of steps found. */
 static int read_losses(const char *dir, double *losses, int n)
 {
-    char path[512], *text;
-    size_t size;
-    snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
-    cr_assert_eq(pt_read_file(path, &text, &size), PIPERT_OK, "%s", pipert_last_error());
-    int found = 0;
-    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
-        json_t *o = json_loads(line, 0, NULL);
-        json_t *loss = o ? json_object_get(o, "loss") : NULL;
-        long step = o ? (long)json_integer_value(json_object_get(o, "step")) : 0;
-        if (loss && step >= 1 && step <= n) {
-            losses[step - 1] = json_number_value(loss);
-            found++;
-        }
-        json_decref(o);
-    }
-    free(text);
-    return found;
+    return read_metric_steps(dir, "metrics.jsonl", "loss", losses, n);
 }
 
 /* Steps [from, STEPS] of dir's losses are within `tolerance` (relative) of
@@ -130,7 +100,7 @@ static void remove_checkpoint(const char *dir, long step)
 static char *run_and_cut(const char *launch_args, char **reference)
 {
     *reference = make_temp_dir();
-    run_ok("launch --quiet %s --out %s " MODEL " --train.steps=%d --train.checkpoint_every=%d",
+    run_pipert_ok("launch --quiet %s --out %s " MODEL " --train.steps=%d --train.checkpoint_every=%d",
            launch_args, *reference, STEPS, K);
     cr_assert(exists(*reference, "ckpt-%08ld.json", K), "no index of step %d", K);
     cr_assert(exists(*reference, "ckpt-%08ld-stage-0.safetensors", K));
@@ -156,7 +126,7 @@ Test(resume, one_f_one_b_on_two_stages_resumes_with_the_same_losses)
                        "--pipeline.microbatches=4";
     char *reference, *dir = run_and_cut(args, &reference);
     cr_assert(exists(reference, "ckpt-%08ld-stage-1.safetensors", K));
-    run_ok("launch --quiet --resume %s --out %s " MODEL " --train.steps=%d --train.checkpoint_every=%d",
+    run_pipert_ok("launch --quiet --resume %s --out %s " MODEL " --train.steps=%d --train.checkpoint_every=%d",
            args, dir, STEPS, K);
     expect_losses(reference, dir, 1, SAME, "1f1b, 2 stages");
     remove_dir(reference);
@@ -214,7 +184,7 @@ Test(resume, two_stages_resume_on_three_stages_and_under_another_split)
     snprintf(args, sizeof args, "--stages 2 --replicas 1 %s", flush);
     char *reference, *dir = run_and_cut(args, &reference);
     char *split = copy_dir(dir);
-    run_ok("launch --quiet --resume --stages 3 --replicas 1 %s --out %s " MODEL
+    run_pipert_ok("launch --quiet --resume --stages 3 --replicas 1 %s --out %s " MODEL
            " --train.steps=%d --train.checkpoint_every=%d",
            flush, dir, STEPS, K);
     expect_losses(reference, dir, K + 1, 1e-5, "2 stages resumed on 3");
@@ -223,7 +193,7 @@ Test(resume, two_stages_resume_on_three_stages_and_under_another_split)
     cr_expect(strstr(index, "\"stages\": 3"), "index of step 16: %s", index);
     free(index);
 
-    run_ok("launch --quiet --resume --stages 2 --replicas 1 --plan.layers=3,1 %s --out %s " MODEL
+    run_pipert_ok("launch --quiet --resume --stages 2 --replicas 1 --plan.layers=3,1 %s --out %s " MODEL
            " --train.steps=%d --train.checkpoint_every=%d",
            flush, split, STEPS, K);
     expect_losses(reference, split, K + 1, 1e-5, "split [0,2),[2,4) resumed as [0,3),[3,4)");
@@ -245,10 +215,10 @@ Test(resume, one_replica_resumes_as_two)
     snprintf(args, sizeof args, "--stages 2 --replicas 1 --train.batch_size=2 %s", flush);
     char *reference, *dir = run_and_cut(args, &reference);
     char *single = copy_dir(dir), *single_same_batch = copy_dir(dir);
-    run_ok("launch --quiet --resume --stages 2 --replicas 2 --train.batch_size=2 %s --out %s " MODEL
+    run_pipert_ok("launch --quiet --resume --stages 2 --replicas 2 --train.batch_size=2 %s --out %s " MODEL
            " --train.steps=%d --train.checkpoint_every=%d",
            flush, dir, STEPS, K);
-    run_ok("train --quiet --resume --out %s " MODEL " --train.batch_size=4 --train.grad_accum=2 "
+    run_pipert_ok("train --quiet --resume --out %s " MODEL " --train.batch_size=4 --train.grad_accum=2 "
            "--runtime.threads=1 --train.steps=%d --train.checkpoint_every=%d",
            single, STEPS, K);
     expect_losses(single, dir, K + 1, 1e-5, "2 replicas of batch 2 against one worker of batch 4");
@@ -256,7 +226,7 @@ Test(resume, one_replica_resumes_as_two)
     cr_expect(exists(dir, "ckpt-%08ld-stage-1.safetensors", STEPS));
     cr_expect_not(exists(dir, "ckpt-%08ld-stage-2.safetensors", STEPS));
 
-    run_ok("train --quiet --resume --out %s " MODEL " --train.batch_size=2 --train.grad_accum=2 "
+    run_pipert_ok("train --quiet --resume --out %s " MODEL " --train.batch_size=2 --train.grad_accum=2 "
            "--runtime.threads=1 --train.steps=%d --train.checkpoint_every=%d",
            single_same_batch, STEPS, K);
     expect_losses(reference, single_same_batch, K + 1, 1e-5, "2 stages resumed by one worker");
@@ -275,7 +245,7 @@ Test(resume, asynchronous_two_stages_resume_on_three_from_an_empty_pipeline)
     char *reference, *dir = run_and_cut("--stages 2 --replicas 1 --train.batch_size=2 "
                                         "--pipeline.schedule=async-1f1b",
                                         &reference);
-    run_ok("launch --quiet --resume --stages 3 --replicas 1 --train.batch_size=2 "
+    run_pipert_ok("launch --quiet --resume --stages 3 --replicas 1 --train.batch_size=2 "
            "--pipeline.schedule=async-1f1b --out %s " MODEL
            " --train.steps=%d --train.checkpoint_every=%d",
            dir, STEPS, K);
@@ -309,7 +279,7 @@ Test(resume, incomplete_checkpoints_are_not_used)
     const char *args = "--stages 2 --replicas 1 --train.batch_size=2 --pipeline.schedule=1f1b "
                        "--pipeline.microbatches=2";
     char *reference = make_temp_dir(), path[600];
-    run_ok("launch --quiet %s --out %s " MODEL " --train.steps=%d --train.checkpoint_every=4", args,
+    run_pipert_ok("launch --quiet %s --out %s " MODEL " --train.steps=%d --train.checkpoint_every=4", args,
            reference, STEPS);
     char *dir = copy_dir(reference);
     path_of(path, sizeof path, dir, "ckpt-%08ld.json", 16);
@@ -349,7 +319,7 @@ Test(resume, incomplete_checkpoints_are_not_used)
 Test(resume, old_checkpoints_go_whole)
 {
     char *dir = make_temp_dir();
-    run_ok("launch --quiet --stages 2 --replicas 1 --train.batch_size=2 --pipeline.schedule=1f1b "
+    run_pipert_ok("launch --quiet --stages 2 --replicas 1 --train.batch_size=2 --pipeline.schedule=1f1b "
            "--out %s " MODEL " --train.steps=8 --train.checkpoint_every=2 --train.keep_checkpoints=2",
            dir);
     for (long step = 2; step <= 8; step += 2) {

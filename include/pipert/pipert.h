@@ -73,7 +73,8 @@ void pipert_config_free(pipert_config *cfg);
 typedef struct pipert_train_options {
     const char *out_dir; /* metrics.jsonl and checkpoints go here */
     int resume;          /* continue from the newest complete checkpoint */
-    int quiet;           /* no progress output on stdout */
+    int quiet;           /* unused: the library prints nothing (pipert_session_step gives the
+                            metrics a caller prints); kept for compatibility */
     /* A flag the caller may set (e.g. from a signal handler) to stop the run
      * at the next step boundary; NULL if unused. */
     volatile int *stop_flag;
