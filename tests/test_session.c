@@ -114,6 +114,75 @@ Test(session, options_without_size_are_refused)
     pipert_config_free(cfg);
 }
 
+/* ---- the host's batches ---------------------------------------------------------- */
+
+/* A stream of token (q + t) mod 7 for sequence q, or a token out of range (when
+ * `user` says so), or a failure. */
+typedef struct host_stream {
+    int mode; /* 0: good batches, 1: a token out of range, 2: a failure */
+    int calls;
+} host_stream;
+
+static int host_batches(void *user, pipert_split split, long index, long first, int batch,
+                        int seq_len, int32_t *inputs, int32_t *targets)
+{
+    host_stream *stream = user;
+    const int mode = stream->mode;
+    stream->calls++;
+    if (mode == 2) return 5;
+    for (int b = 0; b < batch; b++)
+        for (int t = 0; t < seq_len; t++) {
+            const long q = (split == PIPERT_SPLIT_TRAIN ? index * 100 : 50) + first + b;
+            inputs[b * seq_len + t] = (int32_t)((q + t) % 7);
+            targets[b * seq_len + t] = (int32_t)((q + t + 1) % 7);
+        }
+    if (mode == 1) targets[3] = 300; /* model.vocab_size is 256 */
+    return 0;
+}
+
+static pipert_result step_with_batches(int mode)
+{
+    pipert_config *cfg = small_config(NULL);
+    pipert_session_options o = PIPERT_SESSION_OPTIONS_INIT;
+    o.out_dir = temp_dir();
+    o.alone = 1;
+    host_stream stream = {mode, 0};
+    o.batch = host_batches;
+    o.batch_user = &stream;
+    o.log_level = PIPERT_LOG_ERROR;
+    pipert_session *s;
+    cr_assert_eq(pipert_session_create(cfg, &o, &s), PIPERT_OK, "%s", pipert_last_error());
+    pipert_metrics m = {.size = sizeof m};
+    pipert_result rc = PIPERT_OK;
+    float first = NAN;
+    while (rc == PIPERT_OK && !m.done) {
+        rc = pipert_session_step(s, &m);
+        if (isnan(first)) first = m.loss;
+    }
+    if (rc == PIPERT_OK) {
+        /* per step one call for the inputs and one for the targets (one stage is
+         * the first and the last), and one per validation batch */
+        cr_expect_eq(stream.calls, 2 * STEPS + 1, "the callback was called %d times", stream.calls);
+        cr_expect_lt(m.loss, first, "the host's stream did not train: %f -> %f", first, m.loss);
+    }
+    pipert_session_destroy(s);
+    pipert_config_free(cfg);
+    return rc;
+}
+
+Test(session, the_host_hands_the_batches)
+{
+    cr_expect_eq(step_with_batches(0), PIPERT_OK, "%s", pipert_last_error());
+}
+
+Test(session, bad_batches_from_the_host_are_refused_by_name)
+{
+    cr_expect_eq(step_with_batches(1), PIPERT_ERR_INVALID_ARG);
+    cr_expect(strstr(pipert_last_error(), "token 300"), "%s", pipert_last_error());
+    cr_expect_eq(step_with_batches(2), PIPERT_ERR_IO);
+    cr_expect(strstr(pipert_last_error(), "returned 5"), "%s", pipert_last_error());
+}
+
 /* ---- a job bootstrapped by the host's allgather ------------------------------- */
 
 /* The hub: every rank sends (size, bytes), gets everyone's bytes back. */
