@@ -10,6 +10,7 @@
 #include <stdlib.h>
 
 #include "dp/methods.h"
+#include "dp/wait.h"
 
 typedef struct allreduce_state {
     pt_coupling_options options;

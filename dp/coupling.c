@@ -5,9 +5,8 @@
 #include <string.h>
 
 #include "dp/methods.h"
+#include "dp/wait.h"
 #include "runtime/clock.h"
-
-#define WAIT_SLICE_S 0.5
 
 struct pt_coupling {
     const pt_coupling_method *method;
@@ -152,21 +151,4 @@ const char *pt_coupling_method_name(const pt_coupling *c) { return c->method->na
 const float *pt_coupling_eval_params(const pt_coupling *c)
 {
     return c && c->runs_method && c->method->eval_params ? c->method->eval_params(c->state) : NULL;
-}
-
-pipert_result pt_coupling_wait_allreduce(const pt_coupling_options *options,
-                                         pt_allreduce_handle *handle, const char *what)
-{
-    for (;;) {
-        pipert_result rc = pt_allreduce_wait_for(handle, WAIT_SLICE_S);
-        if (rc != PIPERT_ERR_TIMEOUT) {
-            if (rc != PIPERT_OK) pt_error_prefix("%s", what);
-            return rc;
-        }
-        if (options->should_stop && options->should_stop(options->context)) {
-            pt_allreduce_abandon(handle);
-            return pt_fail(PIPERT_ERR_INTERRUPTED, "%s: stopped while waiting for the replicas",
-                           what);
-        }
-    }
 }

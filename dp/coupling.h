@@ -107,11 +107,5 @@ pt_coupling_metrics pt_coupling_take_metrics(pt_coupling *c);
 const float *pt_coupling_eval_params(const pt_coupling *c);
 const char *pt_coupling_method_name(const pt_coupling *c);
 
-/* For methods: waits for a non-blocking all-reduce in slices of half a
- * second, asking should_stop in between; `what` names it in errors. On
- * PIPERT_ERR_INTERRUPTED the all-reduce is abandoned (it frees itself when
- * the transport is done with it). */
-pipert_result pt_coupling_wait_allreduce(const pt_coupling_options *options,
-                                         pt_allreduce_handle *handle, const char *what);
 
 #endif

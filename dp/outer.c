@@ -38,6 +38,7 @@
 #include <string.h>
 
 #include "dp/exchange.h"
+#include "dp/wait.h"
 #include "runtime/log.h"
 #include "runtime/memory.h"
 #include "train/checkpoint.h" /* pt_gpt_add_to_writer */
@@ -520,30 +521,12 @@ static pipert_result post(outer_state *s, const pt_coupling_point *at, int slot,
     return PIPERT_OK;
 }
 
-/* pt_coupling_wait_allreduce for a compressed exchange: in slices of half a
- * second, asking should_stop in between. */
-static pipert_result wait_compressed(const outer_state *s, pt_exchange *handle, const char *what)
-{
-    for (;;) {
-        pipert_result rc = pt_exchange_wait_for(handle, 0.5);
-        if (rc != PIPERT_ERR_TIMEOUT) {
-            if (rc != PIPERT_OK) pt_error_prefix("%s", what);
-            return rc;
-        }
-        if (s->options.should_stop && s->options.should_stop(s->options.context)) {
-            pt_exchange_abandon(handle);
-            return pt_fail(PIPERT_ERR_INTERRUPTED, "%s: stopped while waiting for the replicas",
-                           what);
-        }
-    }
-}
-
 static pipert_result wait_payload(outer_state *s, const char *what)
 {
     exchange *e = &s->pending;
     pipert_result rc = PIPERT_OK;
     if (e->payload_handle) rc = pt_coupling_wait_allreduce(&s->options, e->payload_handle, what);
-    if (e->compressed_handle) rc = wait_compressed(s, e->compressed_handle, what);
+    if (e->compressed_handle) rc = pt_coupling_wait_exchange(&s->options, e->compressed_handle, what);
     e->payload_handle = NULL;
     e->compressed_handle = NULL;
     return rc;

@@ -62,6 +62,7 @@
 
 #include "dp/codec.h"
 #include "dp/exchange.h"
+#include "dp/wait.h"
 #include "dp/methods.h"
 #include "runtime/log.h"
 #include "runtime/rng.h"
@@ -70,7 +71,6 @@
 #define MAX_IN_FLIGHT 16
 
 /* A wait for the replicas asks should_stop this often. */
-#define WAIT_SLICE_S 0.5
 
 /* The last word of the partitions' Philox counters. */
 #define PARTITION_STREAM 0x73706172u /* "spar" */
@@ -527,24 +527,24 @@ static void in_flight_abandon(in_flight *op)
     *op = (in_flight){0};
 }
 
+static pipert_result in_flight_wait_cb(void *op, double timeout_s)
+{
+    return in_flight_wait_for(op, timeout_s);
+}
+
+static void in_flight_abandon_cb(void *op) { in_flight_abandon(op); }
+
 /* Ends `op`: unless `wait`, PIPERT_ERR_TIMEOUT while it runs; with `wait`,
- * in slices that ask should_stop (a stop abandons it). */
+ * as dp/wait.h waits (a stop abandons it). */
 static pipert_result in_flight_finish(const sparse_state *s, in_flight *op, bool wait,
                                       const char *what)
 {
-    for (;;) {
-        pipert_result rc = in_flight_wait_for(op, wait ? WAIT_SLICE_S : 0.0);
-        if (rc == PIPERT_ERR_TIMEOUT && !wait) return rc;
-        if (rc != PIPERT_ERR_TIMEOUT) {
-            if (rc != PIPERT_OK) pt_error_prefix("%s", what);
-            return rc;
-        }
-        if (s->options.should_stop && s->options.should_stop(s->options.context)) {
-            in_flight_abandon(op);
-            return pt_fail(PIPERT_ERR_INTERRUPTED, "%s: stopped while waiting for the replicas",
-                           what);
-        }
-    }
+    if (wait)
+        return pt_coupling_wait(&s->options,
+                                (pt_pending_op){in_flight_wait_cb, in_flight_abandon_cb, op}, what);
+    pipert_result rc = in_flight_wait_for(op, 0.0);
+    if (rc != PIPERT_OK && rc != PIPERT_ERR_TIMEOUT) pt_error_prefix("%s", what);
+    return rc;
 }
 
 /* ---- onebit's error feedback, kept per parameter ------------------------------

@@ -23,6 +23,7 @@
 
 #include "runtime/error.h"
 #include "runtime/fileio.h"
+#include "runtime/units.h"
 
 /* ---- the schema ---------------------------------------------------------- */
 
@@ -171,6 +172,12 @@ static const config_key schema[] = {
                "co2: staleness gap penalty Lambda: dp.penalty_value, or computed each round"),
     NUMBER_KEY(dp.penalty_value, 1.0, AT_LEAST(1), "co2: the constant Lambda"),
     NUMBER_KEY(dp.clip, 0.1, ABOVE(0), "co2: outer momentum clip phi (element-wise)"),
+
+    STRING_KEY(wan.bandwidth, "", NULL,
+               "pipert launch --sites N: emulate the links between sites at this rate in each "
+               "direction, e.g. 100mbit or 1gbit (root; docs/RUNNING.md); \"\" = not emulated"),
+    STRING_KEY(wan.latency, "", NULL,
+               "pipert launch --sites N: one-way delay of the emulated links, e.g. 50ms; \"\" = 0"),
 
     STRING_KEY(plan.layers, "", NULL,
                "blocks per stage, e.g. \"3,3,3,3\"; \"\" = balanced by compute"),
@@ -728,6 +735,14 @@ pipert_result pipert_config_set(pipert_config *cfg, const char *assignment)
 
 /* ---- checks -------------------------------------------------------------- */
 
+static pipert_result validate_wan(const pt_wan_settings *wan)
+{
+    double value;
+    if (wan->bandwidth[0]) PT_TRY(pt_parse_bit_rate(wan->bandwidth, "wan.bandwidth", &value));
+    if (wan->latency[0]) PT_TRY(pt_parse_duration(wan->latency, "wan.latency", &value));
+    return PIPERT_OK;
+}
+
 pipert_result pt_config_validate(const pipert_config *cfg)
 {
     if (!cfg) return pt_fail(PIPERT_ERR_INVALID_ARG, "pt_config_validate: NULL config");
@@ -745,6 +760,7 @@ pipert_result pt_config_validate(const pipert_config *cfg)
         if (!fits)
             return pt_fail(PIPERT_ERR_CONFIG, "%s: %s, got %s", key->name, why.problem, why.found);
     }
+    PT_TRY(validate_wan(&cfg->wan));
     const pt_model_settings *m = &cfg->model;
     if (m->n_embd % m->n_head != 0)
         return pt_fail(PIPERT_ERR_CONFIG, "model.n_embd: %d is not a multiple of model.n_head = %d",

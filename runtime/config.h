@@ -80,6 +80,13 @@ typedef struct pt_dp_settings {
     double clip;                         /* co2: φ */
 } pt_dp_settings;
 
+/* Emulated wide-area links between the sites of a `pipert launch --sites N`
+ * (tools/wan/): empty bandwidth and latency = no emulation. */
+typedef struct pt_wan_settings {
+    char bandwidth[PT_CONFIG_STRING_MAX]; /* "100mbit": each direction of each link between sites */
+    char latency[PT_CONFIG_STRING_MAX];   /* "50ms": one way */
+} pt_wan_settings;
+
 typedef struct pt_plan_settings {
     char layers[PT_CONFIG_STRING_MAX]; /* "3,3,3,3": blocks per stage; "" = balanced by compute */
 } pt_plan_settings;
@@ -92,6 +99,7 @@ struct pipert_config {
     pt_pipeline_settings pipeline;
     pt_dp_settings dp;
     pt_plan_settings plan;
+    pt_wan_settings wan;
     int64_t seed;
 };
 

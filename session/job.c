@@ -180,6 +180,7 @@ static pipert_result start_coordinator(pt_job *job, const char *secret)
     options.port = job->boot.coord_port;
     options.world = job->world;
     options.secret = secret;
+    if (job->boot.heartbeat_timeout_s > 0) options.dead_after_s = job->boot.heartbeat_timeout_s;
     PT_TRY(pt_coordinator_create(&job->coordinator, &options));
     pt_info("coordinator listening on port %d (workers reach it at %s:%d)", job->boot.coord_port,
             job->boot.coord_host, job->boot.coord_port);
@@ -222,6 +223,7 @@ static pipert_result join_launched(pt_job *job, int stages, const char *const *e
     options.rank = job->rank;
     options.world = job->world;
     options.address = pt_transport_listen_address(job->transport);
+    if (job->boot.heartbeat_timeout_s > 0) options.dead_after_s = job->boot.heartbeat_timeout_s;
     PT_TRY(pt_coord_client_connect(&job->client, &options));
     const pt_peer_table *peers;
     PT_TRY(wait_for_table(job, &peers));

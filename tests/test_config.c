@@ -16,6 +16,7 @@
 
 #include "pipert/pipert.h"
 #include "runtime/config.h"
+#include "runtime/units.h"
 
 /* ---- helpers ------------------------------------------------------------- */
 
@@ -93,7 +94,7 @@ static const char *const all_keys[] = {
     "dp.outer_momentum", "dp.fragments", "dp.overlap", "dp.alpha", "dp.penalty", "dp.penalty_value",
     "dp.clip", "runtime.threads", "runtime.device", "pipeline.schedule",
     "pipeline.lookahead", "pipeline.microbatches", "pipeline.recompute", "pipeline.trace",
-    "plan.layers", "seed",
+    "wan.bandwidth", "wan.latency", "plan.layers", "seed",
 };
 enum { ALL_KEYS = sizeof all_keys / sizeof all_keys[0] };
 
@@ -569,4 +570,52 @@ Test(config, model_section_alone)
     cr_expect_eq(back.train.lr, 1e-3, "a train key came along with the model section");
     free(text);
     pipert_config_free(cfg);
+}
+
+/* ---- units of the emulated links (runtime/units.h) ------------------------- */
+
+Test(config, bit_rates_and_durations)
+{
+    double x;
+    const struct { const char *text; double value; } rates[] = {
+        {"100mbit", 1e8}, {"1gbit", 1e9}, {"1.5Gbit/s", 1.5e9}, {"10Mbps", 1e7}, {"500kbit", 5e5},
+        {"64bit", 64},
+    };
+    for (size_t i = 0; i < sizeof rates / sizeof rates[0]; i++) {
+        cr_assert_eq(pt_parse_bit_rate(rates[i].text, "r", &x), PIPERT_OK, "%s", rates[i].text);
+        cr_expect_float_eq(x, rates[i].value, 1e-9 * rates[i].value, "%s", rates[i].text);
+    }
+    const struct { const char *text; double value; } durations[] = {
+        {"50ms", 0.05}, {"2s", 2}, {"250us", 250e-6}, {"0", 0}, {"0ms", 0}, {"1.5ms", 1.5e-3},
+    };
+    for (size_t i = 0; i < sizeof durations / sizeof durations[0]; i++) {
+        cr_assert_eq(pt_parse_duration(durations[i].text, "d", &x), PIPERT_OK, "%s", durations[i].text);
+        cr_expect_float_eq(x, durations[i].value, 1e-12, "%s", durations[i].text);
+    }
+    const char *bad_rates[] = {"100", "fast", "-5mbit", "0mbit", "100mbits", "", "nanmbit"};
+    for (size_t i = 0; i < sizeof bad_rates / sizeof bad_rates[0]; i++)
+        cr_expect_eq(pt_parse_bit_rate(bad_rates[i], "r", &x), PIPERT_ERR_CONFIG, "%s", bad_rates[i]);
+    const char *bad_durations[] = {"50", "-1ms", "1h", "ms", ""};
+    for (size_t i = 0; i < sizeof bad_durations / sizeof bad_durations[0]; i++)
+        cr_expect_eq(pt_parse_duration(bad_durations[i], "d", &x), PIPERT_ERR_CONFIG, "%s",
+                     bad_durations[i]);
+}
+
+Test(config, wan_keys_are_checked)
+{
+    pipert_config cfg;
+    pt_config_defaults(&cfg);
+    snprintf(cfg.wan.bandwidth, sizeof cfg.wan.bandwidth, "100");
+    cr_expect_eq(pt_config_validate(&cfg), PIPERT_ERR_CONFIG);
+    cr_expect_str_eq(pipert_last_error(), "wan.bandwidth: expected a positive bit rate such as "
+                                          "100mbit or 1gbit, got '100'");
+    pt_config_defaults(&cfg);
+    snprintf(cfg.wan.latency, sizeof cfg.wan.latency, "50");
+    cr_expect_eq(pt_config_validate(&cfg), PIPERT_ERR_CONFIG);
+    cr_expect_str_eq(pipert_last_error(), "wan.latency: expected a duration such as 50ms, 2s or "
+                                          "250us, got '50'");
+    pt_config_defaults(&cfg);
+    snprintf(cfg.wan.bandwidth, sizeof cfg.wan.bandwidth, "1gbit");
+    snprintf(cfg.wan.latency, sizeof cfg.wan.latency, "10ms");
+    cr_expect_eq(pt_config_validate(&cfg), PIPERT_OK, "%s", pipert_last_error());
 }

@@ -24,11 +24,13 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <math.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -44,12 +46,15 @@
 #include "runtime/metrics.h"
 #include "runtime/topology.h"
 #include "runtime/trace.h"
+#include "runtime/units.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
+#include "tools/wan/testbed.h"
 
 #define EXIT_JOB_ABORTED 3 /* a worker that stopped because the job aborted (cmd_worker.c) */
 #define POLL_MS 100
 #define LOG_TAIL_LINES 4
+#define WAN_HEARTBEAT_TIMEOUT_S 30.0
 
 extern char **environ;
 
@@ -74,12 +79,17 @@ typedef struct worker_process {
 typedef struct job {
     int stages, replicas, world;
     int sites; /* --sites: replica r is in site r mod sites */
+    /* wan.*: the sites are network namespaces joined by emulated links */
+    bool emulate_wan;
+    pt_wan_link wan_link;
+    pt_testbed *testbed;
     char out_dir[PATH_MAX];
     char secret_path[PATH_MAX + 16];
     char secret[2 * PT_SECRET_BYTES + 1];
     char host[PT_HOST_MAX];
     int cores;
     double grace_s;
+    double heartbeat_timeout_s; /* --heartbeat-timeout */
     pt_coordinator *coordinator;
     worker_process *workers; /* [world] */
     int running;
@@ -88,6 +98,7 @@ typedef struct job {
     int n_config_args;
     bool quiet;
     bool resume; /* --resume: every worker continues from the newest complete checkpoint */
+    bool probe;  /* --probe: the workers measure the links between sites (pipert probe --sites) */
     long total_steps, log_every;
     /* shutdown: once the job aborts, stragglers get SIGTERM at term_at and
      * SIGKILL at kill_at */
@@ -144,13 +155,50 @@ static pipert_result prepare_directory(job *j, const char *out_dir)
     return pt_secret_write_file(j->secret_path, j->secret);
 }
 
+/* The coordinator's address as the workers see it. */
+static const char *coordinator_host(const job *j)
+{
+    /* one machine: nobody else needs to reach it; emulated sites: it is in
+     * site 0, and the other sites reach it over their links */
+    return j->testbed ? pt_testbed_address(j->testbed, 0) : "127.0.0.1";
+}
+
 static pipert_result start_coordinator(job *j)
 {
     pt_coordinator_options options = PT_COORDINATOR_OPTIONS_INIT;
-    options.bind_host = "127.0.0.1"; /* one machine: nobody else needs to reach it */
+    options.bind_host = coordinator_host(j);
     options.world = j->world;
     options.secret = j->secret;
-    return pt_coordinator_create(&j->coordinator, &options);
+    options.dead_after_s = j->heartbeat_timeout_s;
+    if (!j->testbed) return pt_coordinator_create(&j->coordinator, &options);
+    /* Its socket is made inside site 0's namespace, and stays there. */
+    PT_TRY(pt_testbed_enter(j->testbed, 0));
+    pipert_result rc = pt_coordinator_create(&j->coordinator, &options);
+    pipert_result back = pt_testbed_leave(j->testbed);
+    return rc != PIPERT_OK ? rc : back;
+}
+
+/* One link per ordered pair of sites, all alike (wan.bandwidth, wan.latency). */
+static pipert_result start_testbed(job *j)
+{
+    pt_wan_link *links = malloc((size_t)j->sites * (size_t)j->sites * sizeof *links);
+    if (!links) return pt_fail(PIPERT_ERR_NOMEM, "out of memory");
+    for (int k = 0; k < j->sites * j->sites; k++) links[k] = j->wan_link;
+    pipert_result rc = pt_testbed_create(j->sites, links, &j->testbed);
+    free(links);
+    return rc;
+}
+
+static void print_links(const job *j)
+{
+    char rate[32], latency[32];
+    pt_format_bit_rate(j->wan_link.bits_per_s, rate, sizeof rate);
+    pt_format_duration(j->wan_link.latency_s, latency, sizeof latency);
+    printf("  %d sites, each a network namespace (pipert-%d-sI); between sites %s each way "
+           "(tc htb), %s one way (%s), TCP only (UCX_TLS=tcp over %s)\n",
+           j->sites, (int)getpid(), rate, latency,
+           pt_testbed_kernel_delay(j->testbed) ? "netem" : "user-space delay: this kernel has no netem",
+           PT_WAN_DEVICE);
 }
 
 static void format_cores(const worker_process *w, char *text, size_t cap)
@@ -162,10 +210,11 @@ static void format_cores(const worker_process *w, char *text, size_t cap)
 static void print_mapping(const job *j)
 {
     printf("pipert launch: %d worker%s (%d stage%s x %d replica%s) on %s, %d cores; coordinator "
-           "127.0.0.1:%d; job directory %s\n",
+           "%s:%d; job directory %s\n",
            j->world, j->world == 1 ? "" : "s", j->stages, j->stages == 1 ? "" : "s", j->replicas,
-           j->replicas == 1 ? "" : "s", j->host, j->cores, pt_coordinator_port(j->coordinator),
-           j->out_dir);
+           j->replicas == 1 ? "" : "s", j->host, j->cores, coordinator_host(j),
+           pt_coordinator_port(j->coordinator), j->out_dir);
+    if (j->testbed) print_links(j);
     if (j->world > j->cores)
         printf("  (more workers than cores: %d workers share each core)\n",
                (j->world + j->cores - 1) / j->cores);
@@ -175,44 +224,66 @@ static void print_mapping(const job *j)
         const worker_process *w = &j->workers[r];
         char cores[32];
         format_cores(w, cores, sizeof cores);
-        printf("  %-5d %-5d %-7d %-4d %-16s %-7s %s\n", r, w->stage, w->replica, w->site, j->host,
-               cores, w->log_path);
+        printf("  %-5d %-5d %-7d %-4d %-16s %-7s %s\n", r, w->stage, w->replica, w->site,
+               j->testbed ? pt_testbed_address(j->testbed, w->site) : j->host, cores, w->log_path);
     }
     fflush(stdout);
 }
 
 /* ---- starting workers ------------------------------------------------------ */
 
-static bool is_bootstrap_variable(const char *entry)
+static bool has_prefix(const char *entry, const char *const *names, size_t n)
 {
-    static const char *const names[] = {"PIPERT_RANK=", "PIPERT_WORLD_SIZE=", "PIPERT_LOCAL_RANK=",
-                                        "PIPERT_COORD=", "PIPERT_COORD_PORT=", "PIPERT_SECRET=",
-                                        "PIPERT_SECRET_FILE=", "PIPERT_CORES=", "PIPERT_SITE="};
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+    for (size_t i = 0; i < n; i++)
         if (!strncmp(entry, names[i], strlen(names[i]))) return true;
     return false;
 }
 
-/* The environment of worker w: ours, without inherited bootstrap variables,
- * plus w's. Strings in `storage` [7][PATH_MAX + 64]. */
+/* What the launcher sets for each worker, so not inherited. Between emulated
+ * sites that includes UCX's choice of transport and device: anything but TCP
+ * over wan0 (shared memory, another interface) would bypass the links. */
+static bool is_launcher_variable(const job *j, const char *entry)
+{
+    static const char *const bootstrap[] = {"PIPERT_RANK=", "PIPERT_WORLD_SIZE=",
+                                            "PIPERT_LOCAL_RANK=", "PIPERT_COORD=",
+                                            "PIPERT_COORD_PORT=", "PIPERT_SECRET=",
+                                            "PIPERT_SECRET_FILE=", "PIPERT_CORES=", "PIPERT_SITE=",
+                                            "PIPERT_HEARTBEAT_TIMEOUT="};
+    static const char *const ucx[] = {"UCX_TLS=", "UCX_NET_DEVICES="};
+    return has_prefix(entry, bootstrap, sizeof bootstrap / sizeof bootstrap[0]) ||
+           (j->testbed && has_prefix(entry, ucx, sizeof ucx / sizeof ucx[0]));
+}
+
+#define WORKER_VARIABLES 10
+
+/* The environment of worker w: ours, without what the launcher sets, plus
+ * w's. Strings in `storage` [WORKER_VARIABLES][PATH_MAX + 64]. */
 static char **worker_environment(const job *j, const worker_process *w, char storage[][PATH_MAX + 64])
 {
     size_t n = 0;
     while (environ[n]) n++;
-    char **env = calloc(n + 8, sizeof *env);
+    char **env = calloc(n + WORKER_VARIABLES + 1, sizeof *env);
     if (!env) return NULL;
     size_t k = 0;
     for (size_t i = 0; i < n; i++)
-        if (!is_bootstrap_variable(environ[i])) env[k++] = environ[i];
-    snprintf(storage[0], sizeof storage[0], "PIPERT_RANK=%d", w->rank);
-    snprintf(storage[1], sizeof storage[1], "PIPERT_WORLD_SIZE=%d", j->world);
-    snprintf(storage[2], sizeof storage[2], "PIPERT_LOCAL_RANK=%d", w->rank);
-    snprintf(storage[3], sizeof storage[3], "PIPERT_COORD=127.0.0.1:%d",
+        if (!is_launcher_variable(j, environ[i])) env[k++] = environ[i];
+    int count = 0;
+    snprintf(storage[count++], sizeof storage[0], "PIPERT_RANK=%d", w->rank);
+    snprintf(storage[count++], sizeof storage[0], "PIPERT_WORLD_SIZE=%d", j->world);
+    snprintf(storage[count++], sizeof storage[0], "PIPERT_LOCAL_RANK=%d", w->rank);
+    snprintf(storage[count++], sizeof storage[0], "PIPERT_COORD=%s:%d", coordinator_host(j),
              pt_coordinator_port(j->coordinator));
-    snprintf(storage[4], sizeof storage[4], "PIPERT_SECRET_FILE=%s", j->secret_path);
-    snprintf(storage[5], sizeof storage[5], "PIPERT_CORES=%d,%d", w->cores_first, w->cores_count);
-    snprintf(storage[6], sizeof storage[6], "PIPERT_SITE=%d", w->site);
-    for (int i = 0; i < 7; i++) env[k++] = storage[i];
+    snprintf(storage[count++], sizeof storage[0], "PIPERT_SECRET_FILE=%s", j->secret_path);
+    snprintf(storage[count++], sizeof storage[0], "PIPERT_CORES=%d,%d", w->cores_first,
+             w->cores_count);
+    snprintf(storage[count++], sizeof storage[0], "PIPERT_SITE=%d", w->site);
+    snprintf(storage[count++], sizeof storage[0], "PIPERT_HEARTBEAT_TIMEOUT=%g",
+             j->heartbeat_timeout_s);
+    if (j->testbed) {
+        snprintf(storage[count++], sizeof storage[0], "UCX_TLS=tcp");
+        snprintf(storage[count++], sizeof storage[0], "UCX_NET_DEVICES=%s", PT_WAN_DEVICE);
+    }
+    for (int i = 0; i < count; i++) env[k++] = storage[i];
     env[k] = NULL;
     return env;
 }
@@ -231,16 +302,31 @@ static char **worker_arguments(const job *j, char *stages_text)
     argv[k++] = (char *)j->out_dir;
     for (int i = 0; i < j->n_config_args; i++) argv[k++] = (char *)j->config_args[i];
     if (j->resume) argv[k++] = "--resume";
+    if (j->probe) argv[k++] = "--probe";
     argv[k] = NULL;
     return argv;
 }
 
-/* In the child, between fork and exec: die with the launcher, write to the
- * log, start a process group of its own. Returns only on failure. */
-static void exec_worker(const worker_process *w, pid_t launcher, char **argv, char **env)
+/* In the child: the site's network namespace, and a /sys that shows its
+ * devices (UCX lists network devices there), as `ip netns exec` does. */
+static int enter_site(int namespace_fd)
+{
+    if (setns(namespace_fd, CLONE_NEWNET) != 0 || unshare(CLONE_NEWNS) != 0 ||
+        mount("", "/", NULL, MS_SLAVE | MS_REC, NULL) != 0)
+        return -1;
+    umount2("/sys", MNT_DETACH);
+    return mount("sysfs", "/sys", "sysfs", 0, NULL);
+}
+
+/* In the child, between fork and exec: die with the launcher, enter the
+ * site's network namespace (emulated sites), write to the log, start a
+ * process group of its own. Returns only on failure. */
+static void exec_worker(const worker_process *w, pid_t launcher, int namespace_fd, char **argv,
+                        char **env)
 {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != launcher) _exit(127); /* the launcher died before prctl */
+    if (namespace_fd >= 0 && enter_site(namespace_fd) != 0) _exit(127);
     setpgid(0, 0);
     int log = open(w->log_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     int null = open("/dev/null", O_RDONLY);
@@ -260,13 +346,14 @@ static void exec_worker(const worker_process *w, pid_t launcher, char **argv, ch
 
 static pipert_result start_worker(job *j, worker_process *w)
 {
-    char storage[7][PATH_MAX + 64], stages_text[16];
+    char storage[WORKER_VARIABLES][PATH_MAX + 64], stages_text[16];
     snprintf(stages_text, sizeof stages_text, "%d", j->stages);
     char **env = worker_environment(j, w, storage);
     char **argv = worker_arguments(j, stages_text);
     pid_t launcher = getpid();
+    int namespace_fd = j->testbed ? pt_testbed_namespace_fd(j->testbed, w->site) : -1;
     pid_t pid = env && argv ? fork() : -2;
-    if (pid == 0) exec_worker(w, launcher, argv, env);
+    if (pid == 0) exec_worker(w, launcher, namespace_fd, argv, env);
     free(env);
     free(argv);
     if (pid == -2) return pt_fail(PIPERT_ERR_NOMEM, "out of memory");
@@ -537,8 +624,9 @@ static pipert_result run_job(job *j, const char *out_dir, int argc, char **argv)
 {
     PT_TRY(collect_config_args(j, argc, argv));
     PT_TRY(prepare_directory(j, out_dir));
-    PT_TRY(start_coordinator(j));
     PT_TRY(plan_workers(j));
+    if (j->emulate_wan) PT_TRY(start_testbed(j));
+    PT_TRY(start_coordinator(j));
     gethostname(j->host, sizeof j->host - 1);
     if (!j->quiet) print_mapping(j);
     for (int r = 0; r < j->world; r++) {
@@ -554,9 +642,25 @@ static pipert_result run_job(job *j, const char *out_dir, int argc, char **argv)
 static void free_job(job *j)
 {
     pt_coordinator_free(j->coordinator);
+    pt_testbed_destroy(j->testbed); /* after every worker has exited */
     if (j->secret_path[0]) unlink(j->secret_path);
     free(j->workers);
     free(j->config_args);
+}
+
+/* wan.bandwidth (and wan.latency, 0 when unset): the links between sites. */
+static pipert_result read_wan_link(const pipert_config *cfg, job *j)
+{
+    const pt_wan_settings *wan = &cfg->wan;
+    j->emulate_wan = wan->bandwidth[0] || wan->latency[0];
+    if (!j->emulate_wan) return PIPERT_OK;
+    if (!wan->bandwidth[0])
+        return pt_fail(PIPERT_ERR_CONFIG, "wan.latency=%s needs wan.bandwidth (e.g. 100mbit)",
+                       wan->latency);
+    PT_TRY(pt_parse_bit_rate(wan->bandwidth, "wan.bandwidth", &j->wan_link.bits_per_s));
+    if (wan->latency[0])
+        PT_TRY(pt_parse_duration(wan->latency, "wan.latency", &j->wan_link.latency_s));
+    return PIPERT_OK;
 }
 
 static void default_out_dir(char *dir, size_t cap)
@@ -569,8 +673,9 @@ static void default_out_dir(char *dir, size_t cap)
 
 int pt_cmd_launch(int argc, char **argv)
 {
-    const char *out_dir = NULL, *stages = "1", *replicas = "1", *sites = "1", *grace = "5";
-    bool quiet = false, resume = false;
+    const char *out_dir = NULL, *stages = "1", *replicas = "1", *sites = "1", *grace = "5",
+               *heartbeat_timeout = NULL;
+    bool quiet = false, resume = false, probe = false;
     const pt_cli_flag flags[] = {
         {"--stages", "S", "pipeline stages per replica (blocks split by plan.layers or balanced)",
          &stages, NULL},
@@ -582,9 +687,14 @@ int pt_cmd_launch(int argc, char **argv)
                          "(default runs/launch-DATE-TIME)", &out_dir, NULL},
         {"--grace", "SECONDS", "wait this long for workers to stop before SIGTERM, and again "
                                "before SIGKILL (default 5)", &grace, NULL},
+        {"--heartbeat-timeout", "SECONDS", "a worker or the coordinator silent this long aborts "
+                                           "the job (default 5; 30 between emulated sites, so a "
+                                           "link may drop for a while)", &heartbeat_timeout, NULL},
         {"--resume", NULL, "every worker continues from the newest complete checkpoint in --out "
                            "(any stage split, stage or replica count)", NULL, &resume},
         {"--quiet", NULL, "no mapping or progress output", NULL, &quiet},
+        {"--probe", NULL, "the workers measure round trips and bandwidth between the sites "
+                          "instead of training (what pipert probe --sites runs)", NULL, &probe},
     };
     const pt_cli cli = {"launch", "--stages S --replicas R [--out DIR] [--resume] [--config FILE] "
                                   "[--section.key=value ...]",
@@ -597,9 +707,14 @@ int pt_cmd_launch(int argc, char **argv)
     pipert_config *cfg;
     pt_cli_outcome outcome = pt_cli_parse(&cli, argc, argv, &cfg);
     if (outcome != PT_CLI_OK) return pt_cli_exit_status(outcome);
-    job j = {.quiet = quiet, .resume = resume, .total_steps = cfg->train.steps,
+    job j = {.quiet = quiet, .resume = resume, .probe = probe, .total_steps = cfg->train.steps,
              .log_every = cfg->train.log_every};
+    pipert_result wan_rc = read_wan_link(cfg, &j);
     pipert_config_free(cfg);
+    if (wan_rc != PIPERT_OK) {
+        fprintf(stderr, "pipert launch: %s\n", pipert_last_error());
+        return 2;
+    }
     char grace_text[32];
     snprintf(grace_text, sizeof grace_text, "%s", grace);
     char *end;
@@ -615,6 +730,20 @@ int pt_cmd_launch(int argc, char **argv)
                         "seconds\n",
                 PT_MAX_WORLD);
         return 2;
+    }
+    if (j.emulate_wan && j.sites < 2) {
+        fprintf(stderr, "pipert launch: wan.bandwidth and wan.latency emulate the links between "
+                        "sites: give --sites N with N >= 2\n");
+        return 2;
+    }
+    j.heartbeat_timeout_s = j.emulate_wan ? WAN_HEARTBEAT_TIMEOUT_S : PT_DEAD_AFTER_S;
+    if (heartbeat_timeout) {
+        j.heartbeat_timeout_s = strtod(heartbeat_timeout, &end);
+        if (*end || !(j.heartbeat_timeout_s >= 1 && j.heartbeat_timeout_s <= 3600)) {
+            fprintf(stderr, "pipert launch: --heartbeat-timeout takes seconds in [1, 3600], got "
+                            "'%s'\n", heartbeat_timeout);
+            return 2;
+        }
     }
     j.world = j.stages * j.replicas;
     char default_dir[64];

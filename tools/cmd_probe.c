@@ -1,6 +1,12 @@
 /* `pipert probe`: what this machine is (hwloc topology) and how fast it
- * multiplies fp32 matrices (the peak that `pipert bench` reports against). */
+ * multiplies fp32 matrices (the peak that `pipert bench` reports against);
+ * with --sites N, how fast the links between N sites are (emulated ones
+ * with wan.bandwidth and wan.latency), measured by a launched job of one
+ * worker per site (tools/link_probe.h) and printed beside what was asked. */
+#define _XOPEN_SOURCE 700
+#include <ftw.h>
 #include <jansson.h>
+#include <math.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,9 +15,12 @@
 #include "kernels/cpu/peak.h"
 #include "runtime/error.h"
 #include "runtime/fileio.h"
+#include "runtime/config.h"
 #include "runtime/topology.h"
+#include "runtime/units.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
+#include "tools/link_probe.h"
 
 static void print_peak(const pt_gemm_peak *peak, int cores)
 {
@@ -51,23 +60,142 @@ static pipert_result write_host_json(const pt_topology *topology, const pt_gemm_
     return rc;
 }
 
+/* ---- links between sites ---------------------------------------------------- */
+
+typedef struct requested_link {
+    double bits_per_s, latency_s; /* 0 when not emulated */
+} requested_link;
+
+static void print_links(const pt_link_measure *links, int sites, requested_link asked)
+{
+    printf("%-8s %12s %12s %16s %16s\n", "link", "rtt", "asked rtt", "bandwidth", "asked");
+    for (int i = 0; i < sites; i++)
+        for (int j = 0; j < sites; j++) {
+            if (i == j) continue;
+            const pt_link_measure *m = &links[i * sites + j];
+            char name[32], rtt[32], asked_rtt[32] = "-", rate[32], asked_rate[32] = "-";
+            snprintf(name, sizeof name, "%d -> %d", i, j);
+            pt_format_duration(m->rtt_s, rtt, sizeof rtt);
+            pt_format_bit_rate(m->bits_per_s, rate, sizeof rate);
+            if (asked.bits_per_s > 0) {
+                pt_format_duration(2 * asked.latency_s, asked_rtt, sizeof asked_rtt);
+                pt_format_bit_rate(asked.bits_per_s, asked_rate, sizeof asked_rate);
+            }
+            printf("%-8s %12s %12s %16s %16s\n", name, rtt, asked_rtt, rate, asked_rate);
+        }
+}
+
+static pipert_result write_links_json(const pt_link_measure *links, int sites,
+                                      requested_link asked, const char *path)
+{
+    json_t *rows = json_array();
+    for (int i = 0; rows && i < sites; i++)
+        for (int j = 0; j < sites; j++)
+            if (i != j)
+                json_array_append_new(
+                    rows, json_pack("{s:i, s:i, s:f, s:f, s:f, s:f}", "from", i, "to", j, "rtt_s",
+                                    links[i * sites + j].rtt_s, "bits_per_s",
+                                    links[i * sites + j].bits_per_s, "asked_rtt_s",
+                                    2 * asked.latency_s, "asked_bits_per_s", asked.bits_per_s));
+    char *text = rows ? json_dumps(rows, JSON_INDENT(2)) : NULL;
+    json_decref(rows);
+    if (!text) return pt_fail(PIPERT_ERR_NOMEM, "%s: out of memory", path);
+    pipert_result rc = pt_write_file_atomic(path, text, strlen(text));
+    free(text);
+    return rc;
+}
+
+static int remove_entry(const char *path, const struct stat *sb, int type, struct FTW *ftw)
+{
+    (void)sb, (void)type, (void)ftw;
+    return remove(path);
+}
+
+/* `pipert launch --probe --sites N --replicas N` with the configuration
+ * arguments given to probe, into dir. */
+static int launch_probe_job(int sites, const char *dir, int argc, char **argv)
+{
+    char sites_text[16];
+    snprintf(sites_text, sizeof sites_text, "%d", sites);
+    char **args = calloc((size_t)argc + 16, sizeof *args);
+    if (!args) return 1;
+    int k = 0;
+    const char *fixed[] = {"--probe", "--quiet", "--stages", "1", "--replicas",
+                           sites_text, "--sites", sites_text, "--out", dir};
+    for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++) args[k++] = (char *)fixed[i];
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "--config") && i + 1 < argc) {
+            args[k++] = argv[i++];
+            args[k++] = argv[i];
+        } else if (!strncmp(argv[i], "--", 2) && strchr(argv[i], '=')) {
+            args[k++] = argv[i];
+        }
+    }
+    int status = pt_cmd_launch(k, args);
+    free(args);
+    return status;
+}
+
+static int probe_sites(int sites, const pipert_config *cfg, const char *out_dir, const char *json_path,
+                       int argc, char **argv)
+{
+    requested_link asked = {0};
+    if (cfg->wan.bandwidth[0]) pt_parse_bit_rate(cfg->wan.bandwidth, "wan.bandwidth", &asked.bits_per_s);
+    if (cfg->wan.latency[0]) pt_parse_duration(cfg->wan.latency, "wan.latency", &asked.latency_s);
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof dir, "%s", out_dir ? out_dir : "/tmp/pipert-probe-XXXXXX");
+    if (!out_dir && !mkdtemp(dir)) {
+        fprintf(stderr, "pipert probe: cannot make a directory in /tmp\n");
+        return 1;
+    }
+    int status = launch_probe_job(sites, dir, argc, argv);
+    pt_link_measure *links = calloc((size_t)sites * (size_t)sites, sizeof *links);
+    pipert_result rc = status != 0 ? PIPERT_ERR_PEER : !links ? PIPERT_ERR_NOMEM
+                                                               : pt_link_probe_read(dir, sites, links);
+    if (rc == PIPERT_OK) print_links(links, sites, asked);
+    if (rc == PIPERT_OK && json_path) rc = write_links_json(links, sites, asked, json_path);
+    if (rc != PIPERT_OK && status == 0) fprintf(stderr, "pipert probe: %s\n", pipert_last_error());
+    free(links);
+    if (!out_dir) nftw(dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+    return rc == PIPERT_OK ? 0 : status ? status : 1;
+}
+
 int pt_cmd_probe(int argc, char **argv)
 {
-    const char *threads_text = NULL, *json_path = NULL;
+    const char *threads_text = NULL, *json_path = NULL, *sites_text = NULL, *out_dir = NULL;
     const pt_cli_flag flags[] = {
         {"--threads", "N", "threads for the GEMM (default: one per core of this process)",
          &threads_text, NULL},
-        {"--json", "FILE", "also write the host description with peak_gflops (atomically)",
-         &json_path, NULL},
+        {"--json", "FILE", "also write the host description with peak_gflops (with --sites: the "
+                           "measured links) (atomically)", &json_path, NULL},
+        {"--sites", "N", "measure the links between N sites instead (one worker per site, "
+                         "through pipert's transport); emulated with --wan.bandwidth=R "
+                         "--wan.latency=D (root)", &sites_text, NULL},
+        {"--out", "DIR", "with --sites: keep the probe job's directory (logs) here", &out_dir, NULL},
     };
-    const pt_cli cli = {"probe", "[--threads N] [--json FILE] [--help]",
+    const pt_cli cli = {"probe", "[--threads N] [--json FILE] [--sites N [--wan.bandwidth=R] "
+                                 "[--wan.latency=D]] [--help]",
                         "Prints this machine's topology (hwloc) and its measured fp32 GEMM peak\n"
                         "(cblas_sgemm, median and best of several runs), the figure that\n"
-                        "`pipert bench` reports its share of.",
-                        flags, (int)(sizeof flags / sizeof flags[0]), false, NULL};
-    pt_cli_outcome outcome = pt_cli_parse(&cli, argc, argv, NULL);
+                        "`pipert bench` reports its share of. With --sites N: the round-trip\n"
+                        "time and bulk bandwidth of each link between N sites, beside the\n"
+                        "requested ones.",
+                        flags, (int)(sizeof flags / sizeof flags[0]), true, NULL};
+    pipert_config *cfg;
+    pt_cli_outcome outcome = pt_cli_parse(&cli, argc, argv, &cfg);
     if (outcome != PT_CLI_OK) return pt_cli_exit_status(outcome);
-    int threads;
+    int threads, sites;
+    if (pt_cli_parse_int("--sites", sites_text, 2, 254, 0, &sites) != PIPERT_OK) {
+        fprintf(stderr, "pipert probe: %s\n", pipert_last_error());
+        pipert_config_free(cfg);
+        return 2;
+    }
+    if (sites) {
+        int status = probe_sites(sites, cfg, out_dir, json_path, argc, argv);
+        pipert_config_free(cfg);
+        return status;
+    }
+    pipert_config_free(cfg);
     if (pt_cli_parse_int("--threads", threads_text, 1, INT_MAX, 0, &threads) != PIPERT_OK) {
         fprintf(stderr, "pipert probe: %s\nusage: pipert probe %s   (--help for more)\n",
                 pipert_last_error(), cli.synopsis);

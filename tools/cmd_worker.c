@@ -19,7 +19,9 @@
 #include "runtime/config.h"
 #include "runtime/log.h"
 #include "runtime/metrics.h"
+#include "runtime/units.h"
 #include "tools/cli.h"
+#include "tools/link_probe.h"
 #include "tools/commands.h"
 
 #define EXIT_RANK_FAILED 1
@@ -77,10 +79,23 @@ static pipert_result run_steps(pipert_session *s, pt_progress *progress, long lo
     return PIPERT_OK;
 }
 
+/* --probe: tools/link_probe.h instead of a session. */
+static int probe_links(pipert_config *cfg, const char *out_dir)
+{
+    double expected = 0;
+    if (cfg->wan.bandwidth[0] &&
+        pt_parse_bit_rate(cfg->wan.bandwidth, "wan.bandwidth", &expected) != PIPERT_OK)
+        expected = 0;
+    pipert_config_free(cfg);
+    if (pt_link_probe_worker(out_dir, expected) == PIPERT_OK) return 0;
+    fprintf(stderr, "pipert worker: error: %s\n", pipert_last_error());
+    return EXIT_RANK_FAILED;
+}
+
 int pt_cmd_worker(int argc, char **argv)
 {
     const char *out_dir = NULL, *stages_text = "1";
-    bool quiet = false, resume = false;
+    bool quiet = false, resume = false, probe = false;
     const pt_cli_flag flags[] = {
         {"--out", "DIR", "the job's directory: the last stage of replica 0 writes metrics.jsonl "
                          "here; replica 0's stages write metrics-stage-N.jsonl and checkpoints "
@@ -88,6 +103,8 @@ int pt_cmd_worker(int argc, char **argv)
         {"--stages", "S", "pipeline stages (the replicas are the world size / S)", &stages_text, NULL},
         {"--resume", NULL, "continue from the newest complete checkpoint in --out", NULL, &resume},
         {"--quiet", NULL, "no progress lines", NULL, &quiet},
+        {"--probe", NULL, "measure the links between the job's sites instead of training "
+                          "(one worker per site; writes DIR/probe-rank-R.json)", NULL, &probe},
     };
     const pt_cli cli = {"worker", "[--config FILE] [--section.key=value ...] --out DIR [--resume]",
                         "One worker of a multi-worker job, started by pipert launch, srun or\n"
@@ -108,6 +125,7 @@ int pt_cmd_worker(int argc, char **argv)
         fprintf(stderr, "pipert worker: %s\n", !out_dir ? "--out DIR is required" : pipert_last_error());
         return 2;
     }
+    if (probe) return probe_links(cfg, out_dir);
     pt_progress progress;
     pt_progress_init(&progress, quiet);
     pipert_session *s = NULL;

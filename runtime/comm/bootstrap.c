@@ -429,6 +429,20 @@ static pipert_result read_site(pt_bootstrap *b, const char *const *envp)
     return PIPERT_OK;
 }
 
+static pipert_result read_heartbeat_timeout(pt_bootstrap *b, const char *const *envp)
+{
+    const char *text = pt_env_lookup(envp, "PIPERT_HEARTBEAT_TIMEOUT");
+    b->heartbeat_timeout_s = 0;
+    if (!text) return PIPERT_OK;
+    char *end;
+    double value = strtod(text, &end);
+    if (end == text || *end || !(value >= 1 && value <= 3600))
+        return pt_fail(PIPERT_ERR_CONFIG,
+                       "PIPERT_HEARTBEAT_TIMEOUT='%s': expected seconds in [1, 3600]", text);
+    b->heartbeat_timeout_s = value;
+    return PIPERT_OK;
+}
+
 pipert_result pt_bootstrap_from_env(pt_bootstrap *b, const char *const *envp)
 {
     memset(b, 0, sizeof *b);
@@ -453,6 +467,7 @@ pipert_result pt_bootstrap_from_env(pt_bootstrap *b, const char *const *envp)
     }
     PT_TRY(read_secret_source(b, envp));
     PT_TRY(read_cores(b, envp));
+    PT_TRY(read_heartbeat_timeout(b, envp));
     return read_site(b, envp);
 }
 

@@ -38,6 +38,11 @@
  * worker is in: sites are joined by slow links, and only the coupling
  * method's traffic crosses them (session/job.h).
  *
+ * PIPERT_HEARTBEAT_TIMEOUT=S (optional, any launcher; default 5) is how long a
+ * silent peer of the control path (a worker for the coordinator, the
+ * coordinator for a worker) is given before the job is aborted: longer where
+ * links may drop for a while (pipert launch sets 30 between emulated sites).
+ *
  * Everything here is a pure function of an environment array
  * ("NAME=value" strings, NULL-terminated, like `environ`), except
  * pt_bootstrap_read_secret and the secret-file helpers, which touch files.
@@ -78,6 +83,7 @@ typedef struct pt_bootstrap {
     char secret_file[4096];        /* PIPERT_SECRET_FILE, or "" */
     int cores_first, cores_count;  /* PIPERT_CORES; cores_count 0 when unset */
     int site;                      /* PIPERT_SITE; 0 when unset */
+    double heartbeat_timeout_s;    /* PIPERT_HEARTBEAT_TIMEOUT; 0 when unset (the default) */
 } pt_bootstrap;
 
 /* Fills *b from envp. Fails with PIPERT_ERR_CONFIG and a message naming the

@@ -1,0 +1,62 @@
+#include "dp/wait.h"
+
+#include "runtime/clock.h"
+#include "runtime/error.h"
+#include "runtime/log.h"
+
+#define WAIT_SLICE_S 0.5
+#define LONG_WAIT_S 2.0
+
+pipert_result pt_coupling_wait(const pt_coupling_options *options, pt_pending_op pending,
+                               const char *what)
+{
+    const double started = pt_now_s();
+    bool reported = false;
+    for (;;) {
+        pipert_result rc = pending.wait_for(pending.op, WAIT_SLICE_S);
+        const double waited = pt_now_s() - started;
+        if (rc != PIPERT_ERR_TIMEOUT) {
+            if (reported) pt_info("%s: the replicas answered after %.1f s", what, waited);
+            if (rc != PIPERT_OK) pt_error_prefix("%s", what);
+            return rc;
+        }
+        if (!reported && waited >= LONG_WAIT_S) {
+            pt_warn("%s: waiting for the replicas for %.0f s (a slow, congested or broken link?)",
+                    what, waited);
+            reported = true;
+        }
+        if (options->should_stop && options->should_stop(options->context)) {
+            pending.abandon(pending.op);
+            return pt_fail(PIPERT_ERR_INTERRUPTED, "%s: stopped while waiting for the replicas",
+                           what);
+        }
+    }
+}
+
+static pipert_result allreduce_wait_for(void *op, double timeout_s)
+{
+    return pt_allreduce_wait_for(op, timeout_s);
+}
+
+static void allreduce_abandon(void *op) { pt_allreduce_abandon(op); }
+
+pipert_result pt_coupling_wait_allreduce(const pt_coupling_options *options,
+                                         pt_allreduce_handle *handle, const char *what)
+{
+    return pt_coupling_wait(options, (pt_pending_op){allreduce_wait_for, allreduce_abandon, handle},
+                            what);
+}
+
+static pipert_result exchange_wait_for(void *op, double timeout_s)
+{
+    return pt_exchange_wait_for(op, timeout_s);
+}
+
+static void exchange_abandon(void *op) { pt_exchange_abandon(op); }
+
+pipert_result pt_coupling_wait_exchange(const pt_coupling_options *options, pt_exchange *handle,
+                                        const char *what)
+{
+    return pt_coupling_wait(options, (pt_pending_op){exchange_wait_for, exchange_abandon, handle},
+                            what);
+}
