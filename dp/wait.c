@@ -16,7 +16,7 @@ pipert_result pt_coupling_wait(const pt_coupling_options *options, pt_pending_op
         pipert_result rc = pending.wait_for(pending.op, WAIT_SLICE_S);
         const double waited = pt_now_s() - started;
         if (rc != PIPERT_ERR_TIMEOUT) {
-            if (reported) pt_info("%s: the replicas answered after %.1f s", what, waited);
+            if (reported) pt_warn("%s: the replicas answered after %.1f s", what, waited);
             if (rc != PIPERT_OK) pt_error_prefix("%s", what);
             return rc;
         }

@@ -1,0 +1,350 @@
+/* The wide-area test bed (tools/wan/): `pipert launch --sites N` with
+ * emulated links, and `pipert probe --sites N`. Real namespaces, real tc, real
+ * TCP through the relay, real processes; faults from outside (ip link down,
+ * SIGKILL). Needs root and /dev/net/tun: skipped, saying why, without them. */
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <jansson.h>
+#include <math.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "runtime/clock.h"
+#include "runtime/fileio.h"
+#include "tests/command.h"
+
+extern char **environ;
+
+#define SMALL_MODEL "--model.n_layer=1 --model.n_embd=64 --model.n_head=1 --runtime.threads=1"
+#define MAX_NAMESPACES 256
+
+static void require_test_bed(void)
+{
+    if (geteuid() != 0) cr_skip_test("the emulated sites need root (network namespaces)");
+    if (access("/dev/net/tun", R_OK | W_OK) != 0) cr_skip_test("no /dev/net/tun");
+}
+
+/* ---- the namespaces pipert made ----------------------------------------- */
+
+typedef struct namespace_set {
+    int n;
+    char names[MAX_NAMESPACES][256];
+} namespace_set;
+
+static void list_namespaces(namespace_set *set)
+{
+    set->n = 0;
+    DIR *dir = opendir("/run/netns");
+    if (!dir) return;
+    struct dirent *e;
+    while ((e = readdir(dir)) && set->n < MAX_NAMESPACES)
+        if (!strncmp(e->d_name, "pipert-", 7))
+            snprintf(set->names[set->n++], sizeof set->names[0], "%s", e->d_name);
+    closedir(dir);
+}
+
+static bool contains(const namespace_set *set, const char *name)
+{
+    for (int i = 0; i < set->n; i++)
+        if (!strcmp(set->names[i], name)) return true;
+    return false;
+}
+
+/* The namespaces that exist now and were not in `before`. */
+static int new_namespaces(const namespace_set *before, namespace_set *added)
+{
+    namespace_set now;
+    list_namespaces(&now);
+    added->n = 0;
+    for (int i = 0; i < now.n; i++)
+        if (!contains(before, now.names[i])) memcpy(added->names[added->n++], now.names[i], sizeof now.names[i]);
+    return added->n;
+}
+
+static void expect_nothing_left(const namespace_set *before, const char *after_what)
+{
+    namespace_set added;
+    cr_expect_eq(new_namespaces(before, &added), 0, "%s left %d namespace(s), e.g. %s", after_what,
+                 added.n, added.n ? added.names[0] : "");
+}
+
+/* ---- a launch in the background ------------------------------------------------ */
+
+typedef struct background {
+    pid_t pid;
+    char out[600];
+} background;
+
+static void start_background(background *b, const char *dir, const char *args)
+{
+    char command[4096];
+    snprintf(b->out, sizeof b->out, "%s/launch.out", dir);
+    snprintf(command, sizeof command, "exec %s launch --out %s %s >%s 2>&1", pipert_bin(), dir,
+             args, b->out);
+    const char *argv[] = {"sh", "-c", command, NULL};
+    cr_assert_eq(posix_spawn(&b->pid, "/bin/sh", NULL, NULL, (char *const *)argv, environ), 0);
+}
+
+static int wait_background(background *b)
+{
+    int status;
+    cr_assert_eq(waitpid(b->pid, &status, 0), b->pid);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+/* Lines in DIR/metrics-stage-0.jsonl: the steps stage 0 of replica 0 logged. */
+static int logged_steps(const char *dir)
+{
+    char path[600], *text;
+    size_t size;
+    snprintf(path, sizeof path, "%s/metrics-stage-0.jsonl", dir);
+    if (pt_read_file(path, &text, &size) != PIPERT_OK) return 0;
+    int lines = 0;
+    for (size_t i = 0; i < size; i++) lines += text[i] == '\n';
+    free(text);
+    return lines;
+}
+
+static void wait_for_steps(const char *dir, int steps, double timeout_s)
+{
+    const double deadline = pt_now_s() + timeout_s;
+    while (logged_steps(dir) < steps) {
+        cr_assert_lt(pt_now_s(), deadline, "%s: fewer than %d steps after %.0f s", dir, steps,
+                     timeout_s);
+        usleep(50000);
+    }
+}
+
+static bool file_contains(const char *path, const char *needle)
+{
+    char *text;
+    size_t size;
+    if (pt_read_file(path, &text, &size) != PIPERT_OK) return false;
+    bool found = strstr(text, needle) != NULL;
+    free(text);
+    return found;
+}
+
+static void set_link(const char *namespace_name, const char *state)
+{
+    char command[256];
+    snprintf(command, sizeof command, "ip -n %s link set wan0 %s", namespace_name, state);
+    cr_assert_eq(system(command), 0, "%s", command);
+}
+
+/* ---- the links are what was asked ---------------------------------------------- */
+
+static void expect_probe_agrees(const char *bandwidth, double bits_per_s, const char *latency,
+                                double latency_s)
+{
+    char *dir = make_temp_dir(), json[600];
+    snprintf(json, sizeof json, "%s/links.json", dir);
+    run_pipert_ok("probe --sites 2 --wan.bandwidth=%s --wan.latency=%s --json %s", bandwidth,
+                  latency, json);
+    json_error_t error;
+    json_t *rows = json_load_file(json, 0, &error);
+    cr_assert_not_null(rows, "%s: %s", json, error.text);
+    cr_assert_eq(json_array_size(rows), 2, "one row per direction");
+    size_t i;
+    json_t *row;
+    json_array_foreach(rows, i, row) {
+        double rtt = json_number_value(json_object_get(row, "rtt_s"));
+        double rate = json_number_value(json_object_get(row, "bits_per_s"));
+        cr_expect(fabs(rtt - 2 * latency_s) <= 0.1 * 2 * latency_s,
+                  "%s, %s: round trip %.2f ms, asked %.2f ms", bandwidth, latency, rtt * 1e3,
+                  2 * latency_s * 1e3);
+        cr_expect(fabs(rate - bits_per_s) <= 0.1 * bits_per_s,
+                  "%s, %s: bandwidth %.1f Mbit/s, asked %.1f Mbit/s", bandwidth, latency,
+                  rate / 1e6, bits_per_s / 1e6);
+    }
+    json_decref(rows);
+    remove_dir(dir);
+}
+
+Test(wan, probe_measures_what_was_asked, .timeout = 240)
+{
+    require_test_bed();
+    namespace_set before;
+    list_namespaces(&before);
+    expect_probe_agrees("100mbit", 1e8, "10ms", 0.010);
+    expect_probe_agrees("100mbit", 1e8, "50ms", 0.050);
+    expect_probe_agrees("1gbit", 1e9, "10ms", 0.010);
+    expect_probe_agrees("1gbit", 1e9, "50ms", 0.050);
+    expect_nothing_left(&before, "pipert probe");
+}
+
+/* ---- every method trains over a shaped link -------------------------------------- */
+
+Test(wan, every_method_trains_between_two_sites, .timeout = 600)
+{
+    require_test_bed();
+    namespace_set before;
+    list_namespaces(&before);
+    const char *methods[] = {"allreduce", "sparse --dp.compress=e3m0", "diloco --dp.period=3",
+                             "streaming-diloco --dp.period=4 --dp.compress=e3m0", "co2 --dp.period=3"};
+    for (size_t m = 0; m < sizeof methods / sizeof methods[0]; m++) {
+        char *dir = make_temp_dir();
+        run_pipert_ok("launch --quiet --stages 1 --replicas 2 --sites 2 --out %s "
+                      "--wan.bandwidth=100mbit --wan.latency=10ms --dp.method=%s " SMALL_MODEL
+                      " --train.steps=8 --train.log_every=1 --train.val_every=0",
+                      dir, methods[m]);
+        double bytes[8] = {0}, loss[8] = {0};
+        cr_expect_eq(read_metric_steps(dir, "metrics-stage-0.jsonl", "dp_bytes", bytes, 8), 8, "%s",
+                     methods[m]);
+        cr_expect_eq(read_metric_steps(dir, "metrics.jsonl", "loss", loss, 8), 8, "%s", methods[m]);
+        double sent = 0;
+        for (int s = 0; s < 8; s++) sent += bytes[s];
+        cr_expect_gt(sent, 0, "%s: nothing crossed between the sites", methods[m]);
+        cr_expect(isfinite(loss[7]) && loss[7] < loss[0], "%s: loss %.4f -> %.4f", methods[m],
+                  loss[0], loss[7]);
+        remove_dir(dir);
+    }
+    expect_nothing_left(&before, "a finished job");
+}
+
+/* ---- a link down for 5 s ---------------------------------------------------------- */
+
+typedef struct outage {
+    int steps_at_down, steps_at_up, status;
+    bool logged_wait, logged_resume;
+} outage;
+
+/* Runs `method` between two sites and takes site 1's link down for 5 s once
+ * stage 0 has logged 10 steps. */
+static outage run_with_outage(const char *method, int steps)
+{
+    require_test_bed();
+    namespace_set before, added;
+    list_namespaces(&before);
+    char *dir = make_temp_dir(), args[1024];
+    snprintf(args, sizeof args,
+             "--stages 1 --replicas 2 --sites 2 --wan.bandwidth=100mbit --wan.latency=10ms "
+             "--dp.method=%s --model.n_layer=2 --runtime.threads=1 --train.steps=%d "
+             "--train.log_every=1 --train.val_every=0",
+             method, steps);
+    background b;
+    start_background(&b, dir, args);
+    wait_for_steps(dir, 10, 120);
+    cr_assert_eq(new_namespaces(&before, &added), 2, "two sites, two namespaces");
+    const char *site1 = strstr(added.names[0], "-s1") ? added.names[0] : added.names[1];
+    outage o = {.steps_at_down = logged_steps(dir)};
+    set_link(site1, "down");
+    sleep(5);
+    o.steps_at_up = logged_steps(dir);
+    set_link(site1, "up");
+    o.status = wait_background(&b);
+    char log[700];
+    snprintf(log, sizeof log, "%s/logs/rank-0.log", dir);
+    o.logged_wait = file_contains(log, "waiting for the replicas");
+    o.logged_resume = file_contains(log, "the replicas answered after");
+    cr_expect_eq(logged_steps(dir), steps, "%s: every step ran", method);
+    remove_dir(dir);
+    expect_nothing_left(&before, "a job whose link went down");
+    return o;
+}
+
+Test(wan, async_method_keeps_computing_while_the_link_is_down, .timeout = 300)
+{
+    outage o = run_with_outage("sparse", 400);
+    cr_expect_eq(o.status, 0, "the job recovers");
+    cr_expect_geq(o.steps_at_up - o.steps_at_down, 8,
+                  "sparse ran %d steps during the 5 s outage: it should keep computing",
+                  o.steps_at_up - o.steps_at_down);
+    cr_expect(o.logged_wait && o.logged_resume, "the wait and its end are logged");
+}
+
+Test(wan, allreduce_waits_for_the_link_and_resumes, .timeout = 300)
+{
+    outage o = run_with_outage("allreduce", 60);
+    cr_expect_eq(o.status, 0, "the job recovers");
+    cr_expect_leq(o.steps_at_up - o.steps_at_down, 2,
+                  "allreduce ran %d steps during the outage: it should wait",
+                  o.steps_at_up - o.steps_at_down);
+    cr_expect(o.logged_wait && o.logged_resume, "the wait and its end are logged");
+}
+
+/* ---- nothing left behind --------------------------------------------------------- */
+
+static pid_t read_worker_pid(const char *dir, int rank)
+{
+    char path[600];
+    snprintf(path, sizeof path, "%s/workers.pid", dir);
+    FILE *f = fopen(path, "r");
+    cr_assert_not_null(f, "%s", path);
+    int r, pid = -1;
+    while (fscanf(f, "%d %d", &r, &pid) == 2 && r != rank) pid = -1;
+    fclose(f);
+    return pid;
+}
+
+Test(wan, namespaces_go_when_a_worker_is_killed, .timeout = 120)
+{
+    require_test_bed();
+    namespace_set before;
+    list_namespaces(&before);
+    char *dir = make_temp_dir();
+    background b;
+    start_background(&b, dir, "--stages 1 --replicas 2 --sites 2 --wan.bandwidth=1gbit "
+                              "--model.n_layer=2 --runtime.threads=1 --train.steps=100000 "
+                              "--train.log_every=1");
+    wait_for_steps(dir, 3, 120);
+    pid_t victim = read_worker_pid(dir, 1);
+    cr_assert_gt(victim, 0);
+    kill(victim, SIGKILL);
+    cr_expect_eq(wait_background(&b), 1, "a killed worker fails the job");
+    cr_expect(file_contains(b.out, "rank 1 (stage 0, replica 1) failed: killed by signal 9"),
+              "the launcher names the killed rank");
+    remove_dir(dir);
+    expect_nothing_left(&before, "a job whose worker was killed");
+}
+
+Test(wan, a_killed_launchers_namespaces_are_removed_by_the_next, .timeout = 120)
+{
+    require_test_bed();
+    namespace_set before, added;
+    list_namespaces(&before);
+    char *dir = make_temp_dir();
+    background b;
+    start_background(&b, dir, "--stages 1 --replicas 2 --sites 2 --wan.bandwidth=1gbit "
+                              "--model.n_layer=2 --runtime.threads=1 --train.steps=100000 "
+                              "--train.log_every=1");
+    wait_for_steps(dir, 3, 120);
+    kill(b.pid, SIGKILL);
+    wait_background(&b);
+    cr_assert_eq(new_namespaces(&before, &added), 2, "SIGKILL leaves the two namespaces behind");
+    /* The workers die with their launcher (PR_SET_PDEATHSIG); the next test
+     * bed removes what the dead launcher left. */
+    run_pipert_ok("probe --sites 2 --wan.bandwidth=1gbit --wan.latency=1ms");
+    expect_nothing_left(&before, "a launch after a killed one");
+    remove_dir(dir);
+}
+
+Test(wan, refused_without_root_or_without_sites)
+{
+    require_test_bed();
+    run_result r = run_pipert("launch --stages 1 --replicas 2 --wan.bandwidth=100mbit");
+    cr_expect_eq(r.status, 2);
+    cr_expect(strstr(r.err, "--sites N with N >= 2"), "%s", r.err);
+    r = run_pipert("launch --stages 1 --replicas 2 --sites 2 --wan.latency=10ms");
+    cr_expect_eq(r.status, 2);
+    cr_expect(strstr(r.err, "needs wan.bandwidth"), "%s", r.err);
+    r = run_pipert("launch --stages 1 --replicas 2 --sites 2 --wan.bandwidth=fast");
+    cr_expect_neq(r.status, 0);
+    cr_expect(strstr(r.err, "wan.bandwidth: expected a positive bit rate"), "%s", r.err);
+    /* as an unprivileged user (setpriv from util-linux drops root) */
+    char *dir = make_temp_dir();
+    chmod(dir, 0777);
+    r = run_pipert_with("setpriv --reuid=65534 --regid=65534 --clear-groups",
+                        "launch --quiet --stages 1 --replicas 2 --sites 2 --out %s/job "
+                        "--wan.bandwidth=100mbit",
+                        dir);
+    cr_expect_eq(r.status, 1);
+    cr_expect(strstr(r.err, "need root"), "%s", r.err);
+    remove_dir(dir);
+}
