@@ -8,6 +8,7 @@
  * reporting. With one replica it does nothing. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "dp/methods.h"
 #include "dp/wait.h"
@@ -18,6 +19,12 @@ typedef struct allreduce_state {
 
 static pipert_result allreduce_create(const pt_coupling_options *options, void **out)
 {
+    const char *compress = options->config->dp.compress;
+    if (strcmp(compress, "none") != 0)
+        return pt_fail(PIPERT_ERR_CONFIG,
+                       "dp.method=allreduce with dp.compress=%s: the dense all-reduce is the "
+                       "uncompressed reference; compressed exchanges are sparse, diloco, "
+                       "streaming-diloco and co2", compress);
     allreduce_state *s = calloc(1, sizeof *s);
     if (!s) return pt_fail(PIPERT_ERR_NOMEM, "dp allreduce: out of memory");
     s->options = *options;

@@ -24,6 +24,7 @@ static const pt_coupling_method *const methods[] = {
     &pt_dp_diloco,
     &pt_dp_streaming_diloco,
     &pt_dp_co2,
+    &pt_dp_none,
 };
 #define METHOD_COUNT (int)(sizeof methods / sizeof methods[0])
 

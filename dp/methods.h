@@ -4,6 +4,7 @@
 
 #include "dp/coupling.h"
 
+extern const pt_coupling_method pt_dp_none;      /* dp/none.c */
 extern const pt_coupling_method pt_dp_allreduce; /* dp/allreduce.c */
 extern const pt_coupling_method pt_dp_sparse;    /* dp/sparse.c */
 extern const pt_coupling_method pt_dp_diloco;    /* dp/diloco.c */

@@ -138,7 +138,7 @@ static const config_key schema[] = {
              "keep only each stage's input and recompute activations at backward time"),
     BOOL_KEY(pipeline.trace, true, "write a Chrome/Perfetto trace (trace-rank-N.json) per rank"),
 
-    STRING_KEY(dp.method, "allreduce", "allreduce|sparse|diloco|streaming-diloco|co2",
+    STRING_KEY(dp.method, "allreduce", "allreduce|sparse|diloco|streaming-diloco|co2|none",
                "how the replicas of a stage are coupled (docs/CONFIG.md, ALGORITHMS.md section 4): "
                "allreduce = mean of the gradients every step (dense, synchronous)"),
     STRING_KEY(dp.compress, "none", "none|int8|e3m0|e2m1|onebit",

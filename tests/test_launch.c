@@ -694,3 +694,40 @@ Test(launch, worker_without_a_launcher)
     cr_expect(strstr(r.err, "no launcher found"), "stderr: %s", r.err);
     remove_dir(dir);
 }
+
+/* dp.method=none: replica 0 trains exactly as the same job with one replica
+ * (it draws the first share of each step's batch either way, and nothing
+ * reaches it from replica 1). */
+Test(launch, uncoupled_replicas_train_like_one_alone)
+{
+    char *alone = make_temp_dir(), *pair = make_temp_dir();
+    run_pipert_ok("launch --quiet --stages 1 --replicas 1 --out %s " SMALL_MODEL
+                  " --train.steps=5 --train.log_every=1", alone);
+    run_pipert_ok("launch --quiet --stages 1 --replicas 2 --out %s --dp.method=none " SMALL_MODEL
+                  " --train.steps=5 --train.log_every=1", pair);
+    double a[5] = {0}, b[5] = {0}, bytes[5] = {0};
+    cr_assert_eq(read_metric_steps(alone, "metrics.jsonl", "loss", a, 5), 5);
+    cr_assert_eq(read_metric_steps(pair, "metrics.jsonl", "loss", b, 5), 5);
+    cr_assert_eq(read_metric_steps(pair, "metrics-stage-0.jsonl", "dp_bytes", bytes, 5), 5);
+    for (int s = 0; s < 5; s++) {
+        cr_expect_eq(a[s], b[s], "step %d: alone %.9g, uncoupled replica 0 %.9g", s + 1, a[s], b[s]);
+        cr_expect_eq(bytes[s], 0, "step %d: none sent %g bytes", s + 1, bytes[s]);
+    }
+    remove_dir(alone);
+    remove_dir(pair);
+}
+
+/* A compression the method cannot use is refused at start, naming both. */
+Test(launch, method_and_compression_mismatch_is_refused)
+{
+    char *dir = make_temp_dir();
+    run_result r = run_pipert("launch --quiet --stages 1 --replicas 2 --out %s --dp.method=allreduce "
+                              "--dp.compress=e3m0 " SMALL_MODEL " --train.steps=2", dir);
+    cr_expect_eq(r.status, 1);
+    cr_expect(strstr(r.err, "dp.method=allreduce with dp.compress=e3m0"), "%s", r.err);
+    r = run_pipert("launch --quiet --stages 1 --replicas 2 --out %s --dp.method=none "
+                   "--dp.compress=int8 " SMALL_MODEL " --train.steps=2", dir);
+    cr_expect_eq(r.status, 1);
+    cr_expect(strstr(r.err, "dp.method=none with dp.compress=int8"), "%s", r.err);
+    remove_dir(dir);
+}

@@ -1,0 +1,28 @@
+/* dp.method=none: the replicas do not couple at all. Each trains on its own
+ * share of the batch and nothing crosses between them: the baseline that
+ * says what a coupling costs (scripts/bench-wan-methods.sh measures every
+ * method's throughput against it on the same processes, cores and links). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "dp/methods.h"
+
+static pipert_result none_create(const pt_coupling_options *options, void **out)
+{
+    const char *compress = options->config->dp.compress;
+    if (strcmp(compress, "none") != 0)
+        return pt_fail(PIPERT_ERR_CONFIG,
+                       "dp.method=none with dp.compress=%s: nothing is sent, so nothing is "
+                       "compressed; leave dp.compress at none", compress);
+    *out = NULL;
+    return PIPERT_OK;
+}
+
+static void none_destroy(void *state) { (void)state; }
+
+const pt_coupling_method pt_dp_none = {
+    .name = "none",
+    .over_all_replicas = true, /* not even inside a site */
+    .create = none_create,
+    .destroy = none_destroy,
+};
