@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# The link-speed table: every coupling method between two emulated sites
+# (pipert launch --sites 2 --wan.bandwidth --wan.latency, docs/RUNNING.md),
+# one replica per site, the default model, against the same job with no
+# coupling at all (dp.method=none: same processes, cores and links, nothing
+# sent), measured in the same run.
+#
+# For each link, layout (stages per replica) and method, RUNS runs of STEPS
+# steps; from replica 0's metrics (one line per step) over the steps after
+# the first SKIP: time per step (the sum of the steps' times over their count,
+# so the outer steps of diloco and co2 are in it), tokens/s relative to
+# `none`, bytes sent between the sites per step (every stage of the replica:
+# with one replica per site all coupling traffic crosses), time the step
+# waited on the coupling, and the validation loss at the end. Medians over the
+# runs. The dense all-reduce over 10 Mbit/s takes ~9 s a step: it runs
+# ALLREDUCE_SLOW_STEPS steps there.
+#
+# Usage (root): scripts/bench-wan-methods.sh [--build DIR] [--runs 3] [--steps 45] [--skip 5]
+#               [--stages "1 2"] [--links "1gbit:10ms 100mbit:50ms 10mbit:100ms"]
+#               [--methods "none allreduce sparse ..."] [--out DIR] [--plot]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=build runs=3 steps=45 skip=5 stages_list="1 2" plot=0
+links="1gbit:10ms 100mbit:50ms 10mbit:100ms"
+methods="none allreduce sparse diloco streaming-diloco co2"
+out=runs/bench-wan-methods
+while (($#)); do
+  case "$1" in
+    --build) build=$2; shift 2 ;;
+    --runs) runs=$2; shift 2 ;;
+    --steps) steps=$2; shift 2 ;;
+    --skip) skip=$2; shift 2 ;;
+    --stages) stages_list=$2; shift 2 ;;
+    --links) links=$2; shift 2 ;;
+    --methods) methods=$2; shift 2 ;;
+    --out) out=$2; shift 2 ;;
+    --plot) plot=1; shift ;;
+    *) echo "usage: $0 [--build DIR] [--runs N] [--steps N] [--skip N] [--stages LIST] [--links LIST] [--methods LIST] [--out DIR] [--plot]" >&2; exit 2 ;;
+  esac
+done
+[ "$(id -u)" = 0 ] || { echo "$0: needs root (the sites are network namespaces)" >&2; exit 1; }
+pipert=$build/tools/pipert
+[ -x "$pipert" ] || { echo "$0: no $pipert (build first)" >&2; exit 1; }
+ALLREDUCE_SLOW_STEPS=10
+
+# The best compression each method takes (BENCHMARKS.md, coupling methods).
+method_args() {
+  case "$1" in
+    none|allreduce) echo "--dp.method=$1" ;;
+    sparse) echo "--dp.method=sparse --dp.fraction=0.05 --dp.compress=e3m0" ;;
+    diloco) echo "--dp.method=diloco --dp.compress=e3m0" ;;
+    streaming-diloco) echo "--dp.method=streaming-diloco --dp.compress=e3m0" ;;
+    co2) echo "--dp.method=co2 --dp.compress=e3m0" ;;
+    *) echo "$0: unknown method $1" >&2; exit 2 ;;
+  esac
+}
+
+# One run: prints "ms_per_step dp_bytes_per_step dp_wait_ms_per_step val_loss".
+run_one() {
+  local dir=$1 bandwidth=$2 latency=$3 stages=$4 method=$5 n=$6 skip_steps=$7
+  rm -rf "$dir"
+  # shellcheck disable=SC2046
+  "$pipert" launch --quiet --stages "$stages" --replicas 2 --sites 2 --out "$dir" \
+    --wan.bandwidth="$bandwidth" --wan.latency="$latency" $(method_args "$method") \
+    --train.steps="$n" --train.log_every=1 --train.val_every=0 --train.checkpoint_every=0 \
+    --pipeline.trace=false > "$dir.log" 2>&1 || { echo "$0: run failed, see $dir.log" >&2; tail -5 "$dir.log" >&2; exit 1; }
+  python3 - "$dir" "$stages" "$skip_steps" <<'PY'
+import glob, json, sys
+d, stages, skip = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+def rows(path):
+    return [json.loads(l) for l in open(path)]
+last = [r for r in rows(f"{d}/metrics-stage-{stages - 1}.jsonl") if r["step"] > skip]
+ms = sum(r["ms_per_step"] for r in last) / len(last)
+wait = sum(r["dp_wait_ms"] for r in last) / len(last)
+sent = 0.0
+for s in range(stages):
+    r = [x for x in rows(f"{d}/metrics-stage-{s}.jsonl") if x["step"] > skip]
+    sent += sum(x["dp_bytes"] for x in r) / len(r)
+val = [r["val_loss"] for r in rows(f"{d}/metrics.jsonl") if "val_loss" in r]
+print(ms, sent, wait, val[-1] if val else float("nan"))
+PY
+}
+
+mkdir -p "$out"
+table=$out/table.md
+{
+  echo "| link | stages | method | ms/step | tokens/s vs none | MB between sites/step | wait ms/step | val loss |"
+  echo "|---|---|---|---|---|---|---|---|"
+} > "$table"
+for link in $links; do
+  bandwidth=${link%%:*} latency=${link##*:}
+  for stages in $stages_list; do
+    none_ms=""
+    for method in $methods; do
+      n=$steps k=$skip
+      if [ "$method" = allreduce ] && [ "$bandwidth" = 10mbit ]; then n=$ALLREDUCE_SLOW_STEPS k=2; fi
+      results=()
+      for ((i = 0; i < runs; i++)); do
+        results+=("$(run_one "$out/$bandwidth-$latency-s$stages-$method-$i" "$bandwidth" "$latency" "$stages" "$method" "$n" "$k")")
+      done
+      row=$(python3 - "$bandwidth" "$latency" "$stages" "$method" "${none_ms:-0}" "${results[@]}" <<'PY'
+import statistics, sys
+bw, lat, stages, method, none_ms = sys.argv[1:6]
+runs = [[float(x) for x in r.split()] for r in sys.argv[6:]]
+ms, sent, wait, val = (statistics.median(c) for c in zip(*runs))
+rel = f"{100 * float(none_ms) / ms:.1f}%" if float(none_ms) > 0 else "100% (reference)"
+print(f"{ms:.1f}|| {bw}, {lat} | {stages} | {method} | {ms:.0f} | {rel} | {sent / 1e6:.3f} | {wait:.0f} | {val:.4f} |")
+PY
+)
+      [ "$method" = none ] && none_ms=${row%%||*}
+      echo "${row#*|| }" | tee -a "$table"
+    done
+  done
+done
+echo "table: $table"
+if [ "$plot" = 1 ]; then
+  dirs=$(ls -d "$out"/100mbit-50ms-s1-*-0 2>/dev/null || true)
+  [ -n "$dirs" ] && "$pipert" plot --out "$out/plots" $dirs || true
+fi
