@@ -13,14 +13,15 @@
 # with one replica per site all coupling traffic crosses), time the step
 # waited on the coupling, and the validation loss at the end. Medians over the
 # runs. The dense all-reduce over 10 Mbit/s takes ~9 s a step: it runs
-# ALLREDUCE_SLOW_STEPS steps there.
+# ALLREDUCE_SLOW_STEPS steps there. STEPS must reach 2·dp.period (60 by
+# default): co2 posts a round only if it falls due within the run.
 #
-# Usage (root): scripts/bench-wan-methods.sh [--build DIR] [--runs 3] [--steps 45] [--skip 5]
+# Usage (root): scripts/bench-wan-methods.sh [--build DIR] [--runs 3] [--steps 70] [--skip 5]
 #               [--stages "1 2"] [--links "1gbit:10ms 100mbit:50ms 10mbit:100ms"]
 #               [--methods "none allreduce sparse ..."] [--out DIR] [--plot]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-build=build runs=3 steps=45 skip=5 stages_list="1 2" plot=0
+build=build runs=3 steps=70 skip=5 stages_list="1 2" plot=0
 links="1gbit:10ms 100mbit:50ms 10mbit:100ms"
 methods="none allreduce sparse diloco streaming-diloco co2"
 out=runs/bench-wan-methods

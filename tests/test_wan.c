@@ -179,6 +179,37 @@ Test(wan, probe_measures_what_was_asked, .timeout = 240)
     expect_nothing_left(&before, "pipert probe");
 }
 
+/* Links per ordered pair from a cluster file, each its own. */
+Test(wan, probe_measures_a_cluster_files_links, .timeout = 120)
+{
+    require_test_bed();
+    char *dir = make_temp_dir(), cluster[600], json[600];
+    snprintf(cluster, sizeof cluster, "%s/cluster.json", dir);
+    snprintf(json, sizeof json, "%s/links.json", dir);
+    const char *text =
+        "{\"sites\": [{\"name\": \"near\"}, {\"name\": \"far\"}],\n"
+        " \"links\": [{\"from\": \"near\", \"to\": \"far\", \"bandwidth\": \"200mbit\", "
+        "\"latency\": \"5ms\"},\n"
+        "           {\"from\": \"far\", \"to\": \"near\", \"bandwidth\": \"50mbit\", "
+        "\"latency\": \"25ms\"}]}\n";
+    cr_assert_eq(pt_write_file_atomic(cluster, text, strlen(text)), PIPERT_OK);
+    run_pipert_ok("probe --cluster %s --json %s", cluster, json);
+    json_t *rows = json_load_file(json, 0, NULL);
+    cr_assert_eq(json_array_size(rows), 2);
+    const double asked_rate[2] = {200e6, 50e6}; /* near -> far, far -> near */
+    for (size_t i = 0; i < 2; i++) {
+        json_t *row = json_array_get(rows, i);
+        int from = (int)json_integer_value(json_object_get(row, "from"));
+        double rtt = json_number_value(json_object_get(row, "rtt_s"));
+        double rate = json_number_value(json_object_get(row, "bits_per_s"));
+        cr_expect(fabs(rtt - 0.030) <= 0.003, "round trip %.2f ms, asked 30 ms", rtt * 1e3);
+        cr_expect(fabs(rate - asked_rate[from]) <= 0.1 * asked_rate[from],
+                  "from site %d: %.1f Mbit/s, asked %.1f", from, rate / 1e6, asked_rate[from] / 1e6);
+    }
+    json_decref(rows);
+    remove_dir(dir);
+}
+
 /* ---- every method trains over a shaped link -------------------------------------- */
 
 Test(wan, every_method_trains_between_two_sites, .timeout = 600)

@@ -47,6 +47,7 @@
 #include "runtime/topology.h"
 #include "runtime/trace.h"
 #include "runtime/units.h"
+#include "scheduler/cluster.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
 #include "tools/wan/testbed.h"
@@ -81,7 +82,8 @@ typedef struct job {
     int sites; /* --sites: replica r is in site r mod sites */
     /* wan.*: the sites are network namespaces joined by emulated links */
     bool emulate_wan;
-    pt_wan_link wan_link;
+    pt_wan_link wan_link; /* every link, from wan.* */
+    pt_cluster cluster;   /* --cluster: named sites and a link per ordered pair */
     pt_testbed *testbed;
     char out_dir[PATH_MAX];
     char secret_path[PATH_MAX + 16];
@@ -178,27 +180,56 @@ static pipert_result start_coordinator(job *j)
     return rc != PIPERT_OK ? rc : back;
 }
 
-/* One link per ordered pair of sites, all alike (wan.bandwidth, wan.latency). */
+/* One link per ordered pair of sites: from the cluster file, else all alike
+ * (wan.bandwidth, wan.latency). */
 static pipert_result start_testbed(job *j)
 {
     pt_wan_link *links = malloc((size_t)j->sites * (size_t)j->sites * sizeof *links);
     if (!links) return pt_fail(PIPERT_ERR_NOMEM, "out of memory");
-    for (int k = 0; k < j->sites * j->sites; k++) links[k] = j->wan_link;
+    for (int k = 0; k < j->sites * j->sites; k++)
+        links[k] = j->cluster.n_sites ? (pt_wan_link){j->cluster.links[k].bits_per_s,
+                                                      j->cluster.links[k].latency_s}
+                                      : j->wan_link;
     pipert_result rc = pt_testbed_create(j->sites, links, &j->testbed);
     free(links);
     return rc;
 }
 
+static const char *delay_method(const job *j)
+{
+    return pt_testbed_kernel_delay(j->testbed) ? "netem" : "user-space delay: this kernel has no netem";
+}
+
+/* The cluster file's links, one line per ordered pair. */
+static void print_cluster_links(const job *j)
+{
+    printf("  %d sites from the cluster file, each a network namespace (pipert-%d-sI); links shaped "
+           "by tc htb, delayed by %s; TCP only (UCX_TLS=tcp over %s):\n",
+           j->sites, (int)getpid(), delay_method(j), PT_WAN_DEVICE);
+    for (int a = 0; a < j->sites; a++)
+        for (int b = 0; b < j->sites; b++) {
+            if (a == b) continue;
+            const pt_cluster_link *link = &j->cluster.links[a * j->sites + b];
+            char rate[32], latency[32];
+            pt_format_bit_rate(link->bits_per_s, rate, sizeof rate);
+            pt_format_duration(link->latency_s, latency, sizeof latency);
+            printf("    site %d (%s) -> site %d (%s): %s, %s one way\n", a,
+                   j->cluster.site_names[a], b, j->cluster.site_names[b], rate, latency);
+        }
+}
+
 static void print_links(const job *j)
 {
+    if (j->cluster.n_sites) {
+        print_cluster_links(j);
+        return;
+    }
     char rate[32], latency[32];
     pt_format_bit_rate(j->wan_link.bits_per_s, rate, sizeof rate);
     pt_format_duration(j->wan_link.latency_s, latency, sizeof latency);
     printf("  %d sites, each a network namespace (pipert-%d-sI); between sites %s each way "
            "(tc htb), %s one way (%s), TCP only (UCX_TLS=tcp over %s)\n",
-           j->sites, (int)getpid(), rate, latency,
-           pt_testbed_kernel_delay(j->testbed) ? "netem" : "user-space delay: this kernel has no netem",
-           PT_WAN_DEVICE);
+           j->sites, (int)getpid(), rate, latency, delay_method(j), PT_WAN_DEVICE);
 }
 
 static void format_cores(const worker_process *w, char *text, size_t cap)
@@ -643,6 +674,7 @@ static void free_job(job *j)
 {
     pt_coordinator_free(j->coordinator);
     pt_testbed_destroy(j->testbed); /* after every worker has exited */
+    pt_cluster_free(&j->cluster);
     if (j->secret_path[0]) unlink(j->secret_path);
     free(j->workers);
     free(j->config_args);
@@ -663,6 +695,23 @@ static pipert_result read_wan_link(const pipert_config *cfg, job *j)
     return PIPERT_OK;
 }
 
+/* --cluster FILE: the sites (their number, unless --sites says the same) and
+ * a link per ordered pair; wan.* then may not be given as well. */
+static pipert_result read_cluster(job *j, const char *path, const char *sites_flag)
+{
+    if (j->emulate_wan)
+        return pt_fail(PIPERT_ERR_CONFIG, "--cluster %s gives the links: leave out wan.bandwidth "
+                                          "and wan.latency", path);
+    PT_TRY(pt_cluster_load(path, &j->cluster));
+    char count[16];
+    snprintf(count, sizeof count, "%d", j->cluster.n_sites);
+    if (strcmp(sites_flag, "1") != 0 && strcmp(sites_flag, count) != 0)
+        return pt_fail(PIPERT_ERR_CONFIG, "--sites %s, but %s describes %d sites", sites_flag, path,
+                       j->cluster.n_sites);
+    j->emulate_wan = j->cluster.n_sites > 1;
+    return PIPERT_OK;
+}
+
 static void default_out_dir(char *dir, size_t cap)
 {
     time_t now = time(NULL);
@@ -674,7 +723,7 @@ static void default_out_dir(char *dir, size_t cap)
 int pt_cmd_launch(int argc, char **argv)
 {
     const char *out_dir = NULL, *stages = "1", *replicas = "1", *sites = "1", *grace = "5",
-               *heartbeat_timeout = NULL;
+               *heartbeat_timeout = NULL, *cluster_path = NULL;
     bool quiet = false, resume = false, probe = false;
     const pt_cli_flag flags[] = {
         {"--stages", "S", "pipeline stages per replica (blocks split by plan.layers or balanced)",
@@ -687,6 +736,9 @@ int pt_cmd_launch(int argc, char **argv)
                          "(default runs/launch-DATE-TIME)", &out_dir, NULL},
         {"--grace", "SECONDS", "wait this long for workers to stop before SIGTERM, and again "
                                "before SIGKILL (default 5)", &grace, NULL},
+        {"--cluster", "FILE", "emulate the links between sites that this cluster description "
+                              "lists (per pair; docs/RUNNING.md; root); sets the number of sites",
+         &cluster_path, NULL},
         {"--heartbeat-timeout", "SECONDS", "a worker or the coordinator silent this long aborts "
                                            "the job (default 5; 30 between emulated sites, so a "
                                            "link may drop for a while)", &heartbeat_timeout, NULL},
@@ -711,7 +763,9 @@ int pt_cmd_launch(int argc, char **argv)
              .log_every = cfg->train.log_every};
     pipert_result wan_rc = read_wan_link(cfg, &j);
     pipert_config_free(cfg);
+    if (wan_rc == PIPERT_OK && cluster_path) wan_rc = read_cluster(&j, cluster_path, sites);
     if (wan_rc != PIPERT_OK) {
+        pt_cluster_free(&j.cluster);
         fprintf(stderr, "pipert launch: %s\n", pipert_last_error());
         return 2;
     }
@@ -731,7 +785,15 @@ int pt_cmd_launch(int argc, char **argv)
                 PT_MAX_WORLD);
         return 2;
     }
+    if (j.cluster.n_sites) j.sites = j.cluster.n_sites;
+    if (j.sites > j.replicas) {
+        fprintf(stderr, "pipert launch: %d sites need at least %d replicas (one per site)\n", j.sites,
+                j.sites);
+        pt_cluster_free(&j.cluster);
+        return 2;
+    }
     if (j.emulate_wan && j.sites < 2) {
+        pt_cluster_free(&j.cluster);
         fprintf(stderr, "pipert launch: wan.bandwidth and wan.latency emulate the links between "
                         "sites: give --sites N with N >= 2\n");
         return 2;

@@ -18,6 +18,7 @@
 #include "runtime/config.h"
 #include "runtime/topology.h"
 #include "runtime/units.h"
+#include "scheduler/cluster.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
 #include "tools/link_probe.h"
@@ -66,19 +67,38 @@ typedef struct requested_link {
     double bits_per_s, latency_s; /* 0 when not emulated */
 } requested_link;
 
-static void print_links(const pt_link_measure *links, int sites, requested_link asked)
+/* What was asked of each ordered pair: the cluster file's links, else wan.*
+ * for every pair. */
+static requested_link *requested_links(const pipert_config *cfg, const pt_cluster *cluster, int sites)
+{
+    requested_link *asked = calloc((size_t)sites * (size_t)sites, sizeof *asked);
+    if (!asked) return NULL;
+    requested_link uniform = {0};
+    if (cfg->wan.bandwidth[0])
+        pt_parse_bit_rate(cfg->wan.bandwidth, "wan.bandwidth", &uniform.bits_per_s);
+    if (cfg->wan.latency[0]) pt_parse_duration(cfg->wan.latency, "wan.latency", &uniform.latency_s);
+    for (int k = 0; k < sites * sites; k++)
+        asked[k] = cluster->n_sites ? (requested_link){cluster->links[k].bits_per_s,
+                                                       cluster->links[k].latency_s}
+                                    : uniform;
+    return asked;
+}
+
+static void print_links(const pt_link_measure *links, int sites, const requested_link *asked_links)
 {
     printf("%-8s %12s %12s %16s %16s\n", "link", "rtt", "asked rtt", "bandwidth", "asked");
     for (int i = 0; i < sites; i++)
         for (int j = 0; j < sites; j++) {
             if (i == j) continue;
             const pt_link_measure *m = &links[i * sites + j];
+            const requested_link asked = asked_links[i * sites + j];
+            const double asked_rtt_s = asked.latency_s + asked_links[j * sites + i].latency_s;
             char name[32], rtt[32], asked_rtt[32] = "-", rate[32], asked_rate[32] = "-";
             snprintf(name, sizeof name, "%d -> %d", i, j);
             pt_format_duration(m->rtt_s, rtt, sizeof rtt);
             pt_format_bit_rate(m->bits_per_s, rate, sizeof rate);
             if (asked.bits_per_s > 0) {
-                pt_format_duration(2 * asked.latency_s, asked_rtt, sizeof asked_rtt);
+                pt_format_duration(asked_rtt_s, asked_rtt, sizeof asked_rtt);
                 pt_format_bit_rate(asked.bits_per_s, asked_rate, sizeof asked_rate);
             }
             printf("%-8s %12s %12s %16s %16s\n", name, rtt, asked_rtt, rate, asked_rate);
@@ -86,7 +106,7 @@ static void print_links(const pt_link_measure *links, int sites, requested_link 
 }
 
 static pipert_result write_links_json(const pt_link_measure *links, int sites,
-                                      requested_link asked, const char *path)
+                                      const requested_link *asked, const char *path)
 {
     json_t *rows = json_array();
     for (int i = 0; rows && i < sites; i++)
@@ -96,7 +116,9 @@ static pipert_result write_links_json(const pt_link_measure *links, int sites,
                     rows, json_pack("{s:i, s:i, s:f, s:f, s:f, s:f}", "from", i, "to", j, "rtt_s",
                                     links[i * sites + j].rtt_s, "bits_per_s",
                                     links[i * sites + j].bits_per_s, "asked_rtt_s",
-                                    2 * asked.latency_s, "asked_bits_per_s", asked.bits_per_s));
+                                    asked[i * sites + j].latency_s + asked[j * sites + i].latency_s,
+                                    "asked_bits_per_s",
+                                    asked[i * sites + j].bits_per_s));
     char *text = rows ? json_dumps(rows, JSON_INDENT(2)) : NULL;
     json_decref(rows);
     if (!text) return pt_fail(PIPERT_ERR_NOMEM, "%s: out of memory", path);
@@ -113,7 +135,8 @@ static int remove_entry(const char *path, const struct stat *sb, int type, struc
 
 /* `pipert launch --probe --sites N --replicas N` with the configuration
  * arguments given to probe, into dir. */
-static int launch_probe_job(int sites, const char *dir, int argc, char **argv)
+static int launch_probe_job(int sites, const char *cluster_path, const char *dir, int argc,
+                            char **argv)
 {
     char sites_text[16];
     snprintf(sites_text, sizeof sites_text, "%d", sites);
@@ -123,6 +146,10 @@ static int launch_probe_job(int sites, const char *dir, int argc, char **argv)
     const char *fixed[] = {"--probe", "--quiet", "--stages", "1", "--replicas",
                            sites_text, "--sites", sites_text, "--out", dir};
     for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++) args[k++] = (char *)fixed[i];
+    if (cluster_path) {
+        args[k++] = "--cluster";
+        args[k++] = (char *)cluster_path;
+    }
     for (int i = 0; i < argc; i++) {
         if (!strcmp(argv[i], "--config") && i + 1 < argc) {
             args[k++] = argv[i++];
@@ -136,19 +163,19 @@ static int launch_probe_job(int sites, const char *dir, int argc, char **argv)
     return status;
 }
 
-static int probe_sites(int sites, const pipert_config *cfg, const char *out_dir, const char *json_path,
+static int probe_sites(int sites, const pt_cluster *cluster, const char *cluster_path,
+                       const pipert_config *cfg, const char *out_dir, const char *json_path,
                        int argc, char **argv)
 {
-    requested_link asked = {0};
-    if (cfg->wan.bandwidth[0]) pt_parse_bit_rate(cfg->wan.bandwidth, "wan.bandwidth", &asked.bits_per_s);
-    if (cfg->wan.latency[0]) pt_parse_duration(cfg->wan.latency, "wan.latency", &asked.latency_s);
+    requested_link *asked = requested_links(cfg, cluster, sites);
+    if (!asked) return 1;
     char dir[PATH_MAX];
     snprintf(dir, sizeof dir, "%s", out_dir ? out_dir : "/tmp/pipert-probe-XXXXXX");
     if (!out_dir && !mkdtemp(dir)) {
         fprintf(stderr, "pipert probe: cannot make a directory in /tmp\n");
         return 1;
     }
-    int status = launch_probe_job(sites, dir, argc, argv);
+    int status = launch_probe_job(sites, cluster_path, dir, argc, argv);
     pt_link_measure *links = calloc((size_t)sites * (size_t)sites, sizeof *links);
     pipert_result rc = status != 0 ? PIPERT_ERR_PEER : !links ? PIPERT_ERR_NOMEM
                                                                : pt_link_probe_read(dir, sites, links);
@@ -156,13 +183,15 @@ static int probe_sites(int sites, const pipert_config *cfg, const char *out_dir,
     if (rc == PIPERT_OK && json_path) rc = write_links_json(links, sites, asked, json_path);
     if (rc != PIPERT_OK && status == 0) fprintf(stderr, "pipert probe: %s\n", pipert_last_error());
     free(links);
+    free(asked);
     if (!out_dir) nftw(dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
     return rc == PIPERT_OK ? 0 : status ? status : 1;
 }
 
 int pt_cmd_probe(int argc, char **argv)
 {
-    const char *threads_text = NULL, *json_path = NULL, *sites_text = NULL, *out_dir = NULL;
+    const char *threads_text = NULL, *json_path = NULL, *sites_text = NULL, *out_dir = NULL,
+               *cluster_path = NULL;
     const pt_cli_flag flags[] = {
         {"--threads", "N", "threads for the GEMM (default: one per core of this process)",
          &threads_text, NULL},
@@ -171,6 +200,8 @@ int pt_cmd_probe(int argc, char **argv)
         {"--sites", "N", "measure the links between N sites instead (one worker per site, "
                          "through pipert's transport); emulated with --wan.bandwidth=R "
                          "--wan.latency=D (root)", &sites_text, NULL},
+        {"--cluster", "FILE", "measure the links of this cluster description (its sites, each "
+                              "link emulated as it says; root)", &cluster_path, NULL},
         {"--out", "DIR", "with --sites: keep the probe job's directory (logs) here", &out_dir, NULL},
     };
     const pt_cli cli = {"probe", "[--threads N] [--json FILE] [--sites N [--wan.bandwidth=R] "
@@ -190,8 +221,16 @@ int pt_cmd_probe(int argc, char **argv)
         pipert_config_free(cfg);
         return 2;
     }
+    pt_cluster cluster = {0};
+    if (cluster_path && pt_cluster_load(cluster_path, &cluster) != PIPERT_OK) {
+        fprintf(stderr, "pipert probe: %s\n", pipert_last_error());
+        pipert_config_free(cfg);
+        return 1;
+    }
+    if (cluster.n_sites) sites = cluster.n_sites;
     if (sites) {
-        int status = probe_sites(sites, cfg, out_dir, json_path, argc, argv);
+        int status = probe_sites(sites, &cluster, cluster_path, cfg, out_dir, json_path, argc, argv);
+        pt_cluster_free(&cluster);
         pipert_config_free(cfg);
         return status;
     }
