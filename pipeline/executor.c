@@ -285,9 +285,11 @@ static pt_message_header activation_header(const pt_stage_executor *ex, uint16_t
 static pipert_result wait_request(pt_stage_executor *ex, pt_request *request, const char *what)
 {
     const double deadline = pt_now_s() + MESSAGE_TIMEOUT_S;
+    const pt_utilisation_mark mark = pt_utilisation_mark_now();
     for (;;) {
         pipert_result rc = pt_request_wait(request, WAIT_SLICE_S);
         if (rc != PIPERT_ERR_TIMEOUT) {
+            pt_utilisation_add_wait(&ex->util, mark, false);
             if (rc != PIPERT_OK) pt_error_prefix("%s", what);
             return rc;
         }
@@ -584,7 +586,9 @@ static pipert_result optimizer_step(pt_stage_executor *ex)
                             .n_params = m->n_params, .step = step,
                             .loss = is_last_stage(ex) ? &loss : NULL};
     if (ex->options.coupling) {
+        const pt_utilisation_mark mark = pt_utilisation_mark_now();
         PT_TRY(pt_coupling_after_backward(ex->options.coupling, &at));
+        pt_utilisation_add_wait(&ex->util, mark, true);
         trace_span(ex, "couple", started, -1);
     }
     if (is_last_stage(ex) && !isfinite(loss))
@@ -602,7 +606,11 @@ static pipert_result optimizer_step(pt_stage_executor *ex)
         at.grads = NULL;
         at.loss = NULL;
         at.newest_stash = stashes_weights(ex) && ex->newest_slot >= 0 ? ex->slot_weights[ex->newest_slot] : NULL;
+        const double couple_started = pt_trace_now_us();
+        const pt_utilisation_mark mark = pt_utilisation_mark_now();
         PT_TRY(pt_coupling_after_step(ex->options.coupling, &at));
+        pt_utilisation_add_wait(&ex->util, mark, true);
+        trace_span(ex, "couple", couple_started, -1);
     }
     ex->kernels->synchronize();
     trace_span(ex, "optimizer", started, -1);
@@ -620,6 +628,7 @@ static pipert_result optimizer_step(pt_stage_executor *ex)
         .seconds = now - ex->step_started,
         .tokens = (double)ex->B * ex->T * ex->microbatches,
         .dp = dp,
+        .util = pt_utilisation_finish(&ex->util, ex->options.transport, ex->options.threads),
     };
     ex->loss_sum = 0, ex->loss_count = 0;
     ex->staleness_sum = 0, ex->staleness_count = 0;
@@ -675,7 +684,10 @@ pipert_result pt_stage_executor_step(pt_stage_executor *ex, pt_pipeline_step *re
     if (pt_stage_executor_finished(ex))
         return pt_fail(PIPERT_ERR_INVALID_ARG, "stage %d: all %ld steps are done",
                        ex->options.stage, ex->config.train.steps);
-    if (ex->step_started == 0) ex->step_started = pt_now_s();
+    if (ex->step_started == 0) {
+        ex->step_started = pt_now_s();
+        pt_utilisation_start(&ex->util, ex->options.transport);
+    }
     const long target = ex->version + 1;
     while (ex->version < target) {
         if (ex->cursor == ex->schedule.count) {

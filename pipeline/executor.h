@@ -28,6 +28,7 @@
 #include <stdbool.h>
 
 #include "dp/coupling.h"
+#include "pipeline/utilisation.h"
 #include "models/gpt.h"
 #include "pipeline/schedule.h"
 #include "runtime/comm/collectives.h"
@@ -58,6 +59,7 @@ typedef struct pt_pipeline_step {
     double seconds;     /* wall time since the previous step */
     double tokens;      /* tokens this replica trained on in the step */
     pt_coupling_metrics dp; /* what the coupling did in the step */
+    pt_utilisation util;    /* where the step's wall time went; bytes per link class */
 } pt_pipeline_step;
 
 typedef struct pt_stage_executor_options {

@@ -4,6 +4,7 @@
 #define PT_EXECUTOR_INTERNAL_H
 
 #include "pipeline/executor.h"
+#include "pipeline/utilisation.h"
 #include "runtime/data.h"
 #include "train/optimizer.h"
 
@@ -50,6 +51,7 @@ struct pt_stage_executor {
     double loss_sum;
     int loss_count;
     double step_started;
+    pt_utilisation_meter util; /* of the current step */
     pt_pipeline_step last_report;
 };
 

@@ -102,6 +102,17 @@ static pipert_result create_group(pt_job *job, const int *ranks, int n, uint32_t
     return pt_group_create(job->transport, ranks, n, &options, out);
 }
 
+/* The transport counts bytes to replicas in other sites apart (the link
+ * class between sites); the stages of a replica share its site. */
+static pipert_result mark_remote_replicas(pt_job *job, const int *sites)
+{
+    for (int r = 0; r < job->layout.replicas; r++)
+        if (sites[r] != job->site)
+            PT_TRY(pt_transport_mark_remote(job->transport,
+                                            pt_layout_rank(&job->layout, job->stage, r)));
+    return PIPERT_OK;
+}
+
 static pipert_result make_replica_groups(pt_job *job)
 {
     const int R = job->layout.replicas;
@@ -112,6 +123,7 @@ static pipert_result make_replica_groups(pt_job *job)
                                                  : pt_fail(PIPERT_ERR_NOMEM, "groups: out of memory");
     int site_first = 0, site_count = 0, n_leaders = 0;
     if (rc == PIPERT_OK) rc = site_census(job, sites);
+    if (rc == PIPERT_OK) rc = mark_remote_replicas(job, sites);
     if (rc == PIPERT_OK) {
         order_by_site(job, sites, ranks, &site_first, &site_count, leaders, &n_leaders);
         job->sites = n_leaders;

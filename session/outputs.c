@@ -27,6 +27,17 @@ void pt_session_close_outputs(pipert_session *s)
     pt_metrics_close(&s->stage_metrics);
 }
 
+/* pipeline/utilisation.h: shares of the step's wall time, bytes per link class. */
+static void add_utilisation(json_t *line, const pt_utilisation *u)
+{
+    if (!line) return;
+    json_object_set_new(line, "util_compute", json_real(u->compute));
+    json_object_set_new(line, "util_wait_pipeline", json_real(u->wait_pipeline));
+    json_object_set_new(line, "util_wait_coupling", json_real(u->wait_coupling));
+    json_object_set_new(line, "bytes_site", json_real(u->bytes_site));
+    json_object_set_new(line, "bytes_wan", json_real(u->bytes_wan));
+}
+
 static pipert_result write_stage_line(pipert_session *s, const pt_pipeline_step *p)
 {
     json_t *line = json_pack("{s:I, s:i, s:f, s:f, s:f, s:f, s:s, s:f, s:f, s:f}", "step",
@@ -35,6 +46,7 @@ static pipert_result write_stage_line(pipert_session *s, const pt_pipeline_step 
                              p->grad_norm, "ms_per_step", 1e3 * p->seconds, "dp_method",
                              p->dp.method ? p->dp.method : "none", "dp_bytes", p->dp.bytes_sent,
                              "dp_wait_ms", p->dp.wait_ms, "dp_delay", p->dp.delay);
+    add_utilisation(line, &p->util);
     return pt_metrics_write(&s->stage_metrics, line);
 }
 

@@ -239,7 +239,7 @@ static pipert_result validate(pipert_session *s, long step, pipert_metrics *m)
     if (!s->writes_outputs) return PIPERT_OK;
     m->val_loss = val_loss;
     pt_info("step %ld | val_loss %.4f", step, (double)val_loss);
-    pt_rank_progress p = {step, s->config.train.steps, m->loss, 0, val_loss};
+    pt_rank_progress p = {step, s->config.train.steps, m->loss, 0, val_loss, NAN, NAN, NAN, 0};
     PT_TRY(pt_job_report_progress(&s->job, &p));
     return pt_session_write_validation(s, step, val_loss);
 }
@@ -276,7 +276,9 @@ static pipert_result report_step(pipert_session *s, const pt_pipeline_step *p, p
     if (log_now || now - s->reported_at >= PROGRESS_PERIOD_S) {
         /* loss and tokens/s come from the last stage; the others report progress only */
         pt_rank_progress progress = {p->step, p->total_steps, m->loss,
-                                     is_last_stage(s) ? tokens_per_s : 0, NAN};
+                                     is_last_stage(s) ? tokens_per_s : 0, NAN,
+                                     p->util.compute, p->util.wait_pipeline, p->util.wait_coupling,
+                                     p->util.bytes_wan};
         PT_TRY(pt_job_report_progress(&s->job, &progress));
         s->reported_at = now;
     }

@@ -171,9 +171,13 @@ Test(coordinator, rendezvous_table_and_progress)
     cr_expect_eq(s.registered, 3);
 
     /* Latest reports: the job is at the slowest rank's step; the loss is the
-     * mean, the rate the sum: (3 + 2 + 1)/3 = 2, 100 + 200 + 300 = 600. */
-    const pt_rank_progress reports[3] = {{10, 50, 3.0, 100, NAN}, {12, 50, 2.0, 200, 2.5},
-                                         {11, 50, 1.0, 300, NAN}};
+     * mean, the rate the sum: (3 + 2 + 1)/3 = 2, 100 + 200 + 300 = 600. The
+     * shares are means over the ranks that measured them (not rank 2):
+     * compute (0.8 + 0.6)/2, waits (0.1 + 0.3)/2 and (0.06 + 0)/2; bytes
+     * between sites the sum, 1000 + 3000. */
+    const pt_rank_progress reports[3] = {{10, 50, 3.0, 100, NAN, 0.8, 0.1, 0.06, 1000},
+                                         {12, 50, 2.0, 200, 2.5, 0.6, 0.3, 0.0, 3000},
+                                         {11, 50, 1.0, 300, NAN, NAN, NAN, NAN, 0}};
     for (int r = 0; r < 3; r++)
         cr_assert_eq(pt_coord_client_send_progress(clients[r], &reports[r]), PIPERT_OK);
     double start = pt_now_s();
@@ -189,6 +193,13 @@ Test(coordinator, rendezvous_table_and_progress)
     char line[256];
     pt_job_progress_line(&s, line, sizeof line);
     cr_expect(strstr(line, "step 10/50") && strstr(line, "loss 2.0000") && strstr(line, "600 tok/s"),
+              "progress line: %s", line);
+    cr_expect(fabs(s.compute - 0.7) < 1e-9 && fabs(s.wait_pipeline - 0.2) < 1e-9 &&
+                  fabs(s.wait_coupling - 0.03) < 1e-9 && fabs(s.bytes_wan - 4000) < 1e-9,
+              "utilisation %g %g %g, %g bytes", s.compute, s.wait_pipeline, s.wait_coupling,
+              s.bytes_wan);
+    cr_expect(strstr(line, "compute 70%, waiting 20% pipeline 3% coupling") &&
+                  strstr(line, "0.00 MB/step between sites"),
               "progress line: %s", line);
 
     for (int r = 0; r < 3; r++) cr_assert_eq(pt_coord_client_send_done(clients[r]), PIPERT_OK);
@@ -363,7 +374,7 @@ Test(coordinator, worker_notices_a_dead_coordinator)
     cr_expect_eq(record.rank, -1);
     cr_expect(strstr(record.reason, "coordinator") && strstr(record.reason, "closed"), "%s",
               record.reason);
-    cr_expect_eq(pt_coord_client_send_progress(client, &(pt_rank_progress){1, 2, 1, 1, NAN}),
+    cr_expect_eq(pt_coord_client_send_progress(client, &(pt_rank_progress){1, 2, 1, 1, NAN, NAN, NAN, NAN, 0}),
                  PIPERT_ERR_PEER, "progress after an abort must fail");
     pt_coord_client_close(client);
 }
@@ -729,5 +740,69 @@ Test(launch, method_and_compression_mismatch_is_refused)
                    "--dp.compress=int8 " SMALL_MODEL " --train.steps=2", dir);
     cr_expect_eq(r.status, 1);
     cr_expect(strstr(r.err, "dp.method=none with dp.compress=int8"), "%s", r.err);
+    remove_dir(dir);
+}
+
+/* ---- utilisation and bytes per link class (pipeline/utilisation.h) ------- */
+
+/* Every logged step of DIR/metrics-stage-S.jsonl: its value of `field`. */
+static int stage_values(const char *dir, int stage, const char *field, double *values, int n)
+{
+    char file[64];
+    snprintf(file, sizeof file, "metrics-stage-%d.jsonl", stage);
+    return read_metric_steps(dir, file, field, values, n);
+}
+
+/* With sites: what the coupling sent crossed between them, plus the message
+ * headers and the loss's own mean; inside one site nothing did. */
+Test(launch, bytes_between_sites_are_the_couplings)
+{
+    enum { N = 4 };
+    const char *sites[] = {"2", "1"};
+    for (int k = 0; k < 2; k++) {
+        char *dir = make_temp_dir();
+        run_pipert_ok("launch --quiet --stages 1 --replicas 2 --sites %s --out %s " SMALL_MODEL
+                      " --train.steps=%d --train.log_every=1", sites[k], dir, N);
+        double dp[N], wan[N], site[N];
+        cr_assert_eq(stage_values(dir, 0, "dp_bytes", dp, N), N);
+        cr_assert_eq(stage_values(dir, 0, "bytes_wan", wan, N), N);
+        cr_assert_eq(stage_values(dir, 0, "bytes_site", site, N), N);
+        for (int s = 0; s < N; s++) {
+            const double crossing = k == 0 ? wan[s] : site[s], other = k == 0 ? site[s] : wan[s];
+            cr_expect(crossing >= dp[s] && crossing <= dp[s] * 1.01 + 4096,
+                      "sites %s, step %d: %g bytes sent to the other replica, the coupling says %g",
+                      sites[k], s + 1, crossing, dp[s]);
+            cr_expect_eq(other, 0, "sites %s, step %d: %g bytes on the other link class", sites[k],
+                         s + 1, other);
+        }
+        remove_dir(dir);
+    }
+}
+
+/* A 2-stage pipeline: each share in [0, 1], together at most 1; the last
+ * stage waits for the first stage's activations. */
+Test(launch, utilisation_shares_add_up)
+{
+    enum { N = 6 };
+    char *dir = make_temp_dir();
+    run_pipert_ok("launch --quiet --stages 2 --replicas 1 --out %s " SMALL_MODEL
+                  " --train.steps=%d --train.log_every=1", dir, N);
+    for (int stage = 0; stage < 2; stage++) {
+        double compute[N], pipeline[N], coupling[N];
+        cr_assert_eq(stage_values(dir, stage, "util_compute", compute, N), N);
+        cr_assert_eq(stage_values(dir, stage, "util_wait_pipeline", pipeline, N), N);
+        cr_assert_eq(stage_values(dir, stage, "util_wait_coupling", coupling, N), N);
+        double waited = 0;
+        for (int s = 0; s < N; s++) {
+            cr_expect(compute[s] > 0 && compute[s] <= 1, "stage %d step %d: compute %g", stage,
+                      s + 1, compute[s]);
+            cr_expect(compute[s] + pipeline[s] + coupling[s] <= 1 + 1e-9,
+                      "stage %d step %d: %g + %g + %g > 1", stage, s + 1, compute[s], pipeline[s],
+                      coupling[s]);
+            cr_expect_lt(coupling[s], 0.05, "one replica: nothing to wait for in the coupling");
+            waited += pipeline[s];
+        }
+        if (stage == 1) cr_expect_gt(waited, 0, "the last stage never waited for activations");
+    }
     remove_dir(dir);
 }

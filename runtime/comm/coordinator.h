@@ -49,6 +49,9 @@ typedef struct pt_job_status {
     long total_steps;    /* as the ranks report it */
     double mean_loss;    /* over reporting ranks' latest losses */
     double tokens_per_s; /* summed over reporting ranks (a finished rank's last rate) */
+    /* means over the ranks that measure them (NaN: none): shares of a step's
+     * wall time; and the bytes per step all ranks send between sites */
+    double compute, wait_pipeline, wait_coupling, bytes_wan;
     long val_step;       /* step of the latest validation loss reported, -1 if none */
     double val_loss;
     int abort_rank;      /* -1: not one rank's fault (or no abort) */

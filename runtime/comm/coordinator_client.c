@@ -465,6 +465,12 @@ pipert_result pt_coord_client_send_progress(pt_coord_client *c, const pt_rank_pr
     /* A rank without a loss (a pipeline stage before the last) sends none. */
     if (m && isfinite(p->loss)) json_object_set_new(m, "loss", json_real(p->loss));
     if (m && isfinite(p->val_loss)) json_object_set_new(m, "val_loss", json_real(p->val_loss));
+    if (m && isfinite(p->compute)) {
+        json_object_set_new(m, "compute", json_real(p->compute));
+        json_object_set_new(m, "wait_pipeline", json_real(p->wait_pipeline));
+        json_object_set_new(m, "wait_coupling", json_real(p->wait_coupling));
+        json_object_set_new(m, "bytes_wan", json_real(p->bytes_wan));
+    }
     return client_send(c, m);
 }
 

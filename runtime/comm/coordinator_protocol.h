@@ -6,7 +6,8 @@
  *   worker → coordinator
  *     register  {rank, world, host, pid, address, secret}   must come first
  *     heartbeat {}                                           every interval
- *     progress  {step, total, loss, tokens_per_s[, val_loss]}
+ *     progress  {step, total, loss, tokens_per_s[, val_loss][, compute, wait_pipeline,
+ *                wait_coupling, bytes_wan]}
  *     done      {}            the worker finished; its connection may close
  *     error     {reason}      the worker failed; the job aborts
  *   coordinator → worker
@@ -49,6 +50,9 @@ typedef struct pt_rank_progress {
     long step, total_steps;
     double loss, tokens_per_s;
     double val_loss; /* NaN: no validation at this step */
+    /* the last step's utilisation (pipeline/utilisation.h): shares of its wall
+     * time, and the bytes it sent to other sites; NaN shares: not measured */
+    double compute, wait_pipeline, wait_coupling, bytes_wan;
 } pt_rank_progress;
 
 /* ---- line framing, for coordinator_server.c and coordinator_client.c ----- */

@@ -270,7 +270,11 @@ static void handle_progress(pt_coordinator *c, rank_state *s, json_t *m)
     pt_coord_get_long(m, "total", &total);
     s->progress = (pt_rank_progress){step, total, pt_coord_get_double(m, "loss", NAN),
                                      pt_coord_get_double(m, "tokens_per_s", 0),
-                                     pt_coord_get_double(m, "val_loss", NAN)};
+                                     pt_coord_get_double(m, "val_loss", NAN),
+                                     pt_coord_get_double(m, "compute", NAN),
+                                     pt_coord_get_double(m, "wait_pipeline", NAN),
+                                     pt_coord_get_double(m, "wait_coupling", NAN),
+                                     pt_coord_get_double(m, "bytes_wan", 0)};
     s->has_progress = true;
     if (!isnan(s->progress.val_loss) && step >= c->val_step) {
         c->val_step = step;
@@ -673,7 +677,7 @@ void pt_coordinator_status(pt_coordinator *c, pt_job_status *s)
                          .abort_rank = c->abort_rank};
     snprintf(s->abort_reason, sizeof s->abort_reason, "%s", c->abort_reason);
     double loss_sum = 0;
-    int losses = 0;
+    int losses = 0, measured = 0;
     for (int r = 0; r < c->options.world; r++) {
         const rank_state *rs = &c->ranks[r];
         if (!rs->has_progress) continue;
@@ -683,8 +687,15 @@ void pt_coordinator_status(pt_coordinator *c, pt_job_status *s)
         if (isfinite(p->loss)) loss_sum += p->loss, losses++;
         s->tokens_per_s += p->tokens_per_s;
         s->reporting++;
+        if (isfinite(p->compute)) {
+            s->compute += p->compute, s->wait_pipeline += p->wait_pipeline;
+            s->wait_coupling += p->wait_coupling, s->bytes_wan += p->bytes_wan;
+            measured++;
+        }
     }
     if (losses) s->mean_loss = loss_sum / losses;
+    if (measured) s->compute /= measured, s->wait_pipeline /= measured, s->wait_coupling /= measured;
+    else s->compute = NAN;
     pthread_mutex_unlock(&c->lock);
 }
 
@@ -713,6 +724,13 @@ void pt_job_progress_line(const pt_job_status *s, char *line, size_t cap)
                         s->world);
     if (s->done > 0 && used > 0 && (size_t)used < cap)
         used += snprintf(line + used, cap - (size_t)used, ", %d done", s->done);
+    if (isfinite(s->compute) && used > 0 && (size_t)used < cap)
+        used += snprintf(line + used, cap - (size_t)used,
+                         " | compute %.0f%%, waiting %.0f%% pipeline %.0f%% coupling", 100 * s->compute,
+                         100 * s->wait_pipeline, 100 * s->wait_coupling);
+    if (s->bytes_wan > 0 && used > 0 && (size_t)used < cap)
+        used += snprintf(line + used, cap - (size_t)used, " | %.2f MB/step between sites",
+                         s->bytes_wan / 1e6);
     if (s->val_step >= 0 && used > 0 && (size_t)used < cap)
         snprintf(line + used, cap - (size_t)used, " | val_loss %.4f (step %ld)", s->val_loss,
                  s->val_step);

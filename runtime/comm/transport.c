@@ -112,6 +112,7 @@ static void release(pt_transport *t)
     pthread_mutex_destroy(&t->queue_lock);
     pthread_mutex_destroy(&t->ucx_lock);
     free(t->peers);
+    free(t->remote_peers);
     free(t);
 }
 

@@ -172,6 +172,15 @@ pipert_result pt_transport_connect_all(pt_transport *t, int n_ranks, const char 
 /* 1 while `peer_rank` is connected and has neither failed nor left. */
 int pt_transport_peer_alive(pt_transport *t, int peer_rank);
 
+/* Link classes: traffic to a peer marked remote (in another site, behind a
+ * slow link) is counted apart from the rest. Mark before sending to it
+ * (not thread-safe against concurrent sends). */
+pipert_result pt_transport_mark_remote(pt_transport *t, int peer_rank);
+
+/* Bytes sent so far (headers and payloads, as handed to UCX) to peers not
+ * marked remote, and to those marked remote. */
+void pt_transport_bytes_sent(pt_transport *t, uint64_t *local, uint64_t *remote);
+
 /* ---- requests ------------------------------------------------------------ */
 
 typedef struct pt_request pt_request;

@@ -238,6 +238,11 @@ struct pt_transport {
     /* Under ucx_lock. */
     connection *connections;
     pt_request *in_flight;
+
+    /* Bytes sent, by link class: peers marked remote (another site) or not.
+     * The marks are set before traffic starts and only read afterwards. */
+    uint8_t *remote_peers; /* bitmap over ranks, or NULL: none remote */
+    _Atomic uint64_t bytes_local, bytes_remote;
 };
 
 /* kind (8) | source rank (23) | part (1) | user tag (32) */

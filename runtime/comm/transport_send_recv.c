@@ -5,6 +5,7 @@
  * descriptor instead (transport_direct.c). */
 #include "runtime/comm/transport_internal.h"
 
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -456,6 +457,31 @@ static pipert_result new_request(pt_transport *t, request_type type, int peer_ra
     return PIPERT_OK;
 }
 
+static bool is_remote(const pt_transport *t, int rank)
+{
+    return t->remote_peers && (t->remote_peers[rank / 8] >> (rank % 8) & 1);
+}
+
+static void count_sent(pt_transport *t, int rank, uint64_t bytes)
+{
+    atomic_fetch_add(is_remote(t, rank) ? &t->bytes_remote : &t->bytes_local, bytes);
+}
+
+pipert_result pt_transport_mark_remote(pt_transport *t, int rank)
+{
+    PT_TRY(check_peer_argument(t, rank, "pt_transport_mark_remote"));
+    if (!t->remote_peers) t->remote_peers = calloc(PT_TRANSPORT_MAX_RANKS / 8, 1);
+    if (!t->remote_peers) return pt_fail(PIPERT_ERR_NOMEM, "transport: out of memory");
+    t->remote_peers[rank / 8] |= (uint8_t)(1u << (rank % 8));
+    return PIPERT_OK;
+}
+
+void pt_transport_bytes_sent(pt_transport *t, uint64_t *local, uint64_t *remote)
+{
+    *local = atomic_load(&t->bytes_local);
+    *remote = atomic_load(&t->bytes_remote);
+}
+
 pipert_result pt_send_raw(pt_transport *t, int dst_rank, uint32_t user_tag,
                           const pt_message_header *header, const void *payload, pt_request **out)
 {
@@ -469,6 +495,7 @@ pipert_result pt_send_raw(pt_transport *t, int dst_rank, uint32_t user_tag,
     PT_TRY(new_request(t, REQUEST_SEND, dst_rank, user_tag, header->kind, &r));
     r->header = *header;
     r->payload = payload;
+    count_sent(t, dst_rank, sizeof *header + header->nbytes);
     return pt_transport_submit(t, r, out);
 }
 
