@@ -13,6 +13,7 @@ packages=(
   fortunes                 # the default training text
   openmpi-bin libopenmpi-dev  # the embedding example (examples/) and the mpirun tests
   python3 iproute2         # benchmark scripts (tables; network namespaces and tc for emulated sites)
+  gnuplot-nox              # pipert plot
 )
 
 missing=()

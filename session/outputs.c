@@ -5,6 +5,7 @@
 #include <math.h>
 #include <stdio.h>
 
+#include "runtime/clock.h"
 #include "runtime/fileio.h"
 #include "session/session_internal.h"
 
@@ -38,6 +39,15 @@ static void add_utilisation(json_t *line, const pt_utilisation *u)
     json_object_set_new(line, "bytes_wan", json_real(u->bytes_wan));
 }
 
+/* Where the run is, for plots: tokens the whole job trained on by this step,
+ * and seconds since this process's first step. */
+static void add_progress(const pipert_session *s, json_t *line, long step)
+{
+    if (!line) return;
+    json_object_set_new(line, "tokens", json_real(s->tokens_per_step * (double)step));
+    json_object_set_new(line, "elapsed_s", json_real(pt_now_s() - s->run_started));
+}
+
 static pipert_result write_stage_line(pipert_session *s, const pt_pipeline_step *p)
 {
     json_t *line = json_pack("{s:I, s:i, s:f, s:f, s:f, s:f, s:s, s:f, s:f, s:f}", "step",
@@ -57,6 +67,7 @@ static pipert_result write_loss_line(pipert_session *s, const pt_pipeline_step *
                              "loss", (double)p->loss, "lr", p->lr, "grad_norm", p->grad_norm,
                              "tokens_per_s", tokens_per_s, "ms_per_step", 1e3 * p->seconds,
                              "staleness", p->staleness);
+    add_progress(s, line, p->step);
     return pt_metrics_write(&s->metrics, line);
 }
 
@@ -71,6 +82,7 @@ pipert_result pt_session_write_step(pipert_session *s, const pt_pipeline_step *p
 pipert_result pt_session_write_validation(pipert_session *s, long step, float val_loss)
 {
     if (!s->writes_outputs) return PIPERT_OK;
-    return pt_metrics_write(&s->metrics, json_pack("{s:I, s:f}", "step", (json_int_t)step,
-                                                   "val_loss", (double)val_loss));
+    json_t *line = json_pack("{s:I, s:f}", "step", (json_int_t)step, "val_loss", (double)val_loss);
+    add_progress(s, line, step);
+    return pt_metrics_write(&s->metrics, line);
 }

@@ -141,7 +141,7 @@ static pipert_result session_setup(pipert_session *s)
     if (s->options.resume) PT_TRY(pt_session_resume(s, &resumed));
     PT_TRY(pt_session_open_outputs(s, resumed));
     init_latest(s);
-    s->window_started = pt_now_s();
+    s->window_started = s->run_started = pt_now_s();
     return PIPERT_OK;
 }
 
@@ -272,6 +272,7 @@ static pipert_result report_step(pipert_session *s, const pt_pipeline_step *p, p
     s->window_steps++;
     const double now = pt_now_s();
     const double tokens_per_s = p->tokens * (double)s->window_steps / (now - s->window_started);
+    s->tokens_per_step = p->tokens * s->job.layout.replicas;
     fill_metrics(s, p, tokens_per_s, m);
     if (log_now || now - s->reported_at >= PROGRESS_PERIOD_S) {
         /* loss and tokens/s come from the last stage; the others report progress only */

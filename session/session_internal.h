@@ -32,6 +32,8 @@ struct pipert_session {
     pt_metrics stage_metrics; /* metrics-stage-N.jsonl: replica 0 of a multi-worker job */
     bool writes_outputs;      /* the last stage of replica 0: it has the loss */
     double window_started;    /* tokens/s over the logging window */
+    double run_started;       /* wall clock of this process's first step (metrics' elapsed_s) */
+    double tokens_per_step;   /* of the whole job: every replica's batch */
     long window_steps;
     double reported_at;       /* the last progress report to the coordinator */
 

@@ -15,7 +15,7 @@
 
 #include "runtime/error.h"
 #include "runtime/log.h"
-#include "tools/wan/command.h"
+#include "tools/command.h"
 #include "tools/wan/relay.h"
 
 #define SUBNET_B 211               /* sites are 10.211.I.0/24 */

@@ -1,4 +1,4 @@
-#include "tools/wan/command.h"
+#include "tools/command.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -79,7 +79,7 @@ pipert_result pt_run_command(const char *const argv[])
     join_argv(argv, command, sizeof command);
     if (spawn_error)
         return pt_fail(PIPERT_ERR_IO, "cannot run '%s': %s%s", command, strerror(spawn_error),
-                       spawn_error == ENOENT ? " (install iproute2: scripts/deps.sh)" : "");
+                       spawn_error == ENOENT ? " (not installed? scripts/deps.sh installs it)" : "");
     if (status < 0 || !WIFEXITED(status))
         return pt_fail(PIPERT_ERR_IO, "'%s' did not finish normally", command);
     return pt_fail(PIPERT_ERR_IO, "'%s' failed (exit %d)%s%s", command, WEXITSTATUS(status),

@@ -1,0 +1,96 @@
+/* `pipert plot` (tools/plot/): the runs are read exactly as written, the
+ * pictures are real PNGs of the promised size drawn by gnuplot from real
+ * runs, and bad run directories are refused by file and line. */
+#include <criterion/criterion.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "tests/command.h"
+#include "tools/plot/gnuplot.h"
+#include "tools/plot/runs.h"
+
+#define SMALL_MODEL "--model.n_layer=1 --model.n_embd=64 --model.n_head=1 --runtime.threads=1"
+
+static void write_text(const char *dir, const char *name, const char *text)
+{
+    char path[600];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    cr_assert_eq(pt_write_file_atomic(path, text, strlen(text)), PIPERT_OK);
+}
+
+Test(plot, a_run_is_read_as_written)
+{
+    char *dir = make_temp_dir();
+    write_text(dir, "metrics.jsonl",
+               "{\"step\":1,\"loss\":5.5,\"tokens\":2048,\"elapsed_s\":0.25}\n"
+               "{\"step\":2,\"loss\":5.0,\"tokens\":4096,\"elapsed_s\":0.5}\n"
+               "{\"step\":2,\"val_loss\":4.75,\"tokens\":4096,\"elapsed_s\":0.75}\n");
+    write_text(dir, "metrics-stage-0.jsonl",
+               "{\"step\":1,\"dp_method\":\"sparse\",\"dp_bytes\":9,\"bytes_wan\":1000}\n"
+               "{\"step\":2,\"dp_method\":\"sparse\",\"dp_bytes\":9,\"bytes_wan\":3000}\n");
+    write_text(dir, "metrics-stage-1.jsonl", "{\"step\":1,\"dp_bytes\":500}\n"); /* older: dp_bytes */
+    pt_plot_run run;
+    cr_assert_eq(pt_plot_read_run(dir, &run), PIPERT_OK, "%s", pipert_last_error());
+    cr_assert_eq(run.n_train, 2);
+    cr_assert_eq(run.n_val, 1);
+    cr_expect(run.train[0].tokens == 2048 && run.train[0].seconds == 0.25 && run.train[0].loss == 5.5);
+    cr_expect(run.train[1].tokens == 4096 && run.train[1].seconds == 0.5 && run.train[1].loss == 5.0);
+    cr_expect(run.val[0].tokens == 4096 && run.val[0].seconds == 0.75 && run.val[0].loss == 4.75);
+    cr_expect_eq(run.wan_bytes_per_step, 2000 + 500, "stage means summed: %g", run.wan_bytes_per_step);
+    cr_expect(strstr(run.label, "(sparse)"), "label %s", run.label);
+    pt_plot_free_run(&run);
+    remove_dir(dir);
+}
+
+Test(plot, bad_runs_are_refused_by_file_and_line)
+{
+    char *dir = make_temp_dir(), expected[700];
+    pt_plot_run run;
+    cr_expect_eq(pt_plot_read_run(dir, &run), PIPERT_ERR_IO);
+    cr_expect(strstr(pipert_last_error(), "not a run directory"), "%s", pipert_last_error());
+    write_text(dir, "metrics.jsonl", "{\"step\":1,\"loss\":5.5,\"tokens\":1,\"elapsed_s\":1}\n{\"step\":2,\n");
+    cr_expect_eq(pt_plot_read_run(dir, &run), PIPERT_ERR_FORMAT);
+    snprintf(expected, sizeof expected, "%s/metrics.jsonl:2:", dir);
+    cr_expect(strstr(pipert_last_error(), expected), "%s", pipert_last_error());
+    run_result r = run_pipert("plot --out %s/pictures %s", dir, dir);
+    cr_expect_eq(r.status, 1);
+    cr_expect(strstr(r.err, expected), "%s", r.err);
+    r = run_pipert("plot %s", dir);
+    cr_expect_eq(r.status, 2, "no --out");
+    remove_dir(dir);
+}
+
+/* The PNG signature, then the IHDR chunk: width and height, big-endian. */
+static void expect_png(const char *dir, const char *name)
+{
+    char path[700];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "rb");
+    cr_assert_not_null(f, "%s was not written", path);
+    unsigned char head[24];
+    size_t n = fread(head, 1, sizeof head, f);
+    fclose(f);
+    cr_assert_eq(n, sizeof head, "%s: too short", path);
+    static const unsigned char signature[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+    cr_expect_eq(memcmp(head, signature, 8), 0, "%s: not a PNG", path);
+    cr_expect_eq(memcmp(head + 12, "IHDR", 4), 0, "%s: no IHDR first", path);
+    uint32_t width = (uint32_t)head[16] << 24 | head[17] << 16 | head[18] << 8 | head[19];
+    uint32_t height = (uint32_t)head[20] << 24 | head[21] << 16 | head[22] << 8 | head[23];
+    cr_expect(width == PT_PLOT_WIDTH && height == PT_PLOT_HEIGHT, "%s: %ux%u", path, width, height);
+}
+
+Test(plot, two_real_runs_become_three_pictures, .timeout = 120)
+{
+    char *a = make_temp_dir(), *b = make_temp_dir(), *out = make_temp_dir();
+    run_pipert_ok("launch --quiet --stages 1 --replicas 2 --sites 2 --out %s --dp.method=sparse "
+                  SMALL_MODEL " --train.steps=6 --train.val_every=3", a);
+    run_pipert_ok("train --quiet --out %s " SMALL_MODEL " --train.steps=6 --train.val_every=3", b);
+    run_pipert_ok("plot --out %s %s %s", out, a, b);
+    expect_png(out, "loss-tokens.png");
+    expect_png(out, "loss-time.png");
+    expect_png(out, "bytes-between-sites.png");
+    remove_dir(a);
+    remove_dir(b);
+    remove_dir(out);
+}

@@ -1,0 +1,132 @@
+#include "tools/plot/runs.h"
+
+#include <jansson.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "runtime/error.h"
+#include "runtime/fileio.h"
+
+/* The field bytes between sites come from; older runs only have dp_bytes. */
+#define WAN_BYTES_FIELD "bytes_wan"
+#define MAX_STAGES 4096
+
+typedef pipert_result (*line_fn)(json_t *line, const char *path, int number, void *context);
+
+/* Calls fn on every JSON line of path. */
+static pipert_result for_each_line(const char *path, line_fn fn, void *context)
+{
+    char *text;
+    size_t size;
+    PT_TRY(pt_read_file(path, &text, &size));
+    pipert_result rc = PIPERT_OK;
+    int number = 0;
+    for (char *line = text, *end; rc == PIPERT_OK && line < text + size; line = end + 1) {
+        end = memchr(line, '\n', (size_t)(text + size - line));
+        if (!end) end = text + size;
+        number++;
+        if (end == line) continue;
+        json_error_t error;
+        json_t *value = json_loadb(line, (size_t)(end - line), 0, &error);
+        if (!value) rc = pt_fail(PIPERT_ERR_FORMAT, "%s:%d: %s", path, number, error.text);
+        else rc = fn(value, path, number, context);
+        json_decref(value);
+    }
+    free(text);
+    return rc;
+}
+
+static pipert_result append(pt_plot_point **points, size_t *n, pt_plot_point p)
+{
+    pt_plot_point *grown = realloc(*points, (*n + 1) * sizeof *grown);
+    if (!grown) return pt_fail(PIPERT_ERR_NOMEM, "out of memory");
+    grown[(*n)++] = p;
+    *points = grown;
+    return PIPERT_OK;
+}
+
+static pipert_result read_loss_line(json_t *line, const char *path, int number, void *context)
+{
+    pt_plot_run *run = context;
+    json_t *tokens = json_object_get(line, "tokens"), *elapsed = json_object_get(line, "elapsed_s");
+    json_t *loss = json_object_get(line, "loss"), *val = json_object_get(line, "val_loss");
+    if (!loss && !val) return PIPERT_OK;
+    if (!json_is_number(tokens) || !json_is_number(elapsed))
+        return pt_fail(PIPERT_ERR_FORMAT, "%s:%d: no \"tokens\" and \"elapsed_s\" (a run older than "
+                                          "pipert plot?)", path, number);
+    pt_plot_point p = {json_number_value(tokens), json_number_value(elapsed), 0};
+    if (json_is_number(loss)) {
+        p.loss = json_number_value(loss);
+        PT_TRY(append(&run->train, &run->n_train, p));
+    }
+    if (json_is_number(val)) {
+        p.loss = json_number_value(val);
+        PT_TRY(append(&run->val, &run->n_val, p));
+    }
+    return PIPERT_OK;
+}
+
+typedef struct stage_reading {
+    char method[64];
+    double bytes;
+    long lines;
+} stage_reading;
+
+static pipert_result read_stage_line(json_t *line, const char *path, int number, void *context)
+{
+    (void)path, (void)number;
+    stage_reading *r = context;
+    json_t *bytes = json_object_get(line, WAN_BYTES_FIELD);
+    if (!bytes) bytes = json_object_get(line, "dp_bytes");
+    const char *method = json_string_value(json_object_get(line, "dp_method"));
+    if (method && !r->method[0]) snprintf(r->method, sizeof r->method, "%s", method);
+    if (json_is_number(bytes)) r->bytes += json_number_value(bytes), r->lines++;
+    return PIPERT_OK;
+}
+
+/* Bytes between sites per step: each stage's mean, summed; the method. */
+static pipert_result read_stages(const char *dir, pt_plot_run *run, char *method, size_t cap)
+{
+    for (int stage = 0; stage < MAX_STAGES; stage++) {
+        char path[PATH_MAX];
+        snprintf(path, sizeof path, "%s/metrics-stage-%d.jsonl", dir, stage);
+        if (access(path, R_OK) != 0) break;
+        stage_reading r = {.lines = 0};
+        PT_TRY(for_each_line(path, read_stage_line, &r));
+        if (r.lines) run->wan_bytes_per_step += r.bytes / (double)r.lines;
+        if (stage == 0) snprintf(method, cap, "%s", r.method[0] ? r.method : "single worker");
+    }
+    return PIPERT_OK;
+}
+
+pipert_result pt_plot_read_run(const char *dir, pt_plot_run *run)
+{
+    memset(run, 0, sizeof *run);
+    char path[PATH_MAX], method[64] = "single worker";
+    snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
+    if (access(path, R_OK) != 0)
+        return pt_fail(PIPERT_ERR_IO, "%s: not a run directory (no metrics.jsonl)", dir);
+    pipert_result rc = for_each_line(path, read_loss_line, run);
+    if (rc == PIPERT_OK) rc = read_stages(dir, run, method, sizeof method);
+    if (rc == PIPERT_OK && run->n_train == 0)
+        rc = pt_fail(PIPERT_ERR_FORMAT, "%s: no training loss in it", path);
+    if (rc != PIPERT_OK) {
+        pt_plot_free_run(run);
+        return rc;
+    }
+    const char *name = strrchr(dir, '/');
+    name = name && name[1] ? name + 1 : dir;
+    snprintf(run->label, sizeof run->label, "%s (%s)", name, method);
+    return PIPERT_OK;
+}
+
+void pt_plot_free_run(pt_plot_run *run)
+{
+    free(run->train);
+    free(run->val);
+    run->train = run->val = NULL;
+    run->n_train = run->n_val = 0;
+}
