@@ -35,6 +35,7 @@
 #include "runtime/comm/collectives.h"
 #include "runtime/config.h"
 #include "runtime/safetensors.h"
+#include "runtime/trace.h"
 
 /* What the executor shows the coupling at a call point. */
 typedef struct pt_coupling_point {
@@ -63,6 +64,9 @@ typedef struct pt_coupling_options {
     pt_group *leaders;       /* sites > 1, on each site's first replica: the sites' leaders */
     int sites;               /* sites the replicas of this stage are in (1: no hierarchy) */
     int stage, replica;
+    /* Exchanges that run in the background are drawn as "exchange" spans,
+     * from posting to the step that takes the result (NULL: no trace). */
+    pt_trace *trace;
     /* Asked while a call waits for the network: true ends the wait with
      * PIPERT_ERR_INTERRUPTED (a stop request, a job-wide abort). */
     bool (*should_stop)(void *context);

@@ -135,6 +135,7 @@ typedef struct exchange {
     bool arrived; /* the mean is in the buffer (waited for, or read from a checkpoint) */
     int slot;
     long posted, due;
+    double posted_us; /* trace clock when posted */
     pt_allreduce_handle *descriptor_handle;
     pt_allreduce_handle *payload_handle;  /* dp.compress=none */
     pt_exchange *compressed_handle;       /* the other codecs */
@@ -486,7 +487,8 @@ static pipert_result post(outer_state *s, const pt_coupling_point *at, int slot,
         packed += g->count;
     }
     s->pending = (exchange){.live = true, .slot = slot, .posted = at->step,
-                            .due = at->step + s->plan.delay};
+                            .due = at->step + s->plan.delay,
+                            .posted_us = pt_trace_clock_us(s->options.trace)};
     pt_debug("dp %s, stage %d, replica %d: step %ld posts fragment %d (due at step %ld)",
              s->plan.method, s->options.stage, s->index, at->step, slot, s->pending.due);
     if (!s->options.replicas) {
@@ -582,6 +584,8 @@ static pipert_result finish(outer_state *s)
         return rc;
     }
     e->arrived = true;
+    pt_trace_span(s->options.trace, "exchange", e->posted_us, pt_trace_clock_us(s->options.trace),
+                  -1, e->posted, e->posted);
     return PIPERT_OK;
 }
 

@@ -119,6 +119,7 @@ typedef struct sparse_exchange {
     in_flight descriptor_mean, values_mean;
     pt_exchange_state *feedback; /* onebit: its error buffers, laid out as `index` */
     bool arrived; /* both ended, the descriptors checked */
+    double posted_us; /* trace clock when posted */
 } sparse_exchange;
 
 typedef struct sparse_state {
@@ -616,6 +617,7 @@ static pipert_result post(sparse_state *s, const pt_coupling_point *at, pt_coupl
     PT_TRY(reserve(x, s->max_count, s->R));
     x->step = at->step;
     x->arrived = false;
+    x->posted_us = pt_trace_clock_us(s->options.trace);
     gather_partition(s, at, x);
     write_descriptors(s, x);
     const size_t n_descriptors = (size_t)s->R * DESCRIPTOR_FIELDS;
@@ -652,6 +654,8 @@ static pipert_result arrive(sparse_state *s, sparse_exchange *x, bool wait)
             s->agreed[x->index[i]] = x->values[i];
         }
     x->arrived = true;
+    pt_trace_span(s->options.trace, "exchange", x->posted_us, pt_trace_clock_us(s->options.trace),
+                  -1, x->step, x->step);
     return PIPERT_OK;
 }
 

@@ -62,6 +62,13 @@ static pipert_result stage_blocks(const pipert_session *s, int *first, int *last
     return PIPERT_OK;
 }
 
+/* The trace (pipeline.trace) comes first: the coupling and the executor both draw into it. */
+static pipert_result build_trace(pipert_session *s)
+{
+    if (!s->config.pipeline.trace) return PIPERT_OK;
+    return pt_trace_create(&s->trace, s->job.rank, s->job.stage, s->job.replica, 1 << 17);
+}
+
 static pipert_result build_coupling(pipert_session *s)
 {
     pt_coupling_options o = {.config = &s->config,
@@ -72,6 +79,7 @@ static pipert_result build_coupling(pipert_session *s)
                              .sites = s->job.sites,
                              .stage = s->job.stage,
                              .replica = s->job.replica,
+                             .trace = s->trace,
                              .should_stop = should_stop,
                              .context = s};
     return pt_coupling_create(&o, &s->coupling);
@@ -97,8 +105,6 @@ static pipert_result build_executor(pipert_session *s)
     o.prev_rank = job->stage > 0 ? pt_layout_rank(&job->layout, job->stage - 1, job->replica) : -1;
     o.next_rank = job->stage < S - 1 ? pt_layout_rank(&job->layout, job->stage + 1, job->replica) : -1;
     PT_TRY(stage_blocks(s, &o.first_layer, &o.last_layer));
-    if (s->config.pipeline.trace)
-        PT_TRY(pt_trace_create(&s->trace, job->rank, job->stage, job->replica, 1 << 17));
     o.trace = s->trace;
     PT_TRY(pt_stage_executor_create(&s->executor, &o));
     pt_info("%s; replicas coupled by dp.method=%s", pt_stage_executor_describe(s->executor),
@@ -135,6 +141,7 @@ static pipert_result session_setup(pipert_session *s)
     s->writes_outputs = s->job.replica == 0 && s->job.stage == s->job.layout.stages - 1;
     PT_TRY(pt_topology_compute_threads(s->config.runtime.threads, &s->threads));
     if (strcmp(s->config.runtime.device, "cuda")) pt_kernels_cpu_set_threads(s->threads);
+    PT_TRY(build_trace(s));
     PT_TRY(build_coupling(s));
     PT_TRY(build_executor(s));
     long resumed = -1;

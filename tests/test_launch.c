@@ -792,17 +792,40 @@ Test(launch, utilisation_shares_add_up)
         cr_assert_eq(stage_values(dir, stage, "util_compute", compute, N), N);
         cr_assert_eq(stage_values(dir, stage, "util_wait_pipeline", pipeline, N), N);
         cr_assert_eq(stage_values(dir, stage, "util_wait_coupling", coupling, N), N);
-        double waited = 0;
+        double waited = 0, coupled = 0;
         for (int s = 0; s < N; s++) {
             cr_expect(compute[s] > 0 && compute[s] <= 1, "stage %d step %d: compute %g", stage,
                       s + 1, compute[s]);
-            cr_expect(compute[s] + pipeline[s] + coupling[s] <= 1 + 1e-9,
+            cr_expect(compute[s] + pipeline[s] + coupling[s] <= 1 + 1e-6,
                       "stage %d step %d: %g + %g + %g > 1", stage, s + 1, compute[s], pipeline[s],
                       coupling[s]);
-            cr_expect_lt(coupling[s], 0.05, "one replica: nothing to wait for in the coupling");
             waited += pipeline[s];
+            coupled += coupling[s];
         }
+        /* (a mean: a call of microseconds may still be preempted on a busy machine) */
+        cr_expect_lt(coupled / N, 0.05, "stage %d, one replica: %.0f%% of the time in the coupling",
+                     stage, 100 * coupled / N);
         if (stage == 1) cr_expect_gt(waited, 0, "the last stage never waited for activations");
     }
+    remove_dir(dir);
+}
+
+/* The trace shows the coupling: its calls ("couple") and the exchanges that
+ * run in the background ("exchange", one per step for sparse). */
+Test(launch, coupling_transfers_are_trace_spans)
+{
+    enum { N = 6 };
+    char *dir = make_temp_dir();
+    run_pipert_ok("launch --quiet --stages 1 --replicas 2 --out %s --dp.method=sparse --dp.delay=2 "
+                  SMALL_MODEL " --train.steps=%d", dir, N);
+    char *trace = read_text(dir, "trace.json");
+    int exchanges = 0, couples = 0;
+    for (const char *p = trace; (p = strstr(p, "\"name\":\"exchange\"")); p++) exchanges++;
+    for (const char *p = trace; (p = strstr(p, "\"name\":\"couple\"")); p++) couples++;
+    cr_expect_eq(exchanges, 2 * N, "%d exchange spans, expected one per step on each of 2 ranks",
+                 exchanges);
+    cr_expect_eq(couples, 2 * 2 * N, "%d couple spans, expected two calls per step on 2 ranks",
+                 couples);
+    free(trace);
     remove_dir(dir);
 }

@@ -542,9 +542,16 @@ static void watch(job *j)
         enforce_shutdown(j, &status, now);
         show_progress(j, &progress, &status, &shown_step, &shown_val_step);
     }
-    /* The last worker's "done" may still wait in its socket: it was sent
-     * before the process exited, so one more round reads it. */
-    pt_coordinator_poll(j->coordinator, 0);
+    /* What the workers said last (their "done") was sent before they exited
+     * but may still be on its way: in a socket, or an emulated link's latency
+     * behind. Read until the job is finished or aborted (a connection that
+     * closed without "done" aborts it), at most a heartbeat timeout. */
+    const double deadline = pt_now_s() + j->heartbeat_timeout_s;
+    pt_job_status status;
+    do {
+        pt_coordinator_poll(j->coordinator, POLL_MS);
+        pt_coordinator_status(j->coordinator, &status);
+    } while (status.phase == PT_JOB_RUNNING && pt_now_s() < deadline);
     pt_progress_finish(&progress);
 }
 
