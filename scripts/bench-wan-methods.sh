@@ -18,7 +18,7 @@
 #
 # Usage (root): scripts/bench-wan-methods.sh [--build DIR] [--runs 3] [--steps 70] [--skip 5]
 #               [--stages "1 2"] [--links "1gbit:10ms 100mbit:50ms 10mbit:100ms"]
-#               [--methods "none allreduce sparse ..."] [--out DIR] [--plot]
+#               [--methods "none allreduce sparse streaming-diloco:overlap=5 ..."] [--out DIR] [--plot]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=build runs=3 steps=70 skip=5 stages_list="1 2" plot=0
@@ -44,8 +44,14 @@ pipert=$build/tools/pipert
 [ -x "$pipert" ] || { echo "$0: no $pipert (build first)" >&2; exit 1; }
 ALLREDUCE_SLOW_STEPS=10
 
-# The best compression each method takes (BENCHMARKS.md, coupling methods).
+# The best compression each method takes (BENCHMARKS.md, coupling methods);
+# "method:key=value,key=value" adds dp.* settings (e.g. streaming-diloco:overlap=5).
 method_args() {
+  local name=${1%%:*} extra=""
+  if [[ "$1" == *:* ]]; then extra=$(tr ',' '\n' <<< "${1#*:}" | sed 's/^/--dp./' | tr '\n' ' '); fi
+  echo "$(method_base_args "$name") $extra"
+}
+method_base_args() {
   case "$1" in
     none|allreduce) echo "--dp.method=$1" ;;
     sparse) echo "--dp.method=sparse --dp.fraction=0.05 --dp.compress=e3m0" ;;
@@ -97,7 +103,7 @@ for link in $links; do
       if [ "$method" = allreduce ] && [ "$bandwidth" = 10mbit ]; then n=$ALLREDUCE_SLOW_STEPS k=2; fi
       results=()
       for ((i = 0; i < runs; i++)); do
-        results+=("$(run_one "$out/$bandwidth-$latency-s$stages-$method-$i" "$bandwidth" "$latency" "$stages" "$method" "$n" "$k")")
+        results+=("$(run_one "$out/$bandwidth-$latency-s$stages-${method//[:=,]/-}-$i" "$bandwidth" "$latency" "$stages" "$method" "$n" "$k")")
       done
       row=$(python3 - "$bandwidth" "$latency" "$stages" "$method" "${none_ms:-0}" "${results[@]}" <<'PY'
 import statistics, sys
@@ -105,16 +111,16 @@ bw, lat, stages, method, none_ms = sys.argv[1:6]
 runs = [[float(x) for x in r.split()] for r in sys.argv[6:]]
 ms, sent, wait, val = (statistics.median(c) for c in zip(*runs))
 rel = f"{100 * float(none_ms) / ms:.1f}%" if float(none_ms) > 0 else "100% (reference)"
-print(f"{ms:.1f}|| {bw}, {lat} | {stages} | {method} | {ms:.0f} | {rel} | {sent / 1e6:.3f} | {wait:.0f} | {val:.4f} |")
+print(f"{ms:.1f}|| | {bw}, {lat} | {stages} | {method} | {ms:.0f} | {rel} | {sent / 1e6:.3f} | {wait:.0f} | {val:.4f} |")
 PY
 )
-      [ "$method" = none ] && none_ms=${row%%||*}
+      if [ "$method" = none ]; then none_ms=${row%%||*}; fi
       echo "${row#*|| }" | tee -a "$table"
     done
   done
 done
 echo "table: $table"
 if [ "$plot" = 1 ]; then
-  dirs=$(ls -d "$out"/100mbit-50ms-s1-*-0 2>/dev/null || true)
-  [ -n "$dirs" ] && "$pipert" plot --out "$out/plots" $dirs || true
+  # shellcheck disable=SC2046
+  "$pipert" plot --out "$out/plots" $(ls -d "$out"/*-s1-*-0)
 fi
