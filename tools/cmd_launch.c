@@ -24,13 +24,11 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <math.h>
-#include <sched.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -46,16 +44,13 @@
 #include "runtime/metrics.h"
 #include "runtime/topology.h"
 #include "runtime/trace.h"
-#include "runtime/units.h"
-#include "scheduler/cluster.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
-#include "tools/wan/testbed.h"
+#include "tools/wan/sites.h"
 
 #define EXIT_JOB_ABORTED 3 /* a worker that stopped because the job aborted (cmd_worker.c) */
 #define POLL_MS 100
 #define LOG_TAIL_LINES 4
-#define WAN_HEARTBEAT_TIMEOUT_S 30.0
 
 extern char **environ;
 
@@ -80,11 +75,7 @@ typedef struct worker_process {
 typedef struct job {
     int stages, replicas, world;
     int sites; /* --sites: replica r is in site r mod sites */
-    /* wan.*: the sites are network namespaces joined by emulated links */
-    bool emulate_wan;
-    pt_wan_link wan_link; /* every link, from wan.* */
-    pt_cluster cluster;   /* --cluster: named sites and a link per ordered pair */
-    pt_testbed *testbed;
+    pt_wan_sites wan; /* wan.* or --cluster: the sites are namespaces joined by emulated links */
     char out_dir[PATH_MAX];
     char secret_path[PATH_MAX + 16];
     char secret[2 * PT_SECRET_BYTES + 1];
@@ -157,79 +148,13 @@ static pipert_result prepare_directory(job *j, const char *out_dir)
     return pt_secret_write_file(j->secret_path, j->secret);
 }
 
-/* The coordinator's address as the workers see it. */
-static const char *coordinator_host(const job *j)
-{
-    /* one machine: nobody else needs to reach it; emulated sites: it is in
-     * site 0, and the other sites reach it over their links */
-    return j->testbed ? pt_testbed_address(j->testbed, 0) : "127.0.0.1";
-}
-
 static pipert_result start_coordinator(job *j)
 {
     pt_coordinator_options options = PT_COORDINATOR_OPTIONS_INIT;
-    options.bind_host = coordinator_host(j);
     options.world = j->world;
     options.secret = j->secret;
     options.dead_after_s = j->heartbeat_timeout_s;
-    if (!j->testbed) return pt_coordinator_create(&j->coordinator, &options);
-    /* Its socket is made inside site 0's namespace, and stays there. */
-    PT_TRY(pt_testbed_enter(j->testbed, 0));
-    pipert_result rc = pt_coordinator_create(&j->coordinator, &options);
-    pipert_result back = pt_testbed_leave(j->testbed);
-    return rc != PIPERT_OK ? rc : back;
-}
-
-/* One link per ordered pair of sites: from the cluster file, else all alike
- * (wan.bandwidth, wan.latency). */
-static pipert_result start_testbed(job *j)
-{
-    pt_wan_link *links = malloc((size_t)j->sites * (size_t)j->sites * sizeof *links);
-    if (!links) return pt_fail(PIPERT_ERR_NOMEM, "out of memory");
-    for (int k = 0; k < j->sites * j->sites; k++)
-        links[k] = j->cluster.n_sites ? (pt_wan_link){j->cluster.links[k].bits_per_s,
-                                                      j->cluster.links[k].latency_s}
-                                      : j->wan_link;
-    pipert_result rc = pt_testbed_create(j->sites, links, &j->testbed);
-    free(links);
-    return rc;
-}
-
-static const char *delay_method(const job *j)
-{
-    return pt_testbed_kernel_delay(j->testbed) ? "netem" : "user-space delay: this kernel has no netem";
-}
-
-/* The cluster file's links, one line per ordered pair. */
-static void print_cluster_links(const job *j)
-{
-    printf("  %d sites from the cluster file, each a network namespace (pipert-%d-sI); links shaped "
-           "by tc htb, delayed by %s; TCP only (UCX_TLS=tcp over %s):\n",
-           j->sites, (int)getpid(), delay_method(j), PT_WAN_DEVICE);
-    for (int a = 0; a < j->sites; a++)
-        for (int b = 0; b < j->sites; b++) {
-            if (a == b) continue;
-            const pt_cluster_link *link = &j->cluster.links[a * j->sites + b];
-            char rate[32], latency[32];
-            pt_format_bit_rate(link->bits_per_s, rate, sizeof rate);
-            pt_format_duration(link->latency_s, latency, sizeof latency);
-            printf("    site %d (%s) -> site %d (%s): %s, %s one way\n", a,
-                   j->cluster.site_names[a], b, j->cluster.site_names[b], rate, latency);
-        }
-}
-
-static void print_links(const job *j)
-{
-    if (j->cluster.n_sites) {
-        print_cluster_links(j);
-        return;
-    }
-    char rate[32], latency[32];
-    pt_format_bit_rate(j->wan_link.bits_per_s, rate, sizeof rate);
-    pt_format_duration(j->wan_link.latency_s, latency, sizeof latency);
-    printf("  %d sites, each a network namespace (pipert-%d-sI); between sites %s each way "
-           "(tc htb), %s one way (%s), TCP only (UCX_TLS=tcp over %s)\n",
-           j->sites, (int)getpid(), rate, latency, delay_method(j), PT_WAN_DEVICE);
+    return pt_wan_sites_create_coordinator(&j->wan, &options, &j->coordinator);
 }
 
 static void format_cores(const worker_process *w, char *text, size_t cap)
@@ -243,9 +168,9 @@ static void print_mapping(const job *j)
     printf("pipert launch: %d worker%s (%d stage%s x %d replica%s) on %s, %d cores; coordinator "
            "%s:%d; job directory %s\n",
            j->world, j->world == 1 ? "" : "s", j->stages, j->stages == 1 ? "" : "s", j->replicas,
-           j->replicas == 1 ? "" : "s", j->host, j->cores, coordinator_host(j),
+           j->replicas == 1 ? "" : "s", j->host, j->cores, pt_wan_sites_coordinator_host(&j->wan),
            pt_coordinator_port(j->coordinator), j->out_dir);
-    if (j->testbed) print_links(j);
+    pt_wan_sites_print(&j->wan);
     if (j->world > j->cores)
         printf("  (more workers than cores: %d workers share each core)\n",
                (j->world + j->cores - 1) / j->cores);
@@ -256,7 +181,7 @@ static void print_mapping(const job *j)
         char cores[32];
         format_cores(w, cores, sizeof cores);
         printf("  %-5d %-5d %-7d %-4d %-16s %-7s %s\n", r, w->stage, w->replica, w->site,
-               j->testbed ? pt_testbed_address(j->testbed, w->site) : j->host, cores, w->log_path);
+               pt_wan_sites_host(&j->wan, w->site, j->host), cores, w->log_path);
     }
     fflush(stdout);
 }
@@ -282,7 +207,7 @@ static bool is_launcher_variable(const job *j, const char *entry)
                                             "PIPERT_HEARTBEAT_TIMEOUT="};
     static const char *const ucx[] = {"UCX_TLS=", "UCX_NET_DEVICES="};
     return has_prefix(entry, bootstrap, sizeof bootstrap / sizeof bootstrap[0]) ||
-           (j->testbed && has_prefix(entry, ucx, sizeof ucx / sizeof ucx[0]));
+           (j->wan.testbed && has_prefix(entry, ucx, sizeof ucx / sizeof ucx[0]));
 }
 
 #define WORKER_VARIABLES 10
@@ -302,7 +227,8 @@ static char **worker_environment(const job *j, const worker_process *w, char sto
     snprintf(storage[count++], sizeof storage[0], "PIPERT_RANK=%d", w->rank);
     snprintf(storage[count++], sizeof storage[0], "PIPERT_WORLD_SIZE=%d", j->world);
     snprintf(storage[count++], sizeof storage[0], "PIPERT_LOCAL_RANK=%d", w->rank);
-    snprintf(storage[count++], sizeof storage[0], "PIPERT_COORD=%s:%d", coordinator_host(j),
+    snprintf(storage[count++], sizeof storage[0], "PIPERT_COORD=%s:%d",
+             pt_wan_sites_coordinator_host(&j->wan),
              pt_coordinator_port(j->coordinator));
     snprintf(storage[count++], sizeof storage[0], "PIPERT_SECRET_FILE=%s", j->secret_path);
     snprintf(storage[count++], sizeof storage[0], "PIPERT_CORES=%d,%d", w->cores_first,
@@ -310,7 +236,7 @@ static char **worker_environment(const job *j, const worker_process *w, char sto
     snprintf(storage[count++], sizeof storage[0], "PIPERT_SITE=%d", w->site);
     snprintf(storage[count++], sizeof storage[0], "PIPERT_HEARTBEAT_TIMEOUT=%g",
              j->heartbeat_timeout_s);
-    if (j->testbed) {
+    if (j->wan.testbed) {
         snprintf(storage[count++], sizeof storage[0], "UCX_TLS=tcp");
         snprintf(storage[count++], sizeof storage[0], "UCX_NET_DEVICES=%s", PT_WAN_DEVICE);
     }
@@ -338,17 +264,6 @@ static char **worker_arguments(const job *j, char *stages_text)
     return argv;
 }
 
-/* In the child: the site's network namespace, and a /sys that shows its
- * devices (UCX lists network devices there), as `ip netns exec` does. */
-static int enter_site(int namespace_fd)
-{
-    if (setns(namespace_fd, CLONE_NEWNET) != 0 || unshare(CLONE_NEWNS) != 0 ||
-        mount("", "/", NULL, MS_SLAVE | MS_REC, NULL) != 0)
-        return -1;
-    umount2("/sys", MNT_DETACH);
-    return mount("sysfs", "/sys", "sysfs", 0, NULL);
-}
-
 /* In the child, between fork and exec: die with the launcher, enter the
  * site's network namespace (emulated sites), write to the log, start a
  * process group of its own. Returns only on failure. */
@@ -357,7 +272,7 @@ static void exec_worker(const worker_process *w, pid_t launcher, int namespace_f
 {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != launcher) _exit(127); /* the launcher died before prctl */
-    if (namespace_fd >= 0 && enter_site(namespace_fd) != 0) _exit(127);
+    if (namespace_fd >= 0 && pt_wan_sites_enter(namespace_fd) != 0) _exit(127);
     setpgid(0, 0);
     int log = open(w->log_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     int null = open("/dev/null", O_RDONLY);
@@ -382,7 +297,7 @@ static pipert_result start_worker(job *j, worker_process *w)
     char **env = worker_environment(j, w, storage);
     char **argv = worker_arguments(j, stages_text);
     pid_t launcher = getpid();
-    int namespace_fd = j->testbed ? pt_testbed_namespace_fd(j->testbed, w->site) : -1;
+    int namespace_fd = pt_wan_sites_namespace_fd(&j->wan, w->site);
     pid_t pid = env && argv ? fork() : -2;
     if (pid == 0) exec_worker(w, launcher, namespace_fd, argv, env);
     free(env);
@@ -663,7 +578,7 @@ static pipert_result run_job(job *j, const char *out_dir, int argc, char **argv)
     PT_TRY(collect_config_args(j, argc, argv));
     PT_TRY(prepare_directory(j, out_dir));
     PT_TRY(plan_workers(j));
-    if (j->emulate_wan) PT_TRY(start_testbed(j));
+    PT_TRY(pt_wan_sites_start(&j->wan));
     PT_TRY(start_coordinator(j));
     gethostname(j->host, sizeof j->host - 1);
     if (!j->quiet) print_mapping(j);
@@ -680,43 +595,10 @@ static pipert_result run_job(job *j, const char *out_dir, int argc, char **argv)
 static void free_job(job *j)
 {
     pt_coordinator_free(j->coordinator);
-    pt_testbed_destroy(j->testbed); /* after every worker has exited */
-    pt_cluster_free(&j->cluster);
+    pt_wan_sites_free(&j->wan); /* after every worker has exited */
     if (j->secret_path[0]) unlink(j->secret_path);
     free(j->workers);
     free(j->config_args);
-}
-
-/* wan.bandwidth (and wan.latency, 0 when unset): the links between sites. */
-static pipert_result read_wan_link(const pipert_config *cfg, job *j)
-{
-    const pt_wan_settings *wan = &cfg->wan;
-    j->emulate_wan = wan->bandwidth[0] || wan->latency[0];
-    if (!j->emulate_wan) return PIPERT_OK;
-    if (!wan->bandwidth[0])
-        return pt_fail(PIPERT_ERR_CONFIG, "wan.latency=%s needs wan.bandwidth (e.g. 100mbit)",
-                       wan->latency);
-    PT_TRY(pt_parse_bit_rate(wan->bandwidth, "wan.bandwidth", &j->wan_link.bits_per_s));
-    if (wan->latency[0])
-        PT_TRY(pt_parse_duration(wan->latency, "wan.latency", &j->wan_link.latency_s));
-    return PIPERT_OK;
-}
-
-/* --cluster FILE: the sites (their number, unless --sites says the same) and
- * a link per ordered pair; wan.* then may not be given as well. */
-static pipert_result read_cluster(job *j, const char *path, const char *sites_flag)
-{
-    if (j->emulate_wan)
-        return pt_fail(PIPERT_ERR_CONFIG, "--cluster %s gives the links: leave out wan.bandwidth "
-                                          "and wan.latency", path);
-    PT_TRY(pt_cluster_load(path, &j->cluster));
-    char count[16];
-    snprintf(count, sizeof count, "%d", j->cluster.n_sites);
-    if (strcmp(sites_flag, "1") != 0 && strcmp(sites_flag, count) != 0)
-        return pt_fail(PIPERT_ERR_CONFIG, "--sites %s, but %s describes %d sites", sites_flag, path,
-                       j->cluster.n_sites);
-    j->emulate_wan = j->cluster.n_sites > 1;
-    return PIPERT_OK;
 }
 
 static void default_out_dir(char *dir, size_t cap)
@@ -768,11 +650,13 @@ int pt_cmd_launch(int argc, char **argv)
     if (outcome != PT_CLI_OK) return pt_cli_exit_status(outcome);
     job j = {.quiet = quiet, .resume = resume, .probe = probe, .total_steps = cfg->train.steps,
              .log_every = cfg->train.log_every};
-    pipert_result wan_rc = read_wan_link(cfg, &j);
+    int sites_flag = 1;
+    pipert_result wan_rc = pt_cli_parse_int("--sites", sites, 1, PT_MAX_WORLD, 1, &sites_flag);
+    if (wan_rc == PIPERT_OK)
+        wan_rc = pt_wan_sites_read(&j.wan, cfg, cluster_path, sites_flag, strcmp(sites, "1") != 0);
     pipert_config_free(cfg);
-    if (wan_rc == PIPERT_OK && cluster_path) wan_rc = read_cluster(&j, cluster_path, sites);
     if (wan_rc != PIPERT_OK) {
-        pt_cluster_free(&j.cluster);
+        pt_wan_sites_free(&j.wan);
         fprintf(stderr, "pipert launch: %s\n", pipert_last_error());
         return 2;
     }
@@ -790,27 +674,23 @@ int pt_cmd_launch(int argc, char **argv)
                         "most %d workers, at most one site per replica), --grace a number of "
                         "seconds\n",
                 PT_MAX_WORLD);
+        pt_wan_sites_free(&j.wan);
         return 2;
     }
-    if (j.cluster.n_sites) j.sites = j.cluster.n_sites;
+    j.sites = j.wan.count;
     if (j.sites > j.replicas) {
         fprintf(stderr, "pipert launch: %d sites need at least %d replicas (one per site)\n", j.sites,
                 j.sites);
-        pt_cluster_free(&j.cluster);
+        pt_wan_sites_free(&j.wan);
         return 2;
     }
-    if (j.emulate_wan && j.sites < 2) {
-        pt_cluster_free(&j.cluster);
-        fprintf(stderr, "pipert launch: wan.bandwidth and wan.latency emulate the links between "
-                        "sites: give --sites N with N >= 2\n");
-        return 2;
-    }
-    j.heartbeat_timeout_s = j.emulate_wan ? WAN_HEARTBEAT_TIMEOUT_S : PT_DEAD_AFTER_S;
+    j.heartbeat_timeout_s = j.wan.emulated ? PT_WAN_HEARTBEAT_TIMEOUT_S : PT_DEAD_AFTER_S;
     if (heartbeat_timeout) {
         j.heartbeat_timeout_s = strtod(heartbeat_timeout, &end);
         if (*end || !(j.heartbeat_timeout_s >= 1 && j.heartbeat_timeout_s <= 3600)) {
             fprintf(stderr, "pipert launch: --heartbeat-timeout takes seconds in [1, 3600], got "
                             "'%s'\n", heartbeat_timeout);
+            pt_wan_sites_free(&j.wan);
             return 2;
         }
     }

@@ -1,0 +1,55 @@
+/* The emulated sites of one `pipert launch` (docs/RUNNING.md, "Emulated
+ * sites"): what wan.* or --cluster ask for, the test bed built from it, and
+ * what the launcher needs of it — the coordinator's place, each worker's
+ * namespace, the lines it prints. Without emulation every call is a no-op
+ * that answers for one machine (127.0.0.1). */
+#ifndef PT_WAN_SITES_H
+#define PT_WAN_SITES_H
+
+#include <stdbool.h>
+
+#include "runtime/comm/coordinator.h"
+#include "runtime/config.h"
+#include "scheduler/cluster.h"
+#include "tools/wan/testbed.h"
+
+#define PT_WAN_HEARTBEAT_TIMEOUT_S 30.0 /* a link may drop for a while */
+
+typedef struct pt_wan_sites {
+    bool emulated;       /* wan.* or --cluster */
+    pt_wan_link link;    /* wan.*: every link */
+    pt_cluster cluster;  /* --cluster: named sites, a link per ordered pair */
+    int count;           /* sites */
+    pt_testbed *testbed; /* once started */
+} pt_wan_sites;
+
+/* wan.bandwidth/wan.latency of cfg, or the cluster file (NULL: none), and
+ * the number of sites: the cluster's, which `sites_flag` (--sites) may
+ * repeat, else sites_flag's value. */
+pipert_result pt_wan_sites_read(pt_wan_sites *s, const pipert_config *cfg, const char *cluster_path,
+                                int sites_flag, bool sites_given);
+
+/* Builds the test bed (emulated only). */
+pipert_result pt_wan_sites_start(pt_wan_sites *s);
+
+/* The coordinator, listening where the workers reach it: 127.0.0.1, or
+ * inside site 0 (the other sites reach it over their links). */
+const char *pt_wan_sites_coordinator_host(const pt_wan_sites *s);
+pipert_result pt_wan_sites_create_coordinator(const pt_wan_sites *s, pt_coordinator_options *options,
+                                              pt_coordinator **out);
+
+/* Site i's address, or `host` without emulation. */
+const char *pt_wan_sites_host(const pt_wan_sites *s, int site, const char *host);
+
+/* The namespace a worker of site i enters, or −1; and entering it in the
+ * child between fork and exec (async-signal-safe), with a /sys that shows
+ * the site's devices as `ip netns exec` does. 0 or −1. */
+int pt_wan_sites_namespace_fd(const pt_wan_sites *s, int site);
+int pt_wan_sites_enter(int namespace_fd);
+
+/* What the launch prints about the links. */
+void pt_wan_sites_print(const pt_wan_sites *s);
+
+void pt_wan_sites_free(pt_wan_sites *s);
+
+#endif
