@@ -40,13 +40,6 @@ static pipert_result mean_over_replicas(allreduce_state *s, float *data, size_t 
     return pt_coupling_wait_allreduce(&s->options, handle, what);
 }
 
-/* A ring all-reduce sends 2(R−1)/R of the buffer from each member. */
-static double ring_bytes(const allreduce_state *s, size_t count)
-{
-    const int R = pt_group_size(s->options.replicas);
-    return 2.0 * (R - 1) / R * (double)count * sizeof(float);
-}
-
 static pipert_result allreduce_after_backward(void *state, pt_coupling_point *at,
                                               pt_coupling_metrics *m)
 {
@@ -55,8 +48,10 @@ static pipert_result allreduce_after_backward(void *state, pt_coupling_point *at
     char what[96];
     snprintf(what, sizeof what, "averaging the gradients of step %ld", at->step);
     PT_TRY(mean_over_replicas(s, at->grads, at->n_params, what));
-    m->bytes_sent += ring_bytes(s, at->n_params);
-    if (at->loss) PT_TRY(mean_over_replicas(s, at->loss, 1, what));
+    m->bytes_sent += (double)pt_allreduce_bytes_sent(s->options.replicas, at->n_params);
+    if (!at->loss) return PIPERT_OK;
+    PT_TRY(mean_over_replicas(s, at->loss, 1, what));
+    m->bytes_sent += (double)pt_allreduce_bytes_sent(s->options.replicas, 1);
     return PIPERT_OK;
 }
 

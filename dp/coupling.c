@@ -93,7 +93,15 @@ static pipert_result site_mean(pt_coupling *c, float *data, size_t count, long s
     snprintf(what, sizeof what, "averaging the gradients of step %ld in this site", step);
     pt_allreduce_handle *handle;
     PT_TRY(pt_allreduce_start(c->options.site_replicas, data, count, PT_REDUCE_MEAN, &handle));
+    c->metrics.bytes_sent += (double)pt_allreduce_bytes_sent(c->options.site_replicas, count);
     return pt_coupling_wait_allreduce(&c->options, handle, what);
+}
+
+static pipert_result site_broadcast(pt_coupling *c, float *data, size_t count)
+{
+    const size_t nbytes = count * sizeof(float);
+    c->metrics.bytes_sent += (double)pt_broadcast_bytes_sent(c->options.site_replicas, nbytes, 0);
+    return pt_broadcast(c->options.site_replicas, data, nbytes, 0);
 }
 
 /* The site's replicas took the same gradients, so they differ only by what
@@ -101,10 +109,8 @@ static pipert_result site_mean(pt_coupling *c, float *data, size_t count, long s
  * to the site. */
 static pipert_result site_follow_leader(pt_coupling *c, pt_coupling_point *at)
 {
-    PT_TRY(pt_broadcast(c->options.site_replicas, at->params, at->n_params * sizeof(float), 0));
-    if (at->newest_stash)
-        PT_TRY(pt_broadcast(c->options.site_replicas, at->newest_stash,
-                            at->n_params * sizeof(float), 0));
+    PT_TRY(site_broadcast(c, at->params, at->n_params));
+    if (at->newest_stash) PT_TRY(site_broadcast(c, at->newest_stash, at->n_params));
     return PIPERT_OK;
 }
 

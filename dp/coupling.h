@@ -51,7 +51,7 @@ typedef struct pt_coupling_point {
 /* Per step, reset by pt_coupling_take_metrics. */
 typedef struct pt_coupling_metrics {
     const char *method;
-    double bytes_sent; /* by this worker, for coupling */
+    double bytes_sent; /* payload bytes this worker sent for coupling (in its site too) */
     double wait_ms;    /* the step spent inside the coupling's calls */
     double delay;      /* steps between sending an exchange and applying it */
 } pt_coupling_metrics;

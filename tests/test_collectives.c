@@ -213,6 +213,14 @@ static unsigned char pattern_byte(int seed, size_t i)
     return (unsigned char)((i * 2654435761u + (unsigned)seed * 40503u) >> 7);
 }
 
+/* Payload bytes this rank's transport sent to peers in its own site. */
+static uint64_t local_bytes(pt_transport *t)
+{
+    uint64_t local, remote;
+    pt_transport_bytes_sent(t, &local, &remote);
+    return local;
+}
+
 static int broadcast_body(rank_context *ctx)
 {
     pt_group *g = whole_group(ctx, 0);
@@ -224,8 +232,14 @@ static int broadcast_body(rank_context *ctx)
             int seed = 10 * root + (int)k;
             for (size_t i = 0; i < sizes[k] + 1; i++)
                 buffer[i] = ctx->rank == root ? pattern_byte(seed, i) : 0;
+            const uint64_t before = local_bytes(ctx->t);
             CHILD_CHECK(ctx, pt_broadcast(g, buffer, sizes[k], root) == PIPERT_OK,
                         "broadcast from %d", root);
+            const uint64_t sent = local_bytes(ctx->t) - before;
+            CHILD_CHECK(ctx, sent == pt_broadcast_bytes_sent(g, sizes[k], root),
+                        "broadcast of %zu bytes from %d: the transport sent %llu, expected %zu",
+                        sizes[k], root, (unsigned long long)sent,
+                        pt_broadcast_bytes_sent(g, sizes[k], root));
             for (size_t i = 0; i < sizes[k]; i++)
                 CHILD_CHECK(ctx, buffer[i] == pattern_byte(seed, i), "byte %zu of %zu from root %d",
                             i, sizes[k], root);
@@ -578,6 +592,13 @@ static int allreduce_bytes_body(rank_context *ctx)
         CHILD_CHECK(ctx, pt_allreduce_bytes_sent(g, count) == expected,
                     "%zu floats over %d: %zu bytes, counted %zu", count, n,
                     pt_allreduce_bytes_sent(g, count), expected);
+        /* and what the transport counts when it runs */
+        static float data[1003];
+        const uint64_t before = local_bytes(ctx->t);
+        CHILD_CHECK(ctx, pt_allreduce(g, data, count, PT_REDUCE_SUM) == PIPERT_OK, "allreduce");
+        const uint64_t sent = local_bytes(ctx->t) - before;
+        CHILD_CHECK(ctx, sent == expected, "%zu floats over %d: the transport sent %llu bytes, "
+                    "expected %zu", count, n, (unsigned long long)sent, expected);
     }
     pt_group_destroy(g);
     return 0;

@@ -187,18 +187,35 @@ pipert_result pt_barrier(pt_group *g)
     return PIPERT_OK;
 }
 
+/* Binomial tree over positions relative to the root: member v receives
+ * from v - 2^k (k = its lowest set bit; the returned mask is 2^k, or the
+ * first power of two ≥ the size for the root) and forwards to v + 2^j for
+ * every 2^j below that bit. */
+static int broadcast_parent_mask(const pt_group *g, int relative)
+{
+    int mask = 1;
+    while (mask < g->size && !(relative & mask)) mask <<= 1;
+    return mask;
+}
+
+size_t pt_broadcast_bytes_sent(const pt_group *g, size_t nbytes, int root_index)
+{
+    if (root_index < 0 || root_index >= g->size) return 0;
+    const int relative = member(g, g->index - root_index);
+    size_t children = 0;
+    for (int mask = broadcast_parent_mask(g, relative) >> 1; mask > 0; mask >>= 1)
+        children += relative + mask < g->size;
+    return children * nbytes;
+}
+
 pipert_result pt_broadcast(pt_group *g, void *buffer, size_t nbytes, int root_index)
 {
     if (root_index < 0 || root_index >= g->size)
         return pt_fail(PIPERT_ERR_INVALID_ARG,
                        "broadcast: root %d is not a member of a group of %d", root_index, g->size);
     collective c = collective_begin(g, "broadcast");
-    /* Binomial tree over positions relative to the root: member v receives
-     * from v - 2^k (k = its lowest set bit) and forwards to v + 2^j for
-     * every 2^j below that bit. */
     int relative = member(g, g->index - root_index);
-    int mask = 1;
-    while (mask < g->size && !(relative & mask)) mask <<= 1;
+    int mask = broadcast_parent_mask(g, relative);
     if (relative != 0) {
         pt_request *request = NULL;
         PT_TRY(post_recv(&c, g->index - mask, buffer, nbytes, PT_DTYPE_U8, &request));

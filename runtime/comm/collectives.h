@@ -52,6 +52,10 @@ pipert_result pt_barrier(pt_group *g);
 /* Copies root_index's `buffer` (nbytes) into every member's `buffer` (binomial tree). */
 pipert_result pt_broadcast(pt_group *g, void *buffer, size_t nbytes, int root_index);
 
+/* Bytes this member sends in that broadcast: nbytes to each of its children
+ * in the tree (the root sends to ⌈log2 n⌉ members, a leaf to none). */
+size_t pt_broadcast_bytes_sent(const pt_group *g, size_t nbytes, int root_index);
+
 /* recv[i * nbytes_each ..] receives member i's `send` (nbytes_each bytes); recv
  * holds n * nbytes_each bytes and must not overlap send. */
 pipert_result pt_allgather(pt_group *g, const void *send, size_t nbytes_each, void *recv);

@@ -177,8 +177,8 @@ int pt_transport_peer_alive(pt_transport *t, int peer_rank);
  * (not thread-safe against concurrent sends). */
 pipert_result pt_transport_mark_remote(pt_transport *t, int peer_rank);
 
-/* Bytes sent so far (headers and payloads, as handed to UCX) to peers not
- * marked remote, and to those marked remote. */
+/* Payload bytes sent so far (headers not counted) to peers not marked
+ * remote, and to those marked remote. */
 void pt_transport_bytes_sent(pt_transport *t, uint64_t *local, uint64_t *remote);
 
 /* ---- requests ------------------------------------------------------------ */

@@ -495,7 +495,7 @@ pipert_result pt_send_raw(pt_transport *t, int dst_rank, uint32_t user_tag,
     PT_TRY(new_request(t, REQUEST_SEND, dst_rank, user_tag, header->kind, &r));
     r->header = *header;
     r->payload = payload;
-    count_sent(t, dst_rank, sizeof *header + header->nbytes);
+    count_sent(t, dst_rank, header->nbytes);
     return pt_transport_submit(t, r, out);
 }
 
