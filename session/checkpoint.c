@@ -36,7 +36,7 @@
 static pipert_result write_stage_file(pipert_session *s, long step, uint64_t *bytes)
 {
     pt_checkpoint_writer *w;
-    PT_TRY(pt_checkpoint_writer_create(&w, step, s->job.stage, s->job.layout.stages,
+    PT_TRY(pt_checkpoint_writer_create(&w, step, s->job.stage, s->job.layout.stages, 0,
                                        pt_stage_executor_model(s->executor),
                                        pt_stage_executor_optimizer(s->executor), &s->config));
     pt_safetensors_writer *tensors = pt_checkpoint_writer_tensors(w);
@@ -60,17 +60,16 @@ typedef struct stage_outcome {
 static pipert_result write_index(pipert_session *s, long step, const stage_outcome *outcomes)
 {
     pt_checkpoint_index index;
-    PT_TRY(pt_checkpoint_index_init(&index, step, s->job.layout.stages));
-    index.replicas = s->job.layout.replicas;
+    PT_TRY(pt_checkpoint_index_init(&index, step, s->job.layout.stages, s->job.layout.replicas,
+                                    false));
     index.n_layer = s->config.model.n_layer;
     pt_stage_executor_describe_schedule(s->executor, &index);
     for (int stage = 0; stage < index.stages; stage++) {
         pt_checkpoint_part *part = &index.parts[stage];
-        part->stage = stage;
         part->first_layer = outcomes[stage].first_layer;
         part->last_layer = outcomes[stage].last_layer;
         part->bytes = outcomes[stage].bytes;
-        pt_checkpoint_part_name(step, stage, part->file);
+        pt_checkpoint_part_name(step, stage, 0, part->file);
     }
     pipert_result rc = pt_checkpoint_index_write(s->out_dir, &index);
     pt_checkpoint_index_free(&index);
@@ -169,7 +168,7 @@ pipert_result pt_session_resume(pipert_session *s, long *step)
     *step = index.step;
     const int stages = index.stages;
     pt_checkpoint c = {0};
-    pipert_result rc = pt_checkpoint_open(&c, s->out_dir, &index);
+    pipert_result rc = pt_checkpoint_open(&c, s->out_dir, &index, 0);
     if (rc == PIPERT_OK) rc = restore(s, &c);
     if (rc == PIPERT_OK)
         pt_info("resumed from the checkpoint of step %ld in %s (%d stage file%s)", *step,
