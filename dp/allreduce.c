@@ -60,6 +60,7 @@ static void allreduce_destroy(void *state) { free(state); }
 const pt_coupling_method pt_dp_allreduce = {
     .name = "allreduce",
     .over_all_replicas = true, /* dense everywhere: a ring ordered by site */
+    .replicas_identical = true, /* the same mean gradient everywhere, bitwise */
     .create = allreduce_create,
     .after_backward = allreduce_after_backward,
     .destroy = allreduce_destroy,

@@ -155,6 +155,8 @@ pt_coupling_metrics pt_coupling_take_metrics(pt_coupling *c)
 
 const char *pt_coupling_method_name(const pt_coupling *c) { return c->method->name; }
 
+bool pt_coupling_replicas_identical(const pt_coupling *c) { return c->method->replicas_identical; }
+
 const float *pt_coupling_eval_params(const pt_coupling *c)
 {
     return c && c->runs_method && c->method->eval_params ? c->method->eval_params(c->state) : NULL;

@@ -79,6 +79,12 @@ typedef struct pt_coupling_method {
     /* Runs over every replica even across sites (a dense method); false: the
      * sites' leaders run it and each site averages densely inside. */
     bool over_all_replicas;
+    /* Keeps every replica's parameters, optimizer and state bitwise equal
+     * (allreduce), so a checkpoint holds replica 0's files only and every
+     * replica resumes from them. false (the default of a new method): the
+     * replicas drift apart, each replica writes a file of its own
+     * (session/checkpoint.c) and resumes from it. */
+    bool replicas_identical;
     pipert_result (*create)(const pt_coupling_options *options, void **state);
     pipert_result (*after_backward)(void *state, pt_coupling_point *at, pt_coupling_metrics *m);
     pipert_result (*after_step)(void *state, pt_coupling_point *at, pt_coupling_metrics *m);
@@ -110,6 +116,7 @@ pt_coupling_metrics pt_coupling_take_metrics(pt_coupling *c);
 /* What validation evaluates: the method's parameters [n_params], or NULL for θ. */
 const float *pt_coupling_eval_params(const pt_coupling *c);
 const char *pt_coupling_method_name(const pt_coupling *c);
-
+/* The method's replicas_identical. */
+bool pt_coupling_replicas_identical(const pt_coupling *c);
 
 #endif

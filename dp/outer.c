@@ -9,8 +9,9 @@
  * What is reduced: with dp.compress=none the fp32 ring all-reduce; with int8,
  * e3m0 or e2m1 the compressed exchange of dp/exchange.h (each replica encodes
  * its Δ_r once, with one fp32 scale per dp.block values; the mean is
- * accumulated in fp32). onebit is refused: its error feedback is per replica
- * and the checkpoints, written by replica 0, could not keep it.
+ * accumulated in fp32). onebit is refused: it needs error feedback per
+ * replica, which this engine does not keep yet (each replica's own
+ * checkpoint file could now hold it, as dp/sparse.c does).
  *
  * Every exchange carries a descriptor, reduced beside it: each replica writes
  * (method, fragment slot, step posted, values, codec, and its replica number
@@ -189,8 +190,7 @@ static pipert_result check_plan(const pt_coupling_options *o, const pt_outer_pla
     if (codec.kind == PT_CODEC_ONEBIT)
         return pt_fail(PIPERT_ERR_CONFIG,
                        "dp.method=%s with dp.compress=onebit: 1-bit needs error feedback kept per "
-                       "replica, which the checkpoints (written by replica 0) cannot hold; use "
-                       "int8, e3m0 or e2m1",
+                       "replica, which the outer methods do not keep yet; use int8, e3m0 or e2m1",
                        plan->method);
     if (plan->period / slots < 1)
         return pt_fail(PIPERT_ERR_CONFIG,

@@ -54,7 +54,8 @@ pipert_result pt_session_write_step(pipert_session *s, const pt_pipeline_step *s
 pipert_result pt_session_write_validation(pipert_session *s, long step, float val_loss);
 void pt_session_close_outputs(pipert_session *s);
 
-/* Checkpoints (checkpoint.c): every stage of replica 0 writes its slice; the
+/* Checkpoints (checkpoint.c): every stage of replica 0 writes its slice, and
+ * so does every other replica when the coupling lets replicas drift; the
  * step's index makes the checkpoint complete. */
 pipert_result pt_session_save_checkpoint(pipert_session *s, long step);
 /* Restores the newest complete checkpoint of out_dir; *step is its step. */

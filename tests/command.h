@@ -15,6 +15,7 @@
 
 #include "runtime/clock.h"
 #include "runtime/fileio.h"
+#include "runtime/safetensors.h"
 
 typedef struct run_result {
     int status;     /* exit status; 128 when killed by a signal */
@@ -124,6 +125,40 @@ static inline int read_metric_steps(const char *dir, const char *file, const cha
     }
     free(text);
     return found;
+}
+
+/* DIR_B/NAME holds the tensors of DIR_A/NAME (checkpoint files: parameters,
+ * optimizer moments, coupling and pipeline state), each bitwise the same;
+ * the first difference is named. */
+static inline void expect_same_tensors(const char *dir_a, const char *dir_b, const char *name,
+                                       const char *what)
+{
+    char path_a[600], path_b[600];
+    snprintf(path_a, sizeof path_a, "%s/%s", dir_a, name);
+    snprintf(path_b, sizeof path_b, "%s/%s", dir_b, name);
+    pt_safetensors *a, *b;
+    cr_assert_eq(pt_safetensors_open(&a, path_a), PIPERT_OK, "%s: %s", what, pipert_last_error());
+    cr_assert_eq(pt_safetensors_open(&b, path_b), PIPERT_OK, "%s: %s", what, pipert_last_error());
+    const size_t n = pt_safetensors_count(a);
+    cr_expect_eq(n, pt_safetensors_count(b), "%s: %s has %zu tensors, %s %zu", what, path_a, n,
+                 path_b, pt_safetensors_count(b));
+    for (size_t i = 0; i < n; i++) {
+        const pt_tensor_entry *x = pt_safetensors_at(a, i), *y = pt_safetensors_find(b, x->name);
+        if (!y || y->nbytes != x->nbytes) {
+            cr_expect_fail("%s: %s: tensor %s is missing or of another size", what, path_b, x->name);
+            break;
+        }
+        const unsigned char *p = pt_safetensors_data(a, x), *q = pt_safetensors_data(b, y);
+        size_t k = 0;
+        while (k < x->nbytes && p[k] == q[k]) k++;
+        if (k < x->nbytes) {
+            cr_expect_fail("%s: %s: tensor %s first differs at byte %zu of %zu", what, name,
+                           x->name, k, (size_t)x->nbytes);
+            break;
+        }
+    }
+    pt_safetensors_close(a);
+    pt_safetensors_close(b);
 }
 
 #endif

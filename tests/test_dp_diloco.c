@@ -17,7 +17,10 @@
  * - streaming-diloco with one fragment, no overlap and α = 0 equals diloco
  *   step for step (1e-5).
  * - A run resumed from a checkpoint written with an exchange in flight
- *   continues with the losses of the uninterrupted run.
+ *   continues with the losses of the uninterrupted run. On ordinary data,
+ *   where the replicas drift apart between outer steps, each replica resumes
+ *   from its own file: the losses and both replicas' final checkpoints are
+ *   the uninterrupted run's, also in a 2-stage asynchronous pipeline.
  * - Replicas at different speeds: one worker is throttled from outside
  *   (SIGSTOP/SIGCONT in a 15 ms / 5 ms duty cycle, as cpulimit does; a cgroup
  *   CPU limit needs privileges a test does not have, and taskset only moves a
@@ -158,12 +161,10 @@ Test(dp_diloco, streaming_with_one_fragment_no_overlap_and_alpha_zero_is_diloco,
 
 /* ---- checkpoints ---------------------------------------------------------------- */
 
-/* A run resumed from the checkpoint of step 9 — written by replica 0 while
- * fragment 1, posted at step 8, was in flight until step 10 — continues with
- * the losses of the uninterrupted run. On identical data every replica holds
- * what replica 0 saved (θ, inner optimizer, θ̃, v), so the comparison is
- * exact; on ordinary data the other replicas would restart from replica 0's
- * θ and moments (checkpoints hold replica 0 only). */
+/* A run resumed from the checkpoint of step 9 — written while fragment 1,
+ * posted at step 8, was in flight until step 10 — continues with the losses
+ * of the uninterrupted run. (On identical data, so every replica holds the
+ * same θ, inner optimizer, θ̃ and v; the next test has replicas that differ.) */
 Test(dp_diloco, a_resumed_run_applies_the_exchange_it_had_in_flight, .timeout = 300)
 {
     char *data_dir = make_temp_dir(), *text = periodic_text(data_dir);
@@ -193,6 +194,48 @@ Test(dp_diloco, a_resumed_run_applies_the_exchange_it_had_in_flight, .timeout = 
     remove_dir(whole);
     free(text);
     remove_dir(data_dir);
+}
+
+/* Each replica resumes from its own file: diloco with H = 4 on ordinary data
+ * (the replicas drift apart between outer steps), checkpoints every 5 steps,
+ * replica 1 killed at step 13. The run resumes from step 10, two inner steps
+ * after an outer step, each replica with its own θ and inner moments (and θ̃,
+ * v), and continues with the losses of the uninterrupted run; both replicas
+ * end bitwise where they did. The same in a 2-stage asynchronous pipeline,
+ * whose in-flight microbatches replay on each replica's own stashed weights.
+ * (Resumed from replica 0's files, replica 1 would take replica 0's θ and
+ * moments, and the losses would differ from the outer step of step 12 on.) */
+Test(dp_diloco, a_resumed_run_continues_every_replica_exactly, .timeout = 300)
+{
+    const char *schedules[] = {"", "--pipeline.schedule=async-1f1b"};
+    for (int stages = 1; stages <= 2; stages++) {
+        char extra[512], what[128];
+        snprintf(extra, sizeof extra, "--dp.method=diloco --dp.period=4 --dp.outer_lr=0.7 "
+                                      "--train.checkpoint_every=5 --train.keep_checkpoints=0 %s",
+                 schedules[stages - 1]);
+        snprintf(what, sizeof what, "diloco H=4, %d stage%s x 2 replicas, resumed at step 10",
+                 stages, stages == 1 ? "" : "s");
+        char *whole = launch(stages, extra), *resumed = make_temp_dir(), env[128];
+        snprintf(env, sizeof env, "PIPERT_TEST_DIE_AT_STEP=13 PIPERT_TEST_DIE_RANK=%d", stages);
+        run_result r = run_pipert_with(env, "launch --quiet --stages %d --replicas 2 --out %s " MODEL
+                                       " --train.steps=%d --train.batch_size=2 %s",
+                                       stages, resumed, STEPS, extra);
+        cr_assert_eq(r.status, 1, "%s: the run that should die at step 13 ended with %d: %s", what,
+                     r.status, r.err);
+        run_pipert_ok("launch --quiet --resume --stages %d --replicas 2 --out %s " MODEL
+                      " --train.steps=%d --train.batch_size=2 %s",
+                      stages, resumed, STEPS, extra);
+        expect_same_run(whole, resumed, what);
+        for (int stage = 0; stage < stages; stage++) {
+            char name[96];
+            snprintf(name, sizeof name, "ckpt-%08d-stage-%d.safetensors", STEPS, stage);
+            expect_same_tensors(whole, resumed, name, what);
+            snprintf(name, sizeof name, "ckpt-%08d-stage-%d-replica-1.safetensors", STEPS, stage);
+            expect_same_tensors(whole, resumed, name, what);
+        }
+        remove_dir(resumed);
+        remove_dir(whole);
+    }
 }
 
 /* ---- replicas at different speeds -------------------------------------------- */

@@ -28,7 +28,9 @@
  *     stopped) never deadlocks its peer with dp.delay = -1: the job finishes,
  *     and the fast replica applies averages several steps after it posted them;
  *   - a run killed after a checkpoint resumes and applies the exchanges that
- *     were in flight at the steps of an uninterrupted run;
+ *     were in flight at the steps of an uninterrupted run; each replica
+ *     resumes from its own file, so every step's loss and both replicas'
+ *     final checkpoints are those of the uninterrupted run;
  *   - replicas started (pipert worker, under Open MPI's variables) with
  *     different dp.fraction fail naming each other and the rank. */
 #include <criterion/criterion.h>
@@ -690,10 +692,13 @@ Test(sparse_launch, a_twentieth_trains_and_sends_a_twentieth)
 /* Checkpoints through the session: a run killed at step 30 resumes from the
  * checkpoint of step 20, where the exchanges of steps 18, 19 and 20 were in
  * flight (dp.delay = 3). They come back from the file and are applied at
- * steps 21, 22 and 23 as in the run that was never interrupted: its losses
- * up to step 24 are the same. (From the first exchange posted after the
- * resume on they differ: only replica 0 writes checkpoints, so replica 1
- * resumes from replica 0's parameters and state, not its own.) */
+ * steps 21, 22 and 23 as in the run that was never interrupted. Each replica
+ * resumes from its own file (replica 1 from ckpt-00000020-stage-0-replica-1:
+ * its own θ, moments, EMA buffer and exchanges), so every step's loss is the
+ * uninterrupted run's, and so is the final checkpoint of each replica, bitwise.
+ * (Before replicas had files of their own, replica 1 resumed from replica 0's
+ * state and the losses differed from step 24 on, once the first average
+ * posted after the resume came back.) */
 Test(sparse_launch, a_resumed_run_applies_the_exchanges_in_flight_at_their_steps)
 {
     enum { N = 40 };
@@ -711,10 +716,14 @@ Test(sparse_launch, a_resumed_run_applies_the_exchanges_in_flight_at_their_steps
     double expected[N], got[N];
     cr_assert_eq(read_metric_steps(straight, "metrics.jsonl", "loss", expected, N), N);
     cr_assert_eq(read_metric_steps(resumed, "metrics.jsonl", "loss", got, N), N);
-    for (int i = 20; i < 24; i++)
+    for (int i = 0; i < N; i++)
         cr_expect(fabs(got[i] - expected[i]) <= 1e-6 * fabs(expected[i]),
                   "resumed at step 20, step %d: loss %.9g, uninterrupted %.9g", i + 1, got[i],
                   expected[i]);
+    expect_same_tensors(straight, resumed, "ckpt-00000040-stage-0.safetensors",
+                        "replica 0 at the end");
+    expect_same_tensors(straight, resumed, "ckpt-00000040-stage-0-replica-1.safetensors",
+                        "replica 1 at the end");
     remove_dir(straight);
     remove_dir(resumed);
 }

@@ -4,8 +4,11 @@
  * the asynchronous schedule (its in-flight microbatches and weight stashes
  * are saved and replayed). Another layout (2 stages into 3, another split,
  * 1 replica into 2): loading by global name, checked against independent
- * runs. An incomplete checkpoint (no index, a stage file missing or
- * truncated) is never used. And, without processes: the cut of the
+ * runs. An incomplete checkpoint (no index, a stage or replica file missing
+ * or truncated) is never used. Replicas that drift apart (dp.method=sparse)
+ * checkpoint a file each, which pruning removes with the rest; an index
+ * without them (format 1) resumes every replica from replica 0's files, and
+ * says so. And, without processes: the cut of the
  * asynchronous schedule after every stage's N-th step is consistent, and the
  * resumed instruction lists (replay, then the rest) run without deadlock. */
 #include <criterion/criterion.h>
@@ -314,24 +317,143 @@ Test(resume, incomplete_checkpoints_are_not_used)
     remove_dir(dir);
 }
 
-/* keep_checkpoints counts whole checkpoints: index and stage files go
- * together, and nothing temporary is left. */
+/* keep_checkpoints counts whole checkpoints: index, stage and replica files
+ * go together (2 stages of 2 replicas that drift apart, each writing its
+ * own), a replica file of an earlier step that no index lists goes too, and
+ * nothing temporary is left. */
 Test(resume, old_checkpoints_go_whole)
 {
-    char *dir = make_temp_dir();
-    run_pipert_ok("launch --quiet --stages 2 --replicas 1 --train.batch_size=2 --pipeline.schedule=1f1b "
-           "--out %s " MODEL " --train.steps=8 --train.checkpoint_every=2 --train.keep_checkpoints=2",
-           dir);
-    for (long step = 2; step <= 8; step += 2) {
-        const bool kept = step >= 6;
-        cr_expect_eq(exists(dir, "ckpt-%08ld.json", step), kept, "index of step %ld", step);
-        cr_expect_eq(exists(dir, "ckpt-%08ld-stage-0.safetensors", step), kept, "step %ld", step);
-        cr_expect_eq(exists(dir, "ckpt-%08ld-stage-1.safetensors", step), kept, "step %ld", step);
+    const char *layouts[] = {"--stages 2 --replicas 1", "--stages 2 --replicas 2 --dp.method=sparse"};
+    for (int k = 0; k < 2; k++) {
+        const bool replica_files = k == 1;
+        char *dir = make_temp_dir(), orphan[600];
+        path_of(orphan, sizeof orphan, dir, "ckpt-%08ld-stage-1-replica-1.safetensors", 1);
+        cr_assert_eq(pt_write_file_atomic(orphan, "x", 1), PIPERT_OK);
+        run_pipert_ok("launch --quiet %s --train.batch_size=2 --pipeline.schedule=1f1b --out %s " MODEL
+                      " --train.steps=8 --train.checkpoint_every=2 --train.keep_checkpoints=2",
+                      layouts[k], dir);
+        for (long step = 2; step <= 8; step += 2) {
+            const bool kept = step >= 6;
+            cr_expect_eq(exists(dir, "ckpt-%08ld.json", step), kept, "index of step %ld", step);
+            for (int stage = 0; stage < 2; stage++) {
+                char format[64];
+                snprintf(format, sizeof format, "ckpt-%%08ld-stage-%d.safetensors", stage);
+                cr_expect_eq(exists(dir, format, step), kept, "%s: step %ld", layouts[k], step);
+                snprintf(format, sizeof format, "ckpt-%%08ld-stage-%d-replica-1.safetensors", stage);
+                cr_expect_eq(exists(dir, format, step), kept && replica_files,
+                             "%s: replica 1 of stage %d, step %ld", layouts[k], stage, step);
+            }
+        }
+        cr_expect_eq(access(orphan, F_OK), -1, "%s: left behind: %s", layouts[k], orphan);
+        DIR *d = opendir(dir);
+        for (struct dirent *e; d && (e = readdir(d));)
+            cr_expect(strstr(e->d_name, ".tmp.") == NULL, "left behind: %s", e->d_name);
+        if (d) closedir(d);
+        remove_dir(dir);
     }
-    DIR *d = opendir(dir);
-    for (struct dirent *e; d && (e = readdir(d));)
-        cr_expect(strstr(e->d_name, ".tmp.") == NULL, "left behind: %s", e->d_name);
-    if (d) closedir(d);
+}
+
+/* ---- replica files ------------------------------------------------------------------------ */
+
+#define SPARSE "--stages 1 --replicas 2 --train.batch_size=2 --dp.method=sparse --dp.delay=2"
+
+/* Checkpoints at 4, 8, 12 and 16 of two sparse replicas, each index listing
+ * replica 1's file. The run died after 12 (16 is gone) and replica 1's file
+ * of 12 is truncated (the disk filled): the checkpoint of 12 is incomplete
+ * like one with a stage file short, so resume passes it by, naming the file,
+ * and continues from 8 — exactly, every replica from its own file. With
+ * every checkpoint lacking its replica file it fails, naming the file. A
+ * missing replica file is never made up for with replica 0's: that would
+ * continue silently unlike the run that wrote it. */
+Test(resume, a_checkpoint_without_its_replica_file_is_not_used)
+{
+    char *reference = make_temp_dir(), path[600];
+    run_pipert_ok("launch --quiet " SPARSE " --out %s " MODEL
+                  " --train.steps=%d --train.checkpoint_every=4",
+                  reference, STEPS);
+    char *index = read_text(reference, "ckpt-00000008.json");
+    cr_expect(strstr(index, "\"pipert-checkpoint-index-2\"") &&
+                  strstr(index, "\"replica_files\"") &&
+                  strstr(index, "\"ckpt-00000008-stage-0-replica-1.safetensors\""),
+              "ckpt-00000008.json lists no replica file: %s", index);
+    free(index);
+    char *dir = copy_dir(reference);
+    remove_checkpoint(dir, STEPS);
+    path_of(path, sizeof path, dir, "ckpt-%08ld-stage-0-replica-1.safetensors", 12);
+    truncate_file(path, 100);
+    run_logged("launch --quiet --resume " SPARSE " --out %s " MODEL
+               " --train.steps=%d --train.checkpoint_every=4",
+               dir, STEPS);
+    expect_losses(reference, dir, 1, SAME, "resumed past a truncated replica file");
+    expect_same_tensors(reference, dir, "ckpt-00000016-stage-0-replica-1.safetensors",
+                        "replica 1 at the end, resumed past a truncated replica file");
+    for (int rank = 0; rank < 2; rank++) {
+        char name[32];
+        snprintf(name, sizeof name, "logs/rank-%d.log", rank);
+        char *log = read_text(dir, name);
+        cr_expect(strstr(log, "ckpt-00000012-stage-0-replica-1.safetensors has"), "%s: %s", name, log);
+        cr_expect(strstr(log, rank == 0 ? "resumed from the checkpoint of step 8 in"
+                                        : "(1 stage file of this replica)"),
+                  "%s: %s", name, log);
+        free(log);
+    }
+
+    /* Nothing complete left: 16 has no index, each other one lacks replica 1's file. */
+    path_of(path, sizeof path, dir, "ckpt-%08ld.json", 16);
+    cr_assert_eq(unlink(path), 0);
+    for (long step = 4; step <= 12; step += 4) {
+        path_of(path, sizeof path, dir, "ckpt-%08ld-stage-0-replica-1.safetensors", step);
+        cr_assert_eq(unlink(path), 0, "%s", path);
+    }
+    run_result r = run_pipert("launch --quiet --resume " SPARSE " --out %s " MODEL
+                              " --train.steps=%d --train.checkpoint_every=4",
+                              dir, STEPS);
+    cr_expect_neq(r.status, 0, "resumed without replica 1's files");
+    char *log = read_text(dir, "logs/rank-1.log");
+    cr_expect(strstr(log, "no complete checkpoint") &&
+                  strstr(log, "ckpt-00000012-stage-0-replica-1.safetensors is missing"),
+              "rank-1.log: %s", log);
+    free(log);
+    remove_dir(reference);
+    remove_dir(dir);
+}
+
+/* An index of format 1 — written before replicas had files of their own —
+ * of sparse replicas still loads: every replica resumes from replica 0's
+ * files, replica 1's log says so and why, and the run goes on (not as the
+ * uninterrupted one: replica 1's own state is lost); its new checkpoints
+ * list replica files again. */
+Test(resume, an_index_without_replica_files_resumes_every_replica_from_replica_0)
+{
+    char *reference = make_temp_dir();
+    run_pipert_ok("launch --quiet " SPARSE " --out %s " MODEL
+                  " --train.steps=%d --train.checkpoint_every=%d",
+                  reference, STEPS, K);
+    char *dir = copy_dir(reference), path[600];
+    remove_checkpoint(dir, STEPS);
+    path_of(path, sizeof path, dir, "ckpt-%08ld.json", K);
+    json_t *index = json_load_file(path, 0, NULL);
+    cr_assert_not_null(index, "%s", path);
+    json_object_set_new(index, "format", json_string("pipert-checkpoint-index-1"));
+    cr_assert_eq(json_object_del(index, "replica_files"), 0, "%s lists no replica files", path);
+    cr_assert_eq(json_dump_file(index, path, JSON_INDENT(1)), 0);
+    json_decref(index);
+    path_of(path, sizeof path, dir, "ckpt-%08ld-stage-0-replica-1.safetensors", K);
+    cr_assert_eq(unlink(path), 0, "%s", path);
+
+    run_logged("launch --quiet --resume " SPARSE " --out %s " MODEL
+               " --train.steps=%d --train.checkpoint_every=%d",
+               dir, STEPS, K);
+    char *log = read_text(dir, "logs/rank-1.log");
+    cr_expect(strstr(log, "replica 1 resumes from replica 0's files of step 8 (the checkpoint holds "
+                          "replica 0's files only)"),
+              "rank-1.log: %s", log);
+    free(log);
+    double losses[STEPS];
+    cr_expect_eq(read_losses(dir, losses, STEPS), STEPS, "the resumed run did not finish");
+    cr_expect(exists(dir, "ckpt-%08ld-stage-0-replica-1.safetensors", STEPS),
+              "no replica file of step %d", STEPS);
+    remove_dir(reference);
     remove_dir(dir);
 }
 

@@ -1,6 +1,7 @@
 /* Checkpoint stage files: a slice's parameters and optimizer state by global
- * tensor name, written by one stage and read back by any slice of any split
- * (the index and the directory's bookkeeping are in checkpoint_index.c). */
+ * tensor name, written by one stage (or one replica of it) and read back by
+ * any slice of any split (the index and the directory's bookkeeping are in
+ * checkpoint_index.c). */
 #include "train/checkpoint.h"
 
 #include <inttypes.h>
@@ -186,7 +187,7 @@ pipert_result pt_model_settings_from_file(const pt_safetensors *st, pipert_confi
 struct pt_checkpoint_writer {
     pt_safetensors_writer *tensors;
     long step;
-    int stage;
+    int stage, replica;
     const pt_gpt_slice *slice;
     float **host; /* copies the writer references, freed with it */
     int n_host, host_capacity;
@@ -225,6 +226,7 @@ static pipert_result set_metadata(pt_checkpoint_writer *w, int stages, const pt_
     if (rc == PIPERT_OK) rc = set_number(t, "step", w->step);
     if (rc == PIPERT_OK) rc = set_number(t, "stage", w->stage);
     if (rc == PIPERT_OK) rc = set_number(t, "stages", stages);
+    if (rc == PIPERT_OK) rc = set_number(t, "replica", w->replica);
     if (rc == PIPERT_OK) rc = set_number(t, "first_layer", w->slice->first);
     if (rc == PIPERT_OK) rc = set_number(t, "last_layer", w->slice->last);
     free(config_json);
@@ -251,13 +253,13 @@ pipert_result pt_checkpoint_writer_add_slice_buffer(pt_checkpoint_writer *w,
 }
 
 pipert_result pt_checkpoint_writer_create(pt_checkpoint_writer **out, long step, int stage,
-                                          int stages, const pt_gpt_slice *slice,
+                                          int stages, int replica, const pt_gpt_slice *slice,
                                           const pt_optimizer *opt, const pipert_config *cfg)
 {
     *out = NULL;
     pt_checkpoint_writer *w = calloc(1, sizeof *w);
     if (!w) return pt_fail(PIPERT_ERR_NOMEM, "checkpoint: out of memory");
-    *w = (pt_checkpoint_writer){.step = step, .stage = stage, .slice = slice};
+    *w = (pt_checkpoint_writer){.step = step, .stage = stage, .replica = replica, .slice = slice};
     pipert_result rc = pt_safetensors_writer_create(&w->tensors);
     if (rc == PIPERT_OK) rc = pt_checkpoint_writer_add_slice_buffer(w, slice->params, "");
     if (rc == PIPERT_OK) rc = pt_checkpoint_writer_add_slice_buffer(w, opt->m, "optimizer.m.");
@@ -276,7 +278,7 @@ pt_safetensors_writer *pt_checkpoint_writer_tensors(pt_checkpoint_writer *w) { r
 pipert_result pt_checkpoint_writer_write(pt_checkpoint_writer *w, const char *dir, uint64_t *bytes)
 {
     char name[PT_CHECKPOINT_NAME_MAX];
-    pt_checkpoint_part_name(w->step, w->stage, name);
+    pt_checkpoint_part_name(w->step, w->stage, w->replica, name);
     size_t n = strlen(dir) + sizeof name + 2;
     char *path = malloc(n);
     if (!path) return pt_fail(PIPERT_ERR_NOMEM, "checkpoint: out of memory");
@@ -311,7 +313,9 @@ static pipert_result read_number(const pt_safetensors *st, const char *key, long
     return PIPERT_OK;
 }
 
-/* A file the index lists must be the pipert checkpoint of that stage and step. */
+/* A file the index lists must be the pipert checkpoint of that stage,
+ * replica and step (files written before replica files existed have no
+ * "replica": they are replica 0's). */
 static pipert_result check_part(const pt_safetensors *st, const pt_checkpoint_index *index,
                                 const pt_checkpoint_part *part)
 {
@@ -320,29 +324,36 @@ static pipert_result check_part(const pt_safetensors *st, const pt_checkpoint_in
     if (!format || strcmp(format, CHECKPOINT_FORMAT))
         return pt_fail(PIPERT_ERR_FORMAT, "%s: not a pipert checkpoint stage file (format %s)",
                        path, format ? format : "missing");
-    long step = 0, stage = 0, first = 0, last = 0;
+    long step = 0, stage = 0, replica = 0, first = 0, last = 0;
     PT_TRY(read_number(st, "step", &step));
     PT_TRY(read_number(st, "stage", &stage));
+    if (pt_safetensors_metadata(st, "replica")) PT_TRY(read_number(st, "replica", &replica));
     PT_TRY(read_number(st, "first_layer", &first));
     PT_TRY(read_number(st, "last_layer", &last));
-    if (step != index->step || stage != part->stage || first != part->first_layer ||
-        last != part->last_layer)
+    if (step != index->step || stage != part->stage || replica != part->replica ||
+        first != part->first_layer || last != part->last_layer)
         return pt_fail(PIPERT_ERR_FORMAT,
-                       "%s: holds step %ld, stage %ld, blocks [%ld, %ld); the index of step %ld "
-                       "says stage %d, blocks [%d, %d)",
-                       path, step, stage, first, last, index->step, part->stage,
-                       part->first_layer, part->last_layer);
+                       "%s: holds step %ld, stage %ld, replica %ld, blocks [%ld, %ld); the index "
+                       "of step %ld says stage %d, replica %d, blocks [%d, %d)",
+                       path, step, stage, replica, first, last, index->step, part->stage,
+                       part->replica, part->first_layer, part->last_layer);
     return PIPERT_OK;
 }
 
-pipert_result pt_checkpoint_open(pt_checkpoint *c, const char *dir, pt_checkpoint_index *index)
+pipert_result pt_checkpoint_open(pt_checkpoint *c, const char *dir, pt_checkpoint_index *index,
+                                 int replica)
 {
     c->index = *index;
+    c->replica = replica;
     memset(index, 0, sizeof *index);
+    if (!pt_checkpoint_index_part(&c->index, 0, replica))
+        return pt_fail(PIPERT_ERR_INVALID_ARG, "%s: the checkpoint of step %ld has no files of "
+                                               "replica %d",
+                       dir, c->index.step, replica);
     c->parts = calloc((size_t)c->index.stages, sizeof *c->parts);
     if (!c->parts) return pt_fail(PIPERT_ERR_NOMEM, "checkpoint: out of memory");
     for (int s = 0; s < c->index.stages; s++) {
-        const pt_checkpoint_part *part = &c->index.parts[s];
+        const pt_checkpoint_part *part = pt_checkpoint_index_part(&c->index, s, replica);
         char path[PT_CONFIG_STRING_MAX + PT_CHECKPOINT_NAME_MAX + 2];
         snprintf(path, sizeof path, "%s/%s", dir, part->file);
         PT_TRY(pt_safetensors_open(&c->parts[s], path));
@@ -435,9 +446,10 @@ pipert_result pt_checkpoint_load_slice(const pt_checkpoint *c, pt_gpt_slice *sli
 {
     /* Errors name the directory: the parts' paths are DIR/NAME. */
     const char *first = pt_safetensors_path(c->parts[0]), *slash = strrchr(first, '/');
-    char what[PT_CONFIG_STRING_MAX + 96];
-    snprintf(what, sizeof what, "%.*s/ckpt-%08ld-stage-*.safetensors",
-             slash ? (int)(slash - first) : 1, slash ? first : ".", c->index.step);
+    char what[PT_CONFIG_STRING_MAX + 96], replica[32] = "";
+    if (c->replica > 0) snprintf(replica, sizeof replica, "-replica-%d", c->replica);
+    snprintf(what, sizeof what, "%.*s/ckpt-%08ld-stage-*%s.safetensors",
+             slash ? (int)(slash - first) : 1, slash ? first : ".", c->index.step, replica);
     tensor_sources from = {(const pt_safetensors *const *)c->parts, c->index.stages, false, what};
     for (int s = 0; s < c->index.stages; s++) PT_TRY(check_same_model(c->parts[s], slice));
     PT_TRY(restore_optimizer_counters(c, opt));

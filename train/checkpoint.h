@@ -11,16 +11,22 @@
  *       the pipeline's "pipeline.*"), and metadata: "format"
  *       (pipert-checkpoint-2), "config" (the full configuration, JSON),
  *       "step", "optimizer" (kind, t, Π in full precision), "stage",
- *       "stages", and "first_layer"/"last_layer" (blocks [first, last));
- *   DIR/ckpt-STEP.json   the index (format pipert-checkpoint-index-1): the
- *       step, the schedule that ran, and each stage's file, block range and
- *       size in bytes (checkpoint_index.c).
+ *       "stages", "replica" and "first_layer"/"last_layer" (blocks
+ *       [first, last));
+ *   DIR/ckpt-STEP-stage-S-replica-R.safetensors   the same for replica R ≥ 1
+ *       of stage S, written only when the coupling lets replicas drift
+ *       (every dp.method but allreduce, dp/coupling.h): its own parameters,
+ *       optimizer, coupling and pipeline state;
+ *   DIR/ckpt-STEP.json   the index (checkpoint_index.c): the step, the
+ *       schedule that ran, each stage's file, block range and size in bytes,
+ *       and the replica files when there are any.
  *
  * Every file is written under a temporary name and renamed, and the index is
- * written only once every stage's file is in place, so a checkpoint is
- * complete exactly when its index exists and every file it lists has the size
- * it lists. One worker (`pipert train`) writes the same: one stage file,
- * which is then a whole model `pipert check` and PyTorch read, and an index.
+ * written only once every file of every stage and replica is in place, so a
+ * checkpoint is complete exactly when its index exists and every file it
+ * lists has the size it lists. One worker (`pipert train`) writes the same:
+ * one stage file, which is then a whole model `pipert check` and PyTorch
+ * read, and an index.
  */
 #ifndef PT_CHECKPOINT_H
 #define PT_CHECKPOINT_H
@@ -37,9 +43,10 @@
 
 /* ---- the index ------------------------------------------------------------ */
 
-/* One stage's file of a checkpoint. */
+/* One file of a checkpoint: a stage's (replica 0) or a replica's. */
 typedef struct pt_checkpoint_part {
     int stage;
+    int replica;                        /* 0: the stage file */
     int first_layer, last_layer;        /* blocks [first, last) */
     char file[PT_CHECKPOINT_NAME_MAX];  /* inside the checkpoint's directory */
     uint64_t bytes;
@@ -48,22 +55,33 @@ typedef struct pt_checkpoint_part {
 typedef struct pt_checkpoint_index {
     long step;
     int stages;                /* parts */
-    int replicas;              /* of the job that wrote it (for people) */
+    int replicas;              /* of the job that wrote it */
     int n_layer;
     char schedule[32];         /* the schedule that ran: gpipe, 1f1b, async-1f1b */
     long microbatches;         /* of its instruction lists: per step (flush), per run (async) */
     long first_microbatch;     /* async: the list's microbatch 0 in the run (0 unless resumed
                                   from an empty pipeline) */
     char lookahead[32];        /* async-1f1b's pipeline.lookahead; "n/a" otherwise */
-    pt_checkpoint_part *parts; /* [stages], by stage */
+    pt_checkpoint_part *parts; /* [stages], by stage: replica 0's files */
+    /* [(replicas − 1) · stages]: replica r ≥ 1's file of stage s at
+     * (r − 1) · stages + s; NULL when the checkpoint holds replica 0's only. */
+    pt_checkpoint_part *replica_parts;
 } pt_checkpoint_index;
 
-/* "ckpt-STEP-stage-S.safetensors" */
-void pt_checkpoint_part_name(long step, int stage, char name[PT_CHECKPOINT_NAME_MAX]);
+/* "ckpt-STEP-stage-S.safetensors" for replica 0,
+ * "ckpt-STEP-stage-S-replica-R.safetensors" for replica R ≥ 1. */
+void pt_checkpoint_part_name(long step, int stage, int replica, char name[PT_CHECKPOINT_NAME_MAX]);
 
-/* Allocates index->parts for `stages` stages (zeroed). */
-pipert_result pt_checkpoint_index_init(pt_checkpoint_index *index, long step, int stages);
+/* Allocates index->parts for `stages` stages and, with replica_files and
+ * replicas > 1, index->replica_parts (zeroed; stage and replica filled in). */
+pipert_result pt_checkpoint_index_init(pt_checkpoint_index *index, long step, int stages,
+                                       int replicas, bool replica_files);
 void pt_checkpoint_index_free(pt_checkpoint_index *index);
+
+/* The file of `stage` of `replica` the index lists, or NULL (a replica ≥ 1
+ * of a checkpoint without replica files, or out of range). */
+pt_checkpoint_part *pt_checkpoint_index_part(const pt_checkpoint_index *index, int stage,
+                                             int replica);
 
 /* Writes DIR/ckpt-STEP.json atomically. */
 pipert_result pt_checkpoint_index_write(const char *dir, const pt_checkpoint_index *index);
@@ -79,8 +97,9 @@ pipert_result pt_checkpoint_find_latest(const char *dir, pt_checkpoint_index *ou
 
 /* After the checkpoint of step `newest` is complete: removes whole
  * checkpoints of earlier steps beyond the `keep` newest complete ones (the
- * index first, then its files), and the stage files of earlier steps that no
- * index lists (left by an incomplete checkpoint). keep = 0 removes nothing. */
+ * index first, then its files, replica files included), and the stage and
+ * replica files of earlier steps that no index lists (left by an incomplete
+ * checkpoint). keep = 0 removes nothing. */
 void pt_checkpoint_prune(const char *dir, long newest, int keep);
 
 /* ---- writing a stage's file ------------------------------------------------ */
@@ -90,9 +109,10 @@ void pt_checkpoint_prune(const char *dir, long newest, int keep);
 typedef struct pt_checkpoint_writer pt_checkpoint_writer;
 
 /* A writer holding the slice's parameters, the optimizer's moments and the
- * metadata of step `step` of stage `stage` of `stages`. */
+ * metadata of step `step` of stage `stage` of `stages`, for the file of
+ * `replica` (0: the stage file). */
 pipert_result pt_checkpoint_writer_create(pt_checkpoint_writer **out, long step, int stage,
-                                          int stages, const pt_gpt_slice *slice,
+                                          int stages, int replica, const pt_gpt_slice *slice,
                                           const pt_optimizer *opt, const pipert_config *cfg);
 
 /* The underlying writer, for tensors and metadata of other layers (their
@@ -105,22 +125,27 @@ pipert_result pt_checkpoint_writer_add_slice_buffer(pt_checkpoint_writer *w,
                                                     const float *device_buffer,
                                                     const char *prefix);
 
-/* Writes DIR/ckpt-STEP-stage-S.safetensors atomically; *bytes is its size. */
+/* Writes the file (pt_checkpoint_part_name) into DIR atomically; *bytes is
+ * its size. */
 pipert_result pt_checkpoint_writer_write(pt_checkpoint_writer *w, const char *dir,
                                          uint64_t *bytes);
 void pt_checkpoint_writer_free(pt_checkpoint_writer *w);
 
 /* ---- reading a checkpoint ---------------------------------------------------- */
 
-/* A complete checkpoint with every stage file open. */
+/* A complete checkpoint with the file of every stage of one replica open. */
 typedef struct pt_checkpoint {
     pt_checkpoint_index index;
+    int replica;            /* whose files: 0, or a replica with files of its own */
     pt_safetensors **parts; /* [index.stages] */
 } pt_checkpoint;
 
-/* Opens every file `index` lists (taking the index over: pt_checkpoint_close
- * frees it) and checks that each is a pipert checkpoint of the index's step. */
-pipert_result pt_checkpoint_open(pt_checkpoint *c, const char *dir, pt_checkpoint_index *index);
+/* Opens the files `index` lists for every stage of `replica` (0: the stage
+ * files; another replica needs files of its own, pt_checkpoint_index_part),
+ * taking the index over (pt_checkpoint_close frees it), and checks that each
+ * is a pipert checkpoint of the index's step, stage and replica. */
+pipert_result pt_checkpoint_open(pt_checkpoint *c, const char *dir, pt_checkpoint_index *index,
+                                 int replica);
 void pt_checkpoint_close(pt_checkpoint *c);
 
 /* Restores the slice's parameters and optimizer moments by global name, from
@@ -131,10 +156,10 @@ void pt_checkpoint_close(pt_checkpoint *c);
 pipert_result pt_checkpoint_load_slice(const pt_checkpoint *c, pt_gpt_slice *slice,
                                        pt_optimizer *opt);
 
-/* The file of stage `stage` if the checkpoint was split into `stages` stages
- * and gave that stage exactly the slice's blocks, else NULL: state that only
- * means something for the same slice (weight stashes, the coupling's) comes
- * from there. */
+/* The open file of stage `stage` if the checkpoint was split into `stages`
+ * stages and gave that stage exactly the slice's blocks, else NULL: state
+ * that only means something for the same slice (weight stashes, the
+ * coupling's) comes from there. */
 const pt_safetensors *pt_checkpoint_same_slice(const pt_checkpoint *c, const pt_gpt_slice *slice,
                                                int stage, int stages);
 

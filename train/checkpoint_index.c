@@ -1,14 +1,26 @@
 /* A checkpoint's index, DIR/ckpt-STEP.json, and the directory's bookkeeping:
  * which checkpoints are complete, which is the newest, which go away. The
- * index is written last (after every stage's file), atomically, so it is what
- * makes a checkpoint complete:
+ * index is written last (after every stage's and replica's file),
+ * atomically, so it is what makes a checkpoint complete:
  *
  *   {"format": "pipert-checkpoint-index-1", "step": 40, "stages": 2,
  *    "replicas": 1, "n_layer": 4, "schedule": "async-1f1b",
  *    "microbatches": 100, "first_microbatch": 0, "lookahead": "nesterov",
  *    "files": [{"stage": 0, "file": "ckpt-00000040-stage-0.safetensors",
  *               "first_layer": 0, "last_layer": 2, "bytes": 123456}, ...]}
- */
+ *
+ * A checkpoint with replica files (replicas ≥ 2 whose method lets them
+ * drift) has format pipert-checkpoint-index-2: the same, plus
+ *
+ *    "replica_files": [{"stage": 0, "replica": 1,
+ *                       "file": "ckpt-00000040-stage-0-replica-1.safetensors",
+ *                       "first_layer": 0, "last_layer": 2, "bytes": 123456}, ...]
+ *
+ * one per stage of each replica 1..replicas−1, by replica then stage, with
+ * the blocks of that stage's file. Format 1 is still written when there are
+ * none, so such a checkpoint reads as before everywhere; a build that only
+ * knows format 1 refuses a format-2 index by name rather than resuming every
+ * replica from replica 0's files. Both formats are read. */
 #include "train/checkpoint.h"
 
 #include <ctype.h>
@@ -24,14 +36,22 @@
 #include "runtime/log.h"
 
 #define INDEX_FORMAT "pipert-checkpoint-index-1"
+#define INDEX_FORMAT_REPLICAS "pipert-checkpoint-index-2" /* with "replica_files" */
 #define PREFIX "ckpt-"
 #define INDEX_SUFFIX ".json"
 #define PART_INFIX "-stage-"
+#define REPLICA_INFIX "-replica-"
 #define PART_SUFFIX ".safetensors"
 
-void pt_checkpoint_part_name(long step, int stage, char name[PT_CHECKPOINT_NAME_MAX])
+void pt_checkpoint_part_name(long step, int stage, int replica, char name[PT_CHECKPOINT_NAME_MAX])
 {
-    snprintf(name, PT_CHECKPOINT_NAME_MAX, PREFIX "%08ld" PART_INFIX "%d" PART_SUFFIX, step, stage);
+    if (replica == 0)
+        snprintf(name, PT_CHECKPOINT_NAME_MAX, PREFIX "%08ld" PART_INFIX "%d" PART_SUFFIX, step,
+                 stage);
+    else
+        snprintf(name, PT_CHECKPOINT_NAME_MAX,
+                 PREFIX "%08ld" PART_INFIX "%d" REPLICA_INFIX "%d" PART_SUFFIX, step, stage,
+                 replica);
 }
 
 static void index_name(long step, char name[PT_CHECKPOINT_NAME_MAX])
@@ -59,34 +79,82 @@ static long index_step(const char *name)
     return step >= 0 && !strcmp(rest, INDEX_SUFFIX) ? step : -1;
 }
 
-/* The step of a stage file name, or −1. */
+/* INFIX DIGITS at *p: moves *p past them; false if not there. */
+static bool skip_number_after(const char **p, const char *infix)
+{
+    if (strncmp(*p, infix, strlen(infix))) return false;
+    const char *digits = *p + strlen(infix);
+    if (!isdigit((unsigned char)*digits)) return false;
+    char *end;
+    strtol(digits, &end, 10);
+    *p = end;
+    return true;
+}
+
+/* The step of a stage or replica file name, or −1. */
 static long part_step(const char *name)
 {
     const char *rest;
     long step = parse_step(name, &rest);
-    if (step < 0 || strncmp(rest, PART_INFIX, strlen(PART_INFIX))) return -1;
-    const char *p = rest + strlen(PART_INFIX);
-    if (!isdigit((unsigned char)*p)) return -1;
-    char *end;
-    strtol(p, &end, 10);
-    return !strcmp(end, PART_SUFFIX) ? step : -1;
+    if (step < 0 || !skip_number_after(&rest, PART_INFIX)) return -1;
+    skip_number_after(&rest, REPLICA_INFIX); /* a replica file */
+    return !strcmp(rest, PART_SUFFIX) ? step : -1;
 }
 
-pipert_result pt_checkpoint_index_init(pt_checkpoint_index *index, long step, int stages)
+pipert_result pt_checkpoint_index_init(pt_checkpoint_index *index, long step, int stages,
+                                       int replicas, bool replica_files)
 {
     memset(index, 0, sizeof *index);
-    if (stages < 1) return pt_fail(PIPERT_ERR_FORMAT, "checkpoint index: %d stages", stages);
+    if (stages < 1 || replicas < 1)
+        return pt_fail(PIPERT_ERR_FORMAT, "checkpoint index: %d stages, %d replicas", stages,
+                       replicas);
     index->parts = calloc((size_t)stages, sizeof *index->parts);
-    if (!index->parts) return pt_fail(PIPERT_ERR_NOMEM, "checkpoint index: out of memory");
+    if (replica_files && replicas > 1)
+        index->replica_parts = calloc((size_t)(replicas - 1) * (size_t)stages,
+                                      sizeof *index->replica_parts);
+    if (!index->parts || (replica_files && replicas > 1 && !index->replica_parts)) {
+        pt_checkpoint_index_free(index);
+        return pt_fail(PIPERT_ERR_NOMEM, "checkpoint index: out of memory");
+    }
     index->step = step;
     index->stages = stages;
+    index->replicas = replicas;
+    for (int s = 0; s < stages; s++) index->parts[s].stage = s;
+    for (int r = 1; index->replica_parts && r < replicas; r++)
+        for (int s = 0; s < stages; s++) {
+            pt_checkpoint_part *part = &index->replica_parts[(r - 1) * stages + s];
+            part->stage = s;
+            part->replica = r;
+        }
     return PIPERT_OK;
 }
 
 void pt_checkpoint_index_free(pt_checkpoint_index *index)
 {
     free(index->parts);
+    free(index->replica_parts);
     memset(index, 0, sizeof *index);
+}
+
+pt_checkpoint_part *pt_checkpoint_index_part(const pt_checkpoint_index *index, int stage,
+                                             int replica)
+{
+    if (stage < 0 || stage >= index->stages || replica < 0 || replica >= index->replicas)
+        return NULL;
+    if (replica == 0) return &index->parts[stage];
+    return index->replica_parts ? &index->replica_parts[(replica - 1) * index->stages + stage]
+                                : NULL;
+}
+
+/* Every file of the checkpoint: replica 0's, then each replica's. */
+static int file_count(const pt_checkpoint_index *index)
+{
+    return index->replica_parts ? index->replicas * index->stages : index->stages;
+}
+
+static const pt_checkpoint_part *file_at(const pt_checkpoint_index *index, int i)
+{
+    return i < index->stages ? &index->parts[i] : &index->replica_parts[i - index->stages];
 }
 
 static char *join(const char *dir, const char *name)
@@ -99,22 +167,33 @@ static char *join(const char *dir, const char *name)
 
 /* ---- writing and reading ---------------------------------------------------- */
 
+static json_t *part_to_json(const pt_checkpoint_part *p)
+{
+    if (p->replica > 0)
+        return json_pack("{s:i, s:i, s:s, s:i, s:i, s:I}", "stage", p->stage, "replica",
+                         p->replica, "file", p->file, "first_layer", p->first_layer, "last_layer",
+                         p->last_layer, "bytes", (json_int_t)p->bytes);
+    return json_pack("{s:i, s:s, s:i, s:i, s:I}", "stage", p->stage, "file", p->file,
+                     "first_layer", p->first_layer, "last_layer", p->last_layer, "bytes",
+                     (json_int_t)p->bytes);
+}
+
 static json_t *index_to_json(const pt_checkpoint_index *index)
 {
-    json_t *files = json_array();
-    for (int s = 0; files && s < index->stages; s++) {
-        const pt_checkpoint_part *p = &index->parts[s];
-        json_array_append_new(files, json_pack("{s:i, s:s, s:i, s:i, s:I}", "stage", p->stage,
-                                               "file", p->file, "first_layer", p->first_layer,
-                                               "last_layer", p->last_layer, "bytes",
-                                               (json_int_t)p->bytes));
-    }
-    return json_pack("{s:s, s:I, s:i, s:i, s:i, s:s, s:I, s:I, s:s, s:o}", "format",
-                     INDEX_FORMAT, "step", (json_int_t)index->step, "stages", index->stages,
-                     "replicas", index->replicas, "n_layer", index->n_layer, "schedule",
-                     index->schedule, "microbatches", (json_int_t)index->microbatches,
-                     "first_microbatch", (json_int_t)index->first_microbatch, "lookahead",
-                     index->lookahead, "files", files);
+    json_t *files = json_array(), *replica_files = index->replica_parts ? json_array() : NULL;
+    for (int i = 0; files && i < file_count(index); i++)
+        json_array_append_new(i < index->stages ? files : replica_files,
+                              part_to_json(file_at(index, i)));
+    json_t *o = json_pack("{s:s, s:I, s:i, s:i, s:i, s:s, s:I, s:I, s:s, s:o}", "format",
+                          replica_files ? INDEX_FORMAT_REPLICAS : INDEX_FORMAT, "step",
+                          (json_int_t)index->step, "stages", index->stages, "replicas",
+                          index->replicas, "n_layer", index->n_layer, "schedule", index->schedule,
+                          "microbatches", (json_int_t)index->microbatches, "first_microbatch",
+                          (json_int_t)index->first_microbatch, "lookahead", index->lookahead,
+                          "files", files);
+    if (o && replica_files) json_object_set_new(o, "replica_files", replica_files);
+    else json_decref(replica_files);
+    return o;
 }
 
 pipert_result pt_checkpoint_index_write(const char *dir, const pt_checkpoint_index *index)
@@ -141,22 +220,50 @@ static pipert_result copy_text(const char *path, const char *key, const char *va
     return PIPERT_OK;
 }
 
-static pipert_result parse_part(const char *path, json_t *entry, int s, pt_checkpoint_part *part)
+/* Entry i of the index's list `list` ("files" or "replica_files"), which
+ * must be the file of part->stage and part->replica (set by index_init). */
+static pipert_result parse_part(const char *path, const char *list, int i, json_t *entry,
+                                pt_checkpoint_part *part)
 {
     const char *file = NULL;
     json_int_t bytes = 0;
-    if (json_unpack(entry, "{s:i, s:s, s:i, s:i, s:I}", "stage", &part->stage, "file", &file,
-                    "first_layer", &part->first_layer, "last_layer", &part->last_layer, "bytes",
-                    &bytes) != 0 ||
+    int stage = -1, replica = 0;
+    if (json_unpack(entry, "{s:i, s?i, s:s, s:i, s:i, s:I}", "stage", &stage, "replica",
+                    &replica, "file", &file, "first_layer", &part->first_layer, "last_layer",
+                    &part->last_layer, "bytes", &bytes) != 0 ||
         bytes < 0)
-        return pt_fail(PIPERT_ERR_FORMAT, "%s: files[%d] is malformed", path, s);
-    if (part->stage != s || strchr(file, '/') || part_step(file) < 0 ||
-        part->first_layer < 0 || part->last_layer < part->first_layer)
-        return pt_fail(PIPERT_ERR_FORMAT, "%s: files[%d] (stage %d, \"%s\", blocks [%d, %d)) is "
-                                          "not a stage file of this checkpoint",
-                       path, s, part->stage, file, part->first_layer, part->last_layer);
+        return pt_fail(PIPERT_ERR_FORMAT, "%s: %s[%d] is malformed", path, list, i);
+    if (stage != part->stage || replica != part->replica || strchr(file, '/') ||
+        part_step(file) < 0 || part->first_layer < 0 || part->last_layer < part->first_layer)
+        return pt_fail(PIPERT_ERR_FORMAT, "%s: %s[%d] (stage %d, replica %d, \"%s\", blocks "
+                                          "[%d, %d)) is not the file of stage %d, replica %d of "
+                                          "this checkpoint",
+                       path, list, i, stage, replica, file, part->first_layer, part->last_layer,
+                       part->stage, part->replica);
     part->bytes = (uint64_t)bytes;
     return copy_text(path, "file", file, part->file, sizeof part->file);
+}
+
+/* Format 2's "replica_files": each stage of each replica ≥ 1, with the
+ * blocks of the stage's own file. */
+static pipert_result parse_replica_files(const char *path, json_t *list, pt_checkpoint_index *out)
+{
+    const int count = (out->replicas - 1) * out->stages;
+    if (!json_is_array(list) || (int)json_array_size(list) != count)
+        return pt_fail(PIPERT_ERR_FORMAT, "%s: %d stages of %d replicas, but replica_files lists "
+                                          "%zu files (expected %d)",
+                       path, out->stages, out->replicas, json_array_size(list), count);
+    for (int i = 0; i < count; i++) {
+        pt_checkpoint_part *part = &out->replica_parts[i];
+        PT_TRY(parse_part(path, "replica_files", i, json_array_get(list, (size_t)i), part));
+        const pt_checkpoint_part *own = &out->parts[part->stage];
+        if (part->first_layer != own->first_layer || part->last_layer != own->last_layer)
+            return pt_fail(PIPERT_ERR_FORMAT, "%s: replica %d's file of stage %d has blocks "
+                                              "[%d, %d), the stage's [%d, %d)",
+                           path, part->replica, part->stage, part->first_layer, part->last_layer,
+                           own->first_layer, own->last_layer);
+    }
+    return PIPERT_OK;
 }
 
 static pipert_result parse_index(const char *path, json_t *o, pt_checkpoint_index *out)
@@ -164,27 +271,34 @@ static pipert_result parse_index(const char *path, json_t *o, pt_checkpoint_inde
     const char *format = NULL, *schedule = NULL, *lookahead = NULL;
     json_int_t step = 0, microbatches = 0, first_microbatch = 0;
     int stages = 0, replicas = 0, n_layer = 0;
-    json_t *files = NULL;
-    if (json_unpack(o, "{s:s, s:I, s:i, s:i, s:i, s:s, s:I, s:I, s:s, s:o}", "format", &format,
-                    "step", &step, "stages", &stages, "replicas", &replicas, "n_layer", &n_layer,
-                    "schedule", &schedule, "microbatches", &microbatches, "first_microbatch",
-                    &first_microbatch, "lookahead", &lookahead, "files", &files) != 0)
+    json_t *files = NULL, *replica_files = NULL;
+    if (json_unpack(o, "{s:s, s:I, s:i, s:i, s:i, s:s, s:I, s:I, s:s, s:o, s?o}", "format",
+                    &format, "step", &step, "stages", &stages, "replicas", &replicas, "n_layer",
+                    &n_layer, "schedule", &schedule, "microbatches", &microbatches,
+                    "first_microbatch", &first_microbatch, "lookahead", &lookahead, "files",
+                    &files, "replica_files", &replica_files) != 0)
         return pt_fail(PIPERT_ERR_FORMAT, "%s: not a pipert checkpoint index (fields missing)", path);
-    if (strcmp(format, INDEX_FORMAT))
-        return pt_fail(PIPERT_ERR_FORMAT, "%s: format \"%s\" (this build reads " INDEX_FORMAT ")",
+    const bool with_replicas = !strcmp(format, INDEX_FORMAT_REPLICAS);
+    if (strcmp(format, INDEX_FORMAT) && !with_replicas)
+        return pt_fail(PIPERT_ERR_FORMAT, "%s: format \"%s\" (this build reads " INDEX_FORMAT
+                                          " and " INDEX_FORMAT_REPLICAS ")",
                        path, format);
+    if (with_replicas != (replica_files != NULL) || (with_replicas && replicas < 2))
+        return pt_fail(PIPERT_ERR_FORMAT, "%s: format \"%s\" with %d replicas %s replica_files",
+                       path, format, replicas, replica_files ? "has" : "lacks");
     if (!json_is_array(files) || (int)json_array_size(files) != stages)
         return pt_fail(PIPERT_ERR_FORMAT, "%s: %d stages, but files lists %zu", path, stages,
                        json_array_size(files));
-    PT_TRY(pt_checkpoint_index_init(out, (long)step, stages));
-    out->replicas = replicas;
+    /* Indexes of format 1 written by single workers may say 0 replicas. */
+    PT_TRY(pt_checkpoint_index_init(out, (long)step, stages, replicas > 0 ? replicas : 1,
+                                    with_replicas));
     out->n_layer = n_layer;
     out->microbatches = (long)microbatches;
     out->first_microbatch = (long)first_microbatch;
     PT_TRY(copy_text(path, "schedule", schedule, out->schedule, sizeof out->schedule));
     PT_TRY(copy_text(path, "lookahead", lookahead, out->lookahead, sizeof out->lookahead));
     for (int s = 0; s < stages; s++)
-        PT_TRY(parse_part(path, json_array_get(files, (size_t)s), s, &out->parts[s]));
+        PT_TRY(parse_part(path, "files", s, json_array_get(files, (size_t)s), &out->parts[s]));
     for (int s = 0; s < stages; s++) {
         const int expected_first = s == 0 ? 0 : out->parts[s - 1].last_layer;
         if (out->parts[s].first_layer != expected_first ||
@@ -193,7 +307,7 @@ static pipert_result parse_index(const char *path, json_t *o, pt_checkpoint_inde
                                               "order (stage %d has [%d, %d))",
                            path, n_layer, s, out->parts[s].first_layer, out->parts[s].last_layer);
     }
-    return PIPERT_OK;
+    return with_replicas ? parse_replica_files(path, replica_files, out) : PIPERT_OK;
 }
 
 pipert_result pt_checkpoint_index_read(const char *dir, long step, pt_checkpoint_index *out)
@@ -258,11 +372,12 @@ static pipert_result list_steps(const char *dir, long (*step_of)(const char *), 
     return PIPERT_OK;
 }
 
-/* Every file the index lists is there, with the size it lists. */
+/* Every file the index lists (replica files included) is there, with the
+ * size it lists. */
 static pipert_result check_complete(const char *dir, const pt_checkpoint_index *index)
 {
-    for (int s = 0; s < index->stages; s++) {
-        const pt_checkpoint_part *p = &index->parts[s];
+    for (int i = 0; i < file_count(index); i++) {
+        const pt_checkpoint_part *p = file_at(index, i);
         char *path = join(dir, p->file);
         if (!path) return pt_fail(PIPERT_ERR_NOMEM, "checkpoint: out of memory");
         struct stat st;
@@ -326,7 +441,7 @@ static void remove_checkpoint(const char *dir, long step)
     index_name(step, name);
     remove_file(dir, name);
     if (rc != PIPERT_OK) return; /* its files are orphans now, removed as such */
-    for (int s = 0; s < index.stages; s++) remove_file(dir, index.parts[s].file);
+    for (int i = 0; i < file_count(&index); i++) remove_file(dir, file_at(&index, i)->file);
     pt_checkpoint_index_free(&index);
 }
 
@@ -337,7 +452,7 @@ static bool contains(const long *steps, size_t count, long step)
     return false;
 }
 
-/* Stage files of steps before `newest` that no index lists. */
+/* Stage and replica files of steps before `newest` that no index lists. */
 static void remove_orphans(const char *dir, long newest, const long *indexed, size_t n_indexed)
 {
     DIR *d = opendir(dir);

@@ -210,7 +210,8 @@ pipert_result pipert_session_metrics(const pipert_session *s, pipert_metrics *me
 /* Writes a checkpoint of the current step now, collectively: every worker of
  * the job calls it after the same step (each stage of an asynchronous
  * pipeline after its own N-th step). Stage 0 of replica 0 makes it complete
- * by writing the step's index once every stage wrote its file. */
+ * by writing the step's index once every stage wrote its file (and every
+ * replica its own, when dp.method lets replicas drift apart). */
 pipert_result pipert_session_checkpoint(pipert_session *s);
 
 /* Asks the session to stop: the call in progress (a step, even one waiting
