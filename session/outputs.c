@@ -50,11 +50,12 @@ static void add_progress(const pipert_session *s, json_t *line, long step)
 
 static pipert_result write_stage_line(pipert_session *s, const pt_pipeline_step *p)
 {
-    json_t *line = json_pack("{s:I, s:i, s:f, s:f, s:f, s:f, s:s, s:f, s:f, s:f}", "step",
+    json_t *line = json_pack("{s:I, s:i, s:f, s:f, s:f, s:f, s:s, s:s, s:f, s:f, s:f}", "step",
                              (json_int_t)p->step, "stage", s->job.stage, "staleness", p->staleness,
                              "bubble", pt_trace_bubble_fraction(s->trace), "grad_norm",
                              p->grad_norm, "ms_per_step", 1e3 * p->seconds, "dp_method",
-                             p->dp.method ? p->dp.method : "none", "dp_bytes", p->dp.bytes_sent,
+                             p->dp.method ? p->dp.method : "none", "dp_compress",
+                             s->config.dp.compress, "dp_bytes", p->dp.bytes_sent,
                              "dp_wait_ms", p->dp.wait_ms, "dp_delay", p->dp.delay);
     add_utilisation(line, &p->util);
     return pt_metrics_write(&s->stage_metrics, line);

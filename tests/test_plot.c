@@ -43,6 +43,34 @@ Test(plot, a_run_is_read_as_written)
     remove_dir(dir);
 }
 
+/* The label of dir read as "dir/" (a shell's completion adds the slash). */
+static void expect_label(const char *dir, const char *method)
+{
+    char with_slash[600], expected[700];
+    snprintf(with_slash, sizeof with_slash, "%s/", dir);
+    snprintf(expected, sizeof expected, "%s (%s)", strrchr(dir, '/') + 1, method);
+    pt_plot_run run;
+    cr_assert_eq(pt_plot_read_run(with_slash, &run), PIPERT_OK, "%s", pipert_last_error());
+    cr_expect_str_eq(run.label, expected);
+    pt_plot_free_run(&run);
+}
+
+Test(plot, the_legend_names_the_run_its_method_and_compression)
+{
+    char *dir = make_temp_dir();
+    write_text(dir, "metrics.jsonl", "{\"step\":1,\"loss\":5.5,\"tokens\":1,\"elapsed_s\":1}\n");
+    expect_label(dir, "single worker");
+    write_text(dir, "metrics-stage-0.jsonl", "{\"step\":1,\"dp_method\":\"diloco\",\"dp_bytes\":0}\n");
+    expect_label(dir, "diloco"); /* a run from before dp_compress */
+    write_text(dir, "metrics-stage-0.jsonl",
+               "{\"step\":1,\"dp_method\":\"allreduce\",\"dp_compress\":\"none\",\"dp_bytes\":0}\n");
+    expect_label(dir, "allreduce");
+    write_text(dir, "metrics-stage-0.jsonl",
+               "{\"step\":1,\"dp_method\":\"sparse\",\"dp_compress\":\"e3m0\",\"dp_bytes\":0}\n");
+    expect_label(dir, "sparse, e3m0");
+    remove_dir(dir);
+}
+
 Test(plot, bad_runs_are_refused_by_file_and_line)
 {
     char *dir = make_temp_dir(), expected[700];
@@ -84,8 +112,14 @@ Test(plot, two_real_runs_become_three_pictures, .timeout = 120)
 {
     char *a = make_temp_dir(), *b = make_temp_dir(), *out = make_temp_dir();
     run_pipert_ok("launch --quiet --stages 1 --replicas 2 --sites 2 --out %s --dp.method=sparse "
-                  SMALL_MODEL " --train.steps=6 --train.val_every=3", a);
+                  "--dp.compress=e3m0 " SMALL_MODEL " --train.steps=6 --train.val_every=3 "
+                  "--train.log_every=2", a);
     run_pipert_ok("train --quiet --out %s " SMALL_MODEL " --train.steps=6 --train.val_every=3", b);
+    pt_plot_run run;
+    cr_assert_eq(pt_plot_read_run(a, &run), PIPERT_OK, "%s", pipert_last_error());
+    cr_expect(strstr(run.label, "(sparse, e3m0)"), "the run records its compression: %s", run.label);
+    cr_expect(run.n_train == 3 && run.n_val == 2, "%zu losses, %zu validations", run.n_train, run.n_val);
+    pt_plot_free_run(&run);
     run_pipert_ok("plot --out %s %s %s", out, a, b);
     expect_png(out, "loss-tokens.png");
     expect_png(out, "loss-time.png");

@@ -1,7 +1,7 @@
 /* What `pipert plot` draws, read from run directories: the training and
  * validation loss against tokens and wall time (DIR/metrics.jsonl), the
- * coupling method, and the bytes sent between sites per step
- * (DIR/metrics-stage-N.jsonl; dp_bytes where a run predates bytes_wan). */
+ * coupling method and its compression, and the bytes sent between sites per
+ * step (DIR/metrics-stage-N.jsonl; dp_bytes where a run predates bytes_wan). */
 #ifndef PT_PLOT_RUNS_H
 #define PT_PLOT_RUNS_H
 
@@ -14,7 +14,7 @@ typedef struct pt_plot_point {
 } pt_plot_point;
 
 typedef struct pt_plot_run {
-    char label[256];     /* "DIR-NAME (method)" */
+    char label[256];     /* "DIR-NAME (method)", "DIR-NAME (method, compression)" */
     pt_plot_point *train; /* [n_train] */
     pt_plot_point *val;   /* [n_val] */
     size_t n_train, n_val;
