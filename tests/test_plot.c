@@ -43,6 +43,23 @@ Test(plot, a_run_is_read_as_written)
     remove_dir(dir);
 }
 
+Test(plot, a_resumed_run_counts_its_wall_time_on, .timeout = 120)
+{
+    char *dir = make_temp_dir();
+    run_pipert_ok("train --quiet --out %s " SMALL_MODEL " --train.steps=10 --train.log_every=5", dir);
+    run_pipert_ok("train --quiet --out %s --resume " SMALL_MODEL " --train.steps=20 --train.log_every=5",
+                  dir);
+    pt_plot_run run;
+    cr_assert_eq(pt_plot_read_run(dir, &run), PIPERT_OK, "%s", pipert_last_error());
+    cr_assert_eq(run.n_train, 4, "steps 5, 10 and, resumed, 15, 20");
+    for (size_t i = 1; i < run.n_train; i++)
+        cr_expect_gt(run.train[i].seconds, run.train[i - 1].seconds,
+                     "line %zu at %g s, the one before at %g s", i, run.train[i].seconds,
+                     run.train[i - 1].seconds);
+    pt_plot_free_run(&run);
+    remove_dir(dir);
+}
+
 /* The label of dir read as "dir/" (a shell's completion adds the slash). */
 static void expect_label(const char *dir, const char *method)
 {
