@@ -1,10 +1,14 @@
 /* `pipert plot` (tools/plot/): the runs are read exactly as written, the
  * pictures are real PNGs of the promised size drawn by gnuplot from real
- * runs, and bad run directories are refused by file and line. */
+ * runs, bad run directories are refused by file and line, and a missing or
+ * failing gnuplot is named and leaves nothing behind. gnuplot is a
+ * dependency (scripts/deps.sh): without it the picture tests fail. */
 #include <criterion/criterion.h>
+#include <dirent.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "tests/command.h"
 #include "tools/plot/gnuplot.h"
@@ -104,6 +108,56 @@ Test(plot, bad_runs_are_refused_by_file_and_line)
     r = run_pipert("plot %s", dir);
     cr_expect_eq(r.status, 2, "no --out");
     remove_dir(dir);
+}
+
+/* A run directory with a few hand-written losses. */
+static char *make_small_run(void)
+{
+    char *dir = make_temp_dir();
+    write_text(dir, "metrics.jsonl",
+               "{\"step\":1,\"loss\":5.5,\"tokens\":10,\"elapsed_s\":1}\n"
+               "{\"step\":2,\"loss\":5.0,\"tokens\":20,\"elapsed_s\":2}\n");
+    return dir;
+}
+
+static int count_entries(const char *dir)
+{
+    DIR *d = opendir(dir);
+    cr_assert_not_null(d, "%s was not made", dir);
+    int entries = 0;
+    for (struct dirent *e; (e = readdir(d));) entries += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
+    closedir(d);
+    return entries;
+}
+
+Test(plot, without_gnuplot_it_says_what_to_install)
+{
+    char *run = make_small_run(), *out = make_temp_dir();
+    run_result r = run_pipert_with("PATH=/nonexistent", "plot --out %s %s", out, run);
+    cr_expect_eq(r.status, 1);
+    cr_expect(strstr(r.err, "gnuplot") && strstr(r.err, "scripts/deps.sh"), "%s", r.err);
+    cr_expect_eq(count_entries(out), 0, "nothing written");
+    remove_dir(run);
+    remove_dir(out);
+}
+
+Test(plot, a_failing_gnuplot_leaves_no_pictures)
+{
+    char *run = make_small_run(), *out = make_temp_dir(), *bin = make_temp_dir();
+    /* the real gnuplot draws everything, then the wrapper fails */
+    write_text(bin, "gnuplot", "#!/bin/sh\nPATH=/usr/local/bin:/usr/bin:/bin gnuplot \"$@\"\n"
+                               "echo 'drawn, then broken' >&2\nexit 3\n");
+    char path[600], env[700];
+    snprintf(path, sizeof path, "%s/gnuplot", bin);
+    cr_assert_eq(chmod(path, 0755), 0);
+    snprintf(env, sizeof env, "PATH=%s:/usr/bin:/bin", bin);
+    run_result r = run_pipert_with(env, "plot --out %s %s", out, run);
+    cr_expect_eq(r.status, 1);
+    cr_expect(strstr(r.err, "exit 3") && strstr(r.err, "drawn, then broken"), "%s", r.err);
+    cr_expect_eq(count_entries(out), 0, "no picture and no temporary file is left");
+    remove_dir(run);
+    remove_dir(out);
+    remove_dir(bin);
 }
 
 /* The PNG signature, then the IHDR chunk: width and height, big-endian. */
