@@ -105,6 +105,9 @@ Test(plot, bad_runs_are_refused_by_file_and_line)
     run_result r = run_pipert("plot --out %s/pictures %s", dir, dir);
     cr_expect_eq(r.status, 1);
     cr_expect(strstr(r.err, expected), "%s", r.err);
+    char pictures[600];
+    snprintf(pictures, sizeof pictures, "%s/pictures", dir);
+    cr_expect_neq(access(pictures, F_OK), 0, "--out is not made for runs that are refused");
     r = run_pipert("plot %s", dir);
     cr_expect_eq(r.status, 2, "no --out");
     remove_dir(dir);
