@@ -43,6 +43,22 @@ Test(plot, a_run_is_read_as_written)
     cr_expect(run.val[0].tokens == 4096 && run.val[0].seconds == 0.75 && run.val[0].loss == 4.75);
     cr_expect_eq(run.wan_bytes_per_step, 2000 + 500, "stage means summed: %g", run.wan_bytes_per_step);
     cr_expect(strstr(run.label, "(sparse)"), "label %s", run.label);
+    cr_expect(!run.bytes_sampled, "a line every step");
+    pt_plot_free_run(&run);
+    remove_dir(dir);
+}
+
+Test(plot, bytes_of_runs_logged_every_few_steps_are_marked_sampled)
+{
+    char *dir = make_temp_dir();
+    write_text(dir, "metrics.jsonl", "{\"step\":10,\"loss\":5.5,\"tokens\":1,\"elapsed_s\":1}\n");
+    write_text(dir, "metrics-stage-0.jsonl",
+               "{\"step\":10,\"dp_method\":\"diloco\",\"bytes_wan\":0}\n"
+               "{\"step\":20,\"dp_method\":\"diloco\",\"bytes_wan\":3000}\n");
+    pt_plot_run run;
+    cr_assert_eq(pt_plot_read_run(dir, &run), PIPERT_OK, "%s", pipert_last_error());
+    cr_expect(run.bytes_sampled);
+    cr_expect_eq(run.wan_bytes_per_step, 1500, "the mean of the lines: %g", run.wan_bytes_per_step);
     pt_plot_free_run(&run);
     remove_dir(dir);
 }
@@ -194,7 +210,10 @@ Test(plot, two_real_runs_become_three_pictures, .timeout = 120)
     cr_expect(strstr(run.label, "(sparse, e3m0)"), "the run records its compression: %s", run.label);
     cr_expect(run.n_train == 3 && run.n_val == 2, "%zu losses, %zu validations", run.n_train, run.n_val);
     pt_plot_free_run(&run);
-    run_pipert_ok("plot --out %s %s %s", out, a, b);
+    run_result r = run_pipert("plot --out %s %s %s", out, a, b);
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    cr_expect(strstr(r.err, a) && strstr(r.err, "--train.log_every=1"),
+              "the launch logged every 2 steps: its bytes are noted as sampled: %s", r.err);
     expect_png(out, "loss-tokens.png");
     expect_png(out, "loss-time.png");
     expect_png(out, "bytes-between-sites.png");

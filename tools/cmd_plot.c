@@ -43,6 +43,14 @@ static void free_arguments(plot_arguments *a)
     free(a->dirs);
 }
 
+static void note_sampled_bytes(const pt_plot_run *run, const char *dir)
+{
+    if (!run->bytes_sampled) return;
+    fprintf(stderr, "pipert plot: note: %s has a metrics line every few steps (train.log_every > 1): "
+                    "its bytes between sites per step are the mean of those steps only (exact with "
+                    "--train.log_every=1)\n", dir);
+}
+
 /* Reads every run directory, then draws them into out_dir. */
 static pipert_result plot_runs(char **dirs, int n_dirs, const char *out_dir)
 {
@@ -51,6 +59,7 @@ static pipert_result plot_runs(char **dirs, int n_dirs, const char *out_dir)
     pipert_result rc = PIPERT_OK;
     int read = 0;
     for (; rc == PIPERT_OK && read < n_dirs; read++) rc = pt_plot_read_run(dirs[read], &runs[read]);
+    for (int k = 0; rc == PIPERT_OK && k < n_dirs; k++) note_sampled_bytes(&runs[k], dirs[k]);
     if (rc == PIPERT_OK) rc = pt_make_dirs(out_dir);
     if (rc == PIPERT_OK) rc = pt_plot_draw(runs, n_dirs, out_dir);
     for (int k = 0; k < read; k++) pt_plot_free_run(&runs[k]);

@@ -73,6 +73,8 @@ typedef struct stage_reading {
     char method[64], compress[32];
     double bytes;
     long lines;
+    long last_step;
+    bool skips_steps; /* lines are not every step (train.log_every > 1) */
 } stage_reading;
 
 static pipert_result read_stage_line(json_t *line, const char *path, int number, void *context)
@@ -86,6 +88,11 @@ static pipert_result read_stage_line(json_t *line, const char *path, int number,
     if (method && !r->method[0]) snprintf(r->method, sizeof r->method, "%s", method);
     if (compress && !r->compress[0]) snprintf(r->compress, sizeof r->compress, "%s", compress);
     if (json_is_number(bytes)) r->bytes += json_number_value(bytes), r->lines++;
+    json_t *step = json_object_get(line, "step");
+    if (json_is_integer(step)) {
+        if (json_integer_value(step) > r->last_step + 1) r->skips_steps = true;
+        r->last_step = (long)json_integer_value(step);
+    }
     return PIPERT_OK;
 }
 
@@ -108,6 +115,7 @@ static pipert_result read_stages(const char *dir, pt_plot_run *run, char *method
         stage_reading r = {.lines = 0};
         PT_TRY(for_each_line(path, read_stage_line, &r));
         if (r.lines) run->wan_bytes_per_step += r.bytes / (double)r.lines;
+        if (r.skips_steps) run->bytes_sampled = true;
         if (stage == 0) describe_method(&r, method, cap);
     }
     return PIPERT_OK;

@@ -5,6 +5,7 @@
 #ifndef PT_PLOT_RUNS_H
 #define PT_PLOT_RUNS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "pipert/pipert.h"
@@ -19,6 +20,10 @@ typedef struct pt_plot_run {
     pt_plot_point *val;   /* [n_val] */
     size_t n_train, n_val;
     double wan_bytes_per_step; /* mean over logged steps, summed over stages */
+    /* The stage lines skip steps (train.log_every > 1): each holds the bytes
+     * of its own step only, so the mean is of the logged steps, not of all
+     * (wrong for methods that send every H steps). */
+    bool bytes_sampled;
 } pt_plot_run;
 
 /* Reads a run directory. Errors name the file and line. */
