@@ -4,10 +4,33 @@
  * coupling's traffic and waits). */
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "runtime/clock.h"
 #include "runtime/fileio.h"
 #include "session/session_internal.h"
+
+/* The elapsed_s of the last line of path that has one, or 0: where a resumed
+ * run's wall time goes on from (the pause between the two processes is not
+ * counted). */
+static double last_elapsed_s(const char *path)
+{
+    char *text;
+    size_t size;
+    double elapsed = 0;
+    if (pt_read_file(path, &text, &size) != PIPERT_OK) return 0;
+    for (char *line = text, *next; line && *line; line = next) {
+        next = strchr(line, '\n');
+        if (next) *next++ = '\0';
+        json_t *value = json_loads(line, 0, NULL);
+        json_t *field = json_object_get(value, "elapsed_s");
+        if (json_is_number(field)) elapsed = json_number_value(field);
+        json_decref(value);
+    }
+    free(text);
+    return elapsed;
+}
 
 pipert_result pt_session_open_outputs(pipert_session *s, long resumed_step)
 {
@@ -19,7 +42,9 @@ pipert_result pt_session_open_outputs(pipert_session *s, long resumed_step)
     }
     if (!s->writes_outputs) return PIPERT_OK;
     snprintf(path, sizeof path, "%s/metrics.jsonl", s->out_dir);
-    return pt_metrics_open(&s->metrics, path, resumed_step);
+    PT_TRY(pt_metrics_open(&s->metrics, path, resumed_step));
+    s->elapsed_before = resumed_step >= 0 ? last_elapsed_s(path) : 0;
+    return PIPERT_OK;
 }
 
 void pt_session_close_outputs(pipert_session *s)
@@ -40,21 +65,23 @@ static void add_utilisation(json_t *line, const pt_utilisation *u)
 }
 
 /* Where the run is, for plots: tokens the whole job trained on by this step,
- * and seconds since this process's first step. */
+ * and seconds of training (over every process of a resumed run). */
 static void add_progress(const pipert_session *s, json_t *line, long step)
 {
     if (!line) return;
     json_object_set_new(line, "tokens", json_real(s->tokens_per_step * (double)step));
-    json_object_set_new(line, "elapsed_s", json_real(pt_now_s() - s->run_started));
+    json_object_set_new(line, "elapsed_s",
+                        json_real(s->elapsed_before + pt_now_s() - s->run_started));
 }
 
 static pipert_result write_stage_line(pipert_session *s, const pt_pipeline_step *p)
 {
-    json_t *line = json_pack("{s:I, s:i, s:f, s:f, s:f, s:f, s:s, s:f, s:f, s:f}", "step",
+    json_t *line = json_pack("{s:I, s:i, s:f, s:f, s:f, s:f, s:s, s:s, s:f, s:f, s:f}", "step",
                              (json_int_t)p->step, "stage", s->job.stage, "staleness", p->staleness,
                              "bubble", pt_trace_bubble_fraction(s->trace), "grad_norm",
                              p->grad_norm, "ms_per_step", 1e3 * p->seconds, "dp_method",
-                             p->dp.method ? p->dp.method : "none", "dp_bytes", p->dp.bytes_sent,
+                             p->dp.method ? p->dp.method : "none", "dp_compress",
+                             s->config.dp.compress, "dp_bytes", p->dp.bytes_sent,
                              "dp_wait_ms", p->dp.wait_ms, "dp_delay", p->dp.delay);
     add_utilisation(line, &p->util);
     return pt_metrics_write(&s->stage_metrics, line);

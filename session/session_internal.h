@@ -33,6 +33,7 @@ struct pipert_session {
     bool writes_outputs;      /* the last stage of replica 0: it has the loss */
     double window_started;    /* tokens/s over the logging window */
     double run_started;       /* wall clock of this process's first step (metrics' elapsed_s) */
+    double elapsed_before;    /* a resumed run: elapsed_s of its last line kept */
     double tokens_per_step;   /* of the whole job: every replica's batch */
     long window_steps;
     double reported_at;       /* the last progress report to the coordinator */

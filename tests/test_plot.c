@@ -1,10 +1,14 @@
 /* `pipert plot` (tools/plot/): the runs are read exactly as written, the
  * pictures are real PNGs of the promised size drawn by gnuplot from real
- * runs, and bad run directories are refused by file and line. */
+ * runs, bad run directories are refused by file and line, and a missing or
+ * failing gnuplot is named and leaves nothing behind. gnuplot is a
+ * dependency (scripts/deps.sh): without it the picture tests fail. */
 #include <criterion/criterion.h>
+#include <dirent.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "tests/command.h"
 #include "tools/plot/gnuplot.h"
@@ -39,7 +43,68 @@ Test(plot, a_run_is_read_as_written)
     cr_expect(run.val[0].tokens == 4096 && run.val[0].seconds == 0.75 && run.val[0].loss == 4.75);
     cr_expect_eq(run.wan_bytes_per_step, 2000 + 500, "stage means summed: %g", run.wan_bytes_per_step);
     cr_expect(strstr(run.label, "(sparse)"), "label %s", run.label);
+    cr_expect(!run.bytes_sampled, "a line every step");
     pt_plot_free_run(&run);
+    remove_dir(dir);
+}
+
+Test(plot, bytes_of_runs_logged_every_few_steps_are_marked_sampled)
+{
+    char *dir = make_temp_dir();
+    write_text(dir, "metrics.jsonl", "{\"step\":10,\"loss\":5.5,\"tokens\":1,\"elapsed_s\":1}\n");
+    write_text(dir, "metrics-stage-0.jsonl",
+               "{\"step\":10,\"dp_method\":\"diloco\",\"bytes_wan\":0}\n"
+               "{\"step\":20,\"dp_method\":\"diloco\",\"bytes_wan\":3000}\n");
+    pt_plot_run run;
+    cr_assert_eq(pt_plot_read_run(dir, &run), PIPERT_OK, "%s", pipert_last_error());
+    cr_expect(run.bytes_sampled);
+    cr_expect_eq(run.wan_bytes_per_step, 1500, "the mean of the lines: %g", run.wan_bytes_per_step);
+    pt_plot_free_run(&run);
+    remove_dir(dir);
+}
+
+Test(plot, a_resumed_run_counts_its_wall_time_on, .timeout = 120)
+{
+    char *dir = make_temp_dir();
+    run_pipert_ok("train --quiet --out %s " SMALL_MODEL " --train.steps=10 --train.log_every=5", dir);
+    run_pipert_ok("train --quiet --out %s --resume " SMALL_MODEL " --train.steps=20 --train.log_every=5",
+                  dir);
+    pt_plot_run run;
+    cr_assert_eq(pt_plot_read_run(dir, &run), PIPERT_OK, "%s", pipert_last_error());
+    cr_assert_eq(run.n_train, 4, "steps 5, 10 and, resumed, 15, 20");
+    for (size_t i = 1; i < run.n_train; i++)
+        cr_expect_gt(run.train[i].seconds, run.train[i - 1].seconds,
+                     "line %zu at %g s, the one before at %g s", i, run.train[i].seconds,
+                     run.train[i - 1].seconds);
+    pt_plot_free_run(&run);
+    remove_dir(dir);
+}
+
+/* The label of dir read as "dir/" (a shell's completion adds the slash). */
+static void expect_label(const char *dir, const char *method)
+{
+    char with_slash[600], expected[700];
+    snprintf(with_slash, sizeof with_slash, "%s/", dir);
+    snprintf(expected, sizeof expected, "%s (%s)", strrchr(dir, '/') + 1, method);
+    pt_plot_run run;
+    cr_assert_eq(pt_plot_read_run(with_slash, &run), PIPERT_OK, "%s", pipert_last_error());
+    cr_expect_str_eq(run.label, expected);
+    pt_plot_free_run(&run);
+}
+
+Test(plot, the_legend_names_the_run_its_method_and_compression)
+{
+    char *dir = make_temp_dir();
+    write_text(dir, "metrics.jsonl", "{\"step\":1,\"loss\":5.5,\"tokens\":1,\"elapsed_s\":1}\n");
+    expect_label(dir, "single worker");
+    write_text(dir, "metrics-stage-0.jsonl", "{\"step\":1,\"dp_method\":\"diloco\",\"dp_bytes\":0}\n");
+    expect_label(dir, "diloco"); /* a run from before dp_compress */
+    write_text(dir, "metrics-stage-0.jsonl",
+               "{\"step\":1,\"dp_method\":\"allreduce\",\"dp_compress\":\"none\",\"dp_bytes\":0}\n");
+    expect_label(dir, "allreduce");
+    write_text(dir, "metrics-stage-0.jsonl",
+               "{\"step\":1,\"dp_method\":\"sparse\",\"dp_compress\":\"e3m0\",\"dp_bytes\":0}\n");
+    expect_label(dir, "sparse, e3m0");
     remove_dir(dir);
 }
 
@@ -56,9 +121,62 @@ Test(plot, bad_runs_are_refused_by_file_and_line)
     run_result r = run_pipert("plot --out %s/pictures %s", dir, dir);
     cr_expect_eq(r.status, 1);
     cr_expect(strstr(r.err, expected), "%s", r.err);
+    char pictures[600];
+    snprintf(pictures, sizeof pictures, "%s/pictures", dir);
+    cr_expect_neq(access(pictures, F_OK), 0, "--out is not made for runs that are refused");
     r = run_pipert("plot %s", dir);
     cr_expect_eq(r.status, 2, "no --out");
     remove_dir(dir);
+}
+
+/* A run directory with a few hand-written losses. */
+static char *make_small_run(void)
+{
+    char *dir = make_temp_dir();
+    write_text(dir, "metrics.jsonl",
+               "{\"step\":1,\"loss\":5.5,\"tokens\":10,\"elapsed_s\":1}\n"
+               "{\"step\":2,\"loss\":5.0,\"tokens\":20,\"elapsed_s\":2}\n");
+    return dir;
+}
+
+static int count_entries(const char *dir)
+{
+    DIR *d = opendir(dir);
+    cr_assert_not_null(d, "%s was not made", dir);
+    int entries = 0;
+    for (struct dirent *e; (e = readdir(d));) entries += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
+    closedir(d);
+    return entries;
+}
+
+Test(plot, without_gnuplot_it_says_what_to_install)
+{
+    char *run = make_small_run(), *out = make_temp_dir();
+    run_result r = run_pipert_with("PATH=/nonexistent", "plot --out %s %s", out, run);
+    cr_expect_eq(r.status, 1);
+    cr_expect(strstr(r.err, "gnuplot") && strstr(r.err, "scripts/deps.sh"), "%s", r.err);
+    cr_expect_eq(count_entries(out), 0, "nothing written");
+    remove_dir(run);
+    remove_dir(out);
+}
+
+Test(plot, a_failing_gnuplot_leaves_no_pictures)
+{
+    char *run = make_small_run(), *out = make_temp_dir(), *bin = make_temp_dir();
+    /* the real gnuplot draws everything, then the wrapper fails */
+    write_text(bin, "gnuplot", "#!/bin/sh\nPATH=/usr/local/bin:/usr/bin:/bin gnuplot \"$@\"\n"
+                               "echo 'drawn, then broken' >&2\nexit 3\n");
+    char path[600], env[700];
+    snprintf(path, sizeof path, "%s/gnuplot", bin);
+    cr_assert_eq(chmod(path, 0755), 0);
+    snprintf(env, sizeof env, "PATH=%s:/usr/bin:/bin", bin);
+    run_result r = run_pipert_with(env, "plot --out %s %s", out, run);
+    cr_expect_eq(r.status, 1);
+    cr_expect(strstr(r.err, "exit 3") && strstr(r.err, "drawn, then broken"), "%s", r.err);
+    cr_expect_eq(count_entries(out), 0, "no picture and no temporary file is left");
+    remove_dir(run);
+    remove_dir(out);
+    remove_dir(bin);
 }
 
 /* The PNG signature, then the IHDR chunk: width and height, big-endian. */
@@ -84,9 +202,18 @@ Test(plot, two_real_runs_become_three_pictures, .timeout = 120)
 {
     char *a = make_temp_dir(), *b = make_temp_dir(), *out = make_temp_dir();
     run_pipert_ok("launch --quiet --stages 1 --replicas 2 --sites 2 --out %s --dp.method=sparse "
-                  SMALL_MODEL " --train.steps=6 --train.val_every=3", a);
+                  "--dp.compress=e3m0 " SMALL_MODEL " --train.steps=6 --train.val_every=3 "
+                  "--train.log_every=2", a);
     run_pipert_ok("train --quiet --out %s " SMALL_MODEL " --train.steps=6 --train.val_every=3", b);
-    run_pipert_ok("plot --out %s %s %s", out, a, b);
+    pt_plot_run run;
+    cr_assert_eq(pt_plot_read_run(a, &run), PIPERT_OK, "%s", pipert_last_error());
+    cr_expect(strstr(run.label, "(sparse, e3m0)"), "the run records its compression: %s", run.label);
+    cr_expect(run.n_train == 3 && run.n_val == 2, "%zu losses, %zu validations", run.n_train, run.n_val);
+    pt_plot_free_run(&run);
+    run_result r = run_pipert("plot --out %s %s %s", out, a, b);
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    cr_expect(strstr(r.err, a) && strstr(r.err, "--train.log_every=1"),
+              "the launch logged every 2 steps: its bytes are noted as sampled: %s", r.err);
     expect_png(out, "loss-tokens.png");
     expect_png(out, "loss-time.png");
     expect_png(out, "bytes-between-sites.png");

@@ -110,6 +110,16 @@ static pipert_result rename_pictures(const char *out_dir)
     return PIPERT_OK;
 }
 
+/* After a failure: what gnuplot wrote under temporary names. */
+static void remove_partial_pictures(const char *out_dir)
+{
+    for (int picture = 0; picture < PICTURES; picture++) {
+        char path[PATH_MAX + 80];
+        snprintf(path, sizeof path, "%s/%s.tmp", out_dir, pictures[picture]);
+        remove(path);
+    }
+}
+
 static int remove_entry(const char *path, const struct stat *sb, int type, struct FTW *ftw)
 {
     (void)sb, (void)type, (void)ftw;
@@ -126,6 +136,7 @@ pipert_result pt_plot_draw(const pt_plot_run *runs, int n, const char *out_dir)
     const char *argv[] = {"gnuplot", script, NULL};
     if (rc == PIPERT_OK) rc = pt_run_command(argv);
     if (rc == PIPERT_OK) rc = rename_pictures(out_dir);
+    if (rc != PIPERT_OK) remove_partial_pictures(out_dir);
     nftw(tmp, remove_entry, 8, FTW_DEPTH | FTW_PHYS);
     return rc;
 }

@@ -3,7 +3,8 @@
  *   OUT/loss-tokens.png          training (solid) and validation (dashed, points) loss against tokens
  *   OUT/loss-time.png            the same against wall time
  *   OUT/bytes-between-sites.png  a bar per run: bytes sent between sites per step
- * Each file is written under a temporary name and renamed into place. */
+ * Each file is written under a temporary name and renamed into place; when
+ * gnuplot fails (or is not installed) the temporary files are removed. */
 #ifndef PT_PLOT_GNUPLOT_H
 #define PT_PLOT_GNUPLOT_H
 

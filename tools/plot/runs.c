@@ -70,9 +70,11 @@ static pipert_result read_loss_line(json_t *line, const char *path, int number, 
 }
 
 typedef struct stage_reading {
-    char method[64];
+    char method[64], compress[32];
     double bytes;
     long lines;
+    long last_step;
+    bool skips_steps; /* lines are not every step (train.log_every > 1) */
 } stage_reading;
 
 static pipert_result read_stage_line(json_t *line, const char *path, int number, void *context)
@@ -82,9 +84,25 @@ static pipert_result read_stage_line(json_t *line, const char *path, int number,
     json_t *bytes = json_object_get(line, WAN_BYTES_FIELD);
     if (!bytes) bytes = json_object_get(line, "dp_bytes");
     const char *method = json_string_value(json_object_get(line, "dp_method"));
+    const char *compress = json_string_value(json_object_get(line, "dp_compress"));
     if (method && !r->method[0]) snprintf(r->method, sizeof r->method, "%s", method);
+    if (compress && !r->compress[0]) snprintf(r->compress, sizeof r->compress, "%s", compress);
     if (json_is_number(bytes)) r->bytes += json_number_value(bytes), r->lines++;
+    json_t *step = json_object_get(line, "step");
+    if (json_is_integer(step)) {
+        if (json_integer_value(step) > r->last_step + 1) r->skips_steps = true;
+        r->last_step = (long)json_integer_value(step);
+    }
     return PIPERT_OK;
+}
+
+/* "sparse, e3m0": the method, and its compression unless none (runs older
+ * than dp_compress show the method alone). */
+static void describe_method(const stage_reading *r, char *method, size_t cap)
+{
+    if (!r->method[0]) snprintf(method, cap, "single worker");
+    else if (!r->compress[0] || !strcmp(r->compress, "none")) snprintf(method, cap, "%s", r->method);
+    else snprintf(method, cap, "%s, %s", r->method, r->compress);
 }
 
 /* Bytes between sites per step: each stage's mean, summed; the method. */
@@ -97,15 +115,29 @@ static pipert_result read_stages(const char *dir, pt_plot_run *run, char *method
         stage_reading r = {.lines = 0};
         PT_TRY(for_each_line(path, read_stage_line, &r));
         if (r.lines) run->wan_bytes_per_step += r.bytes / (double)r.lines;
-        if (stage == 0) snprintf(method, cap, "%s", r.method[0] ? r.method : "single worker");
+        if (r.skips_steps) run->bytes_sampled = true;
+        if (stage == 0) describe_method(&r, method, cap);
     }
     return PIPERT_OK;
+}
+
+/* "NAME (method)", NAME the last component of dir: "runs/a/" and "runs/a"
+ * are both "a". */
+static void label_run(pt_plot_run *run, const char *dir, const char *method)
+{
+    size_t end = strlen(dir);
+    while (end > 1 && dir[end - 1] == '/') end--;
+    size_t start = end;
+    while (start > 0 && dir[start - 1] != '/') start--;
+    if (start == end) start = 0; /* "/" */
+    int name_length = (int)(end - start);
+    snprintf(run->label, sizeof run->label, "%.*s (%s)", name_length, dir + start, method);
 }
 
 pipert_result pt_plot_read_run(const char *dir, pt_plot_run *run)
 {
     memset(run, 0, sizeof *run);
-    char path[PATH_MAX], method[64] = "single worker";
+    char path[PATH_MAX], method[128] = "single worker";
     snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
     if (access(path, R_OK) != 0)
         return pt_fail(PIPERT_ERR_IO, "%s: not a run directory (no metrics.jsonl)", dir);
@@ -117,9 +149,7 @@ pipert_result pt_plot_read_run(const char *dir, pt_plot_run *run)
         pt_plot_free_run(run);
         return rc;
     }
-    const char *name = strrchr(dir, '/');
-    name = name && name[1] ? name + 1 : dir;
-    snprintf(run->label, sizeof run->label, "%s (%s)", name, method);
+    label_run(run, dir, method);
     return PIPERT_OK;
 }
 
