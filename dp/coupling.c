@@ -16,6 +16,8 @@ struct pt_coupling {
     bool runs_method;                   /* this replica runs the method's exchanges */
     void *state;
     pt_coupling_metrics metrics;
+    pt_coupling_blocked blocked;        /* options.blocked points here */
+    double blocked_reported_s;          /* blocked.wall_s at the last take_metrics */
 };
 
 static const pt_coupling_method *const methods[] = {
@@ -51,7 +53,8 @@ pipert_result pt_coupling_create(const pt_coupling_options *options, pt_coupling
     if (!c) return pt_fail(PIPERT_ERR_NOMEM, "coupling: out of memory");
     c->method = method;
     c->options = *options;
-    c->method_options = *options;
+    c->options.blocked = &c->blocked;
+    c->method_options = c->options;
     c->by_sites = !method->over_all_replicas && options->sites > 1;
     if (c->by_sites) c->method_options.replicas = options->leaders;
     c->runs_method = !c->by_sites || options->leaders;
@@ -72,17 +75,12 @@ void pt_coupling_free(pt_coupling *c)
     free(c);
 }
 
-/* Time spent inside a call is time the step waited for the coupling. */
-static pipert_result timed_call(pt_coupling *c,
-                                pipert_result (*call)(void *, pt_coupling_point *,
-                                                      pt_coupling_metrics *),
-                                pt_coupling_point *at)
+static pipert_result method_call(pt_coupling *c,
+                                 pipert_result (*call)(void *, pt_coupling_point *,
+                                                       pt_coupling_metrics *),
+                                 pt_coupling_point *at)
 {
-    if (!call) return PIPERT_OK;
-    const double started = pt_now_s();
-    pipert_result rc = call(c->state, at, &c->metrics);
-    c->metrics.wait_ms += 1e3 * (pt_now_s() - started);
-    return rc;
+    return call ? call(c->state, at, &c->metrics) : PIPERT_OK;
 }
 
 /* ---- sites: dense inside, the method between them -------------------------- */
@@ -101,7 +99,12 @@ static pipert_result site_broadcast(pt_coupling *c, float *data, size_t count)
 {
     const size_t nbytes = count * sizeof(float);
     c->metrics.bytes_sent += (double)pt_broadcast_bytes_sent(c->options.site_replicas, nbytes, 0);
-    return pt_broadcast(c->options.site_replicas, data, nbytes, 0);
+    /* blocking: all of it is waiting for the site's replicas */
+    const double started = pt_now_s(), cpu_started = pt_process_cpu_s();
+    pipert_result rc = pt_broadcast(c->options.site_replicas, data, nbytes, 0);
+    c->blocked.wall_s += pt_now_s() - started;
+    c->blocked.cpu_s += pt_process_cpu_s() - cpu_started;
+    return rc;
 }
 
 /* The site's replicas took the same gradients, so they differ only by what
@@ -117,22 +120,17 @@ static pipert_result site_follow_leader(pt_coupling *c, pt_coupling_point *at)
 pipert_result pt_coupling_after_backward(pt_coupling *c, pt_coupling_point *at)
 {
     if (c->by_sites && c->options.site_replicas) {
-        const double started = pt_now_s();
         PT_TRY(site_mean(c, at->grads, at->n_params, at->step));
         if (at->loss) PT_TRY(site_mean(c, at->loss, 1, at->step));
-        c->metrics.wait_ms += 1e3 * (pt_now_s() - started);
     }
-    return c->runs_method ? timed_call(c, c->method->after_backward, at) : PIPERT_OK;
+    return c->runs_method ? method_call(c, c->method->after_backward, at) : PIPERT_OK;
 }
 
 pipert_result pt_coupling_after_step(pt_coupling *c, pt_coupling_point *at)
 {
-    if (c->runs_method) PT_TRY(timed_call(c, c->method->after_step, at));
+    if (c->runs_method) PT_TRY(method_call(c, c->method->after_step, at));
     if (!c->by_sites || !c->options.site_replicas || !c->method->after_step) return PIPERT_OK;
-    const double started = pt_now_s();
-    pipert_result rc = site_follow_leader(c, at);
-    c->metrics.wait_ms += 1e3 * (pt_now_s() - started);
-    return rc;
+    return site_follow_leader(c, at);
 }
 
 pipert_result pt_coupling_save(pt_coupling *c, pt_safetensors_writer *w)
@@ -146,9 +144,13 @@ pipert_result pt_coupling_load(pt_coupling *c, const pt_safetensors *st, const c
     return c->method->load ? c->method->load(c->state, st, path) : PIPERT_OK;
 }
 
+pt_coupling_blocked pt_coupling_blocked_time(const pt_coupling *c) { return c->blocked; }
+
 pt_coupling_metrics pt_coupling_take_metrics(pt_coupling *c)
 {
     pt_coupling_metrics m = c->metrics;
+    m.wait_ms = 1e3 * (c->blocked.wall_s - c->blocked_reported_s);
+    c->blocked_reported_s = c->blocked.wall_s;
     c->metrics = (pt_coupling_metrics){.method = c->method->name, .delay = m.delay};
     return m;
 }

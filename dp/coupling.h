@@ -52,9 +52,15 @@ typedef struct pt_coupling_point {
 typedef struct pt_coupling_metrics {
     const char *method;
     double bytes_sent; /* payload bytes this worker sent for coupling (in its site too) */
-    double wait_ms;    /* the step spent inside the coupling's calls */
+    double wait_ms;    /* the step was blocked on the replicas (dp/wait.c) */
     double delay;      /* steps between sending an exchange and applying it */
 } pt_coupling_metrics;
+
+/* Time the coupling spent blocked on the replicas, since it was created:
+ * wall time and the process's CPU time meanwhile (transport threads). */
+typedef struct pt_coupling_blocked {
+    double wall_s, cpu_s;
+} pt_coupling_blocked;
 
 typedef struct pt_coupling_options {
     const pipert_config *config;
@@ -71,6 +77,9 @@ typedef struct pt_coupling_options {
      * PIPERT_ERR_INTERRUPTED (a stop request, a job-wide abort). */
     bool (*should_stop)(void *context);
     void *context;
+    /* Where the waits add their time (pt_coupling_create points it at the
+     * coupling's own count: callers leave it NULL). */
+    pt_coupling_blocked *blocked;
 } pt_coupling_options;
 
 /* One method: its calls get the state its create returned. */
@@ -109,6 +118,10 @@ pipert_result pt_coupling_after_backward(pt_coupling *c, pt_coupling_point *at);
 pipert_result pt_coupling_after_step(pt_coupling *c, pt_coupling_point *at);
 pipert_result pt_coupling_save(pt_coupling *c, pt_safetensors_writer *w);
 pipert_result pt_coupling_load(pt_coupling *c, const pt_safetensors *st, const char *path);
+
+/* Blocked time since the coupling was created (utilisation: the difference
+ * across a call is the part of it that was waiting, the rest computing). */
+pt_coupling_blocked pt_coupling_blocked_time(const pt_coupling *c);
 
 /* The metrics gathered since the last call, which starts a new period. */
 pt_coupling_metrics pt_coupling_take_metrics(pt_coupling *c);

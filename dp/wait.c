@@ -7,8 +7,9 @@
 #define WAIT_SLICE_S 0.5
 #define LONG_WAIT_S 2.0
 
-pipert_result pt_coupling_wait(const pt_coupling_options *options, pt_pending_op pending,
-                               const char *what)
+/* Waits without the blocked-time count. */
+static pipert_result wait_in_slices(const pt_coupling_options *options, pt_pending_op pending,
+                                    const char *what)
 {
     const double started = pt_now_s();
     bool reported = false;
@@ -31,6 +32,21 @@ pipert_result pt_coupling_wait(const pt_coupling_options *options, pt_pending_op
                            what);
         }
     }
+}
+
+pipert_result pt_coupling_wait(const pt_coupling_options *options, pt_pending_op pending,
+                               const char *what)
+{
+    const double started = pt_now_s(), cpu_started = pt_process_cpu_s();
+    const double started_us = pt_trace_clock_us(options->trace);
+    pipert_result rc = wait_in_slices(options, pending, what);
+    pt_trace_span(options->trace, "coupling wait", started_us, pt_trace_clock_us(options->trace), -1,
+                  -1, -1);
+    if (options->blocked) {
+        options->blocked->wall_s += pt_now_s() - started;
+        options->blocked->cpu_s += pt_process_cpu_s() - cpu_started;
+    }
+    return rc;
 }
 
 static pipert_result allreduce_wait_for(void *op, double timeout_s)

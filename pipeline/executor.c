@@ -289,7 +289,7 @@ static pipert_result wait_request(pt_stage_executor *ex, pt_request *request, co
     for (;;) {
         pipert_result rc = pt_request_wait(request, WAIT_SLICE_S);
         if (rc != PIPERT_ERR_TIMEOUT) {
-            pt_utilisation_add_wait(&ex->util, mark, false);
+            pt_utilisation_add_pipeline_wait(&ex->util, mark);
             if (rc != PIPERT_OK) pt_error_prefix("%s", what);
             return rc;
         }
@@ -575,6 +575,14 @@ static pipert_result gradient_norm(pt_stage_executor *ex, double *norm)
     return PIPERT_OK;
 }
 
+/* The part of a coupling call since `before` that was blocked on the
+ * replicas; the rest of the call was computing. */
+static void add_coupling_wait(pt_stage_executor *ex, pt_coupling_blocked before)
+{
+    const pt_coupling_blocked now = pt_coupling_blocked_time(ex->options.coupling);
+    pt_utilisation_add_coupling_wait(&ex->util, now.wall_s - before.wall_s, now.cpu_s - before.cpu_s);
+}
+
 static pipert_result optimizer_step(pt_stage_executor *ex)
 {
     const double started = pt_trace_now_us();
@@ -586,9 +594,9 @@ static pipert_result optimizer_step(pt_stage_executor *ex)
                             .n_params = m->n_params, .step = step,
                             .loss = is_last_stage(ex) ? &loss : NULL};
     if (ex->options.coupling) {
-        const pt_utilisation_mark mark = pt_utilisation_mark_now();
+        const pt_coupling_blocked before = pt_coupling_blocked_time(ex->options.coupling);
         PT_TRY(pt_coupling_after_backward(ex->options.coupling, &at));
-        pt_utilisation_add_wait(&ex->util, mark, true);
+        add_coupling_wait(ex, before);
         trace_span(ex, "couple", started, -1);
     }
     if (is_last_stage(ex) && !isfinite(loss))
@@ -607,9 +615,9 @@ static pipert_result optimizer_step(pt_stage_executor *ex)
         at.loss = NULL;
         at.newest_stash = stashes_weights(ex) && ex->newest_slot >= 0 ? ex->slot_weights[ex->newest_slot] : NULL;
         const double couple_started = pt_trace_now_us();
-        const pt_utilisation_mark mark = pt_utilisation_mark_now();
+        const pt_coupling_blocked before = pt_coupling_blocked_time(ex->options.coupling);
         PT_TRY(pt_coupling_after_step(ex->options.coupling, &at));
-        pt_utilisation_add_wait(&ex->util, mark, true);
+        add_coupling_wait(ex, before);
         trace_span(ex, "couple", couple_started, -1);
     }
     ex->kernels->synchronize();

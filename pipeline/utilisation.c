@@ -1,34 +1,31 @@
 #include "pipeline/utilisation.h"
 
-#include <time.h>
-
 #include "runtime/clock.h"
-
-static double process_cpu_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
 
 static double clamp_share(double x) { return x < 0 ? 0 : x > 1 ? 1 : x; }
 
 void pt_utilisation_start(pt_utilisation_meter *m, pt_transport *transport)
 {
-    *m = (pt_utilisation_meter){.started_wall = pt_now_s(), .started_cpu = process_cpu_s()};
+    *m = (pt_utilisation_meter){.started_wall = pt_now_s(), .started_cpu = pt_process_cpu_s()};
     if (transport) pt_transport_bytes_sent(transport, &m->sent_local, &m->sent_remote);
 }
 
 pt_utilisation_mark pt_utilisation_mark_now(void)
 {
-    return (pt_utilisation_mark){pt_now_s(), process_cpu_s()};
+    return (pt_utilisation_mark){pt_now_s(), pt_process_cpu_s()};
 }
 
-void pt_utilisation_add_wait(pt_utilisation_meter *m, pt_utilisation_mark mark, bool coupling)
+void pt_utilisation_add_pipeline_wait(pt_utilisation_meter *m, pt_utilisation_mark mark)
 {
     const pt_utilisation_mark now = pt_utilisation_mark_now();
-    *(coupling ? &m->coupling_wall : &m->pipeline_wall) += now.wall - mark.wall;
-    *(coupling ? &m->coupling_cpu : &m->pipeline_cpu) += now.cpu - mark.cpu;
+    m->pipeline_wall += now.wall - mark.wall;
+    m->pipeline_cpu += now.cpu - mark.cpu;
+}
+
+void pt_utilisation_add_coupling_wait(pt_utilisation_meter *m, double wall_s, double cpu_s)
+{
+    m->coupling_wall += wall_s;
+    m->coupling_cpu += cpu_s;
 }
 
 pt_utilisation pt_utilisation_finish(pt_utilisation_meter *m, pt_transport *transport, int threads)

@@ -7,15 +7,16 @@
  * core is not computing. For a step of wall time W on T compute threads:
  *   compute        = (process CPU time of the step − CPU time during waits) / (T·W)
  *   wait_pipeline  = wall time blocked on a neighbour's message or a send's completion / W
- *   wait_coupling  = wall time inside the coupling's calls / W
+ *   wait_coupling  = wall time the coupling was blocked on the replicas / W
  * and 1 − their sum is the rest (descheduled, runtime overhead). The CPU time
  * is the process's (CLOCK_PROCESS_CPUTIME_ID): transport threads moving bytes
  * during a wait count toward the wait, outside one toward compute, which is
- * capped at 1 − the waits. */
+ * capped at 1 − the waits. The coupling's own work (encoding, averaging,
+ * outer steps) is computing: only its waits for the network (dp/wait.c) are
+ * waiting. */
 #ifndef PT_PIPELINE_UTILISATION_H
 #define PT_PIPELINE_UTILISATION_H
 
-#include <stdbool.h>
 #include <stdint.h>
 
 #include "runtime/comm/transport.h"
@@ -31,7 +32,7 @@ typedef struct pt_utilisation_meter {
     uint64_t sent_local, sent_remote; /* the transport's counters at the start */
 } pt_utilisation_meter;
 
-/* A wait or coupling call in progress. */
+/* A wait in progress. */
 typedef struct pt_utilisation_mark {
     double wall, cpu;
 } pt_utilisation_mark;
@@ -40,9 +41,10 @@ typedef struct pt_utilisation_mark {
 void pt_utilisation_start(pt_utilisation_meter *m, pt_transport *transport);
 
 pt_utilisation_mark pt_utilisation_mark_now(void);
-/* The interval since `mark` was a wait for a neighbour (or, coupling: a
- * coupling call). */
-void pt_utilisation_add_wait(pt_utilisation_meter *m, pt_utilisation_mark mark, bool coupling);
+/* The interval since `mark` was a wait for a neighbour. */
+void pt_utilisation_add_pipeline_wait(pt_utilisation_meter *m, pt_utilisation_mark mark);
+/* The coupling was blocked for this wall and process CPU time. */
+void pt_utilisation_add_coupling_wait(pt_utilisation_meter *m, double wall_s, double cpu_s);
 
 /* The step that started at pt_utilisation_start ends now; the meter starts
  * the next one. */

@@ -836,3 +836,25 @@ Test(launch, coupling_transfers_are_trace_spans)
     free(trace);
     remove_dir(dir);
 }
+
+/* Inside a couple span, the time blocked on the replicas is a "coupling wait"
+ * span: the all-reduce blocks twice a step (the gradients, the loss), sparse's
+ * exchanges of a delay of 2 steps on loopback are never late enough. */
+Test(launch, coupling_waits_are_trace_spans)
+{
+    enum { N = 5 };
+    const char *methods[] = {"allreduce", "none"};
+    const int expected[] = {2 * 2 * N, 0};
+    for (int k = 0; k < 2; k++) {
+        char *dir = make_temp_dir();
+        run_pipert_ok("launch --quiet --stages 1 --replicas 2 --out %s --dp.method=%s "
+                      SMALL_MODEL " --train.steps=%d", dir, methods[k], N);
+        char *trace = read_text(dir, "trace.json");
+        int waits = 0;
+        for (const char *p = trace; (p = strstr(p, "\"name\":\"coupling wait\"")); p++) waits++;
+        cr_expect_eq(waits, expected[k], "%s: %d coupling wait spans, expected %d", methods[k],
+                     waits, expected[k]);
+        free(trace);
+        remove_dir(dir);
+    }
+}
