@@ -80,8 +80,11 @@ static int allreduce_exact_body(rank_context *ctx)
     CHILD_CHECK(ctx, g, "group");
     int members[MAX_RANKS];
     for (int r = 0; r < ctx->n; r++) members[r] = r;
-    size_t counts[] = {0, 1, (size_t)ctx->n - 1, (size_t)ctx->n + 1, 7, 1000, 100003, 1u << 20};
-    float *data = malloc((1u << 20) * sizeof *data);
+    /* From 100003 on, several segments per chunk (allreduce.c: up to 4 of at
+     * least 64 KiB), of unequal lengths. */
+    size_t counts[] = {0, 1, (size_t)ctx->n - 1, (size_t)ctx->n + 1, 7, 1000, 100003, 786437,
+                       1u << 20, (1u << 20) + 3};
+    float *data = malloc(((1u << 20) + 3) * sizeof *data);
     CHILD_CHECK(ctx, data, "no memory");
     for (size_t k = 0; k < sizeof counts / sizeof counts[0]; k++) {
         for (int op = PT_REDUCE_SUM; op <= PT_REDUCE_MEAN; op++) {

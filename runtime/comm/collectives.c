@@ -1,5 +1,7 @@
-/* Barrier, broadcast, all-gather and ring all-reduce over pt_transport. */
+/* Groups, and barrier, broadcast, all-gather and all-to-all over pt_transport
+ * (the ring all-reduce is in allreduce.c). */
 #include "runtime/comm/collectives.h"
+#include "runtime/comm/collectives_internal.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -10,17 +12,6 @@
 #include <time.h>
 
 #include "runtime/safetensors.h"
-
-#define MESSAGE_CAPACITY 512
-
-struct pt_group {
-    pt_transport *t;
-    int size, index; /* members; this process's position */
-    int *ranks;      /* [size] transport ranks */
-    uint32_t id;
-    int checksum;
-    atomic_uint sequence; /* of the next collective */
-};
 
 pipert_result pt_group_create(pt_transport *t, const int *ranks, int n_ranks,
                               const pt_group_options *options, pt_group **out)
@@ -77,14 +68,7 @@ int pt_group_index(const pt_group *g) { return g->index; }
 
 /* ---- messages of one collective ------------------------------------------ */
 
-/* One collective's identity: its tag (group id | sequence) and its name for errors. */
-typedef struct collective {
-    pt_group *g;
-    uint32_t sequence, tag;
-    char name[64];
-} collective;
-
-static collective collective_at(pt_group *g, uint32_t sequence, const char *what)
+collective pt_collective_at(pt_group *g, uint32_t sequence, const char *what)
 {
     collective c = {.g = g, .sequence = sequence};
     c.tag = (g->id << 24) | (c.sequence & 0xffffffu);
@@ -92,9 +76,9 @@ static collective collective_at(pt_group *g, uint32_t sequence, const char *what
     return c;
 }
 
-static collective collective_begin(pt_group *g, const char *what)
+collective pt_collective_begin(pt_group *g, const char *what)
 {
-    return collective_at(g, atomic_fetch_add(&g->sequence, 1u), what);
+    return pt_collective_at(g, atomic_fetch_add(&g->sequence, 1u), what);
 }
 
 pt_group_ticket pt_group_take_ticket(pt_group *g)
@@ -102,11 +86,9 @@ pt_group_ticket pt_group_take_ticket(pt_group *g)
     return (pt_group_ticket){.sequence = atomic_fetch_add(&g->sequence, 1u)};
 }
 
-static int member(const pt_group *g, int index) { return (index % g->size + g->size) % g->size; }
+int pt_group_member(const pt_group *g, int index) { return (index % g->size + g->size) % g->size; }
 
-/* Posts the send of `count` elements of `dtype` to member `to`; `step` goes
- * into the header (microbatch) to help whoever reads a trace. */
-static pipert_result post_send(const collective *c, int to, const void *data, size_t count,
+pipert_result pt_collective_post_send(const collective *c, int to, const void *data, size_t count,
                                pt_dtype dtype, int step, pt_request **out)
 {
     pt_message_header h = {
@@ -118,13 +100,13 @@ static pipert_result post_send(const collective *c, int to, const void *data, si
         .shape = {(int64_t)count},
         .nbytes = count * pt_dtype_size(dtype),
     };
-    pipert_result rc = pt_send(c->g->t, c->g->ranks[member(c->g, to)], c->tag, &h, data,
+    pipert_result rc = pt_send(c->g->t, c->g->ranks[pt_group_member(c->g, to)], c->tag, &h, data,
                                c->g->checksum ? PT_SEND_CHECKSUM : 0, out);
     if (rc != PIPERT_OK) pt_error_prefix("%s", c->name);
     return rc;
 }
 
-static pipert_result post_recv(const collective *c, int from, void *data, size_t count,
+pipert_result pt_collective_post_recv(const collective *c, int from, void *data, size_t count,
                                pt_dtype dtype, pt_request **out)
 {
     pt_recv_expect expect = {
@@ -134,7 +116,7 @@ static pipert_result post_recv(const collective *c, int from, void *data, size_t
         .shape = {(int64_t)count},
         .require_checksum = c->g->checksum,
     };
-    pipert_result rc = pt_recv(c->g->t, c->g->ranks[member(c->g, from)], c->tag, &expect, data,
+    pipert_result rc = pt_recv(c->g->t, c->g->ranks[pt_group_member(c->g, from)], c->tag, &expect, data,
                                count * pt_dtype_size(dtype), out);
     if (rc != PIPERT_OK) pt_error_prefix("%s", c->name);
     return rc;
@@ -164,8 +146,8 @@ static pipert_result exchange(const collective *c, int to, const void *send, int
                               size_t count, pt_dtype dtype, int step)
 {
     pt_request *requests[2] = {NULL, NULL};
-    pipert_result rc = post_recv(c, from, recv, count, dtype, &requests[0]);
-    if (rc == PIPERT_OK) rc = post_send(c, to, send, count, dtype, step, &requests[1]);
+    pipert_result rc = pt_collective_post_recv(c, from, recv, count, dtype, &requests[0]);
+    if (rc == PIPERT_OK) rc = pt_collective_post_send(c, to, send, count, dtype, step, &requests[1]);
     char message[MESSAGE_CAPACITY];
     snprintf(message, sizeof message, "%s", pipert_last_error());
     pipert_result waited = wait_all(c, requests, 2);
@@ -177,7 +159,7 @@ static pipert_result exchange(const collective *c, int to, const void *send, int
 
 pipert_result pt_barrier(pt_group *g)
 {
-    collective c = collective_begin(g, "barrier");
+    collective c = pt_collective_begin(g, "barrier");
     /* Dissemination: in round r every member signals index + 2^r; after
      * ceil(log2 n) rounds each has heard, indirectly, from all. */
     int round = 0;
@@ -201,7 +183,7 @@ static int broadcast_parent_mask(const pt_group *g, int relative)
 size_t pt_broadcast_bytes_sent(const pt_group *g, size_t nbytes, int root_index)
 {
     if (root_index < 0 || root_index >= g->size) return 0;
-    const int relative = member(g, g->index - root_index);
+    const int relative = pt_group_member(g, g->index - root_index);
     size_t children = 0;
     for (int mask = broadcast_parent_mask(g, relative) >> 1; mask > 0; mask >>= 1)
         children += relative + mask < g->size;
@@ -213,12 +195,12 @@ pipert_result pt_broadcast(pt_group *g, void *buffer, size_t nbytes, int root_in
     if (root_index < 0 || root_index >= g->size)
         return pt_fail(PIPERT_ERR_INVALID_ARG,
                        "broadcast: root %d is not a member of a group of %d", root_index, g->size);
-    collective c = collective_begin(g, "broadcast");
-    int relative = member(g, g->index - root_index);
+    collective c = pt_collective_begin(g, "broadcast");
+    int relative = pt_group_member(g, g->index - root_index);
     int mask = broadcast_parent_mask(g, relative);
     if (relative != 0) {
         pt_request *request = NULL;
-        PT_TRY(post_recv(&c, g->index - mask, buffer, nbytes, PT_DTYPE_U8, &request));
+        PT_TRY(pt_collective_post_recv(&c, g->index - mask, buffer, nbytes, PT_DTYPE_U8, &request));
         PT_TRY(wait_all(&c, &request, 1));
     }
     pt_request *sends[32] = {NULL};
@@ -226,7 +208,7 @@ pipert_result pt_broadcast(pt_group *g, void *buffer, size_t nbytes, int root_in
     pipert_result rc = PIPERT_OK;
     for (mask >>= 1; mask > 0 && rc == PIPERT_OK; mask >>= 1)
         if (relative + mask < g->size)
-            rc = post_send(&c, g->index + mask, buffer, nbytes, PT_DTYPE_U8, mask,
+            rc = pt_collective_post_send(&c, g->index + mask, buffer, nbytes, PT_DTYPE_U8, mask,
                            &sends[n_sends++]);
     char message[MESSAGE_CAPACITY];
     snprintf(message, sizeof message, "%s", pipert_last_error());
@@ -237,230 +219,21 @@ pipert_result pt_broadcast(pt_group *g, void *buffer, size_t nbytes, int root_in
 
 pipert_result pt_allgather(pt_group *g, const void *send, size_t nbytes_each, void *recv)
 {
-    collective c = collective_begin(g, "allgather");
+    collective c = pt_collective_begin(g, "allgather");
     unsigned char *blocks = recv;
     if (nbytes_each) memcpy(blocks + (size_t)g->index * nbytes_each, send, nbytes_each);
     /* Ring: in step s each member passes on the block it got in step s - 1. */
     for (int step = 0; step < g->size - 1; step++) {
-        size_t outgoing = (size_t)member(g, g->index - step),
-               incoming = (size_t)member(g, g->index - step - 1);
+        size_t outgoing = (size_t)pt_group_member(g, g->index - step),
+               incoming = (size_t)pt_group_member(g, g->index - step - 1);
         PT_TRY(exchange(&c, g->index + 1, blocks + outgoing * nbytes_each, g->index - 1,
                         blocks + incoming * nbytes_each, nbytes_each, PT_DTYPE_U8, step));
     }
     return PIPERT_OK;
 }
 
-/* ---- ring all-reduce, driven by request callbacks ------------------------ */
-
-struct pt_allreduce_handle {
-    collective c;
-    float *data; /* [count] */
-    size_t count;
-    pt_reduce_op op;
-    float *scratch; /* [largest chunk]: the left neighbour's chunk during reduce-scatter */
-    int step;       /* 0 .. 2(n-1): n-1 reduce-scatter steps, then n-1 all-gather steps */
-    /* Under allreduce_lock. */
-    int outstanding; /* requests of the current step not yet completed (+1 while posting) */
-    int finished;
-    int abandoned; /* its waiter left (or it never had one): the last callback frees it */
-    pipert_result result;
-    char message[MESSAGE_CAPACITY];
-    pt_collective_done done; /* pt_allreduce_then: called before it frees itself */
-    void *done_arg;
-};
-
-/* One lock and condition for every handle: a handle is freed by its waiter
- * right after the last signal, so they must not live inside it. */
-static pthread_mutex_t allreduce_lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t allreduce_finished = PTHREAD_COND_INITIALIZER;
-
-/* Chunk k of n: count/n elements, the first count%n chunks one more. */
-static size_t chunk_begin(size_t count, int n, int k)
-{
-    size_t base = count / (size_t)n, extra = count % (size_t)n;
-    return base * (size_t)k + ((size_t)k < extra ? (size_t)k : extra);
-}
-
-static size_t chunk_length(size_t count, int n, int k)
-{
-    return chunk_begin(count, n, k + 1) - chunk_begin(count, n, k);
-}
-
-static pipert_result allreduce_release(pt_allreduce_handle *h);
-
-static void allreduce_finish(pt_allreduce_handle *h)
-{
-    pthread_mutex_lock(&allreduce_lock);
-    h->finished = 1;
-    const int abandoned = h->abandoned;
-    pthread_cond_broadcast(&allreduce_finished);
-    pthread_mutex_unlock(&allreduce_lock);
-    if (abandoned) { /* nobody waits: it frees itself */
-        if (h->done) h->done(h->done_arg, h->result, h->message);
-        allreduce_release(h);
-    }
-}
-
-static void allreduce_fail(pt_allreduce_handle *h, pipert_result result, const char *message)
-{
-    pthread_mutex_lock(&allreduce_lock);
-    if (h->result == PIPERT_OK) {
-        h->result = result;
-        snprintf(h->message, sizeof h->message, "%s step %d: %s", h->c.name, h->step, message);
-    }
-    pthread_mutex_unlock(&allreduce_lock);
-}
-
-static void allreduce_start_step(pt_allreduce_handle *h);
-
-/* Both requests of a step are done: reduce what arrived, then the next step. */
-static void allreduce_advance(pt_allreduce_handle *h)
-{
-    pthread_mutex_lock(&allreduce_lock);
-    int failed = h->result != PIPERT_OK;
-    pthread_mutex_unlock(&allreduce_lock);
-    pt_group *g = h->c.g;
-    int n = g->size, i = g->index;
-    if (!failed) {
-        if (h->step < n - 1) {
-            int k = member(g, i - h->step - 1);
-            float *chunk = h->data + chunk_begin(h->count, n, k);
-            size_t length = chunk_length(h->count, n, k);
-            for (size_t e = 0; e < length; e++) chunk[e] += h->scratch[e];
-            if (h->step == n - 2 &&
-                h->op == PT_REDUCE_MEAN) /* chunk k = i + 1 is now complete here */
-                for (size_t e = 0; e < length; e++) chunk[e] /= (float)n;
-        }
-        if (++h->step < 2 * (n - 1)) {
-            allreduce_start_step(h);
-            return;
-        }
-    }
-    allreduce_finish(h);
-}
-
-static void allreduce_part_done(pt_request *request, pipert_result result, void *arg)
-{
-    pt_allreduce_handle *h = arg;
-    if (result != PIPERT_OK) allreduce_fail(h, result, pt_request_error(request));
-    pt_request_free(request); /* from its own callback: released when the callback returns */
-    pthread_mutex_lock(&allreduce_lock);
-    int remaining = --h->outstanding;
-    pthread_mutex_unlock(&allreduce_lock);
-    if (remaining == 0) allreduce_advance(h);
-}
-
-static void allreduce_start_step(pt_allreduce_handle *h)
-{
-    pt_group *g = h->c.g;
-    int n = g->size, i = g->index;
-    int gathering = h->step >= n - 1;
-    int s = gathering ? h->step - (n - 1) : h->step;
-    /* Reduce-scatter step s: send chunk i - s, receive chunk i - s - 1 (added into ours).
-     * All-gather step s: send chunk i + 1 - s (complete), receive chunk i - s (complete). */
-    int send_k = member(g, gathering ? i + 1 - s : i - s);
-    int recv_k = member(g, gathering ? i - s : i - s - 1);
-    float *recv_into = gathering ? h->data + chunk_begin(h->count, n, recv_k) : h->scratch;
-    pthread_mutex_lock(&allreduce_lock);
-    h->outstanding =
-        3; /* two requests and this function, so neither can advance before both are posted */
-    pthread_mutex_unlock(&allreduce_lock);
-    pt_request *recv = NULL, *send = NULL;
-    pipert_result rc =
-        post_recv(&h->c, i - 1, recv_into, chunk_length(h->count, n, recv_k), PT_DTYPE_F32, &recv);
-    if (rc == PIPERT_OK)
-        rc = post_send(&h->c, i + 1, h->data + chunk_begin(h->count, n, send_k),
-                       chunk_length(h->count, n, send_k), PT_DTYPE_F32, h->step, &send);
-    int posted = (recv != NULL) + (send != NULL);
-    if (rc != PIPERT_OK) {
-        allreduce_fail(h, rc, pipert_last_error());
-        if (recv) pt_request_cancel(recv); /* its message will not be needed */
-    }
-    pthread_mutex_lock(&allreduce_lock);
-    h->outstanding -= 2 - posted; /* requests that were never posted */
-    pthread_mutex_unlock(&allreduce_lock);
-    if (recv) pt_request_on_complete(recv, allreduce_part_done, h);
-    if (send) pt_request_on_complete(send, allreduce_part_done, h);
-    /* The posting count: if it is the last, both requests are already done. */
-    pthread_mutex_lock(&allreduce_lock);
-    int remaining = --h->outstanding;
-    pthread_mutex_unlock(&allreduce_lock);
-    if (remaining == 0) allreduce_advance(h);
-}
-
-/* pt_allreduce_start (ticket NULL: the group's next sequence number, taken
- * once the arguments passed) and pt_allreduce_then (done set, out NULL). */
-static pipert_result allreduce_launch(pt_group *g, const pt_group_ticket *ticket, float *data,
-                                      size_t count, pt_reduce_op op, pt_collective_done done,
-                                      void *done_arg, pt_allreduce_handle **out)
-{
-    if (op != PT_REDUCE_SUM && op != PT_REDUCE_MEAN)
-        return pt_fail(PIPERT_ERR_INVALID_ARG, "allreduce: unknown reduce op %d", (int)op);
-    if (count > 0 && !data)
-        return pt_fail(PIPERT_ERR_INVALID_ARG, "allreduce: %zu elements but no data", count);
-    pt_allreduce_handle *h = calloc(1, sizeof *h);
-    size_t largest = chunk_length(count, g->size, 0);
-    float *scratch = malloc((largest ? largest : 1) * sizeof *scratch);
-    if (!h || !scratch) {
-        free(h);
-        free(scratch);
-        return pt_fail(PIPERT_ERR_NOMEM, "allreduce: no memory for a %zu-element chunk", largest);
-    }
-    h->c =
-        ticket ? collective_at(g, ticket->sequence, "allreduce") : collective_begin(g, "allreduce");
-    h->data = data;
-    h->count = count;
-    h->op = op;
-    h->scratch = scratch;
-    h->done = done;
-    h->done_arg = done_arg;
-    h->abandoned = done != NULL;
-    if (out) *out = h;
-    /* Size 0 moves nothing (every member agrees, since the sizes must be
-     * equal); a single member has nothing to reduce. */
-    if (count == 0 || g->size == 1)
-        allreduce_finish(h);
-    else
-        allreduce_start_step(h);
-    return PIPERT_OK;
-}
-
-pipert_result pt_allreduce_start(pt_group *g, float *data, size_t count, pt_reduce_op op,
-                                 pt_allreduce_handle **out)
-{
-    *out = NULL;
-    return allreduce_launch(g, NULL, data, count, op, NULL, NULL, out);
-}
-
-pipert_result pt_allreduce_then(pt_group *g, pt_group_ticket ticket, float *data, size_t count,
-                                pt_reduce_op op, pt_collective_done done, void *arg)
-{
-    return allreduce_launch(g, &ticket, data, count, op, done, arg, NULL);
-}
-
-static pipert_result allreduce_release(pt_allreduce_handle *h)
-{
-    /* The last callbacks may still be returning on the progress thread, but
-     * they touch neither the handle nor the (self-freeing) requests again. */
-    pipert_result result = h->result;
-    char message[MESSAGE_CAPACITY];
-    snprintf(message, sizeof message, "%s", h->message);
-    free(h->scratch);
-    free(h);
-    if (result != PIPERT_OK) return pt_fail(result, "%s", message);
-    return PIPERT_OK;
-}
-
-pipert_result pt_allreduce_wait(pt_allreduce_handle *h)
-{
-    pthread_mutex_lock(&allreduce_lock);
-    while (!h->finished) pthread_cond_wait(&allreduce_finished, &allreduce_lock);
-    pthread_mutex_unlock(&allreduce_lock);
-    return allreduce_release(h);
-}
-
 /* The CLOCK_REALTIME instant timeout_s from now, for pthread_cond_timedwait. */
-static struct timespec deadline_after(double timeout_s)
+struct timespec pt_collective_deadline_after(double timeout_s)
 {
     struct timespec deadline;
     clock_gettime(CLOCK_REALTIME, &deadline);
@@ -472,43 +245,6 @@ static struct timespec deadline_after(double timeout_s)
         deadline.tv_nsec -= 1000000000L;
     }
     return deadline;
-}
-
-pipert_result pt_allreduce_wait_for(pt_allreduce_handle *h, double timeout_s)
-{
-    const struct timespec deadline = deadline_after(timeout_s);
-    pthread_mutex_lock(&allreduce_lock);
-    int waited = 0;
-    while (!h->finished && waited == 0)
-        waited = pthread_cond_timedwait(&allreduce_finished, &allreduce_lock, &deadline);
-    const int finished = h->finished;
-    pthread_mutex_unlock(&allreduce_lock);
-    if (!finished) return PIPERT_ERR_TIMEOUT; /* no message: the caller asks again */
-    return allreduce_release(h);
-}
-
-void pt_allreduce_abandon(pt_allreduce_handle *h)
-{
-    pthread_mutex_lock(&allreduce_lock);
-    const int finished = h->finished;
-    if (!finished) h->abandoned = 1;
-    pthread_mutex_unlock(&allreduce_lock);
-    if (finished) allreduce_release(h);
-}
-
-pipert_result pt_allreduce(pt_group *g, float *data, size_t count, pt_reduce_op op)
-{
-    pt_allreduce_handle *h;
-    PT_TRY(pt_allreduce_start(g, data, count, op, &h));
-    return pt_allreduce_wait(h);
-}
-
-size_t pt_allreduce_bytes_sent(const pt_group *g, size_t count)
-{
-    const int n = g->size, i = g->index;
-    if (n == 1) return 0;
-    return sizeof(float) * (2 * count - chunk_length(count, n, member(g, i + 1)) -
-                            chunk_length(count, n, member(g, i + 2)));
 }
 
 /* ---- completions ---------------------------------------------------------- */
@@ -565,7 +301,7 @@ int pt_completion_test(pt_completion *c)
 
 pipert_result pt_completion_wait_for(pt_completion *c, double timeout_s)
 {
-    const struct timespec deadline = deadline_after(timeout_s < 0 ? 0 : timeout_s);
+    const struct timespec deadline = pt_collective_deadline_after(timeout_s < 0 ? 0 : timeout_s);
     pthread_mutex_lock(&completion_lock);
     int waited = 0;
     while (!c->finished && waited == 0)
@@ -645,14 +381,14 @@ static void transfer_post(transfer *x, const unsigned char *send, size_t send_st
     int posted = 0, receives = 0;
     pipert_result rc = PIPERT_OK;
     for (int d = 1; d < g->size && rc == PIPERT_OK; d++) {
-        const int from = member(g, g->index - d);
-        rc = post_recv(&x->c, from, recv + (size_t)from * nbytes, nbytes, PT_DTYPE_U8,
+        const int from = pt_group_member(g, g->index - d);
+        rc = pt_collective_post_recv(&x->c, from, recv + (size_t)from * nbytes, nbytes, PT_DTYPE_U8,
                        &x->requests[posted]);
         if (rc == PIPERT_OK) receives = ++posted;
     }
     for (int d = 1; d < g->size && rc == PIPERT_OK; d++) {
-        const int to = member(g, g->index + d);
-        rc = post_send(&x->c, to, send + (size_t)to * send_stride, nbytes, PT_DTYPE_U8, d,
+        const int to = pt_group_member(g, g->index + d);
+        rc = pt_collective_post_send(&x->c, to, send + (size_t)to * send_stride, nbytes, PT_DTYPE_U8, d,
                        &x->requests[posted]);
         if (rc == PIPERT_OK) posted++;
     }
@@ -690,14 +426,14 @@ static pipert_result transfer_start(pt_group *g, const collective *c, const void
 pipert_result pt_allgather_then(pt_group *g, pt_group_ticket ticket, const void *send,
                                 size_t nbytes_each, void *recv, pt_collective_done done, void *arg)
 {
-    const collective c = collective_at(g, ticket.sequence, "allgather");
+    const collective c = pt_collective_at(g, ticket.sequence, "allgather");
     return transfer_start(g, &c, send, 0, recv, nbytes_each, done, arg);
 }
 
 pipert_result pt_alltoall_then(pt_group *g, pt_group_ticket ticket, const void *send,
                                size_t nbytes_each, void *recv, pt_collective_done done, void *arg)
 {
-    const collective c = collective_at(g, ticket.sequence, "alltoall");
+    const collective c = pt_collective_at(g, ticket.sequence, "alltoall");
     return transfer_start(g, &c, send, nbytes_each, recv, nbytes_each, done, arg);
 }
 
@@ -712,7 +448,7 @@ static pipert_result transfer_start_waitable(pt_group *g, const char *what, cons
                                              pt_completion **out)
 {
     PT_TRY(pt_completion_create(NULL, NULL, out));
-    const collective c = collective_begin(g, what);
+    const collective c = pt_collective_begin(g, what);
     pipert_result rc =
         transfer_start(g, &c, send, send_stride, recv, nbytes, completion_done, *out);
     if (rc != PIPERT_OK) {
