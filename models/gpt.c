@@ -246,6 +246,20 @@ static void slice_release_tables(pt_gpt_slice *s)
     free(s->block_acts);
 }
 
+void pt_gpt_slice_sizes(const pt_gpt_config *config, int first, int last, int B, int T,
+                        size_t *params, size_t *acts, size_t *grad_acts)
+{
+    pt_gpt_slice s = {0};
+    *params = *acts = *grad_acts = 0;
+    if (check_slice_request(config, first, last, B, T) == PIPERT_OK &&
+        slice_describe(&s, config, first, last, B, T) == PIPERT_OK) {
+        *params = s.n_params;
+        *acts = s.n_acts;
+        *grad_acts = s.n_grad_acts;
+    }
+    slice_release_tables(&s);
+}
+
 size_t pt_gpt_slice_bytes(const pt_gpt_config *config, int first, int last, int B, int T)
 {
     pt_gpt_slice s = {0};

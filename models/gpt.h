@@ -116,6 +116,12 @@ pipert_result pt_gpt_config_check(const pt_gpt_config *config, const char *where
  * optimizer state): what pt_gpt_slice_create will allocate. */
 size_t pt_gpt_slice_bytes(const pt_gpt_config *config, int first, int last, int B, int T);
 
+/* The floats a slice holds: parameters (gradients as many), activations of
+ * one microbatch, and the activation gradients; 0 each if the request is
+ * invalid. */
+void pt_gpt_slice_sizes(const pt_gpt_config *config, int first, int last, int B, int T,
+                        size_t *params, size_t *acts, size_t *grad_acts);
+
 /* Allocates a slice for blocks [first, last) with activations for B×T. Fails
  * with PIPERT_ERR_NOMEM, naming the sizes, when it cannot fit in memory. */
 pipert_result pt_gpt_slice_create(pt_gpt_slice **out, const pt_gpt_config *config, int first,

@@ -1,0 +1,81 @@
+/* The cost model: what a job's pieces cost on the devices and links they
+ * are placed on, from the model config (the scheduler's inputs to
+ * scheduler/simulate.h and its memory check).
+ *
+ * Compute. A stage's model FLOPs per token are pipeline/plan.h's (6 per
+ * weight, 12·C·T per block for attention, the head on the last stage); a
+ * microbatch of B·T tokens takes them at the device's FLOP/s times an
+ * efficiency (what `pipert bench` measures of the peak: the kernels' share),
+ * one third forward, two thirds backward (with recompute, the backward
+ * repeats the forward). The optimizer step streams parameters, gradients and
+ * both Adam moments: OPTIMIZER_BYTES_PER_PARAM bytes at the device's memory
+ * bandwidth.
+ *
+ * Memory per device, in bytes:
+ *   weights      16·P  (parameters, gradients, Adam m and v; P floats)
+ *   versions     4·P per extra weight copy the schedule keeps: asynchronous
+ *                1F1B with stash or nesterov keeps S−1−s (stage s), predict
+ *                one, none and the flush schedules none
+ *   coupling     4·P·k: the method's own copies (sparse: its EMA and the
+ *                agreed values, k = 2; diloco, streaming-diloco and co2: the
+ *                outer parameters and momentum, k = 2; allreduce, none: 0)
+ *   activations  4·(acts · in flight + activation gradients), acts of one
+ *                microbatch as models/gpt.c lays them out; how many are in
+ *                flight comes from the simulation (1F1B: S−s)
+ *
+ * Coupling traffic per collective, for R replicas of a stage of P floats (a
+ * ring all-reduce sends 2(R−1)/R of its buffer from each member), times the
+ * codec's bits over 32 (one fp32 scale per block added):
+ *   allreduce          every step, blocking, P
+ *   sparse             every step, beside dp.delay steps (−1: up to 16), p·P
+ *   diloco             every H steps, blocking, P
+ *   streaming-diloco   every ⌊H/(F+1)⌋ steps, beside τ steps, P/(F+1)
+ *   co2                every H steps, beside H steps (one round stale), P
+ *   none               nothing
+ */
+#ifndef PT_SCHEDULER_COST_H
+#define PT_SCHEDULER_COST_H
+
+#include "pipeline/plan.h"
+#include "runtime/config.h"
+#include "scheduler/simulate.h"
+
+#define OPTIMIZER_BYTES_PER_PARAM 28.0 /* read θ, g, m, v; write θ, m, v: 7 floats */
+
+/* A device as the cost model sees it. */
+typedef struct pt_cost_device {
+    double flops;            /* fp32 FLOP/s of one device */
+    double efficiency;       /* share of `flops` the kernels reach, (0, 1] */
+    double memory_bytes;     /* capacity */
+    double memory_bytes_per_s; /* bandwidth, for the optimizer step */
+} pt_cost_device;
+
+typedef struct pt_stage_cost {
+    int first, last;         /* blocks [first, last) */
+    double flops;            /* model FLOPs of one microbatch, forward and backward */
+    pt_sim_costs time;       /* on the device */
+    double params;           /* P, floats */
+    double bytes_fixed;      /* weights, versions and coupling state */
+    double bytes_activations; /* one microbatch's activations */
+    double bytes_activation_grads;
+    double bytes_message;    /* one microbatch's activations sent to the next stage */
+} pt_stage_cost;
+
+/* Stage `stage` of `plan` on `device`, under `config` (model, batch size,
+ * schedule, look-ahead, recompute, dp.method). */
+pipert_result pt_cost_stage(const pipert_config *config, const pt_stage_plan *plan, int stage,
+                            const pt_cost_device *device, pt_stage_cost *out);
+
+/* The device memory a stage needs with `in_flight` microbatches' activations. */
+double pt_cost_stage_memory(const pt_stage_cost *cost, int in_flight);
+
+/* The coupling's collectives for `replicas` replicas of stages of
+ * params[s] floats: every, lag and hops into `out` (its bytes into
+ * bytes[s]; links are the caller's). */
+pipert_result pt_cost_coupling(const pipert_config *config, int replicas, int stages,
+                               const double *params, double *bytes, pt_sim_coupling *out);
+
+/* Bits per element the codec of dp.compress sends, scales included. */
+double pt_cost_codec_bits(const pipert_config *config);
+
+#endif

@@ -1,0 +1,170 @@
+/* scheduler/cost.h: compute against the model's own FLOP count, memory
+ * against the model's own layout and the schedule's weight copies, and the
+ * coupling's bytes per step against what real runs of every method sent
+ * (dp_bytes in metrics-stage-0.jsonl). */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "command.h"
+#include "scheduler/cost.h"
+
+static pipert_config config_with(const char *json)
+{
+    pipert_config config;
+    pt_config_defaults(&config);
+    cr_assert_eq(pt_config_merge_json(&config, json, "test"), PIPERT_OK, "%s", pipert_last_error());
+    return config;
+}
+
+static const pt_cost_device device = {.flops = 1e12, .efficiency = 0.5, .memory_bytes = 1e10,
+                                      .memory_bytes_per_s = 1e10};
+
+static pt_gpt_config model_of(const pipert_config *c)
+{
+    return (pt_gpt_config){c->model.n_layer, c->model.n_embd, c->model.n_head,
+                           c->model.block_size, c->model.vocab_size, c->model.tie_weights};
+}
+
+/* One stage holding the whole model does the model's FLOPs per token
+ * (models/gpt.h: 6N + 12·L·C·T), a third forward. */
+Test(cost, one_stage_does_the_models_flops)
+{
+    pipert_config c = config_with("{\"model\": {\"tie_weights\": false}}");
+    const pt_gpt_config model = model_of(&c);
+    pt_stage_plan plan;
+    cr_assert_eq(pt_plan_balanced(&model, c.model.block_size, 1, &plan), PIPERT_OK);
+    pt_stage_cost cost;
+    cr_assert_eq(pt_cost_stage(&c, &plan, 0, &device, &cost), PIPERT_OK, "%s", pipert_last_error());
+    const double tokens = (double)c.train.batch_size * c.model.block_size;
+    const double expected = pt_gpt_flops_per_token(&model, c.model.block_size) * tokens;
+    cr_expect_float_eq(cost.flops, expected, 1e-6 * expected, "flops %g, the model's %g", cost.flops,
+                       expected);
+    cr_expect_float_eq(cost.time.forward_s, expected / 3 / 5e11, 1e-12);
+    cr_expect_float_eq(cost.time.backward_s, 2 * cost.time.forward_s, 1e-12);
+}
+
+/* Stages split the model's FLOPs between them, and a stage's memory is its
+ * parameters' 16 bytes plus 4 per extra weight copy: S−1−s for asynchronous
+ * nesterov, none for 1F1B with flush. */
+Test(cost, stages_share_the_flops_and_keep_their_weight_copies)
+{
+    const char *schedules[] = {"async-1f1b", "1f1b"};
+    for (int k = 0; k < 2; k++) {
+        char json[256];
+        snprintf(json, sizeof json,
+                 "{\"model\": {\"n_layer\": 8, \"tie_weights\": false}, \"pipeline\": "
+                 "{\"schedule\": \"%s\"}}", schedules[k]);
+        pipert_config c = config_with(json);
+        const pt_gpt_config model = model_of(&c);
+        pt_stage_plan one, four;
+        cr_assert_eq(pt_plan_balanced(&model, c.model.block_size, 1, &one), PIPERT_OK);
+        cr_assert_eq(pt_plan_parse("2,2,2,2", 8, 4, &four), PIPERT_OK);
+        pt_stage_cost whole, part;
+        cr_assert_eq(pt_cost_stage(&c, &one, 0, &device, &whole), PIPERT_OK);
+        double flops = 0, params = 0;
+        for (int s = 0; s < 4; s++) {
+            cr_assert_eq(pt_cost_stage(&c, &four, s, &device, &part), PIPERT_OK);
+            flops += part.flops;
+            params += part.params;
+            const int copies = k == 0 ? 4 - 1 - s : 0;
+            cr_expect_float_eq(part.bytes_fixed, 4 * part.params * (4 + copies), 1e-6,
+                               "%s stage %d: %g bytes", schedules[k], s, part.bytes_fixed);
+            size_t p, a, g;
+            pt_gpt_slice_sizes(&model, part.first, part.last, c.train.batch_size,
+                               c.model.block_size, &p, &a, &g);
+            cr_expect_float_eq(part.bytes_activations, 4.0 * (double)a, 1e-6);
+        }
+        cr_expect_float_eq(flops, whole.flops, 1e-6 * whole.flops, "4 stages %g, one %g", flops,
+                           whole.flops);
+        cr_expect_float_eq(params, whole.params, 0.5, "4 stages %g params, one %g", params,
+                           whole.params);
+    }
+}
+
+Test(cost, refusals)
+{
+    pipert_config c = config_with("{}");
+    pt_stage_plan plan;
+    const pt_gpt_config model = model_of(&c);
+    cr_assert_eq(pt_plan_balanced(&model, c.model.block_size, 2, &plan), PIPERT_OK);
+    pt_stage_cost cost;
+    pt_cost_device slow = device;
+    slow.efficiency = 0;
+    cr_expect_eq(pt_cost_stage(&c, &plan, 0, &slow, &cost), PIPERT_ERR_INVALID_ARG);
+    cr_expect_eq(pt_cost_stage(&c, &plan, 2, &device, &cost), PIPERT_ERR_INVALID_ARG);
+}
+
+/* ---- the coupling's bytes against real runs ------------------------------- */
+
+#define SMALL_MODEL                                                                                \
+    "--model.n_layer=3 --model.n_embd=32 --model.n_head=2 --model.block_size=32 "                 \
+    "--train.batch_size=4 --train.warmup_steps=1 --train.val_every=0 --train.val_batches=2"
+
+/* Runs 2 replicas of one stage under `method` for `steps` steps and returns
+ * the mean dp_bytes per step of replica 0 over its first `window` steps
+ * (whole periods: the last exchanges of a run, which would fall due after its
+ * end, are not sent), and what the cost model predicts for the same config. */
+static void bytes_per_step(const char *method_args, const char *method_json, int steps,
+                           int window, double *measured, double *predicted)
+{
+    char *dir = make_temp_dir();
+    run_pipert_ok("launch --quiet --stages 1 --replicas 2 --out %s " SMALL_MODEL
+                  " --train.steps=%d --train.log_every=1 %s", dir, steps, method_args);
+    double values[256] = {0};
+    const int n = read_metric_steps(dir, "metrics-stage-0.jsonl", "dp_bytes", values, steps);
+    cr_assert_eq(n, steps, "%s: %d metric lines", method_args, n);
+    double sum = 0;
+    for (int i = 0; i < window; i++) sum += values[i];
+    *measured = sum / window;
+    remove_dir(dir);
+
+    char json[512];
+    snprintf(json, sizeof json,
+             "{\"model\": {\"n_layer\": 3, \"n_embd\": 32, \"n_head\": 2, \"block_size\": 32}, "
+             "\"train\": {\"batch_size\": 4}, \"dp\": %s}", method_json);
+    pipert_config c = config_with(json);
+    const pt_gpt_config model = model_of(&c);
+    pt_stage_plan plan;
+    cr_assert_eq(pt_plan_balanced(&model, 32, 1, &plan), PIPERT_OK);
+    pt_stage_cost cost;
+    cr_assert_eq(pt_cost_stage(&c, &plan, 0, &device, &cost), PIPERT_OK);
+    double bytes;
+    pt_sim_coupling coupling;
+    cr_assert_eq(pt_cost_coupling(&c, 2, 1, &cost.params, &bytes, &coupling), PIPERT_OK);
+    *predicted = coupling.every ? bytes / coupling.every : 0;
+}
+
+Test(cost, coupling_bytes_are_what_real_runs_send, .timeout = 240)
+{
+    /* Tolerances: the partition of sparse leaves a tensor's share one
+     * element either way; a codec adds a scale per started block, and this
+     * model's small tensors start many (the cost model counts whole blocks). */
+    const struct {
+        const char *args, *json;
+        int steps, window;
+        double tolerance; /* relative */
+    } cases[] = {
+        {"--dp.method=allreduce", "{\"method\": \"allreduce\"}", 4, 4, 0.001},
+        {"--dp.method=sparse --dp.delay=2", "{\"method\": \"sparse\", \"delay\": 2}", 40, 20,
+         0.02},
+        {"--dp.method=sparse --dp.delay=2 --dp.compress=e3m0",
+         "{\"method\": \"sparse\", \"delay\": 2, \"compress\": \"e3m0\"}", 40, 20, 0.08},
+        {"--dp.method=diloco --dp.period=5", "{\"method\": \"diloco\", \"period\": 5}", 20, 15,
+         0.01},
+        {"--dp.method=streaming-diloco --dp.period=6 --dp.fragments=2 --dp.overlap=1",
+         "{\"method\": \"streaming-diloco\", \"period\": 6, \"fragments\": 2, \"overlap\": 1}", 18,
+         12, 0.01},
+        {"--dp.method=co2 --dp.period=5", "{\"method\": \"co2\", \"period\": 5}", 20, 15, 0.01},
+        {"--dp.method=none", "{\"method\": \"none\"}", 4, 4, 0},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        double measured, predicted;
+        bytes_per_step(cases[k].args, cases[k].json, cases[k].steps, cases[k].window, &measured,
+                       &predicted);
+        cr_expect(fabs(measured - predicted) <= cases[k].tolerance * measured + 8,
+                  "%s: the cost model says %.0f bytes a step, the run sent %.0f", cases[k].args,
+                  predicted, measured);
+    }
+}
