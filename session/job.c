@@ -234,7 +234,7 @@ static pipert_result join_launched(pt_job *job, int stages, const char *const *e
     options.secret = secret;
     options.rank = job->rank;
     options.world = job->world;
-    options.address = pt_transport_listen_address(job->transport);
+    options.address = pt_transport_address(job->transport);
     if (job->boot.heartbeat_timeout_s > 0) options.dead_after_s = job->boot.heartbeat_timeout_s;
     PT_TRY(pt_coord_client_connect(&job->client, &options));
     const pt_peer_table *peers;
@@ -291,7 +291,7 @@ static pipert_result agree_on_job(pt_job *job, const pipert_oob *oob, oob_job_re
 
 static pipert_result exchange_addresses(pt_job *job, const pipert_oob *oob)
 {
-    const char *mine = pt_transport_listen_address(job->transport);
+    const char *mine = pt_transport_address(job->transport);
     if (strlen(mine) >= PT_ADDRESS_MAX)
         return pt_fail(PIPERT_ERR_INTERNAL, "transport address longer than %d", PT_ADDRESS_MAX);
     char *send = calloc(1, PT_ADDRESS_MAX), *all = calloc((size_t)job->world, PT_ADDRESS_MAX);
