@@ -139,12 +139,23 @@ static pipert_result make_replica_groups(pt_job *job)
     return rc;
 }
 
+/* Closes UCX's listening sockets to strangers (pt_transport_stop_listening) once every peer
+ * of this rank has connected to it: each of them is in one of its groups, and entered the
+ * group's barrier only after connecting. */
+static pipert_result stop_listening(pt_job *job)
+{
+    if (job->replica_group) PT_TRY(pt_barrier(job->replica_group));
+    if (job->stage_group) PT_TRY(pt_barrier(job->stage_group));
+    return pt_transport_stop_listening(job->transport);
+}
+
 static pipert_result connect_groups(pt_job *job)
 {
     PT_TRY(connect_peers(job));
     /* group ids: replica groups 0..S−1 (one per stage), stage groups S.. */
     PT_TRY(make_replica_groups(job));
-    return make_group(job, true, (uint32_t)(job->layout.stages + job->replica), &job->stage_group);
+    PT_TRY(make_group(job, true, (uint32_t)(job->layout.stages + job->replica), &job->stage_group));
+    return stop_listening(job);
 }
 
 static pipert_result create_transport(pt_job *job, const char *secret, uint32_t job_id)

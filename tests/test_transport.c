@@ -25,6 +25,7 @@
 #define JOB_CONNECT_TIMEOUT_S 10.0
 #define JOB_CONNECT_ALL_TIMEOUT_S 20.0
 #include "multiprocess.h"
+#include "tests/listening.h"
 
 /* ---- helpers for the bodies ---------------------------------------------- */
 
@@ -429,6 +430,55 @@ Test(transport, wrong_secret_is_refused_and_logged)
               "logged: %s",
               log);
     free(log);
+}
+
+/* ---- strangers at UCX's listening sockets ------------------------------- */
+
+/* UCX 1.13 aborts on its TCP greeting followed by a header announcing 4 GiB. Rank 0 lets a
+ * stranger connect to each of UCX's listening sockets, stops listening, and only then does the
+ * stranger send that; a new stranger finds the ports closed. Rank 0 must live on and talk. */
+static int stop_listening_body(rank_context *ctx)
+{
+    pt_message_header h = bytes_header(0, PT_KIND_ACTIVATION);
+    pt_recv_expect e = any_shape(PT_KIND_ACTIVATION);
+    pt_request *r;
+    if (ctx->rank == 1) { /* answers rank 0's message once it has sent it */
+        CHILD_CHECK(ctx, pt_recv(ctx->t, 0, 1, &e, NULL, 0, &r) == PIPERT_OK, "post");
+        CHILD_CHECK(ctx, pt_request_wait(r, 30.0) == PIPERT_OK, "rank 0's message");
+        pt_request_free(r);
+        return send_and_wait(ctx->t, 0, 2, &h, NULL, 0) != PIPERT_OK;
+    }
+    port ports[MAX_PORTS];
+    int n = 0, silent[MAX_PORTS];
+    listening_ports(getpid(), ports, &n);
+    CHILD_CHECK(ctx, n >= 1, "UCX listens nowhere in this process");
+    for (int i = 0; i < n; i++) {
+        silent[i] = stranger_connect(&ports[i]);
+        CHILD_CHECK(ctx, silent[i] >= 0, "a stranger cannot connect to port %d yet", ports[i].port);
+    }
+    usleep(200000); /* UCX's thread accepts them */
+    CHILD_CHECK(ctx, pt_transport_stop_listening(ctx->t) == PIPERT_OK, "%s", pipert_last_error());
+    unsigned char greeting[16];
+    size_t length = ucx_greeting(greeting, 32, 0xffffffffu, 5);
+    for (int i = 0; i < n; i++) {
+        int late = stranger_connect(&ports[i]);
+        CHILD_CHECK(ctx, late < 0, "a new stranger got into port %d", ports[i].port);
+        CHILD_CHECK(ctx, send(silent[i], greeting, length, MSG_NOSIGNAL) == (ssize_t)length,
+                    "the silent stranger's greeting");
+    }
+    usleep(500000); /* time for UCX to read it, were it delivered */
+    for (int i = 0; i < n; i++) close(silent[i]);
+    CHILD_CHECK(ctx, send_and_wait(ctx->t, 1, 1, &h, NULL, 0) == PIPERT_OK, "send to rank 1");
+    CHILD_CHECK(ctx, pt_recv(ctx->t, 1, 2, &e, NULL, 0, &r) == PIPERT_OK, "post");
+    CHILD_CHECK(ctx, pt_request_wait(r, 30.0) == PIPERT_OK, "rank 1's answer");
+    pt_request_free(r);
+    return 0;
+}
+
+Test(transport, strangers_cannot_reach_ucx_once_it_stops_listening)
+{
+    job_spec spec = {.n = 2, .body = stop_listening_body, .mesh = 1};
+    RUN_JOB(spec);
 }
 
 /* ---- failures ------------------------------------------------------------ */

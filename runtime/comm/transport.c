@@ -114,7 +114,8 @@ static void release(pt_transport *t)
     pthread_mutex_destroy(&t->ucx_lock);
     free(t->peers);
     free(t->remote_peers);
-
+    free(t->listeners);
+    free(t->listening_before);
     free(t);
 }
 
@@ -142,8 +143,10 @@ pipert_result pt_transport_create(const pt_transport_options *options, pt_transp
     pthread_mutex_init(&t->queue_lock, NULL);
     pthread_mutex_init(&t->ucx_lock, NULL);
     pt_transport_init_direct_reads(t);
+    pt_transport_note_listening_sockets(t);
     pipert_result rc = open_ucx(t);
     if (rc == PIPERT_OK) rc = pt_transport_publish_address(t);
+    if (rc == PIPERT_OK) pt_transport_find_ucx_listeners(t);
     if (rc == PIPERT_OK) pt_transport_await_hellos(t); /* before the thread: no lock needed */
     if (rc == PIPERT_OK && pthread_create(&t->thread, NULL, pt_transport_progress_main, t) != 0)
         rc = pt_fail(PIPERT_ERR_TRANSPORT, "transport: cannot start the progress thread");

@@ -2,7 +2,8 @@
  * tensor messages over UCX (ucp).
  *
  * One pt_transport per process owns a ucp context, one worker and a progress
- * thread. One thread at a time calls into UCX
+ * thread; it opens no listening socket of its own (UCX's TCP transport does:
+ * see Connections). One thread at a time calls into UCX
  * (the worker runs in serialized mode): the progress thread, which drains a
  * queue of commands that other threads post; or, while the progress thread
  * sleeps, a thread posting a send or receive directly (an eager send then
@@ -23,8 +24,13 @@
  * secret travels in clear: it keeps stray processes and other jobs out, it is
  * not protection against someone who can read the network.
  *
- * There is no sockaddr listener (ucp_listener): UCX 1.13's TCP connection
- * manager behind it aborts the process on 64 random bytes.
+ * Strangers. There is no sockaddr listener (ucp_listener): UCX 1.13's TCP
+ * connection manager behind it aborts the process on 64 random bytes. UCX's
+ * TCP transport still listens, on each network device, for the endpoints of
+ * worker addresses; it ignores bytes that do not begin with its magic number,
+ * but asserts (aborts) on a malformed message after it. Both kinds of
+ * listening socket are UCX's, not ours; docs/ARCHITECTURE.md ("Strangers")
+ * says what pipert does about the second.
  *
  * Messages. A message is a pt_message_header followed by nbytes of payload.
  * The receiver posts pt_recv() with an expectation (kind, dtype, shape) and a
@@ -171,6 +177,15 @@ pipert_result pt_transport_wait_peer(pt_transport *t, int peer_rank, double time
  * for every higher rank to connect to us, all within timeout_s. */
 pipert_result pt_transport_connect_all(pt_transport *t, int n_ranks, const char *const *addresses,
                                        double timeout_s);
+
+/* Every peer this process will ever have is connected: closes the listening
+ * sockets of UCX's TCP transport to new connections (their packets are dropped
+ * by a socket filter from now on), and to connections that have not sent a
+ * byte yet, so that no stranger's bytes reach UCX any more (why: Strangers,
+ * above). Connections already made go on. Call it once every peer has
+ * connected to this process, and has flushed (pt_transport_connect and
+ * pt_transport_wait_peer return after that), e.g. after a barrier with them. */
+pipert_result pt_transport_stop_listening(pt_transport *t);
 
 /* 1 while `peer_rank` is connected and has neither failed nor left. */
 int pt_transport_peer_alive(pt_transport *t, int peer_rank);

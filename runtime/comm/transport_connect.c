@@ -457,7 +457,7 @@ static void on_flushed(void *request, ucs_status_t status, void *user_data);
 /* The authenticated peer is connected once our endpoint is flushed: then every UCX lane of it
  * has its socket connected (a lane over TCP dials the peer's listening socket on its device,
  * perhaps another than the first lane's), so that once every peer counts as connected no
- * one of them dials us any more. */
+ * one of them dials us any more (pt_transport_stop_listening relies on it). */
 static void connection_established(connection *c, const hello *h)
 {
     c->authenticated = 1;

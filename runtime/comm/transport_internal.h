@@ -116,6 +116,14 @@ typedef struct direct_ack {
     uint32_t reserved;
 } direct_ack;
 
+/* A listening socket of UCX's TCP transport (transport_listeners.c). */
+typedef struct ucx_listener {
+    int fd;
+    ino_t inode; /* so that a reused fd number is not taken for it */
+    struct sockaddr_storage local;
+    int port;
+} ucx_listener;
+
 typedef enum conn_state {
     CONN_HANDSHAKE, /* hellos not yet exchanged */
     CONN_READY,     /* authenticated; the peer's rank is known */
@@ -224,6 +232,11 @@ struct pt_transport {
 
     ucp_context_h context;
     ucp_worker_h worker;
+    /* UCX's listening sockets; those of the process before the worker was created. */
+    ucx_listener *listeners;
+    int n_listeners;
+    ino_t *listening_before;
+    int n_listening_before;
     int worker_fd, wake_fd, epoll_fd;
     pthread_t thread;
     /* 1 while the progress thread sleeps (or is about to) in epoll: only then does a queued
@@ -309,6 +322,11 @@ int pt_transport_next_deadline_ms(const pt_transport *t);
 void pt_transport_await_hellos(pt_transport *t);
 void pt_transport_stop_hellos(pt_transport *t);
 void pt_transport_connection_orphan(connection *c);
+
+/* transport_listeners.c: UCX's listening sockets, found around ucp_worker_create, closed to
+ * new connections by pt_transport_stop_listening (transport.h). */
+void pt_transport_note_listening_sockets(pt_transport *t);
+void pt_transport_find_ucx_listeners(pt_transport *t);
 
 /* transport_address.c: our worker address (into t->worker_address and t->address_text), and
  * a peer's, from its text. */
