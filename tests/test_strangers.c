@@ -5,12 +5,14 @@
  * and the workers, its children) listen on — from the operating system:
  * /proc/PID/fd's socket inodes against the listening entries of
  * /proc/PID/net/tcp and tcp6 — and throws at each: random bytes (64 and
- * 64 KiB), protocol-looking data cut short (a coordinator registration without
- * its end; UCX's TCP greeting, magic number and all, without its header), a
- * registration with a wrong secret, oversized length headers (a bare 32-bit
- * one; UCX's greeting followed by an active-message header of 4 GiB, which
- * UCX 1.13 asserts on), a connection that closes at once and one that sends
- * nothing and stays open through all of it.
+ * 64 KiB); 64 zero bytes (a header announcing 0 bytes and more behind it, what
+ * UCX's sockaddr listener, gone now, aborted on); protocol-looking data cut
+ * short (a coordinator registration without its end; UCX's TCP greeting,
+ * magic number and all, without its header); a registration with a wrong
+ * secret; oversized length headers (a bare 32-bit one; UCX's greeting followed
+ * by an active-message header of 4 GiB, which UCX 1.13 asserts on); a
+ * connection that closes at once and one that sends nothing and stays open
+ * through all of it.
  *
  * The job must end with exit status 0, it must still have been running when
  * the strangers were done (or the test proved nothing), and the coordinator
@@ -145,6 +147,8 @@ static int throw_everything(const port *p, bool silent_got_in)
     accepted += throw_bytes(p, small, sizeof small);
     if (!silent_got_in && !accepted) return 0; /* it takes no new connection: the rest neither */
     accepted += throw_bytes(p, big, sizeof big);
+    static const unsigned char zeros[64];
+    accepted += throw_bytes(p, zeros, sizeof zeros);
     static const char cut_short[] =
         "{\"type\":\"register\",\"rank\":0,\"world\":2,\"host\":\"stranger\",\"pid\":1,\"addr";
     accepted += throw_bytes(p, cut_short, sizeof cut_short - 1);

@@ -25,12 +25,14 @@
  * not protection against someone who can read the network.
  *
  * Strangers. There is no sockaddr listener (ucp_listener): UCX 1.13's TCP
- * connection manager behind it aborts the process on 64 random bytes. UCX's
- * TCP transport still listens, on each network device, for the endpoints of
- * worker addresses; it ignores bytes that do not begin with its magic number,
- * but asserts (aborts) on a malformed message after it. Both kinds of
- * listening socket are UCX's, not ours; docs/ARCHITECTURE.md ("Strangers")
- * says what pipert does about the second.
+ * connection manager behind it aborts the process on the first bytes of a
+ * connection whenever their header announces less than arrived (64 zero
+ * bytes do it). UCX's TCP transport still listens, on each network device,
+ * for the endpoints of worker addresses; it closes connections that do not
+ * begin with its magic number, but asserts (aborts) on a malformed message
+ * after it. That listening socket is UCX's, not ours: pt_transport_stop_listening
+ * closes it to strangers once every peer is connected (docs/ARCHITECTURE.md,
+ * "Connections, and strangers").
  *
  * Messages. A message is a pt_message_header followed by nbytes of payload.
  * The receiver posts pt_recv() with an expectation (kind, dtype, shape) and a
