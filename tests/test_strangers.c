@@ -222,8 +222,9 @@ Test(strangers, bytes_at_every_listening_port_do_not_end_the_job)
     cr_expect(strstr(err, "coordinator: refused"), "the coordinator logged no stranger:\n%s", err);
     int warnings = 0;
     for (const char *p = err; (p = strstr(p, "coordinator: ")); p++) warnings++;
-    cr_expect_leq(warnings, 2 * STRANGERS_PER_PORT, "the coordinator logged %d lines for %d strangers:\n%s",
-                  warnings, STRANGERS_PER_PORT, err);
+    cr_expect_leq(warnings, 2 * STRANGERS_PER_PORT,
+                  "the coordinator logged %d lines for %d strangers:\n%s", warnings,
+                  STRANGERS_PER_PORT, err);
     free(err);
     remove_dir(dir);
 }

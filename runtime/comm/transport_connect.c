@@ -366,7 +366,10 @@ static int connection_open_endpoint(connection *c)
 /* ---- hellos -------------------------------------------------------------- */
 
 /* Hellos travel as KIND_INTERNAL headers with user tag 0; the receive takes any rank's. */
-static ucp_tag_t hello_tag(int rank) { return pt_transport_make_tag(KIND_INTERNAL, rank, PART_HEADER, 0); }
+static ucp_tag_t hello_tag(int rank)
+{
+    return pt_transport_make_tag(KIND_INTERNAL, rank, PART_HEADER, 0);
+}
 static const ucp_tag_t HELLO_ANY_RANK_MASK = ~((ucp_tag_t)0x7fffff << 33);
 
 static int hello_sender(ucp_tag_t tag) { return (int)((tag >> 33) & 0x7fffff); }

@@ -99,7 +99,8 @@ static void note_listening(const tcp_socket *s, void *arg)
 {
     pt_transport *t = arg;
     if (!s->listening) return;
-    ino_t *grown = realloc(t->listening_before, (size_t)(t->n_listening_before + 1) * sizeof *grown);
+    ino_t *grown =
+        realloc(t->listening_before, (size_t)(t->n_listening_before + 1) * sizeof *grown);
     if (!grown) return;
     t->listening_before = grown;
     t->listening_before[t->n_listening_before++] = s->inode;
