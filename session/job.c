@@ -139,12 +139,23 @@ static pipert_result make_replica_groups(pt_job *job)
     return rc;
 }
 
+/* Closes UCX's listening sockets to strangers (pt_transport_stop_listening) once every peer
+ * of this rank has connected to it: each of them is in one of its groups, and entered the
+ * group's barrier only after connecting. */
+static pipert_result stop_listening(pt_job *job)
+{
+    if (job->replica_group) PT_TRY(pt_barrier(job->replica_group));
+    if (job->stage_group) PT_TRY(pt_barrier(job->stage_group));
+    return pt_transport_stop_listening(job->transport);
+}
+
 static pipert_result connect_groups(pt_job *job)
 {
     PT_TRY(connect_peers(job));
     /* group ids: replica groups 0..S−1 (one per stage), stage groups S.. */
     PT_TRY(make_replica_groups(job));
-    return make_group(job, true, (uint32_t)(job->layout.stages + job->replica), &job->stage_group);
+    PT_TRY(make_group(job, true, (uint32_t)(job->layout.stages + job->replica), &job->stage_group));
+    return stop_listening(job);
 }
 
 static pipert_result create_transport(pt_job *job, const char *secret, uint32_t job_id)
@@ -234,7 +245,7 @@ static pipert_result join_launched(pt_job *job, int stages, const char *const *e
     options.secret = secret;
     options.rank = job->rank;
     options.world = job->world;
-    options.address = pt_transport_listen_address(job->transport);
+    options.address = pt_transport_address(job->transport);
     if (job->boot.heartbeat_timeout_s > 0) options.dead_after_s = job->boot.heartbeat_timeout_s;
     PT_TRY(pt_coord_client_connect(&job->client, &options));
     const pt_peer_table *peers;
@@ -291,7 +302,7 @@ static pipert_result agree_on_job(pt_job *job, const pipert_oob *oob, oob_job_re
 
 static pipert_result exchange_addresses(pt_job *job, const pipert_oob *oob)
 {
-    const char *mine = pt_transport_listen_address(job->transport);
+    const char *mine = pt_transport_address(job->transport);
     if (strlen(mine) >= PT_ADDRESS_MAX)
         return pt_fail(PIPERT_ERR_INTERNAL, "transport address longer than %d", PT_ADDRESS_MAX);
     char *send = calloc(1, PT_ADDRESS_MAX), *all = calloc((size_t)job->world, PT_ADDRESS_MAX);

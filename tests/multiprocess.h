@@ -45,7 +45,8 @@
 #include "runtime/comm/transport.h"
 
 #define MAX_RANKS 8
-#define ADDRESS_MAX 96
+/* A worker address as text: up_record must fit in PIPE_BUF to be written atomically. */
+#define ADDRESS_MAX 2048
 
 #ifndef JOB_SECRET
 #define JOB_SECRET "multi-process test"
@@ -78,7 +79,6 @@ typedef struct job_spec {
     int mesh;                      /* connect everyone to everyone before the body */
     const char *secret[MAX_RANKS]; /* per-rank secret (NULL: JOB_SECRET) */
     const char *stderr_path[MAX_RANKS];
-    int listen_everywhere[MAX_RANKS]; /* bind 0.0.0.0 instead of 127.0.0.1 */
     int expect_killed[MAX_RANKS]; /* this rank is killed on request: SIGKILL is its expected end */
 } job_spec;
 
@@ -134,12 +134,14 @@ static inline void child_main(const job_spec *spec, int rank, int up_fd, int dow
     options.rank = rank;
     options.secret = spec->secret[rank] ? spec->secret[rank] : JOB_SECRET;
     options.job = JOB_ID;
-    options.listen_host = spec->listen_everywhere[rank] ? NULL : "127.0.0.1";
     options.connect_timeout_s = JOB_CONNECT_TIMEOUT_S;
     up_record mine = {.kind = 0, .rank = rank};
     pipert_result rc = pt_transport_create(&options, &ctx.t);
-    if (rc == PIPERT_OK)
-        snprintf(mine.address, sizeof mine.address, "%s", pt_transport_listen_address(ctx.t));
+    if (rc == PIPERT_OK && strlen(pt_transport_address(ctx.t)) >= ADDRESS_MAX)
+        fprintf(stderr, "rank %d: a transport address of %zu characters\n", rank,
+                strlen(pt_transport_address(ctx.t)));
+    else if (rc == PIPERT_OK)
+        snprintf(mine.address, sizeof mine.address, "%s", pt_transport_address(ctx.t));
     else
         fprintf(stderr, "rank %d: pt_transport_create: %s\n", rank, pipert_last_error());
     if (write(up_fd, &mine, sizeof mine) != (ssize_t)sizeof mine) _exit(91);

@@ -15,6 +15,8 @@
  *     refused   {reason, auth}  registration refused (auth: a wrong secret);
  *                             the connection closes
  *     table     {world, peers: [{rank, host, pid, address}, ...]}
+ *                             (address: the data plane's, pt_transport_address: the
+ *                             worker's UCX address in hexadecimal)
  *                             once every rank has registered
  *     heartbeat {}            every interval, so a worker notices a dead
  *                             coordinator even when its host vanishes

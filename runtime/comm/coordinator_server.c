@@ -342,9 +342,12 @@ static void read_input(pt_coordinator *c, connection *conn)
             break;
         }
     }
-    /* Lines that arrived before a close still count (a "done" just before it). */
+    /* Lines that arrived before a close still count (a "done" just before it); none after a
+     * line that broke the connection (a stranger's random bytes are one warning, not many). */
+    const bool closed_by_peer = conn->broken;
     char *newline;
-    while (!conn->close_when_sent && (newline = pt_coord_find_newline(&conn->in))) {
+    while (!conn->close_when_sent && conn->broken == closed_by_peer &&
+           (newline = pt_coord_find_newline(&conn->in))) {
         size_t length = (size_t)(newline - conn->in.data);
         handle_message(c, conn, conn->in.data, length);
         pt_coord_buffer_consume(&conn->in, length + 1);

@@ -1,11 +1,12 @@
 /* The UCX data plane: transport.h says what it offers and how its protocol goes;
  * transport_internal.h how these files divide it and how its threads share it. This one
- * creates a transport (UCX context and worker, the fds its progress thread sleeps on, the
- * listener and the thread) and destroys it. */
+ * creates a transport (UCX context and worker, the fds its progress thread sleeps on, its
+ * address, the receive that hellos arrive in, and the thread) and destroys it. */
 #include "runtime/comm/transport_internal.h"
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
@@ -76,7 +77,7 @@ static pipert_result open_ucx(pt_transport *t)
 static void release(pt_transport *t)
 {
     pt_transport_ucx_lock_acquire(t); /* no other thread is left, but callbacks may run here */
-    if (t->listener) ucp_listener_destroy(t->listener);
+    if (t->worker) pt_transport_stop_hellos(t);
     /* Destroying the worker may still call our callbacks for operations it
      * purges: connections and requests must outlive it. */
     if (t->worker) ucp_worker_destroy(t->worker);
@@ -113,6 +114,8 @@ static void release(pt_transport *t)
     pthread_mutex_destroy(&t->ucx_lock);
     free(t->peers);
     free(t->remote_peers);
+    free(t->listeners);
+    free(t->listening_before);
     free(t);
 }
 
@@ -127,9 +130,6 @@ pipert_result pt_transport_create(const pt_transport_options *options, pt_transp
         return pt_fail(PIPERT_ERR_INVALID_ARG,
                        "transport: the job secret must have 1..%d bytes (it has %zu)",
                        PT_TRANSPORT_SECRET_MAX, secret_length);
-    if (options->listen_port < 0 || options->listen_port > 65535)
-        return pt_fail(PIPERT_ERR_INVALID_ARG, "transport: listen_port %d is outside 0..65535",
-                       options->listen_port);
     pt_transport *t = calloc(1, sizeof *t);
     if (!t) return pt_fail(PIPERT_ERR_NOMEM, "transport: no memory");
     t->rank = options->rank;
@@ -138,18 +138,24 @@ pipert_result pt_transport_create(const pt_transport_options *options, pt_transp
     memcpy(t->secret, options->secret, secret_length);
     t->connect_timeout_s = options->connect_timeout_s > 0 ? options->connect_timeout_s : 30.0;
     t->wake_fd = t->epoll_fd = -1;
+    if (gethostname(t->host, sizeof t->host) != 0) snprintf(t->host, sizeof t->host, "?");
+    t->host[sizeof t->host - 1] = '\0';
     pthread_mutex_init(&t->queue_lock, NULL);
     pthread_mutex_init(&t->ucx_lock, NULL);
     pt_transport_init_direct_reads(t);
+    pt_transport_note_listening_sockets(t);
     pipert_result rc = open_ucx(t);
-    if (rc == PIPERT_OK) rc = pt_transport_open_listener(t, options);
+    if (rc == PIPERT_OK) rc = pt_transport_publish_address(t);
+    if (rc == PIPERT_OK) pt_transport_find_ucx_listeners(t);
+    if (rc == PIPERT_OK) pt_transport_await_hellos(t); /* before the thread: no lock needed */
     if (rc == PIPERT_OK && pthread_create(&t->thread, NULL, pt_transport_progress_main, t) != 0)
         rc = pt_fail(PIPERT_ERR_TRANSPORT, "transport: cannot start the progress thread");
     if (rc != PIPERT_OK) {
         release(t);
         return rc;
     }
-    pt_debug("transport: rank %d listening on %s", t->rank, t->listen_address);
+    pt_debug("transport: rank %d ready (a worker address of %zu bytes)", t->rank,
+             t->worker_address_length);
     *out = t;
     return PIPERT_OK;
 }
@@ -167,4 +173,4 @@ void pt_transport_destroy(pt_transport *t)
 
 int pt_transport_rank(const pt_transport *t) { return t->rank; }
 
-const char *pt_transport_listen_address(const pt_transport *t) { return t->listen_address; }
+const char *pt_transport_address(const pt_transport *t) { return t->address_text; }

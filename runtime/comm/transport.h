@@ -1,8 +1,9 @@
 /* The data plane between worker processes: tagged, checked, non-blocking
  * tensor messages over UCX (ucp).
  *
- * One pt_transport per process owns a ucp context, one worker, a listener on a
- * socket address and a progress thread. One thread at a time calls into UCX
+ * One pt_transport per process owns a ucp context, one worker and a progress
+ * thread; it opens no listening socket of its own (UCX's TCP transport does:
+ * see Connections). One thread at a time calls into UCX
  * (the worker runs in serialized mode): the progress thread, which drains a
  * queue of commands that other threads post; or, while the progress thread
  * sleeps, a thread posting a send or receive directly (an eager send then
@@ -12,14 +13,26 @@
  * least once a second for housekeeping (handshake deadlines).
  *
  * Connections. Each process has a rank. A bootstrap hands every process the
- * others' pt_transport_listen_address() ("host:port"); pt_transport_connect()
- * opens an endpoint to one of them. The first message in each direction on a
- * new endpoint is a hello {job, rank, secret} sent on the endpoint's stream;
- * a side that does not present the job's secret (compared in constant time) is
- * refused: its endpoint is closed and the refusal is logged with pt_warn,
- * naming the address. The secret travels in clear: it keeps stray processes
- * and other jobs out, it is not protection against someone who can read the
- * network.
+ * others' pt_transport_address() (its UCX worker address as hexadecimal text);
+ * pt_transport_connect() opens an endpoint to one of them. The first message
+ * each way is a hello {job, rank, secret, worker address}: the dialling side
+ * sends its hello first; the other checks it (the secret compared in constant
+ * time) and only then opens its own endpoint, to the address in the hello, and
+ * answers with its own. A hello that does not present the job's secret is
+ * refused: logged with pt_warn, naming the rank, pid and host it claims, and
+ * otherwise ignored, so a refused dialler's connect fails by its timeout. The
+ * secret travels in clear: it keeps stray processes and other jobs out, it is
+ * not protection against someone who can read the network.
+ *
+ * Strangers. There is no sockaddr listener (ucp_listener): UCX 1.13's TCP
+ * connection manager behind it aborts the process on the first bytes of a
+ * connection whenever their header announces less than arrived (64 zero
+ * bytes do it). UCX's TCP transport still listens, on each network device,
+ * for the endpoints of worker addresses; it closes connections that do not
+ * begin with its magic number, but asserts (aborts) on a malformed message
+ * after it. That listening socket is UCX's, not ours: pt_transport_stop_listening
+ * closes it to strangers once every peer is connected (docs/ARCHITECTURE.md,
+ * "Connections, and strangers").
  *
  * Messages. A message is a pt_message_header followed by nbytes of payload.
  * The receiver posts pt_recv() with an expectation (kind, dtype, shape) and a
@@ -123,8 +136,6 @@ typedef struct pt_transport_options {
     int rank;                 /* this process's rank, 0 <= rank < PT_TRANSPORT_MAX_RANKS */
     const char *secret;       /* the job's shared secret, 1..PT_TRANSPORT_SECRET_MAX bytes */
     uint32_t job;             /* the job id carried in every header */
-    const char *listen_host;  /* address to bind; NULL or "0.0.0.0": every interface */
-    int listen_port;          /* 0: an ephemeral port (the real one is reported) */
     double connect_timeout_s; /* deadline of a connection's hello exchange */
 } pt_transport_options;
 
@@ -132,11 +143,10 @@ typedef struct pt_transport_options {
 #define PT_TRANSPORT_SECRET_MAX 128
 #define PT_TRANSPORT_OPTIONS_INIT                                                                  \
     {                                                                                              \
-        .rank = -1, .secret = NULL, .job = 0, .listen_host = NULL, .listen_port = 0,               \
-        .connect_timeout_s = 30.0                                                                  \
+        .rank = -1, .secret = NULL, .job = 0, .connect_timeout_s = 30.0                            \
     }
 
-/* Creates the ucp context, worker and listener and starts the progress thread. */
+/* Creates the ucp context and worker, and starts the progress thread. */
 pipert_result pt_transport_create(const pt_transport_options *options, pt_transport **out);
 
 /* Says goodbye to every connected peer, closes the endpoints (waiting a
@@ -147,16 +157,17 @@ void pt_transport_destroy(pt_transport *t);
 
 int pt_transport_rank(const pt_transport *t);
 
-/* "host:port" that peers pass to pt_transport_connect(). host is the bound
- * address, or this host's first non-loopback IPv4 address when bound to every
- * interface. */
-const char *pt_transport_listen_address(const pt_transport *t);
+/* The text that peers pass to pt_transport_connect(): this worker's UCX
+ * address in hexadecimal, at most PT_TRANSPORT_ADDRESS_MAX characters. */
+#define PT_TRANSPORT_ADDRESS_MAX 8192
+const char *pt_transport_address(const pt_transport *t);
 
-/* Connects to `peer_rank` at "host:port" and exchanges hellos; returns when the
- * peer is authenticated (PIPERT_OK), refused us or was refused (PIPERT_ERR_AUTH),
- * is unreachable (PIPERT_ERR_TRANSPORT) or the connect timeout passed
- * (PIPERT_ERR_TIMEOUT). Peers that connect to us need no call: they are
- * accepted by the progress thread. */
+/* Connects to `peer_rank` at its pt_transport_address() and exchanges hellos;
+ * returns when the peer is authenticated (PIPERT_OK), fails or is unreachable
+ * (PIPERT_ERR_TRANSPORT), the address is malformed (PIPERT_ERR_INVALID_ARG) or
+ * the connect timeout passed (PIPERT_ERR_TIMEOUT: also what a peer that refused
+ * our hello, for another secret or job, leads to; it logs why). Peers that
+ * connect to us need no call: the progress thread answers them. */
 pipert_result pt_transport_connect(pt_transport *t, int peer_rank, const char *address);
 
 /* Waits until `peer_rank` is connected in either direction (PIPERT_OK), is
@@ -168,6 +179,15 @@ pipert_result pt_transport_wait_peer(pt_transport *t, int peer_rank, double time
  * for every higher rank to connect to us, all within timeout_s. */
 pipert_result pt_transport_connect_all(pt_transport *t, int n_ranks, const char *const *addresses,
                                        double timeout_s);
+
+/* Every peer this process will ever have is connected: closes the listening
+ * sockets of UCX's TCP transport to new connections (their packets are dropped
+ * by a socket filter from now on), and to connections that have not sent a
+ * byte yet, so that no stranger's bytes reach UCX any more (why: Strangers,
+ * above). Connections already made go on. Call it once every peer has
+ * connected to this process, and has flushed (pt_transport_connect and
+ * pt_transport_wait_peer return after that), e.g. after a barrier with them. */
+pipert_result pt_transport_stop_listening(pt_transport *t);
 
 /* 1 while `peer_rank` is connected and has neither failed nor left. */
 int pt_transport_peer_alive(pt_transport *t, int peer_rank);

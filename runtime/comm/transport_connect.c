@@ -1,20 +1,22 @@
-/* Connections: UCX endpoints, the hello {job, rank, secret} that authenticates each one,
- * the control words on their stream (goodbyes, the direct-read offer), the peer table, the
- * listener that accepts them, and pt_transport_connect and its kin. */
+/* Connections: UCX endpoints to peers' worker addresses, the hello {job, rank, secret,
+ * address} that authenticates each one, the control words on their stream (goodbyes, the
+ * direct-read offer), the peer table, and pt_transport_connect and its kin.
+ *
+ * Dialling rank D sends its hello, as a tagged message, on an endpoint to rank A's worker
+ * address; every hello reaches A in one wildcard receive. A checks it (magic, secret, job,
+ * rank) and only then opens its own endpoint, to the address the hello carries (UCX pairs it
+ * with D's, the one connection between the two workers), and answers with its own hello.
+ * A hello that fails a check is logged and dropped: nothing is sent to its sender, which is
+ * why a dialler that is refused learns it from its connect timeout. */
 #include "runtime/comm/transport_internal.h"
 
-#include <arpa/inet.h>
+#include <ctype.h>
 #include <errno.h>
-#include <ifaddrs.h>
-#include <net/if.h>
-#include <netdb.h>
-#include <netinet/in.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <ucp/api/ucp.h>
@@ -24,78 +26,7 @@
 #include "runtime/log.h"
 
 #define HELLO_MAGIC 0x4c485450u /* "PTHL" */
-#define HELLO_VERSION 2u
-
-/* ---- addresses ----------------------------------------------------------- */
-
-static void format_sockaddr(const struct sockaddr_storage *sa, char *out, size_t capacity)
-{
-    char host[INET6_ADDRSTRLEN] = "?";
-    int port = 0;
-    if (sa->ss_family == AF_INET) {
-        const struct sockaddr_in *in = (const struct sockaddr_in *)sa;
-        inet_ntop(AF_INET, &in->sin_addr, host, sizeof host);
-        port = ntohs(in->sin_port);
-        snprintf(out, capacity, "%s:%d", host, port);
-    } else if (sa->ss_family == AF_INET6) {
-        const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)sa;
-        inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof host);
-        port = ntohs(in6->sin6_port);
-        snprintf(out, capacity, "[%s]:%d", host, port);
-    } else {
-        snprintf(out, capacity, "(unknown address family %d)", sa->ss_family);
-    }
-}
-
-/* Splits "host:port" or "[v6host]:port" and resolves it. */
-static pipert_result resolve_address(const char *address, int passive, struct sockaddr_storage *out,
-                                     socklen_t *out_length)
-{
-    char host[256];
-    const char *colon = strrchr(address, ':');
-    if (!colon || colon == address || !colon[1])
-        return pt_fail(PIPERT_ERR_INVALID_ARG, "transport address \"%s\": expected host:port",
-                       address);
-    size_t host_length = (size_t)(colon - address);
-    const char *host_start = address;
-    if (address[0] == '[' && colon[-1] == ']') {
-        host_start++;
-        host_length -= 2;
-    }
-    if (host_length >= sizeof host)
-        return pt_fail(PIPERT_ERR_INVALID_ARG, "transport address \"%s\": host too long", address);
-    memcpy(host, host_start, host_length);
-    host[host_length] = '\0';
-    struct addrinfo hints = {.ai_family = AF_UNSPEC,
-                             .ai_socktype = SOCK_STREAM,
-                             .ai_flags = AI_NUMERICSERV | (passive ? AI_PASSIVE : 0)};
-    struct addrinfo *found = NULL;
-    int rc = getaddrinfo(host, colon + 1, &hints, &found);
-    if (rc != 0)
-        return pt_fail(PIPERT_ERR_INVALID_ARG, "transport address \"%s\": %s", address,
-                       gai_strerror(rc));
-    memcpy(out, found->ai_addr, found->ai_addrlen);
-    *out_length = found->ai_addrlen;
-    freeaddrinfo(found);
-    return PIPERT_OK;
-}
-
-/* This host's first non-loopback IPv4 address (what peers elsewhere can reach
- * when we listen on every interface), or 127.0.0.1. */
-static void first_external_ipv4(char *out, size_t capacity)
-{
-    snprintf(out, capacity, "127.0.0.1");
-    struct ifaddrs *list = NULL;
-    if (getifaddrs(&list) != 0) return;
-    for (struct ifaddrs *it = list; it; it = it->ifa_next) {
-        if (!it->ifa_addr || it->ifa_addr->sa_family != AF_INET) continue;
-        if (!(it->ifa_flags & IFF_UP) || (it->ifa_flags & IFF_LOOPBACK)) continue;
-        inet_ntop(AF_INET, &((struct sockaddr_in *)it->ifa_addr)->sin_addr, out,
-                  (socklen_t)capacity);
-        break;
-    }
-    freeifaddrs(list);
-}
+#define HELLO_VERSION 3u
 
 /* ---- peers (under pt_transport_state_lock) ------------------------------- */
 
@@ -152,14 +83,14 @@ static void peer_fail(pt_transport *t, int rank, int departed, const char *reaso
         snprintf(p->reason, sizeof p->reason, "%s", reason);
         pthread_cond_broadcast(&pt_transport_state_changed);
     }
-    char address[ADDRESS_CAPACITY] = "";
-    if (p) snprintf(address, sizeof address, "%s", p->address);
+    char who[WHO_CAPACITY] = "";
+    if (p) snprintf(who, sizeof who, "%s", p->who);
     pthread_mutex_unlock(&pt_transport_state_lock);
     if (!changed) return;
     if (departed)
-        pt_debug("transport: rank %d (%s) left", rank, address);
+        pt_debug("transport: %s left", who);
     else
-        pt_warn("transport: rank %d (%s) failed: %s", rank, address, reason);
+        pt_warn("transport: %s failed: %s", who, reason);
     char text[TEXT_CAPACITY];
     snprintf(text, sizeof text, "rank %d %s: %s", rank, departed ? "has left" : "failed", reason);
     pt_transport_cancel_receives_from(t, rank, PIPERT_ERR_PEER, text);
@@ -177,14 +108,8 @@ static void on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
     conn_state before = c->state;
     connection_mark_failed(c);
     if (before == CONN_HANDSHAKE) {
-        if (c->hello_sent && !c->accepted)
-            connection_finish(c, PIPERT_ERR_AUTH,
-                              "rank %d at %s closed the connection during the hello (%s): "
-                              "does it have the same job secret and id?",
-                              c->rank, c->address, ucs_status_string(status));
-        else
-            connection_finish(c, PIPERT_ERR_TRANSPORT, "connection to %s failed: %s", c->address,
-                              ucs_status_string(status));
+        connection_finish(c, PIPERT_ERR_TRANSPORT, "connection to %s failed: %s", c->who,
+                          ucs_status_string(status));
     } else if (before == CONN_READY) {
         /* Once either side said goodbye on this endpoint, its end is no failure. */
         int leaving = c->bye_sent || c->peer_left;
@@ -227,7 +152,7 @@ void pt_transport_connection_close(connection *c)
     c->ep = NULL;
     if (op == NULL || UCS_PTR_IS_ERR(op)) {
         if (UCS_PTR_IS_ERR(op))
-            pt_debug("transport: closing the endpoint to %s: %s", c->address,
+            pt_debug("transport: closing the endpoint to %s: %s", c->who,
                      ucs_status_string(UCS_PTR_STATUS(op)));
         c->ops--;
         c->state = CONN_CLOSED;
@@ -237,7 +162,8 @@ void pt_transport_connection_close(connection *c)
 static void connection_refuse(connection *c, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
-/* Refuses a peer's hello: logs, fails the handshake and closes the endpoint. */
+/* Refuses an authenticated peer all the same (it cannot be one now): logs, fails the
+ * handshake and closes the endpoint. */
 static void connection_refuse(connection *c, const char *fmt, ...)
 {
     char reason[TEXT_CAPACITY];
@@ -245,10 +171,10 @@ static void connection_refuse(connection *c, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(reason, sizeof reason, fmt, ap);
     va_end(ap);
-    pt_warn("transport: refused the connection %s %s: %s", c->accepted ? "from" : "to", c->address,
+    pt_warn("transport: refused the connection %s %s: %s", c->accepted ? "from" : "to", c->who,
             reason);
     connection_finish(c, PIPERT_ERR_AUTH, "refused the connection %s %s: %s",
-                      c->accepted ? "from" : "to", c->address, reason);
+                      c->accepted ? "from" : "to", c->who, reason);
     c->state = CONN_FAILED;
     pt_transport_connection_close(c);
 }
@@ -350,7 +276,7 @@ static void on_control_received(connection *c, ucs_status_t status)
     } else if (c->control_in == CONTROL_DIRECT_OK) {
         pt_transport_peer_reads_us(c);
     } else {
-        pt_warn("transport: rank %d (%s) sent an unknown control word 0x%08x", c->rank, c->address,
+        pt_warn("transport: %s sent an unknown control word 0x%08x", c->who,
                 c->control_in);
     }
     post_control_receive(c);
@@ -381,7 +307,7 @@ static int connection_register(connection *c)
     if (p && (before == PEER_UNKNOWN || before == PEER_ALIVE)) {
         p->state = PEER_ALIVE;
         if (!p->conn) p->conn = c;
-        snprintf(p->address, sizeof p->address, "%s", c->address);
+        snprintf(p->who, sizeof p->who, "%s", c->who);
         pthread_cond_broadcast(&pt_transport_state_changed);
     }
     pthread_mutex_unlock(&pt_transport_state_lock);
@@ -398,6 +324,56 @@ static int connection_register(connection *c)
     return 1;
 }
 
+static connection *connection_new(pt_transport *t, int accepted, int rank, const char *who)
+{
+    connection *c = calloc(1, sizeof *c);
+    if (!c) return NULL;
+    c->t = t;
+    c->accepted = accepted;
+    c->rank = rank;
+    snprintf(c->who, sizeof c->who, "%s", who);
+    c->state = CONN_HANDSHAKE;
+    return c;
+}
+
+static void connection_link(pt_transport *t, connection *c)
+{
+    c->next = t->connections;
+    t->connections = c;
+    c->deadline = pt_now_s() + t->connect_timeout_s;
+}
+
+/* An endpoint to c->target with peer error handling; on failure the connection is closed
+ * and its caller told. */
+static int connection_open_endpoint(connection *c)
+{
+    ucp_ep_params_t params = {
+        .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLER |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
+        .address = (const ucp_address_t *)c->target,
+        .err_mode = UCP_ERR_HANDLING_MODE_PEER,
+        .err_handler = {.cb = on_ep_error, .arg = c},
+    };
+    ucs_status_t status = ucp_ep_create(c->t->worker, &params, &c->ep);
+    if (status == UCS_OK) return 1;
+    c->ep = NULL;
+    c->state = CONN_CLOSED;
+    connection_finish(c, PIPERT_ERR_TRANSPORT, "cannot connect to %s: %s", c->who,
+                      ucs_status_string(status));
+    return 0;
+}
+
+/* ---- hellos -------------------------------------------------------------- */
+
+/* Hellos travel as KIND_INTERNAL headers with user tag 0; the receive takes any rank's. */
+static ucp_tag_t hello_tag(int rank)
+{
+    return pt_transport_make_tag(KIND_INTERNAL, rank, PART_HEADER, 0);
+}
+static const ucp_tag_t HELLO_ANY_RANK_MASK = ~((ucp_tag_t)0x7fffff << 33);
+
+static int hello_sender(ucp_tag_t tag) { return (int)((tag >> 33) & 0x7fffff); }
+
 static void fill_hello(const pt_transport *t, hello *h)
 {
     memset(h, 0, sizeof *h);
@@ -411,126 +387,220 @@ static void fill_hello(const pt_transport *t, hello *h)
     h->probe_address = (uint64_t)(uintptr_t)&t->probe_word;
     h->probe_word = t->probe_word;
     memcpy(h->boot_id, t->boot_id, sizeof h->boot_id);
+    snprintf(h->host, sizeof h->host, "%s", t->host);
+    h->address_length = (uint32_t)t->worker_address_length;
+    memcpy(h->address, t->worker_address, t->worker_address_length);
 }
 
-static void on_hello_sent(connection *c, ucs_status_t status)
+static void on_hello_sent(void *request, ucs_status_t status, void *user_data)
 {
-    if (status == UCS_OK) c->hello_sent = 1;
+    (void)status; /* a failed endpoint reports through on_ep_error */
+    connection *c = user_data;
+    c->ops--;
+    ucp_request_free(request);
 }
 
-static void on_hello_received(connection *c, ucs_status_t status)
+static void send_hello(connection *c)
 {
-    pt_transport *t = c->t;
-    if (c->state != CONN_HANDSHAKE) return;
-    if (status != UCS_OK) return; /* the endpoint failed or closed: on_ep_error tells why */
-    const hello *h = &c->hello_in;
-    if (h->magic != HELLO_MAGIC || h->version != HELLO_VERSION) {
-        connection_refuse(c, "not a pipert hello (magic 0x%08x, version %u)", h->magic, h->version);
+    fill_hello(c->t, &c->hello_out);
+    ucp_request_param_t param = {
+        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
+        .cb.send = on_hello_sent,
+        .user_data = c,
+    };
+    c->ops++; /* before the call: the callback may run inside it */
+    ucs_status_ptr_t op = ucp_tag_send_nbx(c->ep, &c->hello_out, sizeof c->hello_out,
+                                           hello_tag(c->t->rank), &param);
+    if (op == NULL || UCS_PTR_IS_ERR(op)) c->ops--;
+}
+
+/* "rank R (pid P on HOST)", as a hello claims: printable characters only, since the
+ * claim may come from anyone. */
+static void describe_sender(const hello *h, int rank, char *out, size_t capacity)
+{
+    char host[sizeof h->host];
+    size_t i = 0;
+    for (; i + 1 < sizeof host && h->host[i]; i++)
+        host[i] = isprint((unsigned char)h->host[i]) ? h->host[i] : '?';
+    host[i] = '\0';
+    snprintf(out, capacity, "rank %d (pid %d on %s)", rank, (int)h->pid, host[0] ? host : "?");
+}
+
+/* Whether a hello that arrived under `tag_rank`'s tag may open a connection; if not, why. */
+static int hello_acceptable(const pt_transport *t, const hello *h, int tag_rank, char *why,
+                            size_t capacity)
+{
+    if (h->magic != HELLO_MAGIC || h->version != HELLO_VERSION)
+        snprintf(why, capacity, "not a pipert hello (magic 0x%08x, version %u)", h->magic,
+                 h->version);
+    else if (!hello_secret_matches(t, h))
+        snprintf(why, capacity, "wrong job secret");
+    else if (h->job != t->job)
+        snprintf(why, capacity, "job %u is not this job (%u)", h->job, t->job);
+    else if (h->rank < 0 || h->rank >= PT_TRANSPORT_MAX_RANKS || h->rank == t->rank ||
+             h->rank != tag_rank)
+        snprintf(why, capacity, "impossible rank %d (tagged %d)", h->rank, tag_rank);
+    else if (h->address_length == 0 || h->address_length > WORKER_ADDRESS_MAX)
+        snprintf(why, capacity, "a worker address of %u bytes", h->address_length);
+    else
+        return 1;
+    return 0;
+}
+
+/* Our live connection with `rank` (being made or made), if any. */
+static connection *connection_with(pt_transport *t, int rank)
+{
+    for (connection *c = t->connections; c; c = c->next)
+        if (c->rank == rank && (c->state == CONN_HANDSHAKE || c->state == CONN_READY)) return c;
+    return NULL;
+}
+
+static void on_flushed(void *request, ucs_status_t status, void *user_data);
+
+/* The authenticated peer is connected once our endpoint is flushed: then every UCX lane of it
+ * has its socket connected (a lane over TCP dials the peer's listening socket on its device,
+ * perhaps another than the first lane's), so that once every peer counts as connected no
+ * one of them dials us any more (pt_transport_stop_listening relies on it). */
+static void connection_established(connection *c, const hello *h)
+{
+    c->authenticated = 1;
+    c->hello_in = *h;
+    ucp_request_param_t param = {
+        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
+        .cb.send = on_flushed,
+        .user_data = c,
+    };
+    c->ops++; /* before the call: the callback may run inside it */
+    ucs_status_ptr_t op = ucp_ep_flush_nbx(c->ep, &param);
+    if (op == NULL || UCS_PTR_IS_ERR(op)) on_flushed(NULL, op ? UCS_PTR_STATUS(op) : UCS_OK, c);
+}
+
+/* Registered, offered direct reads, its caller told. */
+static void on_flushed(void *request, ucs_status_t status, void *user_data)
+{
+    connection *c = user_data;
+    c->ops--;
+    if (request) ucp_request_free(request);
+    if (c->state != CONN_HANDSHAKE) return; /* it failed or timed out meanwhile, and was told */
+    if (status != UCS_OK) {
+        connection_finish(c, PIPERT_ERR_TRANSPORT, "connecting to %s: %s", c->who,
+                          ucs_status_string(status));
+        c->state = CONN_FAILED;
         return;
-    }
-    if (!hello_secret_matches(t, h)) {
-        connection_refuse(c, "wrong job secret (claimed rank %d)", h->rank);
-        return;
-    }
-    if (h->job != t->job) {
-        connection_refuse(c, "job %u is not this job (%u)", h->job, t->job);
-        return;
-    }
-    if (h->rank < 0 || h->rank >= PT_TRANSPORT_MAX_RANKS || h->rank == t->rank) {
-        connection_refuse(c, "impossible rank %d", h->rank);
-        return;
-    }
-    if (!c->accepted && h->rank != c->rank) {
-        connection_refuse(c, "expected rank %d there, found rank %d", c->rank, h->rank);
-        return;
-    }
-    c->rank = h->rank;
-    if (c->accepted) {
-        /* Our secret goes only to a peer that proved it knows it. */
-        fill_hello(t, &c->hello_out);
-        stream_post(c, 1, &c->hello_out, sizeof c->hello_out, on_hello_sent);
     }
     if (!connection_register(c)) return;
-    pt_transport_offer_direct_reads(c, h);
-    pt_debug("transport: rank %d connected %s %s", c->rank, c->accepted ? "from" : "to",
-             c->address);
+    pt_transport_offer_direct_reads(c, &c->hello_in);
+    pt_debug("transport: %s connected (%s dialled)", c->who, c->accepted ? "it" : "we");
     connection_finish(c, PIPERT_OK, "connected");
 }
 
-static connection *connection_new(pt_transport *t, int accepted, int rank, const char *address)
+/* A peer dialled us: our endpoint goes to the address in its hello, our hello answers it.
+ * Our secret goes only to a peer that proved it knows it. */
+static void accept_peer(pt_transport *t, const hello *h, const char *who)
 {
-    connection *c = calloc(1, sizeof *c);
-    if (!c) return NULL;
-    c->t = t;
-    c->accepted = accepted;
-    c->rank = rank;
-    snprintf(c->address, sizeof c->address, "%s", address);
-    c->state = CONN_HANDSHAKE;
-    return c;
-}
-
-static void connection_link(pt_transport *t, connection *c)
-{
-    c->next = t->connections;
-    t->connections = c;
-    c->deadline = pt_now_s() + t->connect_timeout_s;
-}
-
-static void on_connection_request(ucp_conn_request_h request, void *arg)
-{
-    pt_transport *t = arg;
-    char address[ADDRESS_CAPACITY] = "(unknown address)";
-    ucp_conn_request_attr_t attr = {.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR};
-    if (ucp_conn_request_query(request, &attr) == UCS_OK)
-        format_sockaddr(&attr.client_address, address, sizeof address);
-    pthread_mutex_lock(&t->queue_lock);
-    int stopping = t->stopping;
-    pthread_mutex_unlock(&t->queue_lock);
-    connection *c = stopping ? NULL : connection_new(t, 1, -1, address);
+    connection *c = connection_new(t, 1, h->rank, who);
     if (!c) {
-        ucp_listener_reject(t->listener, request);
+        pt_warn("transport: no memory to accept %s", who);
         return;
     }
-    ucp_ep_params_t params = {
-        .field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLER |
-                      UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
-        .conn_request = request,
-        .err_mode = UCP_ERR_HANDLING_MODE_PEER,
-        .err_handler = {.cb = on_ep_error, .arg = c},
-    };
-    ucs_status_t status = ucp_ep_create(t->worker, &params, &c->ep);
-    if (status != UCS_OK) {
-        pt_warn("transport: could not accept the connection from %s: %s", address,
-                ucs_status_string(status));
-        free(c);
-        return;
-    }
+    memcpy(c->target, h->address, h->address_length);
+    c->target_length = h->address_length;
     connection_link(t, c);
-    stream_post(c, 0, &c->hello_in, sizeof c->hello_in, on_hello_received);
+    if (!connection_open_endpoint(c)) return;
+    send_hello(c);
+    connection_established(c, h);
 }
 
+static void hello_arrived(pt_transport *t, const hello *h, int tag_rank)
+{
+    char who[WHO_CAPACITY], why[TEXT_CAPACITY];
+    describe_sender(h, tag_rank, who, sizeof who);
+    if (!hello_acceptable(t, h, tag_rank, why, sizeof why)) {
+        pt_warn("transport: refused a hello from a process claiming to be %s: %s", who, why);
+        return;
+    }
+    connection *known = connection_with(t, h->rank);
+    if (!known) {
+        accept_peer(t, h, who);
+    } else if (!known->accepted && !known->authenticated) { /* the answer to ours */
+        snprintf(known->who, sizeof known->who, "%s", who);
+        connection_established(known, h);
+    } else {
+        pt_warn("transport: %s said hello again; ignored", who);
+    }
+}
+
+/* The hello the receive's completion left in t->hello_in (under ucx_lock); 0 once hellos
+ * are no longer taken. */
+static int take_hello(pt_transport *t)
+{
+    ucs_status_t status = t->hello_status;
+    if (status == UCS_ERR_CANCELED || t->hello_closed) return 0;
+    if (status != UCS_OK || t->hello_info.length != sizeof(hello))
+        pt_warn("transport: refused a hello of the wrong size (%s, %zu bytes)",
+                ucs_status_string(status), status == UCS_OK ? t->hello_info.length : (size_t)0);
+    else
+        hello_arrived(t, &t->hello_in, hello_sender(t->hello_info.sender_tag));
+    return 1;
+}
+
+/* Only notes the arrival: answering opens an endpoint, which UCX's TCP transport does not
+ * survive from inside its own progress (where this runs). pt_transport_await_hellos answers,
+ * on the progress thread, woken for it. */
+static void on_hello_received(void *request, ucs_status_t status, const ucp_tag_recv_info_t *info,
+                              void *user_data)
+{
+    pt_transport *t = user_data;
+    t->hello_status = status;
+    if (status == UCS_OK) t->hello_info = *info; /* before the request (which may hold it) goes */
+    ucp_request_free(request);
+    t->hello_op = NULL;
+    t->hello_ready = 1;
+    if (!t->hello_posting) pt_transport_wake_progress_thread(t);
+}
+
+/* Answers the hello that arrived, if one did, and keeps the wildcard receive that every
+ * rank's hello arrives in posted (until pt_transport_stop_hellos). Outside ucp_worker_progress. */
+void pt_transport_await_hellos(pt_transport *t)
+{
+    ucp_request_param_t param = {
+        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                        UCP_OP_ATTR_FLAG_NO_IMM_CMPL,
+        .cb.recv = on_hello_received,
+        .user_data = t,
+    };
+    for (;;) {
+        if (t->hello_ready) {
+            t->hello_ready = 0;
+            if (!take_hello(t)) return;
+        }
+        if (t->hello_op || t->hello_closed) return;
+        t->hello_posting = 1; /* the callback may run inside the call */
+        ucs_status_ptr_t op = ucp_tag_recv_nbx(t->worker, &t->hello_in, sizeof t->hello_in,
+                                               hello_tag(0), HELLO_ANY_RANK_MASK, &param);
+        t->hello_posting = 0;
+        if (UCS_PTR_IS_ERR(op)) {
+            pt_warn("transport: cannot receive hellos: %s", ucs_status_string(UCS_PTR_STATUS(op)));
+            return;
+        }
+        if (!t->hello_ready) {
+            t->hello_op = op;
+            return;
+        }
+    }
+}
+
+void pt_transport_stop_hellos(pt_transport *t)
+{
+    t->hello_closed = 1;
+    if (t->hello_op) ucp_request_cancel(t->worker, t->hello_op);
+}
+
+/* Dials c->rank: an endpoint to its address, our hello; its hello completes the connection. */
 void pt_transport_start_connect(pt_transport *t, connection *c)
 {
     connection_link(t, c);
-    ucp_ep_params_t params = {
-        .field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
-                      UCP_EP_PARAM_FIELD_ERR_HANDLER | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
-        .flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER,
-        .sockaddr = {.addr = (const struct sockaddr *)&c->target, .addrlen = c->target_length},
-        .err_mode = UCP_ERR_HANDLING_MODE_PEER,
-        .err_handler = {.cb = on_ep_error, .arg = c},
-    };
-    ucs_status_t status = ucp_ep_create(t->worker, &params, &c->ep);
-    if (status != UCS_OK) {
-        c->ep = NULL;
-        c->state = CONN_CLOSED;
-        connection_finish(c, PIPERT_ERR_TRANSPORT, "cannot connect to rank %d at %s: %s", c->rank,
-                          c->address, ucs_status_string(status));
-        return;
-    }
-    fill_hello(t, &c->hello_out);
-    stream_post(c, 1, &c->hello_out, sizeof c->hello_out, on_hello_sent);
-    stream_post(c, 0, &c->hello_in, sizeof c->hello_in, on_hello_received);
+    if (connection_open_endpoint(c)) send_hello(c);
 }
 
 /* ---- upkeep (the progress thread) ---------------------------------------- */
@@ -538,16 +608,16 @@ void pt_transport_start_connect(pt_transport *t, connection *c)
 /* Closes failed endpoints, times handshakes out and frees what is finished. */
 void pt_transport_maintain_connections(pt_transport *t)
 {
+    pt_transport_await_hellos(t);
     double now = pt_now_s();
     connection **link = &t->connections;
     while (*link) {
         connection *c = *link;
         if (c->state == CONN_HANDSHAKE && now > c->deadline) {
-            if (c->accepted)
-                pt_warn("transport: no valid hello from %s within %.0f s; closing", c->address,
-                        t->connect_timeout_s);
-            connection_finish(c, PIPERT_ERR_TIMEOUT, "no hello from rank %d at %s within %.0f s",
-                              c->rank, c->address, t->connect_timeout_s);
+            connection_finish(c, PIPERT_ERR_TIMEOUT,
+                              "no valid hello from %s within %.0f s (is it of this job, with the "
+                              "same secret? A refused hello is only logged, by the peer)",
+                              c->who, t->connect_timeout_s);
             c->state = CONN_FAILED;
         }
         if (c->state == CONN_FAILED) pt_transport_connection_close(c);
@@ -583,44 +653,6 @@ void pt_transport_connection_orphan(connection *c)
     if (!waited_on) free(c);
 }
 
-/* ---- listening ----------------------------------------------------------- */
-
-pipert_result pt_transport_open_listener(pt_transport *t, const pt_transport_options *options)
-{
-    const char *host =
-        options->listen_host && options->listen_host[0] ? options->listen_host : "0.0.0.0";
-    char bind_address[ADDRESS_CAPACITY + 16];
-    snprintf(bind_address, sizeof bind_address, strchr(host, ':') ? "[%s]:%d" : "%s:%d", host,
-             options->listen_port);
-    struct sockaddr_storage address;
-    socklen_t length;
-    PT_TRY(resolve_address(bind_address, 1, &address, &length));
-    ucp_listener_params_t params = {
-        .field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER,
-        .sockaddr = {.addr = (const struct sockaddr *)&address, .addrlen = length},
-        .conn_handler = {.cb = on_connection_request, .arg = t},
-    };
-    ucs_status_t status = ucp_listener_create(t->worker, &params, &t->listener);
-    if (status != UCS_OK) {
-        t->listener = NULL;
-        return pt_fail(PIPERT_ERR_TRANSPORT, "transport: cannot listen on %s: %s", bind_address,
-                       ucs_status_string(status));
-    }
-    ucp_listener_attr_t attr = {.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR};
-    status = ucp_listener_query(t->listener, &attr);
-    if (status != UCS_OK) return pt_transport_ucx_fail(status, "ucp_listener_query");
-    char bound[ADDRESS_CAPACITY];
-    format_sockaddr(&attr.sockaddr, bound, sizeof bound);
-    const char *port = strrchr(bound, ':') + 1;
-    char advertised[INET6_ADDRSTRLEN + 2];
-    if (!strcmp(host, "0.0.0.0") || !strcmp(host, "::"))
-        first_external_ipv4(advertised, sizeof advertised);
-    else
-        snprintf(advertised, sizeof advertised, strchr(host, ':') ? "[%s]" : "%s", host);
-    snprintf(t->listen_address, sizeof t->listen_address, "%s:%s", advertised, port);
-    return PIPERT_OK;
-}
-
 /* ---- connecting ---------------------------------------------------------- */
 
 pipert_result pt_transport_connect(pt_transport *t, int peer_rank, const char *address)
@@ -628,9 +660,11 @@ pipert_result pt_transport_connect(pt_transport *t, int peer_rank, const char *a
     if (peer_rank < 0 || peer_rank >= PT_TRANSPORT_MAX_RANKS || peer_rank == t->rank)
         return pt_fail(PIPERT_ERR_INVALID_ARG, "transport: cannot connect rank %d to rank %d",
                        t->rank, peer_rank);
-    connection *c = connection_new(t, 0, peer_rank, address);
+    char who[WHO_CAPACITY];
+    snprintf(who, sizeof who, "rank %d", peer_rank);
+    connection *c = connection_new(t, 0, peer_rank, who);
     if (!c) return pt_fail(PIPERT_ERR_NOMEM, "transport: no memory for a connection");
-    pipert_result resolved = resolve_address(address, 0, &c->target, &c->target_length);
+    pipert_result resolved = pt_transport_decode_address(address, c->target, &c->target_length);
     if (resolved != PIPERT_OK) {
         free(c);
         return resolved;

@@ -40,8 +40,6 @@
 
 #define DIRECT_MAGIC 0x44525450u     /* "PTRD": a direct_descriptor */
 #define DIRECT_ACK_MAGIC 0x41525450u /* "PTRA": a direct_ack */
-/* The kind of transport-internal tagged messages (user kinds are 1..255). */
-#define KIND_INTERNAL 0u
 
 /* ---- whether UCX_TLS allows them, and what a hello offers ---------------- */
 

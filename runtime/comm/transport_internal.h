@@ -1,6 +1,7 @@
 /* Inside the UCX transport: what its files share. runtime/comm/transport.h says
  * what the transport offers and how its protocol goes. One concern per file:
  *   transport.c            creating and destroying a transport (UCX context, worker, fds)
+ *   transport_address.c    the address peers connect to: the UCX worker address, as text
  *   transport_connect.c    connections: endpoints, the hello handshake, control words on
  *                          their stream, the peer table, and connecting
  *   transport_direct.c     same-host direct reads (process_vm_readv) in place of UCX's cma
@@ -57,7 +58,9 @@
 #define TEXT_CAPACITY 256
 #define REASON_CAPACITY 160  /* why a peer is gone */
 #define MESSAGE_CAPACITY 512 /* a request's failure */
-#define ADDRESS_CAPACITY 64
+#define WHO_CAPACITY 96 /* "rank R (pid P on HOST)": a peer, in log lines */
+/* The longest UCX worker address a hello carries (UCX 1.13: a few dozen bytes per device). */
+#define WORKER_ADDRESS_MAX (PT_TRANSPORT_ADDRESS_MAX / 2)
 #define CONTROL_BYE 0x45594221u
 #define CONTROL_BYE_ACK 0x4b434121u
 #define CONTROL_DIRECT_OK 0x4b4f5244u /* "I can read your memory" */
@@ -78,11 +81,11 @@ typedef struct peer {
     connection *conn; /* the endpoint we send on while ALIVE */
     pid_t read_pid;   /* > 0: its memory is readable from here (direct reads), at this pid */
     int reads_us;     /* it said it can read ours: send it descriptors in place of payloads */
-    char address[ADDRESS_CAPACITY];
+    char who[WHO_CAPACITY];
     char reason[REASON_CAPACITY]; /* why it is DEAD or LEFT */
 } peer;
 
-/* The first message each way on an endpoint (stream API, fixed size). */
+/* The first message each way between two ranks (a tagged message of this fixed size). */
 typedef struct hello {
     uint32_t magic, version, job;
     int32_t rank;
@@ -93,6 +96,10 @@ typedef struct hello {
     uint32_t reserved;
     uint64_t probe_address, probe_word;
     uint8_t boot_id[16];
+    char host[64]; /* the sender's host name, for log lines only */
+    /* The sender's UCX worker address: the side that did not dial connects back to it. */
+    uint32_t address_length, reserved2;
+    uint8_t address[WORKER_ADDRESS_MAX];
 } hello;
 
 /* Sent in place of a payload to a peer that reads it from our memory. */
@@ -109,6 +116,14 @@ typedef struct direct_ack {
     uint32_t reserved;
 } direct_ack;
 
+/* A listening socket of UCX's TCP transport (transport_listeners.c). */
+typedef struct ucx_listener {
+    int fd;
+    ino_t inode; /* so that a reused fd number is not taken for it */
+    struct sockaddr_storage local;
+    int port;
+} ucx_listener;
+
 typedef enum conn_state {
     CONN_HANDSHAKE, /* hellos not yet exchanged */
     CONN_READY,     /* authenticated; the peer's rank is known */
@@ -120,18 +135,18 @@ typedef enum conn_state {
 struct connection {
     pt_transport *t;
     ucp_ep_h ep;
-    int accepted; /* created from a connection request on our listener */
-    int rank;     /* expected (we connected) or claimed in its hello (accepted); -1 unknown */
-    char address[ADDRESS_CAPACITY];
+    int accepted; /* created for a peer whose hello reached us first (it dialled) */
+    int authenticated; /* its hello passed; the endpoint is being flushed, or was */
+    int rank;     /* the peer's: expected (we dialled) or from its authenticated hello */
+    char who[WHO_CAPACITY];
     conn_state state;
     double deadline; /* of the handshake */
-    hello hello_out, hello_in;
-    struct sockaddr_storage target; /* where we connect (not accepted) */
-    socklen_t target_length;
+    hello hello_out, hello_in; /* ours, sent; the peer's, once authenticated */
+    uint8_t target[WORKER_ADDRESS_MAX]; /* the peer's worker address (we dial) */
+    size_t target_length;
     uint32_t control_in;
     int peer_left;  /* it said goodbye on this endpoint */
     int ops;        /* UCX operations in flight with this connection as user data */
-    int hello_sent; /* our hello left (its send completed) */
     int bye_sent, bye_acked;
     /* Outcome of the handshake, for a pt_transport_connect() caller; under
      * pt_transport_state_lock. */
@@ -202,7 +217,11 @@ struct pt_transport {
     char secret[PT_TRANSPORT_SECRET_MAX];
     size_t secret_length;
     double connect_timeout_s;
-    char listen_address[ADDRESS_CAPACITY + 8];
+    char host[64];
+    /* Our UCX worker address, and as text (pt_transport_address). */
+    uint8_t worker_address[WORKER_ADDRESS_MAX];
+    size_t worker_address_length;
+    char address_text[2 * WORKER_ADDRESS_MAX + 1];
 
     /* Same-host direct reads: whether UCX_TLS allows them, what our hellos offer, and the id of
      * the next descriptor (under ucx_lock). */
@@ -213,7 +232,11 @@ struct pt_transport {
 
     ucp_context_h context;
     ucp_worker_h worker;
-    ucp_listener_h listener;
+    /* UCX's listening sockets; those of the process before the worker was created. */
+    ucx_listener *listeners;
+    int n_listeners;
+    ino_t *listening_before;
+    int n_listening_before;
     int worker_fd, wake_fd, epoll_fd;
     pthread_t thread;
     /* 1 while the progress thread sleeps (or is about to) in epoll: only then does a queued
@@ -238,6 +261,12 @@ struct pt_transport {
     /* Under ucx_lock. */
     connection *connections;
     pt_request *in_flight;
+    /* Every rank's hello arrives in one wildcard receive (transport_connect.c). */
+    hello hello_in;
+    void *hello_op;
+    int hello_posting, hello_ready, hello_closed;
+    ucs_status_t hello_status; /* of the receive, once hello_ready */
+    ucp_tag_recv_info_t hello_info;
 
     /* Bytes sent, by link class: peers marked remote (another site) or not.
      * The marks are set before traffic starts and only read afterwards. */
@@ -247,6 +276,10 @@ struct pt_transport {
 
 /* kind (8) | source rank (23) | part (1) | user tag (32) */
 enum { PART_HEADER = 0, PART_PAYLOAD = 1 };
+/* The kind of transport-internal tagged messages (user kinds are 1..255): hellos are its
+ * headers (transport_connect.c), direct-read acknowledgements its payloads
+ * (transport_direct.c). */
+#define KIND_INTERNAL 0u
 
 static inline ucp_tag_t pt_transport_make_tag(unsigned kind, int src_rank, int part,
                                               uint32_t user_tag)
@@ -286,8 +319,19 @@ void pt_transport_send_control(connection *c, uint32_t word);
 void pt_transport_start_connect(pt_transport *t, connection *c);
 void pt_transport_maintain_connections(pt_transport *t);
 int pt_transport_next_deadline_ms(const pt_transport *t);
-pipert_result pt_transport_open_listener(pt_transport *t, const pt_transport_options *options);
+void pt_transport_await_hellos(pt_transport *t);
+void pt_transport_stop_hellos(pt_transport *t);
 void pt_transport_connection_orphan(connection *c);
+
+/* transport_listeners.c: UCX's listening sockets, found around ucp_worker_create, closed to
+ * new connections by pt_transport_stop_listening (transport.h). */
+void pt_transport_note_listening_sockets(pt_transport *t);
+void pt_transport_find_ucx_listeners(pt_transport *t);
+
+/* transport_address.c: our worker address (into t->worker_address and t->address_text), and
+ * a peer's, from its text. */
+pipert_result pt_transport_publish_address(pt_transport *t);
+pipert_result pt_transport_decode_address(const char *text, uint8_t *out, size_t *length);
 
 /* transport_direct.c: same-host direct reads. */
 void pt_transport_init_direct_reads(pt_transport *t);

@@ -218,10 +218,7 @@ static void progress_until(pt_transport *t, int (*done)(const pt_transport *), d
  * UCX 1.13 when such a rendezvous request is still attached to the endpoint. */
 static void shut_down(pt_transport *t)
 {
-    if (t->listener) {
-        ucp_listener_destroy(t->listener);
-        t->listener = NULL;
-    }
+    pt_transport_stop_hellos(t);
     for (connection *c = t->connections; c; c = c->next) {
         if (c->state != CONN_READY || c->peer_left) continue;
         c->bye_sent = 1;
