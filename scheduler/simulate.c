@@ -38,6 +38,7 @@ typedef struct simulation {
     double *arrival;      /* [R·S·2·total microbatches]: < 0 not sent */
     double *link_free;    /* [R·(S−1)·2]: pipeline links, each direction */
     double *coupling_free; /* [n_links] */
+    double *device_free;   /* [n_devices]: when each shared device is next free */
     collective *collectives; /* [S·per_stage] */
     int collectives_per_stage;
     int *heap, heap_size; /* ranks by clock */
@@ -230,6 +231,11 @@ static bool couple(simulation *sim, rank_state *r)
 static void compute(simulation *sim, rank_state *r, const char *category, double seconds,
                     long microbatch)
 {
+    if (sim->in->device_of && seconds > 0) {
+        double *free_at = &sim->device_free[sim->in->device_of[rank_index(sim, r->replica, r->stage)]];
+        r->clock = fmax(r->clock, *free_at);
+        *free_at = r->clock + seconds;
+    }
     span(sim, r, category, r->clock, r->clock + seconds, microbatch);
     r->clock += seconds;
     r->result.busy_s += seconds;
@@ -288,6 +294,11 @@ static pipert_result check_input(const pt_sim_input *in)
                            "simulate: the link between stages %d and %d of replica %d has no "
                            "bandwidth", i % (in->stages - 1), i % (in->stages - 1) + 1,
                            i / (in->stages - 1));
+    for (int i = 0; in->device_of && i < in->replicas * in->stages; i++)
+        if (in->device_of[i] < 0 || in->device_of[i] >= in->n_devices)
+            return pt_fail(PIPERT_ERR_INVALID_ARG,
+                           "simulate: rank %d is on device %d of %d", i, in->device_of[i],
+                           in->n_devices);
     const pt_sim_coupling *cp = &in->coupling;
     if (in->replicas > 1 && cp->every > 0)
         for (int s = 0; s < in->stages; s++) {
@@ -317,10 +328,12 @@ static pipert_result setup(simulation *sim, const pt_sim_input *in, pt_sim_resul
     sim->collectives = calloc((size_t)in->stages * (size_t)sim->collectives_per_stage,
                               sizeof *sim->collectives);
     sim->heap = malloc((size_t)sim->n_ranks * sizeof *sim->heap);
+    sim->device_free = calloc((size_t)in->n_devices + 1, sizeof *sim->device_free);
     out->ranks = calloc((size_t)sim->n_ranks, sizeof *out->ranks);
     out->coupling_link_bytes = calloc((size_t)in->coupling.n_links + 1, sizeof(double));
     if (!sim->ranks || !sim->arrival || !sim->link_free || !sim->coupling_free ||
-        !sim->collectives || !sim->heap || !out->ranks || !out->coupling_link_bytes)
+        !sim->collectives || !sim->heap || !sim->device_free || !out->ranks ||
+        !out->coupling_link_bytes)
         return pt_fail(PIPERT_ERR_NOMEM, "simulate: out of memory for %ld messages", messages);
     for (long i = 0; i < messages; i++) sim->arrival[i] = -1;
     for (int i = 0; i < in->stages * sim->collectives_per_stage; i++)
@@ -350,24 +363,18 @@ static void teardown(simulation *sim)
     free(sim->coupling_free);
     free(sim->collectives);
     free(sim->heap);
+    free(sim->device_free);
 }
 
-static int compare_doubles(const void *a, const void *b)
-{
-    const double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-/* The median time between consecutive steps over the later half of the run
- * (after the pipeline's warm-up), for one rank. */
+/* The mean time between consecutive steps over the middle half of the run
+ * (after the pipeline's warm-up, before ranks that finish early leave a
+ * shared device to the others), for one rank: steps of ranks that take turns
+ * on a device need not be evenly spaced, their rate is. */
 static double steady_step(const rank_state *r, int steps)
 {
-    const int first = steps / 2 > 1 ? steps / 2 : 1;
-    double gaps[steps];
-    int n = 0;
-    for (int k = first; k < steps; k++) gaps[n++] = r->step_end[k] - r->step_end[k - 1];
-    qsort(gaps, (size_t)n, sizeof gaps[0], compare_doubles);
-    return n % 2 ? gaps[n / 2] : 0.5 * (gaps[n / 2 - 1] + gaps[n / 2]);
+    const int first = steps / 4 > 1 ? steps / 4 : 1;
+    const int last = 3 * steps / 4 > first ? 3 * steps / 4 : steps - 1;
+    return (r->step_end[last] - r->step_end[first - 1]) / (last - first + 1);
 }
 
 static pipert_result finish(simulation *sim)

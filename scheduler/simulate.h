@@ -8,7 +8,9 @@
  * of ranks by clock), one instruction at a time, so a link shared by several
  * senders serves them in the order they really send:
  *   LOAD_BATCH                  instant;
- *   FORWARD, BACKWARD           the rank's device is busy for its cost;
+ *   FORWARD, BACKWARD           the rank's device is busy for its cost (ranks
+ *                               that share a device take turns: a compute
+ *                               starts when the device is free);
  *   SEND_ACTIVATION/_GRADIENT   the message queues on the link to the
  *                               neighbour (one resource per direction): it
  *                               starts when the link is free, holds it for
@@ -63,6 +65,10 @@ typedef struct pt_sim_input {
     int microbatches; /* per optimizer step (flush schedules) */
     int steps;        /* optimizer steps to simulate (≥ 2) */
     const pt_sim_costs *costs;      /* [replica·S + stage] */
+    /* Optional: [R·S] the device each rank computes on (ranks on one device
+     * take turns), n_devices of them; NULL: a device per rank. */
+    const int *device_of;
+    int n_devices;
     const pt_sim_link *stage_links; /* [replica·(S−1) + s]: between stage s and s+1, each direction */
     double activation_bytes;        /* one microbatch's activations (and, back, their gradients) */
     pt_sim_coupling coupling;
@@ -81,7 +87,7 @@ typedef struct pt_sim_rank_result {
 } pt_sim_rank_result;
 
 typedef struct pt_sim_result {
-    double step_s;     /* steady state: seconds per optimizer step (median over the later steps) */
+    double step_s;     /* steady state: seconds per optimizer step (mean over the middle half), the slowest rank's */
     double makespan_s; /* until the last rank ends */
     pt_sim_rank_result *ranks; /* [R·S], owned: pt_sim_result_free */
     double *coupling_link_bytes; /* [n_links]: bytes the coupling put on each link */

@@ -3,6 +3,7 @@
  * coupling's bytes per step against what real runs of every method sent
  * (dp_bytes in metrics-stage-0.jsonl). */
 #include <criterion/criterion.h>
+#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -167,4 +168,57 @@ Test(cost, coupling_bytes_are_what_real_runs_send, .timeout = 240)
                   "%s: the cost model says %.0f bytes a step, the run sent %.0f", cases[k].args,
                   predicted, measured);
     }
+}
+
+/* ---- pipert simulate -------------------------------------------------------- */
+
+static json_t *simulate_json(const char *args)
+{
+    char *dir = make_temp_dir(), path[600];
+    snprintf(path, sizeof path, "%s/prediction.json", dir);
+    run_pipert_ok("simulate --flops 1e10 --efficiency 0.5 --cores 8 --runtime.threads=1 "
+                  "--json %s %s", path, args);
+    json_error_t error;
+    json_t *j = json_load_file(path, 0, &error);
+    cr_assert(j, "%s: %s", path, error.text);
+    remove_dir(dir);
+    return j;
+}
+
+/* One worker alone: a step is its forward, backward and optimizer step as the
+ * cost model prices them on the device asked for. */
+Test(cost, simulate_one_worker_is_the_cost_models_step, .timeout = 60)
+{
+    json_t *j = simulate_json("--model.n_layer=3 --model.n_embd=32 --model.n_head=2 "
+                              "--model.block_size=32 --train.batch_size=4");
+    pipert_config c = config_with("{\"model\": {\"n_layer\": 3, \"n_embd\": 32, \"n_head\": 2, "
+                                  "\"block_size\": 32}, \"train\": {\"batch_size\": 4}}");
+    const pt_gpt_config model = model_of(&c);
+    pt_stage_plan plan;
+    cr_assert_eq(pt_plan_balanced(&model, 32, 1, &plan), PIPERT_OK);
+    const pt_cost_device dev = {1e10, 0.5, 0, 10e9};
+    pt_stage_cost cost;
+    cr_assert_eq(pt_cost_stage(&c, &plan, 0, &dev, &cost), PIPERT_OK);
+    const double expected = c.train.grad_accum * (cost.time.forward_s + cost.time.backward_s) +
+                            cost.time.optimizer_s;
+    const double step = json_real_value(json_object_get(j, "step_s"));
+    cr_expect_float_eq(step, expected, 1e-9 * expected, "simulated %g s, the cost model's %g", step,
+                       expected);
+    json_decref(j);
+}
+
+/* Four ranks on one machine: a rank each in the output, every rank computing
+ * part of the time, and the 2-stage pipeline slower per token than a whole
+ * model per rank would be on as many cores (its bubble). */
+Test(cost, simulate_a_pipeline_of_replicas, .timeout = 60)
+{
+    json_t *j = simulate_json("--stages 2 --replicas 2 --dp.method=allreduce");
+    const json_t *ranks = json_object_get(j, "ranks");
+    cr_assert_eq(json_array_size(ranks), 4);
+    for (size_t i = 0; i < 4; i++) {
+        const double bubble = json_real_value(json_object_get(json_array_get(ranks, i), "bubble"));
+        cr_expect(bubble > 0 && bubble < 1, "rank %zu: bubble %g", i, bubble);
+    }
+    cr_expect_gt(json_real_value(json_object_get(j, "coupling_bytes_per_step")), 0);
+    json_decref(j);
 }

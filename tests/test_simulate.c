@@ -211,6 +211,33 @@ Test(simulate, collectives_sharing_a_link_queue)
     pt_sim_result_free(&separate);
 }
 
+/* Ranks on one device take turns: two uncoupled replicas on one device take
+ * twice as long a step; on two devices, as long as one. */
+Test(simulate, ranks_sharing_a_device_take_turns)
+{
+    job j;
+    job_init(&j, PT_SCHEDULE_1F1B, 1, 2, 4, 40, 1.0, 2.0);
+    const int one[] = {0, 0}, two[] = {0, 1};
+    j.in.device_of = one;
+    j.in.n_devices = 1;
+    pt_sim_result r = run(&j);
+    cr_expect_float_eq(r.step_s, 2 * 4 * 3.0, 1e-9, "one device: step %g", r.step_s);
+    pt_sim_result_free(&r);
+    j.in.device_of = two;
+    j.in.n_devices = 2;
+    r = run(&j);
+    cr_expect_float_eq(r.step_s, 4 * 3.0, 1e-9, "two devices: step %g", r.step_s);
+    pt_sim_result_free(&r);
+    /* A 2-stage pipeline on one device: no bubble to hide, each stage's work
+     * runs in the other's gaps, so a step costs the sum of the work. */
+    job_init(&j, PT_SCHEDULE_ASYNC_1F1B, 2, 1, 1, 40, 1.0, 2.0);
+    j.in.device_of = one;
+    j.in.n_devices = 1;
+    r = run(&j);
+    cr_expect_float_eq(r.step_s, 6.0, 1e-9, "2 stages on one device: step %g", r.step_s);
+    pt_sim_result_free(&r);
+}
+
 /* ---- memory, traces, refusals --------------------------------------------- */
 
 /* 1F1B keeps S−s microbatches in flight on stage s; GPipe keeps all M. */

@@ -2,7 +2,6 @@
  * sleep, a real busy loop and a busy loop sharing its core with another
  * process (what the CPU-time definition is for), with bounds loose enough for
  * a loaded machine. */
-#define _GNU_SOURCE
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <sched.h>

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Predicted against measured step time on this machine (the placement issue's
+# validation): for each case, `pipert simulate` predicts the median step time
+# and a real `pipert launch` measures it (median of the stage-0 lines'
+# ms_per_step over the later half of the run). Every worker runs one compute
+# thread. The device is calibrated once, by `pipert bench` on one thread: its
+# fp32 GEMM peak is --flops, its "% of peak" is --efficiency; nothing else is
+# fitted. Prints one row per case and the median and worst absolute error.
+#
+# Usage: scripts/bench-simulate.sh [--build DIR] [--steps K] [--cases "S:R:SCHEDULE[:LAYERS] ..."]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=build steps=60
+cases="1:1:async-1f1b 2:1:async-1f1b 4:1:async-1f1b 2:1:1f1b 4:1:1f1b 1:2:async-1f1b
+       2:2:async-1f1b 2:2:1f1b 2:1:async-1f1b:2,4 2:1:1f1b:4,2"
+while (($#)); do
+  case "$1" in
+    --build) build=$2; shift 2 ;;
+    --steps) steps=$2; shift 2 ;;
+    --cases) cases=$2; shift 2 ;;
+    *) echo "usage: $0 [--build DIR] [--steps K] [--cases LIST]" >&2; exit 2 ;;
+  esac
+done
+pipert=$build/tools/pipert
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+common=(--runtime.threads=1 --train.val_every=0 --train.val_batches=1 --train.log_every=1)
+
+read -r flops efficiency < <("$pipert" bench --runtime.threads=1 "${common[@]:1}" 2>/dev/null |
+  python3 -c '
+import re, sys
+text = sys.stdin.read()
+peak = float(re.search(r"GEMM peak .*: ([0-9.]+) GFLOP/s", text)[1])
+share = float(re.search(r"([0-9.]+)% of peak", text)[1])
+print(peak * 1e9, share / 100)')
+echo "calibration (pipert bench, 1 thread): GEMM peak $(python3 -c "print(f'{$flops/1e9:.1f}')") GFLOP/s, efficiency $efficiency"
+
+printf '%-28s %12s %12s %8s\n' case "predicted ms" "measured ms" error
+errors=()
+for spec in $cases; do
+  IFS=: read -r S R schedule layers <<< "$spec"
+  args=(--stages "$S" --replicas "$R" --pipeline.schedule="$schedule" "${common[@]}")
+  [ -n "${layers:-}" ] && args+=(--plan.layers="$layers")
+  "$pipert" simulate "${args[@]}" --flops "$flops" --efficiency "$efficiency" \
+    --json "$out/predicted.json" > /dev/null
+  rm -rf "$out/run"
+  "$pipert" launch --quiet --out "$out/run" --train.steps="$steps" "${args[@]}" > /dev/null
+  row=$(python3 - "$out/predicted.json" "$out/run/metrics-stage-0.jsonl" "$spec" <<'PY'
+import json, statistics, sys
+predicted = 1e3 * json.load(open(sys.argv[1]))["step_s"]
+lines = [json.loads(l) for l in open(sys.argv[2])]
+ms = [l["ms_per_step"] for l in lines if "ms_per_step" in l]
+measured = statistics.median(ms[len(ms) // 2:])
+error = (predicted - measured) / measured
+print(f"{sys.argv[3]:<28} {predicted:12.1f} {measured:12.1f} {100 * error:+7.1f}%")
+PY
+)
+  echo "$row"
+  errors+=("$(awk '{print $NF}' <<< "$row" | tr -d '%+')")
+done
+python3 - "${errors[@]}" <<'PY'
+import statistics, sys
+e = [abs(float(x)) for x in sys.argv[1:]]
+print(f"absolute error: median {statistics.median(e):.1f}%, worst {max(e):.1f}%")
+PY
