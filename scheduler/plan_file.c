@@ -1,0 +1,252 @@
+#include "scheduler/plan_file.h"
+
+#include <jansson.h>
+#include <libgen.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "runtime/error.h"
+
+#define MAX_RANKS 65536
+
+/* "PATH: FIELD: message". */
+static pipert_result fail_field(const char *path, const char *field, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static pipert_result fail_field(const char *path, const char *field, const char *fmt, ...)
+{
+    char message[768];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(message, sizeof message, fmt, ap);
+    va_end(ap);
+    return pt_fail(PIPERT_ERR_CONFIG, "%s: %s: %s", path, field, message);
+}
+
+static pipert_result only_known_keys(const char *path, const char *field, json_t *object,
+                                     const char *const *known)
+{
+    const char *key;
+    json_t *value;
+    json_object_foreach(object, key, value) {
+        const char *const *k = known;
+        while (*k && strcmp(*k, key) != 0) k++;
+        if (!*k) return fail_field(path, field, "unknown key '%s'", key);
+    }
+    return PIPERT_OK;
+}
+
+static pipert_result read_count(const char *path, json_t *root, const char *key, int *out)
+{
+    json_t *v = json_object_get(root, key);
+    if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > MAX_RANKS)
+        return fail_field(path, key, "expected an integer from 1 to %d", MAX_RANKS);
+    *out = (int)json_integer_value(v);
+    return PIPERT_OK;
+}
+
+/* A name of 1 to PT_CLUSTER_NAME_MAX−1 characters (optional: absent is ""). */
+static pipert_result read_name(const char *path, const char *field, json_t *place, const char *key,
+                               bool optional, char *out)
+{
+    json_t *v = json_object_get(place, key);
+    if (!v && optional) return PIPERT_OK;
+    const char *text = json_string_value(v);
+    if (!text || !text[0] || strlen(text) >= PT_CLUSTER_NAME_MAX)
+        return fail_field(path, field, "needs a \"%s\" of 1 to %d characters", key,
+                          PT_CLUSTER_NAME_MAX - 1);
+    snprintf(out, PT_CLUSTER_NAME_MAX, "%s", text);
+    return PIPERT_OK;
+}
+
+static pipert_result read_placement(const char *path, json_t *root, pt_plan_file *p)
+{
+    json_t *rows = json_object_get(root, "placement");
+    if (!json_is_array(rows) || (int)json_array_size(rows) != p->replicas)
+        return fail_field(path, "placement", "expected a list of %d replicas (one list of %d "
+                          "stages each)", p->replicas, p->stages);
+    p->placement = calloc((size_t)p->replicas * (size_t)p->stages, sizeof *p->placement);
+    if (!p->placement) return pt_fail(PIPERT_ERR_NOMEM, "%s: out of memory", path);
+    static const char *const known[] = {"site", "group", NULL};
+    for (int r = 0; r < p->replicas; r++) {
+        char field[64];
+        snprintf(field, sizeof field, "placement[%d]", r);
+        json_t *row = json_array_get(rows, (size_t)r);
+        if (!json_is_array(row) || (int)json_array_size(row) != p->stages)
+            return fail_field(path, field, "expected a list of %d stages", p->stages);
+        for (int s = 0; s < p->stages; s++) {
+            snprintf(field, sizeof field, "placement[%d][%d]", r, s);
+            json_t *place = json_array_get(row, (size_t)s);
+            if (!json_is_object(place)) return fail_field(path, field, "expected an object");
+            PT_TRY(only_known_keys(path, field, place, known));
+            pt_plan_place *at = &p->placement[r * p->stages + s];
+            PT_TRY(read_name(path, field, place, "site", false, at->site));
+            PT_TRY(read_name(path, field, place, "group", true, at->group));
+        }
+    }
+    return PIPERT_OK;
+}
+
+/* The cluster path as written, resolved against the plan file's folder. */
+static pipert_result read_cluster_path(const char *path, json_t *root, pt_plan_file *p)
+{
+    json_t *v = json_object_get(root, "cluster");
+    if (!v) return PIPERT_OK;
+    const char *text = json_string_value(v);
+    if (!text || !text[0]) return fail_field(path, "cluster", "expected a file name");
+    char folder[PT_PLAN_PATH_MAX];
+    snprintf(folder, sizeof folder, "%s", path);
+    const int n = text[0] == '/' ? snprintf(p->cluster_path, sizeof p->cluster_path, "%s", text)
+                                 : snprintf(p->cluster_path, sizeof p->cluster_path, "%s/%s",
+                                            dirname(folder), text);
+    if (n < 0 || (size_t)n >= sizeof p->cluster_path)
+        return fail_field(path, "cluster", "the path is too long");
+    return PIPERT_OK;
+}
+
+static pipert_result read_rest(const char *path, json_t *root, pt_plan_file *p)
+{
+    json_t *layers = json_object_get(root, "layers");
+    if (layers && (!json_is_string(layers) || json_string_length(layers) >= sizeof p->layers))
+        return fail_field(path, "layers", "expected blocks per stage as a string, e.g. \"3,3\"");
+    if (layers) snprintf(p->layers, sizeof p->layers, "%s", json_string_value(layers));
+    json_t *config = json_object_get(root, "config");
+    if (config && !json_is_object(config)) return fail_field(path, "config", "expected an object");
+    if (config && !(p->config_json = json_dumps(config, JSON_COMPACT)))
+        return pt_fail(PIPERT_ERR_NOMEM, "%s: out of memory", path);
+    json_t *predicted = json_object_get(root, "predicted");
+    if (predicted && !json_is_object(predicted))
+        return fail_field(path, "predicted", "expected an object");
+    p->predicted_step_s = json_number_value(json_object_get(predicted, "step_s"));
+    p->predicted_tokens_per_s = json_number_value(json_object_get(predicted, "tokens_per_s"));
+    return PIPERT_OK;
+}
+
+static pipert_result check_sites(const char *path, const pt_plan_file *p)
+{
+    if (!p->cluster_path[0]) return PIPERT_OK;
+    pt_cluster cluster;
+    if (pt_cluster_load(p->cluster_path, &cluster) != PIPERT_OK) {
+        pt_error_prefix("%s: cluster", path);
+        return PIPERT_ERR_CONFIG;
+    }
+    pipert_result rc = PIPERT_OK;
+    for (int r = 0; r < p->replicas && rc == PIPERT_OK; r++)
+        for (int s = 0; s < p->stages && rc == PIPERT_OK; s++) {
+            int index;
+            rc = pt_plan_file_site_index(p, &cluster, r, s, &index);
+            if (rc != PIPERT_OK) pt_error_prefix("%s", path);
+        }
+    pt_cluster_free(&cluster);
+    return rc;
+}
+
+pipert_result pt_plan_file_load(const char *path, pt_plan_file *plan)
+{
+    *plan = (pt_plan_file){0};
+    json_error_t error;
+    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &error);
+    if (!root)
+        return pt_fail(PIPERT_ERR_CONFIG, "%s:%d:%d: %s", path, error.line, error.column,
+                       error.text);
+    static const char *const known[] = {"format", "cluster", "stages", "replicas", "layers",
+                                        "placement", "config", "predicted", NULL};
+    pipert_result rc = json_is_object(root) ? only_known_keys(path, "plan", root, known)
+                                            : fail_field(path, "plan", "expected an object");
+    const char *format = json_string_value(json_object_get(root, "format"));
+    if (rc == PIPERT_OK && (!format || strcmp(format, PT_PLAN_FILE_FORMAT) != 0))
+        rc = fail_field(path, "format", "expected \"%s\"", PT_PLAN_FILE_FORMAT);
+    if (rc == PIPERT_OK) rc = read_count(path, root, "stages", &plan->stages);
+    if (rc == PIPERT_OK) rc = read_count(path, root, "replicas", &plan->replicas);
+    if (rc == PIPERT_OK && plan->stages * plan->replicas > MAX_RANKS)
+        rc = fail_field(path, "replicas", "%d stages × %d replicas is more than %d ranks",
+                        plan->stages, plan->replicas, MAX_RANKS);
+    if (rc == PIPERT_OK) rc = read_cluster_path(path, root, plan);
+    if (rc == PIPERT_OK) rc = read_placement(path, root, plan);
+    if (rc == PIPERT_OK) rc = read_rest(path, root, plan);
+    if (rc == PIPERT_OK) rc = check_sites(path, plan);
+    json_decref(root);
+    if (rc != PIPERT_OK) pt_plan_file_free(plan);
+    return rc;
+}
+
+/* ---- writing ----------------------------------------------------------------- */
+
+static json_t *placement_json(const pt_plan_file *p)
+{
+    json_t *rows = json_array();
+    for (int r = 0; r < p->replicas; r++) {
+        json_t *row = json_array();
+        for (int s = 0; s < p->stages; s++) {
+            const pt_plan_place *at = &p->placement[r * p->stages + s];
+            json_t *place = json_pack("{s:s}", "site", at->site);
+            if (at->group[0]) json_object_set_new(place, "group", json_string(at->group));
+            json_array_append_new(row, place);
+        }
+        json_array_append_new(rows, row);
+    }
+    return rows;
+}
+
+static json_t *plan_json(const pt_plan_file *p)
+{
+    json_t *root = json_pack("{s:s}", "format", PT_PLAN_FILE_FORMAT);
+    if (p->cluster_path[0]) {
+        /* absolute, so that the plan reads the same cluster wherever it is */
+        char absolute[PATH_MAX];
+        const char *cluster = realpath(p->cluster_path, absolute) ? absolute : p->cluster_path;
+        json_object_set_new(root, "cluster", json_string(cluster));
+    }
+    json_object_set_new(root, "stages", json_integer(p->stages));
+    json_object_set_new(root, "replicas", json_integer(p->replicas));
+    if (p->layers[0]) json_object_set_new(root, "layers", json_string(p->layers));
+    json_object_set_new(root, "placement", placement_json(p));
+    if (p->config_json) json_object_set_new(root, "config", json_loads(p->config_json, 0, NULL));
+    if (p->predicted_step_s > 0)
+        json_object_set_new(root, "predicted",
+                            json_pack("{s:f, s:f}", "step_s", p->predicted_step_s, "tokens_per_s",
+                                      p->predicted_tokens_per_s));
+    return root;
+}
+
+pipert_result pt_plan_file_save(const char *path, const pt_plan_file *plan)
+{
+    char tmp[PT_PLAN_PATH_MAX + 8];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    json_t *root = plan_json(plan);
+    const int written = root ? json_dump_file(root, tmp, JSON_INDENT(2) | JSON_REAL_PRECISION(6))
+                             : -1;
+    json_decref(root);
+    if (written != 0) {
+        unlink(tmp);
+        return pt_fail(PIPERT_ERR_IO, "%s: cannot write the plan", tmp);
+    }
+    if (rename(tmp, path) != 0) {
+        unlink(tmp);
+        return pt_fail(PIPERT_ERR_IO, "%s: cannot rename the plan into place", path);
+    }
+    return PIPERT_OK;
+}
+
+void pt_plan_file_free(pt_plan_file *plan)
+{
+    free(plan->placement);
+    free(plan->config_json);
+    *plan = (pt_plan_file){0};
+}
+
+pipert_result pt_plan_file_site_index(const pt_plan_file *plan, const pt_cluster *cluster, int r,
+                                      int s, int *index)
+{
+    const char *site = plan->placement[r * plan->stages + s].site;
+    for (int i = 0; i < cluster->n_sites; i++)
+        if (!strcmp(cluster->site_names[i], site)) {
+            *index = i;
+            return PIPERT_OK;
+        }
+    return pt_fail(PIPERT_ERR_CONFIG, "placement[%d][%d]: site '%s' is not in the cluster", r, s,
+                   site);
+}
