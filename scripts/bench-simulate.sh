@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Predicted against measured step time on this machine (the placement issue's
 # validation): for each case, `pipert simulate` predicts the median step time
-# and a real `pipert launch` measures it (median of the stage-0 lines'
+# and a real `pipert launch` measures it (median of metrics.jsonl's
 # ms_per_step over the later half of the run). Every worker runs one compute
 # thread. The device is calibrated once, by `pipert bench` on one thread: its
 # fp32 GEMM peak is --flops, its "% of peak" is --efficiency; nothing else is
@@ -24,15 +24,18 @@ done
 pipert=$build/tools/pipert
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
-common=(--runtime.threads=1 --train.val_every=0 --train.val_batches=1 --train.log_every=1)
+# the default model, said explicitly: pipert bench has a reference model of its own
+model=(--model.n_layer=6 --model.n_embd=192 --model.n_head=6 --model.block_size=128 --model.vocab_size=256
+       --train.batch_size=8)
+common=(--runtime.threads=1 "${model[@]}" --train.val_every=0 --train.val_batches=1 --train.log_every=1)
 
-read -r flops efficiency < <("$pipert" bench --runtime.threads=1 "${common[@]:1}" 2>/dev/null |
+read -r flops efficiency < <("$pipert" bench "${common[@]}" 2>/dev/null |
   python3 -c '
 import re, sys
 text = sys.stdin.read()
 peak = float(re.search(r"GEMM peak .*: ([0-9.]+) GFLOP/s", text)[1])
 share = float(re.search(r"([0-9.]+)% of peak", text)[1])
-print(peak * 1e9, share / 100)')
+print(peak * 1e9, round(share / 100, 4))')
 echo "calibration (pipert bench, 1 thread): GEMM peak $(python3 -c "print(f'{$flops/1e9:.1f}')") GFLOP/s, efficiency $efficiency"
 
 printf '%-28s %12s %12s %8s\n' case "predicted ms" "measured ms" error
@@ -45,7 +48,7 @@ for spec in $cases; do
     --json "$out/predicted.json" > /dev/null
   rm -rf "$out/run"
   "$pipert" launch --quiet --out "$out/run" --train.steps="$steps" "${args[@]}" > /dev/null
-  row=$(python3 - "$out/predicted.json" "$out/run/metrics-stage-0.jsonl" "$spec" <<'PY'
+  row=$(python3 - "$out/predicted.json" "$out/run/metrics.jsonl" "$spec" <<'PY'
 import json, statistics, sys
 predicted = 1e3 * json.load(open(sys.argv[1]))["step_s"]
 lines = [json.loads(l) for l in open(sys.argv[2])]
