@@ -7,18 +7,28 @@
 # fp32 GEMM peak is --flops, its "% of peak" is --efficiency; nothing else is
 # fitted. Prints one row per case and the median and worst absolute error.
 #
+# Site cases (root: emulated sites, tools/wan) put replica r in site r mod 2,
+# two sites joined by a link of BANDWIDTH and one-way LATENCY: the real run is
+# `pipert launch --sites 2 --wan.bandwidth --wan.latency`, the prediction
+# `pipert simulate --plan` of a plan and cluster file saying the same.
+#
 # Usage: scripts/bench-simulate.sh [--build DIR] [--steps K] [--cases "S:R:SCHEDULE[:LAYERS] ..."]
+#          [--site-cases "S:R:METHOD:BANDWIDTH:LATENCY ..."]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=build steps=60
 cases="1:1:async-1f1b 2:1:async-1f1b 4:1:async-1f1b 2:1:1f1b 4:1:1f1b 1:2:async-1f1b
        2:2:async-1f1b 2:2:1f1b 2:1:async-1f1b:2,4 2:1:1f1b:4,2"
+site_cases="1:2:allreduce:1gbit:10ms 1:2:allreduce:100mbit:50ms 1:2:sparse:100mbit:50ms
+            2:2:allreduce:1gbit:10ms 1:2:diloco:10mbit:100ms"
+[ "$(id -u)" = 0 ] || site_cases=""
 while (($#)); do
   case "$1" in
     --build) build=$2; shift 2 ;;
     --steps) steps=$2; shift 2 ;;
     --cases) cases=$2; shift 2 ;;
-    *) echo "usage: $0 [--build DIR] [--steps K] [--cases LIST]" >&2; exit 2 ;;
+    --site-cases) site_cases=$2; shift 2 ;;
+    *) echo "usage: $0 [--build DIR] [--steps K] [--cases LIST] [--site-cases LIST]" >&2; exit 2 ;;
   esac
 done
 pipert=$build/tools/pipert
@@ -38,8 +48,22 @@ share = float(re.search(r"([0-9.]+)% of peak", text)[1])
 print(peak * 1e9, round(share / 100, 4))')
 echo "calibration (pipert bench, 1 thread): GEMM peak $(python3 -c "print(f'{$flops/1e9:.1f}')") GFLOP/s, efficiency $efficiency"
 
-printf '%-28s %12s %12s %8s\n' case "predicted ms" "measured ms" error
+# One row: the prediction in $out/predicted.json against the run in $out/run.
+compare() {
+  python3 - "$out/predicted.json" "$out/run/metrics.jsonl" "$1" <<'PY'
+import json, statistics, sys
+predicted = 1e3 * json.load(open(sys.argv[1]))["step_s"]
+lines = [json.loads(l) for l in open(sys.argv[2])]
+ms = [l["ms_per_step"] for l in lines if "ms_per_step" in l]
+measured = statistics.median(ms[len(ms) // 2:])
+error = (predicted - measured) / measured
+print(f"{sys.argv[3]:<36} {predicted:12.1f} {measured:12.1f} {100 * error:+7.1f}%")
+PY
+}
+
+printf '%-36s %12s %12s %8s\n' case "predicted ms" "measured ms" error
 errors=()
+record() { echo "$1"; errors+=("$(awk '{print $NF}' <<< "$1" | tr -d '%+')"); }
 for spec in $cases; do
   IFS=: read -r S R schedule layers <<< "$spec"
   args=(--stages "$S" --replicas "$R" --pipeline.schedule="$schedule" "${common[@]}")
@@ -48,18 +72,27 @@ for spec in $cases; do
     --json "$out/predicted.json" > /dev/null
   rm -rf "$out/run"
   "$pipert" launch --quiet --out "$out/run" --train.steps="$steps" "${args[@]}" > /dev/null
-  row=$(python3 - "$out/predicted.json" "$out/run/metrics.jsonl" "$spec" <<'PY'
-import json, statistics, sys
-predicted = 1e3 * json.load(open(sys.argv[1]))["step_s"]
-lines = [json.loads(l) for l in open(sys.argv[2])]
-ms = [l["ms_per_step"] for l in lines if "ms_per_step" in l]
-measured = statistics.median(ms[len(ms) // 2:])
-error = (predicted - measured) / measured
-print(f"{sys.argv[3]:<28} {predicted:12.1f} {measured:12.1f} {100 * error:+7.1f}%")
+  record "$(compare "$spec")"
+done
+for spec in $site_cases; do
+  IFS=: read -r S R method bandwidth latency <<< "$spec"
+  cat > "$out/cluster.json" <<JSON
+{"sites": [{"name": "a"}, {"name": "b"}], "default_link": {"bandwidth": "$bandwidth", "latency": "$latency"}}
+JSON
+  python3 - "$out/plan.json" "$S" "$R" "$method" <<'PY'
+import json, sys
+path, S, R, method = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+placement = [[{"site": "ab"[r % 2]} for s in range(S)] for r in range(R)]
+json.dump({"format": "pipert-plan-1", "cluster": "cluster.json", "stages": S, "replicas": R,
+           "placement": placement, "config": {"dp": {"method": method}}}, open(path, "w"))
 PY
-)
-  echo "$row"
-  errors+=("$(awk '{print $NF}' <<< "$row" | tr -d '%+')")
+  "$pipert" simulate --plan "$out/plan.json" "${common[@]}" --flops "$flops" \
+    --efficiency "$efficiency" --json "$out/predicted.json" > /dev/null
+  rm -rf "$out/run"
+  "$pipert" launch --quiet --out "$out/run" --train.steps="$steps" --stages "$S" --replicas "$R" \
+    --sites 2 --wan.bandwidth="$bandwidth" --wan.latency="$latency" --dp.method="$method" \
+    "${common[@]}" > /dev/null
+  record "$(compare "$spec (sites)")"
 done
 python3 - "${errors[@]}" <<'PY'
 import statistics, sys
