@@ -103,7 +103,7 @@ static pipert_result create_group(pt_job *job, const int *ranks, int n, uint32_t
 }
 
 /* The transport counts bytes to replicas in other sites apart (the link
- * class between sites); the stages of a replica share its site. */
+ * class between sites); the stages of a replica, see mark_remote_stages. */
 static pipert_result mark_remote_replicas(pt_job *job, const int *sites)
 {
     for (int r = 0; r < job->layout.replicas; r++)
@@ -149,12 +149,31 @@ static pipert_result stop_listening(pt_job *job)
     return pt_transport_stop_listening(job->transport);
 }
 
+/* A replica's stages may be in different sites (a plan that spans sites
+ * with a pipeline): its neighbours' sites, by an all-gather along it. */
+static pipert_result mark_remote_stages(pt_job *job)
+{
+    const int S = job->layout.stages;
+    if (!job->stage_group || S == 1) return PIPERT_OK;
+    int *sites = calloc((size_t)S, sizeof *sites);
+    if (!sites) return pt_fail(PIPERT_ERR_NOMEM, "groups: out of memory");
+    pipert_result rc = pt_allgather(job->stage_group, &job->site, sizeof job->site, sites);
+    if (rc != PIPERT_OK) pt_error_prefix("learning the stages' sites");
+    for (int s = 0; s < S && rc == PIPERT_OK; s++)
+        if (sites[s] != job->site)
+            rc = pt_transport_mark_remote(job->transport,
+                                          pt_layout_rank(&job->layout, s, job->replica));
+    free(sites);
+    return rc;
+}
+
 static pipert_result connect_groups(pt_job *job)
 {
     PT_TRY(connect_peers(job));
     /* group ids: replica groups 0..S−1 (one per stage), stage groups S.. */
     PT_TRY(make_replica_groups(job));
     PT_TRY(make_group(job, true, (uint32_t)(job->layout.stages + job->replica), &job->stage_group));
+    PT_TRY(mark_remote_stages(job));
     return stop_listening(job);
 }
 

@@ -858,3 +858,33 @@ Test(launch, coupling_waits_are_trace_spans)
         remove_dir(dir);
     }
 }
+
+/* ---- launch --plan ------------------------------------------------------------ */
+
+/* A plan without a cluster: its stages, split and configuration run, the
+ * command line still overrides its configuration, and the flags it replaces
+ * are refused beside it. */
+Test(launch, a_plan_says_the_stages_split_and_configuration)
+{
+    char *dir = make_temp_dir(), plan[300], run[300];
+    snprintf(plan, sizeof plan, "%s/plan.json", dir);
+    snprintf(run, sizeof run, "%s/run", dir);
+    const char *text =
+        "{\"format\": \"pipert-plan-1\", \"stages\": 2, \"replicas\": 2, \"layers\": \"2,1\","
+        " \"placement\": [[{\"site\": \"here\"}, {\"site\": \"here\"}], [{\"site\": \"here\"},"
+        " {\"site\": \"here\"}]],"
+        " \"config\": {\"model\": {\"n_layer\": 3, \"n_embd\": 32, \"n_head\": 2, \"block_size\": 32},"
+        " \"train\": {\"batch_size\": 4, \"steps\": 9, \"val_batches\": 2}}}";
+    cr_assert_eq(pt_write_file_atomic(plan, text, strlen(text)), PIPERT_OK);
+    run_pipert_ok("launch --quiet --plan %s --out %s --train.steps=3 --train.log_every=1", plan, run);
+    char *log = read_text(run, "logs/rank-3.log");
+    cr_expect(strstr(log, "stage 1/2 (blocks [2, 3)"), "rank 3 does not run blocks [2, 3): %s", log);
+    free(log);
+    double loss[8];
+    cr_expect_eq(read_metric_steps(run, "metrics.jsonl", "loss", loss, 8), 3,
+                 "the command line's train.steps=3 did not override the plan's 9");
+    run_result r = run_pipert("launch --quiet --plan %s --stages 2 --out %s", plan, run);
+    cr_expect_eq(r.status, 2, "--stages beside --plan: exit %d", r.status);
+    cr_expect(strstr(r.err, "--stages") && strstr(r.err, "plan"), "%s", r.err);
+    remove_dir(dir);
+}

@@ -210,6 +210,40 @@ Test(wan, probe_measures_a_cluster_files_links, .timeout = 120)
     remove_dir(dir);
 }
 
+/* ---- plans ------------------------------------------------------------------------ */
+
+/* launch --plan with a pipeline spanning two emulated sites: every rank in
+ * the site the plan says, the plan's split, and all of the activations and
+ * gradients between the stages counted as traffic between sites. */
+Test(wan, a_plan_puts_a_pipeline_across_two_sites, .timeout = 120)
+{
+    require_test_bed();
+    char *dir = make_temp_dir(), cluster[300], plan[300], run[300];
+    snprintf(cluster, sizeof cluster, "%s/cluster.json", dir);
+    snprintf(plan, sizeof plan, "%s/plan.json", dir);
+    snprintf(run, sizeof run, "%s/run", dir);
+    const char *cluster_text = "{\"sites\": [{\"name\": \"a\"}, {\"name\": \"b\"}],"
+                               " \"default_link\": {\"bandwidth\": \"100mbit\", \"latency\": \"5ms\"}}";
+    const char *plan_text =
+        "{\"format\": \"pipert-plan-1\", \"cluster\": \"cluster.json\", \"stages\": 2,"
+        " \"replicas\": 1, \"layers\": \"1,2\", \"placement\": [[{\"site\": \"b\"}, {\"site\": \"a\"}]],"
+        " \"config\": {\"model\": {\"n_layer\": 3, \"n_embd\": 32, \"n_head\": 2, \"block_size\": 32},"
+        " \"train\": {\"batch_size\": 4, \"steps\": 4, \"log_every\": 1, \"val_batches\": 2}}}";
+    cr_assert_eq(pt_write_file_atomic(cluster, cluster_text, strlen(cluster_text)), PIPERT_OK);
+    cr_assert_eq(pt_write_file_atomic(plan, plan_text, strlen(plan_text)), PIPERT_OK);
+    run_pipert_ok("launch --plan %s --out %s", plan, run);
+    char log[700];
+    snprintf(log, sizeof log, "%s/logs/rank-0.log", run);
+    cr_expect(file_contains(log, "blocks [0, 1)"), "stage 0 does not run the plan's block 0");
+    double site[4], wan[4];
+    cr_assert_eq(read_metric_steps(run, "metrics-stage-0.jsonl", "bytes_site", site, 4), 4);
+    cr_assert_eq(read_metric_steps(run, "metrics-stage-0.jsonl", "bytes_wan", wan, 4), 4);
+    for (int i = 0; i < 4; i++) /* the last step only waits for a gradient: it sends nothing */
+        cr_expect(site[i] == 0 && (wan[i] > 0 || i == 3), "step %d: %g bytes inside the site, %g "
+                  "between the sites", i + 1, site[i], wan[i]);
+    remove_dir(dir);
+}
+
 /* ---- every method trains over a shaped link -------------------------------------- */
 
 Test(wan, every_method_trains_between_two_sites, .timeout = 600)

@@ -46,6 +46,7 @@
 #include "runtime/trace.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
+#include "tools/launch_plan.h"
 #include "tools/wan/sites.h"
 
 #define EXIT_JOB_ABORTED 3 /* a worker that stopped because the job aborted (cmd_worker.c) */
@@ -74,7 +75,9 @@ typedef struct worker_process {
 
 typedef struct job {
     int stages, replicas, world;
-    int sites; /* --sites: replica r is in site r mod sites */
+    int sites; /* --sites: replica r is in site r mod sites (or as the plan says) */
+    bool has_plan; /* --plan: stages, replicas, configuration and every rank's site */
+    pt_launch_plan plan;
     pt_wan_sites wan; /* wan.* or --cluster: the sites are namespaces joined by emulated links */
     char out_dir[PATH_MAX];
     char secret_path[PATH_MAX + 16];
@@ -130,6 +133,8 @@ static pipert_result plan_workers(job *j)
         w->stage = pt_layout_stage(&layout, r);
         w->replica = pt_layout_replica(&layout, r);
         w->site = w->replica % j->sites;
+        if (j->has_plan)
+            PT_TRY(pt_launch_plan_site(&j->plan, &j->wan.cluster, w->replica, w->stage, &w->site));
         assign_cores(r, j->world, j->cores, &w->cores_first, &w->cores_count);
         snprintf(w->log_path, sizeof w->log_path, "%s/logs/rank-%d.log", j->out_dir, r);
     }
@@ -573,10 +578,23 @@ static pipert_result collect_config_args(job *j, int argc, char **argv)
     return PIPERT_OK;
 }
 
-static pipert_result run_job(job *j, const char *out_dir, int argc, char **argv)
+/* With a plan, the workers get the whole configuration as one file (the
+ * user's --config, the plan's, the overrides: merged here already). */
+static pipert_result use_plan_config(job *j, const pipert_config *cfg)
+{
+    PT_TRY(pt_launch_plan_write_config(&j->plan, cfg, j->out_dir));
+    j->config_args[0] = "--config";
+    j->config_args[1] = j->plan.config_path;
+    j->n_config_args = 2;
+    return PIPERT_OK;
+}
+
+static pipert_result run_job(job *j, const pipert_config *cfg, const char *out_dir, int argc,
+                             char **argv)
 {
     PT_TRY(collect_config_args(j, argc, argv));
     PT_TRY(prepare_directory(j, out_dir));
+    if (j->has_plan) PT_TRY(use_plan_config(j, cfg));
     PT_TRY(plan_workers(j));
     PT_TRY(pt_wan_sites_start(&j->wan));
     PT_TRY(start_coordinator(j));
@@ -599,6 +617,7 @@ static void free_job(job *j)
     if (j->secret_path[0]) unlink(j->secret_path);
     free(j->workers);
     free(j->config_args);
+    if (j->has_plan) pt_launch_plan_free(&j->plan);
 }
 
 static void default_out_dir(char *dir, size_t cap)
@@ -609,10 +628,40 @@ static void default_out_dir(char *dir, size_t cap)
     strftime(dir, cap, "runs/launch-%Y%m%d-%H%M%S", &tm);
 }
 
+/* A usage error after the arguments were read: frees what was read. */
+static int refuse(job *j, pipert_config *cfg)
+{
+    pt_wan_sites_free(&j->wan);
+    if (j->has_plan) pt_launch_plan_free(&j->plan);
+    pipert_config_free(cfg);
+    return 2;
+}
+
+/* --plan: the plan says what --stages, --replicas, --sites and --cluster
+ * would, so they may not be given beside it. */
+static pipert_result read_plan(job *j, const char *path, int argc, char **argv, pipert_config *cfg,
+                               const char **stages, const char **replicas, const char **cluster)
+{
+    static char stages_text[16], replicas_text[16];
+    for (int i = 0; i < argc; i++)
+        if (!strcmp(argv[i], "--stages") || !strcmp(argv[i], "--replicas") ||
+            !strcmp(argv[i], "--sites") || !strcmp(argv[i], "--cluster"))
+            return pt_fail(PIPERT_ERR_INVALID_ARG, "%s: the plan %s says it; give it in one place",
+                           argv[i], path);
+    PT_TRY(pt_launch_plan_read(path, argc, argv, cfg, &j->plan));
+    j->has_plan = true;
+    snprintf(stages_text, sizeof stages_text, "%d", j->plan.file.stages);
+    snprintf(replicas_text, sizeof replicas_text, "%d", j->plan.file.replicas);
+    *stages = stages_text;
+    *replicas = replicas_text;
+    *cluster = j->plan.file.cluster_path[0] ? j->plan.file.cluster_path : NULL;
+    return PIPERT_OK;
+}
+
 int pt_cmd_launch(int argc, char **argv)
 {
     const char *out_dir = NULL, *stages = "1", *replicas = "1", *sites = "1", *grace = "5",
-               *heartbeat_timeout = NULL, *cluster_path = NULL;
+               *heartbeat_timeout = NULL, *cluster_path = NULL, *plan_path = NULL;
     bool quiet = false, resume = false, probe = false;
     const pt_cli_flag flags[] = {
         {"--stages", "S", "pipeline stages per replica (blocks split by plan.layers or balanced)",
@@ -636,6 +685,9 @@ int pt_cmd_launch(int argc, char **argv)
         {"--quiet", NULL, "no mapping or progress output", NULL, &quiet},
         {"--probe", NULL, "the workers measure round trips and bandwidth between the sites "
                           "instead of training (what pipert probe --sites runs)", NULL, &probe},
+        {"--plan", "FILE", "run a plan file (pipert plan): its stages, replicas, split, "
+                           "configuration and the site of every rank, emulating its cluster's links "
+                           "(docs/RUNNING.md, \"Plan files\")", &plan_path, NULL},
     };
     const pt_cli cli = {"launch", "--stages S --replicas R [--out DIR] [--resume] [--config FILE] "
                                   "[--section.key=value ...]",
@@ -648,17 +700,18 @@ int pt_cmd_launch(int argc, char **argv)
     pipert_config *cfg;
     pt_cli_outcome outcome = pt_cli_parse(&cli, argc, argv, &cfg);
     if (outcome != PT_CLI_OK) return pt_cli_exit_status(outcome);
-    job j = {.quiet = quiet, .resume = resume, .probe = probe, .total_steps = cfg->train.steps,
-             .log_every = cfg->train.log_every};
+    job j = {.quiet = quiet, .resume = resume, .probe = probe};
     int sites_flag = 1;
     pipert_result wan_rc = pt_cli_parse_int("--sites", sites, 1, PT_MAX_WORLD, 1, &sites_flag);
+    if (wan_rc == PIPERT_OK && plan_path)
+        wan_rc = read_plan(&j, plan_path, argc, argv, cfg, &stages, &replicas, &cluster_path);
     if (wan_rc == PIPERT_OK)
         wan_rc = pt_wan_sites_read(&j.wan, cfg, cluster_path, sites_flag, strcmp(sites, "1") != 0);
-    pipert_config_free(cfg);
+    j.total_steps = cfg->train.steps;
+    j.log_every = cfg->train.log_every;
     if (wan_rc != PIPERT_OK) {
-        pt_wan_sites_free(&j.wan);
         fprintf(stderr, "pipert launch: %s\n", pipert_last_error());
-        return 2;
+        return refuse(&j, cfg);
     }
     char grace_text[32];
     snprintf(grace_text, sizeof grace_text, "%s", grace);
@@ -667,22 +720,20 @@ int pt_cmd_launch(int argc, char **argv)
     if (pt_cli_parse_int("--stages", stages, 1, PT_MAX_WORLD, 1, &j.stages) != PIPERT_OK ||
         pt_cli_parse_int("--replicas", replicas, 1, PT_MAX_WORLD, 1, &j.replicas) != PIPERT_OK ||
         pt_cli_parse_int("--sites", sites, 1, PT_MAX_WORLD, 1, &j.sites) != PIPERT_OK ||
-        j.sites > j.replicas ||
+        (j.sites > j.replicas && !j.has_plan) ||
         *end || !(j.grace_s >= 0) ||
         (long)j.stages * j.replicas > PT_MAX_WORLD) {
         fprintf(stderr, "pipert launch: --stages, --replicas and --sites take positive integers (at "
                         "most %d workers, at most one site per replica), --grace a number of "
                         "seconds\n",
                 PT_MAX_WORLD);
-        pt_wan_sites_free(&j.wan);
-        return 2;
+        return refuse(&j, cfg);
     }
     j.sites = j.wan.count;
-    if (j.sites > j.replicas) {
+    if (j.sites > j.replicas && !j.has_plan) {
         fprintf(stderr, "pipert launch: %d sites need at least %d replicas (one per site)\n", j.sites,
                 j.sites);
-        pt_wan_sites_free(&j.wan);
-        return 2;
+        return refuse(&j, cfg);
     }
     j.heartbeat_timeout_s = j.wan.emulated ? PT_WAN_HEARTBEAT_TIMEOUT_S : PT_DEAD_AFTER_S;
     if (heartbeat_timeout) {
@@ -690,8 +741,7 @@ int pt_cmd_launch(int argc, char **argv)
         if (*end || !(j.heartbeat_timeout_s >= 1 && j.heartbeat_timeout_s <= 3600)) {
             fprintf(stderr, "pipert launch: --heartbeat-timeout takes seconds in [1, 3600], got "
                             "'%s'\n", heartbeat_timeout);
-            pt_wan_sites_free(&j.wan);
-            return 2;
+            return refuse(&j, cfg);
         }
     }
     j.world = j.stages * j.replicas;
@@ -705,10 +755,11 @@ int pt_cmd_launch(int argc, char **argv)
     sigaction(SIGTERM, &action, NULL);
     sigaction(SIGHUP, &action, NULL);
 
-    pipert_result rc = run_job(&j, out_dir, argc, argv);
+    pipert_result rc = run_job(&j, cfg, out_dir, argc, argv);
     if (rc != PIPERT_OK) fprintf(stderr, "pipert launch: error: %s\n", pipert_last_error());
     if (j.running > 0) watch(&j);
     int status = rc != PIPERT_OK ? 1 : report(&j);
     free_job(&j);
+    pipert_config_free(cfg);
     return status;
 }
