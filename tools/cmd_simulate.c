@@ -31,6 +31,7 @@
 #include "runtime/units.h"
 #include "scheduler/cluster.h"
 #include "scheduler/cost.h"
+#include "scheduler/job_model.h"
 #include "scheduler/plan_file.h"
 #include "scheduler/simulate.h"
 #include "tools/cli.h"
@@ -47,20 +48,16 @@ typedef struct simulate_args {
     const pt_cluster *cluster; /* the plan's, or NULL */
 } simulate_args;
 
-/* Everything one simulation needs, owned here. */
-typedef struct job_model {
+/* Everything one simulation needs. */
+typedef struct job {
     pt_stage_plan plan;
-    pt_stage_cost stage[PT_PLAN_MAX_STAGES];
-    pt_sim_costs costs[MAX_RANKS];
-    pt_sim_link stage_links[MAX_RANKS];
+    pt_cost_device devices[MAX_RANKS];
     int device_of[MAX_RANKS];
-    double coupling_bytes[PT_PLAN_MAX_STAGES];
-    int link_of[PT_PLAN_MAX_STAGES];
-    pt_sim_link coupling_links[PT_PLAN_MAX_STAGES + 1]; /* [0]: this host */
-    int coupling_pairs[PT_PLAN_MAX_STAGES + 1][2];     /* the sites of each link */
-    int site_of[MAX_RANKS];                             /* −1: this host, no cluster */
-    pt_sim_input in;
-} job_model;
+    int site_of[MAX_RANKS];
+    pt_sim_link *links; /* the plan's cluster's, [n_sites²], or NULL */
+    int n_sites;
+    pt_job_model model;
+} job;
 
 static pipert_result parse_args(const char *const text[8], simulate_args *a)
 {
@@ -104,63 +101,26 @@ static pipert_result machine_devices(const pipert_config *cfg, simulate_args *a,
     return PIPERT_OK;
 }
 
-/* ---- links from the plan's cluster ------------------------------------------ */
+/* ---- the job ----------------------------------------------------------------- */
 
-static pt_sim_link cluster_link(const pt_cluster *c, int from, int to)
+static pipert_result place_ranks(const simulate_args *a, job *m, int S, int R)
 {
-    const pt_cluster_link *l = &c->links[from * c->n_sites + to];
-    return (pt_sim_link){l->bits_per_s / 8, l->latency_s};
-}
-
-/* The slower of a pair's two directions (a pipeline boundary carries
- * activations one way and gradients the other). */
-static pt_sim_link pair_link(const simulate_args *a, int site_a, int site_b)
-{
-    if (site_a < 0 || site_a == site_b) return a->link;
-    const pt_sim_link x = cluster_link(a->cluster, site_a, site_b),
-                      y = cluster_link(a->cluster, site_b, site_a);
-    return (pt_sim_link){x.bytes_per_s < y.bytes_per_s ? x.bytes_per_s : y.bytes_per_s,
-                         x.latency_s > y.latency_s ? x.latency_s : y.latency_s};
-}
-
-static pipert_result place_ranks(const simulate_args *a, job_model *m, int S, int R)
-{
-    for (int i = 0; i < R * S; i++) m->site_of[i] = -1;
+    for (int i = 0; i < R * S; i++) m->site_of[i] = 0;
     if (!a->plan || !a->cluster) return PIPERT_OK;
+    const pt_cluster *c = a->cluster;
     for (int r = 0; r < R; r++)
         for (int s = 0; s < S; s++)
-            PT_TRY(pt_plan_file_site_index(a->plan, a->cluster, r, s, &m->site_of[r * S + s]));
+            PT_TRY(pt_plan_file_site_index(a->plan, c, r, s, &m->site_of[r * S + s]));
+    m->n_sites = c->n_sites;
+    m->links = calloc((size_t)c->n_sites * (size_t)c->n_sites, sizeof *m->links);
+    if (!m->links) return pt_fail(PIPERT_ERR_NOMEM, "simulate: out of memory");
+    for (int k = 0; k < c->n_sites * c->n_sites; k++)
+        m->links[k] = (pt_sim_link){c->links[k].bits_per_s / 8, c->links[k].latency_s};
     return PIPERT_OK;
 }
 
-/* Stage s's coupling link: the slowest hop of its replicas' ring; stages
- * whose slowest hop joins the same two sites share it. */
-static void coupling_link(const simulate_args *a, job_model *m, int s, int S, int R, int *n_links)
-{
-    int worst_a = -1, worst_b = -1;
-    pt_sim_link worst = a->link;
-    for (int r = 0; r < R; r++) {
-        const int x = m->site_of[r * S + s], y = m->site_of[((r + 1) % R) * S + s];
-        if (x < 0 || x == y) continue;
-        const pt_sim_link l = pair_link(a, x, y);
-        if (l.bytes_per_s < worst.bytes_per_s) worst = l, worst_a = x, worst_b = y;
-    }
-    m->link_of[s] = 0;
-    if (worst_a < 0) return; /* all in one site: this host's link */
-    const int lo = worst_a < worst_b ? worst_a : worst_b, hi = worst_a ^ worst_b ^ lo;
-    for (int l = 1; l < *n_links; l++)
-        if (m->coupling_pairs[l][0] == lo && m->coupling_pairs[l][1] == hi) {
-            m->link_of[s] = l;
-            return;
-        }
-    m->coupling_pairs[*n_links][0] = lo;
-    m->coupling_pairs[*n_links][1] = hi;
-    m->coupling_links[*n_links] = worst;
-    m->link_of[s] = (*n_links)++;
-}
-
-static pipert_result build_model(const pipert_config *cfg, const simulate_args *a, int devices,
-                                 job_model *m)
+static pipert_result build_job(const pipert_config *cfg, const simulate_args *a, int devices,
+                               job *m)
 {
     const int S = a->stages, R = a->replicas;
     if (R * S > MAX_RANKS)
@@ -172,104 +132,68 @@ static pipert_result build_model(const pipert_config *cfg, const simulate_args *
         PT_TRY(pt_plan_parse(cfg->plan.layers, model.n_layer, S, &m->plan));
     else
         PT_TRY(pt_plan_balanced(&model, model.block_size, S, &m->plan));
-    const pt_cost_device device = {a->flops, a->efficiency, 0, a->memory_bytes_per_s};
-    double params[PT_PLAN_MAX_STAGES];
-    for (int s = 0; s < S; s++) {
-        PT_TRY(pt_cost_stage(cfg, &m->plan, s, &device, &m->stage[s]));
-        params[s] = m->stage[s].params;
-    }
     PT_TRY(place_ranks(a, m, S, R));
     for (int i = 0; i < R * S; i++) {
-        m->costs[i] = m->stage[i % S].time;
+        m->devices[i] = (pt_cost_device){a->flops, a->efficiency, 0, a->memory_bytes_per_s};
         m->device_of[i] = i % devices;
     }
-    for (int r = 0; r < R; r++)
-        for (int s = 0; s + 1 < S; s++)
-            m->stage_links[r * (S - 1) + s] =
-                pair_link(a, m->site_of[r * S + s], m->site_of[r * S + s + 1]);
-    PT_TRY(pt_schedule_parse_kind(cfg->pipeline.schedule, &m->in.kind));
-    const bool async = m->in.kind == PT_SCHEDULE_ASYNC_1F1B;
-    m->in.stages = S;
-    m->in.replicas = R;
-    /* as the executor runs it: async one microbatch a step, one stage its
-     * gradient accumulation, a pipeline its microbatches */
-    m->in.microbatches = async ? 1 : S == 1 ? cfg->train.grad_accum : cfg->pipeline.microbatches;
-    m->in.steps = a->steps ? a->steps : async ? 12 * S + 20 : 10;
-    m->in.costs = m->costs;
-    m->in.device_of = m->device_of;
-    m->in.n_devices = devices;
-    m->in.stage_links = m->stage_links;
-    m->in.activation_bytes = m->stage[0].bytes_message;
-    PT_TRY(pt_cost_coupling(cfg, R, S, params, m->coupling_bytes, &m->in.coupling));
-    int n_links = 1;
-    m->coupling_links[0] = a->link;
-    for (int s = 0; s < S; s++) coupling_link(a, m, s, S, R, &n_links);
-    m->in.coupling.link_of = m->link_of;
-    m->in.coupling.links = m->coupling_links;
-    m->in.coupling.n_links = n_links;
-    return PIPERT_OK;
+    const pt_job_model_input in = {
+        .config = cfg, .plan = &m->plan, .replicas = R, .devices = m->devices,
+        .site_of = m->site_of, .n_sites = m->n_sites ? m->n_sites : 1, .links = m->links,
+        .local = a->link, .device_of = m->device_of, .n_devices = devices, .steps = a->steps,
+    };
+    return pt_job_model_build(&in, &m->model);
 }
 
 /* ---- the outputs ----------------------------------------------------------- */
 
-static double tokens_per_step(const pipert_config *cfg, const job_model *m)
-{
-    return (double)m->in.replicas * m->in.microbatches * cfg->train.batch_size *
-           cfg->model.block_size;
-}
-
-static double coupling_bytes_per_step(const job_model *m, const pt_sim_result *r)
-{
-    double total = 0;
-    for (int l = 0; l < m->in.coupling.n_links; l++) total += r->coupling_link_bytes[l];
-    return total / m->in.replicas / m->in.steps;
-}
-
-static void print_result(const pipert_config *cfg, const simulate_args *a, const job_model *m,
+static void print_result(const pipert_config *cfg, const simulate_args *a, const job *j,
                          int threads, int devices, const pt_sim_result *r)
 {
-    printf("simulated %d stage%s x %d replica%s, %s, dp.method=%s, %d step%s\n", m->in.stages,
-           m->in.stages == 1 ? "" : "s", m->in.replicas, m->in.replicas == 1 ? "" : "s",
-           cfg->pipeline.schedule, cfg->dp.method, m->in.steps, m->in.steps == 1 ? "" : "s");
+    const pt_sim_input *in = &j->model.in;
+    printf("simulated %d stage%s x %d replica%s, %s, dp.method=%s, %d step%s\n", in->stages,
+           in->stages == 1 ? "" : "s", in->replicas, in->replicas == 1 ? "" : "s",
+           cfg->pipeline.schedule, cfg->dp.method, in->steps, in->steps == 1 ? "" : "s");
     printf("devices: %d (of %d cores, %d thread%s a rank), %.1f GFLOP/s each x efficiency %.2f\n",
            devices, a->cores, threads, threads == 1 ? "" : "s", 1e-9 * a->flops, a->efficiency);
     printf("step %.2f ms, %.0f tokens/s, coupling %.0f bytes a replica a step\n", 1e3 * r->step_s,
-           tokens_per_step(cfg, m) / r->step_s, coupling_bytes_per_step(m, r));
-    for (int i = 0; i < m->in.replicas * m->in.stages; i++) {
-        const pt_stage_cost *c = &m->stage[i % m->in.stages];
+           j->model.tokens_per_step / r->step_s, pt_job_model_coupling_bytes_per_step(&j->model, r));
+    for (int i = 0; i < in->replicas * in->stages; i++) {
+        const pt_stage_cost *c = &j->model.cost[i];
         const pt_sim_rank_result *k = &r->ranks[i];
         printf("  rank %d (stage %d, replica %d, %s%s, blocks [%d, %d)): forward %.2f ms, backward %.2f "
                "ms, bubble %.1f%%, coupling wait %.2f ms/step, %d microbatch%s in flight, "
                "memory %.1f MB\n",
-               i, i % m->in.stages, i / m->in.stages, m->site_of[i] < 0 ? "this host" : "site ",
-               m->site_of[i] < 0 ? "" : a->cluster->site_names[m->site_of[i]], c->first, c->last,
+               i, i % in->stages, i / in->stages, a->cluster ? "site " : "this host",
+               a->cluster ? a->cluster->site_names[j->site_of[i]] : "", c->first, c->last,
                1e3 * c->time.forward_s,
-               1e3 * c->time.backward_s, 100 * k->bubble, 1e3 * k->wait_coupling_s / m->in.steps,
+               1e3 * c->time.backward_s, 100 * k->bubble, 1e3 * k->wait_coupling_s / in->steps,
                k->peak_activations, k->peak_activations == 1 ? "" : "es",
                1e-6 * pt_cost_stage_memory(c, k->peak_activations));
     }
 }
 
-static json_t *result_json(const pipert_config *cfg, const job_model *m, const pt_sim_result *r)
+static json_t *result_json(const pipert_config *cfg, const job *j, const pt_sim_result *r)
 {
+    const pt_sim_input *in = &j->model.in;
     json_t *ranks = json_array();
-    for (int i = 0; i < m->in.replicas * m->in.stages; i++) {
-        const pt_stage_cost *c = &m->stage[i % m->in.stages];
+    for (int i = 0; i < in->replicas * in->stages; i++) {
+        const pt_stage_cost *c = &j->model.cost[i];
         const pt_sim_rank_result *k = &r->ranks[i];
         json_array_append_new(
             ranks, json_pack("{s:i, s:i, s:i, s:f, s:f, s:f, s:i, s:f, s:f}", "rank", i, "stage",
-                             i % m->in.stages, "replica", i / m->in.stages, "bubble", k->bubble,
-                             "wait_coupling_s_per_step", k->wait_coupling_s / m->in.steps,
-                             "bytes_sent_per_step", k->bytes_sent / m->in.steps,
+                             i % in->stages, "replica", i / in->stages, "bubble", k->bubble,
+                             "wait_coupling_s_per_step", k->wait_coupling_s / in->steps,
+                             "bytes_sent_per_step", k->bytes_sent / in->steps,
                              "peak_activations", k->peak_activations, "memory_bytes",
                              pt_cost_stage_memory(c, k->peak_activations), "flops_per_microbatch",
                              c->flops));
     }
-    return json_pack("{s:i, s:i, s:s, s:s, s:f, s:f, s:f, s:o}", "stages", m->in.stages,
-                     "replicas", m->in.replicas, "schedule", cfg->pipeline.schedule, "dp_method",
+    return json_pack("{s:i, s:i, s:s, s:s, s:f, s:f, s:f, s:o}", "stages", in->stages,
+                     "replicas", in->replicas, "schedule", cfg->pipeline.schedule, "dp_method",
                      cfg->dp.method, "step_s", r->step_s, "tokens_per_s",
-                     tokens_per_step(cfg, m) / r->step_s, "coupling_bytes_per_step",
-                     coupling_bytes_per_step(m, r), "ranks", ranks);
+                     j->model.tokens_per_step / r->step_s, "coupling_bytes_per_step",
+                     pt_job_model_coupling_bytes_per_step(&j->model, r), "ranks", ranks);
 }
 
 static pipert_result write_json(const char *path, json_t *value)
@@ -286,9 +210,10 @@ static pipert_result write_json(const char *path, json_t *value)
 }
 
 /* The simulated ranks' spans, merged into one Perfetto trace at `path`. */
-static pipert_result simulate_traced(job_model *m, const char *path, pt_sim_result *r)
+static pipert_result simulate_traced(job *j, const char *path, pt_sim_result *r)
 {
-    const int n = m->in.replicas * m->in.stages;
+    pt_sim_input *in = &j->model.in;
+    const int n = in->replicas * in->stages;
     pt_trace **traces = calloc((size_t)n, sizeof *traces);
     char dir[] = "/tmp/pipert-simulate-XXXXXX";
     if (!traces || !mkdtemp(dir)) {
@@ -297,10 +222,10 @@ static pipert_result simulate_traced(job_model *m, const char *path, pt_sim_resu
     }
     pipert_result rc = PIPERT_OK;
     for (int i = 0; i < n && rc == PIPERT_OK; i++)
-        rc = pt_trace_create(&traces[i], i, i % m->in.stages, i / m->in.stages, 1 << 16);
-    m->in.traces = traces;
-    m->in.trace_origin_us = pt_trace_now_us();
-    if (rc == PIPERT_OK) rc = pt_simulate(&m->in, r);
+        rc = pt_trace_create(&traces[i], i, i % in->stages, i / in->stages, 1 << 16);
+    in->traces = traces;
+    in->trace_origin_us = pt_trace_now_us();
+    if (rc == PIPERT_OK) rc = pt_simulate(in, r);
     for (int i = 0; i < n && rc == PIPERT_OK; i++) rc = pt_trace_write_rank_file(traces[i], dir);
     int merged = 0;
     if (rc == PIPERT_OK) rc = pt_trace_merge(dir, path, &merged);
@@ -312,7 +237,7 @@ static pipert_result simulate_traced(job_model *m, const char *path, pt_sim_resu
     }
     rmdir(dir);
     free(traces);
-    m->in.traces = NULL;
+    in->traces = NULL;
     return rc;
 }
 
@@ -339,21 +264,23 @@ static pipert_result run_simulation(pipert_config *cfg, simulate_args *a)
     int threads, devices;
     PT_TRY(pt_config_validate(cfg));
     PT_TRY(machine_devices(cfg, a, &threads, &devices));
-    job_model *m = calloc(1, sizeof *m);
-    if (!m) return pt_fail(PIPERT_ERR_NOMEM, "simulate: out of memory");
+    job *j = calloc(1, sizeof *j);
+    if (!j) return pt_fail(PIPERT_ERR_NOMEM, "simulate: out of memory");
     pt_sim_result r = {0};
-    pipert_result rc = build_model(cfg, a, devices, m);
+    pipert_result rc = build_job(cfg, a, devices, j);
     if (rc == PIPERT_OK)
-        rc = a->trace_path ? simulate_traced(m, a->trace_path, &r) : pt_simulate(&m->in, &r);
-    if (rc == PIPERT_OK) print_result(cfg, a, m, threads, devices, &r);
+        rc = a->trace_path ? simulate_traced(j, a->trace_path, &r) : pt_simulate(&j->model.in, &r);
+    if (rc == PIPERT_OK) print_result(cfg, a, j, threads, devices, &r);
     if (rc == PIPERT_OK && a->json_path) {
-        json_t *j = result_json(cfg, m, &r);
-        rc = j ? write_json(a->json_path, j) : pt_fail(PIPERT_ERR_NOMEM, "out of memory");
-        json_decref(j);
+        json_t *out = result_json(cfg, j, &r);
+        rc = out ? write_json(a->json_path, out) : pt_fail(PIPERT_ERR_NOMEM, "out of memory");
+        json_decref(out);
     }
     if (rc == PIPERT_OK && a->trace_path) printf("wrote %s\n", a->trace_path);
     pt_sim_result_free(&r);
-    free(m);
+    pt_job_model_free(&j->model);
+    free(j->links);
+    free(j);
     return rc;
 }
 

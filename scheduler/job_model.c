@@ -1,0 +1,151 @@
+#include "scheduler/job_model.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/error.h"
+
+static int site(const pt_job_model_input *in, int rank)
+{
+    return in->site_of ? in->site_of[rank] : 0;
+}
+
+static pt_sim_link between(const pt_job_model_input *in, int a, int b)
+{
+    if (a == b || !in->links) return in->local;
+    const pt_sim_link x = in->links[a * in->n_sites + b], y = in->links[b * in->n_sites + a];
+    return (pt_sim_link){x.bytes_per_s < y.bytes_per_s ? x.bytes_per_s : y.bytes_per_s,
+                         x.latency_s > y.latency_s ? x.latency_s : y.latency_s};
+}
+
+/* Stage s's coupling link (job_model.h). */
+static void coupling_link(const pt_job_model_input *in, pt_job_model *m, int s, int *n_links)
+{
+    const int S = in->plan->stages, R = in->replicas;
+    int worst_a = -1, worst_b = -1;
+    pt_sim_link worst = in->local;
+    for (int r = 0; r < R; r++) {
+        const int x = site(in, r * S + s), y = site(in, ((r + 1) % R) * S + s);
+        if (x == y) continue;
+        const pt_sim_link l = between(in, x, y);
+        if (worst_a < 0 || l.bytes_per_s < worst.bytes_per_s) worst = l, worst_a = x, worst_b = y;
+    }
+    m->link_of[s] = 0;
+    if (worst_a < 0) return;
+    const int lo = worst_a < worst_b ? worst_a : worst_b, hi = worst_a ^ worst_b ^ lo;
+    for (int l = 1; l < *n_links; l++)
+        if (m->link_pairs[l][0] == lo && m->link_pairs[l][1] == hi) {
+            m->link_of[s] = l;
+            return;
+        }
+    m->link_pairs[*n_links][0] = lo;
+    m->link_pairs[*n_links][1] = hi;
+    m->coupling_links[*n_links] = worst;
+    m->link_of[s] = (*n_links)++;
+}
+
+static pipert_result allocate(pt_job_model *m, int S, int R)
+{
+    const size_t ranks = (size_t)R * (size_t)S;
+    m->cost = calloc(ranks, sizeof *m->cost);
+    m->times = calloc(ranks, sizeof *m->times);
+    m->stage_links = calloc(ranks, sizeof *m->stage_links);
+    m->coupling_bytes = calloc((size_t)S, sizeof *m->coupling_bytes);
+    m->link_of = calloc((size_t)S, sizeof *m->link_of);
+    m->coupling_links = calloc((size_t)S + 1, sizeof *m->coupling_links);
+    m->link_pairs = calloc((size_t)S + 1, sizeof *m->link_pairs);
+    if (!m->cost || !m->times || !m->stage_links || !m->coupling_bytes || !m->link_of ||
+        !m->coupling_links || !m->link_pairs)
+        return pt_fail(PIPERT_ERR_NOMEM, "job model: out of memory for %zu ranks", ranks);
+    return PIPERT_OK;
+}
+
+/* The microbatches per optimizer step, as the executor runs them. */
+static int microbatches(const pipert_config *config, pt_schedule_kind kind, int S)
+{
+    if (kind == PT_SCHEDULE_ASYNC_1F1B) return 1;
+    return S == 1 ? config->train.grad_accum : config->pipeline.microbatches;
+}
+
+static pipert_result price_ranks(const pt_job_model_input *in, pt_job_model *m)
+{
+    const int S = in->plan->stages, R = in->replicas;
+    double *params = calloc((size_t)S, sizeof *params);
+    if (!params) return pt_fail(PIPERT_ERR_NOMEM, "job model: out of memory");
+    pipert_result rc = PIPERT_OK;
+    for (int i = 0; i < R * S && rc == PIPERT_OK; i++) {
+        rc = pt_cost_stage(in->config, in->plan, i % S, &in->devices[i], &m->cost[i]);
+        m->times[i] = m->cost[i].time;
+        params[i % S] = m->cost[i].params;
+    }
+    for (int r = 0; r < R && rc == PIPERT_OK; r++)
+        for (int s = 0; s + 1 < S; s++)
+            m->stage_links[r * (S - 1) + s] = between(in, site(in, r * S + s), site(in, r * S + s + 1));
+    if (rc == PIPERT_OK)
+        rc = pt_cost_coupling(in->config, R, S, params, m->coupling_bytes, &m->in.coupling);
+    free(params);
+    return rc;
+}
+
+pipert_result pt_job_model_build(const pt_job_model_input *in, pt_job_model *out)
+{
+    *out = (pt_job_model){0};
+    const int S = in->plan->stages, R = in->replicas;
+    pipert_result rc = allocate(out, S, R);
+    pt_sim_input *sim = &out->in;
+    if (rc == PIPERT_OK) rc = pt_schedule_parse_kind(in->config->pipeline.schedule, &sim->kind);
+    if (rc == PIPERT_OK) rc = price_ranks(in, out);
+    if (rc != PIPERT_OK) {
+        pt_job_model_free(out);
+        return rc;
+    }
+    const bool async = sim->kind == PT_SCHEDULE_ASYNC_1F1B;
+    sim->stages = S;
+    sim->replicas = R;
+    sim->microbatches = microbatches(in->config, sim->kind, S);
+    sim->steps = in->steps ? in->steps : async ? 12 * S + 20 : 10;
+    sim->costs = out->times;
+    sim->device_of = in->device_of;
+    sim->n_devices = in->n_devices;
+    sim->stage_links = out->stage_links;
+    sim->activation_bytes = out->cost[0].bytes_message;
+    int n_links = 1;
+    out->coupling_links[0] = in->local;
+    for (int s = 0; s < S; s++) coupling_link(in, out, s, &n_links);
+    sim->coupling.link_of = out->link_of;
+    sim->coupling.links = out->coupling_links;
+    sim->coupling.n_links = n_links;
+    out->tokens_per_step = (double)R * sim->microbatches * in->config->train.batch_size *
+                           in->config->model.block_size;
+    return PIPERT_OK;
+}
+
+void pt_job_model_free(pt_job_model *m)
+{
+    free(m->cost);
+    free(m->times);
+    free(m->stage_links);
+    free(m->coupling_bytes);
+    free(m->link_of);
+    free(m->coupling_links);
+    free(m->link_pairs);
+    *m = (pt_job_model){0};
+}
+
+double pt_job_model_peak_memory(const pt_job_model *m, const pt_sim_result *r, int *rank)
+{
+    double peak = 0;
+    *rank = 0;
+    for (int i = 0; i < m->in.replicas * m->in.stages; i++) {
+        const double bytes = pt_cost_stage_memory(&m->cost[i], r->ranks[i].peak_activations);
+        if (bytes > peak) peak = bytes, *rank = i;
+    }
+    return peak;
+}
+
+double pt_job_model_coupling_bytes_per_step(const pt_job_model *m, const pt_sim_result *r)
+{
+    double total = 0;
+    for (int l = 0; l < m->in.coupling.n_links; l++) total += r->coupling_link_bytes[l];
+    return total / m->in.replicas / m->in.steps;
+}

@@ -1,0 +1,55 @@
+/* A job as the simulation sees it: from a placement (the stages' blocks, each
+ * rank's device and site) and the links between sites, the priced input of
+ * scheduler/simulate.h — what `pipert simulate` and the solver both build.
+ *
+ * Links. Two ranks in one site talk over `local` (or the diagonal of
+ * `links`); in different sites over the cluster's link, and a pipeline
+ * boundary, which carries activations one way and gradients the other, takes
+ * the slower of its two directions. A stage's replicas couple over the
+ * slowest hop of their ring; stages whose slowest hop joins the same two
+ * sites share that link (one queue), and stages inside one site share the
+ * local one. */
+#ifndef PT_SCHEDULER_JOB_MODEL_H
+#define PT_SCHEDULER_JOB_MODEL_H
+
+#include "scheduler/cost.h"
+#include "scheduler/simulate.h"
+
+typedef struct pt_job_model_input {
+    const pipert_config *config;
+    const pt_stage_plan *plan;      /* S = plan->stages */
+    int replicas;
+    const pt_cost_device *devices;  /* [R·S]: each rank's device */
+    const int *site_of;             /* [R·S], or NULL: every rank in one site */
+    int n_sites;
+    const pt_sim_link *links;       /* [n_sites²] between sites (may be NULL with one site) */
+    pt_sim_link local;              /* inside a site */
+    const int *device_of;           /* shared devices (simulate.h), or NULL */
+    int n_devices;
+    int steps;                      /* simulated steps; 0: 10 (flush), 12·S + 20 (async) */
+} pt_job_model_input;
+
+typedef struct pt_job_model {
+    pt_sim_input in;
+    pt_stage_cost *cost;          /* [R·S] */
+    pt_sim_costs *times;          /* [R·S] */
+    pt_sim_link *stage_links;     /* [R·(S−1)] */
+    double *coupling_bytes;       /* [S] */
+    int *link_of;                 /* [S] */
+    pt_sim_link *coupling_links;  /* [S + 1] */
+    int (*link_pairs)[2];         /* [S + 1]: the sites each coupling link joins */
+    double tokens_per_step;       /* of the whole job */
+} pt_job_model;
+
+pipert_result pt_job_model_build(const pt_job_model_input *in, pt_job_model *out);
+void pt_job_model_free(pt_job_model *model);
+
+/* The most memory a rank of the simulated job needs, and which rank. */
+double pt_job_model_peak_memory(const pt_job_model *model, const pt_sim_result *result,
+                                int *rank);
+
+/* What a replica sends for the coupling per step, on every link together. */
+double pt_job_model_coupling_bytes_per_step(const pt_job_model *model,
+                                            const pt_sim_result *result);
+
+#endif
