@@ -12,7 +12,10 @@ static int site(const pt_job_model_input *in, int rank)
 
 static pt_sim_link between(const pt_job_model_input *in, int a, int b)
 {
-    if (a == b || !in->links) return in->local;
+    if (!in->links) return in->local;
+    if (a == b) /* the diagonal, where it says anything (a cluster file's does not) */
+        return in->links[a * in->n_sites + a].bytes_per_s > 0 ? in->links[a * in->n_sites + a]
+                                                               : in->local;
     const pt_sim_link x = in->links[a * in->n_sites + b], y = in->links[b * in->n_sites + a];
     return (pt_sim_link){x.bytes_per_s < y.bytes_per_s ? x.bytes_per_s : y.bytes_per_s,
                          x.latency_s > y.latency_s ? x.latency_s : y.latency_s};

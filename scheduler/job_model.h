@@ -2,8 +2,8 @@
  * rank's device and site) and the links between sites, the priced input of
  * scheduler/simulate.h — what `pipert simulate` and the solver both build.
  *
- * Links. Two ranks in one site talk over `local` (or the diagonal of
- * `links`); in different sites over the cluster's link, and a pipeline
+ * Links. Two ranks in one site talk over the diagonal of `links` where it
+ * has a bandwidth, else over `local`; in different sites over the cluster's link, and a pipeline
  * boundary, which carries activations one way and gradients the other, takes
  * the slower of its two directions. A stage's replicas couple over the
  * slowest hop of their ring; stages whose slowest hop joins the same two

@@ -1,0 +1,253 @@
+#include "scheduler/solver.h"
+
+#include <float.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/error.h"
+#include "scheduler/job_model.h"
+
+static pt_gpt_config model_of(const pipert_config *c)
+{
+    return (pt_gpt_config){c->model.n_layer, c->model.n_embd, c->model.n_head,
+                           c->model.block_size, c->model.vocab_size, c->model.tie_weights};
+}
+
+/* ---- the split: a dynamic programme over (stage, blocks) ----------------------- */
+
+pipert_result pt_solver_split(const pipert_config *config, int S, const double *speed, int *bounds)
+{
+    const pt_gpt_config model = model_of(config);
+    const int L = model.n_layer, T = model.block_size;
+    if (S < 1 || S > L || S > PT_PLAN_MAX_STAGES)
+        return pt_fail(PIPERT_ERR_INVALID_ARG, "split: %d stages for %d blocks", S, L);
+    /* best[s][l]: the slowest of stages 0..s−1 holding blocks [0, l), at its least */
+    double *best = malloc((size_t)(S + 1) * (size_t)(L + 1) * sizeof *best);
+    int *from = malloc((size_t)(S + 1) * (size_t)(L + 1) * sizeof *from);
+    if (!best || !from) {
+        free(best);
+        free(from);
+        return pt_fail(PIPERT_ERR_NOMEM, "split: out of memory");
+    }
+#define AT(s, l) ((s) * (L + 1) + (l))
+    for (int i = 0; i < (S + 1) * (L + 1); i++) best[i] = DBL_MAX;
+    best[AT(0, 0)] = 0;
+    for (int s = 1; s <= S; s++)
+        for (int l = s; l <= L - (S - s); l++)
+            for (int k = s - 1; k < l; k++) {
+                if (best[AT(s - 1, k)] == DBL_MAX) continue;
+                /* the last stage also carries the head (plan.h) */
+                const double t = pt_plan_stage_flops(&model, T, k, l) / speed[s - 1];
+                const double slowest = fmax(best[AT(s - 1, k)], t);
+                if (slowest < best[AT(s, l)]) best[AT(s, l)] = slowest, from[AT(s, l)] = k;
+            }
+    bounds[S] = L;
+    for (int s = S; s > 0; s--) bounds[s - 1] = from[AT(s, bounds[s])];
+#undef AT
+    free(best);
+    free(from);
+    return PIPERT_OK;
+}
+
+/* ---- candidates ----------------------------------------------------------------- */
+
+typedef struct search {
+    const pt_solver_input *in;
+    int total_devices;
+    pt_solver_result *out;
+    int capacity;
+} search;
+
+/* Sites in order of their devices' speed, fastest first. */
+static void sites_by_speed(const pt_solver_input *in, int *order)
+{
+    for (int i = 0; i < in->n_sites; i++) order[i] = i;
+    for (int i = 1; i < in->n_sites; i++)
+        for (int k = i; k > 0; k--) {
+            const double a = in->sites[order[k]].device.flops * in->sites[order[k]].device.efficiency,
+                         b = in->sites[order[k - 1]].device.flops *
+                             in->sites[order[k - 1]].device.efficiency;
+            if (a <= b) break;
+            const int t = order[k];
+            order[k] = order[k - 1];
+            order[k - 1] = t;
+        }
+}
+
+/* Places R pipelines of S stages: each inside one site, fastest site first
+ * (spanning: the ranks in site order, a pipeline crossing where a site ends).
+ * False if they do not fit. */
+static bool place(const pt_solver_input *in, int S, int R, bool spanning, int *site_of)
+{
+    int order[256], free_devices[256];
+    sites_by_speed(in, order);
+    for (int i = 0; i < in->n_sites; i++) free_devices[i] = in->sites[i].devices;
+    int k = 0;
+    for (int r = 0; r < R; r++) {
+        if (spanning) {
+            for (int s = 0; s < S; s++) {
+                while (k < in->n_sites && free_devices[order[k]] == 0) k++;
+                if (k == in->n_sites) return false;
+                site_of[r * S + s] = order[k];
+                free_devices[order[k]]--;
+            }
+            continue;
+        }
+        int chosen = -1;
+        for (int i = 0; i < in->n_sites && chosen < 0; i++) /* round-robin over sites that fit */
+            if (free_devices[order[(r + i) % in->n_sites]] >= S) chosen = order[(r + i) % in->n_sites];
+        if (chosen < 0) return false;
+        for (int s = 0; s < S; s++) site_of[r * S + s] = chosen;
+        free_devices[chosen] -= S;
+    }
+    return true;
+}
+
+static double speed_of(const pt_cost_device *d) { return d->flops * d->efficiency; }
+
+/* The split for a placement: stage s takes the slowest device any replica
+ * gives it (every replica runs the same split). */
+static pipert_result split_for(const pt_solver_input *in, int S, int R, const int *site_of,
+                               pt_stage_plan *plan)
+{
+    double speed[PT_PLAN_MAX_STAGES];
+    for (int s = 0; s < S; s++) {
+        speed[s] = DBL_MAX;
+        for (int r = 0; r < R; r++)
+            speed[s] = fmin(speed[s], speed_of(&in->sites[site_of[r * S + s]].device));
+    }
+    plan->stages = S;
+    return pt_solver_split(in->config, S, speed, plan->bounds);
+}
+
+/* Keeps the `keep` fastest plans, fastest first. */
+static pipert_result keep_plan(search *x, const pt_solver_plan *plan)
+{
+    pt_solver_result *out = x->out;
+    int at = out->n_plans;
+    while (at > 0 && out->plans[at - 1].tokens_per_s < plan->tokens_per_s) at--;
+    if (at >= x->in->keep) {
+        free(plan->site_of);
+        return PIPERT_OK;
+    }
+    if (out->n_plans == x->in->keep) free(out->plans[--out->n_plans].site_of);
+    memmove(&out->plans[at + 1], &out->plans[at], (size_t)(out->n_plans - at) * sizeof *out->plans);
+    out->plans[at] = *plan;
+    out->n_plans++;
+    return PIPERT_OK;
+}
+
+/* Simulates the placement in `plan` (site_of set) and fills its prediction;
+ * *fits: whether the fullest device has the memory. */
+static pipert_result predict(const pt_solver_input *in, pt_solver_plan *plan,
+                             const pt_cost_device *devices, bool *fits)
+{
+    const int S = plan->stages, R = plan->replicas;
+    pt_stage_plan split;
+    PT_TRY(split_for(in, S, R, plan->site_of, &split));
+    memcpy(plan->bounds, split.bounds, (size_t)(S + 1) * sizeof *plan->bounds);
+    pt_job_model model = {0};
+    const pt_job_model_input job = {.config = in->config, .plan = &split, .replicas = R,
+                                    .devices = devices, .site_of = plan->site_of,
+                                    .n_sites = in->n_sites, .links = in->links,
+                                    .local = in->links[0]};
+    PT_TRY(pt_job_model_build(&job, &model));
+    pt_sim_result result = {0};
+    pipert_result rc = pt_simulate(&model.in, &result);
+    if (rc == PIPERT_OK) {
+        int rank;
+        plan->peak_memory_bytes = pt_job_model_peak_memory(&model, &result, &rank);
+        plan->step_s = result.step_s;
+        plan->tokens_per_s = model.tokens_per_step / result.step_s;
+        plan->coupling_bytes_per_step = pt_job_model_coupling_bytes_per_step(&model, &result);
+        *fits = !(devices[rank].memory_bytes > 0) || plan->peak_memory_bytes <= devices[rank].memory_bytes;
+    }
+    pt_sim_result_free(&result);
+    pt_job_model_free(&model);
+    return rc;
+}
+
+static pipert_result evaluate(search *x, int S, int R, bool spanning)
+{
+    const pt_solver_input *in = x->in;
+    pt_solver_plan plan = {.stages = S, .replicas = R, .spans_sites = spanning};
+    plan.site_of = malloc((size_t)R * (size_t)S * sizeof *plan.site_of);
+    pt_cost_device *devices = malloc((size_t)R * (size_t)S * sizeof *devices);
+    pipert_result rc = plan.site_of && devices ? PIPERT_OK
+                                               : pt_fail(PIPERT_ERR_NOMEM, "solver: out of memory");
+    bool fits = false, placed = rc == PIPERT_OK && place(in, S, R, spanning, plan.site_of);
+    for (int i = 0; placed && i < R * S; i++) devices[i] = in->sites[plan.site_of[i]].device;
+    if (placed) rc = predict(in, &plan, devices, &fits);
+    free(devices);
+    if (rc == PIPERT_OK && placed) {
+        x->out->candidates++;
+        if (!fits) x->out->refused_memory++;
+    }
+    if (rc != PIPERT_OK || !placed || !fits) {
+        free(plan.site_of);
+        return rc;
+    }
+    return keep_plan(x, &plan); /* keeps or frees plan.site_of */
+}
+
+/* R for S: the most whole pipelines, every smaller one up to 16, then halving. */
+static int next_replicas(int r) { return r > 16 ? r / 2 : r - 1; }
+
+static int most_replicas(const pt_solver_input *in, int S)
+{
+    int r = 0;
+    for (int i = 0; i < in->n_sites; i++) r += in->sites[i].devices / S;
+    return r;
+}
+
+static pipert_result check_input(const pt_solver_input *in, int *total)
+{
+    if (in->n_sites < 1 || in->n_sites > 256 || in->keep < 1)
+        return pt_fail(PIPERT_ERR_INVALID_ARG, "solver: %d sites, keep %d", in->n_sites, in->keep);
+    *total = 0;
+    for (int i = 0; i < in->n_sites; i++) {
+        if (in->sites[i].devices < 0)
+            return pt_fail(PIPERT_ERR_INVALID_ARG, "solver: site %d has %d devices", i,
+                           in->sites[i].devices);
+        *total += in->sites[i].devices;
+        for (int k = 0; k < in->n_sites; k++)
+            if (!(in->links[i * in->n_sites + k].bytes_per_s > 0))
+                return pt_fail(PIPERT_ERR_INVALID_ARG,
+                               "solver: the link from site %d to site %d has no bandwidth", i, k);
+    }
+    if (*total < 1) return pt_fail(PIPERT_ERR_INVALID_ARG, "solver: the sites have no devices");
+    return PIPERT_OK;
+}
+
+pipert_result pt_solve(const pt_solver_input *in, pt_solver_result *out)
+{
+    *out = (pt_solver_result){0};
+    search x = {.in = in, .out = out};
+    PT_TRY(check_input(in, &x.total_devices));
+    out->plans = calloc((size_t)in->keep, sizeof *out->plans);
+    if (!out->plans) return pt_fail(PIPERT_ERR_NOMEM, "solver: out of memory");
+    const int L = in->config->model.n_layer;
+    int max_stages = in->max_stages > 0 && in->max_stages < L ? in->max_stages : L;
+    if (max_stages > PT_PLAN_MAX_STAGES) max_stages = PT_PLAN_MAX_STAGES;
+    pipert_result rc = PIPERT_OK;
+    for (int S = 1; S <= max_stages && rc == PIPERT_OK; S++) {
+        for (int R = most_replicas(in, S); R >= 1 && rc == PIPERT_OK; R = next_replicas(R))
+            rc = evaluate(&x, S, R, false);
+        if (in->allow_spanning && in->n_sites > 1 && S > 1 && S <= x.total_devices && rc == PIPERT_OK)
+            rc = evaluate(&x, S, x.total_devices / S, true);
+    }
+    if (rc == PIPERT_OK && out->n_plans == 0)
+        rc = pt_fail(PIPERT_ERR_CONFIG, "plan: no placement fits: %d of %d candidates need more "
+                     "memory than their devices have", out->refused_memory, out->candidates);
+    if (rc != PIPERT_OK) pt_solver_result_free(out);
+    return rc;
+}
+
+void pt_solver_result_free(pt_solver_result *result)
+{
+    for (int i = 0; i < result->n_plans; i++) free(result->plans[i].site_of);
+    free(result->plans);
+    *result = (pt_solver_result){0};
+}
