@@ -217,7 +217,7 @@ pipert_result pt_plan_file_save(const char *path, const pt_plan_file *plan)
     char tmp[PT_PLAN_PATH_MAX + 8];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     json_t *root = plan_json(plan);
-    const int written = root ? json_dump_file(root, tmp, JSON_INDENT(2) | JSON_REAL_PRECISION(6))
+    const int written = root ? json_dump_file(root, tmp, JSON_INDENT(2) | JSON_REAL_PRECISION(10))
                              : -1;
     json_decref(root);
     if (written != 0) {

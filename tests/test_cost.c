@@ -10,6 +10,7 @@
 
 #include "command.h"
 #include "scheduler/cost.h"
+#include "scheduler/plan_file.h"
 
 static pipert_config config_with(const char *json)
 {
@@ -221,4 +222,38 @@ Test(cost, simulate_a_pipeline_of_replicas, .timeout = 60)
     }
     cr_expect_gt(json_real_value(json_object_get(j, "coupling_bytes_per_step")), 0);
     json_decref(j);
+}
+
+/* ---- pipert plan ------------------------------------------------------------- */
+
+/* The plan written for two sites loads, and simulating it again with the same
+ * devices (a core per rank) predicts what plan printed. */
+Test(cost, plan_writes_the_plan_that_simulate_predicts, .timeout = 120)
+{
+    char *dir = make_temp_dir(), cluster[300], plan[300], json[300];
+    snprintf(cluster, sizeof cluster, "%s/cluster.json", dir);
+    snprintf(plan, sizeof plan, "%s/plan.json", dir);
+    snprintf(json, sizeof json, "%s/predicted.json", dir);
+    FILE *f = fopen(cluster, "w");
+    cr_assert(f);
+    fputs("{\"sites\": [{\"name\": \"oregon\"}, {\"name\": \"virginia\"}],"
+          " \"default_link\": {\"bandwidth\": \"790mbit\", \"latency\": \"33ms\"}}", f);
+    fclose(f);
+    run_pipert_ok("plan --cluster %s --out %s --devices 2 --flops 1e10 --efficiency 0.5 "
+                  "--memory 1e10 --runtime.threads=1 --dp.method=sparse --model.n_layer=4", cluster,
+                  plan);
+    pt_plan_file p;
+    cr_assert_eq(pt_plan_file_load(plan, &p), PIPERT_OK, "%s", pipert_last_error());
+    cr_expect_leq(p.stages * p.replicas, 4, "%d x %d ranks on 4 devices", p.stages, p.replicas);
+    cr_expect_gt(p.predicted_step_s, 0);
+    run_pipert_ok("simulate --plan %s --cores 64 --runtime.threads=1 --flops 1e10 --efficiency 0.5 "
+                  "--json %s", plan, json);
+    json_t *j = json_load_file(json, 0, NULL);
+    cr_assert(j);
+    const double step = json_real_value(json_object_get(j, "step_s"));
+    cr_expect_float_eq(step, p.predicted_step_s, 1e-6 * step, "simulate says %g s, plan said %g s",
+                       step, p.predicted_step_s);
+    json_decref(j);
+    pt_plan_file_free(&p);
+    remove_dir(dir);
 }

@@ -324,6 +324,6 @@ int pt_cmd_simulate(int argc, char **argv)
     if (rc == PIPERT_OK) rc = run_simulation(cfg, &a);
     pt_plan_file_free(&plan);
     if (a.cluster) pt_cluster_free(&cluster);
-    free(cfg);
+    pipert_config_free(cfg);
     return rc == PIPERT_OK ? 0 : pt_cmd_report_failure("simulate");
 }

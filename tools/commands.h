@@ -12,6 +12,7 @@ int pt_cmd_worker(int argc, char **argv);
 int pt_cmd_trace(int argc, char **argv);
 int pt_cmd_plot(int argc, char **argv);
 int pt_cmd_simulate(int argc, char **argv);
+int pt_cmd_plan(int argc, char **argv);
 
 /* Prints "pipert: error: <last error>" and returns the exit status 1. */
 int pt_cmd_report_failure(const char *command);

@@ -1,0 +1,212 @@
+/* `pipert plan --cluster FILE --out PLAN`: chooses how the configured model
+ * runs on a cluster (scheduler/solver.h) — stages, replicas, the split and
+ * every rank's site — prints the best few plans with their predicted
+ * throughput, memory and traffic, and writes the best as a plan file that
+ * `pipert launch --plan` runs and `pipert simulate --plan` re-predicts.
+ *
+ * Devices. A cluster file's sites and links say where and how fast the
+ * network is; the devices of each site come from --devices, --flops,
+ * --efficiency and --memory (default: this machine — its cores by
+ * runtime.threads, the GEMM peak measured here, 0.8, its memory), the same
+ * at every site. */
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "kernels/cpu/peak.h"
+#include "runtime/config.h"
+#include "runtime/error.h"
+#include "runtime/topology.h"
+#include "runtime/units.h"
+#include "scheduler/cluster.h"
+#include "scheduler/plan_file.h"
+#include "scheduler/solver.h"
+#include "tools/cli.h"
+#include "tools/commands.h"
+
+typedef struct plan_args {
+    const char *cluster_path, *out_path;
+    int keep, max_stages, devices;
+    bool spanning;
+    pt_cost_device device;
+    pt_sim_link local;
+} plan_args;
+
+static pipert_result parse_args(const char *const text[8], const pipert_config *cfg, plan_args *a)
+{
+    PT_TRY(pt_cli_parse_int("--keep", text[0], 1, 1000, 5, &a->keep));
+    PT_TRY(pt_cli_parse_int("--max-stages", text[1], 0, PT_PLAN_MAX_STAGES, 0, &a->max_stages));
+    int threads;
+    PT_TRY(pt_topology_compute_threads(cfg->runtime.threads, &threads));
+    pt_topology *t;
+    PT_TRY(pt_topology_load(&t));
+    const int cores = pt_topology_cores(t);
+    pt_topology_free(t);
+    PT_TRY(pt_cli_parse_int("--devices", text[2], 1, 1 << 20,
+                            cores / threads > 0 ? cores / threads : 1, &a->devices));
+    a->device.flops = text[3] ? strtod(text[3], NULL) : 0;
+    if (!text[3]) {
+        pt_gemm_peak peak;
+        PT_TRY(pt_cpu_gemm_peak(threads, &peak));
+        a->device.flops = 1e9 * peak.gflops_median;
+    }
+    a->device.efficiency = text[4] ? strtod(text[4], NULL) : 0.8;
+    a->device.memory_bytes = text[5] ? strtod(text[5], NULL)
+                                     : (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+    a->device.memory_bytes_per_s = 10e9;
+    if (!(a->device.flops > 0) || !(a->device.efficiency > 0 && a->device.efficiency <= 1) ||
+        !(a->device.memory_bytes > 0))
+        return pt_fail(PIPERT_ERR_INVALID_ARG, "--flops, --efficiency (in (0, 1]) and --memory "
+                       "take positive numbers");
+    a->local = (pt_sim_link){100e9 / 8, 20e-6};
+    return PIPERT_OK;
+}
+
+/* The solver's view of the cluster: its sites, each with the devices asked
+ * for, and its links (the diagonal: this host's). */
+static pipert_result solver_input(const pt_cluster *c, const plan_args *a,
+                                  const pipert_config *cfg, pt_solver_site *sites,
+                                  pt_sim_link *links, pt_solver_input *in)
+{
+    for (int i = 0; i < c->n_sites; i++) sites[i] = (pt_solver_site){a->devices, a->device};
+    for (int from = 0; from < c->n_sites; from++)
+        for (int to = 0; to < c->n_sites; to++) {
+            const pt_cluster_link *l = &c->links[from * c->n_sites + to];
+            links[from * c->n_sites + to] =
+                from == to ? a->local : (pt_sim_link){l->bits_per_s / 8, l->latency_s};
+        }
+    *in = (pt_solver_input){.config = cfg, .n_sites = c->n_sites, .sites = sites, .links = links,
+                            .max_stages = a->max_stages, .allow_spanning = a->spanning,
+                            .keep = a->keep};
+    return PIPERT_OK;
+}
+
+/* "3,3" */
+static void layers_text(const pt_solver_plan *p, char *out, size_t capacity)
+{
+    size_t n = 0;
+    out[0] = 0;
+    for (int s = 0; s < p->stages && n < capacity; s++)
+        n += (size_t)snprintf(out + n, capacity - n, "%s%d", s ? "," : "",
+                              p->bounds[s + 1] - p->bounds[s]);
+}
+
+/* Where replica r's stages run: "a" when all in one site, else "a>b". */
+static void sites_text(const pt_cluster *c, const pt_solver_plan *p, int r, char *out,
+                       size_t capacity)
+{
+    size_t n = 0;
+    out[0] = 0;
+    for (int s = 0; s < p->stages && n < capacity; s++) {
+        const int site = p->site_of[r * p->stages + s];
+        if (s > 0 && site == p->site_of[r * p->stages + s - 1]) continue;
+        n += (size_t)snprintf(out + n, capacity - n, "%s%s", s ? ">" : "", c->site_names[site]);
+    }
+}
+
+static void print_plans(const pt_cluster *c, const pt_solver_result *r)
+{
+    printf("%d candidates simulated (%d did not fit in memory); the best %d:\n", r->candidates,
+           r->refused_memory, r->n_plans);
+    printf("  %-3s %-7s %-9s %-14s %10s %12s %12s %14s  %s\n", "#", "stages", "replicas",
+           "layers", "step ms", "tokens/s", "memory MB", "coupling B/step", "sites of the replicas");
+    for (int i = 0; i < r->n_plans; i++) {
+        const pt_solver_plan *p = &r->plans[i];
+        char layers[256], where[512] = "", one[128];
+        layers_text(p, layers, sizeof layers);
+        for (int k = 0; k < p->replicas && k < 8; k++) {
+            sites_text(c, p, k, one, sizeof one);
+            snprintf(where + strlen(where), sizeof where - strlen(where), "%s%s", k ? " " : "", one);
+        }
+        if (p->replicas > 8) snprintf(where + strlen(where), sizeof where - strlen(where), " ...");
+        printf("  %-3d %-7d %-9d %-14s %10.1f %12.0f %12.1f %14.0f  %s\n", i + 1, p->stages,
+               p->replicas, layers, 1e3 * p->step_s, p->tokens_per_s, 1e-6 * p->peak_memory_bytes,
+               p->coupling_bytes_per_step, where);
+    }
+}
+
+static pipert_result write_plan(const char *path, const char *cluster_path, const pt_cluster *c,
+                                const pipert_config *cfg, const pt_solver_plan *best)
+{
+    pt_plan_file f = {.stages = best->stages, .replicas = best->replicas,
+                      .predicted_step_s = best->step_s,
+                      .predicted_tokens_per_s = best->tokens_per_s};
+    snprintf(f.cluster_path, sizeof f.cluster_path, "%s", cluster_path);
+    layers_text(best, f.layers, sizeof f.layers);
+    f.placement = calloc((size_t)best->stages * (size_t)best->replicas, sizeof *f.placement);
+    f.config_json = pipert_config_to_json(cfg);
+    pipert_result rc = f.placement && f.config_json ? PIPERT_OK
+                                                    : pt_fail(PIPERT_ERR_NOMEM, "plan: out of memory");
+    for (int i = 0; rc == PIPERT_OK && i < best->stages * best->replicas; i++)
+        snprintf(f.placement[i].site, sizeof f.placement[i].site, "%s",
+                 c->site_names[best->site_of[i]]);
+    if (rc == PIPERT_OK) rc = pt_plan_file_save(path, &f);
+    pt_plan_file_free(&f);
+    return rc;
+}
+
+static pipert_result run_plan(const pipert_config *cfg, const plan_args *a)
+{
+    PT_TRY(pt_config_validate(cfg));
+    pt_cluster cluster;
+    PT_TRY(pt_cluster_load(a->cluster_path, &cluster));
+    const size_t n = (size_t)cluster.n_sites;
+    pt_solver_site *sites = calloc(n, sizeof *sites);
+    pt_sim_link *links = calloc(n * n, sizeof *links);
+    pt_solver_input in;
+    pt_solver_result result = {0};
+    pipert_result rc = sites && links ? solver_input(&cluster, a, cfg, sites, links, &in)
+                                      : pt_fail(PIPERT_ERR_NOMEM, "plan: out of memory");
+    if (rc == PIPERT_OK) rc = pt_solve(&in, &result);
+    if (rc == PIPERT_OK) {
+        print_plans(&cluster, &result);
+        rc = write_plan(a->out_path, a->cluster_path, &cluster, cfg, &result.plans[0]);
+    }
+    if (rc == PIPERT_OK) printf("wrote the best plan to %s (pipert launch --plan %s)\n", a->out_path,
+                                a->out_path);
+    pt_solver_result_free(&result);
+    free(sites);
+    free(links);
+    pt_cluster_free(&cluster);
+    return rc;
+}
+
+int pt_cmd_plan(int argc, char **argv)
+{
+    const char *text[8] = {NULL};
+    plan_args a = {0};
+    const pt_cli_flag flags[] = {
+        {"--cluster", "FILE", "the cluster: its sites and the links between them", &a.cluster_path,
+         NULL},
+        {"--out", "PLAN", "where the best plan is written", &a.out_path, NULL},
+        {"--keep", "N", "plans to print (5)", &text[0], NULL},
+        {"--max-stages", "S", "at most this many stages (default: one per block)", &text[1], NULL},
+        {"--devices", "N", "devices per site (default: this machine's cores / runtime.threads)",
+         &text[2], NULL},
+        {"--flops", "F", "FLOP/s of a device (default: the GEMM peak measured here)", &text[3], NULL},
+        {"--efficiency", "E", "share of --flops the kernels reach (0.8)", &text[4], NULL},
+        {"--memory", "BYTES", "memory of a device (default: this machine's)", &text[5], NULL},
+        {"--spanning", NULL, "also consider pipelines that span sites", NULL, &a.spanning},
+    };
+    const pt_cli cli = {"plan", "--cluster FILE --out PLAN [options] [--config FILE] [--key=value ...]",
+                        "Chooses stages, replicas, the split of the blocks and the site of every\n"
+                        "rank for the most predicted tokens/s of the configured model on a\n"
+                        "cluster, under every device's memory; prints the best plans and writes\n"
+                        "the best as a plan file (docs/RUNNING.md, \"Plan files\").",
+                        flags, (int)(sizeof flags / sizeof flags[0]), true, NULL};
+    pipert_config *cfg = NULL;
+    pt_cli_outcome outcome = pt_cli_parse(&cli, argc, argv, &cfg);
+    if (outcome != PT_CLI_OK) return pt_cli_exit_status(outcome);
+    if (!a.cluster_path || !a.out_path) {
+        fprintf(stderr, "pipert plan: --cluster and --out are required\nusage: pipert plan %s\n",
+                cli.synopsis);
+        pipert_config_free(cfg);
+        return pt_cli_exit_status(PT_CLI_USAGE_ERROR);
+    }
+    pipert_result rc = parse_args(text, cfg, &a);
+    if (rc == PIPERT_OK) rc = run_plan(cfg, &a);
+    pipert_config_free(cfg);
+    return rc == PIPERT_OK ? 0 : pt_cmd_report_failure("plan");
+}
