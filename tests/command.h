@@ -103,6 +103,15 @@ static inline void run_pipert_ok(const char *fmt, ...)
     va_end(ap);
 }
 
+/* run_pipert_ok with info-level logs (the tests run with PIPERT_LOG=warn). */
+static inline void run_pipert_ok_info(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    run_pipert_ok_env("PIPERT_LOG=info", fmt, ap);
+    va_end(ap);
+}
+
 /* values[step − 1] = the number `field` of each line of DIR/FILE (metrics
  * JSON lines) that has it, for steps 1..n; returns how many lines had it. */
 static inline int read_metric_steps(const char *dir, const char *file, const char *field,

@@ -876,7 +876,8 @@ Test(launch, a_plan_says_the_stages_split_and_configuration)
         " \"config\": {\"model\": {\"n_layer\": 3, \"n_embd\": 32, \"n_head\": 2, \"block_size\": 32},"
         " \"train\": {\"batch_size\": 4, \"steps\": 9, \"val_batches\": 2}}}";
     cr_assert_eq(pt_write_file_atomic(plan, text, strlen(text)), PIPERT_OK);
-    run_pipert_ok("launch --quiet --plan %s --out %s --train.steps=3 --train.log_every=1", plan, run);
+    run_pipert_ok_info("launch --quiet --plan %s --out %s --train.steps=3 --train.log_every=1", plan,
+                       run);
     char *log = read_text(run, "logs/rank-3.log");
     cr_expect(strstr(log, "stage 1/2 (blocks [2, 3)"), "rank 3 does not run blocks [2, 3): %s", log);
     free(log);

@@ -231,7 +231,7 @@ Test(wan, a_plan_puts_a_pipeline_across_two_sites, .timeout = 120)
         " \"train\": {\"batch_size\": 4, \"steps\": 4, \"log_every\": 1, \"val_batches\": 2}}}";
     cr_assert_eq(pt_write_file_atomic(cluster, cluster_text, strlen(cluster_text)), PIPERT_OK);
     cr_assert_eq(pt_write_file_atomic(plan, plan_text, strlen(plan_text)), PIPERT_OK);
-    run_pipert_ok("launch --plan %s --out %s", plan, run);
+    run_pipert_ok_info("launch --plan %s --out %s", plan, run);
     char log[700];
     snprintf(log, sizeof log, "%s/logs/rank-0.log", run);
     cr_expect(file_contains(log, "blocks [0, 1)"), "stage 0 does not run the plan's block 0");
