@@ -51,6 +51,24 @@ pipert_result pt_parse_bit_rate(const char *text, const char *what, double *bits
     return PIPERT_OK;
 }
 
+pipert_result pt_parse_byte_size(const char *text, const char *what, double *bytes)
+{
+    static const unit units[] = {
+        {"b", 1},         {"kb", 1e3},       {"mb", 1e6},       {"gb", 1e9},
+        {"tb", 1e12},     {"kib", 1024.0},   {"mib", 1048576.0}, {"gib", 1073741824.0},
+        {"tib", 1099511627776.0},
+    };
+    double value, scale;
+    const char *rest;
+    if (!text || !leading_number(text, &value, &rest) ||
+        !find_unit(units, (int)(sizeof units / sizeof units[0]), rest, &scale) || !(value > 0))
+        return pt_fail(PIPERT_ERR_CONFIG,
+                       "%s: expected a positive size such as 80gib or 512mb, got '%s'", what,
+                       text ? text : "(null)");
+    *bytes = value * scale;
+    return PIPERT_OK;
+}
+
 pipert_result pt_parse_duration(const char *text, const char *what, double *seconds)
 {
     static const unit units[] = {{"s", 1}, {"ms", 1e-3}, {"us", 1e-6}};

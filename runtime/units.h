@@ -1,6 +1,7 @@
 /* Quantities written with units, as people and tc(8) write them:
  * bit rates ("100mbit", "1gbit", "1.5Gbit/s") and durations ("50ms", "2s",
- * "250us"). Decimal prefixes (k = 1000), as link speeds are quoted. */
+ * "250us") and sizes ("80gib"). Decimal prefixes (k = 1000) for rates, as
+ * link speeds are quoted. */
 #ifndef PT_UNITS_H
 #define PT_UNITS_H
 
@@ -10,6 +11,10 @@
  * case, an optional "/s" or "ps"). The rate must be positive and finite.
  * PIPERT_ERR_CONFIG naming `what` otherwise. */
 pipert_result pt_parse_bit_rate(const char *text, const char *what, double *bits_per_s);
+
+/* "80gib" → 80·2³⁰ bytes. Units: b, kb, mb, gb, tb (powers of 1000) and kib,
+ * mib, gib, tib (powers of 1024), any case. Positive and finite. */
+pipert_result pt_parse_byte_size(const char *text, const char *what, double *bytes);
 
 /* "50ms" → 0.05 seconds. Units: s, ms, us; "0" alone is zero. Not negative.
  * PIPERT_ERR_CONFIG naming `what` otherwise. */

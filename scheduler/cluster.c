@@ -11,6 +11,7 @@
 #include "runtime/units.h"
 
 #define MAX_SITES 254
+#define MAX_GROUPS 4096
 
 /* "PATH: FIELD: message". */
 static pipert_result fail_field(const char *path, const char *field, const char *fmt, ...)
@@ -156,12 +157,101 @@ static pipert_result read_links(const char *path, json_t *root, pt_cluster *c, b
     return PIPERT_OK;
 }
 
+/* ---- device groups ------------------------------------------------------------ */
+
+static pipert_result read_positive(const char *path, const char *field, json_t *group,
+                                   const char *key, bool optional, double *out)
+{
+    json_t *v = json_object_get(group, key);
+    *out = 0;
+    if (!v && optional) return PIPERT_OK;
+    if (!json_is_number(v) || !(json_number_value(v) > 0))
+        return fail_field(path, field, "\"%s\": expected a positive number, e.g. 6.7e13", key);
+    *out = json_number_value(v);
+    return PIPERT_OK;
+}
+
+static pipert_result read_group(const char *path, const char *field, json_t *entry, int site,
+                                const pt_cluster *c, pt_cluster_group *g)
+{
+    static const char *const known[] = {"name", "kind", "count", "fp32_flops", "bf16_flops",
+                                        "memory", "link", NULL};
+    if (!json_is_object(entry)) return fail_field(path, field, "expected an object");
+    PT_TRY(only_known_keys(path, field, entry, known));
+    const char *name = json_string_value(json_object_get(entry, "name"));
+    if (!name || !name[0] || strlen(name) >= PT_CLUSTER_NAME_MAX)
+        return fail_field(path, field, "needs a \"name\" of 1 to %d characters",
+                          PT_CLUSTER_NAME_MAX - 1);
+    for (int k = 0; k < c->n_groups; k++)
+        if (c->groups[k].site == site && !strcmp(c->groups[k].name, name))
+            return fail_field(path, field, "group '%s' is named twice in site '%s'", name,
+                              c->site_names[site]);
+    *g = (pt_cluster_group){.site = site};
+    snprintf(g->name, sizeof g->name, "%s", name);
+    const char *kind = json_string_value(json_object_get(entry, "kind"));
+    if (!kind || (strcmp(kind, "cuda") != 0 && strcmp(kind, "cpu") != 0))
+        return fail_field(path, field, "\"kind\": expected \"cuda\" or \"cpu\"");
+    snprintf(g->kind, sizeof g->kind, "%s", kind);
+    json_t *count = json_object_get(entry, "count");
+    if (!json_is_integer(count) || json_integer_value(count) < 1 ||
+        json_integer_value(count) > 1000000)
+        return fail_field(path, field, "\"count\": expected a number of devices from 1 to 1000000");
+    g->count = (int)json_integer_value(count);
+    PT_TRY(read_positive(path, field, entry, "fp32_flops", false, &g->fp32_flops));
+    PT_TRY(read_positive(path, field, entry, "bf16_flops", true, &g->bf16_flops));
+    char what[160];
+    snprintf(what, sizeof what, "%s: %s.memory", path, field);
+    PT_TRY(pt_parse_byte_size(json_string_value(json_object_get(entry, "memory")), what,
+                              &g->memory_bytes));
+    static const pt_cluster_link inside = {100e9, 20e-6};
+    json_t *link = json_object_get(entry, "link");
+    char link_field[96];
+    snprintf(link_field, sizeof link_field, "%s.link", field);
+    if (link && !json_is_object(link)) return fail_field(path, link_field, "expected an object");
+    static const char *const link_keys[] = {"bandwidth", "latency", NULL};
+    if (link) PT_TRY(only_known_keys(path, link_field, link, link_keys));
+    g->link = inside;
+    if (link) PT_TRY(read_link_values(path, link_field, link, &inside, &g->link));
+    return PIPERT_OK;
+}
+
+static pipert_result read_groups(const char *path, json_t *root, pt_cluster *c)
+{
+    json_t *sites = json_object_get(root, "sites");
+    for (int i = 0; i < c->n_sites; i++) {
+        json_t *groups = json_object_get(json_array_get(sites, (size_t)i), "groups");
+        char field[64];
+        snprintf(field, sizeof field, "sites[%d].groups", i);
+        if (groups && !json_is_array(groups)) return fail_field(path, field, "expected a list");
+        for (size_t k = 0; groups && k < json_array_size(groups); k++) {
+            if (c->n_groups == MAX_GROUPS)
+                return fail_field(path, field, "more than %d groups", MAX_GROUPS);
+            pt_cluster_group *more = realloc(c->groups, (size_t)(c->n_groups + 1) * sizeof *more);
+            if (!more) return pt_fail(PIPERT_ERR_NOMEM, "%s: out of memory", path);
+            c->groups = more;
+            snprintf(field, sizeof field, "sites[%d].groups[%zu]", i, k);
+            PT_TRY(read_group(path, field, json_array_get(groups, k), i, c, &c->groups[c->n_groups]));
+            c->n_groups++;
+        }
+    }
+    return PIPERT_OK;
+}
+
+int pt_cluster_devices(const pt_cluster *cluster)
+{
+    int n = 0;
+    for (int i = 0; i < cluster->n_groups; i++) n += cluster->groups[i].count;
+    return n;
+}
+
 static pipert_result read_cluster(const char *path, json_t *root, pt_cluster *c)
 {
-    static const char *const known[] = {"sites", "links", "default_link", NULL};
+    static const char *const known[] = {"sites", "links", "default_link", "description", "source",
+                                        NULL};
     if (!json_is_object(root)) return pt_fail(PIPERT_ERR_CONFIG, "%s: expected a JSON object", path);
     PT_TRY(only_known_keys(path, "top level", root, known));
     PT_TRY(read_sites(path, root, c));
+    PT_TRY(read_groups(path, root, c));
     bool *given = calloc((size_t)c->n_sites * (size_t)c->n_sites, sizeof *given);
     if (!given) return pt_fail(PIPERT_ERR_NOMEM, "%s: out of memory", path);
     pipert_result rc = read_links(path, root, c, given);
@@ -186,5 +276,6 @@ void pt_cluster_free(pt_cluster *cluster)
 {
     free(cluster->site_names);
     free(cluster->links);
+    free(cluster->groups);
     memset(cluster, 0, sizeof *cluster);
 }

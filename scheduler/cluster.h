@@ -13,8 +13,19 @@
  *
  * `between` sets both directions, `from`/`to` one; a later entry overrides an
  * earlier one. Every ordered pair of distinct sites needs a link, from the
- * list or from `default_link`. A site may also carry `groups` (its devices),
- * which this reader leaves to the scheduler. Unknown keys are errors. */
+ * list or from `default_link`. A site may list its devices in groups of
+ * alike ones:
+ *
+ *   "groups": [{"name": "h100", "kind": "cuda", "count": 8, "fp32_flops": 6.7e13,
+ *               "bf16_flops": 9.89e14, "memory": "80gib",
+ *               "link": {"bandwidth": "3600gbit", "latency": "2us"}}]
+ *
+ * kind "cuda" or "cpu"; count ≥ 1 devices; FLOP/s per device (fp32 required,
+ * bf16 optional); memory per device with a unit (b, kb…tb, kib…tib); `link`
+ * joins the devices of the group (optional: 100gbit, 20us). Group names are
+ * unique within a site. A site without groups is valid (emulating links needs
+ * only sites). Top-level "description" and "source" strings are for people.
+ * Unknown keys are errors. */
 #ifndef PT_SCHEDULER_CLUSTER_H
 #define PT_SCHEDULER_CLUSTER_H
 
@@ -27,11 +38,27 @@ typedef struct pt_cluster_link {
     double latency_s;  /* one way, ≥ 0 */
 } pt_cluster_link;
 
+/* A group of alike devices in one site. */
+typedef struct pt_cluster_group {
+    char name[PT_CLUSTER_NAME_MAX];
+    int site; /* index into site_names */
+    char kind[16]; /* "cuda" | "cpu" */
+    int count;
+    double fp32_flops, bf16_flops; /* per device; bf16 0 = unknown */
+    double memory_bytes;           /* per device */
+    pt_cluster_link link;          /* between the group's devices */
+} pt_cluster_group;
+
 typedef struct pt_cluster {
     int n_sites;
     char (*site_names)[PT_CLUSTER_NAME_MAX]; /* [n_sites] */
     pt_cluster_link *links;                  /* [from·n_sites + to]; the diagonal is zero */
+    int n_groups;
+    pt_cluster_group *groups; /* [n_groups]: every site's, in file order */
 } pt_cluster;
+
+/* Devices in every group together. */
+int pt_cluster_devices(const pt_cluster *cluster);
 
 /* Reads and checks `path`. Errors (PIPERT_ERR_CONFIG) name the file and the
  * field: "c.json: links[1].bandwidth: expected a positive bit rate ...",

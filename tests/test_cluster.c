@@ -89,3 +89,66 @@ Test(cluster, malformed_files_are_refused_by_field)
                    "[\"a\", \"a\"], \"bandwidth\": \"1gbit\", \"latency\": \"1ms\"}]}",
                    ": links[0]: a link joins two different sites");
 }
+
+/* ---- device groups -------------------------------------------------------------- */
+
+Test(cluster, groups_as_written)
+{
+    const char *p = write_cluster(
+        "{\"description\": \"two sites\", \"source\": \"by hand\",\n"
+        " \"sites\": [{\"name\": \"a\", \"groups\": [\n"
+        "   {\"name\": \"h100\", \"kind\": \"cuda\", \"count\": 8, \"fp32_flops\": 6.7e13,\n"
+        "    \"bf16_flops\": 9.89e14, \"memory\": \"80gib\",\n"
+        "    \"link\": {\"bandwidth\": \"3600gbit\", \"latency\": \"2us\"}},\n"
+        "   {\"name\": \"host\", \"kind\": \"cpu\", \"count\": 2, \"fp32_flops\": 1e12, \"memory\": \"512GB\"}]},\n"
+        "  {\"name\": \"b\", \"groups\": [{\"name\": \"h100\", \"kind\": \"cuda\", \"count\": 4,\n"
+        "    \"fp32_flops\": 6.7e13, \"memory\": \"96gib\"}]}],\n"
+        " \"default_link\": {\"bandwidth\": \"1gbit\", \"latency\": \"10ms\"}}");
+    pt_cluster c;
+    cr_assert_eq(pt_cluster_load(p, &c), PIPERT_OK, "%s", pipert_last_error());
+    cr_assert_eq(c.n_groups, 3);
+    const pt_cluster_group *g = c.groups;
+    cr_expect_str_eq(g[0].name, "h100");
+    cr_expect_eq(g[0].site, 0);
+    cr_expect_str_eq(g[0].kind, "cuda");
+    cr_expect_eq(g[0].count, 8);
+    cr_expect_float_eq(g[0].fp32_flops, 6.7e13, 1);
+    cr_expect_float_eq(g[0].bf16_flops, 9.89e14, 1);
+    cr_expect_float_eq(g[0].memory_bytes, 80.0 * 1073741824.0, 1);
+    cr_expect_float_eq(g[0].link.bits_per_s, 3.6e12, 1);
+    cr_expect_float_eq(g[0].link.latency_s, 2e-6, 1e-12);
+    cr_expect_float_eq(g[1].memory_bytes, 512e9, 1);
+    cr_expect_eq(g[1].bf16_flops, 0);
+    cr_expect_float_eq(g[1].link.bits_per_s, 100e9, 1, "the default link inside a group");
+    cr_expect_eq(g[2].site, 1);
+    cr_expect_eq(pt_cluster_devices(&c), 14);
+    pt_cluster_free(&c);
+    unlink(p);
+}
+
+#define SITE_WITH(group) "{\"sites\": [{\"name\": \"a\", \"groups\": [" group "]}]}"
+#define GOOD "\"name\": \"g\", \"kind\": \"cpu\", \"count\": 1, \"fp32_flops\": 1e11, \"memory\": \"1gib\""
+
+Test(cluster, malformed_groups_are_refused_by_field)
+{
+    expect_refused(SITE_WITH("{\"kind\": \"cpu\", \"count\": 1, \"fp32_flops\": 1, \"memory\": \"1gb\"}"),
+                   ": sites[0].groups[0]: needs a \"name\" of 1 to 63 characters");
+    expect_refused(SITE_WITH("{\"name\": \"g\", \"kind\": \"tpu\", \"count\": 1, \"fp32_flops\": 1, "
+                             "\"memory\": \"1gb\"}"),
+                   ": sites[0].groups[0]: \"kind\": expected \"cuda\" or \"cpu\"");
+    expect_refused(SITE_WITH("{\"name\": \"g\", \"kind\": \"cpu\", \"fp32_flops\": 1, \"memory\": \"1gb\"}"),
+                   ": sites[0].groups[0]: \"count\": expected a number of devices from 1 to 1000000");
+    expect_refused(SITE_WITH("{\"name\": \"g\", \"kind\": \"cpu\", \"count\": 1, \"fp32_flops\": 0, "
+                             "\"memory\": \"1gb\"}"),
+                   ": sites[0].groups[0]: \"fp32_flops\": expected a positive number, e.g. 6.7e13");
+    expect_refused(SITE_WITH("{\"name\": \"g\", \"kind\": \"cpu\", \"count\": 1, \"fp32_flops\": 1, "
+                             "\"memory\": \"80 apples\"}"),
+                   ": sites[0].groups[0].memory: expected a positive size such as 80gib or 512mb, "
+                   "got '80 apples'");
+    expect_refused(SITE_WITH("{" GOOD "}, {" GOOD "}"),
+                   ": sites[0].groups[1]: group 'g' is named twice in site 'a'");
+    expect_refused(SITE_WITH("{" GOOD ", \"speed\": 3}"), ": sites[0].groups[0]: unknown key 'speed'");
+    expect_refused(SITE_WITH("{" GOOD ", \"link\": {\"bandwidth\": \"slow\"}}"),
+                   ": sites[0].groups[0].link.bandwidth: expected a positive bit rate such as "
+                   "100mbit or 1gbit, got 'slow'");
+}

@@ -601,6 +601,23 @@ Test(config, bit_rates_and_durations)
                      bad_durations[i]);
 }
 
+Test(config, byte_sizes)
+{
+    double x;
+    const struct { const char *text; double value; } sizes[] = {
+        {"80gib", 80.0 * 1073741824.0}, {"512MB", 512e6}, {"1.5kib", 1536}, {"64b", 64},
+        {"2TiB", 2.0 * 1099511627776.0}, {"3gb", 3e9},
+    };
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        cr_assert_eq(pt_parse_byte_size(sizes[i].text, "m", &x), PIPERT_OK, "%s", sizes[i].text);
+        cr_expect_float_eq(x, sizes[i].value, 1e-9 * sizes[i].value, "%s", sizes[i].text);
+    }
+    const char *bad[] = {"80", "80 apples", "-1gb", "0gb", "gib", "", "1gbit"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        cr_expect_eq(pt_parse_byte_size(bad[i], "m", &x), PIPERT_ERR_CONFIG, "%s", bad[i]);
+    cr_expect_eq(pt_parse_byte_size(NULL, "m", &x), PIPERT_ERR_CONFIG);
+}
+
 Test(config, wan_keys_are_checked)
 {
     pipert_config cfg;
