@@ -175,7 +175,7 @@ static pipert_result read_group(const char *path, const char *field, json_t *ent
                                 const pt_cluster *c, pt_cluster_group *g)
 {
     static const char *const known[] = {"name", "kind", "count", "fp32_flops", "bf16_flops",
-                                        "memory", "link", NULL};
+                                        "memory", "memory_bytes_per_s", "link", NULL};
     if (!json_is_object(entry)) return fail_field(path, field, "expected an object");
     PT_TRY(only_known_keys(path, field, entry, known));
     const char *name = json_string_value(json_object_get(entry, "name"));
@@ -199,6 +199,8 @@ static pipert_result read_group(const char *path, const char *field, json_t *ent
     g->count = (int)json_integer_value(count);
     PT_TRY(read_positive(path, field, entry, "fp32_flops", false, &g->fp32_flops));
     PT_TRY(read_positive(path, field, entry, "bf16_flops", true, &g->bf16_flops));
+    PT_TRY(read_positive(path, field, entry, "memory_bytes_per_s", true, &g->memory_bytes_per_s));
+    if (!g->memory_bytes_per_s) g->memory_bytes_per_s = !strcmp(kind, "cuda") ? 1.5e12 : 2e10;
     char what[160];
     snprintf(what, sizeof what, "%s: %s.memory", path, field);
     PT_TRY(pt_parse_byte_size(json_string_value(json_object_get(entry, "memory")), what,

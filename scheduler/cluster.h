@@ -21,8 +21,10 @@
  *               "link": {"bandwidth": "3600gbit", "latency": "2us"}}]
  *
  * kind "cuda" or "cpu"; count ≥ 1 devices; FLOP/s per device (fp32 required,
- * bf16 optional); memory per device with a unit (b, kb…tb, kib…tib); `link`
- * joins the devices of the group (optional: 100gbit, 20us). Group names are
+ * bf16 optional); memory per device with a unit (b, kb…tb, kib…tib);
+ * "memory_bytes_per_s" its bandwidth (optional: 1.5e12 for cuda, 2e10 for
+ * cpu; the optimizer step streams at it); `link` joins the devices of the
+ * group (optional: 100gbit, 20us). Group names are
  * unique within a site. A site without groups is valid (emulating links needs
  * only sites). Top-level "description" and "source" strings are for people.
  * Unknown keys are errors. */
@@ -46,6 +48,7 @@ typedef struct pt_cluster_group {
     int count;
     double fp32_flops, bf16_flops; /* per device; bf16 0 = unknown */
     double memory_bytes;           /* per device */
+    double memory_bytes_per_s;     /* per device */
     pt_cluster_link link;          /* between the group's devices */
 } pt_cluster_group;
 

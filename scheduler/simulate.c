@@ -181,8 +181,10 @@ static void start_collective(simulation *sim, int stage, int index)
     collective *c = collective_of(sim, stage, index);
     const int l = cp->link_of[stage];
     const double start = fmax(c->last_post, sim->coupling_free[l]);
-    c->end = start + cp->bytes[stage] / cp->links[l].bytes_per_s + cp->hops * cp->links[l].latency_s;
-    sim->coupling_free[l] = c->end;
+    const double transfer = cp->bytes[stage] / cp->links[l].bytes_per_s;
+    /* the link is busy while the bytes go out; the latencies are paid beside */
+    sim->coupling_free[l] = start + transfer;
+    c->end = start + transfer + cp->hops * cp->links[l].latency_s;
     sim->out->coupling_link_bytes[l] += cp->bytes[stage] * sim->in->replicas;
     for (int rep = 0; rep < sim->in->replicas; rep++) {
         rank_state *r = &sim->ranks[rank_index(sim, rep, stage)];

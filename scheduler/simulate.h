@@ -21,8 +21,9 @@
  *
  * Coupling. After optimizer step k (1-based) with k % every == 0, the rank
  * posts its part of the stage's collective k. The collective starts when
- * every replica of the stage posted and its link is free, and holds the link
- * for bytes / bandwidth + hops · latency. A rank may finish step k only once
+ * every replica of the stage posted and its link is free, holds the link for
+ * bytes / bandwidth and ends hops · latency later (the next collective on
+ * the link may start sending meanwhile). A rank may finish step k only once
  * collective k − lag has ended (lag 0: a blocking all-reduce; lag > 0: an
  * exchange that runs beside `lag` steps of training, as sparse, streaming
  * DiLoCo or CO2 do).

@@ -53,6 +53,8 @@ pipert_result pt_solver_split(const pipert_config *config, int S, const double *
 
 /* ---- candidates ----------------------------------------------------------------- */
 
+typedef enum placement_mode { PLACE_PACK, PLACE_SPREAD, PLACE_SPAN } placement_mode;
+
 typedef struct search {
     const pt_solver_input *in;
     int total_devices;
@@ -76,17 +78,21 @@ static void sites_by_speed(const pt_solver_input *in, int *order)
         }
 }
 
-/* Places R pipelines of S stages: each inside one site, fastest site first
- * (spanning: the ranks in site order, a pipeline crossing where a site ends).
- * False if they do not fit. */
-static bool place(const pt_solver_input *in, int S, int R, bool spanning, int *site_of)
+/* Places R pipelines of S stages (false if they do not fit):
+ *   PACK    each inside one site, filling the fastest site before the next
+ *           (replicas that fit in one site couple over its fast link);
+ *   SPREAD  each inside one site, round-robin over the sites that fit one
+ *           (fewer replicas per site when sites are slow or small);
+ *   SPAN    the ranks in site order, a pipeline crossing where a site ends
+ *           (the baseline that puts activations on the slow links). */
+static bool place(const pt_solver_input *in, int S, int R, placement_mode mode, int *site_of)
 {
     int order[256], free_devices[256];
     sites_by_speed(in, order);
     for (int i = 0; i < in->n_sites; i++) free_devices[i] = in->sites[i].devices;
     int k = 0;
     for (int r = 0; r < R; r++) {
-        if (spanning) {
+        if (mode == PLACE_SPAN) {
             for (int s = 0; s < S; s++) {
                 while (k < in->n_sites && free_devices[order[k]] == 0) k++;
                 if (k == in->n_sites) return false;
@@ -96,8 +102,10 @@ static bool place(const pt_solver_input *in, int S, int R, bool spanning, int *s
             continue;
         }
         int chosen = -1;
-        for (int i = 0; i < in->n_sites && chosen < 0; i++) /* round-robin over sites that fit */
-            if (free_devices[order[(r + i) % in->n_sites]] >= S) chosen = order[(r + i) % in->n_sites];
+        for (int i = 0; i < in->n_sites && chosen < 0; i++) {
+            const int site = order[mode == PLACE_SPREAD ? (r + i) % in->n_sites : i];
+            if (free_devices[site] >= S) chosen = site;
+        }
         if (chosen < 0) return false;
         for (int s = 0; s < S; s++) site_of[r * S + s] = chosen;
         free_devices[chosen] -= S;
@@ -169,15 +177,15 @@ static pipert_result predict(const pt_solver_input *in, pt_solver_plan *plan,
     return rc;
 }
 
-static pipert_result evaluate(search *x, int S, int R, bool spanning)
+static pipert_result evaluate(search *x, int S, int R, placement_mode mode)
 {
     const pt_solver_input *in = x->in;
-    pt_solver_plan plan = {.stages = S, .replicas = R, .spans_sites = spanning};
+    pt_solver_plan plan = {.stages = S, .replicas = R, .spans_sites = mode == PLACE_SPAN};
     plan.site_of = malloc((size_t)R * (size_t)S * sizeof *plan.site_of);
     pt_cost_device *devices = malloc((size_t)R * (size_t)S * sizeof *devices);
     pipert_result rc = plan.site_of && devices ? PIPERT_OK
                                                : pt_fail(PIPERT_ERR_NOMEM, "solver: out of memory");
-    bool fits = false, placed = rc == PIPERT_OK && place(in, S, R, spanning, plan.site_of);
+    bool fits = false, placed = rc == PIPERT_OK && place(in, S, R, mode, plan.site_of);
     for (int i = 0; placed && i < R * S; i++) devices[i] = in->sites[plan.site_of[i]].device;
     if (placed) rc = predict(in, &plan, devices, &fits);
     free(devices);
@@ -192,14 +200,34 @@ static pipert_result evaluate(search *x, int S, int R, bool spanning)
     return keep_plan(x, &plan); /* keeps or frees plan.site_of */
 }
 
-/* R for S: the most whole pipelines, every smaller one up to 16, then halving. */
-static int next_replicas(int r) { return r > 16 ? r / 2 : r - 1; }
-
-static int most_replicas(const pt_solver_input *in, int S)
+/* The replica counts tried for S stages, largest first: the most whole
+ * pipelines, halving down to 16, every count from 16 to 1, and the
+ * pipelines the fastest k sites hold together (packing them exactly).
+ * Returns how many (at most capacity). */
+static int replica_counts(const pt_solver_input *in, int S, int *counts, int capacity)
 {
-    int r = 0;
-    for (int i = 0; i < in->n_sites; i++) r += in->sites[i].devices / S;
-    return r;
+    int n = 0, order[256];
+    bool seen[4096] = {false};
+#define ADD(r)                                                                                     \
+    do {                                                                                           \
+        const int r_ = (r);                                                                        \
+        if (r_ >= 1 && n < capacity && (r_ >= 4096 || !seen[r_])) {                                \
+            if (r_ < 4096) seen[r_] = true;                                                        \
+            counts[n++] = r_;                                                                      \
+        }                                                                                          \
+    } while (0)
+    int most = 0;
+    for (int i = 0; i < in->n_sites; i++) most += in->sites[i].devices / S;
+    for (int r = most; r > 16; r /= 2) ADD(r);
+    for (int r = 16; r >= 1; r--) ADD(r);
+    sites_by_speed(in, order);
+    int together = 0;
+    for (int i = 0; i < in->n_sites; i++) {
+        together += in->sites[order[i]].devices / S;
+        ADD(together);
+    }
+#undef ADD
+    return n;
 }
 
 static pipert_result check_input(const pt_solver_input *in, int *total)
@@ -233,10 +261,15 @@ pipert_result pt_solve(const pt_solver_input *in, pt_solver_result *out)
     if (max_stages > PT_PLAN_MAX_STAGES) max_stages = PT_PLAN_MAX_STAGES;
     pipert_result rc = PIPERT_OK;
     for (int S = 1; S <= max_stages && rc == PIPERT_OK; S++) {
-        for (int R = most_replicas(in, S); R >= 1 && rc == PIPERT_OK; R = next_replicas(R))
-            rc = evaluate(&x, S, R, false);
+        int counts[512];
+        const int n_counts = replica_counts(in, S, counts, 512);
+        for (int k = 0; k < n_counts && rc == PIPERT_OK; k++) {
+            const int R = counts[k];
+            rc = evaluate(&x, S, R, PLACE_PACK);
+            if (rc == PIPERT_OK && in->n_sites > 1 && R > 1) rc = evaluate(&x, S, R, PLACE_SPREAD);
+        }
         if (in->allow_spanning && in->n_sites > 1 && S > 1 && S <= x.total_devices && rc == PIPERT_OK)
-            rc = evaluate(&x, S, x.total_devices / S, true);
+            rc = evaluate(&x, S, x.total_devices / S, PLACE_SPAN);
     }
     if (rc == PIPERT_OK && out->n_plans == 0)
         rc = pt_fail(PIPERT_ERR_CONFIG, "plan: no placement fits: %d of %d candidates need more "

@@ -9,9 +9,11 @@
  *     inside one site (its activations cross every microbatch; the coupling
  *     crosses sites once a step or less), unless `allow_spanning` — then one
  *     candidate per S also spans sites in order, the baseline to beat;
- *   - R: as many whole pipelines as the sites hold, filled fastest site first,
- *     and every smaller R down to 1 while R ≤ 16, then halving (a run of
- *     1,024 devices tries ~20 values);
+ *   - R: as many whole pipelines as the sites hold, halving down to 16,
+ *     every R from 16 to 1, and what the fastest k sites hold together (a
+ *     run of 1,024 devices in 8 sites tries ~30 values); each R packed (the fastest site filled first, so replicas that
+ *     fit in one site couple over its fast link) and spread (round-robin over
+ *     the sites);
  *   - the split of each candidate: a dynamic programme over (stage, blocks)
  *     that minimises the slowest stage on that pipeline's devices (uneven
  *     blocks for uneven devices), exact;

@@ -120,6 +120,8 @@ Test(cluster, groups_as_written)
     cr_expect_float_eq(g[1].memory_bytes, 512e9, 1);
     cr_expect_eq(g[1].bf16_flops, 0);
     cr_expect_float_eq(g[1].link.bits_per_s, 100e9, 1, "the default link inside a group");
+    cr_expect_float_eq(g[0].memory_bytes_per_s, 1.5e12, 1, "cuda's default memory bandwidth");
+    cr_expect_float_eq(g[1].memory_bytes_per_s, 2e10, 1, "cpu's default memory bandwidth");
     cr_expect_eq(g[2].site, 1);
     cr_expect_eq(pt_cluster_devices(&c), 14);
     pt_cluster_free(&c);
@@ -151,4 +153,18 @@ Test(cluster, malformed_groups_are_refused_by_field)
     expect_refused(SITE_WITH("{" GOOD ", \"link\": {\"bandwidth\": \"slow\"}}"),
                    ": sites[0].groups[0].link.bandwidth: expected a positive bit rate such as "
                    "100mbit or 1gbit, got 'slow'");
+}
+
+/* Every example in examples/clusters loads, with devices in it. */
+Test(cluster, every_example_loads)
+{
+    const char *examples[] = {"single-node-8xh100.json", "two-clouds.json", "geo-world.json"};
+    for (size_t i = 0; i < sizeof examples / sizeof examples[0]; i++) {
+        char file[512];
+        snprintf(file, sizeof file, "%s/examples/clusters/%s", PIPERT_SOURCE_ROOT, examples[i]);
+        pt_cluster c;
+        cr_expect_eq(pt_cluster_load(file, &c), PIPERT_OK, "%s", pipert_last_error());
+        cr_expect_gt(pt_cluster_devices(&c), 0, "%s has no devices", examples[i]);
+        pt_cluster_free(&c);
+    }
 }

@@ -5,10 +5,13 @@
  * `pipert launch --plan` runs and `pipert simulate --plan` re-predicts.
  *
  * Devices. A cluster file's sites and links say where and how fast the
- * network is; the devices of each site come from --devices, --flops,
- * --efficiency and --memory (default: this machine — its cores by
- * runtime.threads, the GEMM peak measured here, 0.8, its memory), the same
- * at every site. */
+ * network is, and its device groups what computes: each group is a unit the
+ * solver fills with whole pipelines (its devices alike, joined by the
+ * group's link; groups of one site reach each other over the slower of
+ * their links, other sites over the cluster's). A device reaches
+ * --efficiency (0.8) of its group's fp32 FLOP/s. A cluster without groups
+ * gets --devices, --flops and --memory at every site (default: this machine
+ * — its cores by runtime.threads, the GEMM peak measured here, its memory). */
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +24,7 @@
 #include "runtime/topology.h"
 #include "runtime/units.h"
 #include "scheduler/cluster.h"
+#include "scheduler/cluster_units.h"
 #include "scheduler/plan_file.h"
 #include "scheduler/solver.h"
 #include "tools/cli.h"
@@ -64,25 +68,6 @@ static pipert_result parse_args(const char *const text[8], const pipert_config *
     return PIPERT_OK;
 }
 
-/* The solver's view of the cluster: its sites, each with the devices asked
- * for, and its links (the diagonal: this host's). */
-static pipert_result solver_input(const pt_cluster *c, const plan_args *a,
-                                  const pipert_config *cfg, pt_solver_site *sites,
-                                  pt_sim_link *links, pt_solver_input *in)
-{
-    for (int i = 0; i < c->n_sites; i++) sites[i] = (pt_solver_site){a->devices, a->device};
-    for (int from = 0; from < c->n_sites; from++)
-        for (int to = 0; to < c->n_sites; to++) {
-            const pt_cluster_link *l = &c->links[from * c->n_sites + to];
-            links[from * c->n_sites + to] =
-                from == to ? a->local : (pt_sim_link){l->bits_per_s / 8, l->latency_s};
-        }
-    *in = (pt_solver_input){.config = cfg, .n_sites = c->n_sites, .sites = sites, .links = links,
-                            .max_stages = a->max_stages, .allow_spanning = a->spanning,
-                            .keep = a->keep};
-    return PIPERT_OK;
-}
-
 /* "3,3" */
 static void layers_text(const pt_solver_plan *p, char *out, size_t capacity)
 {
@@ -93,20 +78,23 @@ static void layers_text(const pt_solver_plan *p, char *out, size_t capacity)
                               p->bounds[s + 1] - p->bounds[s]);
 }
 
-/* Where replica r's stages run: "a" when all in one site, else "a>b". */
-static void sites_text(const pt_cluster *c, const pt_solver_plan *p, int r, char *out,
-                       size_t capacity)
+/* Where replica r's stages run: "a" when all in one unit, else "a>b". */
+static void sites_text(const pt_cluster *c, const pt_cluster_units *units, const pt_solver_plan *p,
+                       int r, char *out, size_t capacity)
 {
     size_t n = 0;
     out[0] = 0;
     for (int s = 0; s < p->stages && n < capacity; s++) {
-        const int site = p->site_of[r * p->stages + s];
-        if (s > 0 && site == p->site_of[r * p->stages + s - 1]) continue;
-        n += (size_t)snprintf(out + n, capacity - n, "%s%s", s ? ">" : "", c->site_names[site]);
+        const int u = p->site_of[r * p->stages + s];
+        if (s > 0 && u == p->site_of[r * p->stages + s - 1]) continue;
+        char name[2 * PT_CLUSTER_NAME_MAX + 2];
+        pt_cluster_units_name(c, units, u, name, sizeof name);
+        n += (size_t)snprintf(out + n, capacity - n, "%s%s", s ? ">" : "", name);
     }
 }
 
-static void print_plans(const pt_cluster *c, const pt_solver_result *r)
+static void print_plans(const pt_cluster *c, const pt_cluster_units *units,
+                        const pt_solver_result *r)
 {
     printf("%d candidates simulated (%d did not fit in memory); the best %d:\n", r->candidates,
            r->refused_memory, r->n_plans);
@@ -117,7 +105,7 @@ static void print_plans(const pt_cluster *c, const pt_solver_result *r)
         char layers[256], where[512] = "", one[128];
         layers_text(p, layers, sizeof layers);
         for (int k = 0; k < p->replicas && k < 8; k++) {
-            sites_text(c, p, k, one, sizeof one);
+            sites_text(c, units, p, k, one, sizeof one);
             snprintf(where + strlen(where), sizeof where - strlen(where), "%s%s", k ? " " : "", one);
         }
         if (p->replicas > 8) snprintf(where + strlen(where), sizeof where - strlen(where), " ...");
@@ -128,7 +116,8 @@ static void print_plans(const pt_cluster *c, const pt_solver_result *r)
 }
 
 static pipert_result write_plan(const char *path, const char *cluster_path, const pt_cluster *c,
-                                const pipert_config *cfg, const pt_solver_plan *best)
+                                const pt_cluster_units *units, const pipert_config *cfg,
+                                const pt_solver_plan *best)
 {
     pt_plan_file f = {.stages = best->stages, .replicas = best->replicas,
                       .predicted_step_s = best->step_s,
@@ -139,9 +128,11 @@ static pipert_result write_plan(const char *path, const char *cluster_path, cons
     f.config_json = pipert_config_to_json(cfg);
     pipert_result rc = f.placement && f.config_json ? PIPERT_OK
                                                     : pt_fail(PIPERT_ERR_NOMEM, "plan: out of memory");
-    for (int i = 0; rc == PIPERT_OK && i < best->stages * best->replicas; i++)
-        snprintf(f.placement[i].site, sizeof f.placement[i].site, "%s",
-                 c->site_names[best->site_of[i]]);
+    for (int i = 0; rc == PIPERT_OK && i < best->stages * best->replicas; i++) {
+        const int u = best->site_of[i];
+        snprintf(f.placement[i].site, sizeof f.placement[i].site, "%s", c->site_names[units->site[u]]);
+        if (c->n_groups) snprintf(f.placement[i].group, sizeof f.placement[i].group, "%s", c->groups[u].name);
+    }
     if (rc == PIPERT_OK) rc = pt_plan_file_save(path, &f);
     pt_plan_file_free(&f);
     return rc;
@@ -152,23 +143,23 @@ static pipert_result run_plan(const pipert_config *cfg, const plan_args *a)
     PT_TRY(pt_config_validate(cfg));
     pt_cluster cluster;
     PT_TRY(pt_cluster_load(a->cluster_path, &cluster));
-    const size_t n = (size_t)cluster.n_sites;
-    pt_solver_site *sites = calloc(n, sizeof *sites);
-    pt_sim_link *links = calloc(n * n, sizeof *links);
-    pt_solver_input in;
+    const pt_solver_site fallback = {a->devices, a->device};
+    pt_cluster_units units;
     pt_solver_result result = {0};
-    pipert_result rc = sites && links ? solver_input(&cluster, a, cfg, sites, links, &in)
-                                      : pt_fail(PIPERT_ERR_NOMEM, "plan: out of memory");
+    pipert_result rc = pt_cluster_units_make(&cluster, &fallback, a->device.efficiency, a->local,
+                                             &units);
+    const pt_solver_input in = {.config = cfg, .n_sites = units.n, .sites = units.units,
+                                .links = units.links, .max_stages = a->max_stages,
+                                .allow_spanning = a->spanning, .keep = a->keep};
     if (rc == PIPERT_OK) rc = pt_solve(&in, &result);
     if (rc == PIPERT_OK) {
-        print_plans(&cluster, &result);
-        rc = write_plan(a->out_path, a->cluster_path, &cluster, cfg, &result.plans[0]);
+        print_plans(&cluster, &units, &result);
+        rc = write_plan(a->out_path, a->cluster_path, &cluster, &units, cfg, &result.plans[0]);
     }
     if (rc == PIPERT_OK) printf("wrote the best plan to %s (pipert launch --plan %s)\n", a->out_path,
                                 a->out_path);
     pt_solver_result_free(&result);
-    free(sites);
-    free(links);
+    pt_cluster_units_free(&units);
     pt_cluster_free(&cluster);
     return rc;
 }

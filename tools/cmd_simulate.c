@@ -30,6 +30,7 @@
 #include "runtime/topology.h"
 #include "runtime/units.h"
 #include "scheduler/cluster.h"
+#include "scheduler/cluster_units.h"
 #include "scheduler/cost.h"
 #include "scheduler/job_model.h"
 #include "scheduler/plan_file.h"
@@ -54,7 +55,8 @@ typedef struct job {
     pt_cost_device devices[MAX_RANKS];
     int device_of[MAX_RANKS];
     int site_of[MAX_RANKS];
-    pt_sim_link *links; /* the plan's cluster's, [n_sites²], or NULL */
+    pt_cluster_units units; /* the plan's cluster's, or empty */
+    pt_sim_link *links;     /* units.links, or NULL */
     int n_sites;
     pt_job_model model;
 } job;
@@ -103,19 +105,25 @@ static pipert_result machine_devices(const pipert_config *cfg, simulate_args *a,
 
 /* ---- the job ----------------------------------------------------------------- */
 
+/* With a plan's cluster: each rank's unit (a device group, or a site of
+ * this machine's devices) and the links between units. */
 static pipert_result place_ranks(const simulate_args *a, job *m, int S, int R)
 {
     for (int i = 0; i < R * S; i++) m->site_of[i] = 0;
     if (!a->plan || !a->cluster) return PIPERT_OK;
-    const pt_cluster *c = a->cluster;
-    for (int r = 0; r < R; r++)
-        for (int s = 0; s < S; s++)
-            PT_TRY(pt_plan_file_site_index(a->plan, c, r, s, &m->site_of[r * S + s]));
-    m->n_sites = c->n_sites;
-    m->links = calloc((size_t)c->n_sites * (size_t)c->n_sites, sizeof *m->links);
-    if (!m->links) return pt_fail(PIPERT_ERR_NOMEM, "simulate: out of memory");
-    for (int k = 0; k < c->n_sites * c->n_sites; k++)
-        m->links[k] = (pt_sim_link){c->links[k].bits_per_s / 8, c->links[k].latency_s};
+    const pt_solver_site fallback = {1, {a->flops, a->efficiency, 0, a->memory_bytes_per_s}};
+    PT_TRY(pt_cluster_units_make(a->cluster, &fallback, a->efficiency, a->link, &m->units));
+    for (int i = 0; i < R * S; i++) {
+        const pt_plan_place *at = &a->plan->placement[i];
+        pipert_result rc = pt_cluster_units_find(a->cluster, &m->units, at->site, at->group,
+                                                 &m->site_of[i]);
+        if (rc != PIPERT_OK) {
+            pt_error_prefix("placement[%d][%d]", i / S, i % S);
+            return rc;
+        }
+    }
+    m->n_sites = m->units.n;
+    m->links = m->units.links;
     return PIPERT_OK;
 }
 
@@ -133,14 +141,18 @@ static pipert_result build_job(const pipert_config *cfg, const simulate_args *a,
     else
         PT_TRY(pt_plan_balanced(&model, model.block_size, S, &m->plan));
     PT_TRY(place_ranks(a, m, S, R));
+    /* a cluster's groups are devices of their own; else this machine's cores, shared */
+    const bool groups = a->cluster && a->cluster->n_groups;
     for (int i = 0; i < R * S; i++) {
-        m->devices[i] = (pt_cost_device){a->flops, a->efficiency, 0, a->memory_bytes_per_s};
+        m->devices[i] = groups ? m->units.units[m->site_of[i]].device
+                               : (pt_cost_device){a->flops, a->efficiency, 0, a->memory_bytes_per_s};
         m->device_of[i] = i % devices;
     }
     const pt_job_model_input in = {
         .config = cfg, .plan = &m->plan, .replicas = R, .devices = m->devices,
         .site_of = m->site_of, .n_sites = m->n_sites ? m->n_sites : 1, .links = m->links,
-        .local = a->link, .device_of = m->device_of, .n_devices = devices, .steps = a->steps,
+        .local = a->link, .device_of = groups ? NULL : m->device_of, .n_devices = devices,
+        .steps = a->steps,
     };
     return pt_job_model_build(&in, &m->model);
 }
@@ -154,18 +166,24 @@ static void print_result(const pipert_config *cfg, const simulate_args *a, const
     printf("simulated %d stage%s x %d replica%s, %s, dp.method=%s, %d step%s\n", in->stages,
            in->stages == 1 ? "" : "s", in->replicas, in->replicas == 1 ? "" : "s",
            cfg->pipeline.schedule, cfg->dp.method, in->steps, in->steps == 1 ? "" : "s");
-    printf("devices: %d (of %d cores, %d thread%s a rank), %.1f GFLOP/s each x efficiency %.2f\n",
-           devices, a->cores, threads, threads == 1 ? "" : "s", 1e-9 * a->flops, a->efficiency);
+    if (a->cluster && a->cluster->n_groups)
+        printf("devices: the cluster's groups, each rank a device of its own, x efficiency %.2f\n",
+               a->efficiency);
+    else
+        printf("devices: %d (of %d cores, %d thread%s a rank), %.1f GFLOP/s each x efficiency %.2f\n",
+               devices, a->cores, threads, threads == 1 ? "" : "s", 1e-9 * a->flops, a->efficiency);
     printf("step %.2f ms, %.0f tokens/s, coupling %.0f bytes a replica a step\n", 1e3 * r->step_s,
            j->model.tokens_per_step / r->step_s, pt_job_model_coupling_bytes_per_step(&j->model, r));
     for (int i = 0; i < in->replicas * in->stages; i++) {
         const pt_stage_cost *c = &j->model.cost[i];
         const pt_sim_rank_result *k = &r->ranks[i];
+        char unit[2 * PT_CLUSTER_NAME_MAX + 2] = "";
+        if (a->cluster) pt_cluster_units_name(a->cluster, &j->units, j->site_of[i], unit, sizeof unit);
         printf("  rank %d (stage %d, replica %d, %s%s, blocks [%d, %d)): forward %.2f ms, backward %.2f "
                "ms, bubble %.1f%%, coupling wait %.2f ms/step, %d microbatch%s in flight, "
                "memory %.1f MB\n",
-               i, i % in->stages, i / in->stages, a->cluster ? "site " : "this host",
-               a->cluster ? a->cluster->site_names[j->site_of[i]] : "", c->first, c->last,
+               i, i % in->stages, i / in->stages, a->cluster ? "" : "this host",
+               unit, c->first, c->last,
                1e3 * c->time.forward_s,
                1e3 * c->time.backward_s, 100 * k->bubble, 1e3 * k->wait_coupling_s / in->steps,
                k->peak_activations, k->peak_activations == 1 ? "" : "es",
@@ -279,7 +297,7 @@ static pipert_result run_simulation(pipert_config *cfg, simulate_args *a)
     if (rc == PIPERT_OK && a->trace_path) printf("wrote %s\n", a->trace_path);
     pt_sim_result_free(&r);
     pt_job_model_free(&j->model);
-    free(j->links);
+    pt_cluster_units_free(&j->units);
     free(j);
     return rc;
 }
