@@ -176,6 +176,10 @@ struct pt_request {
     pt_request_callback callback;
     void *callback_arg;
     int free_requested; /* pt_request_free() called from the request's own callback */
+    /* Cancel commands queued for it and not yet run: it is not freed before
+     * they ran (the progress thread reads it then, whatever became of it). */
+    int commands;
+    int free_when_idle; /* freed as the last command ends */
     /* UCX side, under ucx_lock. */
     pt_message_header header; /* send: as sent; receive: as received */
     ucp_dt_iov_t iov[2];
@@ -359,6 +363,8 @@ void pt_transport_record_failure(pt_request *r, pipert_result code, const char *
     __attribute__((format(printf, 3, 4)));
 void pt_transport_in_flight_add(pt_transport *t, pt_request *r);
 void pt_transport_complete_request(pt_request *r);
+/* A queued command for r has run (it may free r). */
+void pt_transport_request_command_done(pt_request *r);
 void pt_transport_fail_request(pt_request *r, pipert_result code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 const char *pt_transport_request_verb(const pt_request *r);

@@ -128,6 +128,7 @@ static void run_command(pt_transport *t, command *c)
             snprintf(r->cancel_reason, sizeof r->cancel_reason, "cancelled");
             ucp_request_cancel(t->worker, r->op);
         }
+        pt_transport_request_command_done(r); /* may free it */
         break;
     case COMMAND_CONNECT:
         pt_transport_start_connect(t, c->conn);

@@ -71,6 +71,19 @@ void pt_transport_complete_request(pt_request *r)
     pthread_mutex_lock(&pt_transport_state_lock);
     int free_now = r->free_requested;
     r->state = REQUEST_DONE;
+    if (free_now && r->commands > 0) { /* a cancel command still to run reads it */
+        r->free_when_idle = 1;
+        free_now = 0;
+    }
+    pthread_cond_broadcast(&pt_transport_state_changed);
+    pthread_mutex_unlock(&pt_transport_state_lock);
+    if (free_now) free(r);
+}
+
+void pt_transport_request_command_done(pt_request *r)
+{
+    pthread_mutex_lock(&pt_transport_state_lock);
+    const int free_now = --r->commands == 0 && r->free_when_idle;
     pthread_cond_broadcast(&pt_transport_state_changed);
     pthread_mutex_unlock(&pt_transport_state_lock);
     if (free_now) free(r);
@@ -194,11 +207,12 @@ const char *pt_request_error(const pt_request *request)
 void pt_request_cancel(pt_request *request)
 {
     pthread_mutex_lock(&pt_transport_state_lock);
-    int pending = request->state == REQUEST_PENDING;
     pt_transport *t = request->t;
+    const int queue = request->state == REQUEST_PENDING && t && request->type == REQUEST_RECV;
+    if (queue) request->commands++; /* kept alive until the command ran */
     pthread_mutex_unlock(&pt_transport_state_lock);
-    if (pending && t && request->type == REQUEST_RECV)
-        pt_transport_enqueue(t, COMMAND_CANCEL, request, NULL);
+    if (queue && pt_transport_enqueue(t, COMMAND_CANCEL, request, NULL) != PIPERT_OK)
+        pt_transport_request_command_done(request);
 }
 
 void pt_request_free(pt_request *request)
@@ -206,14 +220,18 @@ void pt_request_free(pt_request *request)
     if (!request) return;
     pt_request_cancel(request);
     pthread_mutex_lock(&pt_transport_state_lock);
-    if (request->state != REQUEST_DONE && pt_transport_holding_ucx_lock) {
+    if (pt_transport_holding_ucx_lock &&
+        (request->state != REQUEST_DONE || request->commands > 0)) {
         /* From a callback, where waiting would wait for ourselves: pt_transport_complete_request
-         * frees it when it is done. */
-        request->free_requested = 1;
+         * frees it when it is done, or the last of its queued commands when it has run. */
+        if (request->state != REQUEST_DONE)
+            request->free_requested = 1;
+        else
+            request->free_when_idle = 1;
         pthread_mutex_unlock(&pt_transport_state_lock);
         return;
     }
-    while (request->state != REQUEST_DONE)
+    while (request->state != REQUEST_DONE || request->commands > 0)
         pthread_cond_wait(&pt_transport_state_changed, &pt_transport_state_lock);
     pthread_mutex_unlock(&pt_transport_state_lock);
     free(request);
