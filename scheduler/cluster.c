@@ -8,37 +8,11 @@
 #include <string.h>
 
 #include "runtime/error.h"
+#include "scheduler/json_fields.h"
 #include "runtime/units.h"
 
 #define MAX_SITES 254
 #define MAX_GROUPS 4096
-
-/* "PATH: FIELD: message". */
-static pipert_result fail_field(const char *path, const char *field, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static pipert_result fail_field(const char *path, const char *field, const char *fmt, ...)
-{
-    char message[768];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(message, sizeof message, fmt, ap);
-    va_end(ap);
-    return pt_fail(PIPERT_ERR_CONFIG, "%s: %s: %s", path, field, message);
-}
-
-/* Every key of `object` is one of the NULL-terminated `known`. */
-static pipert_result only_known_keys(const char *path, const char *field, json_t *object,
-                                     const char *const *known)
-{
-    const char *key;
-    json_t *value;
-    json_object_foreach(object, key, value) {
-        const char *const *k = known;
-        while (*k && strcmp(*k, key) != 0) k++;
-        if (!*k) return fail_field(path, field, "unknown key '%s'", key);
-    }
-    return PIPERT_OK;
-}
 
 static int site_index(const pt_cluster *c, const char *name)
 {
@@ -51,7 +25,7 @@ static pipert_result read_sites(const char *path, json_t *root, pt_cluster *c)
 {
     json_t *sites = json_object_get(root, "sites");
     if (!json_is_array(sites) || json_array_size(sites) < 1 || json_array_size(sites) > MAX_SITES)
-        return fail_field(path, "sites", "expected a list of 1 to %d sites", MAX_SITES);
+        return pt_json_field_error(path, "sites", "expected a list of 1 to %d sites", MAX_SITES);
     c->n_sites = (int)json_array_size(sites);
     c->site_names = calloc((size_t)c->n_sites, sizeof *c->site_names);
     c->links = calloc((size_t)c->n_sites * (size_t)c->n_sites, sizeof *c->links);
@@ -61,14 +35,14 @@ static pipert_result read_sites(const char *path, json_t *root, pt_cluster *c)
         char field[32];
         snprintf(field, sizeof field, "sites[%d]", i);
         json_t *site = json_array_get(sites, (size_t)i);
-        if (!json_is_object(site)) return fail_field(path, field, "expected an object");
-        PT_TRY(only_known_keys(path, field, site, known));
+        if (!json_is_object(site)) return pt_json_field_error(path, field, "expected an object");
+        PT_TRY(pt_json_only_known_keys(path, field, site, known));
         const char *name = json_string_value(json_object_get(site, "name"));
         if (!name || !name[0] || strlen(name) >= PT_CLUSTER_NAME_MAX)
-            return fail_field(path, field, "needs a \"name\" of 1 to %d characters",
+            return pt_json_field_error(path, field, "needs a \"name\" of 1 to %d characters",
                               PT_CLUSTER_NAME_MAX - 1);
         if (site_index(c, name) >= 0)
-            return fail_field(path, field, "site '%s' is named twice", name);
+            return pt_json_field_error(path, field, "site '%s' is named twice", name);
         snprintf(c->site_names[i], PT_CLUSTER_NAME_MAX, "%s", name);
     }
     return PIPERT_OK;
@@ -81,8 +55,8 @@ static pipert_result read_link_values(const char *path, const char *field, json_
     const char *bandwidth = json_string_value(json_object_get(object, "bandwidth"));
     const char *latency = json_string_value(json_object_get(object, "latency"));
     char what[96];
-    if (!bandwidth && !fallback) return fail_field(path, field, "needs \"bandwidth\", e.g. \"100mbit\"");
-    if (!latency && !fallback) return fail_field(path, field, "needs \"latency\", e.g. \"50ms\"");
+    if (!bandwidth && !fallback) return pt_json_field_error(path, field, "needs \"bandwidth\", e.g. \"100mbit\"");
+    if (!latency && !fallback) return pt_json_field_error(path, field, "needs \"latency\", e.g. \"50ms\"");
     *link = fallback ? *fallback : (pt_cluster_link){0};
     snprintf(what, sizeof what, "%s: %s.bandwidth", path, field);
     if (bandwidth) PT_TRY(pt_parse_bit_rate(bandwidth, what, &link->bits_per_s));
@@ -97,7 +71,7 @@ static pipert_result site_named(const char *path, const char *field, const pt_cl
     const char *text = json_string_value(name);
     *index = text ? site_index(c, text) : -1;
     if (*index < 0)
-        return fail_field(path, field, "'%s' is not one of the sites", text ? text : "(not a string)");
+        return pt_json_field_error(path, field, "'%s' is not one of the sites", text ? text : "(not a string)");
     return PIPERT_OK;
 }
 
@@ -106,20 +80,20 @@ static pipert_result read_link(const char *path, int i, json_t *entry, pt_cluste
     char field[32];
     snprintf(field, sizeof field, "links[%d]", i);
     static const char *const known[] = {"between", "from", "to", "bandwidth", "latency", NULL};
-    if (!json_is_object(entry)) return fail_field(path, field, "expected an object");
-    PT_TRY(only_known_keys(path, field, entry, known));
+    if (!json_is_object(entry)) return pt_json_field_error(path, field, "expected an object");
+    PT_TRY(pt_json_only_known_keys(path, field, entry, known));
     json_t *between = json_object_get(entry, "between");
     int a, b;
     if (between) {
         if (!json_is_array(between) || json_array_size(between) != 2)
-            return fail_field(path, field, "\"between\" takes two site names");
+            return pt_json_field_error(path, field, "\"between\" takes two site names");
         PT_TRY(site_named(path, field, c, json_array_get(between, 0), &a));
         PT_TRY(site_named(path, field, c, json_array_get(between, 1), &b));
     } else {
         PT_TRY(site_named(path, field, c, json_object_get(entry, "from"), &a));
         PT_TRY(site_named(path, field, c, json_object_get(entry, "to"), &b));
     }
-    if (a == b) return fail_field(path, field, "a link joins two different sites");
+    if (a == b) return pt_json_field_error(path, field, "a link joins two different sites");
     pt_cluster_link link;
     PT_TRY(read_link_values(path, field, entry, NULL, &link));
     c->links[a * c->n_sites + b] = link;
@@ -134,15 +108,15 @@ static pipert_result read_link(const char *path, int i, json_t *entry, pt_cluste
 static pipert_result read_links(const char *path, json_t *root, pt_cluster *c, bool *given)
 {
     json_t *links = json_object_get(root, "links");
-    if (links && !json_is_array(links)) return fail_field(path, "links", "expected a list");
+    if (links && !json_is_array(links)) return pt_json_field_error(path, "links", "expected a list");
     for (size_t i = 0; links && i < json_array_size(links); i++)
         PT_TRY(read_link(path, (int)i, json_array_get(links, i), c, given));
     json_t *fallback = json_object_get(root, "default_link");
     pt_cluster_link default_link;
     static const char *const known[] = {"bandwidth", "latency", NULL};
     if (fallback) {
-        if (!json_is_object(fallback)) return fail_field(path, "default_link", "expected an object");
-        PT_TRY(only_known_keys(path, "default_link", fallback, known));
+        if (!json_is_object(fallback)) return pt_json_field_error(path, "default_link", "expected an object");
+        PT_TRY(pt_json_only_known_keys(path, "default_link", fallback, known));
         PT_TRY(read_link_values(path, "default_link", fallback, NULL, &default_link));
     }
     for (int a = 0; a < c->n_sites; a++)
@@ -166,7 +140,7 @@ static pipert_result read_positive(const char *path, const char *field, json_t *
     *out = 0;
     if (!v && optional) return PIPERT_OK;
     if (!json_is_number(v) || !(json_number_value(v) > 0))
-        return fail_field(path, field, "\"%s\": expected a positive number, e.g. 6.7e13", key);
+        return pt_json_field_error(path, field, "\"%s\": expected a positive number, e.g. 6.7e13", key);
     *out = json_number_value(v);
     return PIPERT_OK;
 }
@@ -176,26 +150,26 @@ static pipert_result read_group(const char *path, const char *field, json_t *ent
 {
     static const char *const known[] = {"name", "kind", "count", "fp32_flops", "bf16_flops",
                                         "memory", "memory_bytes_per_s", "link", NULL};
-    if (!json_is_object(entry)) return fail_field(path, field, "expected an object");
-    PT_TRY(only_known_keys(path, field, entry, known));
+    if (!json_is_object(entry)) return pt_json_field_error(path, field, "expected an object");
+    PT_TRY(pt_json_only_known_keys(path, field, entry, known));
     const char *name = json_string_value(json_object_get(entry, "name"));
     if (!name || !name[0] || strlen(name) >= PT_CLUSTER_NAME_MAX)
-        return fail_field(path, field, "needs a \"name\" of 1 to %d characters",
+        return pt_json_field_error(path, field, "needs a \"name\" of 1 to %d characters",
                           PT_CLUSTER_NAME_MAX - 1);
     for (int k = 0; k < c->n_groups; k++)
         if (c->groups[k].site == site && !strcmp(c->groups[k].name, name))
-            return fail_field(path, field, "group '%s' is named twice in site '%s'", name,
+            return pt_json_field_error(path, field, "group '%s' is named twice in site '%s'", name,
                               c->site_names[site]);
     *g = (pt_cluster_group){.site = site};
     snprintf(g->name, sizeof g->name, "%s", name);
     const char *kind = json_string_value(json_object_get(entry, "kind"));
     if (!kind || (strcmp(kind, "cuda") != 0 && strcmp(kind, "cpu") != 0))
-        return fail_field(path, field, "\"kind\": expected \"cuda\" or \"cpu\"");
+        return pt_json_field_error(path, field, "\"kind\": expected \"cuda\" or \"cpu\"");
     snprintf(g->kind, sizeof g->kind, "%s", kind);
     json_t *count = json_object_get(entry, "count");
     if (!json_is_integer(count) || json_integer_value(count) < 1 ||
         json_integer_value(count) > 1000000)
-        return fail_field(path, field, "\"count\": expected a number of devices from 1 to 1000000");
+        return pt_json_field_error(path, field, "\"count\": expected a number of devices from 1 to 1000000");
     g->count = (int)json_integer_value(count);
     PT_TRY(read_positive(path, field, entry, "fp32_flops", false, &g->fp32_flops));
     PT_TRY(read_positive(path, field, entry, "bf16_flops", true, &g->bf16_flops));
@@ -209,9 +183,9 @@ static pipert_result read_group(const char *path, const char *field, json_t *ent
     json_t *link = json_object_get(entry, "link");
     char link_field[96];
     snprintf(link_field, sizeof link_field, "%s.link", field);
-    if (link && !json_is_object(link)) return fail_field(path, link_field, "expected an object");
+    if (link && !json_is_object(link)) return pt_json_field_error(path, link_field, "expected an object");
     static const char *const link_keys[] = {"bandwidth", "latency", NULL};
-    if (link) PT_TRY(only_known_keys(path, link_field, link, link_keys));
+    if (link) PT_TRY(pt_json_only_known_keys(path, link_field, link, link_keys));
     g->link = inside;
     if (link) PT_TRY(read_link_values(path, link_field, link, &inside, &g->link));
     return PIPERT_OK;
@@ -224,10 +198,10 @@ static pipert_result read_groups(const char *path, json_t *root, pt_cluster *c)
         json_t *groups = json_object_get(json_array_get(sites, (size_t)i), "groups");
         char field[64];
         snprintf(field, sizeof field, "sites[%d].groups", i);
-        if (groups && !json_is_array(groups)) return fail_field(path, field, "expected a list");
+        if (groups && !json_is_array(groups)) return pt_json_field_error(path, field, "expected a list");
         for (size_t k = 0; groups && k < json_array_size(groups); k++) {
             if (c->n_groups == MAX_GROUPS)
-                return fail_field(path, field, "more than %d groups", MAX_GROUPS);
+                return pt_json_field_error(path, field, "more than %d groups", MAX_GROUPS);
             pt_cluster_group *more = realloc(c->groups, (size_t)(c->n_groups + 1) * sizeof *more);
             if (!more) return pt_fail(PIPERT_ERR_NOMEM, "%s: out of memory", path);
             c->groups = more;
@@ -251,7 +225,7 @@ static pipert_result read_cluster(const char *path, json_t *root, pt_cluster *c)
     static const char *const known[] = {"sites", "links", "default_link", "description", "source",
                                         NULL};
     if (!json_is_object(root)) return pt_fail(PIPERT_ERR_CONFIG, "%s: expected a JSON object", path);
-    PT_TRY(only_known_keys(path, "top level", root, known));
+    PT_TRY(pt_json_only_known_keys(path, "top level", root, known));
     PT_TRY(read_sites(path, root, c));
     PT_TRY(read_groups(path, root, c));
     bool *given = calloc((size_t)c->n_sites * (size_t)c->n_sites, sizeof *given);

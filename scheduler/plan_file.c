@@ -10,40 +10,15 @@
 #include <unistd.h>
 
 #include "runtime/error.h"
+#include "scheduler/json_fields.h"
 
 #define MAX_RANKS 65536
-
-/* "PATH: FIELD: message". */
-static pipert_result fail_field(const char *path, const char *field, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static pipert_result fail_field(const char *path, const char *field, const char *fmt, ...)
-{
-    char message[768];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(message, sizeof message, fmt, ap);
-    va_end(ap);
-    return pt_fail(PIPERT_ERR_CONFIG, "%s: %s: %s", path, field, message);
-}
-
-static pipert_result only_known_keys(const char *path, const char *field, json_t *object,
-                                     const char *const *known)
-{
-    const char *key;
-    json_t *value;
-    json_object_foreach(object, key, value) {
-        const char *const *k = known;
-        while (*k && strcmp(*k, key) != 0) k++;
-        if (!*k) return fail_field(path, field, "unknown key '%s'", key);
-    }
-    return PIPERT_OK;
-}
 
 static pipert_result read_count(const char *path, json_t *root, const char *key, int *out)
 {
     json_t *v = json_object_get(root, key);
     if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > MAX_RANKS)
-        return fail_field(path, key, "expected an integer from 1 to %d", MAX_RANKS);
+        return pt_json_field_error(path, key, "expected an integer from 1 to %d", MAX_RANKS);
     *out = (int)json_integer_value(v);
     return PIPERT_OK;
 }
@@ -56,7 +31,7 @@ static pipert_result read_name(const char *path, const char *field, json_t *plac
     if (!v && optional) return PIPERT_OK;
     const char *text = json_string_value(v);
     if (!text || !text[0] || strlen(text) >= PT_CLUSTER_NAME_MAX)
-        return fail_field(path, field, "needs a \"%s\" of 1 to %d characters", key,
+        return pt_json_field_error(path, field, "needs a \"%s\" of 1 to %d characters", key,
                           PT_CLUSTER_NAME_MAX - 1);
     snprintf(out, PT_CLUSTER_NAME_MAX, "%s", text);
     return PIPERT_OK;
@@ -66,7 +41,7 @@ static pipert_result read_placement(const char *path, json_t *root, pt_plan_file
 {
     json_t *rows = json_object_get(root, "placement");
     if (!json_is_array(rows) || (int)json_array_size(rows) != p->replicas)
-        return fail_field(path, "placement", "expected a list of %d replicas (one list of %d "
+        return pt_json_field_error(path, "placement", "expected a list of %d replicas (one list of %d "
                           "stages each)", p->replicas, p->stages);
     p->placement = calloc((size_t)p->replicas * (size_t)p->stages, sizeof *p->placement);
     if (!p->placement) return pt_fail(PIPERT_ERR_NOMEM, "%s: out of memory", path);
@@ -76,12 +51,12 @@ static pipert_result read_placement(const char *path, json_t *root, pt_plan_file
         snprintf(field, sizeof field, "placement[%d]", r);
         json_t *row = json_array_get(rows, (size_t)r);
         if (!json_is_array(row) || (int)json_array_size(row) != p->stages)
-            return fail_field(path, field, "expected a list of %d stages", p->stages);
+            return pt_json_field_error(path, field, "expected a list of %d stages", p->stages);
         for (int s = 0; s < p->stages; s++) {
             snprintf(field, sizeof field, "placement[%d][%d]", r, s);
             json_t *place = json_array_get(row, (size_t)s);
-            if (!json_is_object(place)) return fail_field(path, field, "expected an object");
-            PT_TRY(only_known_keys(path, field, place, known));
+            if (!json_is_object(place)) return pt_json_field_error(path, field, "expected an object");
+            PT_TRY(pt_json_only_known_keys(path, field, place, known));
             pt_plan_place *at = &p->placement[r * p->stages + s];
             PT_TRY(read_name(path, field, place, "site", false, at->site));
             PT_TRY(read_name(path, field, place, "group", true, at->group));
@@ -96,14 +71,14 @@ static pipert_result read_cluster_path(const char *path, json_t *root, pt_plan_f
     json_t *v = json_object_get(root, "cluster");
     if (!v) return PIPERT_OK;
     const char *text = json_string_value(v);
-    if (!text || !text[0]) return fail_field(path, "cluster", "expected a file name");
+    if (!text || !text[0]) return pt_json_field_error(path, "cluster", "expected a file name");
     char folder[PT_PLAN_PATH_MAX];
     snprintf(folder, sizeof folder, "%s", path);
     const int n = text[0] == '/' ? snprintf(p->cluster_path, sizeof p->cluster_path, "%s", text)
                                  : snprintf(p->cluster_path, sizeof p->cluster_path, "%s/%s",
                                             dirname(folder), text);
     if (n < 0 || (size_t)n >= sizeof p->cluster_path)
-        return fail_field(path, "cluster", "the path is too long");
+        return pt_json_field_error(path, "cluster", "the path is too long");
     return PIPERT_OK;
 }
 
@@ -111,15 +86,15 @@ static pipert_result read_rest(const char *path, json_t *root, pt_plan_file *p)
 {
     json_t *layers = json_object_get(root, "layers");
     if (layers && (!json_is_string(layers) || json_string_length(layers) >= sizeof p->layers))
-        return fail_field(path, "layers", "expected blocks per stage as a string, e.g. \"3,3\"");
+        return pt_json_field_error(path, "layers", "expected blocks per stage as a string, e.g. \"3,3\"");
     if (layers) snprintf(p->layers, sizeof p->layers, "%s", json_string_value(layers));
     json_t *config = json_object_get(root, "config");
-    if (config && !json_is_object(config)) return fail_field(path, "config", "expected an object");
+    if (config && !json_is_object(config)) return pt_json_field_error(path, "config", "expected an object");
     if (config && !(p->config_json = json_dumps(config, JSON_COMPACT)))
         return pt_fail(PIPERT_ERR_NOMEM, "%s: out of memory", path);
     json_t *predicted = json_object_get(root, "predicted");
     if (predicted && !json_is_object(predicted))
-        return fail_field(path, "predicted", "expected an object");
+        return pt_json_field_error(path, "predicted", "expected an object");
     p->predicted_step_s = json_number_value(json_object_get(predicted, "step_s"));
     p->predicted_tokens_per_s = json_number_value(json_object_get(predicted, "tokens_per_s"));
     return PIPERT_OK;
@@ -154,15 +129,15 @@ pipert_result pt_plan_file_load(const char *path, pt_plan_file *plan)
                        error.text);
     static const char *const known[] = {"format", "cluster", "stages", "replicas", "layers",
                                         "placement", "config", "predicted", NULL};
-    pipert_result rc = json_is_object(root) ? only_known_keys(path, "plan", root, known)
-                                            : fail_field(path, "plan", "expected an object");
+    pipert_result rc = json_is_object(root) ? pt_json_only_known_keys(path, "plan", root, known)
+                                            : pt_json_field_error(path, "plan", "expected an object");
     const char *format = json_string_value(json_object_get(root, "format"));
     if (rc == PIPERT_OK && (!format || strcmp(format, PT_PLAN_FILE_FORMAT) != 0))
-        rc = fail_field(path, "format", "expected \"%s\"", PT_PLAN_FILE_FORMAT);
+        rc = pt_json_field_error(path, "format", "expected \"%s\"", PT_PLAN_FILE_FORMAT);
     if (rc == PIPERT_OK) rc = read_count(path, root, "stages", &plan->stages);
     if (rc == PIPERT_OK) rc = read_count(path, root, "replicas", &plan->replicas);
     if (rc == PIPERT_OK && plan->stages * plan->replicas > MAX_RANKS)
-        rc = fail_field(path, "replicas", "%d stages × %d replicas is more than %d ranks",
+        rc = pt_json_field_error(path, "replicas", "%d stages × %d replicas is more than %d ranks",
                         plan->stages, plan->replicas, MAX_RANKS);
     if (rc == PIPERT_OK) rc = read_cluster_path(path, root, plan);
     if (rc == PIPERT_OK) rc = read_placement(path, root, plan);
