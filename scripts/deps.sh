@@ -14,6 +14,7 @@ packages=(
   openmpi-bin libopenmpi-dev  # the embedding example (examples/) and the mpirun tests
   python3 iproute2         # benchmark scripts (tables; network namespaces and tc for emulated sites)
   gnuplot-nox              # pipert plot
+  libsodium-dev            # authentication: the job secret proved by challenge and response
 )
 
 missing=()

@@ -2,7 +2,8 @@
  *
  * In this process: the coordinator and its clients over real TCP sockets —
  * rendezvous and the peer table, progress aggregation against hand-computed
- * values, refusal (and logging) of a wrong secret, and every way a job must
+ * values, refusal (and logging) of a wrong secret, a wrong proof, a replayed
+ * registration and an impostor coordinator (the secret never on the wire), and every way a job must
  * abort: a rank's connection drops, a rank goes silent, a rank registers
  * twice, ranks never register, the coordinator dies or goes silent.
  *
@@ -37,6 +38,7 @@
 #include "runtime/comm/coordinator.h"
 #include "runtime/fileio.h"
 #include "tests/command.h"
+#include "tests/coord_handshake.h"
 
 #define SECRET "5ecret5ecret5ecret5ecret5ecret00"
 
@@ -228,26 +230,43 @@ Test(coordinator, wrong_secret_is_refused_and_logged)
     char error[1024];
     snprintf(error, sizeof error, "%s", pipert_last_error());
     /* A raw connection that says something else first is refused too. */
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
-                               .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    cr_assert_eq(connect(fd, (struct sockaddr *)&addr, sizeof addr), 0);
-    const char hello[] = "{\"type\": \"progress\", \"step\": 1}\n";
-    cr_assert_eq(write(fd, hello, sizeof hello - 1), (ssize_t)sizeof hello - 1);
+    int fd = coord_dial(port);
+    cr_assert_geq(fd, 0);
+    cr_assert(coord_write_line(fd, "{\"type\": \"progress\", \"step\": 1}\n"));
     char answer[512] = "";
     ssize_t n = 0, got;
     while (n < (ssize_t)sizeof answer - 1 && (got = read(fd, answer + n, sizeof answer - 1 - (size_t)n)) > 0)
         n += got; /* until the coordinator closes it */
     close(fd);
+    /* One that skips the hello, and one that proves with random bytes. */
+    char skipped[512] = "", wrong_proof[512] = "";
+    fd = coord_dial(port);
+    cr_assert(coord_write_line(fd, "{\"type\": \"register\", \"rank\": 0, \"world\": 1, "
+                                   "\"host\": \"h\", \"pid\": 1, \"address\": \"\", "
+                                   "\"proof\": \"00\"}\n"));
+    coord_read_line(fd, skipped, sizeof skipped, 10);
+    close(fd);
+    fd = coord_dial(port);
+    coord_transcript sent;
+    cr_expect(coord_register_raw(fd, NULL, 0, 1, &sent, wrong_proof, sizeof wrong_proof));
+    close(fd);
+    usleep(300 * 1000); /* the coordinator's log of the closed connections */
     char *log = capture_end(&cap);
 
     cr_expect_eq(rc, PIPERT_ERR_AUTH, "a wrong secret got %s", pipert_result_str(rc));
     cr_expect_null(intruder);
-    cr_expect(strstr(error, "wrong job secret") && strstr(error, "refused"), "client error: %s", error);
-    cr_expect(strstr(log, "refused a connection from 127.0.0.1:") && strstr(log, "secret"),
-              "the refusal was not logged with the peer address: %s", log);
+    cr_expect(strstr(error, "did not prove that it knows the job's secret"), "client error: %s",
+              error);
+    cr_expect(strstr(log, "127.0.0.1:") && strstr(log, "closed its connection after our challenge"),
+              "the intruder's departure was not logged with its address: %s", log);
     cr_expect(strstr(answer, "refused") && strstr(answer, "register first"),
               "a connection that did not register first got: %s", answer);
+    cr_expect(strstr(skipped, "refused") && strstr(skipped, "hello first"),
+              "a registration without a hello got: %s", skipped);
+    cr_expect(strstr(wrong_proof, "refused") && strstr(wrong_proof, "wrong job secret"),
+              "a wrong proof got: %s", wrong_proof);
+    cr_expect(strstr(log, "its proof of the job's secret is wrong"),
+              "the wrong proof was not logged: %s", log);
     free(log);
 
     pt_job_status s;
@@ -329,18 +348,118 @@ Test(coordinator, dropped_connection_aborts_every_rank)
 }
 
 /* A rank that registers and then says nothing (hung, stopped, unreachable). */
+/* A registration recorded on the wire and sent again on a new connection is refused (its
+ * proof answers another challenge), and it neither takes the rank nor aborts the job. */
+Test(coordinator, replayed_registration_is_refused)
+{
+    pt_coordinator *c = start_coordinator(2, 0.2, 5.0);
+    const int port = pt_coordinator_port(c);
+    int fd = coord_dial(port);
+    coord_transcript sent;
+    char answer[512], replayed[512] = "", challenge[512] = "";
+    cr_assert(coord_register_raw(fd, SECRET, 1, 2, &sent, answer, sizeof answer));
+    cr_assert(strstr(answer, "welcome"), "%s", answer);
+    capture cap;
+    capture_begin(&cap);
+    int replay = coord_dial(port);
+    cr_assert(coord_write_line(replay, sent.hello));
+    cr_expect(coord_read_line(replay, challenge, sizeof challenge, 10));
+    cr_assert(coord_write_line(replay, sent.registration));
+    coord_read_line(replay, replayed, sizeof replayed, 10);
+    close(replay);
+    char *log = capture_end(&cap);
+    cr_expect(strstr(replayed, "refused") && strstr(replayed, "wrong job secret"),
+              "a replayed registration got: %s", replayed);
+    cr_expect(strstr(log, "its proof of the job's secret is wrong"), "not logged: %s", log);
+    free(log);
+    pt_job_status s;
+    pt_coordinator_status(c, &s);
+    cr_expect_eq(s.phase, PT_JOB_REGISTERING, "the replay changed the job");
+    pt_coord_client *worker = join(port, 0, 2, NULL);
+    const pt_peer_table *t;
+    cr_expect_eq(pt_coord_client_wait_table(worker, 5, &t), PIPERT_OK, "%s", pipert_last_error());
+    pt_coord_client_close(worker);
+    close(fd);
+    pt_coordinator_free(c);
+}
+
+/* A coordinator that does not know the secret: it hears the worker's hello and nothing more;
+ * the secret is never among the bytes it receives. */
+typedef struct impostor {
+    int listen_fd, port;
+    char received[8192];
+    size_t length;
+} impostor;
+
+static void *impostor_serve(void *arg)
+{
+    impostor *im = arg;
+    int fd = accept(im->listen_fd, NULL, NULL);
+    if (fd < 0) return NULL;
+    char line[512];
+    if (coord_read_line(fd, line, sizeof line, 10)) {
+        im->length = (size_t)snprintf(im->received, sizeof im->received, "%s\n", line);
+        uint8_t bytes[PT_AUTH_NONCE_BYTES];
+        char nonce[PT_AUTH_HEX_CAPACITY], proof[PT_AUTH_HEX_CAPACITY], challenge[256];
+        pt_auth_new_nonce(bytes);
+        pt_auth_to_hex(bytes, sizeof bytes, nonce);
+        pt_auth_new_nonce(bytes);
+        pt_auth_to_hex(bytes, sizeof bytes, proof);
+        snprintf(challenge, sizeof challenge,
+                 "{\"type\": \"challenge\", \"nonce\": \"%s\", \"proof\": \"%s\"}\n", nonce, proof);
+        coord_write_line(fd, challenge);
+    }
+    ssize_t n;
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    while (im->length < sizeof im->received && poll(&p, 1, 2000) == 1 &&
+           (n = read(fd, im->received + im->length, sizeof im->received - im->length)) > 0)
+        im->length += (size_t)n; /* until the worker closes it */
+    close(fd);
+    return NULL;
+}
+
+Test(coordinator, impostor_coordinator_never_sees_the_secret)
+{
+    impostor im = {.listen_fd = socket(AF_INET, SOCK_STREAM, 0)};
+    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t length = sizeof addr;
+    cr_assert_eq(bind(im.listen_fd, (struct sockaddr *)&addr, sizeof addr), 0);
+    cr_assert_eq(listen(im.listen_fd, 4), 0);
+    getsockname(im.listen_fd, (struct sockaddr *)&addr, &length);
+    im.port = ntohs(addr.sin_port);
+    pthread_t thread;
+    pthread_create(&thread, NULL, impostor_serve, &im);
+    pt_coord_client *client = NULL;
+    pipert_result rc = connect_client(&client, im.port, SECRET, 0, 1, "", 5.0, NULL);
+    char error[1024];
+    snprintf(error, sizeof error, "%s", pipert_last_error());
+    pthread_join(thread, NULL);
+    close(im.listen_fd);
+    im.received[im.length < sizeof im.received ? im.length : sizeof im.received - 1] = '\0';
+    cr_expect_eq(rc, PIPERT_ERR_AUTH, "an impostor coordinator got %s", pipert_result_str(rc));
+    cr_expect_null(client);
+    cr_expect(strstr(error, "did not prove"), "%s", error);
+    cr_expect(strstr(im.received, "\"hello\""), "the impostor heard: %s", im.received);
+    cr_expect_null(strstr(im.received, "register"), "a worker registered with an impostor: %s",
+                   im.received);
+    cr_expect_null(strstr(im.received, SECRET), "the secret went to the impostor: %s",
+                   im.received);
+    char secret_hex[2 * sizeof SECRET + 1];
+    pt_auth_to_hex((const uint8_t *)SECRET, sizeof SECRET - 1, secret_hex);
+    cr_expect_null(strstr(im.received, secret_hex), "the secret, in hex, went to the impostor");
+}
+
 Test(coordinator, silent_rank_is_declared_dead)
 {
     const double dead_after = 0.6;
     pt_coordinator *c = start_coordinator(2, 0.1, dead_after);
     const int port = pt_coordinator_port(c);
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
-                               .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    cr_assert_eq(connect(fd, (struct sockaddr *)&addr, sizeof addr), 0);
-    const char registration[] = "{\"type\": \"register\", \"rank\": 1, \"world\": 2, \"host\": \"h\", "
-                                "\"pid\": 1, \"address\": \"\", \"secret\": \"" SECRET "\"}\n";
-    cr_assert_eq(write(fd, registration, sizeof registration - 1), (ssize_t)sizeof registration - 1);
+    int fd = coord_dial(port);
+    cr_assert_geq(fd, 0);
+    coord_transcript sent;
+    char answer[512];
+    cr_assert(coord_register_raw(fd, SECRET, 1, 2, &sent, answer, sizeof answer));
+    cr_assert(strstr(answer, "welcome"), "%s", answer);
     const double registered_at = pt_now_s();
 
     pt_coord_client *alive = join(port, 0, 2, NULL);
@@ -710,14 +829,16 @@ Test(launch, worker_without_a_launcher)
 
 /* dp.method=none: replica 0 trains exactly as the same job with one replica
  * (it draws the first share of each step's batch either way, and nothing
- * reaches it from replica 1). */
+ * reaches it from replica 1). One compute thread in both: a lone worker would
+ * take every core, and some BLAS kernels (AMD EPYC's) sum in another order on
+ * more threads. */
 Test(launch, uncoupled_replicas_train_like_one_alone)
 {
     char *alone = make_temp_dir(), *pair = make_temp_dir();
     run_pipert_ok("launch --quiet --stages 1 --replicas 1 --out %s " SMALL_MODEL
-                  " --train.steps=5 --train.log_every=1", alone);
+                  " --train.steps=5 --train.log_every=1 --runtime.threads=1", alone);
     run_pipert_ok("launch --quiet --stages 1 --replicas 2 --out %s --dp.method=none " SMALL_MODEL
-                  " --train.steps=5 --train.log_every=1", pair);
+                  " --train.steps=5 --train.log_every=1 --runtime.threads=1", pair);
     double a[5] = {0}, b[5] = {0}, bytes[5] = {0};
     cr_assert_eq(read_metric_steps(alone, "metrics.jsonl", "loss", a, 5), 5);
     cr_assert_eq(read_metric_steps(pair, "metrics.jsonl", "loss", b, 5), 5);

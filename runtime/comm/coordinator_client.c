@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "runtime/clock.h"
+#include "runtime/comm/auth.h"
 #include "runtime/comm/coordinator_protocol.h"
 
 /* The table the coordinator sends may be long (every rank's address); a message longer than
@@ -316,46 +317,29 @@ static pipert_result connect_with_retry(pt_coord_client *c, const pt_coord_clien
                    o->connect_timeout_s, resolved ? strerror(error) : gai_strerror(error));
 }
 
-/* Sends the registration and waits for "welcome" or "refused". */
-static pipert_result register_rank(pt_coord_client *c, const pt_coord_client_options *o)
+/* The next message from the coordinator during registration (*m, to be freed), waiting up
+ * to `deadline`. */
+static pipert_result next_message(pt_coord_client *c, double deadline, json_t **m)
 {
-    char host[PT_HOST_MAX] = "";
-    gethostname(host, sizeof host - 1);
-    PT_TRY(client_send(c, json_pack("{s:s, s:i, s:i, s:s, s:i, s:s, s:s}", "type", "register",
-                                    "rank", o->rank, "world", o->world, "host", host, "pid",
-                                    (int)getpid(), "address", o->address ? o->address : "",
-                                    "secret", o->secret)));
-    const double deadline = pt_now_s() + fmax(o->connect_timeout_s, 10.0);
     pt_coord_buffer *in = &c->in;
     for (;;) {
         char *newline = pt_coord_find_newline(in);
         if (newline) {
             size_t length = (size_t)(newline - in->data);
-            json_t *m = json_loadb(in->data, length, 0, NULL);
+            *m = json_loadb(in->data, length, 0, NULL);
             pt_coord_buffer_consume(in, length + 1);
-            const char *type = m ? pt_coord_get_string(m, "type") : NULL;
-            if (type && !strcmp(type, "welcome")) {
-                json_decref(m);
-                return PIPERT_OK;
-            }
-            if (type && !strcmp(type, "refused")) {
-                const char *reason = pt_coord_get_string(m, "reason");
-                bool auth = json_is_true(json_object_get(m, "auth"));
-                pipert_result rc = pt_fail(auth ? PIPERT_ERR_AUTH : PIPERT_ERR_PEER,
-                                           "the coordinator at %s refused rank %d: %s", c->where,
-                                           o->rank, reason ? reason : "no reason given");
-                json_decref(m);
-                return rc;
-            }
-            json_decref(m);
-            continue;
+            if (*m && pt_coord_get_string(*m, "type")) return PIPERT_OK;
+            json_decref(*m);
+            return pt_fail(PIPERT_ERR_PEER, "the coordinator at %s sent something that is not a "
+                                            "message during registration",
+                           c->where);
         }
         double left = deadline - pt_now_s();
         struct pollfd p = {.fd = c->fd, .events = POLLIN};
         if (left <= 0 || poll(&p, 1, (int)(left * 1e3) + 1) == 0)
             return pt_fail(PIPERT_ERR_TIMEOUT, "the coordinator at %s did not answer rank %d's "
                                                "registration",
-                           c->where, o->rank);
+                           c->where, c->rank);
         char chunk[4096];
         ssize_t n = recv(c->fd, chunk, sizeof chunk, 0);
         if (n < 0 && errno == EINTR) continue;
@@ -366,6 +350,86 @@ static pipert_result register_rank(pt_coord_client *c, const pt_coord_client_opt
         if (!pt_coord_buffer_append(in, chunk, (size_t)n) || in->length > MAX_COORDINATOR_MESSAGE)
             return pt_fail(PIPERT_ERR_NOMEM, "registration: out of memory");
     }
+}
+
+/* A "refused" answer as an error (PIPERT_ERR_AUTH when it was for authentication). */
+static pipert_result refused(pt_coord_client *c, json_t *m)
+{
+    const char *reason = pt_coord_get_string(m, "reason");
+    bool auth = json_is_true(json_object_get(m, "auth"));
+    return pt_fail(auth ? PIPERT_ERR_AUTH : PIPERT_ERR_PEER,
+                   "the coordinator at %s refused rank %d: %s", c->where, c->rank,
+                   reason ? reason : "no reason given");
+}
+
+/* The next message, which must be of type `expected` (or a refusal, returned as its error). */
+static pipert_result expect_message(pt_coord_client *c, double deadline, const char *expected,
+                                    json_t **m)
+{
+    const char *type;
+    for (;;) { /* heartbeats say only that it is alive */
+        PT_TRY(next_message(c, deadline, m));
+        type = pt_coord_get_string(*m, "type");
+        if (strcmp(type, "heartbeat")) break;
+        json_decref(*m);
+    }
+    if (!strcmp(type, expected)) return PIPERT_OK;
+    pipert_result rc = !strcmp(type, "refused")
+                           ? refused(c, *m)
+                           : pt_fail(PIPERT_ERR_PEER, "the coordinator at %s sent '%s' where '%s' "
+                                                      "was expected",
+                                     c->where, type, expected);
+    json_decref(*m);
+    *m = NULL;
+    return rc;
+}
+
+/* Whether the challenge proves the coordinator knows the secret; its nonce into `theirs`. */
+static bool coordinator_proved(json_t *challenge, const pt_auth_key *key,
+                               const uint8_t ours[PT_AUTH_NONCE_BYTES],
+                               uint8_t theirs[PT_AUTH_NONCE_BYTES])
+{
+    const char *nonce = pt_coord_get_string(challenge, "nonce");
+    const char *proof_text = pt_coord_get_string(challenge, "proof");
+    uint8_t proof[PT_AUTH_PROOF_BYTES];
+    return nonce && proof_text && pt_auth_from_hex(nonce, theirs, PT_AUTH_NONCE_BYTES) &&
+           pt_auth_from_hex(proof_text, proof, PT_AUTH_PROOF_BYTES) &&
+           pt_auth_verify(key, &PT_COORD_PROVER, ours, theirs, proof);
+}
+
+/* hello {nonce} → challenge {nonce, proof}: the coordinator proves itself first; then our
+ * registration carries our proof, and "welcome" or "refused" answers it
+ * (coordinator_protocol.h). The secret itself is never sent. */
+static pipert_result register_rank(pt_coord_client *c, const pt_coord_client_options *o)
+{
+    pt_auth_key key;
+    uint8_t ours[PT_AUTH_NONCE_BYTES], theirs[PT_AUTH_NONCE_BYTES];
+    char hex[PT_AUTH_HEX_CAPACITY];
+    PT_TRY(pt_auth_derive_key(o->secret, PT_AUTH_USE_COORDINATOR, &key));
+    PT_TRY(pt_auth_new_nonce(ours));
+    pt_auth_to_hex(ours, sizeof ours, hex);
+    PT_TRY(client_send(c, json_pack("{s:s, s:s}", "type", "hello", "nonce", hex)));
+    const double deadline = pt_now_s() + fmax(o->connect_timeout_s, 10.0);
+    json_t *m;
+    PT_TRY(expect_message(c, deadline, "challenge", &m));
+    bool proved = coordinator_proved(m, &key, ours, theirs);
+    json_decref(m);
+    if (!proved)
+        return pt_fail(PIPERT_ERR_AUTH, "the coordinator at %s did not prove that it knows the job's "
+                                        "secret; rank %d does not register with it",
+                       c->where, o->rank);
+    uint8_t proof[PT_AUTH_PROOF_BYTES];
+    pt_auth_prove(&key, &(pt_auth_party){PT_COORD_WORKER_ROLE, o->rank, -1}, theirs, ours, proof);
+    pt_auth_to_hex(proof, sizeof proof, hex);
+    char host[PT_HOST_MAX] = "";
+    gethostname(host, sizeof host - 1);
+    PT_TRY(client_send(c, json_pack("{s:s, s:i, s:i, s:s, s:i, s:s, s:s}", "type", "register",
+                                    "rank", o->rank, "world", o->world, "host", host, "pid",
+                                    (int)getpid(), "address", o->address ? o->address : "",
+                                    "proof", hex)));
+    PT_TRY(expect_message(c, deadline, "welcome", &m));
+    json_decref(m);
+    return PIPERT_OK;
 }
 
 static pipert_result client_setup(pt_coord_client *c, const pt_coord_client_options *o)

@@ -4,13 +4,17 @@
  *
  * Protocol: one JSON object per line ('\n'-terminated), each with a "type".
  *   worker → coordinator
- *     register  {rank, world, host, pid, address, secret}   must come first
+ *     hello     {nonce}      must come first: the worker's challenge (hexadecimal)
+ *     register  {rank, world, host, pid, address, proof}    after the challenge
  *     heartbeat {}                                           every interval
  *     progress  {step, total, loss, tokens_per_s[, val_loss][, compute, wait_pipeline,
  *                wait_coupling, bytes_wan]}
  *     done      {}            the worker finished; its connection may close
  *     error     {reason}      the worker failed; the job aborts
  *   coordinator → worker
+ *     challenge {nonce, proof}  the answer to hello: the coordinator's proof (over the
+ *                             worker's nonce) and its own nonce, which the worker's proof
+ *                             in "register" answers (runtime/comm/auth.h)
  *     welcome   {}            registration accepted
  *     refused   {reason, auth}  registration refused (auth: a wrong secret);
  *                             the connection closes
@@ -27,12 +31,15 @@
  * when it sends nothing (heartbeats included) for dead_after_s, when its
  * connection closes before it said "done", or when it reports an error. Every
  * rank is told {rank, reason}, once. A worker treats a closed or silent
- * coordinator connection as an abort too. A connection that does not present
- * the job's secret is refused and logged (pt_warn, naming the peer address);
- * it does not abort the job.
+ * coordinator connection as an abort too.
  *
- * The secret travels in clear text: it keeps other jobs and stray clients
- * out, not an eavesdropper on the network.
+ * Authentication. Both sides prove that they know the job's secret without
+ * sending it: challenge and response with fresh nonces (runtime/comm/auth.h),
+ * the coordinator first, so a worker never registers with an impostor. A
+ * connection whose proof is wrong, or that skips a step, is refused and logged
+ * (pt_warn, naming the peer address); it does not abort the job. A recorded
+ * registration is worthless later: its proof answers a nonce that is never
+ * drawn again. Messages after the handshake are not authenticated.
  */
 #ifndef PT_COORDINATOR_PROTOCOL_H
 #define PT_COORDINATOR_PROTOCOL_H
@@ -41,11 +48,17 @@
 #include <stddef.h>
 #include <time.h>
 
+#include "runtime/comm/auth.h"
+
 #define PT_HEARTBEAT_INTERVAL_S 1.0
 #define PT_DEAD_AFTER_S 5.0
 #define PT_REGISTER_TIMEOUT_S 300.0 /* every rank must have registered by then */
 #define PT_CONNECT_TIMEOUT_S 120.0  /* a worker retries connecting this long */
 #define PT_ADDRESS_MAX 16384        /* longest data-plane address, in characters */
+
+/* Who proves what in the registration handshake (pt_auth_prove). */
+#define PT_COORD_PROVER ((pt_auth_party){"coordinator", -1, -1})
+#define PT_COORD_WORKER_ROLE "worker"
 
 /* What a "progress" message says: one rank's latest report. */
 typedef struct pt_rank_progress {

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "runtime/clock.h"
+#include "runtime/comm/auth.h"
 #include "runtime/comm/bootstrap.h"
 #include "runtime/comm/coordinator_protocol.h"
 #include "runtime/log.h"
@@ -64,6 +65,9 @@ typedef struct connection {
     double opened_at, last_heard;
     bool broken;         /* closed by the peer, or a read/write failed: dropped at the sweep */
     bool close_when_sent; /* refused: close once the answer is out */
+    bool challenged;     /* it said hello; our nonce is in `nonce` */
+    uint8_t nonce[PT_AUTH_NONCE_BYTES]; /* ours: its proof in "register" must answer it */
+    uint8_t peer_nonce[PT_AUTH_NONCE_BYTES];
 } connection;
 
 typedef struct rank_state {
@@ -78,7 +82,7 @@ typedef struct rank_state {
 
 struct pt_coordinator {
     pt_coordinator_options options;
-    char secret[PT_SECRET_MAX + 1];
+    pt_auth_key key; /* from the job's secret (auth.h); the secret itself is not kept */
     int listen_fd, port;
     connection **conns;
     int n_conns, cap_conns;
@@ -210,13 +214,50 @@ static bool read_registration(json_t *m, long *rank, long *world, long *pid, con
     return false;
 }
 
+/* hello {nonce}: the challenge answers it, with our proof and our nonce. */
+static void handle_hello(pt_coordinator *c, connection *conn, json_t *m)
+{
+    const char *nonce = pt_coord_get_string(m, "nonce");
+    if (conn->challenged || !nonce ||
+        !pt_auth_from_hex(nonce, conn->peer_nonce, PT_AUTH_NONCE_BYTES)) {
+        pt_warn("coordinator: refused a connection from %s: %s", conn->peer,
+                conn->challenged ? "a second hello" : "a hello without a nonce");
+        refuse(conn, "malformed hello", false);
+        return;
+    }
+    if (pt_auth_new_nonce(conn->nonce) != PIPERT_OK) {
+        refuse(conn, "the coordinator cannot draw a nonce", false);
+        return;
+    }
+    conn->challenged = true;
+    uint8_t proof[PT_AUTH_PROOF_BYTES];
+    pt_auth_prove(&c->key, &PT_COORD_PROVER, conn->peer_nonce, conn->nonce, proof);
+    char nonce_hex[PT_AUTH_HEX_CAPACITY], proof_hex[PT_AUTH_HEX_CAPACITY];
+    pt_auth_to_hex(conn->nonce, sizeof conn->nonce, nonce_hex);
+    pt_auth_to_hex(proof, sizeof proof, proof_hex);
+    send_message(conn, json_pack("{s:s, s:s, s:s}", "type", "challenge", "nonce", nonce_hex,
+                                 "proof", proof_hex));
+}
+
+/* Whether a registration's proof answers our challenge, for the rank it claims. */
+static bool worker_proved(const pt_coordinator *c, const connection *conn, json_t *m)
+{
+    const char *text = pt_coord_get_string(m, "proof");
+    uint8_t proof[PT_AUTH_PROOF_BYTES];
+    long rank;
+    return conn->challenged && text && pt_coord_get_long(m, "rank", &rank) &&
+           pt_auth_from_hex(text, proof, sizeof proof) &&
+           pt_auth_verify(&c->key, &(pt_auth_party){PT_COORD_WORKER_ROLE, rank, -1},
+                          conn->nonce, conn->peer_nonce, proof);
+}
+
 static void handle_register(pt_coordinator *c, connection *conn, json_t *m)
 {
-    const char *secret = pt_coord_get_string(m, "secret");
-    if (!secret || !pt_secret_equal(c->secret, secret)) {
-        pt_warn("coordinator: refused a connection from %s: it did not present the job's secret",
-                conn->peer);
-        refuse(conn, "wrong job secret", true);
+    if (!worker_proved(c, conn, m)) {
+        pt_warn("coordinator: refused a connection from %s: %s", conn->peer,
+                conn->challenged ? "its proof of the job's secret is wrong"
+                                 : "it registered without a challenge (no hello)");
+        refuse(conn, conn->challenged ? "wrong job secret" : "hello first", true);
         return;
     }
     long rank, world, pid;
@@ -305,7 +346,8 @@ static void handle_message(pt_coordinator *c, connection *conn, const char *line
         if (conn->rank >= 0) abort_job_locked(c, conn->rank, "sent a malformed message");
         conn->broken = true;
     } else if (conn->rank < 0) {
-        if (!strcmp(type, "register")) handle_register(c, conn, m);
+        if (!strcmp(type, "hello")) handle_hello(c, conn, m);
+        else if (!strcmp(type, "register")) handle_register(c, conn, m);
         else {
             pt_warn("coordinator: refused a connection from %s: '%s' before registering",
                     conn->peer, type);
@@ -421,6 +463,10 @@ static void sweep_connections(pt_coordinator *c)
             if (!s->done)
                 abort_job_locked(c, conn->rank, "its connection closed before it said done "
                                                 "(the process died or was killed)");
+        } else if (conn->challenged && !conn->close_when_sent) {
+            pt_warn("coordinator: %s closed its connection after our challenge without "
+                    "registering (our proof did not convince it: does it have the job's secret?)",
+                    conn->peer);
         }
         close_connection(conn);
     }
@@ -615,8 +661,8 @@ pipert_result pt_coordinator_create(pt_coordinator **out, const pt_coordinator_o
         return pt_fail(PIPERT_ERR_NOMEM, "coordinator: out of memory");
     }
     c->options = *options;
-    snprintf(c->secret, sizeof c->secret, "%s", options->secret);
-    c->options.secret = c->secret;
+    pipert_result keyed = pt_auth_derive_key(options->secret, PT_AUTH_USE_COORDINATOR, &c->key);
+    c->options.secret = NULL; /* the caller's; not kept */
     c->options.bind_host = NULL; /* only needed here */
     c->listen_fd = -1;
     c->abort_rank = -1;
@@ -629,7 +675,7 @@ pipert_result pt_coordinator_create(pt_coordinator **out, const pt_coordinator_o
     pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
     pthread_cond_init(&c->changed, &attr);
     pthread_condattr_destroy(&attr);
-    pipert_result rc = listen_on(c, options->bind_host, options->port);
+    pipert_result rc = keyed != PIPERT_OK ? keyed : listen_on(c, options->bind_host, options->port);
     if (rc != PIPERT_OK) {
         pt_coordinator_free(c);
         return rc;

@@ -134,8 +134,11 @@ pipert_result pt_transport_create(const pt_transport_options *options, pt_transp
     if (!t) return pt_fail(PIPERT_ERR_NOMEM, "transport: no memory");
     t->rank = options->rank;
     t->job = options->job;
-    t->secret_length = secret_length;
-    memcpy(t->secret, options->secret, secret_length);
+    pipert_result keyed = pt_auth_derive_key(options->secret, PT_AUTH_USE_TRANSPORT, &t->key);
+    if (keyed != PIPERT_OK) {
+        free(t);
+        return keyed;
+    }
     t->connect_timeout_s = options->connect_timeout_s > 0 ? options->connect_timeout_s : 30.0;
     t->wake_fd = t->epoll_fd = -1;
     if (gethostname(t->host, sizeof t->host) != 0) snprintf(t->host, sizeof t->host, "?");

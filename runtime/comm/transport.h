@@ -14,15 +14,15 @@
  *
  * Connections. Each process has a rank. A bootstrap hands every process the
  * others' pt_transport_address() (its UCX worker address as hexadecimal text);
- * pt_transport_connect() opens an endpoint to one of them. The first message
- * each way is a hello {job, rank, secret, worker address}: the dialling side
- * sends its hello first; the other checks it (the secret compared in constant
- * time) and only then opens its own endpoint, to the address in the hello, and
- * answers with its own. A hello that does not present the job's secret is
- * refused: logged with pt_warn, naming the rank, pid and host it claims, and
- * otherwise ignored, so a refused dialler's connect fails by its timeout. The
- * secret travels in clear: it keeps stray processes and other jobs out, it is
- * not protection against someone who can read the network.
+ * pt_transport_connect() opens an endpoint to one of them. The two then prove
+ * to each other that they know the job's secret, without sending it: the
+ * dialler's nonce, the other's nonce and proof, the dialler's proof
+ * (challenge and response with HMAC-SHA-256 under a key derived from the
+ * secret: runtime/comm/auth.h; transport_connect.c has the three messages).
+ * A peer whose proof is wrong is refused: logged with pt_warn, naming the
+ * rank, pid and host it claims; a dialler that meets an impostor fails at
+ * once (PIPERT_ERR_AUTH), one that is refused by its timeout. Messages after
+ * the handshake are not authenticated.
  *
  * Strangers. There is no sockaddr listener (ucp_listener): UCX 1.13's TCP
  * connection manager behind it aborts the process on the first bytes of a
@@ -164,7 +164,8 @@ const char *pt_transport_address(const pt_transport *t);
 
 /* Connects to `peer_rank` at its pt_transport_address() and exchanges hellos;
  * returns when the peer is authenticated (PIPERT_OK), fails or is unreachable
- * (PIPERT_ERR_TRANSPORT), the address is malformed (PIPERT_ERR_INVALID_ARG) or
+ * (PIPERT_ERR_TRANSPORT), proves it does not know the secret (PIPERT_ERR_AUTH),
+ * the address is malformed (PIPERT_ERR_INVALID_ARG) or
  * the connect timeout passed (PIPERT_ERR_TIMEOUT: also what a peer that refused
  * our hello, for another secret or job, leads to; it logs why). Peers that
  * connect to us need no call: the progress thread answers them. */

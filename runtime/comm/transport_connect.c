@@ -1,13 +1,21 @@
-/* Connections: UCX endpoints to peers' worker addresses, the hello {job, rank, secret,
- * address} that authenticates each one, the control words on their stream (goodbyes, the
- * direct-read offer), the peer table, and pt_transport_connect and its kin.
+/* Connections: UCX endpoints to peers' worker addresses, the handshake that authenticates
+ * each one, the control words on their stream (goodbyes, the direct-read offer), the peer
+ * table, and pt_transport_connect and its kin.
  *
- * Dialling rank D sends its hello, as a tagged message, on an endpoint to rank A's worker
- * address; every hello reaches A in one wildcard receive. A checks it (magic, secret, job,
- * rank) and only then opens its own endpoint, to the address the hello carries (UCX pairs it
- * with D's, the one connection between the two workers), and answers with its own hello.
- * A hello that fails a check is logged and dropped: nothing is sent to its sender, which is
- * why a dialler that is refused learns it from its connect timeout. */
+ * The handshake is three hellos {job, rank, stage, nonce, proof, worker address}, tagged
+ * messages that reach their receiver in one wildcard receive:
+ *   DIAL     dialling rank D, on an endpoint to rank A's worker address: D's nonce.
+ *   ANSWER   A checks the dial (magic, job, rank), opens its own endpoint to the address it
+ *            carries (UCX pairs it with D's: one connection between the two workers) and
+ *            answers with its nonce and its proof over D's nonce (auth.h).
+ *   CONFIRM  D checks A's proof, counts A as connected and sends its proof over A's nonce; A
+ *            checks it and counts D connected.
+ *   REFUSED  in place of CONFIRM when A's proof is wrong: D's connect fails at once
+ *            (PIPERT_ERR_AUTH), A logs the refusal; neither side proved anything to the other.
+ * The secret never travels, and a recorded hello is worthless later: it answers a nonce that is
+ * never drawn again. A hello that fails a check is logged with the rank, pid and host it
+ * claims; the handshake of a dialler whose proof is wrong is closed, so it learns of the
+ * refusal from its connect timeout. */
 #include "runtime/comm/transport_internal.h"
 
 #include <ctype.h>
@@ -26,7 +34,7 @@
 #include "runtime/log.h"
 
 #define HELLO_MAGIC 0x4c485450u /* "PTHL" */
-#define HELLO_VERSION 3u
+#define HELLO_VERSION 4u
 
 /* ---- peers (under pt_transport_state_lock) ------------------------------- */
 
@@ -284,19 +292,6 @@ static void on_control_received(connection *c, ucs_status_t status)
 
 /* ---- the handshake ------------------------------------------------------- */
 
-/* The secret in a hello against ours (in constant time: pt_secret_equal). */
-static int hello_secret_matches(const pt_transport *t, const hello *h)
-{
-    if (h->secret_length > PT_TRANSPORT_SECRET_MAX) return 0;
-    char theirs[PT_TRANSPORT_SECRET_MAX + 1], ours[PT_TRANSPORT_SECRET_MAX + 1];
-    memcpy(theirs, h->secret, h->secret_length);
-    theirs[h->secret_length] = '\0';
-    memcpy(ours, t->secret, t->secret_length);
-    ours[t->secret_length] = '\0';
-    /* A NUL inside their secret shortens it: it then differs in length. */
-    return pt_secret_equal(theirs, ours) && strlen(theirs) == h->secret_length;
-}
-
 /* The peer is authenticated: it becomes ALIVE and this connection its sending endpoint. */
 static int connection_register(connection *c)
 {
@@ -374,15 +369,14 @@ static const ucp_tag_t HELLO_ANY_RANK_MASK = ~((ucp_tag_t)0x7fffff << 33);
 
 static int hello_sender(ucp_tag_t tag) { return (int)((tag >> 33) & 0x7fffff); }
 
-static void fill_hello(const pt_transport *t, hello *h)
+static void fill_hello(const pt_transport *t, hello *h, hello_stage stage)
 {
     memset(h, 0, sizeof *h);
     h->magic = HELLO_MAGIC;
     h->version = HELLO_VERSION;
     h->job = t->job;
     h->rank = t->rank;
-    h->secret_length = (uint32_t)t->secret_length;
-    memcpy(h->secret, t->secret, t->secret_length);
+    h->stage = stage;
     h->pid = (int32_t)getpid();
     h->probe_address = (uint64_t)(uintptr_t)&t->probe_word;
     h->probe_word = t->probe_word;
@@ -400,18 +394,63 @@ static void on_hello_sent(void *request, ucs_status_t status, void *user_data)
     ucp_request_free(request);
 }
 
-static void send_hello(connection *c)
+/* Sends *h (which stays ours until sent) on c's endpoint. */
+static void send_hello(connection *c, hello *h)
 {
-    fill_hello(c->t, &c->hello_out);
     ucp_request_param_t param = {
         .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
         .cb.send = on_hello_sent,
         .user_data = c,
     };
     c->ops++; /* before the call: the callback may run inside it */
-    ucs_status_ptr_t op = ucp_tag_send_nbx(c->ep, &c->hello_out, sizeof c->hello_out,
-                                           hello_tag(c->t->rank), &param);
+    ucs_status_ptr_t op = ucp_tag_send_nbx(c->ep, h, sizeof *h, hello_tag(c->t->rank), &param);
     if (op == NULL || UCS_PTR_IS_ERR(op)) c->ops--;
+}
+
+/* Who proves what: the answerer over the dialler's nonce, the dialler over the answerer's. */
+static pt_auth_party answerer(int answerer_rank, int dialler_rank)
+{
+    return (pt_auth_party){"transport answerer", answerer_rank, dialler_rank};
+}
+static pt_auth_party dialler(int dialler_rank, int answerer_rank)
+{
+    return (pt_auth_party){"transport dialler", dialler_rank, answerer_rank};
+}
+
+/* DIAL: our nonce, to the rank we dial. */
+static void send_dial(connection *c)
+{
+    fill_hello(c->t, &c->hello_out, HELLO_DIAL);
+    if (pt_auth_new_nonce(c->nonce) != PIPERT_OK) {
+        connection_finish(c, PIPERT_ERR_INTERNAL, "connecting to %s: no random nonce", c->who);
+        c->state = CONN_FAILED;
+        return;
+    }
+    memcpy(c->hello_out.nonce, c->nonce, sizeof c->nonce);
+    send_hello(c, &c->hello_out);
+}
+
+/* ANSWER to a dial: our nonce, and our proof over the dialler's. */
+static int send_answer(connection *c)
+{
+    pt_transport *t = c->t;
+    fill_hello(t, &c->hello_out, HELLO_ANSWER);
+    if (pt_auth_new_nonce(c->nonce) != PIPERT_OK) return 0;
+    memcpy(c->hello_out.nonce, c->nonce, sizeof c->nonce);
+    pt_auth_party me = answerer(t->rank, c->rank);
+    pt_auth_prove(&t->key, &me, c->peer_nonce, c->nonce, c->hello_out.proof);
+    send_hello(c, &c->hello_out);
+    return 1;
+}
+
+/* CONFIRM: our proof over the answerer's nonce. */
+static void send_confirm(connection *c)
+{
+    pt_transport *t = c->t;
+    fill_hello(t, &c->confirm_out, HELLO_CONFIRM);
+    pt_auth_party me = dialler(t->rank, c->rank);
+    pt_auth_prove(&t->key, &me, c->peer_nonce, c->nonce, c->confirm_out.proof);
+    send_hello(c, &c->confirm_out);
 }
 
 /* "rank R (pid P on HOST)", as a hello claims: printable characters only, since the
@@ -433,8 +472,8 @@ static int hello_acceptable(const pt_transport *t, const hello *h, int tag_rank,
     if (h->magic != HELLO_MAGIC || h->version != HELLO_VERSION)
         snprintf(why, capacity, "not a pipert hello (magic 0x%08x, version %u)", h->magic,
                  h->version);
-    else if (!hello_secret_matches(t, h))
-        snprintf(why, capacity, "wrong job secret");
+    else if (h->stage < HELLO_DIAL || h->stage > HELLO_REFUSED)
+        snprintf(why, capacity, "a hello of unknown stage %u", h->stage);
     else if (h->job != t->job)
         snprintf(why, capacity, "job %u is not this job (%u)", h->job, t->job);
     else if (h->rank < 0 || h->rank >= PT_TRANSPORT_MAX_RANKS || h->rank == t->rank ||
@@ -461,10 +500,9 @@ static void on_flushed(void *request, ucs_status_t status, void *user_data);
  * has its socket connected (a lane over TCP dials the peer's listening socket on its device,
  * perhaps another than the first lane's), so that once every peer counts as connected no
  * one of them dials us any more (pt_transport_stop_listening relies on it). */
-static void connection_established(connection *c, const hello *h)
+static void connection_established(connection *c)
 {
     c->authenticated = 1;
-    c->hello_in = *h;
     ucp_request_param_t param = {
         .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
         .cb.send = on_flushed,
@@ -494,8 +532,8 @@ static void on_flushed(void *request, ucs_status_t status, void *user_data)
     connection_finish(c, PIPERT_OK, "connected");
 }
 
-/* A peer dialled us: our endpoint goes to the address in its hello, our hello answers it.
- * Our secret goes only to a peer that proved it knows it. */
+/* A peer dialled us: our endpoint goes to the address in its hello, our answer proves us to
+ * it; it counts as connected once its confirmation proves it to us. */
 static void accept_peer(pt_transport *t, const hello *h, const char *who)
 {
     connection *c = connection_new(t, 1, h->rank, who);
@@ -503,12 +541,53 @@ static void accept_peer(pt_transport *t, const hello *h, const char *who)
         pt_warn("transport: no memory to accept %s", who);
         return;
     }
+    c->hello_in = *h;
+    memcpy(c->peer_nonce, h->nonce, sizeof c->peer_nonce);
     memcpy(c->target, h->address, h->address_length);
     c->target_length = h->address_length;
     connection_link(t, c);
     if (!connection_open_endpoint(c)) return;
-    send_hello(c);
-    connection_established(c, h);
+    if (!send_answer(c)) connection_refuse(c, "no random nonce to answer with");
+}
+
+/* The answerer's proof was wrong: it hears so (no proof of ours), our caller fails now, and
+ * the endpoint closes a moment later, once the refusal is out. */
+static void refuse_answer(connection *c)
+{
+    fill_hello(c->t, &c->confirm_out, HELLO_REFUSED);
+    send_hello(c, &c->confirm_out);
+    pt_warn("transport: refused the connection to %s: its proof of the job's secret is wrong",
+            c->who);
+    connection_finish(c, PIPERT_ERR_AUTH, "refused the connection to %s: its proof of the job's "
+                                          "secret is wrong (is it of this job?)",
+                      c->who);
+    c->deadline = pt_now_s() + 1.0;
+}
+
+/* The answer to our dial: its proof checked, ours sent, the connection made. */
+static void answer_arrived(pt_transport *t, connection *c, const hello *h, const char *who)
+{
+    snprintf(c->who, sizeof c->who, "%s", who);
+    pt_auth_party them = answerer(c->rank, t->rank);
+    if (!pt_auth_verify(&t->key, &them, c->nonce, h->nonce, h->proof)) {
+        refuse_answer(c);
+        return;
+    }
+    c->hello_in = *h;
+    memcpy(c->peer_nonce, h->nonce, sizeof c->peer_nonce);
+    send_confirm(c);
+    connection_established(c);
+}
+
+/* The dialler's confirmation of our answer: its proof checked, the connection made. */
+static void confirm_arrived(pt_transport *t, connection *c, const hello *h)
+{
+    pt_auth_party them = dialler(c->rank, t->rank);
+    if (!pt_auth_verify(&t->key, &them, c->nonce, c->peer_nonce, h->proof)) {
+        connection_refuse(c, "its proof of the job's secret is wrong");
+        return;
+    }
+    connection_established(c);
 }
 
 static void hello_arrived(pt_transport *t, const hello *h, int tag_rank)
@@ -520,14 +599,23 @@ static void hello_arrived(pt_transport *t, const hello *h, int tag_rank)
         return;
     }
     connection *known = connection_with(t, h->rank);
-    if (!known) {
-        accept_peer(t, h, who);
-    } else if (!known->accepted && !known->authenticated) { /* the answer to ours */
-        snprintf(known->who, sizeof known->who, "%s", who);
-        connection_established(known, h);
-    } else {
-        pt_warn("transport: %s said hello again; ignored", who);
+    int unproven_dial = known && known->accepted && !known->authenticated;
+    if (h->stage == HELLO_DIAL && unproven_dial) {
+        /* Whoever dialled before never proved itself: the new dial may be the real peer. */
+        connection_refuse(known, "dialled again before it proved itself; the new dial replaces it");
+        known = NULL;
     }
+    if (h->stage == HELLO_DIAL && !known)
+        accept_peer(t, h, who);
+    else if (h->stage == HELLO_ANSWER && known && !known->accepted && !known->authenticated)
+        answer_arrived(t, known, h, who);
+    else if (h->stage == HELLO_CONFIRM && unproven_dial)
+        confirm_arrived(t, known, h);
+    else if (h->stage == HELLO_REFUSED && unproven_dial)
+        connection_refuse(known, "it refused our proof: it does not share this job's secret");
+    else
+        pt_warn("transport: %s sent a hello (stage %u) that fits no handshake; ignored", who,
+                h->stage);
 }
 
 /* The hello the receive's completion left in t->hello_in (under ucx_lock); 0 once hellos
@@ -600,7 +688,7 @@ void pt_transport_stop_hellos(pt_transport *t)
 void pt_transport_start_connect(pt_transport *t, connection *c)
 {
     connection_link(t, c);
-    if (connection_open_endpoint(c)) send_hello(c);
+    if (connection_open_endpoint(c)) send_dial(c);
 }
 
 /* ---- upkeep (the progress thread) ---------------------------------------- */
@@ -614,6 +702,9 @@ void pt_transport_maintain_connections(pt_transport *t)
     while (*link) {
         connection *c = *link;
         if (c->state == CONN_HANDSHAKE && now > c->deadline) {
+            if (c->accepted && !c->finished)
+                pt_warn("transport: %s dialled us but did not prove itself within %.0f s; closed",
+                        c->who, t->connect_timeout_s);
             connection_finish(c, PIPERT_ERR_TIMEOUT,
                               "no valid hello from %s within %.0f s (is it of this job, with the "
                               "same secret? A refused hello is only logged, by the peer)",

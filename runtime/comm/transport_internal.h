@@ -52,6 +52,7 @@
 
 #include <ucp/api/ucp.h>
 
+#include "runtime/comm/auth.h"
 #include "runtime/comm/transport.h"
 #include "runtime/error.h"
 
@@ -85,12 +86,22 @@ typedef struct peer {
     char reason[REASON_CAPACITY]; /* why it is DEAD or LEFT */
 } peer;
 
-/* The first message each way between two ranks (a tagged message of this fixed size). */
+/* The handshake's messages, in order (transport_connect.c). */
+typedef enum hello_stage {
+    HELLO_DIAL = 1,
+    HELLO_ANSWER = 2,
+    HELLO_CONFIRM = 3,
+    HELLO_REFUSED = 4, /* the dialler's answer to a wrong proof: it proves nothing itself */
+} hello_stage;
+
+/* The handshake's messages between two ranks (tagged messages of this fixed size): the
+ * dialler's nonce; the answerer's nonce and proof; the dialler's proof (auth.h). */
 typedef struct hello {
     uint32_t magic, version, job;
     int32_t rank;
-    uint32_t secret_length;
-    uint8_t secret[PT_TRANSPORT_SECRET_MAX];
+    uint32_t stage; /* hello_stage */
+    uint8_t nonce[PT_AUTH_NONCE_BYTES]; /* DIAL, ANSWER: the sender's challenge */
+    uint8_t proof[PT_AUTH_PROOF_BYTES]; /* ANSWER, CONFIRM: the sender's proof */
     /* For same-host direct reads: who we are, and a word the peer may try to read back. */
     int32_t pid;
     uint32_t reserved;
@@ -141,7 +152,10 @@ struct connection {
     char who[WHO_CAPACITY];
     conn_state state;
     double deadline; /* of the handshake */
-    hello hello_out, hello_in; /* ours, sent; the peer's, once authenticated */
+    hello hello_out, hello_in; /* ours, sent (DIAL or ANSWER); the peer's (DIAL or ANSWER) */
+    hello confirm_out;         /* our CONFIRM (or REFUSED), when we dialled */
+    uint8_t nonce[PT_AUTH_NONCE_BYTES];      /* our challenge to the peer */
+    uint8_t peer_nonce[PT_AUTH_NONCE_BYTES]; /* the peer's challenge to us */
     uint8_t target[WORKER_ADDRESS_MAX]; /* the peer's worker address (we dial) */
     size_t target_length;
     uint32_t control_in;
@@ -218,8 +232,7 @@ typedef struct command {
 struct pt_transport {
     int rank;
     uint32_t job;
-    char secret[PT_TRANSPORT_SECRET_MAX];
-    size_t secret_length;
+    pt_auth_key key; /* from the job's secret (auth.h); the secret itself is not kept */
     double connect_timeout_s;
     char host[64];
     /* Our UCX worker address, and as text (pt_transport_address). */
