@@ -21,7 +21,8 @@
 /* User tags of the two directions; the microbatch id is the low bits. */
 #define TAG_ACTIVATION 0u
 #define TAG_GRADIENT 1u
-#define TAG_EVAL 2u
+#define TAG_EVAL 2u       /* validation at the end, or of a flush schedule */
+#define TAG_EVAL_WAVE 3u  /* validation while the asynchronous schedule runs */
 
 
 
@@ -44,10 +45,7 @@ pipert_result pt_lookahead_parse(const char *name, pt_lookahead *out)
                    name);
 }
 
-static bool is_last_stage(const pt_stage_executor *ex)
-{
-    return ex->options.stage == ex->options.stages - 1;
-}
+static bool is_last_stage(const pt_stage_executor *ex) { return pt_executor_is_last_stage(ex); }
 
 static bool is_async(const pt_stage_executor *ex) { return pt_executor_is_async(ex); }
 
@@ -119,7 +117,12 @@ static pipert_result build_model(pt_stage_executor *ex)
     PT_TRY(pt_gpt_slice_create(&ex->model, &model, ex->options.first_layer, ex->options.last_layer,
                                ex->B, ex->T, ex->kernels));
     PT_TRY(pt_gpt_init(ex->model, (uint64_t)ex->config.seed));
-    if (!ex->config.pipeline.recompute) PT_TRY(pt_gpt_set_activation_slots(ex->model, ex->slots));
+    /* An activation set per microbatch in flight (one, shared, when they are recomputed), and
+     * one of its own for validation while the asynchronous schedule runs (validation.c). */
+    int sets = ex->config.pipeline.recompute ? 1 : ex->slots;
+    if (ex->waves.enabled) ex->waves.slot = sets++;
+    if (!ex->config.pipeline.recompute || sets > 1)
+        PT_TRY(pt_gpt_set_activation_slots(ex->model, sets));
     ex->regions = calloc((size_t)ex->model->n_tensors, sizeof *ex->regions);
     if (!ex->regions) return pt_fail(PIPERT_ERR_NOMEM, "executor: out of memory");
     for (int i = 0; i < ex->model->n_tensors; i++)
@@ -144,10 +147,6 @@ static pipert_result load_data(pt_stage_executor *ex)
     return pt_dataset_check(&ex->data, ex->T, ex->config.model.vocab_size);
 }
 
-static bool reads_data(const pt_stage_executor *ex)
-{
-    return ex->options.stage == 0 || is_last_stage(ex);
-}
 
 static pipert_result executor_setup(pt_stage_executor *ex)
 {
@@ -171,9 +170,11 @@ static pipert_result executor_setup(pt_stage_executor *ex)
     ex->T = cfg->model.block_size;
     ex->C = cfg->model.n_embd;
     ex->slots = in_flight(ex);
+    pt_eval_waves_init(ex);
     PT_TRY(build_model(ex));
     PT_TRY(alloc_slot_tables(ex));
     PT_TRY(load_data(ex));
+    PT_TRY(pt_eval_waves_setup(ex));
     const size_t N = (size_t)ex->B * ex->T;
     PT_TRY(pt_alloc((void **)&ex->inputs, N * sizeof(int32_t), "input tokens"));
     PT_TRY(pt_alloc((void **)&ex->targets, N * sizeof(int32_t), "target tokens"));
@@ -225,6 +226,7 @@ static void finish_request(pt_request **request)
 void pt_stage_executor_free(pt_stage_executor *ex)
 {
     if (!ex) return;
+    pt_eval_waves_free(ex);
     const pt_kernels *k = ex->kernels;
     for (int i = 0; i < ex->slots; i++) {
         if (ex->activation_sends) finish_request(&ex->activation_sends[i]);
@@ -714,6 +716,7 @@ pipert_result pt_stage_executor_step(pt_stage_executor *ex, pt_pipeline_step *re
         for (; ex->cursor < ex->schedule.count; ex->cursor++)
             PT_TRY(execute(ex, &ex->schedule.instructions[ex->cursor], &at));
     }
+    PT_TRY(pt_eval_waves_after_step(ex));
     if (report) *report = ex->last_report;
     return PIPERT_OK;
 }
@@ -751,38 +754,29 @@ void pt_stage_executor_use_kernels(pt_stage_executor *ex, const pt_kernels *kern
 
 /* ---- validation ---------------------------------------------------------- */
 
-pipert_result pt_stage_executor_validate(pt_stage_executor *ex, float *val_loss)
+/* ---- for validation.c ----------------------------------------------------- */
+
+pipert_result pt_executor_host_batch(pt_stage_executor *ex, pipert_split split, long index)
 {
-    const int n = ex->config.train.val_batches;
-    const size_t N = (size_t)ex->B * ex->T;
-    pt_gpt_slice *m = ex->model;
-    double sum = 0;
-    *val_loss = NAN;
-    pt_gpt_use_activation_slot(m, 0);
-    /* What the coupling says the model is (DiLoCo: the outer parameters). */
-    pt_gpt_use_params(m, (float *)pt_coupling_eval_params(ex->options.coupling));
-    for (int k = 0; k < n; k++) {
-        const double started = pt_trace_now_us();
-        if (reads_data(ex)) {
-            if (ex->options.batch) PT_TRY(host_batch(ex, PIPERT_SPLIT_VAL, k, 0));
-            else pt_dataset_val_batch(&ex->data, k, n, ex->B, ex->T, ex->inputs, ex->targets);
-            if (ex->options.stage == 0) ex->kernels->copy_to_device(m->tokens, ex->inputs, N * sizeof(int32_t));
-            if (is_last_stage(ex)) ex->kernels->copy_to_device(m->targets, ex->targets, N * sizeof(int32_t));
-        }
-        if (ex->options.stage > 0)
-            PT_TRY(receive_tensor(ex, ex->options.prev_rank, PT_KIND_ACTIVATION, TAG_EVAL, k, m->input));
-        float loss = NAN;
-        pt_gpt_forward_eval(m, &loss);
-        if (!is_last_stage(ex)) {
-            pt_request *request = NULL;
-            PT_TRY(send_tensor(ex, ex->options.next_rank, PT_KIND_ACTIVATION, TAG_EVAL, k,
-                               pt_gpt_output(m), &request));
-            PT_TRY(complete_send(ex, &request));
-        }
-        sum += loss;
-        trace_span(ex, "eval", started, k);
-    }
-    pt_gpt_use_params(m, NULL);
-    if (is_last_stage(ex)) *val_loss = (float)(sum / n);
-    return PIPERT_OK;
+    return host_batch(ex, split, index, 0);
+}
+
+pipert_result pt_executor_receive(pt_stage_executor *ex, bool wave, long id, float *dst)
+{
+    return receive_tensor(ex, ex->options.prev_rank, PT_KIND_ACTIVATION,
+                          wave ? TAG_EVAL_WAVE : TAG_EVAL, id, dst);
+}
+
+pipert_result pt_executor_send_forward(pt_stage_executor *ex, bool wave, long id, const float *src)
+{
+    pt_request *request = NULL;
+    PT_TRY(send_tensor(ex, ex->options.next_rank, PT_KIND_ACTIVATION,
+                       wave ? TAG_EVAL_WAVE : TAG_EVAL, id, src, &request));
+    return complete_send(ex, &request);
+}
+
+void pt_executor_trace_span(pt_stage_executor *ex, const char *category, double started_us,
+                            long microbatch)
+{
+    trace_span(ex, category, started_us, microbatch);
 }

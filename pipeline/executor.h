@@ -110,6 +110,13 @@ void pt_stage_executor_use_kernels(pt_stage_executor *ex, const pt_kernels *kern
  * stage gets the loss (NaN elsewhere). */
 pipert_result pt_stage_executor_validate(pt_stage_executor *ex, float *val_loss);
 
+/* Validation while the asynchronous schedule runs (train.val_every; pipeline/validation.c):
+ * after its step N, stage 0 passes the validation batches through the running pipeline, each
+ * stage on its own current weights when they reach it; nothing is drained. The last stage's
+ * result for step N is ready a few steps later: true with *step = N and *val_loss, oldest
+ * first (false elsewhere, and while none is ready). */
+bool pt_stage_executor_take_validation(pt_stage_executor *ex, long *step, float *val_loss);
+
 /* The model slice and optimizer (for checkpoints) and a one-line description. */
 pt_gpt_slice *pt_stage_executor_model(pt_stage_executor *ex);
 pt_optimizer *pt_stage_executor_optimizer(pt_stage_executor *ex);

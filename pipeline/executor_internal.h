@@ -8,6 +8,26 @@
 #include "runtime/data.h"
 #include "train/optimizer.h"
 
+/* A validation finished while the schedule ran: the step of the weights it started on. */
+typedef struct pt_validation_result {
+    long step;
+    float val_loss;
+} pt_validation_result;
+
+/* Validation while the asynchronous schedule runs (validation.c): "waves" of the
+ * validation batches, started by stage 0 after each train.val_every-th step and passed on
+ * by stage s after its step N + 2s, between its own instructions. */
+typedef struct pt_eval_waves {
+    bool enabled;
+    int slot;              /* the activation set evaluation uses, of its own */
+    long *steps;           /* the waves not yet run here, oldest first */
+    int length, capacity;
+    double loss_sum;       /* last stage: of the wave being run */
+    float *input;          /* stage > 0: a received batch [N, C] */
+    pt_validation_result *results; /* last stage: finished, not yet taken */
+    int n_results, results_capacity;
+} pt_eval_waves;
+
 struct pt_stage_executor {
     pt_stage_executor_options options;
     pipert_config config;
@@ -53,15 +73,45 @@ struct pt_stage_executor {
     double step_started;
     pt_utilisation_meter util; /* of the current step */
     pt_pipeline_step last_report;
+
+    pt_eval_waves waves; /* validation while the asynchronous schedule runs (validation.c) */
 };
 
 /* Runs one instruction of the schedule (executor.c). */
 pipert_result pt_executor_execute(pt_stage_executor *ex, const pt_instruction *in);
 
+/* For validation.c (executor.c): batch `index` of the host program's validation split; the
+ * activations of validation batch `id` from the previous stage into dst (wave: one of a
+ * validation while the schedule runs); an output sent to the next stage, and completed; a
+ * trace span. */
+pipert_result pt_executor_host_batch(pt_stage_executor *ex, pipert_split split, long index);
+pipert_result pt_executor_receive(pt_stage_executor *ex, bool wave, long id, float *dst);
+pipert_result pt_executor_send_forward(pt_stage_executor *ex, bool wave, long id, const float *src);
+void pt_executor_trace_span(pt_stage_executor *ex, const char *category, double started_us,
+                            long microbatch);
+
+/* validation.c: sets the waves up (before the model's activation slots are allocated: they
+ * need one more), runs them after each optimizer step, and frees them. */
+void pt_eval_waves_init(pt_stage_executor *ex);
+pipert_result pt_eval_waves_setup(pt_stage_executor *ex);
+pipert_result pt_eval_waves_after_step(pt_stage_executor *ex);
+void pt_eval_waves_free(pt_stage_executor *ex);
+
 /* Slot of microbatch g: in-flight microbatches rotate through `slots` sets. */
 static inline int pt_executor_slot_of(const pt_stage_executor *ex, long microbatch)
 {
     return (int)(microbatch % ex->slots);
+}
+
+static inline bool pt_executor_is_last_stage(const pt_stage_executor *ex)
+{
+    return ex->options.stage == ex->options.stages - 1;
+}
+
+/* Stage 0 reads the inputs, the last stage the targets. */
+static inline bool pt_executor_reads_data(const pt_stage_executor *ex)
+{
+    return ex->options.stage == 0 || pt_executor_is_last_stage(ex);
 }
 
 static inline bool pt_executor_is_async(const pt_stage_executor *ex)

@@ -107,7 +107,8 @@ static const config_key schema[] = {
     NUMBER_KEY(train.grad_clip, 1.0, AT_LEAST(0),
                "clip the global gradient norm to this; 0 disables"),
     NUMBER_KEY(train.val_every, 100, AT_LEAST(0),
-               "validate every N steps and at the end; 0 = only at the end"),
+               "validate every N steps and at the end; 0 = only at the end (async-1f1b: "
+               "through the running pipeline, not drained)"),
     NUMBER_KEY(train.val_batches, 8, AT_LEAST(1), "batches per validation"),
     NUMBER_KEY(train.log_every, 10, AT_LEAST(1), "a metrics line every N steps"),
     NUMBER_KEY(train.checkpoint_every, 200, AT_LEAST(0),

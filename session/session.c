@@ -239,16 +239,35 @@ static void publish(pipert_session *s, const pipert_metrics *m)
     pthread_mutex_unlock(&s->lock);
 }
 
-static pipert_result validate(pipert_session *s, long step, pipert_metrics *m)
+/* A validation loss of the weights of `step`: logged, told to the job, written. */
+static pipert_result record_validation(pipert_session *s, long step, float val_loss,
+                                       pipert_metrics *m)
 {
-    float val_loss;
-    PT_TRY(pt_stage_executor_validate(s->executor, &val_loss));
     if (!s->writes_outputs) return PIPERT_OK;
     m->val_loss = val_loss;
     pt_info("step %ld | val_loss %.4f", step, (double)val_loss);
     pt_rank_progress p = {step, s->config.train.steps, m->loss, 0, val_loss, NAN, NAN, NAN, 0};
     PT_TRY(pt_job_report_progress(&s->job, &p));
     return pt_session_write_validation(s, step, val_loss);
+}
+
+/* Validation through the drained pipeline. */
+static pipert_result validate(pipert_session *s, long step, pipert_metrics *m)
+{
+    float val_loss;
+    PT_TRY(pt_stage_executor_validate(s->executor, &val_loss));
+    return record_validation(s, step, val_loss, m);
+}
+
+/* The asynchronous schedule's validations that finished in this step (they ran through the
+ * running pipeline: pipeline/validation.c). */
+static pipert_result record_finished_validations(pipert_session *s, pipert_metrics *m)
+{
+    long step;
+    float val_loss;
+    while (pt_stage_executor_take_validation(s->executor, &step, &val_loss))
+        PT_TRY(record_validation(s, step, val_loss, m));
+    return PIPERT_OK;
 }
 
 static bool is_last_stage(const pipert_session *s)
@@ -324,6 +343,7 @@ static pipert_result step_once(pipert_session *s, pipert_metrics *m)
     pt_pipeline_step p;
     PT_TRY(pt_stage_executor_step(s->executor, &p));
     PT_TRY(report_step(s, &p, m));
+    PT_TRY(record_finished_validations(s, m));
     const pt_train_settings *ts = &s->config.train;
     if (pt_stage_executor_finished(s->executor)) return finish_run(s, m);
     /* Flush schedules end every step drained, every stage at the same step:

@@ -2,8 +2,9 @@
  * 1F1B with flush and GPipe on S workers equal single-worker training on the
  * same global batch (1e-5 relative per step, 20 steps, S = 2 and 4), also
  * with recomputation and with data-parallel replicas; the asynchronous
- * schedule trains with every look-ahead and measures the staleness S−1−s; the
- * run leaves a merged trace. */
+ * schedule trains with every look-ahead and measures the staleness S−1−s, and
+ * validates while it runs (against the drained validation and one worker's, on
+ * weights that do not move); the run leaves a merged trace. */
 #include <criterion/criterion.h>
 #include <jansson.h>
 #include <math.h>
@@ -97,6 +98,51 @@ Test(pipeline, asynchronous_schedule_measures_its_staleness)
         }
         remove_dir(dir);
     }
+}
+
+/* Validation while the asynchronous schedule runs (pipeline/validation.c). With a step too
+ * small to move any weight (lr 1e-30 against weights of ~0.02: below half an ulp), every
+ * validation must give the loss of the initial model: each wave's equals the final drained
+ * validation's and a single worker's, bitwise. With a real learning rate the waves still
+ * come, one per train.val_every steps, finite and falling, and they do not depend on timing:
+ * a second run gives the same values, bitwise. */
+Test(pipeline, asynchronous_schedule_validates_while_it_runs)
+{
+    char *pipeline = make_temp_dir(), *alone = make_temp_dir(), *learning = make_temp_dir(),
+         *again = make_temp_dir();
+    const char *frozen = " --train.steps=30 --train.val_every=10 --train.val_batches=3 "
+                         "--train.batch_size=4 --train.lr=1e-30";
+    run_pipert_ok("launch --quiet --stages 4 --replicas 1 --out %s " MODEL
+                  " --pipeline.schedule=async-1f1b %s", pipeline, frozen);
+    run_pipert_ok("launch --quiet --stages 1 --replicas 1 --out %s " MODEL " %s", alone, frozen);
+    double waves[30], reference[30];
+    cr_assert_eq(read_metric_steps(pipeline, "metrics.jsonl", "val_loss", waves, 30), 3,
+                 "validations at steps 10, 20 (while running) and 30 (the end)");
+    cr_assert_eq(read_metric_steps(alone, "metrics.jsonl", "val_loss", reference, 30), 3);
+    for (int step = 10; step <= 30; step += 10)
+        cr_expect_eq(waves[step - 1], reference[step - 1],
+                     "step %d: the pipeline's validation %.9g, one worker's %.9g", step,
+                     waves[step - 1], reference[step - 1]);
+
+    const char *learns = " --pipeline.schedule=async-1f1b --train.steps=60 --train.val_every=15 "
+                         "--train.batch_size=4";
+    run_pipert_ok("launch --quiet --stages 4 --replicas 1 --out %s " MODEL " %s", learning, learns);
+    run_pipert_ok("launch --quiet --stages 4 --replicas 1 --out %s " MODEL " %s", again, learns);
+    double val[60], val_again[60];
+    cr_assert_eq(read_metric_steps(learning, "metrics.jsonl", "val_loss", val, 60), 4,
+                 "validations at steps 15, 30, 45 and 60");
+    cr_assert_eq(read_metric_steps(again, "metrics.jsonl", "val_loss", val_again, 60), 4);
+    for (int step = 15; step <= 60; step += 15) {
+        cr_expect(isfinite(val[step - 1]), "step %d: val_loss %g", step, val[step - 1]);
+        cr_expect_eq(val[step - 1], val_again[step - 1], "step %d: %.9g, then %.9g", step,
+                     val[step - 1], val_again[step - 1]);
+    }
+    cr_expect_lt(val[59], val[14], "validation did not fall: %g at step 15, %g at 60", val[14],
+                 val[59]);
+    remove_dir(pipeline);
+    remove_dir(alone);
+    remove_dir(learning);
+    remove_dir(again);
 }
 
 /* The launcher merges every rank's trace into DIR/trace.json: forward and
