@@ -127,6 +127,9 @@ static const config_key schema[] = {
 
     NUMBER_KEY(runtime.threads, 0, AT_LEAST(0), "compute threads; 0 = every core of this machine"),
     STRING_KEY(runtime.device, "cpu", "cpu|cuda", "where the kernels run"),
+    BOOL_KEY(runtime.authenticate_messages, false,
+             "a MAC and a sequence number on every message between workers: forged, altered "
+             "and replayed messages are refused (every worker of the job must agree)"),
 
     STRING_KEY(pipeline.schedule, "async-1f1b", "async-1f1b|1f1b|gpipe",
                "pipeline schedule: asynchronous 1F1B (no flush), 1F1B with flush, or GPipe"),

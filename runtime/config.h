@@ -50,6 +50,7 @@ typedef struct pt_data_settings {
 typedef struct pt_runtime_settings {
     int threads;                       /* compute threads; 0 = every core of this machine */
     char device[PT_CONFIG_STRING_MAX]; /* "cpu" | "cuda" */
+    bool authenticate_messages;        /* a MAC on every message between workers */
 } pt_runtime_settings;
 
 typedef struct pt_pipeline_settings {

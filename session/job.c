@@ -183,6 +183,7 @@ static pipert_result create_transport(pt_job *job, const char *secret, uint32_t 
     options.rank = job->rank;
     options.secret = secret;
     options.job = job_id;
+    options.authenticate_messages = job->authenticate_messages;
     return pt_transport_create(&options, &job->transport);
 }
 

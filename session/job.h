@@ -48,6 +48,7 @@ typedef struct pt_job {
     int sites;                    /* sites the replicas of this stage are in */
     pt_group *site_group;         /* the replicas of this stage in this site (more than one) */
     pt_group *leaders_group;      /* sites > 1, on each site's first replica: the leaders */
+    bool authenticate_messages;   /* set before joining: a MAC on every transport message */
     bool (*should_stop)(void *context); /* asked while joining */
     void *context;
 } pt_job;

@@ -134,6 +134,7 @@ static pipert_result session_setup(pipert_session *s)
     PT_TRY(pt_config_validate(&s->config));
     s->job.should_stop = should_stop;
     s->job.context = s;
+    s->job.authenticate_messages = s->config.runtime.authenticate_messages;
     PT_TRY(pt_job_join(&s->job, s->options.stages, s->options.site, s->options.oob,
                        (const char *const *)environ, s->options.alone));
     s->log_sink.rank = s->job.world > 1 ? s->job.rank : -1;

@@ -3,7 +3,9 @@
  * over several runs. UCX_TLS from the environment picks the transports.
  *
  *     build/tests/bench_transport [--runs N] [--messages M] [--pings K] [--window W]
- *                                 [--recv-buffers B] [--checksum]
+ *                                 [--recv-buffers B] [--checksum] [--authenticate]
+ *
+ * --authenticate: every message carries a MAC (runtime.authenticate_messages).
  *
  * Bandwidth: rank 0 keeps W sends of the same 4 MiB buffer in flight, rank 1
  * W receives, into B buffers in turn (B = 1, as ucx_perftest does, keeps the
@@ -32,6 +34,7 @@ typedef struct bench_options {
     int window;       /* large messages in flight */
     int recv_buffers; /* distinct 4 MiB receive buffers, used in turn */
     unsigned send_flags;
+    int authenticate; /* pt_transport_options.authenticate_messages */
 } bench_options;
 
 #define CHECK(expr)                                                                                \
@@ -138,6 +141,7 @@ static int run_rank(int rank, int to_peer, int from_peer, const bench_options *o
     pt_transport_options options = PT_TRANSPORT_OPTIONS_INIT;
     options.rank = rank;
     options.secret = "bench_transport";
+    options.authenticate_messages = o->authenticate;
     pt_transport *t;
     CHECK(pt_transport_create(&options, &t));
     char mine[ADDRESS_MAX] = {0}, theirs[ADDRESS_MAX] = {0};
@@ -175,8 +179,9 @@ static int run_rank(int rank, int to_peer, int from_peer, const bench_options *o
             if (latency[run] < low_lat) low_lat = latency[run];
             if (latency[run] > high_lat) high_lat = latency[run];
         }
-        printf("transport between 2 processes on this host (UCX_TLS=%s%s), medians of %d runs:\n",
-               tls ? tls : "(default)", o->send_flags ? ", checksums on" : "", o->runs);
+        printf("transport between 2 processes on this host (UCX_TLS=%s%s%s), medians of %d runs:\n",
+               tls ? tls : "(default)", o->send_flags ? ", checksums on" : "",
+               o->authenticate ? ", messages authenticated" : "", o->runs);
         printf("  bandwidth, %d x 4 MiB messages, %d in flight, %d receive buffer%s:  %7.2f GB/s  "
                "(min %.2f, max %.2f)\n",
                o->messages, o->window, o->recv_buffers, o->recv_buffers == 1 ? "" : "s",
@@ -208,10 +213,12 @@ int main(int argc, char **argv)
             o.recv_buffers = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--checksum"))
             o.send_flags = PT_SEND_CHECKSUM;
+        else if (!strcmp(argv[i], "--authenticate"))
+            o.authenticate = 1;
         else {
             fprintf(stderr,
                     "usage: %s [--runs N] [--messages M] [--pings K] [--window W] "
-                    "[--recv-buffers B] [--checksum]\n",
+                    "[--recv-buffers B] [--checksum] [--authenticate]\n",
                     argv[0]);
             return 2;
         }

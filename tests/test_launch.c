@@ -827,6 +827,24 @@ Test(launch, worker_without_a_launcher)
     remove_dir(dir);
 }
 
+/* runtime.authenticate_messages: every message signed and checked, the training the same. */
+Test(launch, authenticated_messages_train_the_same)
+{
+    char *plain = make_temp_dir(), *signed_dir = make_temp_dir();
+    const char *job = "launch --quiet --stages 2 --replicas 2 --out %s " SMALL_MODEL
+                      " --train.steps=5 --train.log_every=1 --runtime.threads=1 "
+                      "--pipeline.schedule=1f1b%s";
+    run_pipert_ok(job, plain, "");
+    run_pipert_ok(job, signed_dir, " --runtime.authenticate_messages=true");
+    double a[5] = {0}, b[5] = {0};
+    cr_assert_eq(read_metric_steps(plain, "metrics.jsonl", "loss", a, 5), 5);
+    cr_assert_eq(read_metric_steps(signed_dir, "metrics.jsonl", "loss", b, 5), 5);
+    for (int s = 0; s < 5; s++)
+        cr_expect_eq(a[s], b[s], "step %d: %.9g plain, %.9g authenticated", s + 1, a[s], b[s]);
+    remove_dir(plain);
+    remove_dir(signed_dir);
+}
+
 /* dp.method=none: replica 0 trains exactly as the same job with one replica
  * (it draws the first share of each step's batch either way, and nothing
  * reaches it from replica 1). One compute thread in both: a lone worker would

@@ -112,6 +112,7 @@ static void release(pt_transport *t)
     pthread_mutex_unlock(&pt_transport_state_lock);
     pthread_mutex_destroy(&t->queue_lock);
     pthread_mutex_destroy(&t->ucx_lock);
+    for (int r = 0; r < t->peer_capacity; r++) pt_transport_mac_forget(&t->peers[r]);
     free(t->peers);
     free(t->remote_peers);
     free(t->listeners);
@@ -140,6 +141,7 @@ pipert_result pt_transport_create(const pt_transport_options *options, pt_transp
         return keyed;
     }
     t->connect_timeout_s = options->connect_timeout_s > 0 ? options->connect_timeout_s : 30.0;
+    t->authenticate_messages = options->authenticate_messages;
     t->wake_fd = t->epoll_fd = -1;
     if (gethostname(t->host, sizeof t->host) != 0) snprintf(t->host, sizeof t->host, "?");
     t->host[sizeof t->host - 1] = '\0';

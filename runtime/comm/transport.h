@@ -92,7 +92,8 @@
 /* ---- the message header -------------------------------------------------- */
 
 #define PT_MESSAGE_MAGIC 0x314d5450u /* "PTM1" read as little-endian bytes */
-#define PT_MESSAGE_VERSION 1u
+#define PT_MESSAGE_VERSION 2u
+#define PT_MESSAGE_MAC_BYTES 16
 #define PT_MESSAGE_MAX_DIMS 4
 
 /* Fixed layout, host byte order (every host of a job must share it; a peer
@@ -107,6 +108,10 @@ typedef struct pt_message_header {
     int64_t shape[PT_MESSAGE_MAX_DIMS];
     uint64_t nbytes;   /* prod(shape) * dtype size */
     uint64_t checksum; /* pt_checksum64 of the payload, or 0 for none */
+    /* With authenticate_messages (the transport's options): the sender's count of messages
+     * to this receiver, and the MAC of header and payload (0: none; transport_mac.c). */
+    uint64_t sequence;
+    uint8_t mac[PT_MESSAGE_MAC_BYTES];
 } pt_message_header;
 
 /* What a message carries; the transport only needs kinds to be 1..255.
@@ -137,13 +142,19 @@ typedef struct pt_transport_options {
     const char *secret;       /* the job's shared secret, 1..PT_TRANSPORT_SECRET_MAX bytes */
     uint32_t job;             /* the job id carried in every header */
     double connect_timeout_s; /* deadline of a connection's hello exchange */
+    /* Every message to and from every peer carries a MAC under keys of its connection (drawn
+     * from the handshake), and a sequence number that a replay cannot reuse; a message
+     * without one, or with a wrong or used one, is refused naming the peer. Both sides must
+     * agree (transport_mac.c). */
+    int authenticate_messages;
 } pt_transport_options;
 
 #define PT_TRANSPORT_MAX_RANKS (1 << 20)
 #define PT_TRANSPORT_SECRET_MAX 128
 #define PT_TRANSPORT_OPTIONS_INIT                                                                  \
     {                                                                                              \
-        .rank = -1, .secret = NULL, .job = 0, .connect_timeout_s = 30.0                            \
+        .rank = -1, .secret = NULL, .job = 0, .connect_timeout_s = 30.0,                           \
+        .authenticate_messages = 0                                                                 \
     }
 
 /* Creates the ucp context and worker, and starts the progress thread. */

@@ -296,6 +296,7 @@ static void on_control_received(connection *c, ucs_status_t status)
 static int connection_register(connection *c)
 {
     pt_transport *t = c->t;
+    pt_transport_mac_keys(c);
     pthread_mutex_lock(&pt_transport_state_lock);
     peer *p = pt_transport_peer_slot_locked(t, c->rank);
     peer_state before = p ? p->state : PEER_DEAD;
@@ -613,6 +614,9 @@ static void hello_arrived(pt_transport *t, const hello *h, int tag_rank)
         confirm_arrived(t, known, h);
     else if (h->stage == HELLO_REFUSED && unproven_dial)
         connection_refuse(known, "it refused our proof: it does not share this job's secret");
+    else if (h->stage == HELLO_REFUSED) /* its endpoint closed first: the handshake is gone */
+        pt_warn("transport: refused the connection from %s: it refused our proof: it does not "
+                "share this job's secret", who);
     else
         pt_warn("transport: %s sent a hello (stage %u) that fits no handshake; ignored", who,
                 h->stage);

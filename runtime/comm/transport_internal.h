@@ -77,8 +77,18 @@ typedef enum peer_state { PEER_UNKNOWN, PEER_ALIVE, PEER_DEAD, PEER_LEFT } peer_
 
 typedef struct connection connection;
 
+/* A connection's message keys (transport_mac.c), from its handshake. */
+typedef struct message_keys {
+    int ready;
+    uint8_t send[PT_AUTH_KEY_BYTES], receive[PT_AUTH_KEY_BYTES];
+    uint64_t sent;      /* sequence numbers used so far, to this peer */
+    uint64_t highest;   /* the highest sequence number received from it */
+    uint64_t *window;   /* which of the REPLAY_WINDOW numbers up to `highest` came */
+} message_keys;
+
 typedef struct peer {
     peer_state state;
+    message_keys keys; /* under pt_transport_state_lock */
     connection *conn; /* the endpoint we send on while ALIVE */
     pid_t read_pid;   /* > 0: its memory is readable from here (direct reads), at this pid */
     int reads_us;     /* it said it can read ours: send it descriptors in place of payloads */
@@ -288,6 +298,7 @@ struct pt_transport {
     /* Bytes sent, by link class: peers marked remote (another site) or not.
      * The marks are set before traffic starts and only read afterwards. */
     uint8_t *remote_peers; /* bitmap over ranks, or NULL: none remote */
+    int authenticate_messages; /* every message carries a MAC (transport_mac.c) */
     _Atomic uint64_t bytes_local, bytes_remote;
 };
 
@@ -349,6 +360,15 @@ void pt_transport_find_ucx_listeners(pt_transport *t);
  * a peer's, from its text. */
 pipert_result pt_transport_publish_address(pt_transport *t);
 pipert_result pt_transport_decode_address(const char *text, uint8_t *out, size_t *length);
+
+/* transport_mac.c: a connection's message keys from its handshake; the MAC and sequence
+ * number of an outgoing header; the check of an incoming one (0 and `why` on refusal). */
+void pt_transport_mac_keys(connection *c);
+pipert_result pt_transport_mac_sign(pt_transport *t, int rank, pt_message_header *h,
+                                    const void *payload);
+int pt_transport_mac_check(pt_transport *t, int rank, const pt_message_header *h,
+                           const void *payload, char *why, size_t capacity);
+void pt_transport_mac_forget(peer *p);
 
 /* transport_direct.c: same-host direct reads. */
 void pt_transport_init_direct_reads(pt_transport *t);

@@ -318,6 +318,13 @@ static int header_acceptable(const pt_transport *t, const pt_request *r, char *w
 void pt_transport_finish_receive(pt_request *r)
 {
     const pt_message_header *h = &r->header;
+    char why[TEXT_CAPACITY];
+    if (!pt_transport_mac_check(r->t, r->peer, h, r->buffer, why, sizeof why)) {
+        char what[96];
+        pt_transport_describe_request(r, what, sizeof what);
+        pt_transport_fail_request(r, PIPERT_ERR_PEER, "%s: refused: %s", what, why);
+        return;
+    }
     if (h->checksum && h->nbytes) {
         uint64_t actual = pt_checksum64(r->buffer, (size_t)h->nbytes);
         if (actual != h->checksum) {
@@ -540,6 +547,8 @@ pipert_result pt_send(pt_transport *t, int dst_rank, uint32_t user_tag,
     wire.nbytes = header->nbytes;
     wire.checksum =
         (flags & PT_SEND_CHECKSUM) && header->nbytes ? pt_checksum64(payload, header->nbytes) : 0;
+    PT_TRY(check_peer_argument(t, dst_rank, "pt_send"));
+    PT_TRY(pt_transport_mac_sign(t, dst_rank, &wire, payload));
     return pt_send_raw(t, dst_rank, user_tag, &wire, payload, out);
 }
 
