@@ -34,7 +34,11 @@ static void coupling_link(const pt_job_model_input *in, pt_job_model *m, int s, 
         if (worst_a < 0 || l.bytes_per_s < worst.bytes_per_s) worst = l, worst_a = x, worst_b = y;
     }
     m->link_of[s] = 0;
-    if (worst_a < 0) return;
+    if (R < 2) return;
+    if (worst_a < 0) { /* every replica of the stage in one site: its own link (the diagonal) */
+        worst_a = worst_b = site(in, s);
+        worst = between(in, worst_a, worst_a);
+    }
     const int lo = worst_a < worst_b ? worst_a : worst_b, hi = worst_a ^ worst_b ^ lo;
     for (int l = 1; l < *n_links; l++)
         if (m->link_pairs[l][0] == lo && m->link_pairs[l][1] == hi) {
@@ -53,11 +57,13 @@ static pipert_result allocate(pt_job_model *m, int S, int R)
     m->cost = calloc(ranks, sizeof *m->cost);
     m->times = calloc(ranks, sizeof *m->times);
     m->stage_links = calloc(ranks, sizeof *m->stage_links);
+    m->stage_queue = calloc(ranks, sizeof *m->stage_queue);
     m->coupling_bytes = calloc((size_t)S, sizeof *m->coupling_bytes);
     m->link_of = calloc((size_t)S, sizeof *m->link_of);
     m->coupling_links = calloc((size_t)S + 1, sizeof *m->coupling_links);
     m->link_pairs = calloc((size_t)S + 1, sizeof *m->link_pairs);
-    if (!m->cost || !m->times || !m->stage_links || !m->coupling_bytes || !m->link_of ||
+    if (!m->cost || !m->times || !m->stage_links || !m->stage_queue || !m->coupling_bytes ||
+        !m->link_of ||
         !m->coupling_links || !m->link_pairs)
         return pt_fail(PIPERT_ERR_NOMEM, "job model: out of memory for %zu ranks", ranks);
     return PIPERT_OK;
@@ -68,6 +74,20 @@ static int microbatches(const pipert_config *config, pt_schedule_kind kind, int 
 {
     if (kind == PT_SCHEDULE_ASYNC_1F1B) return 1;
     return S == 1 ? config->train.grad_accum : config->pipeline.microbatches;
+}
+
+/* The queue of boundary s of replica r between sites a and b: its own inside a site; between
+ * two sites, the first boundary's (in replica-major order) that joins the same two sites. */
+static int crossing_queue(const pt_job_model_input *in, int r, int s, int a, int b)
+{
+    const int S = in->plan->stages;
+    if (a == b) return r * (S - 1) + s;
+    for (int q = 0; q <= r; q++)
+        for (int t = 0; t + 1 < S && (q < r || t <= s); t++) {
+            const int x = site(in, q * S + t), y = site(in, q * S + t + 1);
+            if ((x == a && y == b) || (x == b && y == a)) return q * (S - 1) + t;
+        }
+    return r * (S - 1) + s;
 }
 
 static pipert_result price_ranks(const pt_job_model_input *in, pt_job_model *m)
@@ -82,8 +102,11 @@ static pipert_result price_ranks(const pt_job_model_input *in, pt_job_model *m)
         params[i % S] = m->cost[i].params;
     }
     for (int r = 0; r < R && rc == PIPERT_OK; r++)
-        for (int s = 0; s + 1 < S; s++)
-            m->stage_links[r * (S - 1) + s] = between(in, site(in, r * S + s), site(in, r * S + s + 1));
+        for (int s = 0; s + 1 < S; s++) {
+            const int a = site(in, r * S + s), b = site(in, r * S + s + 1);
+            m->stage_links[r * (S - 1) + s] = between(in, a, b);
+            m->stage_queue[r * (S - 1) + s] = crossing_queue(in, r, s, a, b);
+        }
     if (rc == PIPERT_OK)
         rc = pt_cost_coupling(in->config, R, S, params, m->coupling_bytes, &m->in.coupling);
     free(params);
@@ -111,6 +134,7 @@ pipert_result pt_job_model_build(const pt_job_model_input *in, pt_job_model *out
     sim->device_of = in->device_of;
     sim->n_devices = in->n_devices;
     sim->stage_links = out->stage_links;
+    sim->stage_queue = out->stage_queue;
     sim->activation_bytes = out->cost[0].bytes_message;
     int n_links = 1;
     out->coupling_links[0] = in->local;
@@ -128,6 +152,7 @@ void pt_job_model_free(pt_job_model *m)
     free(m->cost);
     free(m->times);
     free(m->stage_links);
+    free(m->stage_queue);
     free(m->coupling_bytes);
     free(m->link_of);
     free(m->coupling_links);

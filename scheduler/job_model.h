@@ -5,10 +5,12 @@
  * Links. Two ranks in one site talk over the diagonal of `links` where it
  * has a bandwidth, else over `local`; in different sites over the cluster's link, and a pipeline
  * boundary, which carries activations one way and gradients the other, takes
- * the slower of its two directions. A stage's replicas couple over the
+ * the slower of its two directions. Every pipeline boundary that crosses between
+ * the same two sites waits in one queue: the pipelines share the sites' link
+ * (inside a site each boundary has its own). A stage's replicas couple over the
  * slowest hop of their ring; stages whose slowest hop joins the same two
- * sites share that link (one queue), and stages inside one site share the
- * local one. */
+ * sites share that link (one queue), and stages whose replicas are all in one
+ * site share that site's link (the diagonal, else `local`). */
 #ifndef PT_SCHEDULER_JOB_MODEL_H
 #define PT_SCHEDULER_JOB_MODEL_H
 
@@ -34,6 +36,7 @@ typedef struct pt_job_model {
     pt_stage_cost *cost;          /* [R·S] */
     pt_sim_costs *times;          /* [R·S] */
     pt_sim_link *stage_links;     /* [R·(S−1)] */
+    int *stage_queue;             /* [R·(S−1)]: crossings between two sites share one queue */
     double *coupling_bytes;       /* [S] */
     int *link_of;                 /* [S] */
     pt_sim_link *coupling_links;  /* [S + 1] */

@@ -36,7 +36,7 @@ typedef struct simulation {
     int n_ranks, microbatches_per_pass, passes;
     rank_state *ranks;
     double *arrival;      /* [R·S·2·total microbatches]: < 0 not sent */
-    double *link_free;    /* [R·(S−1)·2]: pipeline links, each direction */
+    double *link_free;    /* [R·(S−1)·2]: pipeline link queues, each direction */
     double *coupling_free; /* [n_links] */
     double *device_free;   /* [n_devices]: when each shared device is next free */
     collective *collectives; /* [S·per_stage] */
@@ -137,8 +137,10 @@ static void send(simulation *sim, rank_state *r, int direction, int microbatch)
     const pt_sim_input *in = sim->in;
     const int to = r->stage + (direction == ACTIVATION ? 1 : -1);
     const int boundary = direction == ACTIVATION ? r->stage : to;
-    const pt_sim_link *link = &in->stage_links[r->replica * (in->stages - 1) + boundary];
-    double *free_at = &sim->link_free[(r->replica * (in->stages - 1) + boundary) * 2 + direction];
+    const int at = r->replica * (in->stages - 1) + boundary;
+    const pt_sim_link *link = &in->stage_links[at];
+    const int queue = in->stage_queue ? in->stage_queue[at] : at;
+    double *free_at = &sim->link_free[queue * 2 + direction];
     const double start = fmax(r->clock, *free_at);
     *free_at = start + in->activation_bytes / link->bytes_per_s;
     const double arrival = *free_at + link->latency_s;

@@ -71,6 +71,10 @@ typedef struct pt_sim_input {
     const int *device_of;
     int n_devices;
     const pt_sim_link *stage_links; /* [replica·(S−1) + s]: between stage s and s+1, each direction */
+    /* Optional: [replica·(S−1) + s] the queue that boundary's messages wait in, a boundary's
+     * own index or another's (boundaries that share a queue share its bandwidth, each direction:
+     * pipelines crossing between the same two sites); NULL: a queue per boundary. */
+    const int *stage_queue;
     double activation_bytes;        /* one microbatch's activations (and, back, their gradients) */
     pt_sim_coupling coupling;
     /* Optional: [R·S] traces, one per rank, that get the simulated spans

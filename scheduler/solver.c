@@ -17,7 +17,32 @@ static pt_gpt_config model_of(const pipert_config *c)
 
 /* ---- the split: a dynamic programme over (stage, blocks) ----------------------- */
 
-pipert_result pt_solver_split(const pipert_config *config, int S, const double *speed, int *bounds)
+/* The microbatches stage s holds at once under the schedule (what the simulator finds for
+ * uniform stages: S − s for 1F1B and the asynchronous schedule, all M for GPipe). */
+static int in_flight_estimate(const pipert_config *config, int S, int s)
+{
+    const int M = config->pipeline.microbatches;
+    if (S == 1) return 1;
+    if (!strcmp(config->pipeline.schedule, "gpipe")) return M;
+    if (!strcmp(config->pipeline.schedule, "1f1b")) return S - s < M ? S - s : M;
+    return S - s;
+}
+
+/* Whether stage s of S holding blocks [k, l) fits in `memory` bytes (≤ 0: no limit). */
+static bool stage_fits(const pipert_config *config, int S, int s, int k, int l, double memory)
+{
+    if (!(memory > 0)) return true;
+    pt_stage_plan plan = {.stages = S};
+    plan.bounds[s] = k;
+    plan.bounds[s + 1] = l;
+    const pt_cost_device any = {1, 1, 0, 1}; /* memory does not depend on the device's speed */
+    pt_stage_cost cost;
+    if (pt_cost_stage(config, &plan, s, &any, &cost) != PIPERT_OK) return false;
+    return pt_cost_stage_memory(&cost, in_flight_estimate(config, S, s)) <= memory;
+}
+
+pipert_result pt_solver_split_within(const pipert_config *config, int S, const double *speed,
+                                     const double *memory, int *bounds)
 {
     const pt_gpt_config model = model_of(config);
     const int L = model.n_layer, T = model.block_size;
@@ -38,22 +63,32 @@ pipert_result pt_solver_split(const pipert_config *config, int S, const double *
         for (int l = s; l <= L - (S - s); l++)
             for (int k = s - 1; k < l; k++) {
                 if (best[AT(s - 1, k)] == DBL_MAX) continue;
+                if (memory && !stage_fits(config, S, s - 1, k, l, memory[s - 1])) continue;
                 /* the last stage also carries the head (plan.h) */
                 const double t = pt_plan_stage_flops(&model, T, k, l) / speed[s - 1];
                 const double slowest = fmax(best[AT(s - 1, k)], t);
                 if (slowest < best[AT(s, l)]) best[AT(s, l)] = slowest, from[AT(s, l)] = k;
             }
+    const bool found = best[AT(S, L)] < DBL_MAX;
     bounds[S] = L;
-    for (int s = S; s > 0; s--) bounds[s - 1] = from[AT(s, bounds[s])];
+    for (int s = S; found && s > 0; s--) bounds[s - 1] = from[AT(s, bounds[s])];
 #undef AT
     free(best);
     free(from);
+    if (!found)
+        return pt_fail(PIPERT_ERR_CONFIG, "split: no split of %d blocks over %d stages fits the "
+                                          "devices' memory", L, S);
     return PIPERT_OK;
+}
+
+pipert_result pt_solver_split(const pipert_config *config, int S, const double *speed, int *bounds)
+{
+    return pt_solver_split_within(config, S, speed, NULL, bounds);
 }
 
 /* ---- candidates ----------------------------------------------------------------- */
 
-typedef enum placement_mode { PLACE_PACK, PLACE_SPREAD, PLACE_SPAN } placement_mode;
+typedef enum placement_mode { PLACE_PACK, PLACE_SPREAD, PLACE_SPAN, PLACE_STAGES } placement_mode;
 
 typedef struct search {
     const pt_solver_input *in;
@@ -84,13 +119,26 @@ static void sites_by_speed(const pt_solver_input *in, int *order)
  *   SPREAD  each inside one site, round-robin over the sites that fit one
  *           (fewer replicas per site when sites are slow or small);
  *   SPAN    the ranks in site order, a pipeline crossing where a site ends
- *           (the baseline that puts activations on the slow links). */
+ *           (the baseline that puts activations on the slow links);
+ *   STAGES  the ranks in site order stage by stage: every replica of a stage
+ *           together (its coupling inside a site), each pipeline crossing
+ *           between the sites in order (its activations on the slow links). */
 static bool place(const pt_solver_input *in, int S, int R, placement_mode mode, int *site_of)
 {
     int order[256], free_devices[256];
     sites_by_speed(in, order);
     for (int i = 0; i < in->n_sites; i++) free_devices[i] = in->sites[i].devices;
     int k = 0;
+    if (mode == PLACE_STAGES) {
+        for (int s = 0; s < S; s++)
+            for (int r = 0; r < R; r++) {
+                while (k < in->n_sites && free_devices[order[k]] == 0) k++;
+                if (k == in->n_sites) return false;
+                site_of[r * S + s] = order[k];
+                free_devices[order[k]]--;
+            }
+        return true;
+    }
     for (int r = 0; r < R; r++) {
         if (mode == PLACE_SPAN) {
             for (int s = 0; s < S; s++) {
@@ -115,19 +163,24 @@ static bool place(const pt_solver_input *in, int S, int R, placement_mode mode, 
 
 static double speed_of(const pt_cost_device *d) { return d->flops * d->efficiency; }
 
-/* The split for a placement: stage s takes the slowest device any replica
- * gives it (every replica runs the same split). */
+/* The split for a placement: stage s takes the slowest device and the least memory any
+ * replica gives it (every replica runs the same split); PIPERT_ERR_CONFIG when none fits. */
 static pipert_result split_for(const pt_solver_input *in, int S, int R, const int *site_of,
                                pt_stage_plan *plan)
 {
-    double speed[PT_PLAN_MAX_STAGES];
+    double speed[PT_PLAN_MAX_STAGES], memory[PT_PLAN_MAX_STAGES];
     for (int s = 0; s < S; s++) {
         speed[s] = DBL_MAX;
-        for (int r = 0; r < R; r++)
-            speed[s] = fmin(speed[s], speed_of(&in->sites[site_of[r * S + s]].device));
+        memory[s] = 0;
+        for (int r = 0; r < R; r++) {
+            const pt_cost_device *d = &in->sites[site_of[r * S + s]].device;
+            speed[s] = fmin(speed[s], speed_of(d));
+            if (d->memory_bytes > 0 && (!(memory[s] > 0) || d->memory_bytes < memory[s]))
+                memory[s] = d->memory_bytes;
+        }
     }
     plan->stages = S;
-    return pt_solver_split(in->config, S, speed, plan->bounds);
+    return pt_solver_split_within(in->config, S, speed, memory, plan->bounds);
 }
 
 /* Keeps the `keep` fastest plans, fastest first. */
@@ -154,7 +207,12 @@ static pipert_result predict(const pt_solver_input *in, pt_solver_plan *plan,
 {
     const int S = plan->stages, R = plan->replicas;
     pt_stage_plan split;
-    PT_TRY(split_for(in, S, R, plan->site_of, &split));
+    const pipert_result split_rc = split_for(in, S, R, plan->site_of, &split);
+    if (split_rc == PIPERT_ERR_CONFIG) { /* no split fits the devices' memory */
+        *fits = false;
+        return PIPERT_OK;
+    }
+    PT_TRY(split_rc);
     memcpy(plan->bounds, split.bounds, (size_t)(S + 1) * sizeof *plan->bounds);
     pt_job_model model = {0};
     const pt_job_model_input job = {.config = in->config, .plan = &split, .replicas = R,
@@ -180,7 +238,8 @@ static pipert_result predict(const pt_solver_input *in, pt_solver_plan *plan,
 static pipert_result evaluate(search *x, int S, int R, placement_mode mode)
 {
     const pt_solver_input *in = x->in;
-    pt_solver_plan plan = {.stages = S, .replicas = R, .spans_sites = mode == PLACE_SPAN};
+    pt_solver_plan plan = {.stages = S, .replicas = R,
+                           .spans_sites = mode == PLACE_SPAN || mode == PLACE_STAGES};
     plan.site_of = malloc((size_t)R * (size_t)S * sizeof *plan.site_of);
     pt_cost_device *devices = malloc((size_t)R * (size_t)S * sizeof *devices);
     pipert_result rc = plan.site_of && devices ? PIPERT_OK
@@ -270,6 +329,8 @@ pipert_result pt_solve(const pt_solver_input *in, pt_solver_result *out)
         }
         if (in->allow_spanning && in->n_sites > 1 && S > 1 && S <= x.total_devices && rc == PIPERT_OK)
             rc = evaluate(&x, S, x.total_devices / S, PLACE_SPAN);
+        if (in->allow_spanning && in->n_sites > 1 && S > 1 && S <= x.total_devices && rc == PIPERT_OK)
+            rc = evaluate(&x, S, x.total_devices / S, PLACE_STAGES);
     }
     if (rc == PIPERT_OK && out->n_plans == 0)
         rc = pt_fail(PIPERT_ERR_CONFIG, "plan: no placement fits: %d of %d candidates need more "

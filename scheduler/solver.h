@@ -72,4 +72,10 @@ void pt_solver_result_free(pt_solver_result *result);
 pipert_result pt_solver_split(const pipert_config *config, int stages, const double *speed,
                               int *bounds);
 
+/* The same, among the splits where stage s fits in memory[s] bytes (memory NULL, or an
+ * entry ≤ 0: no limit), with the activations the schedule keeps (pt_cost_stage_memory at the
+ * microbatches stage s holds at once). PIPERT_ERR_CONFIG when no split fits. */
+pipert_result pt_solver_split_within(const pipert_config *config, int stages, const double *speed,
+                                     const double *memory, int *bounds);
+
 #endif

@@ -116,6 +116,32 @@ Test(simulate, a_link_queues_its_messages)
     pt_sim_result_free(&r);
 }
 
+/* Three pipelines whose boundaries share one queue (they cross between the same two sites):
+ * each direction carries 3·M messages a step, so the step can be no shorter than 3·M·c
+ * (alone, a pipeline's link is idle half of its step of 2·M·c + 2·L, and two would fit in
+ * each other's gaps); with a queue each they run side by side. */
+Test(simulate, pipelines_sharing_a_crossing_share_its_bandwidth)
+{
+    const int M = 4, R = 3;
+    const double c = 1.0, L = 0.5;
+    job j;
+    job_init(&j, PT_SCHEDULE_GPIPE, 2, R, M, 8, 0, 0);
+    j.in.activation_bytes = 1e6;
+    for (int r = 0; r < R; r++) j.stage_links[r] = (pt_sim_link){1e6 / c, L};
+    pt_sim_result apart = run(&j);
+    cr_expect_float_eq(apart.step_s, 2 * M * c + 2 * L, 1e-9, "a queue each: step %g",
+                       apart.step_s);
+    const int shared[3] = {0, 0, 0};
+    j.in.stage_queue = shared;
+    pt_sim_result together = run(&j);
+    cr_expect_geq(together.step_s, R * M * c - 1e-9, "one queue: step %g, below %g",
+                  together.step_s, R * M * c);
+    cr_expect_leq(together.step_s, R * M * c + 2 * L + 1e-9, "one queue: step %g, above %g",
+                  together.step_s, R * M * c + 2 * L);
+    pt_sim_result_free(&apart);
+    pt_sim_result_free(&together);
+}
+
 /* ---- coupling --------------------------------------------------------------- */
 
 /* A blocking all-reduce after every step: compute, then bytes/bandwidth plus

@@ -61,6 +61,51 @@ Test(solver, the_split_is_the_best_of_all_splits)
     }
 }
 
+/* Memory of stage s of S holding blocks [k, l), as the simulator would hold it under 1F1B
+ * (S − s microbatches at once), from the cost model directly. */
+static double stage_memory(const pipert_config *c, int S, int s, int k, int l)
+{
+    pt_stage_plan plan = {.stages = S};
+    plan.bounds[s] = k;
+    plan.bounds[s + 1] = l;
+    pt_stage_cost cost;
+    cr_assert_eq(pt_cost_stage(c, &plan, s, &(pt_cost_device){1, 1, 0, 1}, &cost), PIPERT_OK);
+    return pt_cost_stage_memory(&cost, S - s);
+}
+
+/* Under memory limits the split is the best of the splits that fit (brute force over all 3-stage
+ * splits, the memory of each stage from the cost model), and none at all is a clear error. */
+Test(solver, the_split_within_memory_is_the_best_that_fits)
+{
+    pipert_config c = config_with("{\"model\": {\"n_layer\": 9}, \"pipeline\": {\"schedule\": \"1f1b\", "
+                                  "\"microbatches\": 8}}");
+    const int L = 9;
+    const double speed[3] = {1, 1, 1};
+    int free_bounds[4];
+    cr_assert_eq(pt_solver_split(&c, 3, speed, free_bounds), PIPERT_OK);
+    /* Stage 0 may hold one block fewer than it would like. */
+    const double limit0 = stage_memory(&c, 3, 0, 0, free_bounds[1] - 1);
+    const double memory[3] = {limit0, 0, 0};
+    int bounds[4];
+    cr_assert_eq(pt_solver_split_within(&c, 3, speed, memory, bounds), PIPERT_OK, "%s",
+                 pipert_last_error());
+    cr_expect_leq(stage_memory(&c, 3, 0, 0, bounds[1]), limit0, "stage 0 does not fit");
+    double best = DBL_MAX;
+    for (int a = 1; a < L; a++)
+        for (int b = a + 1; b < L; b++) {
+            const int candidate[] = {0, a, b, L};
+            if (stage_memory(&c, 3, 0, 0, a) <= limit0)
+                best = fmin(best, slowest(&c, 3, candidate, speed));
+        }
+    cr_expect_float_eq(slowest(&c, 3, bounds, speed), best, 1e-9 * best,
+                       "split %d,%d,%d is not the best that fits", bounds[1], bounds[2] - bounds[1],
+                       L - bounds[2]);
+    cr_expect_lt(bounds[1], free_bounds[1], "the limit changed nothing");
+    const double tiny[3] = {1, 1, 1};
+    cr_expect_eq(pt_solver_split_within(&c, 3, speed, tiny, bounds), PIPERT_ERR_CONFIG);
+    cr_expect(strstr(pipert_last_error(), "memory"), "%s", pipert_last_error());
+}
+
 /* Every block exactly once, every stage at least one, on random speeds. */
 Test(solver, every_block_is_placed_exactly_once)
 {
