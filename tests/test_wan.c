@@ -392,6 +392,77 @@ Test(wan, a_killed_launchers_namespaces_are_removed_by_the_next, .timeout = 120)
     remove_dir(dir);
 }
 
+/* A control file of the kernel (its size says 0: read it to the end), into text[capacity]. */
+static bool read_control(const char *path, char *text, size_t capacity)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) return false;
+    size_t n = fread(text, 1, capacity - 1, f);
+    text[n] = '\0';
+    fclose(f);
+    return true;
+}
+
+/* The number in a control file (after `key`, when given), or -1. */
+static long read_number(const char *path, const char *key)
+{
+    char text[4096];
+    if (!read_control(path, text, sizeof text)) return -1;
+    const char *at = key ? strstr(text, key) : text;
+    return at ? strtol(at + (key ? strlen(key) : 0), NULL, 10) : -1;
+}
+
+static bool control_contains(const char *path, const char *needle)
+{
+    char text[65536];
+    return read_control(path, text, sizeof text) && strstr(text, needle);
+}
+
+/* A cluster file whose site b has devices of a quarter of site a's FLOP/s: b's worker runs in a
+ * cgroup of its own limited to 25% of its core by the kernel's CPU bandwidth control (and the
+ * kernel throttles it), a's in none; the cgroup goes with the job. */
+Test(wan, a_slower_site_gets_less_cpu_time, .timeout = 180)
+{
+    require_test_bed();
+    if (access("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", R_OK) != 0)
+        cr_skip_test("no cgroup v1 cpu controller at /sys/fs/cgroup/cpu");
+    char *dir = make_temp_dir(), cluster[600], a_group[700], b_group[700], args[1000];
+    snprintf(cluster, sizeof cluster, "%s/cluster.json", dir);
+    const char *text =
+        "{\"sites\": [{\"name\": \"a\", \"groups\": [{\"name\": \"cpu\", \"kind\": \"cpu\", "
+        "\"count\": 1, \"fp32_flops\": 4e10, \"memory\": \"1gib\"}]},"
+        " {\"name\": \"b\", \"groups\": [{\"name\": \"cpu\", \"kind\": \"cpu\", \"count\": 1, "
+        "\"fp32_flops\": 1e10, \"memory\": \"1gib\"}]}],"
+        " \"links\": [{\"between\": [\"a\", \"b\"], \"bandwidth\": \"1gbit\", \"latency\": \"1ms\"}]}";
+    cr_assert_eq(pt_write_file_atomic(cluster, text, strlen(text)), PIPERT_OK);
+    snprintf(args, sizeof args, "--cluster %s --stages 1 --replicas 2 --dp.method=none "
+             SMALL_MODEL " --train.steps=100000 --train.log_every=1", cluster);
+    background b;
+    start_background(&b, dir, args);
+    wait_for_steps(dir, 3, 120);
+    snprintf(a_group, sizeof a_group, "/sys/fs/cgroup/cpu/pipert-%d-s0", (int)b.pid);
+    snprintf(b_group, sizeof b_group, "/sys/fs/cgroup/cpu/pipert-%d-s1", (int)b.pid);
+    char quota[800], period[800], procs[800], stat[800];
+    snprintf(quota, sizeof quota, "%s/cpu.cfs_quota_us", b_group);
+    snprintf(period, sizeof period, "%s/cpu.cfs_period_us", b_group);
+    snprintf(procs, sizeof procs, "%s/cgroup.procs", b_group);
+    snprintf(stat, sizeof stat, "%s/cpu.stat", b_group);
+    const long q = read_number(quota, NULL), p = read_number(period, NULL);
+    cr_expect(p > 0 && q * 4 == p, "site b's quota %ld us per %ld us, expected a quarter", q, p);
+    char pid_text[32];
+    snprintf(pid_text, sizeof pid_text, "%d\n", (int)read_worker_pid(dir, 1));
+    cr_expect(control_contains(procs, pid_text), "site b's worker (rank 1) is not in %s", procs);
+    snprintf(pid_text, sizeof pid_text, "%d\n", (int)read_worker_pid(dir, 0));
+    cr_expect_not(control_contains(procs, pid_text), "site a's worker is limited too");
+    cr_expect_neq(access(a_group, F_OK), 0, "site a, the fastest, got a cgroup");
+    usleep(500 * 1000);
+    cr_expect_gt(read_number(stat, "nr_throttled "), 0, "the kernel never throttled site b");
+    kill(b.pid, SIGTERM);
+    wait_background(&b);
+    cr_expect_neq(access(b_group, F_OK), 0, "%s outlived its job", b_group);
+    remove_dir(dir);
+}
+
 Test(wan, refused_without_root_or_without_sites)
 {
     require_test_bed();

@@ -312,7 +312,7 @@ static pipert_result start_worker(job *j, worker_process *w)
     w->pid = pid;
     w->running = true;
     j->running++;
-    return PIPERT_OK;
+    return pt_wan_sites_join_cpu_limit(&j->wan, w->site, pid);
 }
 
 static pipert_result write_pid_file(const job *j)
@@ -589,6 +589,31 @@ static pipert_result use_plan_config(job *j, const pipert_config *cfg)
     return PIPERT_OK;
 }
 
+/* A slower site's CPU time (tools/wan/cpu_limit.h), for the cores its workers are pinned to. */
+static pipert_result limit_slower_sites(job *j)
+{
+    if (!j->wan.cpu.n_sites) return PIPERT_OK;
+    int *cores = calloc((size_t)j->wan.cpu.n_sites, sizeof *cores);
+    bool *taken = calloc((size_t)j->wan.cpu.n_sites * (size_t)j->cores, sizeof *taken);
+    if (!cores || !taken) {
+        free(cores);
+        free(taken);
+        return pt_fail(PIPERT_ERR_NOMEM, "out of memory");
+    }
+    for (int r = 0; r < j->world; r++) {
+        const worker_process *w = &j->workers[r];
+        for (int c = w->cores_first; c < w->cores_first + w->cores_count && c < j->cores; c++)
+            if (!taken[w->site * j->cores + c]) {
+                taken[w->site * j->cores + c] = true;
+                cores[w->site]++;
+            }
+    }
+    pipert_result rc = pt_wan_sites_limit_cpu(&j->wan, cores);
+    free(cores);
+    free(taken);
+    return rc;
+}
+
 static pipert_result run_job(job *j, const pipert_config *cfg, const char *out_dir, int argc,
                              char **argv)
 {
@@ -597,6 +622,7 @@ static pipert_result run_job(job *j, const pipert_config *cfg, const char *out_d
     if (j->has_plan) PT_TRY(use_plan_config(j, cfg));
     PT_TRY(plan_workers(j));
     PT_TRY(pt_wan_sites_start(&j->wan));
+    PT_TRY(limit_slower_sites(j));
     PT_TRY(start_coordinator(j));
     gethostname(j->host, sizeof j->host - 1);
     if (!j->quiet) print_mapping(j);

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "runtime/error.h"
+#include "runtime/log.h"
 #include "runtime/units.h"
 
 /* wan.bandwidth (and wan.latency, 0 when unset): every link alike. */
@@ -35,7 +36,7 @@ static pipert_result read_cluster(pt_wan_sites *s, const char *path, int sites_f
         return pt_fail(PIPERT_ERR_CONFIG, "--sites %d, but %s describes %d sites", sites_flag, path,
                        s->cluster.n_sites);
     s->emulated = s->cluster.n_sites > 1;
-    return PIPERT_OK;
+    return s->emulated ? pt_cpu_limits_plan(&s->cluster, &s->cpu) : PIPERT_OK;
 }
 
 pipert_result pt_wan_sites_read(pt_wan_sites *s, const pipert_config *cfg, const char *cluster_path,
@@ -67,6 +68,20 @@ pipert_result pt_wan_sites_start(pt_wan_sites *s)
     pipert_result rc = pt_testbed_create(n, links, &s->testbed);
     free(links);
     return rc;
+}
+
+pipert_result pt_wan_sites_limit_cpu(pt_wan_sites *s, const int *cores)
+{
+    if (!s->cpu.n_sites || !pt_cpu_limits_any(&s->cpu)) return PIPERT_OK;
+    const int stale = pt_cpu_limits_remove_stale();
+    if (stale) pt_info("removed %d cgroup%s left by a launcher that was killed", stale,
+                       stale == 1 ? "" : "s");
+    return pt_cpu_limits_start(&s->cpu, cores);
+}
+
+pipert_result pt_wan_sites_join_cpu_limit(const pt_wan_sites *s, int site, pid_t pid)
+{
+    return s->cpu.n_sites ? pt_cpu_limits_join(&s->cpu, site, pid) : PIPERT_OK;
 }
 
 const char *pt_wan_sites_coordinator_host(const pt_wan_sites *s)
@@ -127,6 +142,13 @@ static void print_cluster_links(const pt_wan_sites *s)
             printf("    site %d (%s) -> site %d (%s): %s, %s one way\n", a,
                    s->cluster.site_names[a], b, s->cluster.site_names[b], rate, latency);
         }
+    for (int a = 0; a < s->cpu.n_sites; a++)
+        if (s->cpu.made[a]) {
+            char dir[256];
+            pt_cpu_limits_path(a, dir, sizeof dir);
+            printf("    site %d (%s): slower devices, %.0f%% of its cores' time (%s)\n", a,
+                   s->cluster.site_names[a], 100.0 * s->cpu.share[a], dir);
+        }
 }
 
 void pt_wan_sites_print(const pt_wan_sites *s)
@@ -146,6 +168,7 @@ void pt_wan_sites_print(const pt_wan_sites *s)
 
 void pt_wan_sites_free(pt_wan_sites *s)
 {
+    pt_cpu_limits_free(&s->cpu);
     pt_testbed_destroy(s->testbed);
     s->testbed = NULL;
     pt_cluster_free(&s->cluster);

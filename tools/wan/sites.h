@@ -11,6 +11,7 @@
 #include "runtime/comm/coordinator.h"
 #include "runtime/config.h"
 #include "scheduler/cluster.h"
+#include "tools/wan/cpu_limit.h"
 #include "tools/wan/testbed.h"
 
 #define PT_WAN_HEARTBEAT_TIMEOUT_S 30.0 /* a link may drop for a while */
@@ -21,6 +22,7 @@ typedef struct pt_wan_sites {
     pt_cluster cluster;  /* --cluster: named sites, a link per ordered pair */
     int count;           /* sites */
     pt_testbed *testbed; /* once started */
+    pt_cpu_limits cpu;   /* --cluster with device groups: slower sites get less CPU time */
 } pt_wan_sites;
 
 /* wan.bandwidth/wan.latency of cfg, or the cluster file (NULL: none), and
@@ -31,6 +33,11 @@ pipert_result pt_wan_sites_read(pt_wan_sites *s, const pipert_config *cfg, const
 
 /* Builds the test bed (emulated only). */
 pipert_result pt_wan_sites_start(pt_wan_sites *s);
+
+/* Limits the CPU time of the sites whose devices are slower (cpu_limit.h), their workers on
+ * cores[site] cores; and puts a started worker of `site` under its site's limit. */
+pipert_result pt_wan_sites_limit_cpu(pt_wan_sites *s, const int *cores);
+pipert_result pt_wan_sites_join_cpu_limit(const pt_wan_sites *s, int site, pid_t pid);
 
 /* The coordinator, listening where the workers reach it: 127.0.0.1, or
  * inside site 0 (the other sites reach it over their links). */
