@@ -14,8 +14,6 @@
 #include "runtime/log.h"
 #include "runtime/memory.h"
 
-#define CHECKPOINT_FORMAT "pipert-checkpoint-2"
-
 pt_gpt_config pt_gpt_config_from_settings(const pipert_config *cfg)
 {
     const pt_model_settings *m = &cfg->model;
@@ -220,7 +218,7 @@ static pipert_result set_metadata(pt_checkpoint_writer *w, int stages, const pt_
                            ? PIPERT_OK
                            : pt_fail(PIPERT_ERR_NOMEM, "checkpoint metadata: out of memory");
     pt_safetensors_writer *t = w->tensors;
-    if (rc == PIPERT_OK) rc = pt_safetensors_writer_set_metadata(t, "format", CHECKPOINT_FORMAT);
+    if (rc == PIPERT_OK) rc = pt_safetensors_writer_set_metadata(t, "format", PT_CHECKPOINT_FORMAT);
     if (rc == PIPERT_OK) rc = pt_safetensors_writer_set_metadata(t, "config", config_json);
     if (rc == PIPERT_OK) rc = pt_safetensors_writer_set_metadata(t, "optimizer", optimizer_json);
     if (rc == PIPERT_OK) rc = set_number(t, "step", w->step);
@@ -303,43 +301,6 @@ void pt_checkpoint_writer_free(pt_checkpoint_writer *w)
 
 /* ---- reading a checkpoint ------------------------------------------------------ */
 
-static pipert_result read_number(const pt_safetensors *st, const char *key, long *out)
-{
-    const char *text = pt_safetensors_metadata(st, key);
-    char *end;
-    if (!text || !*text || ((*out = strtol(text, &end, 10)), *end) || *out < 0)
-        return pt_fail(PIPERT_ERR_FORMAT, "%s: metadata \"%s\" is missing or not a number",
-                       pt_safetensors_path(st), key);
-    return PIPERT_OK;
-}
-
-/* A file the index lists must be the pipert checkpoint of that stage,
- * replica and step (files written before replica files existed have no
- * "replica": they are replica 0's). */
-static pipert_result check_part(const pt_safetensors *st, const pt_checkpoint_index *index,
-                                const pt_checkpoint_part *part)
-{
-    const char *path = pt_safetensors_path(st);
-    const char *format = pt_safetensors_metadata(st, "format");
-    if (!format || strcmp(format, CHECKPOINT_FORMAT))
-        return pt_fail(PIPERT_ERR_FORMAT, "%s: not a pipert checkpoint stage file (format %s)",
-                       path, format ? format : "missing");
-    long step = 0, stage = 0, replica = 0, first = 0, last = 0;
-    PT_TRY(read_number(st, "step", &step));
-    PT_TRY(read_number(st, "stage", &stage));
-    if (pt_safetensors_metadata(st, "replica")) PT_TRY(read_number(st, "replica", &replica));
-    PT_TRY(read_number(st, "first_layer", &first));
-    PT_TRY(read_number(st, "last_layer", &last));
-    if (step != index->step || stage != part->stage || replica != part->replica ||
-        first != part->first_layer || last != part->last_layer)
-        return pt_fail(PIPERT_ERR_FORMAT,
-                       "%s: holds step %ld, stage %ld, replica %ld, blocks [%ld, %ld); the index "
-                       "of step %ld says stage %d, replica %d, blocks [%d, %d)",
-                       path, step, stage, replica, first, last, index->step, part->stage,
-                       part->replica, part->first_layer, part->last_layer);
-    return PIPERT_OK;
-}
-
 pipert_result pt_checkpoint_open(pt_checkpoint *c, const char *dir, pt_checkpoint_index *index,
                                  int replica)
 {
@@ -357,7 +318,7 @@ pipert_result pt_checkpoint_open(pt_checkpoint *c, const char *dir, pt_checkpoin
         char path[PT_CONFIG_STRING_MAX + PT_CHECKPOINT_NAME_MAX + 2];
         snprintf(path, sizeof path, "%s/%s", dir, part->file);
         PT_TRY(pt_safetensors_open(&c->parts[s], path));
-        PT_TRY(check_part(c->parts[s], &c->index, part));
+        PT_TRY(pt_checkpoint_check_part(c->parts[s], &c->index, part));
     }
     return PIPERT_OK;
 }
