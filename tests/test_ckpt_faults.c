@@ -1,9 +1,11 @@
 /* Checkpoints that survive crashes and bad disks, with faults injected from
- * outside real `pipert train` processes:
- *   - SIGKILL while a checkpoint is being written (the moment a temporary
- *     file appears, seen through inotify): `--resume` continues from a
- *     complete checkpoint with the losses of an uninterrupted run, and no
- *     temporary file is left once the resumed run has checkpointed;
+ * outside real `pipert train` processes (and `pipert launch` jobs of two
+ * stages, one process each):
+ *   - SIGKILL to the process writing a checkpoint (the moment a temporary
+ *     file appears, seen through inotify; its name carries the writer's pid):
+ *     `--resume` continues from a complete checkpoint with the losses of an
+ *     uninterrupted run, and no temporary file is left once the resumed run
+ *     has checkpointed;
  *   - the newest checkpoint damaged (a stage file truncated or with a bad
  *     header, an index unparsable, files missing, names with another zero
  *     padding): resume warns naming the file, uses the one before, and the
@@ -17,6 +19,7 @@
 #include <fcntl.h>
 #include <jansson.h>
 #include <math.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,9 +36,19 @@
 /* A small model: checkpoints of ~1 MB, steps of a few milliseconds. */
 #define MODEL                                                                                      \
     "--model.n_layer=2 --model.n_embd=48 --model.n_head=2 --model.block_size=32 "                 \
-    "--train.batch_size=4 --runtime.threads=2 --train.warmup_steps=1 --train.val_every=0 "       \
-    "--train.val_batches=2 --train.log_every=1"
+    "--train.batch_size=4 --train.warmup_steps=1 --train.val_every=0 --train.val_batches=2 "     \
+    "--train.log_every=1"
 enum { STEPS = 12 };
+
+/* How a run starts: `pipert train`, or `pipert launch` with two stages. */
+typedef struct runner {
+    const char *command;
+    int stages;
+} runner;
+static const runner TRAIN = {"train --quiet --runtime.threads=2 " MODEL, 1};
+static const runner LAUNCH = {"launch --quiet --stages 2 --replicas 1 --runtime.threads=1 "
+                              "--pipeline.schedule=1f1b --pipeline.microbatches=2 " MODEL,
+                              2};
 
 /* ---- helpers ------------------------------------------------------------------ */
 
@@ -82,6 +95,18 @@ static char *copy_dir(const char *dir)
     return copy;
 }
 
+/* What a run said: its stderr (`pipert train`), then, under `pipert
+ * launch`, what is left of rank 0's log (logs/rank-0.log) in r->err. */
+static void add_rank_0_log(run_result *r, const char *dir)
+{
+    char path[600], *text;
+    size_t size, used = strlen(r->err);
+    path_in(path, sizeof path, dir, "logs/rank-0.log");
+    if (pt_read_file(path, &text, &size) != PIPERT_OK) return;
+    snprintf(r->err + used, sizeof r->err - used, "%s", text);
+    free(text);
+}
+
 /* The step `--resume` says it resumed from (its info line), or −1. */
 static long resumed_step(const char *err)
 {
@@ -90,34 +115,36 @@ static long resumed_step(const char *err)
 }
 
 /* An uninterrupted run of STEPS steps, checkpointing every `every`. */
-static char *reference_run(int every)
+static char *reference_run(const runner *how, int every)
 {
     char *dir = make_temp_dir();
-    run_pipert_ok("train --quiet --out %s " MODEL " --train.steps=%d --train.checkpoint_every=%d "
+    run_pipert_ok("%s --out %s --train.steps=%d --train.checkpoint_every=%d "
                   "--train.keep_checkpoints=0",
-                  dir, STEPS, every);
+                  how->command, dir, STEPS, every);
     return dir;
 }
 
-/* `pipert train --resume` in dir to STEPS, with its info lines. */
-static run_result resume(const char *dir, int every)
+/* `--resume` in dir to STEPS, with its info lines. */
+static run_result resume(const runner *how, const char *dir, int every)
 {
-    return run_pipert_with("PIPERT_LOG=info",
-                           "train --quiet --resume --out %s " MODEL " --train.steps=%d "
-                           "--train.checkpoint_every=%d --train.keep_checkpoints=2",
-                           dir, STEPS, every);
+    run_result r = run_pipert_with("PIPERT_LOG=info",
+                                   "%s --resume --out %s --train.steps=%d "
+                                   "--train.checkpoint_every=%d --train.keep_checkpoints=2",
+                                   how->command, dir, STEPS, every);
+    add_rank_0_log(&r, dir);
+    return r;
 }
 
 /* ---- killed while writing ------------------------------------------------------- */
 
-/* Starts `pipert train` in dir (checkpoints every step) as a child; its pid. */
-static pid_t start_training(const char *dir)
+/* Starts a run in dir (checkpoints every step) as a child; its pid. */
+static pid_t start_training(const runner *how, const char *dir)
 {
     char command[4096];
     snprintf(command, sizeof command,
-             "exec %s train --quiet --out %s " MODEL " --train.steps=%d "
-             "--train.checkpoint_every=1 --train.keep_checkpoints=2 >/dev/null 2>&1",
-             pipert_bin(), dir, STEPS);
+             "exec %s %s --out %s --train.steps=%d --train.checkpoint_every=1 "
+             "--train.keep_checkpoints=2 >/dev/null 2>&1",
+             pipert_bin(), how->command, dir, STEPS);
     pid_t pid = fork();
     cr_assert_geq(pid, 0);
     if (pid == 0) {
@@ -136,12 +163,12 @@ static bool wait_for_temporary(int watch, pid_t child, const char *kind, int nth
     char buffer[4096] __attribute__((aligned(__alignof__(struct inotify_event))));
     int seen = 0;
     for (;;) {
-        ssize_t n = read(watch, buffer, sizeof buffer);
-        if (n < 0 && errno == EAGAIN) {
+        struct pollfd ready = {watch, POLLIN, 0};
+        if (poll(&ready, 1, 100) <= 0) {
             if (waitpid(child, NULL, WNOHANG) == child) return false;
-            usleep(100);
             continue;
         }
+        ssize_t n = read(watch, buffer, sizeof buffer);
         cr_assert_gt(n, 0, "inotify: %s", strerror(errno));
         for (char *p = buffer; p < buffer + n;) {
             const struct inotify_event *e = (const struct inotify_event *)p;
@@ -156,53 +183,82 @@ static bool wait_for_temporary(int watch, pid_t child, const char *kind, int nth
     }
 }
 
-/* Kills a run with SIGKILL when its `nth` temporary file of `kind`
- * (".safetensors" or ".json") appears; true if that file was still there
- * after the kill (the kill landed in the middle of the write). */
-static bool kill_while_writing(const char *dir, const char *kind, int nth)
+/* The pid of a temporary file's writer: NAME.tmp.PID. */
+static pid_t writer_of(const char *temporary)
+{
+    return (pid_t)strtol(strstr(temporary, ".tmp.") + strlen(".tmp."), NULL, 10);
+}
+
+/* A kill while a checkpoint was being written. */
+typedef struct kill_outcome {
+    long step;           /* of the checkpoint being written */
+    bool caught_writing; /* the temporary file was still there after the kill */
+} kill_outcome;
+
+/* Kills the writer of a run's `nth` temporary checkpoint file of `kind`
+ * (".safetensors" or ".json") with SIGKILL when the file appears. */
+static kill_outcome kill_while_writing(const runner *how, const char *dir, const char *kind,
+                                       int nth)
 {
     int watch = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
     cr_assert_geq(watch, 0, "inotify_init1: %s", strerror(errno));
     cr_assert_geq(inotify_add_watch(watch, dir, IN_CREATE), 0);
-    pid_t child = start_training(dir);
+    pid_t child = start_training(how, dir);
     char name[256], path[600];
     const bool appeared = wait_for_temporary(watch, child, kind, nth, name, sizeof name);
-    if (appeared) kill(child, SIGKILL);
+    if (appeared) kill(writer_of(name), SIGKILL);
     int status = 0;
     waitpid(child, &status, 0);
     close(watch);
     cr_assert(appeared, "the run ended before its temporary file %d of %s", nth, kind);
-    cr_assert(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL, "the run was not killed");
+    cr_assert(!WIFEXITED(status) || WEXITSTATUS(status) != 0, "the run survived the kill");
     path_in(path, sizeof path, dir, name);
-    return access(path, F_OK) == 0;
+    return (kill_outcome){strtol(name + strlen("ckpt-"), NULL, 10), access(path, F_OK) == 0};
 }
 
-/* Six kills, at a random stage file's or index's temporary file of
- * checkpoints 2..8: each time --resume succeeds from a complete checkpoint,
- * with the uninterrupted run's losses, and leaves no temporary file. */
-Test(ckpt_faults, killed_while_writing_a_checkpoint_resumes_from_a_complete_one, .timeout = 600)
+/* Six kills, at a random stage file's or index's temporary file: each time
+ * --resume succeeds from the checkpoint before (or, when the index was in
+ * place before the kill, of) the step being written, with the uninterrupted
+ * run's losses, and leaves no temporary file. */
+static void check_kills(const runner *how)
 {
-    char *reference = reference_run(1);
+    char *reference = reference_run(how, 1);
     srand((unsigned)time(NULL) ^ (unsigned)getpid());
-    int caught_mid_write = 0;
+    int caught_writing = 0;
     for (int round = 0; round < 6; round++) {
         const char *kind = round % 3 == 2 ? ".json" : ".safetensors";
-        const int nth = 2 + rand() % 7;
-        char *dir = make_temp_dir(), what[160];
-        caught_mid_write += kill_while_writing(dir, kind, nth);
-        snprintf(what, sizeof what, "killed at the %s temporary of checkpoint %d", kind, nth);
-        run_result r = resume(dir, 1);
+        /* Not a file of the first checkpoint: there would be nothing to resume. */
+        const int files = kind[1] == 's' ? how->stages : 1, nth = files + 1 + rand() % (7 * files);
+        char *dir = make_temp_dir(), what[200];
+        const kill_outcome killed = kill_while_writing(how, dir, kind, nth);
+        caught_writing += killed.caught_writing;
+        snprintf(what, sizeof what, "%s: killed writing the %s of step %ld", how->command, kind,
+                 killed.step);
+        run_result r = resume(how, dir, 1);
         cr_assert_eq(r.status, 0, "%s: --resume failed:\n%s", what, r.err);
         const long from = resumed_step(r.err);
-        cr_expect(from >= nth - 1 && from <= nth, "%s: resumed from step %ld", what, from);
+        cr_expect(from == killed.step - 1 || from == killed.step, "%s: resumed from step %ld",
+                  what, from);
         expect_same_losses(reference, dir, what);
         cr_expect_eq(count_temporaries(dir), 0, "%s: temporary files left in %s", what, dir);
         remove_dir(dir);
     }
     /* The stage files take milliseconds to write: most kills land inside. */
-    cr_log_info("%d of 6 kills landed while the file was being written", caught_mid_write);
-    cr_expect_gt(caught_mid_write, 0, "no kill landed while a file was being written");
+    cr_log_info("%d of 6 kills landed while the file was being written (%.6s)", caught_writing,
+                how->command);
+    cr_expect_gt(caught_writing, 0, "no kill landed while a file was being written");
     remove_dir(reference);
+}
+
+Test(ckpt_faults, killed_while_writing_a_checkpoint_resumes_from_a_complete_one, .timeout = 600)
+{
+    check_kills(&TRAIN);
+}
+
+Test(ckpt_faults, a_worker_killed_while_writing_a_checkpoint_resumes_from_a_complete_one,
+     .timeout = 600)
+{
+    check_kills(&LAUNCH);
 }
 
 /* ---- damaged checkpoints ------------------------------------------------------------- */
@@ -267,7 +323,7 @@ static void check_damage(const char *reference, void (*damage)(const char *dir),
 {
     char *dir = copy_dir(reference);
     damage(dir);
-    run_result r = resume(dir, 4);
+    run_result r = resume(&TRAIN, dir, 4);
     cr_assert_eq(r.status, 0, "%s: --resume failed:\n%s", what, r.err);
     if (named)
         cr_expect(strstr(r.err, "warn") && strstr(r.err, named),
@@ -323,7 +379,7 @@ static void other_padding(const char *dir)
 
 Test(ckpt_faults, a_damaged_newest_checkpoint_is_passed_by_naming_the_file, .timeout = 600)
 {
-    char *reference = reference_run(4);
+    char *reference = reference_run(&TRAIN, 4);
     check_damage(reference, truncated_stage_file, "ckpt-00000012-stage-0.safetensors has", 8,
                  "stage file truncated");
     check_damage(reference, bad_header, "ckpt-00000012-stage-0.safetensors: header length", 8,
@@ -346,9 +402,9 @@ static void break_every_index(const char *dir)
 
 Test(ckpt_faults, no_usable_checkpoint_is_an_error_naming_the_directory, .timeout = 300)
 {
-    char *reference = reference_run(4), *dir = copy_dir(reference);
+    char *reference = reference_run(&TRAIN, 4), *dir = copy_dir(reference);
     break_every_index(dir);
-    run_result r = resume(dir, 4);
+    run_result r = resume(&TRAIN, dir, 4);
     cr_expect_neq(r.status, 0, "resumed from nothing");
     char expected[600];
     snprintf(expected, sizeof expected, "%s: no complete checkpoint to resume from", dir);
@@ -359,6 +415,7 @@ Test(ckpt_faults, no_usable_checkpoint_is_an_error_naming_the_directory, .timeou
 
 /* ---- a full disk ------------------------------------------------------------------------ */
 
+enum { PT_NAME_CAP = 64 };
 static char mount_point[64];
 
 static void unmount(void)
@@ -391,36 +448,56 @@ static long file_size(const char *dir, const char *name)
 }
 
 /* Room for one checkpoint and half of the next: the checkpoint of step 4
- * fills the disk. */
-Test(ckpt_faults, a_full_disk_is_an_error_naming_the_file_and_keeps_the_last_checkpoint,
-     .timeout = 300, .fini = unmount)
+ * fills the disk. The error names a file of it, the run fails, nothing
+ * temporary is left, and the checkpoint of step 2 is the uninterrupted
+ * run's and resumes. */
+static void check_full_disk(const runner *how)
 {
-    if (geteuid() != 0) cr_skip_test("mounting a small tmpfs needs root");
-    char *reference = reference_run(2);
-    const long stage_bytes = file_size(reference, "ckpt-00000002-stage-0.safetensors");
-    mount_small_disk((stage_bytes * 3 / 2) / 1024 + 16);
-    run_result r = run_pipert("train --quiet --out %s " MODEL " --train.steps=%d "
-                              "--train.checkpoint_every=2 --train.keep_checkpoints=1",
-                              mount_point, STEPS);
-    cr_expect_neq(r.status, 0, "the run succeeded on a full disk");
+    char *reference = reference_run(how, 2), name[PT_NAME_CAP];
+    long checkpoint_bytes = 0;
+    for (int stage = 0; stage < how->stages; stage++) {
+        snprintf(name, sizeof name, "ckpt-00000002-stage-%d.safetensors", stage);
+        checkpoint_bytes += file_size(reference, name);
+    }
+    mount_small_disk((checkpoint_bytes * 3 / 2) / 1024 + 16);
+    run_result r = run_pipert("%s --out %s --train.steps=%d --train.checkpoint_every=2 "
+                              "--train.keep_checkpoints=1",
+                              how->command, mount_point, STEPS);
+    cr_expect_neq(r.status, 0, "%s: the run succeeded on a full disk", how->command);
     char expected[600];
-    snprintf(expected, sizeof expected, "%s/ckpt-00000004-stage-0.safetensors: cannot write",
-             mount_point);
-    cr_expect(strstr(r.err, expected) && strstr(r.err, "No space left on device"), "stderr: %s",
-              r.err);
+    snprintf(expected, sizeof expected, "%s/ckpt-00000004-stage-", mount_point);
+    cr_expect(strstr(r.err, expected) && strstr(r.err, ".safetensors: cannot write") &&
+                  strstr(r.err, "No space left on device"),
+              "%s: stderr: %s", how->command, r.err);
     cr_expect_eq(count_temporaries(mount_point), 0, "temporary files left on the full disk");
     char index[600];
     path_in(index, sizeof index, mount_point, "ckpt-00000004.json");
     cr_expect_neq(access(index, F_OK), 0, "the failed checkpoint has an index");
 
-    /* The checkpoint of step 2 is the uninterrupted run's, and resumes. */
-    expect_same_tensors(reference, mount_point, "ckpt-00000002-stage-0.safetensors",
-                        "the checkpoint before the full disk");
+    for (int stage = 0; stage < how->stages; stage++) {
+        snprintf(name, sizeof name, "ckpt-00000002-stage-%d.safetensors", stage);
+        expect_same_tensors(reference, mount_point, name, "the checkpoint before the full disk");
+    }
     char *copy = copy_dir(mount_point);
-    run_result resumed = resume(copy, 2);
+    unmount();
+    run_result resumed = resume(how, copy, 2);
     cr_expect_eq(resumed.status, 0, "--resume after the full disk failed:\n%s", resumed.err);
     cr_expect_eq(resumed_step(resumed.err), 2, "%s", resumed.err);
     expect_same_losses(reference, copy, "resumed after the full disk");
     remove_dir(copy);
     remove_dir(reference);
+}
+
+Test(ckpt_faults, a_full_disk_is_an_error_naming_the_file_and_keeps_the_last_checkpoint,
+     .timeout = 300, .fini = unmount)
+{
+    if (geteuid() != 0) cr_skip_test("mounting a small tmpfs needs root");
+    check_full_disk(&TRAIN);
+}
+
+Test(ckpt_faults, a_full_disk_stops_a_launched_job_and_keeps_the_last_checkpoint, .timeout = 300,
+     .fini = unmount)
+{
+    if (geteuid() != 0) cr_skip_test("mounting a small tmpfs needs root");
+    check_full_disk(&LAUNCH);
 }
