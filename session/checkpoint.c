@@ -28,8 +28,7 @@
  * exchanges are too: every replica starts it at the same point of its
  * sequence (after its step N's coupling calls), so the group's order holds.
  *
- * Resuming: every worker of every replica reads the newest usable index
- * (stage 0 of replica 0 then sets newer, unusable ones aside). A
+ * Resuming: every worker of every replica reads the newest complete index. A
  * worker of replica R ≥ 1 reads its own replica's files when the checkpoint
  * has them, its method lets replicas drift, and the run is laid out as the
  * one that wrote it (stages, split and replica count: resume_replica);
@@ -283,9 +282,6 @@ pipert_result pt_session_resume(pipert_session *s, long *step)
     pt_checkpoint_index index;
     PT_TRY(pt_checkpoint_find_latest(s->out_dir, &index));
     *step = index.step;
-    /* One worker sets the newer, unusable ones aside; the others decide the
-     * same whether they still see them or not. */
-    if (s->job.stage == 0 && s->job.replica == 0) pt_checkpoint_set_aside_newer(s->out_dir, *step);
     const int stages = index.stages;
     pt_checkpoint c = {0};
     int from = 0;

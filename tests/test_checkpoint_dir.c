@@ -199,20 +199,3 @@ Test(checkpoint_dir, pruning_removes_what_killed_writers_left)
     cr_expect_not(exists("ckpt-00000002-stage-0.safetensors"));
     cr_expect(exists("ckpt-00000004.json"));
 }
-
-Test(checkpoint_dir, newer_checkpoints_are_set_aside_by_their_index)
-{
-    write_checkpoint(2, NULL, NULL);
-    write_checkpoint(4, NULL, "ckpt-4.json");
-    write_checkpoint(6, NULL, NULL);
-    pt_checkpoint_set_aside_newer(test_dir, 2);
-    cr_expect(exists("ckpt-4.json.unusable") && exists("ckpt-00000006.json.unusable"));
-    cr_expect(exists("ckpt-00000002.json"));
-    cr_expect(exists("ckpt-00000004-stage-0.safetensors"), "the files stay until pruned");
-    cr_expect_eq(latest(), 2);
-    write_checkpoint(8, NULL, NULL);
-    pt_checkpoint_prune(test_dir, 8, 2);
-    cr_expect_not(exists("ckpt-00000004-stage-0.safetensors"), "an orphan now");
-    cr_expect_not(exists("ckpt-00000006-stage-0.safetensors"), "an orphan now");
-    cr_expect(exists("ckpt-00000002.json") && exists("ckpt-00000008.json"));
-}

@@ -138,13 +138,6 @@ pipert_result pt_checkpoint_check_part(const pt_safetensors *st, const pt_checkp
  * there is none, with the newest one's problem if there was one. */
 pipert_result pt_checkpoint_find_latest(const char *dir, pt_checkpoint_index *out);
 
-/* Renames the index of every checkpoint of dir newer than `step` (the one a
- * run resumes from: the newer ones were not usable) to NAME.unusable, with a
- * warning: the resumed run will write checkpoints of those steps again, and
- * a new file beside an old index must never look like a checkpoint. Their
- * files are then orphans, removed by pruning. */
-void pt_checkpoint_set_aside_newer(const char *dir, long step);
-
 /* After the checkpoint of step `newest` is complete: removes temporary files
  * (NAME.tmp.PID, left by a writer that was killed) of steps up to `newest`,
  * and — keep > 0 — whole checkpoints of earlier steps beyond the `keep`

@@ -11,8 +11,6 @@
 #include "runtime/log.h"
 #include "train/checkpoint.h"
 
-#define SET_ASIDE_SUFFIX ".unusable"
-
 /* An index file of the directory. */
 typedef struct index_file {
     long step;
@@ -99,23 +97,6 @@ pipert_result pt_checkpoint_find_latest(const char *dir, pt_checkpoint_index *ou
                                              "found, none usable; the newest: %s)",
                        dir, count, newest_problem);
     return pt_fail(PIPERT_ERR_NOT_FOUND, "%s: no checkpoint (ckpt-STEP.json) to resume from", dir);
-}
-
-void pt_checkpoint_set_aside_newer(const char *dir, long step)
-{
-    index_file *files;
-    size_t count;
-    if (list_indexes(dir, &files, &count) != PIPERT_OK) return;
-    char from[PT_CONFIG_STRING_MAX + 2 * PT_CHECKPOINT_NAME_MAX], to[sizeof from + 16];
-    for (size_t i = 0; i < count && files[i].step > step; i++) {
-        snprintf(from, sizeof from, "%s/%s", dir, files[i].name);
-        snprintf(to, sizeof to, "%s" SET_ASIDE_SUFFIX, from);
-        if (rename(from, to) == 0)
-            pt_warn("%s: set aside as %s" SET_ASIDE_SUFFIX " (the run goes on from step %ld; the "
-                    "checkpoint's files go with the other files no index lists)",
-                    from, files[i].name, step);
-    }
-    free(files);
 }
 
 /* ---- pruning -------------------------------------------------------------------- */
