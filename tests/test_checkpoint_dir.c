@@ -46,14 +46,11 @@ static void write_text(const char *name, const char *text)
     cr_assert_eq(pt_write_file_atomic(path, text, strlen(text)), PIPERT_OK);
 }
 
-/* A one-stage checkpoint of a 2-block model at `step`: a stage file named
- * `file` (NULL: the usual name) with the metadata a stage file has, and an
- * index named `index_name` (NULL: the usual name) listing it. */
-static void write_checkpoint(long step, const char *file, const char *index_name)
+/* A stage file of a 2-block model at `step` named `name`, with the metadata
+ * a stage file has and write id `id`; its size. */
+static uint64_t write_stage_file(long step, const char *name, uint64_t id)
 {
-    char name[PT_CHECKPOINT_NAME_MAX], path[256], number[32];
-    if (file) snprintf(name, sizeof name, "%s", file);
-    else pt_checkpoint_part_name(step, 0, 0, name);
+    char path[256], number[32], id_text[PT_WRITE_ID_CHARS + 1];
     snprintf(path, sizeof path, "%s/%s", test_dir, name);
     pt_safetensors_writer *w;
     cr_assert_eq(pt_safetensors_writer_create(&w), PIPERT_OK);
@@ -61,24 +58,37 @@ static void write_checkpoint(long step, const char *file, const char *index_name
     const int64_t shape[1] = {4};
     cr_assert_eq(pt_safetensors_writer_add(w, "wte.weight", PT_DTYPE_F32, data, 1, shape), PIPERT_OK);
     snprintf(number, sizeof number, "%ld", step);
+    pt_checkpoint_format_write_id(id, id_text);
     pt_safetensors_writer_set_metadata(w, "format", PT_CHECKPOINT_FORMAT);
     pt_safetensors_writer_set_metadata(w, "step", number);
     pt_safetensors_writer_set_metadata(w, "stage", "0");
     pt_safetensors_writer_set_metadata(w, "first_layer", "0");
     pt_safetensors_writer_set_metadata(w, "last_layer", "2");
+    pt_safetensors_writer_set_metadata(w, "write_id", id_text);
     cr_assert_eq(pt_safetensors_writer_write(w, path), PIPERT_OK);
     pt_safetensors_writer_free(w);
+    struct stat st;
+    cr_assert_eq(stat(path, &st), 0);
+    return (uint64_t)st.st_size;
+}
 
+/* A one-stage checkpoint at `step`: its stage file named `file` (NULL: the
+ * usual name) of write id 1000 + step, and an index named `index_name`
+ * (NULL: the usual name) listing it. */
+static void write_checkpoint(long step, const char *file, const char *index_name)
+{
+    char name[PT_CHECKPOINT_NAME_MAX];
+    if (file) snprintf(name, sizeof name, "%s", file);
+    else pt_checkpoint_part_name(step, 0, 0, name);
     pt_checkpoint_index index;
     cr_assert_eq(pt_checkpoint_index_init(&index, step, 1, 1, false), PIPERT_OK);
     index.n_layer = 2;
     strcpy(index.schedule, "1f1b");
     strcpy(index.lookahead, "n/a");
     index.parts[0].last_layer = 2;
+    index.parts[0].write_id = 1000 + (uint64_t)step;
+    index.parts[0].bytes = write_stage_file(step, name, index.parts[0].write_id);
     snprintf(index.parts[0].file, sizeof index.parts[0].file, "%s", name);
-    struct stat st;
-    cr_assert_eq(stat(path, &st), 0);
-    index.parts[0].bytes = (uint64_t)st.st_size;
     cr_assert_eq(pt_checkpoint_index_write(test_dir, &index), PIPERT_OK);
     pt_checkpoint_index_free(&index);
     if (index_name) {
@@ -178,6 +188,23 @@ Test(checkpoint_dir, a_stage_file_of_another_step_is_not_used)
     cr_assert_eq(pt_write_file_atomic(to, bytes, size), PIPERT_OK);
     free(bytes);
     cr_expect_eq(latest(), 2);
+}
+
+/* A run resumed from 2 rewrote the stage file of 4 and died before its
+ * index: the old index of 4 lists another write. */
+Test(checkpoint_dir, a_file_of_another_write_is_not_used)
+{
+    write_checkpoint(2, NULL, NULL);
+    write_checkpoint(4, NULL, NULL);
+    cr_expect_eq(latest(), 4);
+    write_stage_file(4, "ckpt-00000004-stage-0.safetensors", 77);
+    cr_expect_eq(latest(), 2);
+    char id[PT_WRITE_ID_CHARS + 1];
+    pt_checkpoint_format_write_id(77, id);
+    cr_expect_str_eq(id, "000000000000004d");
+    cr_expect_eq(pt_checkpoint_parse_write_id(id), 77);
+    cr_expect_eq(pt_checkpoint_parse_write_id("000000000000004D"), 0, "upper case");
+    cr_expect_eq(pt_checkpoint_parse_write_id("4d"), 0, "short");
 }
 
 Test(checkpoint_dir, pruning_removes_what_killed_writers_left)

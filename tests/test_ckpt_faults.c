@@ -8,7 +8,8 @@
  *     has checkpointed;
  *   - the newest checkpoint damaged (a stage file truncated or with a bad
  *     header, an index unparsable, files missing, names with another zero
- *     padding): resume warns naming the file, uses the one before, and the
+ *     padding, a file another write put under the old index): resume
+ *     warns naming the file, uses the one before, and the
  *     losses are those of an uninterrupted run; none usable is an error
  *     naming the directory;
  *   - a full disk (a small tmpfs; root only): an error naming the file, a
@@ -391,6 +392,29 @@ Test(ckpt_faults, a_damaged_newest_checkpoint_is_passed_by_naming_the_file, .tim
                  "index lists another size");
     check_damage(reference, two_damaged, "ckpt-00000008.json", 4, "the two newest damaged");
     check_damage(reference, other_padding, NULL, 8, "names with other zero paddings");
+    remove_dir(reference);
+}
+
+/* A resumed run rewrote the stage file of step 12 and died before the index:
+ * the same step, size, stage and blocks, but another write than the old
+ * index lists. */
+static const char *rewriting_run;
+static void rewritten_under_the_old_index(const char *dir)
+{
+    char command[1400];
+    snprintf(command, sizeof command, "cp '%s'/ckpt-00000012-stage-0.safetensors '%s'/",
+             rewriting_run, dir);
+    cr_assert_eq(system(command), 0, "%s", command);
+}
+
+Test(ckpt_faults, a_file_rewritten_under_an_old_index_is_not_used, .timeout = 300)
+{
+    char *reference = reference_run(&TRAIN, 4), *other = reference_run(&TRAIN, 4);
+    rewriting_run = other;
+    check_damage(reference, rewritten_under_the_old_index,
+                 "ckpt-00000012-stage-0.safetensors: is not the file the index of step 12 lists", 8,
+                 "a stage file of another write");
+    remove_dir(other);
     remove_dir(reference);
 }
 

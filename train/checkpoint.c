@@ -9,7 +9,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "runtime/log.h"
 #include "runtime/memory.h"
@@ -273,10 +276,23 @@ pipert_result pt_checkpoint_writer_create(pt_checkpoint_writer **out, long step,
 
 pt_safetensors_writer *pt_checkpoint_writer_tensors(pt_checkpoint_writer *w) { return w->tensors; }
 
-pipert_result pt_checkpoint_writer_write(pt_checkpoint_writer *w, const char *dir, uint64_t *bytes)
+/* A random, non-zero id for one write of a file. */
+static uint64_t new_write_id(void)
 {
-    char name[PT_CHECKPOINT_NAME_MAX];
+    uint64_t id = 0;
+    if (getrandom(&id, sizeof id, 0) != (ssize_t)sizeof id)
+        id = ((uint64_t)time(NULL) << 32) ^ (uint64_t)getpid() ^ (uint64_t)clock();
+    return id ? id : 1;
+}
+
+pipert_result pt_checkpoint_writer_write(pt_checkpoint_writer *w, const char *dir, uint64_t *bytes,
+                                         uint64_t *write_id)
+{
+    char name[PT_CHECKPOINT_NAME_MAX], id_text[PT_WRITE_ID_CHARS + 1];
     pt_checkpoint_part_name(w->step, w->stage, w->replica, name);
+    *write_id = new_write_id();
+    pt_checkpoint_format_write_id(*write_id, id_text);
+    PT_TRY(pt_safetensors_writer_set_metadata(w->tensors, "write_id", id_text));
     size_t n = strlen(dir) + sizeof name + 2;
     char *path = malloc(n);
     if (!path) return pt_fail(PIPERT_ERR_NOMEM, "checkpoint: out of memory");

@@ -11,21 +11,22 @@
  *       the pipeline's "pipeline.*"), and metadata: "format"
  *       (pipert-checkpoint-2), "config" (the full configuration, JSON),
  *       "step", "optimizer" (kind, t, Π in full precision), "stage",
- *       "stages", "replica" and "first_layer"/"last_layer" (blocks
- *       [first, last));
+ *       "stages", "replica", "first_layer"/"last_layer" (blocks
+ *       [first, last)) and "write_id" (random, one per write; the index
+ *       lists it);
  *   DIR/ckpt-STEP-stage-S-replica-R.safetensors   the same for replica R ≥ 1
  *       of stage S, written only when the coupling lets replicas drift
  *       (every dp.method but allreduce, dp/coupling.h): its own parameters,
  *       optimizer, coupling and pipeline state;
  *   DIR/ckpt-STEP.json   the index (checkpoint_index.c): the step, the
- *       schedule that ran, each stage's file, block range and size in bytes,
- *       and the replica files when there are any.
+ *       schedule that ran, each stage's file, block range, size in bytes and
+ *       write id, and the replica files when there are any.
  *
  * Every file is written under a temporary name (NAME.tmp.PID), fsynced and
  * renamed, and the index is written only once every file of every stage and
  * replica is in place, so a checkpoint is complete exactly when its index
  * exists and every file it lists is there, with the size it lists, and is
- * that file (checkpoint_verify.c). A worker killed while writing leaves a
+ * that file, of that very write (checkpoint_verify.c). A worker killed while writing leaves a
  * temporary file and no index; a full disk is an error naming the file, its
  * temporary removed. Either way the previous checkpoint stays usable.
  * `--resume` finds checkpoints by the directory's file names (checkpoint_dir.c),
@@ -56,6 +57,10 @@ typedef struct pt_checkpoint_part {
     int first_layer, last_layer;        /* blocks [first, last) */
     char file[PT_CHECKPOINT_NAME_MAX];  /* inside the checkpoint's directory */
     uint64_t bytes;
+    /* The random id of the write that made the file (its metadata
+     * "write_id"): the index accepts that very file, not one a later write
+     * of the same name put there. 0 in indexes written before ids existed. */
+    uint64_t write_id;
 } pt_checkpoint_part;
 
 typedef struct pt_checkpoint_index {
@@ -82,6 +87,12 @@ typedef struct pt_checkpoint_index {
 void pt_checkpoint_part_name(long step, int stage, int replica, char name[PT_CHECKPOINT_NAME_MAX]);
 /* "ckpt-STEP.json". */
 void pt_checkpoint_index_name(long step, char name[PT_CHECKPOINT_NAME_MAX]);
+
+/* A write id as text: 16 lower-case hex digits. */
+#define PT_WRITE_ID_CHARS 16
+void pt_checkpoint_format_write_id(uint64_t id, char text[PT_WRITE_ID_CHARS + 1]);
+/* The id of such a text; 0 when it is not one. */
+uint64_t pt_checkpoint_parse_write_id(const char *text);
 
 /* The step of an index name (ckpt-DIGITS.json, any padding), of a stage or
  * replica file's name, or of a temporary one of either (NAME.tmp.PID); −1
@@ -120,7 +131,8 @@ pipert_result pt_checkpoint_index_read(const char *dir, const char *name, pt_che
 
 /* PIPERT_OK when every file the index lists (replica files included) is in
  * dir with the listed size, is a valid safetensors file, and is the pipert
- * checkpoint file of the index's step, its stage, replica and blocks; else an
+ * checkpoint file of the index's step, its stage, replica and blocks, of the
+ * write the index lists (its write id, when the index has one); else an
  * error naming the first file that is not. */
 pipert_result pt_checkpoint_verify(const char *dir, const pt_checkpoint_index *index);
 
@@ -174,9 +186,10 @@ pipert_result pt_checkpoint_writer_add_slice_buffer(pt_checkpoint_writer *w,
                                                     const char *prefix);
 
 /* Writes the file (pt_checkpoint_part_name) into DIR atomically; *bytes is
- * its size. */
-pipert_result pt_checkpoint_writer_write(pt_checkpoint_writer *w, const char *dir,
-                                         uint64_t *bytes);
+ * its size, *write_id the random id of this write, also in the file's
+ * metadata ("write_id"), which the index lists. */
+pipert_result pt_checkpoint_writer_write(pt_checkpoint_writer *w, const char *dir, uint64_t *bytes,
+                                         uint64_t *write_id);
 void pt_checkpoint_writer_free(pt_checkpoint_writer *w);
 
 /* ---- reading a checkpoint ---------------------------------------------------- */

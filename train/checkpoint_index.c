@@ -7,7 +7,8 @@
  *    "replicas": 1, "n_layer": 4, "schedule": "async-1f1b",
  *    "microbatches": 100, "first_microbatch": 0, "lookahead": "nesterov",
  *    "files": [{"stage": 0, "file": "ckpt-00000040-stage-0.safetensors",
- *               "first_layer": 0, "last_layer": 2, "bytes": 123456}, ...]}
+ *               "first_layer": 0, "last_layer": 2, "bytes": 123456,
+ *               "write_id": "3f9c0a7d5e21b468"}, ...]}
  *
  * A checkpoint with replica files (replicas ≥ 2 whose method lets them
  * drift) has format pipert-checkpoint-index-2: the same, plus
@@ -17,7 +18,10 @@
  *                       "first_layer": 0, "last_layer": 2, "bytes": 123456}, ...]
  *
  * one per stage of each replica 1..replicas−1, by replica then stage, with
- * the blocks of that stage's file. Format 1 is still written when there are
+ * the blocks of that stage's file. "write_id" (16 hex digits, optional:
+ * indexes written before it existed have none) is the random id of the
+ * write that made the file, also in its metadata; a file with another id
+ * is not this checkpoint's (checkpoint_verify.c). Format 1 is still written when there are
  * none, so such a checkpoint reads as before everywhere; a build that only
  * knows format 1 refuses a format-2 index by name rather than resuming every
  * replica from replica 0's files. Both formats are read. */
@@ -100,13 +104,19 @@ static char *join(const char *dir, const char *name)
 
 static json_t *part_to_json(const pt_checkpoint_part *p)
 {
-    if (p->replica > 0)
-        return json_pack("{s:i, s:i, s:s, s:i, s:i, s:I}", "stage", p->stage, "replica",
-                         p->replica, "file", p->file, "first_layer", p->first_layer, "last_layer",
-                         p->last_layer, "bytes", (json_int_t)p->bytes);
-    return json_pack("{s:i, s:s, s:i, s:i, s:I}", "stage", p->stage, "file", p->file,
-                     "first_layer", p->first_layer, "last_layer", p->last_layer, "bytes",
-                     (json_int_t)p->bytes);
+    json_t *o = p->replica > 0
+                    ? json_pack("{s:i, s:i, s:s, s:i, s:i, s:I}", "stage", p->stage, "replica",
+                                p->replica, "file", p->file, "first_layer", p->first_layer,
+                                "last_layer", p->last_layer, "bytes", (json_int_t)p->bytes)
+                    : json_pack("{s:i, s:s, s:i, s:i, s:I}", "stage", p->stage, "file", p->file,
+                                "first_layer", p->first_layer, "last_layer", p->last_layer,
+                                "bytes", (json_int_t)p->bytes);
+    if (o && p->write_id) {
+        char id[PT_WRITE_ID_CHARS + 1];
+        pt_checkpoint_format_write_id(p->write_id, id);
+        json_object_set_new(o, "write_id", json_string(id));
+    }
+    return o;
 }
 
 static json_t *index_to_json(const pt_checkpoint_index *index)
@@ -156,14 +166,15 @@ static pipert_result copy_text(const char *path, const char *key, const char *va
 static pipert_result parse_part(const char *path, const char *list, int i, json_t *entry,
                                 pt_checkpoint_part *part)
 {
-    const char *file = NULL;
+    const char *file = NULL, *write_id = NULL;
     json_int_t bytes = 0;
     int stage = -1, replica = 0;
-    if (json_unpack(entry, "{s:i, s?i, s:s, s:i, s:i, s:I}", "stage", &stage, "replica",
+    if (json_unpack(entry, "{s:i, s?i, s:s, s:i, s:i, s:I, s?s}", "stage", &stage, "replica",
                     &replica, "file", &file, "first_layer", &part->first_layer, "last_layer",
-                    &part->last_layer, "bytes", &bytes) != 0 ||
-        bytes < 0)
+                    &part->last_layer, "bytes", &bytes, "write_id", &write_id) != 0 ||
+        bytes < 0 || (write_id && !pt_checkpoint_parse_write_id(write_id)))
         return pt_fail(PIPERT_ERR_FORMAT, "%s: %s[%d] is malformed", path, list, i);
+    part->write_id = pt_checkpoint_parse_write_id(write_id);
     if (stage != part->stage || replica != part->replica || strchr(file, '/') ||
         pt_checkpoint_part_step(file) < 0 || part->first_layer < 0 || part->last_layer < part->first_layer)
         return pt_fail(PIPERT_ERR_FORMAT, "%s: %s[%d] (stage %d, replica %d, \"%s\", blocks "

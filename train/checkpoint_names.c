@@ -1,8 +1,10 @@
-/* The names of a checkpoint's files, and the steps they name. Names are
+/* The names of a checkpoint's files, the steps they name, and write ids as
+ * text. Names are
  * written with the step zero-padded to 8 digits; they are read with any
  * padding (a directory's checkpoints are found by reading its names, never
  * by deriving a name from a step). */
 #include <ctype.h>
+#include <inttypes.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -90,4 +92,23 @@ long pt_checkpoint_temp_step(const char *name)
     snprintf(final, sizeof final, "%.*s", (int)(temp - name), name);
     const long step = pt_checkpoint_index_step(final);
     return step >= 0 ? step : pt_checkpoint_part_step(final);
+}
+
+void pt_checkpoint_format_write_id(uint64_t id, char text[PT_WRITE_ID_CHARS + 1])
+{
+    snprintf(text, PT_WRITE_ID_CHARS + 1, "%016" PRIx64, id);
+}
+
+uint64_t pt_checkpoint_parse_write_id(const char *text)
+{
+    if (!text || strlen(text) != PT_WRITE_ID_CHARS) return 0;
+    uint64_t id = 0;
+    for (const char *p = text; *p; p++) {
+        const int digit = isdigit((unsigned char)*p) ? *p - '0'
+                          : (*p >= 'a' && *p <= 'f') ? *p - 'a' + 10
+                                                     : -1;
+        if (digit < 0) return 0;
+        id = id << 4 | (uint64_t)digit;
+    }
+    return id;
 }

@@ -2,7 +2,11 @@
  * size the index lists, be a valid safetensors file (pt_safetensors_open
  * checks the whole header and that every tensor lies inside the file), and
  * be the pipert checkpoint file of the index's step, of its stage and
- * replica, holding its blocks. What a crash while writing, a full disk or a
+ * replica, holding its blocks, and of the very write the index lists (a
+ * random id each write puts in the file and reports to the index's writer):
+ * a file that a later run wrote under the same name — a resumed run
+ * rewriting a step whose index is still the old one — does not belong to the
+ * old index. What a crash while writing, a full disk or a
  * damaged file leaves behind fails one of these, naming the file. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,6 +40,15 @@ pipert_result pt_checkpoint_check_part(const pt_safetensors *st, const pt_checkp
     if (pt_safetensors_metadata(st, "replica")) PT_TRY(read_number(st, "replica", &replica));
     PT_TRY(read_number(st, "first_layer", &first));
     PT_TRY(read_number(st, "last_layer", &last));
+    const uint64_t write_id = pt_checkpoint_parse_write_id(pt_safetensors_metadata(st, "write_id"));
+    if (part->write_id && write_id != part->write_id) {
+        char listed[PT_WRITE_ID_CHARS + 1], found[PT_WRITE_ID_CHARS + 1];
+        pt_checkpoint_format_write_id(part->write_id, listed);
+        pt_checkpoint_format_write_id(write_id, found);
+        return pt_fail(PIPERT_ERR_FORMAT, "%s: is not the file the index of step %ld lists (write "
+                                          "id %s, the index lists %s): a later write replaced it",
+                       path, index->step, found, listed);
+    }
     if (step != index->step || stage != part->stage || replica != part->replica ||
         first != part->first_layer || last != part->last_layer)
         return pt_fail(PIPERT_ERR_FORMAT,
