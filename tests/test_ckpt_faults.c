@@ -7,9 +7,9 @@
  *     uninterrupted run, and no temporary file is left once the resumed run
  *     has checkpointed;
  *   - the newest checkpoint damaged (a stage file truncated or with a bad
- *     header, an index unparsable, files missing, names with another zero
- *     padding, a file another write put under the old index): resume
- *     warns naming the file, uses the one before, and the
+ *     header, an index unparsable or listing another size, files missing,
+ *     names with another zero padding, a file another write put under the
+ *     old index): resume warns naming the file, uses the one before, and the
  *     losses are those of an uninterrupted run; none usable is an error
  *     naming the directory;
  *   - a full disk (a small tmpfs; root only): an error naming the file, a
