@@ -50,10 +50,10 @@ pipert_result pt_atomic_open(pt_atomic_file *file, const char *path)
     }
     /* The temporary lives beside the target (same filesystem: rename is atomic). */
     snprintf(file->temp_path, n, "%s.tmp.%ld", path, (long)getpid());
-    file->stream = fopen(file->temp_path, "wb");
+    file->stream = fopen(file->temp_path, "wbe");
     if (!file->stream) {
-        pipert_result rc = pt_fail(PIPERT_ERR_IO, "%s: cannot create: %s", file->temp_path,
-                                   strerror(errno));
+        pipert_result rc = pt_fail(PIPERT_ERR_IO, "%s: cannot create %s: %s", path,
+                                   file->temp_path, strerror(errno));
         pt_atomic_abort(file);
         return rc;
     }
@@ -67,33 +67,56 @@ static void release(pt_atomic_file *file)
     memset(file, 0, sizeof *file);
 }
 
+pipert_result pt_write_error(const char *path, const char *call, int error)
+{
+    const int full = error == ENOSPC || error == EDQUOT;
+    return pt_fail(PIPERT_ERR_IO, "%s: cannot write (%s): %s%s", path, call, strerror(error),
+                   full ? " (the disk is full)" : "");
+}
+
+/* Flushes, fsyncs and closes the stream: 0, or the errno of the first call
+ * that failed, which *call names. */
+static int finish_stream(FILE *stream, const char **call)
+{
+    int error = 0;
+    if (fflush(stream) != 0) error = errno, *call = "fflush";
+    else if (ferror(stream)) error = EIO, *call = "fwrite";
+    else if (fsync(fileno(stream)) != 0) error = errno, *call = "fsync";
+    if (fclose(stream) != 0 && !error) error = errno, *call = "close";
+    return error;
+}
+
+/* fsyncs the directory of path, so that a rename there is durable: 0, or
+ * the errno of fsync (a directory that cannot be opened, or whose file
+ * system cannot sync directories, counts as synced). */
+static int sync_directory(const char *path)
+{
+    char *copy = strdup(path);
+    if (!copy) return ENOMEM;
+    int error = 0, dir = open(dirname(copy), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dir >= 0 && fsync(dir) != 0 && errno != EINVAL) error = errno;
+    if (dir >= 0) close(dir);
+    free(copy);
+    return error;
+}
+
 pipert_result pt_atomic_commit(pt_atomic_file *file)
 {
-    int failed = fflush(file->stream) != 0 || ferror(file->stream) ||
-                 fsync(fileno(file->stream)) != 0;
-    int saved = errno;
-    failed |= fclose(file->stream) != 0;
+    const char *call = "";
+    int error = finish_stream(file->stream, &call);
     file->stream = NULL;
-    if (failed || rename(file->temp_path, file->final_path) != 0) {
-        if (!failed) saved = errno;
-        pipert_result rc = pt_fail(PIPERT_ERR_IO, "%s: cannot write: %s", file->final_path,
-                                   strerror(saved));
+    if (!error && rename(file->temp_path, file->final_path) != 0) error = errno, call = "rename";
+    if (error) {
+        pipert_result rc = pt_write_error(file->final_path, call, error);
         unlink(file->temp_path);
         release(file);
         return rc;
     }
-    /* Make the rename itself durable. */
-    char *dir_copy = strdup(file->final_path);
-    if (dir_copy) {
-        int dir = open(dirname(dir_copy), O_RDONLY | O_DIRECTORY);
-        if (dir >= 0) {
-            fsync(dir);
-            close(dir);
-        }
-        free(dir_copy);
-    }
+    error = sync_directory(file->final_path);
+    pipert_result rc = error ? pt_write_error(file->final_path, "fsync of its directory", error)
+                             : PIPERT_OK;
     release(file);
-    return PIPERT_OK;
+    return rc;
 }
 
 void pt_atomic_abort(pt_atomic_file *file)
@@ -108,8 +131,9 @@ pipert_result pt_write_file_atomic(const char *path, const void *data, size_t si
     pt_atomic_file file;
     PT_TRY(pt_atomic_open(&file, path));
     if (size && fwrite(data, 1, size, file.stream) != size) {
+        pipert_result rc = pt_write_error(path, "fwrite", errno);
         pt_atomic_abort(&file);
-        return pt_fail(PIPERT_ERR_IO, "%s: short write", path);
+        return rc;
     }
     return pt_atomic_commit(&file);
 }

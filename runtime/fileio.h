@@ -1,6 +1,10 @@
 /* Whole-file reads and crash-safe writes: a file is written under a temporary
- * name in its directory, flushed, and renamed over the final name, so a reader
- * sees the old file or the new one, never half of one. */
+ * name in its directory (PATH.tmp.PID), flushed, fsynced, closed and renamed
+ * over the final name, and the directory is fsynced, so a reader — also
+ * after a crash of the writer or of the machine — sees the old file or the
+ * new one, never half of one. A failed write (a full disk: ENOSPC from
+ * fwrite, fflush, fsync or close) is an error naming the final path, and
+ * removes the temporary file. */
 #ifndef PT_FILEIO_H
 #define PT_FILEIO_H
 
@@ -20,13 +24,19 @@ typedef struct pt_atomic_file {
 } pt_atomic_file;
 
 pipert_result pt_atomic_open(pt_atomic_file *file, const char *path);
-/* Flushes, fsyncs and renames into place; on any failure removes the
- * temporary file and leaves the old file untouched. */
+/* Flushes, fsyncs, closes and renames into place, then fsyncs the
+ * directory; on a failure before the rename removes the temporary file and
+ * leaves the old file untouched (a failure of the directory's fsync is
+ * reported after the rename). */
 pipert_result pt_atomic_commit(pt_atomic_file *file);
 /* Abandons the write: removes the temporary file. */
 void pt_atomic_abort(pt_atomic_file *file);
 
 pipert_result pt_write_file_atomic(const char *path, const void *data, size_t size);
+
+/* PIPERT_ERR_IO: "PATH: cannot write (CALL): strerror(error)", with "(the
+ * disk is full)" for ENOSPC and EDQUOT. */
+pipert_result pt_write_error(const char *path, const char *call, int error);
 
 /* mkdir -p */
 pipert_result pt_make_dirs(const char *path);

@@ -53,9 +53,9 @@ pipert_result pt_metrics_write(pt_metrics *m, json_t *line)
     json_decref(line);
     if (!text) return pt_fail(PIPERT_ERR_NOMEM, "metrics line: out of memory");
     int failed = fprintf(m->file, "%s\n", text) < 0 || fflush(m->file) != 0;
+    const int error = errno;
     free(text);
-    if (failed) return pt_fail(PIPERT_ERR_IO, "%s: cannot write: %s", m->path, strerror(errno));
-    return PIPERT_OK;
+    return failed ? pt_write_error(m->path, "fflush", error) : PIPERT_OK;
 }
 
 void pt_metrics_close(pt_metrics *m)

@@ -574,7 +574,7 @@ static pipert_result write_file(const char *path, const char *header, size_t hea
     for (size_t i = 0; i < count && ok; i++)
         ok = write_all(file.stream, layout[i]->data, layout[i]->nbytes);
     if (!ok) {
-        pipert_result rc = pt_fail(PIPERT_ERR_IO, "%s: cannot write: %s", path, strerror(errno));
+        pipert_result rc = pt_write_error(path, "fwrite", errno);
         pt_atomic_abort(&file);
         return rc;
     }

@@ -57,7 +57,8 @@ static bool writes_replica_files(const pipert_session *s)
     return s->job.layout.replicas > 1 && !pt_coupling_replicas_identical(s->coupling);
 }
 
-static pipert_result write_own_file(pipert_session *s, long step, uint64_t *bytes)
+static pipert_result write_own_file(pipert_session *s, long step, uint64_t *bytes,
+                                    uint64_t *write_id)
 {
     pt_checkpoint_writer *w;
     PT_TRY(pt_checkpoint_writer_create(&w, step, s->job.stage, s->job.layout.stages,
@@ -68,7 +69,7 @@ static pipert_result write_own_file(pipert_session *s, long step, uint64_t *byte
                                                           pt_coupling_method_name(s->coupling));
     if (rc == PIPERT_OK) rc = pt_coupling_save(s->coupling, tensors);
     if (rc == PIPERT_OK) rc = pt_stage_executor_save_state(s->executor, w);
-    if (rc == PIPERT_OK) rc = pt_checkpoint_writer_write(w, s->out_dir, bytes);
+    if (rc == PIPERT_OK) rc = pt_checkpoint_writer_write(w, s->out_dir, bytes, write_id);
     pt_checkpoint_writer_free(w);
     return rc;
 }
@@ -80,6 +81,7 @@ typedef struct file_outcome {
     int32_t first_layer, last_layer;
     int32_t reserved;
     uint64_t bytes;
+    uint64_t write_id; /* pt_checkpoint_part.write_id */
 } file_outcome;
 
 /* PIPERT_OK if this worker's file and every one of outcomes[0..n) were
@@ -138,6 +140,7 @@ static pipert_result write_index(pipert_session *s, long step, const file_outcom
             part->first_layer = o->first_layer;
             part->last_layer = o->last_layer;
             part->bytes = o->bytes;
+            part->write_id = o->write_id;
             pt_checkpoint_part_name(step, stage, replica, part->file);
         }
     pipert_result rc = pt_checkpoint_index_write(s->out_dir, &index);
@@ -153,7 +156,7 @@ pipert_result pt_session_save_checkpoint(pipert_session *s, long step)
     const pt_gpt_slice *slice = pt_stage_executor_model(s->executor);
     file_outcome mine = {.stage = s->job.stage, .replica = s->job.replica,
                          .first_layer = slice->first, .last_layer = slice->last};
-    mine.result = (int32_t)write_own_file(s, step, &mine.bytes);
+    mine.result = (int32_t)write_own_file(s, step, &mine.bytes, &mine.write_id);
     char message[1024] = "";
     if (mine.result != PIPERT_OK) snprintf(message, sizeof message, "%s", pipert_last_error());
 

@@ -9,12 +9,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "runtime/log.h"
 #include "runtime/memory.h"
-
-#define CHECKPOINT_FORMAT "pipert-checkpoint-2"
 
 pt_gpt_config pt_gpt_config_from_settings(const pipert_config *cfg)
 {
@@ -220,7 +221,7 @@ static pipert_result set_metadata(pt_checkpoint_writer *w, int stages, const pt_
                            ? PIPERT_OK
                            : pt_fail(PIPERT_ERR_NOMEM, "checkpoint metadata: out of memory");
     pt_safetensors_writer *t = w->tensors;
-    if (rc == PIPERT_OK) rc = pt_safetensors_writer_set_metadata(t, "format", CHECKPOINT_FORMAT);
+    if (rc == PIPERT_OK) rc = pt_safetensors_writer_set_metadata(t, "format", PT_CHECKPOINT_FORMAT);
     if (rc == PIPERT_OK) rc = pt_safetensors_writer_set_metadata(t, "config", config_json);
     if (rc == PIPERT_OK) rc = pt_safetensors_writer_set_metadata(t, "optimizer", optimizer_json);
     if (rc == PIPERT_OK) rc = set_number(t, "step", w->step);
@@ -275,10 +276,23 @@ pipert_result pt_checkpoint_writer_create(pt_checkpoint_writer **out, long step,
 
 pt_safetensors_writer *pt_checkpoint_writer_tensors(pt_checkpoint_writer *w) { return w->tensors; }
 
-pipert_result pt_checkpoint_writer_write(pt_checkpoint_writer *w, const char *dir, uint64_t *bytes)
+/* A random, non-zero id for one write of a file. */
+static uint64_t new_write_id(void)
 {
-    char name[PT_CHECKPOINT_NAME_MAX];
+    uint64_t id = 0;
+    if (getrandom(&id, sizeof id, 0) != (ssize_t)sizeof id)
+        id = ((uint64_t)time(NULL) << 32) ^ (uint64_t)getpid() ^ (uint64_t)clock();
+    return id ? id : 1;
+}
+
+pipert_result pt_checkpoint_writer_write(pt_checkpoint_writer *w, const char *dir, uint64_t *bytes,
+                                         uint64_t *write_id)
+{
+    char name[PT_CHECKPOINT_NAME_MAX], id_text[PT_WRITE_ID_CHARS + 1];
     pt_checkpoint_part_name(w->step, w->stage, w->replica, name);
+    *write_id = new_write_id();
+    pt_checkpoint_format_write_id(*write_id, id_text);
+    PT_TRY(pt_safetensors_writer_set_metadata(w->tensors, "write_id", id_text));
     size_t n = strlen(dir) + sizeof name + 2;
     char *path = malloc(n);
     if (!path) return pt_fail(PIPERT_ERR_NOMEM, "checkpoint: out of memory");
@@ -303,43 +317,6 @@ void pt_checkpoint_writer_free(pt_checkpoint_writer *w)
 
 /* ---- reading a checkpoint ------------------------------------------------------ */
 
-static pipert_result read_number(const pt_safetensors *st, const char *key, long *out)
-{
-    const char *text = pt_safetensors_metadata(st, key);
-    char *end;
-    if (!text || !*text || ((*out = strtol(text, &end, 10)), *end) || *out < 0)
-        return pt_fail(PIPERT_ERR_FORMAT, "%s: metadata \"%s\" is missing or not a number",
-                       pt_safetensors_path(st), key);
-    return PIPERT_OK;
-}
-
-/* A file the index lists must be the pipert checkpoint of that stage,
- * replica and step (files written before replica files existed have no
- * "replica": they are replica 0's). */
-static pipert_result check_part(const pt_safetensors *st, const pt_checkpoint_index *index,
-                                const pt_checkpoint_part *part)
-{
-    const char *path = pt_safetensors_path(st);
-    const char *format = pt_safetensors_metadata(st, "format");
-    if (!format || strcmp(format, CHECKPOINT_FORMAT))
-        return pt_fail(PIPERT_ERR_FORMAT, "%s: not a pipert checkpoint stage file (format %s)",
-                       path, format ? format : "missing");
-    long step = 0, stage = 0, replica = 0, first = 0, last = 0;
-    PT_TRY(read_number(st, "step", &step));
-    PT_TRY(read_number(st, "stage", &stage));
-    if (pt_safetensors_metadata(st, "replica")) PT_TRY(read_number(st, "replica", &replica));
-    PT_TRY(read_number(st, "first_layer", &first));
-    PT_TRY(read_number(st, "last_layer", &last));
-    if (step != index->step || stage != part->stage || replica != part->replica ||
-        first != part->first_layer || last != part->last_layer)
-        return pt_fail(PIPERT_ERR_FORMAT,
-                       "%s: holds step %ld, stage %ld, replica %ld, blocks [%ld, %ld); the index "
-                       "of step %ld says stage %d, replica %d, blocks [%d, %d)",
-                       path, step, stage, replica, first, last, index->step, part->stage,
-                       part->replica, part->first_layer, part->last_layer);
-    return PIPERT_OK;
-}
-
 pipert_result pt_checkpoint_open(pt_checkpoint *c, const char *dir, pt_checkpoint_index *index,
                                  int replica)
 {
@@ -357,7 +334,7 @@ pipert_result pt_checkpoint_open(pt_checkpoint *c, const char *dir, pt_checkpoin
         char path[PT_CONFIG_STRING_MAX + PT_CHECKPOINT_NAME_MAX + 2];
         snprintf(path, sizeof path, "%s/%s", dir, part->file);
         PT_TRY(pt_safetensors_open(&c->parts[s], path));
-        PT_TRY(check_part(c->parts[s], &c->index, part));
+        PT_TRY(pt_checkpoint_check_part(c->parts[s], &c->index, part));
     }
     return PIPERT_OK;
 }

@@ -11,20 +11,26 @@
  *       the pipeline's "pipeline.*"), and metadata: "format"
  *       (pipert-checkpoint-2), "config" (the full configuration, JSON),
  *       "step", "optimizer" (kind, t, Π in full precision), "stage",
- *       "stages", "replica" and "first_layer"/"last_layer" (blocks
- *       [first, last));
+ *       "stages", "replica", "first_layer"/"last_layer" (blocks
+ *       [first, last)) and "write_id" (random, one per write; the index
+ *       lists it);
  *   DIR/ckpt-STEP-stage-S-replica-R.safetensors   the same for replica R ≥ 1
  *       of stage S, written only when the coupling lets replicas drift
  *       (every dp.method but allreduce, dp/coupling.h): its own parameters,
  *       optimizer, coupling and pipeline state;
  *   DIR/ckpt-STEP.json   the index (checkpoint_index.c): the step, the
- *       schedule that ran, each stage's file, block range and size in bytes,
- *       and the replica files when there are any.
+ *       schedule that ran, each stage's file, block range, size in bytes and
+ *       write id, and the replica files when there are any.
  *
- * Every file is written under a temporary name and renamed, and the index is
- * written only once every file of every stage and replica is in place, so a
- * checkpoint is complete exactly when its index exists and every file it
- * lists has the size it lists. One worker (`pipert train`) writes the same:
+ * Every file is written under a temporary name (NAME.tmp.PID), fsynced and
+ * renamed, and the index is written only once every file of every stage and
+ * replica is in place, so a checkpoint is complete exactly when its index
+ * exists and every file it lists is there, with the size it lists, and is
+ * that file, of that very write (checkpoint_verify.c). A worker killed while writing leaves a
+ * temporary file and no index; a full disk is an error naming the file, its
+ * temporary removed. Either way the previous checkpoint stays usable.
+ * `--resume` finds checkpoints by the directory's file names (checkpoint_dir.c),
+ * newest first, and passes by the ones that are not usable. One worker (`pipert train`) writes the same:
  * one stage file, which is then a whole model `pipert check` and PyTorch
  * read, and an index.
  */
@@ -40,6 +46,7 @@
 #include "train/optimizer.h"
 
 #define PT_CHECKPOINT_NAME_MAX 64
+#define PT_CHECKPOINT_FORMAT "pipert-checkpoint-2" /* the stage files' "format" */
 
 /* ---- the index ------------------------------------------------------------ */
 
@@ -50,6 +57,10 @@ typedef struct pt_checkpoint_part {
     int first_layer, last_layer;        /* blocks [first, last) */
     char file[PT_CHECKPOINT_NAME_MAX];  /* inside the checkpoint's directory */
     uint64_t bytes;
+    /* The random id of the write that made the file (its metadata
+     * "write_id"): the index accepts that very file, not one a later write
+     * of the same name put there. 0 in indexes written before ids existed. */
+    uint64_t write_id;
 } pt_checkpoint_part;
 
 typedef struct pt_checkpoint_index {
@@ -68,9 +79,29 @@ typedef struct pt_checkpoint_index {
     pt_checkpoint_part *replica_parts;
 } pt_checkpoint_index;
 
+/* ---- file names (checkpoint_names.c) ---------------------------------------- */
+
 /* "ckpt-STEP-stage-S.safetensors" for replica 0,
- * "ckpt-STEP-stage-S-replica-R.safetensors" for replica R ≥ 1. */
+ * "ckpt-STEP-stage-S-replica-R.safetensors" for replica R ≥ 1 (STEP
+ * zero-padded to 8 digits, as in every name written). */
 void pt_checkpoint_part_name(long step, int stage, int replica, char name[PT_CHECKPOINT_NAME_MAX]);
+/* "ckpt-STEP.json". */
+void pt_checkpoint_index_name(long step, char name[PT_CHECKPOINT_NAME_MAX]);
+
+/* A write id as text: 16 lower-case hex digits. */
+#define PT_WRITE_ID_CHARS 16
+void pt_checkpoint_format_write_id(uint64_t id, char text[PT_WRITE_ID_CHARS + 1]);
+/* The id of such a text; 0 when it is not one. */
+uint64_t pt_checkpoint_parse_write_id(const char *text);
+
+/* The step of an index name (ckpt-DIGITS.json, any padding), of a stage or
+ * replica file's name, or of a temporary one of either (NAME.tmp.PID); −1
+ * when the name is not one. */
+long pt_checkpoint_index_step(const char *name);
+long pt_checkpoint_part_step(const char *name);
+long pt_checkpoint_temp_step(const char *name);
+
+/* ---- the index (checkpoint_index.c) --------------------------------------- */
 
 /* Allocates index->parts for `stages` stages and, with replica_files and
  * replicas > 1, index->replica_parts (zeroed; stage and replica filled in). */
@@ -83,24 +114,53 @@ void pt_checkpoint_index_free(pt_checkpoint_index *index);
 pt_checkpoint_part *pt_checkpoint_index_part(const pt_checkpoint_index *index, int stage,
                                              int replica);
 
+/* Every file of the checkpoint, i in [0, count): replica 0's by stage, then
+ * each other replica's. */
+int pt_checkpoint_index_file_count(const pt_checkpoint_index *index);
+const pt_checkpoint_part *pt_checkpoint_index_file(const pt_checkpoint_index *index, int i);
+
 /* Writes DIR/ckpt-STEP.json atomically. */
 pipert_result pt_checkpoint_index_write(const char *dir, const pt_checkpoint_index *index);
 
-/* Reads DIR/ckpt-STEP.json; a malformed one is a PIPERT_ERR_FORMAT naming it. */
-pipert_result pt_checkpoint_index_read(const char *dir, long step, pt_checkpoint_index *out);
+/* Reads the index DIR/NAME (NAME: an index name, any padding); a malformed
+ * one, or one of another step than its name says, is a PIPERT_ERR_FORMAT
+ * naming it. */
+pipert_result pt_checkpoint_index_read(const char *dir, const char *name, pt_checkpoint_index *out);
 
-/* The newest complete checkpoint in dir. Newer incomplete ones (an index
- * whose files are missing or of another size, an unreadable index) are
- * skipped with a warning naming the file. PIPERT_ERR_NOT_FOUND when there is
- * none, naming the newest incomplete one's problem if there was one. */
+/* ---- usable checkpoints (checkpoint_verify.c) ------------------------------- */
+
+/* PIPERT_OK when every file the index lists (replica files included) is in
+ * dir with the listed size, is a valid safetensors file, and is the pipert
+ * checkpoint file of the index's step, its stage, replica and blocks, of the
+ * write the index lists (its write id, when the index has one); else an
+ * error naming the first file that is not. */
+pipert_result pt_checkpoint_verify(const char *dir, const pt_checkpoint_index *index);
+
+/* The metadata check of one open file against the index's entry for it. */
+pipert_result pt_checkpoint_check_part(const pt_safetensors *st, const pt_checkpoint_index *index,
+                                       const pt_checkpoint_part *part);
+
+/* ---- the directory (checkpoint_dir.c) --------------------------------------- */
+
+/* The newest usable checkpoint in dir, found by the names of its index files
+ * (ckpt-STEP.json, any zero padding), newest first. Newer ones that are not
+ * usable (an unreadable or malformed index, a listed file missing,
+ * truncated, corrupt or not the one listed: pt_checkpoint_verify) are passed
+ * by with a warning naming the file. PIPERT_ERR_NOT_FOUND naming dir when
+ * there is none, with the newest one's problem if there was one. */
 pipert_result pt_checkpoint_find_latest(const char *dir, pt_checkpoint_index *out);
 
-/* After the checkpoint of step `newest` is complete: removes whole
- * checkpoints of earlier steps beyond the `keep` newest complete ones (the
- * index first, then its files, replica files included), and the stage and
- * replica files of earlier steps that no index lists (left by an incomplete
- * checkpoint). keep = 0 removes nothing. */
+/* After the checkpoint of step `newest` is complete: removes temporary files
+ * (NAME.tmp.PID, left by a writer that was killed) of steps up to `newest`,
+ * and — keep > 0 — whole checkpoints of earlier steps beyond the `keep`
+ * newest ones (the index first, then its files, replica files included),
+ * and the stage and replica files of earlier steps that no index lists
+ * (left by an incomplete checkpoint). keep = 0 removes no checkpoint file. */
 void pt_checkpoint_prune(const char *dir, long newest, int keep);
+
+/* Removes the temporary files of checkpoints of steps up to `newest` from
+ * dir: no writer is writing them any more once `newest` is complete. */
+void pt_checkpoint_remove_temporaries(const char *dir, long newest);
 
 /* ---- writing a stage's file ------------------------------------------------ */
 
@@ -126,9 +186,10 @@ pipert_result pt_checkpoint_writer_add_slice_buffer(pt_checkpoint_writer *w,
                                                     const char *prefix);
 
 /* Writes the file (pt_checkpoint_part_name) into DIR atomically; *bytes is
- * its size. */
-pipert_result pt_checkpoint_writer_write(pt_checkpoint_writer *w, const char *dir,
-                                         uint64_t *bytes);
+ * its size, *write_id the random id of this write, also in the file's
+ * metadata ("write_id"), which the index lists. */
+pipert_result pt_checkpoint_writer_write(pt_checkpoint_writer *w, const char *dir, uint64_t *bytes,
+                                         uint64_t *write_id);
 void pt_checkpoint_writer_free(pt_checkpoint_writer *w);
 
 /* ---- reading a checkpoint ---------------------------------------------------- */

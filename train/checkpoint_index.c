@@ -1,13 +1,14 @@
-/* A checkpoint's index, DIR/ckpt-STEP.json, and the directory's bookkeeping:
- * which checkpoints are complete, which is the newest, which go away. The
- * index is written last (after every stage's and replica's file),
+/* A checkpoint's index, DIR/ckpt-STEP.json (the directory's bookkeeping —
+ * which checkpoints are usable, which is the newest, which go away — is in
+ * checkpoint_dir.c). The index is written last (after every stage's and replica's file),
  * atomically, so it is what makes a checkpoint complete:
  *
  *   {"format": "pipert-checkpoint-index-1", "step": 40, "stages": 2,
  *    "replicas": 1, "n_layer": 4, "schedule": "async-1f1b",
  *    "microbatches": 100, "first_microbatch": 0, "lookahead": "nesterov",
  *    "files": [{"stage": 0, "file": "ckpt-00000040-stage-0.safetensors",
- *               "first_layer": 0, "last_layer": 2, "bytes": 123456}, ...]}
+ *               "first_layer": 0, "last_layer": 2, "bytes": 123456,
+ *               "write_id": "3f9c0a7d5e21b468"}, ...]}
  *
  * A checkpoint with replica files (replicas ≥ 2 whose method lets them
  * drift) has format pipert-checkpoint-index-2: the same, plus
@@ -17,89 +18,24 @@
  *                       "first_layer": 0, "last_layer": 2, "bytes": 123456}, ...]
  *
  * one per stage of each replica 1..replicas−1, by replica then stage, with
- * the blocks of that stage's file. Format 1 is still written when there are
+ * the blocks of that stage's file. "write_id" (16 hex digits, optional:
+ * indexes written before it existed have none) is the random id of the
+ * write that made the file, also in its metadata; a file with another id
+ * is not this checkpoint's (checkpoint_verify.c). Format 1 is still written when there are
  * none, so such a checkpoint reads as before everywhere; a build that only
  * knows format 1 refuses a format-2 index by name rather than resuming every
  * replica from replica 0's files. Both formats are read. */
 #include "train/checkpoint.h"
 
-#include <ctype.h>
-#include <dirent.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include "runtime/fileio.h"
-#include "runtime/log.h"
 
 #define INDEX_FORMAT "pipert-checkpoint-index-1"
 #define INDEX_FORMAT_REPLICAS "pipert-checkpoint-index-2" /* with "replica_files" */
-#define PREFIX "ckpt-"
-#define INDEX_SUFFIX ".json"
-#define PART_INFIX "-stage-"
-#define REPLICA_INFIX "-replica-"
-#define PART_SUFFIX ".safetensors"
-
-void pt_checkpoint_part_name(long step, int stage, int replica, char name[PT_CHECKPOINT_NAME_MAX])
-{
-    if (replica == 0)
-        snprintf(name, PT_CHECKPOINT_NAME_MAX, PREFIX "%08ld" PART_INFIX "%d" PART_SUFFIX, step,
-                 stage);
-    else
-        snprintf(name, PT_CHECKPOINT_NAME_MAX,
-                 PREFIX "%08ld" PART_INFIX "%d" REPLICA_INFIX "%d" PART_SUFFIX, step, stage,
-                 replica);
-}
-
-static void index_name(long step, char name[PT_CHECKPOINT_NAME_MAX])
-{
-    snprintf(name, PT_CHECKPOINT_NAME_MAX, PREFIX "%08ld" INDEX_SUFFIX, step);
-}
-
-/* "ckpt-" DIGITS, then the rest; the step, or −1. */
-static long parse_step(const char *name, const char **rest)
-{
-    if (strncmp(name, PREFIX, strlen(PREFIX))) return -1;
-    const char *p = name + strlen(PREFIX);
-    if (!isdigit((unsigned char)*p)) return -1;
-    char *end;
-    long step = strtol(p, &end, 10);
-    *rest = end;
-    return step;
-}
-
-/* The step of an index file name, or −1. */
-static long index_step(const char *name)
-{
-    const char *rest;
-    long step = parse_step(name, &rest);
-    return step >= 0 && !strcmp(rest, INDEX_SUFFIX) ? step : -1;
-}
-
-/* INFIX DIGITS at *p: moves *p past them; false if not there. */
-static bool skip_number_after(const char **p, const char *infix)
-{
-    if (strncmp(*p, infix, strlen(infix))) return false;
-    const char *digits = *p + strlen(infix);
-    if (!isdigit((unsigned char)*digits)) return false;
-    char *end;
-    strtol(digits, &end, 10);
-    *p = end;
-    return true;
-}
-
-/* The step of a stage or replica file name, or −1. */
-static long part_step(const char *name)
-{
-    const char *rest;
-    long step = parse_step(name, &rest);
-    if (step < 0 || !skip_number_after(&rest, PART_INFIX)) return -1;
-    skip_number_after(&rest, REPLICA_INFIX); /* a replica file */
-    return !strcmp(rest, PART_SUFFIX) ? step : -1;
-}
 
 pipert_result pt_checkpoint_index_init(pt_checkpoint_index *index, long step, int stages,
                                        int replicas, bool replica_files)
@@ -146,13 +82,12 @@ pt_checkpoint_part *pt_checkpoint_index_part(const pt_checkpoint_index *index, i
                                 : NULL;
 }
 
-/* Every file of the checkpoint: replica 0's, then each replica's. */
-static int file_count(const pt_checkpoint_index *index)
+int pt_checkpoint_index_file_count(const pt_checkpoint_index *index)
 {
     return index->replica_parts ? index->replicas * index->stages : index->stages;
 }
 
-static const pt_checkpoint_part *file_at(const pt_checkpoint_index *index, int i)
+const pt_checkpoint_part *pt_checkpoint_index_file(const pt_checkpoint_index *index, int i)
 {
     return i < index->stages ? &index->parts[i] : &index->replica_parts[i - index->stages];
 }
@@ -169,21 +104,27 @@ static char *join(const char *dir, const char *name)
 
 static json_t *part_to_json(const pt_checkpoint_part *p)
 {
-    if (p->replica > 0)
-        return json_pack("{s:i, s:i, s:s, s:i, s:i, s:I}", "stage", p->stage, "replica",
-                         p->replica, "file", p->file, "first_layer", p->first_layer, "last_layer",
-                         p->last_layer, "bytes", (json_int_t)p->bytes);
-    return json_pack("{s:i, s:s, s:i, s:i, s:I}", "stage", p->stage, "file", p->file,
-                     "first_layer", p->first_layer, "last_layer", p->last_layer, "bytes",
-                     (json_int_t)p->bytes);
+    json_t *o = p->replica > 0
+                    ? json_pack("{s:i, s:i, s:s, s:i, s:i, s:I}", "stage", p->stage, "replica",
+                                p->replica, "file", p->file, "first_layer", p->first_layer,
+                                "last_layer", p->last_layer, "bytes", (json_int_t)p->bytes)
+                    : json_pack("{s:i, s:s, s:i, s:i, s:I}", "stage", p->stage, "file", p->file,
+                                "first_layer", p->first_layer, "last_layer", p->last_layer,
+                                "bytes", (json_int_t)p->bytes);
+    if (o && p->write_id) {
+        char id[PT_WRITE_ID_CHARS + 1];
+        pt_checkpoint_format_write_id(p->write_id, id);
+        json_object_set_new(o, "write_id", json_string(id));
+    }
+    return o;
 }
 
 static json_t *index_to_json(const pt_checkpoint_index *index)
 {
     json_t *files = json_array(), *replica_files = index->replica_parts ? json_array() : NULL;
-    for (int i = 0; files && i < file_count(index); i++)
+    for (int i = 0; files && i < pt_checkpoint_index_file_count(index); i++)
         json_array_append_new(i < index->stages ? files : replica_files,
-                              part_to_json(file_at(index, i)));
+                              part_to_json(pt_checkpoint_index_file(index, i)));
     json_t *o = json_pack("{s:s, s:I, s:i, s:i, s:i, s:s, s:I, s:I, s:s, s:o}", "format",
                           replica_files ? INDEX_FORMAT_REPLICAS : INDEX_FORMAT, "step",
                           (json_int_t)index->step, "stages", index->stages, "replicas",
@@ -199,7 +140,7 @@ static json_t *index_to_json(const pt_checkpoint_index *index)
 pipert_result pt_checkpoint_index_write(const char *dir, const pt_checkpoint_index *index)
 {
     char name[PT_CHECKPOINT_NAME_MAX];
-    index_name(index->step, name);
+    pt_checkpoint_index_name(index->step, name);
     char *path = join(dir, name);
     json_t *o = index_to_json(index);
     char *text = o ? json_dumps(o, JSON_INDENT(1)) : NULL;
@@ -225,16 +166,17 @@ static pipert_result copy_text(const char *path, const char *key, const char *va
 static pipert_result parse_part(const char *path, const char *list, int i, json_t *entry,
                                 pt_checkpoint_part *part)
 {
-    const char *file = NULL;
+    const char *file = NULL, *write_id = NULL;
     json_int_t bytes = 0;
     int stage = -1, replica = 0;
-    if (json_unpack(entry, "{s:i, s?i, s:s, s:i, s:i, s:I}", "stage", &stage, "replica",
+    if (json_unpack(entry, "{s:i, s?i, s:s, s:i, s:i, s:I, s?s}", "stage", &stage, "replica",
                     &replica, "file", &file, "first_layer", &part->first_layer, "last_layer",
-                    &part->last_layer, "bytes", &bytes) != 0 ||
-        bytes < 0)
+                    &part->last_layer, "bytes", &bytes, "write_id", &write_id) != 0 ||
+        bytes < 0 || (write_id && !pt_checkpoint_parse_write_id(write_id)))
         return pt_fail(PIPERT_ERR_FORMAT, "%s: %s[%d] is malformed", path, list, i);
+    part->write_id = pt_checkpoint_parse_write_id(write_id);
     if (stage != part->stage || replica != part->replica || strchr(file, '/') ||
-        part_step(file) < 0 || part->first_layer < 0 || part->last_layer < part->first_layer)
+        pt_checkpoint_part_step(file) < 0 || part->first_layer < 0 || part->last_layer < part->first_layer)
         return pt_fail(PIPERT_ERR_FORMAT, "%s: %s[%d] (stage %d, replica %d, \"%s\", blocks "
                                           "[%d, %d)) is not the file of stage %d, replica %d of "
                                           "this checkpoint",
@@ -310,15 +252,16 @@ static pipert_result parse_index(const char *path, json_t *o, pt_checkpoint_inde
     return with_replicas ? parse_replica_files(path, replica_files, out) : PIPERT_OK;
 }
 
-pipert_result pt_checkpoint_index_read(const char *dir, long step, pt_checkpoint_index *out)
+pipert_result pt_checkpoint_index_read(const char *dir, const char *name, pt_checkpoint_index *out)
 {
     memset(out, 0, sizeof *out);
-    char name[PT_CHECKPOINT_NAME_MAX];
-    index_name(step, name);
+    const long step = pt_checkpoint_index_step(name);
     char *path = join(dir, name), *text = NULL;
     size_t size;
     if (!path) return pt_fail(PIPERT_ERR_NOMEM, "checkpoint index: out of memory");
-    pipert_result rc = pt_read_file(path, &text, &size);
+    pipert_result rc = step >= 0 ? pt_read_file(path, &text, &size)
+                                 : pt_fail(PIPERT_ERR_INVALID_ARG, "%s: not a checkpoint index "
+                                                                   "name (ckpt-STEP.json)", path);
     json_error_t error;
     json_t *o = rc == PIPERT_OK ? json_loads(text, 0, &error) : NULL;
     if (rc == PIPERT_OK && !o)
@@ -331,159 +274,4 @@ pipert_result pt_checkpoint_index_read(const char *dir, long step, pt_checkpoint
     free(text);
     free(path);
     return rc;
-}
-
-/* ---- the directory ------------------------------------------------------------- */
-
-static int compare_desc(const void *a, const void *b)
-{
-    long x = *(const long *)a, y = *(const long *)b;
-    return (x < y) - (x > y);
-}
-
-/* Steps of dir's files that `step_of` recognises, newest first. */
-static pipert_result list_steps(const char *dir, long (*step_of)(const char *), long **steps,
-                                size_t *count)
-{
-    *steps = NULL;
-    *count = 0;
-    DIR *d = opendir(dir);
-    if (!d) return PIPERT_OK;
-    size_t capacity = 0;
-    for (struct dirent *entry; (entry = readdir(d));) {
-        long step = step_of(entry->d_name);
-        if (step < 0) continue;
-        if (*count == capacity) {
-            capacity = capacity ? 2 * capacity : 16;
-            long *grown = realloc(*steps, capacity * sizeof **steps);
-            if (!grown) {
-                closedir(d);
-                free(*steps);
-                *steps = NULL;
-                *count = 0;
-                return pt_fail(PIPERT_ERR_NOMEM, "%s: listing checkpoints: out of memory", dir);
-            }
-            *steps = grown;
-        }
-        (*steps)[(*count)++] = step;
-    }
-    closedir(d);
-    if (*count > 1) qsort(*steps, *count, sizeof **steps, compare_desc);
-    return PIPERT_OK;
-}
-
-/* Every file the index lists (replica files included) is there, with the
- * size it lists. */
-static pipert_result check_complete(const char *dir, const pt_checkpoint_index *index)
-{
-    for (int i = 0; i < file_count(index); i++) {
-        const pt_checkpoint_part *p = file_at(index, i);
-        char *path = join(dir, p->file);
-        if (!path) return pt_fail(PIPERT_ERR_NOMEM, "checkpoint: out of memory");
-        struct stat st;
-        pipert_result rc = PIPERT_OK;
-        if (stat(path, &st) != 0)
-            rc = pt_fail(PIPERT_ERR_NOT_FOUND, "%s is missing", path);
-        else if ((uint64_t)st.st_size != p->bytes)
-            rc = pt_fail(PIPERT_ERR_FORMAT, "%s has %lld bytes, the index lists %llu", path,
-                         (long long)st.st_size, (unsigned long long)p->bytes);
-        free(path);
-        PT_TRY(rc);
-    }
-    return PIPERT_OK;
-}
-
-pipert_result pt_checkpoint_find_latest(const char *dir, pt_checkpoint_index *out)
-{
-    long *steps;
-    size_t count;
-    memset(out, 0, sizeof *out);
-    PT_TRY(list_steps(dir, index_step, &steps, &count));
-    char first_problem[1024] = "";
-    for (size_t i = 0; i < count; i++) {
-        pipert_result rc = pt_checkpoint_index_read(dir, steps[i], out);
-        if (rc == PIPERT_OK) {
-            rc = check_complete(dir, out);
-            if (rc != PIPERT_OK) pt_checkpoint_index_free(out);
-        }
-        if (rc == PIPERT_OK) {
-            free(steps);
-            return PIPERT_OK;
-        }
-        pt_warn("the checkpoint of step %ld is incomplete and is not used: %s", steps[i],
-                pipert_last_error());
-        if (!first_problem[0]) snprintf(first_problem, sizeof first_problem, "%s", pipert_last_error());
-    }
-    free(steps);
-    if (first_problem[0])
-        return pt_fail(PIPERT_ERR_NOT_FOUND, "%s: no complete checkpoint to resume from (the "
-                                             "newest: %s)", dir, first_problem);
-    return pt_fail(PIPERT_ERR_NOT_FOUND, "%s: no checkpoint (" PREFIX "*" INDEX_SUFFIX
-                                         ") to resume from", dir);
-}
-
-/* ---- pruning -------------------------------------------------------------------- */
-
-static void remove_file(const char *dir, const char *name)
-{
-    char *path = join(dir, name);
-    if (path && unlink(path) == 0) pt_debug("removed old checkpoint file %s", path);
-    free(path);
-}
-
-/* The index goes first: from then on the checkpoint is incomplete, and a
- * crash halfway leaves only files that pruning or an overwrite clears. */
-static void remove_checkpoint(const char *dir, long step)
-{
-    pt_checkpoint_index index;
-    pipert_result rc = pt_checkpoint_index_read(dir, step, &index);
-    char name[PT_CHECKPOINT_NAME_MAX];
-    index_name(step, name);
-    remove_file(dir, name);
-    if (rc != PIPERT_OK) return; /* its files are orphans now, removed as such */
-    for (int i = 0; i < file_count(&index); i++) remove_file(dir, file_at(&index, i)->file);
-    pt_checkpoint_index_free(&index);
-}
-
-static bool contains(const long *steps, size_t count, long step)
-{
-    for (size_t i = 0; i < count; i++)
-        if (steps[i] == step) return true;
-    return false;
-}
-
-/* Stage and replica files of steps before `newest` that no index lists. */
-static void remove_orphans(const char *dir, long newest, const long *indexed, size_t n_indexed)
-{
-    DIR *d = opendir(dir);
-    if (!d) return;
-    for (struct dirent *entry; (entry = readdir(d));) {
-        long step = part_step(entry->d_name);
-        if (step >= 0 && step < newest && !contains(indexed, n_indexed, step))
-            remove_file(dir, entry->d_name);
-    }
-    closedir(d);
-}
-
-void pt_checkpoint_prune(const char *dir, long newest, int keep)
-{
-    long *steps;
-    size_t count;
-    if (keep <= 0 || list_steps(dir, index_step, &steps, &count) != PIPERT_OK) return;
-    /* Only steps before `newest`: stages that are ahead (asynchronous
-     * schedules) may be writing a later checkpoint now. */
-    size_t kept = 0;
-    for (size_t i = 0; i < count; i++) {
-        if (steps[i] >= newest) {
-            kept += steps[i] == newest;
-            continue;
-        }
-        if (kept < (size_t)keep) kept++;
-        else {
-            remove_checkpoint(dir, steps[i]);
-            steps[i] = -1;
-        }
-    }
-    remove_orphans(dir, newest, steps, count);
-    free(steps);
 }
