@@ -329,7 +329,9 @@ pipert_result pt_solve(const pt_solver_input *in, pt_solver_result *out)
         }
         if (in->allow_spanning && in->n_sites > 1 && S > 1 && S <= x.total_devices && rc == PIPERT_OK)
             rc = evaluate(&x, S, x.total_devices / S, PLACE_SPAN);
-        if (in->allow_spanning && in->n_sites > 1 && S > 1 && S <= x.total_devices && rc == PIPERT_OK)
+        /* (with one replica it is SPAN's placement) */
+        if (in->allow_spanning && in->n_sites > 1 && S > 1 && 2 * S <= x.total_devices &&
+            rc == PIPERT_OK)
             rc = evaluate(&x, S, x.total_devices / S, PLACE_STAGES);
     }
     if (rc == PIPERT_OK && out->n_plans == 0)
