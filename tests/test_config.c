@@ -92,7 +92,8 @@ static const char *const all_keys[] = {
     "data.val_fraction", "data.sampling", "dp.method", "dp.compress", "dp.block", "dp.delay",
     "dp.fraction", "dp.rule", "dp.lambda", "dp.ema_warmup_steps", "dp.period", "dp.outer_lr",
     "dp.outer_momentum", "dp.fragments", "dp.overlap", "dp.alpha", "dp.penalty", "dp.penalty_value",
-    "dp.clip", "runtime.threads", "runtime.device", "pipeline.schedule",
+    "dp.clip", "runtime.threads", "runtime.device", "runtime.authenticate_messages",
+    "pipeline.schedule",
     "pipeline.lookahead", "pipeline.microbatches", "pipeline.recompute", "pipeline.trace",
     "wan.bandwidth", "wan.latency", "plan.layers", "seed",
 };
