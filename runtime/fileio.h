@@ -4,6 +4,7 @@
 #ifndef PT_FILEIO_H
 #define PT_FILEIO_H
 
+#include <jansson.h>
 #include <stddef.h>
 #include <stdio.h>
 
@@ -27,6 +28,11 @@ pipert_result pt_atomic_commit(pt_atomic_file *file);
 void pt_atomic_abort(pt_atomic_file *file);
 
 pipert_result pt_write_file_atomic(const char *path, const void *data, size_t size);
+
+/* `json` as text (json_dumps with `flags`, e.g. JSON_INDENT(2); a value that
+ * is not an object or array needs JSON_ENCODE_ANY) and a final newline,
+ * written atomically. */
+pipert_result pt_write_json_atomic(const char *path, const json_t *json, size_t flags);
 
 /* mkdir -p */
 pipert_result pt_make_dirs(const char *path);
