@@ -1,6 +1,7 @@
 /* Cluster descriptions (scheduler/cluster.h): sites and links read exactly as
  * written, and every malformed file refused naming the file and the field. */
 #include <criterion/criterion.h>
+#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -176,16 +177,52 @@ Test(cluster, malformed_groups_are_refused_by_position_and_field)
                    ":2:11: sites[0].groups[0].link: unknown key 'loss'");
 }
 
-/* Every example in examples/clusters loads, with devices in it. */
+/* Every file in examples/clusters loads, with devices in it. */
 Test(cluster, every_example_loads)
 {
-    const char *examples[] = {"single-node-8xh100.json", "two-clouds.json", "geo-world.json"};
-    for (size_t i = 0; i < sizeof examples / sizeof examples[0]; i++) {
-        char file[512];
-        snprintf(file, sizeof file, "%s/examples/clusters/%s", PIPERT_SOURCE_ROOT, examples[i]);
+    char folder[512];
+    snprintf(folder, sizeof folder, "%s/examples/clusters", PIPERT_SOURCE_ROOT);
+    DIR *d = opendir(folder);
+    cr_assert_not_null(d, "%s", folder);
+    int loaded = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        const size_t n = strlen(e->d_name);
+        if (n < 5 || strcmp(e->d_name + n - 5, ".json") != 0) continue;
+        char file[1024];
+        snprintf(file, sizeof file, "%s/%s", folder, e->d_name);
         pt_cluster c;
         cr_expect_eq(pt_cluster_load(file, &c), PIPERT_OK, "%s", pipert_last_error());
-        cr_expect_gt(pt_cluster_devices(&c), 0, "%s has no devices", examples[i]);
+        cr_expect_gt(pt_cluster_devices(&c), 0, "%s has no devices", e->d_name);
         pt_cluster_free(&c);
+        loaded++;
     }
+    closedir(d);
+    cr_expect_geq(loaded, 8, "only %d example files in %s", loaded, folder);
+}
+
+/* The world-wide case of Yuan et al. 2022: every pair of its 8 cities as the
+ * authors' table says (one way: half the round trip). */
+Test(cluster, yuan2022_case5_is_the_papers_table)
+{
+    char file[512];
+    snprintf(file, sizeof file, "%s/examples/clusters/yuan2022-case5.json", PIPERT_SOURCE_ROOT);
+    pt_cluster c;
+    cr_assert_eq(pt_cluster_load(file, &c), PIPERT_OK, "%s", pipert_last_error());
+    cr_assert_eq(c.n_sites, 8);
+    cr_expect_eq(pt_cluster_devices(&c), 64);
+    const struct { int a, b; double bits, latency; } pairs[] = {
+        {0, 1, 0.79e9, 0.0335},  /* Oregon–Virginia 67 ms, 0.79 Gbit/s */
+        {4, 5, 0.342e9, 0.119},  /* Seoul–London 238 ms */
+        {5, 6, 1.14e9, 0.007},   /* London–Frankfurt 14 ms */
+    };
+    for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; i++)
+        for (int way = 0; way < 2; way++) {
+            const int from = way ? pairs[i].b : pairs[i].a, to = way ? pairs[i].a : pairs[i].b;
+            const pt_cluster_link *l = &c.links[from * 8 + to];
+            cr_expect_float_eq(l->bits_per_s, pairs[i].bits, 1, "%s -> %s", c.site_names[from],
+                               c.site_names[to]);
+            cr_expect_float_eq(l->latency_s, pairs[i].latency, 1e-9, "%s -> %s",
+                               c.site_names[from], c.site_names[to]);
+        }
+    pt_cluster_free(&c);
 }
