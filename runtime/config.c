@@ -23,6 +23,7 @@
 
 #include "runtime/error.h"
 #include "runtime/fileio.h"
+#include "runtime/json_position.h"
 #include "runtime/units.h"
 
 /* ---- the schema ---------------------------------------------------------- */
@@ -503,105 +504,6 @@ static void suggest_name(const char *unknown, char *out, size_t capacity)
     snprintf(out, capacity, best[0] ? " (did you mean '%s'?)" : "%s", best);
 }
 
-/* ---- where a key is in the JSON text ------------------------------------- */
-
-/* jansson keeps no positions of values, so to say on which line a bad key
- * stands we rescan the raw text along the key's path. The text has just been
- * parsed by jansson, so it is valid JSON and the scanner checks nothing: it
- * only steps over whitespace, strings (which may hold escaped quotes and
- * brackets) and whole values (nested objects and arrays). Offsets are bytes. */
-
-static size_t skip_whitespace(const char *text, size_t at)
-{
-    while (text[at] == ' ' || text[at] == '\t' || text[at] == '\n' || text[at] == '\r') at++;
-    return at;
-}
-
-/* From an opening quote to just past the closing one. */
-static size_t skip_string(const char *text, size_t at)
-{
-    for (at++; text[at] && text[at] != '"'; at++)
-        if (text[at] == '\\' && text[at + 1]) at++; /* the escaped character cannot close */
-    return text[at] ? at + 1 : at;
-}
-
-/* From the first character of any value to just past it. */
-static size_t skip_value(const char *text, size_t at)
-{
-    if (text[at] == '"') return skip_string(text, at);
-    if (text[at] != '{' && text[at] != '[') { /* number, true, false, null */
-        while (text[at] && !strchr(",}] \t\r\n", text[at])) at++;
-        return at;
-    }
-    int depth = 0;
-    do {
-        if (text[at] == '"') {
-            at = skip_string(text, at);
-            continue;
-        }
-        if (text[at] == '{' || text[at] == '[') depth++;
-        if (text[at] == '}' || text[at] == ']') depth--;
-        at++;
-    } while (depth > 0 && text[at]);
-    return at;
-}
-
-/* Does the string token text[at, end) decode to `name`? jansson decodes it, so
- * escapes ("\u006cr" is "lr") compare as they should. */
-static bool token_equals(const char *text, size_t at, size_t end, const char *name)
-{
-    json_t *decoded = json_loadb(text + at, end - at, JSON_DECODE_ANY, NULL);
-    bool equal = json_is_string(decoded) && strcmp(json_string_value(decoded), name) == 0;
-    json_decref(decoded);
-    return equal;
-}
-
-/* The offset of the value at `path` (depth components) inside the object that
- * starts at `at`; *key_at receives the offset of the last component's key.
- * Returns SIZE_MAX if the path is not there. */
-static size_t find_in_object(const char *text, size_t at, const char *const *path, int depth,
-                             size_t *key_at)
-{
-    if (depth == 0) return at;
-    if (text[at] != '{') return SIZE_MAX;
-    at = skip_whitespace(text, at + 1);
-    while (text[at] == '"') {
-        size_t key_end = skip_string(text, at);
-        size_t value_at = skip_whitespace(text, skip_whitespace(text, key_end) + 1); /* past ':' */
-        if (token_equals(text, at, key_end, path[0])) {
-            *key_at = at;
-            return find_in_object(text, value_at, path + 1, depth - 1, key_at);
-        }
-        at = skip_whitespace(text, skip_value(text, value_at));
-        if (text[at] == ',') at = skip_whitespace(text, at + 1);
-    }
-    return SIZE_MAX;
-}
-
-/* 1-based line and column of a byte offset; like jansson, columns count
- * characters, not the continuation bytes of UTF-8 sequences. */
-static void line_and_column(const char *text, size_t offset, int *line, int *column)
-{
-    *line = 1;
-    *column = 1;
-    for (size_t i = 0; i < offset && text[i]; i++) {
-        if (text[i] == '\n') {
-            ++*line;
-            *column = 1;
-        } else if (((unsigned char)text[i] & 0xC0) != 0x80) {
-            ++*column;
-        }
-    }
-}
-
-/* The position of the key at `path` (or of the whole document for depth 0). */
-static void locate_key(const char *text, const char *const *path, int depth, int *line, int *column)
-{
-    size_t root = skip_whitespace(text, 0), key_at = root;
-    if (find_in_object(text, root, path, depth, &key_at) == SIZE_MAX) key_at = root;
-    line_and_column(text, key_at, line, column);
-}
-
 /* ---- merging JSON -------------------------------------------------------- */
 
 #define MAX_DEPTH 8
@@ -623,9 +525,12 @@ static pipert_result fail_at(const merge_walk *walk, int depth, const char *fmt,
     va_start(ap, fmt);
     vsnprintf(message, sizeof message, fmt, ap);
     va_end(ap);
-    int line, column;
-    locate_key(walk->text, walk->path, depth, &line, &column);
-    return pt_fail(PIPERT_ERR_CONFIG, "%s:%d:%d: %s", walk->source, line, column, message);
+    pt_json_step steps[MAX_DEPTH];
+    for (int i = 0; i < depth; i++) steps[i] = PT_JSON_KEY(walk->path[i]);
+    pt_json_position at;
+    pt_json_locate(walk->text, steps, depth, &at);
+    return pt_fail(PIPERT_ERR_CONFIG, "%s:%d:%d: %s", walk->source, at.key_line, at.key_column,
+                   message);
 }
 
 static pipert_result merge_object(pipert_config *cfg, json_t *object, merge_walk *walk,

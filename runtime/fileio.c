@@ -138,6 +138,22 @@ pipert_result pt_write_file_atomic(const char *path, const void *data, size_t si
     return pt_atomic_commit(&file);
 }
 
+pipert_result pt_write_json_atomic(const char *path, const json_t *json, size_t flags)
+{
+    char *text = json ? json_dumps(json, flags) : NULL;
+    if (!text) return pt_fail(PIPERT_ERR_NOMEM, "%s: cannot format the JSON", path);
+    pt_atomic_file file;
+    pipert_result rc = pt_atomic_open(&file, path);
+    if (rc == PIPERT_OK && fprintf(file.stream, "%s\n", text) < 0) {
+        pt_atomic_abort(&file);
+        rc = pt_fail(PIPERT_ERR_IO, "%s: short write", path);
+    } else if (rc == PIPERT_OK) {
+        rc = pt_atomic_commit(&file);
+    }
+    free(text);
+    return rc;
+}
+
 pipert_result pt_make_dirs(const char *path)
 {
     if (!*path) return PIPERT_OK;

@@ -8,6 +8,7 @@
 #ifndef PT_FILEIO_H
 #define PT_FILEIO_H
 
+#include <jansson.h>
 #include <stddef.h>
 #include <stdio.h>
 
@@ -37,6 +38,11 @@ pipert_result pt_write_file_atomic(const char *path, const void *data, size_t si
 /* PIPERT_ERR_IO: "PATH: cannot write (CALL): strerror(error)", with "(the
  * disk is full)" for ENOSPC and EDQUOT. */
 pipert_result pt_write_error(const char *path, const char *call, int error);
+
+/* `json` as text (json_dumps with `flags`, e.g. JSON_INDENT(2); a value that
+ * is not an object or array needs JSON_ENCODE_ANY) and a final newline,
+ * written atomically. */
+pipert_result pt_write_json_atomic(const char *path, const json_t *json, size_t flags);
 
 /* mkdir -p */
 pipert_result pt_make_dirs(const char *path);

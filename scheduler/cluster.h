@@ -63,9 +63,10 @@ typedef struct pt_cluster {
 /* Devices in every group together. */
 int pt_cluster_devices(const pt_cluster *cluster);
 
-/* Reads and checks `path`. Errors (PIPERT_ERR_CONFIG) name the file and the
- * field: "c.json: links[1].bandwidth: expected a positive bit rate ...",
- * "c.json:3:7: ..." for malformed JSON. */
+/* Reads and checks `path`. Errors (PIPERT_ERR_CONFIG) name the file, the
+ * position and the field: "c.json:14:17: links[1].bandwidth: expected a
+ * positive bit rate ..." (scheduler/json_fields.h); "c.json:3:7: ..." for
+ * malformed JSON. An unreadable file is PIPERT_ERR_IO naming it. */
 pipert_result pt_cluster_load(const char *path, pt_cluster *cluster);
 void pt_cluster_free(pt_cluster *cluster);
 

@@ -14,136 +14,151 @@
 
 #define MAX_RANKS 65536
 
-static pipert_result read_count(const char *path, json_t *root, const char *key, int *out)
+static pipert_result read_count(const pt_json_file *f, const char *key, int *out)
 {
-    json_t *v = json_object_get(root, key);
+    json_t *v = json_object_get(f->root, key);
     if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > MAX_RANKS)
-        return pt_json_field_error(path, key, "expected an integer from 1 to %d", MAX_RANKS);
+        return pt_json_field_error(f, key, "expected an integer from 1 to %d", MAX_RANKS);
     *out = (int)json_integer_value(v);
     return PIPERT_OK;
 }
 
 /* A name of 1 to PT_CLUSTER_NAME_MAX−1 characters (optional: absent is ""). */
-static pipert_result read_name(const char *path, const char *field, json_t *place, const char *key,
-                               bool optional, char *out)
+static pipert_result read_name(const pt_json_file *f, const char *field, json_t *place,
+                               const char *key, bool optional, char *out)
 {
     json_t *v = json_object_get(place, key);
     if (!v && optional) return PIPERT_OK;
     const char *text = json_string_value(v);
+    char key_field[PT_JSON_FIELD_MAX];
+    pt_json_field_path(key_field, "%s.%s", field, key);
     if (!text || !text[0] || strlen(text) >= PT_CLUSTER_NAME_MAX)
-        return pt_json_field_error(path, field, "needs a \"%s\" of 1 to %d characters", key,
-                          PT_CLUSTER_NAME_MAX - 1);
+        return pt_json_field_error(f, key_field, "expected a name of 1 to %d characters",
+                                   PT_CLUSTER_NAME_MAX - 1);
     snprintf(out, PT_CLUSTER_NAME_MAX, "%s", text);
     return PIPERT_OK;
 }
 
-static pipert_result read_placement(const char *path, json_t *root, pt_plan_file *p)
+static pipert_result read_place(const pt_json_file *f, const char *field, json_t *place,
+                                pt_plan_place *at)
 {
-    json_t *rows = json_object_get(root, "placement");
-    if (!json_is_array(rows) || (int)json_array_size(rows) != p->replicas)
-        return pt_json_field_error(path, "placement", "expected a list of %d replicas (one list of %d "
-                          "stages each)", p->replicas, p->stages);
-    p->placement = calloc((size_t)p->replicas * (size_t)p->stages, sizeof *p->placement);
-    if (!p->placement) return pt_fail(PIPERT_ERR_NOMEM, "%s: out of memory", path);
     static const char *const known[] = {"site", "group", NULL};
+    if (!json_is_object(place)) return pt_json_field_error(f, field, "expected an object");
+    PT_TRY(pt_json_only_known_keys(f, field, place, known));
+    PT_TRY(read_name(f, field, place, "site", false, at->site));
+    return read_name(f, field, place, "group", true, at->group);
+}
+
+static pipert_result read_placement(const pt_json_file *f, pt_plan_file *p)
+{
+    json_t *rows = json_object_get(f->root, "placement");
+    if (!json_is_array(rows) || (int)json_array_size(rows) != p->replicas)
+        return pt_json_field_error(f, "placement", "expected a list of %d replicas (one list of "
+                                   "%d stages each)", p->replicas, p->stages);
+    p->placement = calloc((size_t)p->replicas * (size_t)p->stages, sizeof *p->placement);
+    if (!p->placement) return pt_fail(PIPERT_ERR_NOMEM, "%s: out of memory", f->path);
     for (int r = 0; r < p->replicas; r++) {
-        char field[64];
-        snprintf(field, sizeof field, "placement[%d]", r);
+        char field[PT_JSON_FIELD_MAX];
+        pt_json_field_path(field, "placement[%d]", r);
         json_t *row = json_array_get(rows, (size_t)r);
         if (!json_is_array(row) || (int)json_array_size(row) != p->stages)
-            return pt_json_field_error(path, field, "expected a list of %d stages", p->stages);
+            return pt_json_field_error(f, field, "expected a list of %d stages", p->stages);
         for (int s = 0; s < p->stages; s++) {
-            snprintf(field, sizeof field, "placement[%d][%d]", r, s);
-            json_t *place = json_array_get(row, (size_t)s);
-            if (!json_is_object(place)) return pt_json_field_error(path, field, "expected an object");
-            PT_TRY(pt_json_only_known_keys(path, field, place, known));
-            pt_plan_place *at = &p->placement[r * p->stages + s];
-            PT_TRY(read_name(path, field, place, "site", false, at->site));
-            PT_TRY(read_name(path, field, place, "group", true, at->group));
+            pt_json_field_path(field, "placement[%d][%d]", r, s);
+            PT_TRY(read_place(f, field, json_array_get(row, (size_t)s),
+                              &p->placement[r * p->stages + s]));
         }
     }
     return PIPERT_OK;
 }
 
 /* The cluster path as written, resolved against the plan file's folder. */
-static pipert_result read_cluster_path(const char *path, json_t *root, pt_plan_file *p)
+static pipert_result read_cluster_path(const pt_json_file *f, pt_plan_file *p)
 {
-    json_t *v = json_object_get(root, "cluster");
+    json_t *v = json_object_get(f->root, "cluster");
     if (!v) return PIPERT_OK;
     const char *text = json_string_value(v);
-    if (!text || !text[0]) return pt_json_field_error(path, "cluster", "expected a file name");
+    if (!text || !text[0]) return pt_json_field_error(f, "cluster", "expected a file name");
     char folder[PT_PLAN_PATH_MAX];
-    snprintf(folder, sizeof folder, "%s", path);
+    snprintf(folder, sizeof folder, "%s", f->path);
     const int n = text[0] == '/' ? snprintf(p->cluster_path, sizeof p->cluster_path, "%s", text)
                                  : snprintf(p->cluster_path, sizeof p->cluster_path, "%s/%s",
                                             dirname(folder), text);
     if (n < 0 || (size_t)n >= sizeof p->cluster_path)
-        return pt_json_field_error(path, "cluster", "the path is too long");
+        return pt_json_field_error(f, "cluster", "the path is too long");
     return PIPERT_OK;
 }
 
-static pipert_result read_rest(const char *path, json_t *root, pt_plan_file *p)
+static pipert_result read_rest(const pt_json_file *f, pt_plan_file *p)
 {
-    json_t *layers = json_object_get(root, "layers");
+    json_t *layers = json_object_get(f->root, "layers");
     if (layers && (!json_is_string(layers) || json_string_length(layers) >= sizeof p->layers))
-        return pt_json_field_error(path, "layers", "expected blocks per stage as a string, e.g. \"3,3\"");
+        return pt_json_field_error(f, "layers", "expected blocks per stage as a string, e.g. \"3,3\"");
     if (layers) snprintf(p->layers, sizeof p->layers, "%s", json_string_value(layers));
-    json_t *config = json_object_get(root, "config");
-    if (config && !json_is_object(config)) return pt_json_field_error(path, "config", "expected an object");
+    json_t *config = json_object_get(f->root, "config");
+    if (config && !json_is_object(config)) return pt_json_field_error(f, "config", "expected an object");
     if (config && !(p->config_json = json_dumps(config, JSON_COMPACT)))
-        return pt_fail(PIPERT_ERR_NOMEM, "%s: out of memory", path);
-    json_t *predicted = json_object_get(root, "predicted");
+        return pt_fail(PIPERT_ERR_NOMEM, "%s: out of memory", f->path);
+    json_t *predicted = json_object_get(f->root, "predicted");
     if (predicted && !json_is_object(predicted))
-        return pt_json_field_error(path, "predicted", "expected an object");
+        return pt_json_field_error(f, "predicted", "expected an object");
     p->predicted_step_s = json_number_value(json_object_get(predicted, "step_s"));
     p->predicted_tokens_per_s = json_number_value(json_object_get(predicted, "tokens_per_s"));
     return PIPERT_OK;
 }
 
-static pipert_result check_sites(const char *path, const pt_plan_file *p)
+/* Every placement's site is one of the plan's cluster. */
+static pipert_result check_sites(const pt_json_file *f, const pt_plan_file *p)
 {
     if (!p->cluster_path[0]) return PIPERT_OK;
     pt_cluster cluster;
-    if (pt_cluster_load(p->cluster_path, &cluster) != PIPERT_OK) {
-        pt_error_prefix("%s: cluster", path);
-        return PIPERT_ERR_CONFIG;
+    pipert_result rc = pt_cluster_load(p->cluster_path, &cluster);
+    if (rc != PIPERT_OK) {
+        char name[PT_PLAN_PATH_MAX + 64];
+        pt_json_field_name(f, "cluster", name, sizeof name);
+        pt_error_prefix("%s", name);
+        return rc;
     }
-    pipert_result rc = PIPERT_OK;
     for (int r = 0; r < p->replicas && rc == PIPERT_OK; r++)
         for (int s = 0; s < p->stages && rc == PIPERT_OK; s++) {
             int index;
-            rc = pt_plan_file_site_index(p, &cluster, r, s, &index);
-            if (rc != PIPERT_OK) pt_error_prefix("%s", path);
+            if (pt_plan_file_site_index(p, &cluster, r, s, &index) == PIPERT_OK) continue;
+            char field[PT_JSON_FIELD_MAX];
+            pt_json_field_path(field, "placement[%d][%d].site", r, s);
+            rc = pt_json_field_error(f, field, "'%s' is not a site of %s",
+                                     p->placement[r * p->stages + s].site, p->cluster_path);
         }
     pt_cluster_free(&cluster);
     return rc;
 }
 
+static pipert_result read_plan(const pt_json_file *f, pt_plan_file *plan)
+{
+    static const char *const known[] = {"format", "cluster", "stages", "replicas", "layers",
+                                        "placement", "config", "predicted", NULL};
+    if (!json_is_object(f->root)) return pt_json_field_error(f, "", "expected an object");
+    PT_TRY(pt_json_only_known_keys(f, "", f->root, known));
+    const char *format = json_string_value(json_object_get(f->root, "format"));
+    if (!format || strcmp(format, PT_PLAN_FILE_FORMAT) != 0)
+        return pt_json_field_error(f, "format", "expected \"%s\"", PT_PLAN_FILE_FORMAT);
+    PT_TRY(read_count(f, "stages", &plan->stages));
+    PT_TRY(read_count(f, "replicas", &plan->replicas));
+    if (plan->stages * plan->replicas > MAX_RANKS)
+        return pt_json_field_error(f, "replicas", "%d stages × %d replicas is more than %d ranks",
+                                   plan->stages, plan->replicas, MAX_RANKS);
+    PT_TRY(read_cluster_path(f, plan));
+    PT_TRY(read_placement(f, plan));
+    PT_TRY(read_rest(f, plan));
+    return check_sites(f, plan);
+}
+
 pipert_result pt_plan_file_load(const char *path, pt_plan_file *plan)
 {
     *plan = (pt_plan_file){0};
-    json_error_t error;
-    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &error);
-    if (!root)
-        return pt_fail(PIPERT_ERR_CONFIG, "%s:%d:%d: %s", path, error.line, error.column,
-                       error.text);
-    static const char *const known[] = {"format", "cluster", "stages", "replicas", "layers",
-                                        "placement", "config", "predicted", NULL};
-    pipert_result rc = json_is_object(root) ? pt_json_only_known_keys(path, "plan", root, known)
-                                            : pt_json_field_error(path, "plan", "expected an object");
-    const char *format = json_string_value(json_object_get(root, "format"));
-    if (rc == PIPERT_OK && (!format || strcmp(format, PT_PLAN_FILE_FORMAT) != 0))
-        rc = pt_json_field_error(path, "format", "expected \"%s\"", PT_PLAN_FILE_FORMAT);
-    if (rc == PIPERT_OK) rc = read_count(path, root, "stages", &plan->stages);
-    if (rc == PIPERT_OK) rc = read_count(path, root, "replicas", &plan->replicas);
-    if (rc == PIPERT_OK && plan->stages * plan->replicas > MAX_RANKS)
-        rc = pt_json_field_error(path, "replicas", "%d stages × %d replicas is more than %d ranks",
-                        plan->stages, plan->replicas, MAX_RANKS);
-    if (rc == PIPERT_OK) rc = read_cluster_path(path, root, plan);
-    if (rc == PIPERT_OK) rc = read_placement(path, root, plan);
-    if (rc == PIPERT_OK) rc = read_rest(path, root, plan);
-    if (rc == PIPERT_OK) rc = check_sites(path, plan);
-    json_decref(root);
+    pt_json_file file;
+    PT_TRY(pt_json_file_load(path, &file));
+    pipert_result rc = read_plan(&file, plan);
+    pt_json_file_free(&file);
     if (rc != PIPERT_OK) pt_plan_file_free(plan);
     return rc;
 }

@@ -45,7 +45,9 @@ typedef struct pt_plan_file {
 } pt_plan_file;
 
 /* Reads and checks `path`; with a cluster, every placement's site must be
- * one of it. Errors (PIPERT_ERR_CONFIG) name the file and the field. */
+ * one of it. Errors (PIPERT_ERR_CONFIG) name the file, the position and the
+ * field ("plan.json:4:18: placement[1][0].site: ..."); an unreadable file is
+ * PIPERT_ERR_IO naming it. */
 pipert_result pt_plan_file_load(const char *path, pt_plan_file *plan);
 
 /* Writes `plan` to `path` atomically (a temporary name, then rename); the

@@ -88,40 +88,76 @@ Test(plan_file, round_trips, .init = make_folder, .fini = remove_folder)
     pt_plan_file_free(&again);
 }
 
-Test(plan_file, refusals_name_the_file_and_field, .init = make_folder, .fini = remove_folder)
+/* `text` as plan.json is refused with exactly "FOLDER/plan.json" + `after_path`. */
+static void expect_refused(const char *text, const char *after_path)
+{
+    const char *path = write_file("plan.json", text);
+    pt_plan_file plan;
+    cr_expect_eq(pt_plan_file_load(path, &plan), PIPERT_ERR_CONFIG, "accepted:\n%s", text);
+    char expected[1024];
+    snprintf(expected, sizeof expected, "%s%s", path, after_path);
+    cr_expect_str_eq(pipert_last_error(), expected, "for\n%s", text);
+}
+
+#define FORMAT "{\"format\": \"pipert-plan-1\", "
+#define ONE_PLACE "\"placement\": [[{\"site\": \"a\"}]]"
+
+Test(plan_file, refusals_name_the_file_position_and_field, .init = make_folder,
+     .fini = remove_folder)
+{
+    /* columns: the value of "stages" at 39, "placement" at 70, its first
+     * place at 72, the place's first key at 73, its value at 81, after it 89 */
+    expect_refused("{\"format\": \"pipert-plan-2\", \"stages\": 1, \"replicas\": 1, " ONE_PLACE "}",
+                   ":1:12: format: expected \"pipert-plan-1\"");
+    expect_refused(FORMAT "\"stages\": 0, \"replicas\": 1, \"placement\": [[]]}",
+                   ":1:39: stages: expected an integer from 1 to 65536");
+    expect_refused(FORMAT "\"stages\": 2, \"replicas\": 1, " ONE_PLACE "}",
+                   ":1:71: placement[0]: expected a list of 2 stages");
+    expect_refused(FORMAT "\"stages\": 1, \"replicas\": 2, " ONE_PLACE "}",
+                   ":1:70: placement: expected a list of 2 replicas (one list of 1 stages each)");
+    expect_refused(FORMAT "\"stages\": 1, \"replicas\": 1, \"placement\": [[{\"sites\": \"a\"}]]}",
+                   ":1:73: placement[0][0]: unknown key 'sites'");
+    expect_refused(FORMAT "\"stages\": 1, \"replicas\": 1, \"placement\": [[{\"site\": \"\"}]]}",
+                   ":1:81: placement[0][0].site: expected a name of 1 to 63 characters");
+    expect_refused(FORMAT "\"stages\": 1, \"replicas\": 1, " ONE_PLACE ", \"layers\": 3}",
+                   ":1:99: layers: expected blocks per stage as a string, e.g. \"3,3\"");
+    expect_refused(FORMAT "\"stages\": 1, \"replicas\": 1, " ONE_PLACE ", \"speed\": 3}",
+                   ":1:89: top level: unknown key 'speed'");
+    expect_refused("[1]", ":1:1: top level: expected an object");
+}
+
+Test(plan_file, sites_are_checked_against_the_cluster, .init = make_folder, .fini = remove_folder)
 {
     write_file("cluster.json", cluster);
-    const struct {
-        const char *text, *expected;
-    } cases[] = {
-        {"{\"format\": \"pipert-plan-2\", \"stages\": 1, \"replicas\": 1, \"placement\": [[{\"site\": \"a\"}]]}",
-         "format: expected"},
-        {"{\"format\": \"pipert-plan-1\", \"stages\": 0, \"replicas\": 1, \"placement\": [[]]}",
-         "stages: expected an integer"},
-        {"{\"format\": \"pipert-plan-1\", \"stages\": 2, \"replicas\": 1, \"placement\": [[{\"site\": \"a\"}]]}",
-         "placement[0]: expected a list of 2 stages"},
-        {"{\"format\": \"pipert-plan-1\", \"stages\": 1, \"replicas\": 2, \"placement\": [[{\"site\": \"a\"}]]}",
-         "placement: expected a list of 2 replicas"},
-        {"{\"format\": \"pipert-plan-1\", \"stages\": 1, \"replicas\": 1, \"placement\": [[{\"sites\": \"a\"}]]}",
-         "placement[0][0]: unknown key 'sites'"},
-        {"{\"format\": \"pipert-plan-1\", \"stages\": 1, \"replicas\": 1, \"placement\": [[{\"site\": \"\"}]]}",
-         "placement[0][0]: needs a \"site\""},
-        {"{\"format\": \"pipert-plan-1\", \"stages\": 1, \"replicas\": 1, \"placement\": [[{\"site\": \"a\"}]], \"layers\": 3}",
-         "layers: expected blocks per stage"},
-        {"{\"format\": \"pipert-plan-1\", \"stages\": 1, \"replicas\": 1, \"placement\": [[{\"site\": \"a\"}]], \"speed\": 3}",
-         "plan: unknown key 'speed'"},
-        {"{\"format\": \"pipert-plan-1\", \"cluster\": \"cluster.json\", \"stages\": 1, \"replicas\": 1, \"placement\": [[{\"site\": \"c\"}]]}",
-         "placement[0][0]: site 'c' is not in the cluster"},
-        {"{\"format\": \"pipert-plan-1\", \"cluster\": \"missing.json\", \"stages\": 1, \"replicas\": 1, \"placement\": [[{\"site\": \"a\"}]]}",
-         "missing.json"},
-        {"{\"format\": \"pipert-plan-1\",", "plan.json:1:"},
-    };
-    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
-        const char *path = write_file("plan.json", cases[k].text);
-        pt_plan_file plan;
-        cr_expect_neq(pt_plan_file_load(path, &plan), PIPERT_OK, "case %zu was accepted", k);
-        cr_expect(strstr(pipert_last_error(), cases[k].expected) &&
-                      strstr(pipert_last_error(), "plan.json"),
-                  "case %zu: \"%s\" does not say \"%s\"", k, pipert_last_error(), cases[k].expected);
-    }
+    char expected[512];
+    snprintf(expected, sizeof expected, ":4:26: placement[1][0].site: 'c' is not a site of "
+             "%s/cluster.json", folder);
+    expect_refused(FORMAT "\"cluster\": \"cluster.json\",\n"
+                   " \"stages\": 1, \"replicas\": 2,\n"
+                   " \"placement\": [[{\"site\": \"a\"}],\n"
+                   "               [{\"site\": \"c\"}]]}",
+                   expected);
+}
+
+Test(plan_file, unreadable_and_malformed_files, .init = make_folder, .fini = remove_folder)
+{
+    pt_plan_file plan;
+    const char *path = write_file("plan.json", FORMAT "\"cluster\": \"missing.json\", \"stages\": 1, "
+                                               "\"replicas\": 1, " ONE_PLACE "}");
+    cr_expect_eq(pt_plan_file_load(path, &plan), PIPERT_ERR_IO, "a missing cluster file");
+    char expected[512];
+    snprintf(expected, sizeof expected, "%s:1:40: cluster: %s/missing.json: cannot open", path,
+             folder);
+    cr_expect(strstr(pipert_last_error(), expected) == pipert_last_error(), "\"%s\" is not \"%s...\"",
+              pipert_last_error(), expected);
+
+    snprintf(expected, sizeof expected, "%s/absent.json", folder);
+    cr_expect_eq(pt_plan_file_load(expected, &plan), PIPERT_ERR_IO, "a missing plan file");
+    cr_expect(strstr(pipert_last_error(), expected), "%s", pipert_last_error());
+
+    path = write_file("plan.json", FORMAT "\n \"stages\": 1,}");
+    cr_expect_eq(pt_plan_file_load(path, &plan), PIPERT_ERR_CONFIG, "malformed JSON");
+    snprintf(expected, sizeof expected, "%s:2:14: ", path);
+    cr_expect(strstr(pipert_last_error(), expected) == pipert_last_error(), "\"%s\" is not \"%s...\"",
+              pipert_last_error(), expected);
 }

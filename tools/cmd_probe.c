@@ -2,7 +2,9 @@
  * multiplies fp32 matrices (the peak that `pipert bench` reports against);
  * with --sites N, how fast the links between N sites are (emulated ones
  * with wan.bandwidth and wan.latency), measured by a launched job of one
- * worker per site (tools/link_probe.h) and printed beside what was asked. */
+ * worker per site (tools/link_probe.h) and printed beside what was asked;
+ * with --cluster-json FILE, this machine as a cluster file
+ * (tools/probe_cluster.h). */
 #define _XOPEN_SOURCE 700
 #include <ftw.h>
 #include <jansson.h>
@@ -22,6 +24,7 @@
 #include "tools/cli.h"
 #include "tools/commands.h"
 #include "tools/link_probe.h"
+#include "tools/probe_cluster.h"
 
 static void print_peak(const pt_gemm_peak *peak, int cores)
 {
@@ -45,19 +48,20 @@ static pipert_result write_host_json(const pt_topology *topology, const pt_gemm_
     failed |= json_object_set_new(host, "peak_gflops_best", json_real(peak->gflops_best));
     failed |= json_object_set_new(host, "peak_threads", json_integer(peak->threads));
     failed |= json_object_set_new(host, "peak_gemm_size", json_integer(peak->size));
-    char *text = failed ? NULL : json_dumps(host, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    pipert_result rc = failed ? pt_fail(PIPERT_ERR_NOMEM, "%s: out of memory", path)
+                              : pt_write_json_atomic(path, host, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
     json_decref(host);
-    if (!text) return pt_fail(PIPERT_ERR_NOMEM, "%s: cannot format the host description", path);
+    return rc;
+}
 
-    size_t length = strlen(text);
-    char *with_newline = realloc(text, length + 2);
-    if (!with_newline) {
-        free(text);
-        return pt_fail(PIPERT_ERR_NOMEM, "%s: out of memory", path);
-    }
-    with_newline[length] = '\n';
-    pipert_result rc = pt_write_file_atomic(path, with_newline, length + 1);
-    free(with_newline);
+/* This machine as a cluster file (tools/probe_cluster.h), written atomically. */
+static pipert_result write_cluster_json(const pt_topology *topology, const pt_gemm_peak *peak,
+                                        const pt_link_measure links[4], const char *path)
+{
+    json_t *cluster = pt_probe_cluster_json(topology, peak, links);
+    if (!cluster) return pt_fail(PIPERT_ERR_NOMEM, "%s: cannot build the cluster description", path);
+    pipert_result rc = pt_write_json_atomic(path, cluster, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    json_decref(cluster);
     return rc;
 }
 
@@ -119,11 +123,8 @@ static pipert_result write_links_json(const pt_link_measure *links, int sites,
                                     asked[i * sites + j].latency_s + asked[j * sites + i].latency_s,
                                     "asked_bits_per_s",
                                     asked[i * sites + j].bits_per_s));
-    char *text = rows ? json_dumps(rows, JSON_INDENT(2)) : NULL;
+    pipert_result rc = pt_write_json_atomic(path, rows, JSON_INDENT(2));
     json_decref(rows);
-    if (!text) return pt_fail(PIPERT_ERR_NOMEM, "%s: out of memory", path);
-    pipert_result rc = pt_write_file_atomic(path, text, strlen(text));
-    free(text);
     return rc;
 }
 
@@ -163,12 +164,11 @@ static int launch_probe_job(int sites, const char *cluster_path, const char *dir
     return status;
 }
 
-static int probe_sites(int sites, const pt_cluster *cluster, const char *cluster_path,
-                       const pipert_config *cfg, const char *out_dir, const char *json_path,
-                       int argc, char **argv)
+/* Runs the probe job of one worker per site and reads what it measured
+ * into links[from·sites + to]. Returns an exit status. */
+static int measure_links(int sites, const char *cluster_path, const char *out_dir, int argc,
+                         char **argv, pt_link_measure *links)
 {
-    requested_link *asked = requested_links(cfg, cluster, sites);
-    if (!asked) return 1;
     char dir[PATH_MAX];
     snprintf(dir, sizeof dir, "%s", out_dir ? out_dir : "/tmp/pipert-probe-XXXXXX");
     if (!out_dir && !mkdtemp(dir)) {
@@ -176,22 +176,61 @@ static int probe_sites(int sites, const pt_cluster *cluster, const char *cluster
         return 1;
     }
     int status = launch_probe_job(sites, cluster_path, dir, argc, argv);
-    pt_link_measure *links = calloc((size_t)sites * (size_t)sites, sizeof *links);
-    pipert_result rc = status != 0 ? PIPERT_ERR_PEER : !links ? PIPERT_ERR_NOMEM
-                                                               : pt_link_probe_read(dir, sites, links);
-    if (rc == PIPERT_OK) print_links(links, sites, asked);
-    if (rc == PIPERT_OK && json_path) rc = write_links_json(links, sites, asked, json_path);
+    pipert_result rc = status != 0 ? PIPERT_ERR_PEER : pt_link_probe_read(dir, sites, links);
     if (rc != PIPERT_OK && status == 0) fprintf(stderr, "pipert probe: %s\n", pipert_last_error());
-    free(links);
-    free(asked);
     if (!out_dir) nftw(dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
     return rc == PIPERT_OK ? 0 : status ? status : 1;
+}
+
+static int probe_sites(int sites, const pt_cluster *cluster, const char *cluster_path,
+                       const pipert_config *cfg, const char *out_dir, const char *json_path,
+                       int argc, char **argv)
+{
+    requested_link *asked = requested_links(cfg, cluster, sites);
+    pt_link_measure *links = calloc((size_t)sites * (size_t)sites, sizeof *links);
+    int status = asked && links ? measure_links(sites, cluster_path, out_dir, argc, argv, links) : 1;
+    if (status == 0) print_links(links, sites, asked);
+    if (status == 0 && json_path && write_links_json(links, sites, asked, json_path) != PIPERT_OK) {
+        fprintf(stderr, "pipert probe: %s\n", pipert_last_error());
+        status = 1;
+    }
+    free(links);
+    free(asked);
+    return status;
+}
+
+/* The topology and the GEMM peak, printed; with json_path the host
+ * description, with cluster_path this machine as a cluster file (`links`:
+ * between two local workers). */
+static int probe_host(int threads, const char *json_path, const char *cluster_path,
+                      const pt_link_measure links[4])
+{
+    pt_topology *topology;
+    if (pt_topology_load(&topology) != PIPERT_OK) return pt_cmd_report_failure("probe");
+    pt_topology_describe(topology, stdout);
+    fflush(stdout);
+
+    int cores = pt_topology_cores(topology);
+    pt_gemm_peak peak;
+    pipert_result rc = pt_cpu_gemm_peak(threads ? threads : cores, &peak);
+    if (rc == PIPERT_OK) print_peak(&peak, cores);
+    if (rc == PIPERT_OK && json_path) {
+        rc = write_host_json(topology, &peak, json_path);
+        if (rc == PIPERT_OK) printf("\nwrote %s\n", json_path);
+    }
+    if (rc == PIPERT_OK && cluster_path) {
+        rc = write_cluster_json(topology, &peak, links, cluster_path);
+        if (rc == PIPERT_OK) printf("\nwrote %s (this machine as a cluster file)\n", cluster_path);
+    }
+    pt_topology_free(topology);
+    return rc == PIPERT_OK ? 0 : pt_cmd_report_failure("probe");
 }
 
 int pt_cmd_probe(int argc, char **argv)
 {
     const char *threads_text = NULL, *json_path = NULL, *sites_text = NULL, *out_dir = NULL,
                *cluster_path = NULL;
+    const char *cluster_json = NULL;
     const pt_cli_flag flags[] = {
         {"--threads", "N", "threads for the GEMM (default: one per core of this process)",
          &threads_text, NULL},
@@ -202,15 +241,20 @@ int pt_cmd_probe(int argc, char **argv)
                          "--wan.latency=D (root)", &sites_text, NULL},
         {"--cluster", "FILE", "measure the links of this cluster description (its sites, each "
                               "link emulated as it says; root)", &cluster_path, NULL},
-        {"--out", "DIR", "with --sites: keep the probe job's directory (logs) here", &out_dir, NULL},
+        {"--cluster-json", "FILE", "write this machine as a cluster file (one site, one group "
+                                   "of its cores; measures the link between two local workers "
+                                   "too) (atomically)", &cluster_json, NULL},
+        {"--out", "DIR", "with --sites or --cluster-json: keep the probe job's directory (logs) "
+                         "here", &out_dir, NULL},
     };
     const pt_cli cli = {"probe", "[--threads N] [--json FILE] [--sites N [--wan.bandwidth=R] "
-                                 "[--wan.latency=D]] [--help]",
+                                 "[--wan.latency=D]] [--cluster-json FILE] [--help]",
                         "Prints this machine's topology (hwloc) and its measured fp32 GEMM peak\n"
                         "(cblas_sgemm, median and best of several runs), the figure that\n"
                         "`pipert bench` reports its share of. With --sites N: the round-trip\n"
                         "time and bulk bandwidth of each link between N sites, beside the\n"
-                        "requested ones.",
+                        "requested ones. With --cluster-json FILE: this machine as a cluster\n"
+                        "file for `pipert plan` (docs/RUNNING.md, \"Cluster files\").",
                         flags, (int)(sizeof flags / sizeof flags[0]), true, NULL};
     pipert_config *cfg;
     pt_cli_outcome outcome = pt_cli_parse(&cli, argc, argv, &cfg);
@@ -220,6 +264,12 @@ int pt_cmd_probe(int argc, char **argv)
         fprintf(stderr, "pipert probe: %s\n", pipert_last_error());
         pipert_config_free(cfg);
         return 2;
+    }
+    if (cluster_json && (sites || cluster_path)) {
+        fprintf(stderr, "pipert probe: --cluster-json describes this machine; it does not go "
+                        "with --sites or --cluster\n");
+        pipert_config_free(cfg);
+        return pt_cli_exit_status(PT_CLI_USAGE_ERROR);
     }
     pt_cluster cluster = {0};
     if (cluster_path && pt_cluster_load(cluster_path, &cluster) != PIPERT_OK) {
@@ -234,28 +284,17 @@ int pt_cmd_probe(int argc, char **argv)
         pipert_config_free(cfg);
         return status;
     }
-    pipert_config_free(cfg);
     if (pt_cli_parse_int("--threads", threads_text, 1, INT_MAX, 0, &threads) != PIPERT_OK) {
         fprintf(stderr, "pipert probe: %s\nusage: pipert probe %s   (--help for more)\n",
                 pipert_last_error(), cli.synopsis);
+        pipert_config_free(cfg);
         return pt_cli_exit_status(PT_CLI_USAGE_ERROR);
     }
-
-    pt_topology *topology;
-    if (pt_topology_load(&topology) != PIPERT_OK) return pt_cmd_report_failure("probe");
-    pt_topology_describe(topology, stdout);
-    fflush(stdout);
-
-    int cores = pt_topology_cores(topology);
-    pt_gemm_peak peak;
-    pipert_result rc = pt_cpu_gemm_peak(threads ? threads : cores, &peak);
-    if (rc == PIPERT_OK) {
-        print_peak(&peak, cores);
-        if (json_path) {
-            rc = write_host_json(topology, &peak, json_path);
-            if (rc == PIPERT_OK) printf("\nwrote %s\n", json_path);
-        }
+    pipert_config_free(cfg);
+    pt_link_measure links[4] = {0};
+    if (cluster_json) {
+        int status = measure_links(2, NULL, out_dir, argc, argv, links);
+        if (status != 0) return status;
     }
-    pt_topology_free(topology);
-    return rc == PIPERT_OK ? 0 : pt_cmd_report_failure("probe");
+    return probe_host(threads, json_path, cluster_json, links);
 }

@@ -27,6 +27,7 @@
 #include "kernels/cpu/peak.h"
 #include "runtime/config.h"
 #include "runtime/error.h"
+#include "runtime/fileio.h"
 #include "runtime/topology.h"
 #include "runtime/units.h"
 #include "scheduler/cluster.h"
@@ -214,19 +215,6 @@ static json_t *result_json(const pipert_config *cfg, const job *j, const pt_sim_
                      pt_job_model_coupling_bytes_per_step(&j->model, r), "ranks", ranks);
 }
 
-static pipert_result write_json(const char *path, json_t *value)
-{
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    if (json_dump_file(value, tmp, JSON_INDENT(2)) != 0)
-        return pt_fail(PIPERT_ERR_IO, "%s: cannot write", tmp);
-    if (rename(tmp, path) != 0) {
-        unlink(tmp);
-        return pt_fail(PIPERT_ERR_IO, "%s: cannot rename into place", path);
-    }
-    return PIPERT_OK;
-}
-
 /* The simulated ranks' spans, merged into one Perfetto trace at `path`. */
 static pipert_result simulate_traced(job *j, const char *path, pt_sim_result *r)
 {
@@ -291,7 +279,7 @@ static pipert_result run_simulation(pipert_config *cfg, simulate_args *a)
     if (rc == PIPERT_OK) print_result(cfg, a, j, threads, devices, &r);
     if (rc == PIPERT_OK && a->json_path) {
         json_t *out = result_json(cfg, j, &r);
-        rc = out ? write_json(a->json_path, out) : pt_fail(PIPERT_ERR_NOMEM, "out of memory");
+        rc = pt_write_json_atomic(a->json_path, out, JSON_INDENT(2)); /* NULL: out of memory */
         json_decref(out);
     }
     if (rc == PIPERT_OK && a->trace_path) printf("wrote %s\n", a->trace_path);
