@@ -13,6 +13,7 @@
 
 #define MAX_SITES 254
 #define MAX_GROUPS 4096
+#define MAX_DEVICES 1000000 /* in all groups together: pt_cluster_devices fits an int */
 
 static int site_index(const pt_cluster *c, const char *name)
 {
@@ -194,6 +195,7 @@ static pipert_result read_group(const char *path, const char *field, json_t *ent
 static pipert_result read_groups(const char *path, json_t *root, pt_cluster *c)
 {
     json_t *sites = json_object_get(root, "sites");
+    int devices = 0;
     for (int i = 0; i < c->n_sites; i++) {
         json_t *groups = json_object_get(json_array_get(sites, (size_t)i), "groups");
         char field[64];
@@ -207,7 +209,10 @@ static pipert_result read_groups(const char *path, json_t *root, pt_cluster *c)
             c->groups = more;
             snprintf(field, sizeof field, "sites[%d].groups[%zu]", i, k);
             PT_TRY(read_group(path, field, json_array_get(groups, k), i, c, &c->groups[c->n_groups]));
-            c->n_groups++;
+            devices += c->groups[c->n_groups++].count; /* each at most MAX_DEVICES */
+            if (devices > MAX_DEVICES)
+                return pt_json_field_error(path, field, "more than %d devices in all groups",
+                                           MAX_DEVICES);
         }
     }
     return PIPERT_OK;
@@ -235,17 +240,33 @@ static pipert_result read_cluster(const char *path, json_t *root, pt_cluster *c)
     return rc;
 }
 
-pipert_result pt_cluster_load(const char *path, pt_cluster *cluster)
+/* Reads the parsed document (or jansson's error) into cluster; frees it on failure. */
+static pipert_result read_document(const char *path, json_t *root, const json_error_t *error,
+                                   pt_cluster *cluster)
 {
     memset(cluster, 0, sizeof *cluster);
-    json_error_t error;
-    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &error);
     if (!root)
-        return pt_fail(PIPERT_ERR_CONFIG, "%s:%d:%d: %s", path, error.line, error.column, error.text);
+        return pt_fail(PIPERT_ERR_CONFIG, "%s:%d:%d: %s", path, error->line, error->column,
+                       error->text);
     pipert_result rc = read_cluster(path, root, cluster);
     json_decref(root);
     if (rc != PIPERT_OK) pt_cluster_free(cluster);
     return rc;
+}
+
+pipert_result pt_cluster_load(const char *path, pt_cluster *cluster)
+{
+    json_error_t error;
+    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &error);
+    return read_document(path, root, &error, cluster);
+}
+
+pipert_result pt_cluster_parse(const char *name, const char *text, size_t length,
+                               pt_cluster *cluster)
+{
+    json_error_t error;
+    json_t *root = json_loadb(text, length, JSON_REJECT_DUPLICATES, &error);
+    return read_document(name, root, &error, cluster);
 }
 
 void pt_cluster_free(pt_cluster *cluster)

@@ -119,14 +119,15 @@ static pipert_result check_sites(const char *path, const pt_plan_file *p)
     return rc;
 }
 
-pipert_result pt_plan_file_load(const char *path, pt_plan_file *plan)
+/* Reads the parsed document (or jansson's error) into plan, without checking
+ * its sites against the cluster; frees it on failure. */
+static pipert_result read_document(const char *path, json_t *root, const json_error_t *error,
+                                   pt_plan_file *plan)
 {
     *plan = (pt_plan_file){0};
-    json_error_t error;
-    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &error);
     if (!root)
-        return pt_fail(PIPERT_ERR_CONFIG, "%s:%d:%d: %s", path, error.line, error.column,
-                       error.text);
+        return pt_fail(PIPERT_ERR_CONFIG, "%s:%d:%d: %s", path, error->line, error->column,
+                       error->text);
     static const char *const known[] = {"format", "cluster", "stages", "replicas", "layers",
                                         "placement", "config", "predicted", NULL};
     pipert_result rc = json_is_object(root) ? pt_json_only_known_keys(path, "plan", root, known)
@@ -136,16 +137,33 @@ pipert_result pt_plan_file_load(const char *path, pt_plan_file *plan)
         rc = pt_json_field_error(path, "format", "expected \"%s\"", PT_PLAN_FILE_FORMAT);
     if (rc == PIPERT_OK) rc = read_count(path, root, "stages", &plan->stages);
     if (rc == PIPERT_OK) rc = read_count(path, root, "replicas", &plan->replicas);
-    if (rc == PIPERT_OK && plan->stages * plan->replicas > MAX_RANKS)
+    if (rc == PIPERT_OK && (long long)plan->stages * plan->replicas > MAX_RANKS)
         rc = pt_json_field_error(path, "replicas", "%d stages × %d replicas is more than %d ranks",
                         plan->stages, plan->replicas, MAX_RANKS);
     if (rc == PIPERT_OK) rc = read_cluster_path(path, root, plan);
     if (rc == PIPERT_OK) rc = read_placement(path, root, plan);
     if (rc == PIPERT_OK) rc = read_rest(path, root, plan);
-    if (rc == PIPERT_OK) rc = check_sites(path, plan);
     json_decref(root);
     if (rc != PIPERT_OK) pt_plan_file_free(plan);
     return rc;
+}
+
+pipert_result pt_plan_file_load(const char *path, pt_plan_file *plan)
+{
+    json_error_t error;
+    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &error);
+    PT_TRY(read_document(path, root, &error, plan));
+    pipert_result rc = check_sites(path, plan);
+    if (rc != PIPERT_OK) pt_plan_file_free(plan);
+    return rc;
+}
+
+pipert_result pt_plan_file_parse(const char *name, const char *text, size_t length,
+                                 pt_plan_file *plan)
+{
+    json_error_t error;
+    json_t *root = json_loadb(text, length, JSON_REJECT_DUPLICATES, &error);
+    return read_document(name, root, &error, plan);
 }
 
 /* ---- writing ----------------------------------------------------------------- */

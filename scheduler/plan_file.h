@@ -47,6 +47,11 @@ typedef struct pt_plan_file {
 /* Reads and checks `path`; with a cluster, every placement's site must be
  * one of it. Errors (PIPERT_ERR_CONFIG) name the file and the field. */
 pipert_result pt_plan_file_load(const char *path, pt_plan_file *plan);
+/* A plan from a text in memory (length bytes), `name` standing for its path
+ * (a relative cluster path is resolved against its folder); its sites are
+ * not checked against the cluster, which is not read. */
+pipert_result pt_plan_file_parse(const char *name, const char *text, size_t length,
+                                 pt_plan_file *plan);
 
 /* Writes `plan` to `path` atomically (a temporary name, then rename); the
  * cluster's path is written absolute. */

@@ -42,7 +42,7 @@ for name in "${names[@]}"; do
   dict=()
   if [ -f fuzz/"$name".dict ]; then dict=(-dict=fuzz/"$name".dict); fi
   echo "fuzz: $name (${seconds}s, runs $runs)"
-  if ! "$dir/fuzz/fuzz_$name" "${dict[@]}" -max_total_time="$seconds" -runs="$runs" \
+  if ! "$dir/fuzz/fuzz_$name" "${dict[@]}" -max_len=8192 -max_total_time="$seconds" -runs="$runs" \
       -artifact_prefix="$crashes/" -print_final_stats=1 "$scratch" 2>"$dir/fuzz-$name.log"; then
     tail -n 60 "$dir/fuzz-$name.log" >&2
     echo "fuzz: $name FAILED; the input is in $crashes/ (keep it in fuzz/corpus/$name/)" >&2
