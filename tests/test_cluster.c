@@ -155,6 +155,34 @@ Test(cluster, malformed_groups_are_refused_by_field)
                    "100mbit or 1gbit, got 'slow'");
 }
 
+/* Devices in all groups together fit an int: at most 10^6 (the sum of 2,148 groups of 10^6
+ * overflowed: fuzz/corpus/cluster/regression-devices-overflow). Read from memory. */
+Test(cluster, at_most_a_million_devices_in_all)
+{
+    const char *group = "{\"name\": \"g%d\", \"kind\": \"cpu\", \"count\": %d, \"fp32_flops\": 1, "
+                        "\"memory\": \"1gb\"}";
+    char text[512], one[128];
+    for (int count = 500000; count <= 500001; count++) {
+        snprintf(text, sizeof text, "{\"sites\": [{\"name\": \"a\", \"groups\": [");
+        for (int g = 0; g < 2; g++) {
+            snprintf(one, sizeof one, group, g, count);
+            strcat(text, g ? ", " : "");
+            strcat(text, one);
+        }
+        strcat(text, "]}]}");
+        pt_cluster c;
+        pipert_result rc = pt_cluster_parse("mem.json", text, strlen(text), &c);
+        if (count == 500000) {
+            cr_expect_eq(rc, PIPERT_OK, "%s", pipert_last_error());
+            cr_expect_eq(pt_cluster_devices(&c), 1000000);
+            pt_cluster_free(&c);
+        } else {
+            cr_expect_str_eq(pipert_last_error(),
+                             "mem.json: sites[0].groups[1]: more than 1000000 devices in all groups");
+        }
+    }
+}
+
 /* Every example in examples/clusters loads, with devices in it. */
 Test(cluster, every_example_loads)
 {

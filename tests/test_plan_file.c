@@ -115,6 +115,9 @@ Test(plan_file, refusals_name_the_file_and_field, .init = make_folder, .fini = r
         {"{\"format\": \"pipert-plan-1\", \"cluster\": \"missing.json\", \"stages\": 1, \"replicas\": 1, \"placement\": [[{\"site\": \"a\"}]]}",
          "missing.json"},
         {"{\"format\": \"pipert-plan-1\",", "plan.json:1:"},
+        /* the product overflowed an int (fuzz/corpus/plan_file/regression-stages-times-replicas-overflow) */
+        {"{\"format\": \"pipert-plan-1\", \"stages\": 65536, \"replicas\": 65536, \"placement\": []}",
+         "65536 stages × 65536 replicas is more than 65536 ranks"},
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         const char *path = write_file("plan.json", cases[k].text);
@@ -124,4 +127,19 @@ Test(plan_file, refusals_name_the_file_and_field, .init = make_folder, .fini = r
                       strstr(pipert_last_error(), "plan.json"),
                   "case %zu: \"%s\" does not say \"%s\"", k, pipert_last_error(), cases[k].expected);
     }
+}
+
+/* The same reader from memory: what the fuzzing harness uses. */
+Test(plan_file, parses_from_memory)
+{
+    const char text[] = "{\"format\": \"pipert-plan-1\", \"cluster\": \"c.json\", \"stages\": 1, "
+                        "\"replicas\": 1, \"placement\": [[{\"site\": \"x\"}]]}";
+    pt_plan_file plan;
+    cr_assert_eq(pt_plan_file_parse("/plans/p.json", text, strlen(text), &plan), PIPERT_OK, "%s",
+                 pipert_last_error());
+    cr_expect_str_eq(plan.cluster_path, "/plans/c.json"); /* not read: site x is not checked */
+    cr_expect_str_eq(plan.placement[0].site, "x");
+    pt_plan_file_free(&plan);
+    cr_expect_neq(pt_plan_file_parse("/plans/p.json", text, 20, &plan), PIPERT_OK);
+    cr_expect(strstr(pipert_last_error(), "/plans/p.json:1:"), "%s", pipert_last_error());
 }
