@@ -185,7 +185,8 @@ static pipert_result append_bytes(token_buffer *buf, const char *path, const uns
         size_t count;
         PT_TRY(shard_check_header(path, bytes, size, &count));
         PT_TRY(token_buffer_reserve(buf, count, path));
-        shard_decode_tokens(bytes, count, buf->data + buf->length);
+        /* An empty shard before any tokens: buf->data is still NULL, and NULL + 0 is undefined. */
+        if (count > 0) shard_decode_tokens(bytes, count, buf->data + buf->length);
         buf->length += count;
         return PIPERT_OK;
     }
