@@ -35,7 +35,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (pt_cluster_units_make(&cluster, &fallback, 0.5, (pt_sim_link){1e9, 1e-5}, &units) ==
         PIPERT_OK) {
         char name[2 * PT_CLUSTER_NAME_MAX];
-        for (int u = 0; u < units.n; u++) pt_cluster_units_name(&cluster, &units, u, name, sizeof name);
+        for (int u = 0; u < units.n; u++)
+            pt_cluster_units_name(&cluster, &units, u, name, sizeof name);
         pt_cluster_units_free(&units);
     }
     pt_cluster_free(&cluster);

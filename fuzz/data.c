@@ -50,7 +50,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         free(shard);
     }
     pt_dataset ds;
-    if (pt_dataset_load_memory(&ds, name, file, file_size, format, val_fraction) != PIPERT_OK) return 0;
+    if (pt_dataset_load_memory(&ds, name, file, file_size, format, val_fraction) != PIPERT_OK)
+        return 0;
     FUZZ_CHECK(ds.n_tokens > 0 && ds.n_train <= ds.n_tokens);
     if (pt_dataset_check(&ds, T, 65536) == PIPERT_OK) draw_batches(&ds, T, data[1]);
     pt_dataset_free(&ds);

@@ -34,7 +34,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (size < sizeof header + sizeof side) return 0;
     memcpy(&header, data, sizeof header);
     memcpy(&side, data + sizeof header, sizeof side);
-    if (side.expect.ndim > PT_MESSAGE_MAX_DIMS) side.expect.ndim = PT_MESSAGE_MAX_DIMS; /* pt_recv */
+    if (side.expect.ndim > PT_MESSAGE_MAX_DIMS) /* pt_recv refuses more */
+        side.expect.ndim = PT_MESSAGE_MAX_DIMS;
     const pt_header_check check = {side.job, side.peer, side.capacity, &side.expect};
     char why[256];
     memset(why, 'x', sizeof why);
