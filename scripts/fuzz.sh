@@ -24,13 +24,15 @@ shift $((OPTIND - 1))
 if [ $# -gt 0 ]; then
   names=("$@")
 else
-  names=($(sed -n "s/^fuzz_harnesses = \[\(.*\)\]/\1/p" fuzz/meson.build | tr -d "' " | tr , ' '))
+  mapfile -t names < <(sed -n "s/^fuzz_harnesses = \[\(.*\)\]/\1/p" fuzz/meson.build | tr -d "' " | tr , '\n')
 fi
 if [ ! -f "$dir/build.ninja" ]; then
   CC=clang meson setup "$dir" -Dfuzz=true -Dtests=false -Dcuda=disabled -Dnative=false \
     -Dbuildtype=debugoptimized -Db_sanitize=address,undefined -Db_lundef=false >/dev/null
 fi
-ninja -C "$dir" $(printf "fuzz/fuzz_%s " "${names[@]}")
+targets=()
+for name in "${names[@]}"; do targets+=("fuzz/fuzz_$name"); done
+ninja -C "$dir" "${targets[@]}"
 
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
 export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
