@@ -439,24 +439,30 @@ static bool check_value(const config_key *key, const json_t *value, value_error 
 
 /* ---- "did you mean" ------------------------------------------------------ */
 
-/* Levenshtein distance of two short strings (at most NAME_MAX_LENGTH bytes). */
-static int edit_distance(const char *a, const char *b)
+/* Levenshtein distance of two short strings (at most NAME_MAX_LENGTH bytes),
+ * or `limit` if it is limit or more: the search stops as soon as no
+ * alignment can come in under it (every unknown key is compared with every
+ * key, so this is on the path of each misspelt override). */
+static int edit_distance(const char *a, const char *b, int limit)
 {
     size_t la = strlen(a), lb = strlen(b);
-    if (la > NAME_MAX_LENGTH || lb > NAME_MAX_LENGTH) return INT_MAX;
+    if (la > NAME_MAX_LENGTH || lb > NAME_MAX_LENGTH) return limit;
+    if ((la > lb ? la - lb : lb - la) >= (size_t)limit) return limit;
     int row[NAME_MAX_LENGTH + 1]; /* row[j]: distance of a[0..i) and b[0..j) */
     for (size_t j = 0; j <= lb; j++) row[j] = (int)j;
     for (size_t i = 1; i <= la; i++) {
-        int diagonal = row[0];
+        int diagonal = row[0], smallest = (int)i;
         row[0] = (int)i;
         for (size_t j = 1; j <= lb; j++) {
             int substitute = diagonal + (a[i - 1] != b[j - 1]);
             int best = row[j] + 1 < row[j - 1] + 1 ? row[j] + 1 : row[j - 1] + 1;
             diagonal = row[j];
             row[j] = substitute < best ? substitute : best;
+            smallest = row[j] < smallest ? row[j] : smallest;
         }
+        if (smallest >= limit) return limit; /* rows never decrease downwards */
     }
-    return row[lb];
+    return row[lb] < limit ? row[lb] : limit;
 }
 
 static int count_dots(const char *s)
@@ -492,7 +498,7 @@ static void suggest_name(const char *unknown, char *out, size_t capacity)
         if (count_dots(schema[i].name) < depth) continue;
         char candidate[NAME_MAX_LENGTH + 1];
         leading_components(schema[i].name, depth + 1, candidate, sizeof candidate);
-        int distance = edit_distance(unknown, candidate);
+        int distance = edit_distance(unknown, candidate, best_distance);
         if (distance > 0 && distance < best_distance) { /* 0: a section named as a key */
             best_distance = distance;
             snprintf(best, sizeof best, "%s", candidate);

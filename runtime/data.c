@@ -67,6 +67,21 @@ static void shard_decode_tokens(const unsigned char *bytes, size_t count, uint16
         tokens[i] = (uint16_t)(payload[2 * i] | payload[2 * i + 1] << 8);
 }
 
+pipert_result pt_shard_parse(const char *name, const void *bytes, size_t size, uint16_t **tokens,
+                             size_t *count)
+{
+    *tokens = NULL;
+    *count = 0;
+    size_t n;
+    PT_TRY(shard_check_header(name, bytes, size, &n));
+    uint16_t *out = malloc(n ? n * sizeof *out : 1);
+    if (!out) return pt_fail(PIPERT_ERR_NOMEM, "%s: cannot allocate %zu tokens", name, n);
+    shard_decode_tokens(bytes, n, out);
+    *tokens = out;
+    *count = n;
+    return PIPERT_OK;
+}
+
 pipert_result pt_shard_read(const char *path, uint16_t **tokens, size_t *count)
 {
     *tokens = NULL;
@@ -74,18 +89,7 @@ pipert_result pt_shard_read(const char *path, uint16_t **tokens, size_t *count)
     char *bytes;
     size_t size;
     PT_TRY(pt_read_file(path, &bytes, &size));
-    size_t n;
-    pipert_result rc = shard_check_header(path, (const unsigned char *)bytes, size, &n);
-    if (rc == PIPERT_OK) {
-        uint16_t *out = malloc(n ? n * sizeof *out : 1);
-        if (!out) {
-            rc = pt_fail(PIPERT_ERR_NOMEM, "%s: cannot allocate %zu tokens", path, n);
-        } else {
-            shard_decode_tokens((const unsigned char *)bytes, n, out);
-            *tokens = out;
-            *count = n;
-        }
-    }
+    pipert_result rc = pt_shard_parse(path, bytes, size, tokens, count);
     free(bytes);
     return rc;
 }
@@ -172,28 +176,32 @@ static data_format detect_format(const char *path, const unsigned char *bytes, s
     return ends_with(path, ".bin") ? FORMAT_TOKENS : FORMAT_TEXT;
 }
 
-/* Appends one file's tokens; *used says which format it was read as. */
+/* Appends the tokens of one file's bytes; *used says which format they were read as. */
+static pipert_result append_bytes(token_buffer *buf, const char *path, const unsigned char *bytes,
+                                  size_t size, data_format format, data_format *used)
+{
+    *used = format == FORMAT_AUTO ? detect_format(path, bytes, size) : format;
+    if (*used == FORMAT_TOKENS) {
+        size_t count;
+        PT_TRY(shard_check_header(path, bytes, size, &count));
+        PT_TRY(token_buffer_reserve(buf, count, path));
+        /* An empty shard before any tokens: buf->data is still NULL, and NULL + 0 is undefined. */
+        if (count > 0) shard_decode_tokens(bytes, count, buf->data + buf->length);
+        buf->length += count;
+        return PIPERT_OK;
+    }
+    PT_TRY(token_buffer_reserve(buf, size, path));
+    append_text_tokens(buf, bytes, size);
+    return PIPERT_OK;
+}
+
 static pipert_result append_file(token_buffer *buf, const char *path, data_format format,
                                  data_format *used)
 {
     char *data;
     size_t size;
     PT_TRY(pt_read_file(path, &data, &size));
-    const unsigned char *bytes = (const unsigned char *)data;
-    *used = format == FORMAT_AUTO ? detect_format(path, bytes, size) : format;
-    pipert_result rc;
-    if (*used == FORMAT_TOKENS) {
-        size_t count;
-        rc = shard_check_header(path, bytes, size, &count);
-        if (rc == PIPERT_OK) rc = token_buffer_reserve(buf, count, path);
-        if (rc == PIPERT_OK) {
-            shard_decode_tokens(bytes, count, buf->data + buf->length);
-            buf->length += count;
-        }
-    } else {
-        rc = token_buffer_reserve(buf, size, path);
-        if (rc == PIPERT_OK) append_text_tokens(buf, bytes, size);
-    }
+    pipert_result rc = append_bytes(buf, path, (const unsigned char *)data, size, format, used);
     free(data);
     return rc;
 }
@@ -302,7 +310,7 @@ static pipert_result load_tokens(token_buffer *buf, const char *root, int is_def
     size_t n_text = 0, n_shards = 0;
     pipert_result rc = PIPERT_OK;
     for (size_t i = 0; i < files.count && rc == PIPERT_OK; i++) {
-        data_format used;
+        data_format used = FORMAT_TEXT; /* if the file cannot be read */
         rc = append_file(buf, files.paths[i], format, &used);
         n_shards += used == FORMAT_TOKENS;
         n_text += used != FORMAT_TOKENS;
@@ -314,36 +322,63 @@ static pipert_result load_tokens(token_buffer *buf, const char *root, int is_def
     return rc;
 }
 
-pipert_result pt_dataset_load(pt_dataset *ds, const char *path, const char *format,
-                              double val_fraction)
+/* Checks the format and fraction; leaves ds empty. */
+static pipert_result begin_load(pt_dataset *ds, const char *format, double val_fraction,
+                                data_format *fmt)
 {
     memset(ds, 0, sizeof *ds);
     ds->max_token = -1;
-    data_format fmt = FORMAT_AUTO;
-    PT_TRY(parse_format(format, &fmt));
+    *fmt = FORMAT_AUTO;
+    PT_TRY(parse_format(format, fmt));
     if (!(val_fraction >= 0.0 && val_fraction < 1.0))
         return pt_fail(PIPERT_ERR_INVALID_ARG, "data.val_fraction %g: expected 0 <= value < 1",
                        val_fraction);
-    int is_default = !path || !*path;
-    const char *root = is_default ? PT_FORTUNES_DIR : path;
+    return PIPERT_OK;
+}
 
-    token_buffer buf = {0};
-    pipert_result rc = load_tokens(&buf, root, is_default, fmt, ds->source, sizeof ds->source);
-    if (rc == PIPERT_OK && buf.length == 0)
+/* Gives ds the tokens of buf (rc: how reading them went) split for validation. */
+static pipert_result finish_load(pt_dataset *ds, token_buffer *buf, pipert_result rc,
+                                 const char *root, double val_fraction)
+{
+    if (rc == PIPERT_OK && buf->length == 0)
         rc = pt_fail(PIPERT_ERR_FORMAT, "%s: holds no tokens", root);
     if (rc != PIPERT_OK) {
-        free(buf.data);
+        free(buf->data);
         memset(ds, 0, sizeof *ds);
         ds->max_token = -1;
         return rc;
     }
-    ds->tokens = buf.data;
-    ds->n_tokens = buf.length;
-    for (size_t i = 0; i < buf.length; i++)
-        if (buf.data[i] > ds->max_token) ds->max_token = buf.data[i];
-    size_t n_val = (size_t)llround(val_fraction * (double)buf.length);
-    ds->n_train = buf.length - n_val;
+    ds->tokens = buf->data;
+    ds->n_tokens = buf->length;
+    for (size_t i = 0; i < buf->length; i++)
+        if (buf->data[i] > ds->max_token) ds->max_token = buf->data[i];
+    size_t n_val = (size_t)llround(val_fraction * (double)buf->length);
+    ds->n_train = buf->length - n_val;
     return PIPERT_OK;
+}
+
+pipert_result pt_dataset_load(pt_dataset *ds, const char *path, const char *format,
+                              double val_fraction)
+{
+    data_format fmt;
+    PT_TRY(begin_load(ds, format, val_fraction, &fmt));
+    int is_default = !path || !*path;
+    const char *root = is_default ? PT_FORTUNES_DIR : path;
+    token_buffer buf = {0};
+    pipert_result rc = load_tokens(&buf, root, is_default, fmt, ds->source, sizeof ds->source);
+    return finish_load(ds, &buf, rc, root, val_fraction);
+}
+
+pipert_result pt_dataset_load_memory(pt_dataset *ds, const char *name, const void *bytes,
+                                     size_t size, const char *format, double val_fraction)
+{
+    data_format fmt, used = FORMAT_TEXT;
+    PT_TRY(begin_load(ds, format, val_fraction, &fmt));
+    token_buffer buf = {0};
+    pipert_result rc = append_bytes(&buf, name, bytes, size, fmt, &used);
+    snprintf(ds->source, sizeof ds->source, "%s (%s)", name,
+             used == FORMAT_TOKENS ? "tokens" : "text");
+    return finish_load(ds, &buf, rc, name, val_fraction);
 }
 
 void pt_dataset_free(pt_dataset *ds)

@@ -41,6 +41,9 @@
  * failure is PIPERT_ERR_IO (cannot read) or PIPERT_ERR_FORMAT (short header,
  * wrong magic, other version, size ≠ 1024 + 2·count) and names the file. */
 pipert_result pt_shard_read(const char *path, uint16_t **tokens, size_t *count);
+/* The same from a shard's bytes in memory; `name` names them in errors. */
+pipert_result pt_shard_parse(const char *name, const void *bytes, size_t size, uint16_t **tokens,
+                             size_t *count);
 
 /* Writes tokens [count] as a version-1 shard, atomically (temporary file in
  * the same directory, renamed over `path`). count must fit in an int32. */
@@ -72,6 +75,11 @@ typedef struct pt_dataset {
  * tokens, 0 ≤ val_fraction < 1. On failure *ds is empty (safe to free). */
 pipert_result pt_dataset_load(pt_dataset *ds, const char *path, const char *format,
                               double val_fraction);
+
+/* The same from one file's bytes in memory, `name` standing for its path (in
+ * messages, and for format "auto": a name ending in .bin is a token shard). */
+pipert_result pt_dataset_load_memory(pt_dataset *ds, const char *name, const void *bytes,
+                                     size_t size, const char *format, double val_fraction);
 
 void pt_dataset_free(pt_dataset *ds);
 

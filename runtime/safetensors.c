@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -88,6 +89,7 @@ struct pt_safetensors {
     size_t map_size;
     const unsigned char *data; /* the data section, data_size bytes */
     size_t data_size;
+    bool mapped;               /* map is ours to munmap (else the caller's bytes) */
     json_t *header;            /* owns the strings that entry names point to */
     json_t *metadata;          /* borrowed from header; NULL if the file has none */
     pt_tensor_entry *entries;  /* [count], sorted by name */
@@ -116,6 +118,7 @@ static pipert_result map_file(pt_safetensors *st)
         return pt_fail(PIPERT_ERR_IO, "%s: cannot map %zu bytes: %s", st->path, size, strerror(saved));
     st->map = map;
     st->map_size = size;
+    st->mapped = true;
     return PIPERT_OK;
 }
 
@@ -297,16 +300,21 @@ static pipert_result check_no_overlap(const pt_safetensors *st)
     return rc;
 }
 
-pipert_result pt_safetensors_open(pt_safetensors **out, const char *path)
+static pipert_result new_reader(pt_safetensors **out, const char *path)
 {
-    *out = NULL;
-    pt_safetensors *st = calloc(1, sizeof *st);
-    if (!st || !(st->path = strdup(path))) {
-        free(st);
+    *out = calloc(1, sizeof **out);
+    if (!*out || !((*out)->path = strdup(path))) {
+        free(*out);
+        *out = NULL;
         return pt_fail(PIPERT_ERR_NOMEM, "%s: out of memory", path);
     }
-    pipert_result rc = map_file(st);
-    if (rc == PIPERT_OK) rc = parse_header(st);
+    return PIPERT_OK;
+}
+
+/* Parses and checks st's bytes; frees st on failure. */
+static pipert_result validate(pt_safetensors **out, pt_safetensors *st)
+{
+    pipert_result rc = parse_header(st);
     if (rc == PIPERT_OK) rc = check_no_overlap(st);
     if (rc != PIPERT_OK) {
         pt_safetensors_close(st);
@@ -316,10 +324,36 @@ pipert_result pt_safetensors_open(pt_safetensors **out, const char *path)
     return PIPERT_OK;
 }
 
+pipert_result pt_safetensors_open(pt_safetensors **out, const char *path)
+{
+    pt_safetensors *st;
+    PT_TRY(new_reader(&st, path));
+    pipert_result rc = map_file(st);
+    if (rc != PIPERT_OK) {
+        pt_safetensors_close(st);
+        return rc;
+    }
+    return validate(out, st);
+}
+
+pipert_result pt_safetensors_open_memory(pt_safetensors **out, const char *name, const void *bytes,
+                                         size_t size)
+{
+    *out = NULL;
+    if (size < HEADER_LENGTH_BYTES)
+        return pt_fail(PIPERT_ERR_FORMAT, "%s: shorter than 8 bytes (%zu bytes): not safetensors",
+                       name, size);
+    pt_safetensors *st;
+    PT_TRY(new_reader(&st, name));
+    st->map = bytes;
+    st->map_size = size;
+    return validate(out, st);
+}
+
 void pt_safetensors_close(pt_safetensors *st)
 {
     if (!st) return;
-    if (st->map) munmap((void *)st->map, st->map_size);
+    if (st->mapped) munmap((void *)st->map, st->map_size);
     json_decref(st->header);
     free(st->entries);
     free(st->path);

@@ -65,6 +65,10 @@ typedef struct pt_safetensors pt_safetensors;
 /* Fails with PIPERT_ERR_IO if the file cannot be read and PIPERT_ERR_FORMAT, naming the file and
  * what is wrong with it, if it is not a valid safetensors file. */
 pipert_result pt_safetensors_open(pt_safetensors **out, const char *path);
+/* The same from bytes in memory (`name` names them in errors): they are used in place, not copied,
+ * and must stay valid and unchanged until pt_safetensors_close. */
+pipert_result pt_safetensors_open_memory(pt_safetensors **out, const char *name, const void *bytes,
+                                         size_t size);
 void pt_safetensors_close(pt_safetensors *st);
 
 const char *pt_safetensors_path(const pt_safetensors *st);

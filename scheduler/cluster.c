@@ -12,6 +12,7 @@
 
 #define MAX_SITES 254
 #define MAX_GROUPS 4096
+#define MAX_DEVICES 1000000 /* in all groups together: pt_cluster_devices fits an int */
 
 static int site_index(const pt_cluster *c, const char *name)
 {
@@ -250,6 +251,7 @@ static pipert_result read_group(const pt_json_file *f, const char *field, json_t
 static pipert_result read_groups(const pt_json_file *f, pt_cluster *c)
 {
     json_t *sites = json_object_get(f->root, "sites");
+    int devices = 0;
     for (int i = 0; i < c->n_sites; i++) {
         json_t *groups = json_object_get(json_array_get(sites, (size_t)i), "groups");
         char field[PT_JSON_FIELD_MAX];
@@ -263,7 +265,10 @@ static pipert_result read_groups(const pt_json_file *f, pt_cluster *c)
             c->groups = more;
             pt_json_field_path(field, "sites[%d].groups[%zu]", i, k);
             PT_TRY(read_group(f, field, json_array_get(groups, k), i, c, &c->groups[c->n_groups]));
-            c->n_groups++;
+            devices += c->groups[c->n_groups++].count; /* each at most MAX_DEVICES */
+            if (devices > MAX_DEVICES)
+                return pt_json_field_error(f, field, "more than %d devices in all groups",
+                                           MAX_DEVICES);
         }
     }
     return PIPERT_OK;
@@ -291,15 +296,30 @@ static pipert_result read_cluster(const pt_json_file *f, pt_cluster *c)
     return rc;
 }
 
+/* Reads the parsed file into cluster; frees both on failure. */
+static pipert_result read_file(pt_json_file *file, pt_cluster *cluster)
+{
+    pipert_result rc = read_cluster(file, cluster);
+    pt_json_file_free(file);
+    if (rc != PIPERT_OK) pt_cluster_free(cluster);
+    return rc;
+}
+
 pipert_result pt_cluster_load(const char *path, pt_cluster *cluster)
 {
     memset(cluster, 0, sizeof *cluster);
     pt_json_file file;
     PT_TRY(pt_json_file_load(path, &file));
-    pipert_result rc = read_cluster(&file, cluster);
-    pt_json_file_free(&file);
-    if (rc != PIPERT_OK) pt_cluster_free(cluster);
-    return rc;
+    return read_file(&file, cluster);
+}
+
+pipert_result pt_cluster_parse(const char *name, const char *text, size_t length,
+                               pt_cluster *cluster)
+{
+    memset(cluster, 0, sizeof *cluster);
+    pt_json_file file;
+    PT_TRY(pt_json_file_parse(name, text, length, &file));
+    return read_file(&file, cluster);
 }
 
 void pt_cluster_free(pt_cluster *cluster)

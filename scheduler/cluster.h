@@ -20,8 +20,9 @@
  *               "bf16_flops": 9.89e14, "memory": "80gib",
  *               "link": {"bandwidth": "3600gbit", "latency": "2us"}}]
  *
- * kind "cuda" or "cpu"; count ≥ 1 devices; FLOP/s per device (fp32 required,
- * bf16 optional); memory per device with a unit (b, kb…tb, kib…tib);
+ * kind "cuda" or "cpu"; count ≥ 1 devices (at most 10⁶ in all groups);
+ * FLOP/s per device (fp32 required, bf16 optional); memory per device with a
+ * unit (b, kb…tb, kib…tib);
  * "memory_bytes_per_s" its bandwidth (optional: 1.5e12 for cuda, 2e10 for
  * cpu; the optimizer step streams at it); `link` joins the devices of the
  * group (optional: 100gbit, 20us). Group names are
@@ -68,6 +69,9 @@ int pt_cluster_devices(const pt_cluster *cluster);
  * positive bit rate ..." (scheduler/json_fields.h); "c.json:3:7: ..." for
  * malformed JSON. An unreadable file is PIPERT_ERR_IO naming it. */
 pipert_result pt_cluster_load(const char *path, pt_cluster *cluster);
+/* The same from a text in memory (length bytes); `name` stands for the path. */
+pipert_result pt_cluster_parse(const char *name, const char *text, size_t length,
+                               pt_cluster *cluster);
 void pt_cluster_free(pt_cluster *cluster);
 
 #endif

@@ -11,16 +11,34 @@
 
 #define MAX_STEPS 16
 
+/* Parses file->text (size bytes) into file->root; frees the file on failure. */
+static pipert_result parse_text(pt_json_file *file, size_t size)
+{
+    json_error_t error;
+    file->root = json_loadb(file->text, size, JSON_REJECT_DUPLICATES, &error);
+    if (file->root) return PIPERT_OK;
+    const char *path = file->path;
+    pt_json_file_free(file);
+    return pt_fail(PIPERT_ERR_CONFIG, "%s:%d:%d: %s", path, error.line, error.column, error.text);
+}
+
 pipert_result pt_json_file_load(const char *path, pt_json_file *file)
 {
     *file = (pt_json_file){.path = path};
     size_t size;
     PT_TRY(pt_read_file(path, &file->text, &size));
-    json_error_t error;
-    file->root = json_loadb(file->text, size, JSON_REJECT_DUPLICATES, &error);
-    if (file->root) return PIPERT_OK;
-    pt_json_file_free(file);
-    return pt_fail(PIPERT_ERR_CONFIG, "%s:%d:%d: %s", path, error.line, error.column, error.text);
+    return parse_text(file, size);
+}
+
+pipert_result pt_json_file_parse(const char *name, const char *text, size_t length,
+                                 pt_json_file *file)
+{
+    *file = (pt_json_file){.path = name};
+    file->text = malloc(length + 1);
+    if (!file->text) return pt_fail(PIPERT_ERR_NOMEM, "%s: out of memory", name);
+    memcpy(file->text, text, length);
+    file->text[length] = '\0';
+    return parse_text(file, length);
 }
 
 void pt_json_file_free(pt_json_file *file)

@@ -26,6 +26,9 @@ typedef struct pt_json_file {
  * PIPERT_ERR_IO naming it; malformed JSON PIPERT_ERR_CONFIG with jansson's
  * FILE:LINE:COLUMN. */
 pipert_result pt_json_file_load(const char *path, pt_json_file *file);
+/* The same for `length` bytes of text in memory (copied), named `name` in errors. */
+pipert_result pt_json_file_parse(const char *name, const char *text, size_t length,
+                                 pt_json_file *file);
 void pt_json_file_free(pt_json_file *file);
 
 #define PT_JSON_FIELD_MAX 128

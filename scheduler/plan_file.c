@@ -132,6 +132,7 @@ static pipert_result check_sites(const pt_json_file *f, const pt_plan_file *p)
     return rc;
 }
 
+/* The plan in `f`, without checking its sites against the cluster. */
 static pipert_result read_plan(const pt_json_file *f, pt_plan_file *plan)
 {
     static const char *const known[] = {"format", "cluster", "stages", "replicas", "layers",
@@ -143,13 +144,22 @@ static pipert_result read_plan(const pt_json_file *f, pt_plan_file *plan)
         return pt_json_field_error(f, "format", "expected \"%s\"", PT_PLAN_FILE_FORMAT);
     PT_TRY(read_count(f, "stages", &plan->stages));
     PT_TRY(read_count(f, "replicas", &plan->replicas));
-    if (plan->stages * plan->replicas > MAX_RANKS)
+    if ((long long)plan->stages * plan->replicas > MAX_RANKS)
         return pt_json_field_error(f, "replicas", "%d stages × %d replicas is more than %d ranks",
                                    plan->stages, plan->replicas, MAX_RANKS);
     PT_TRY(read_cluster_path(f, plan));
     PT_TRY(read_placement(f, plan));
-    PT_TRY(read_rest(f, plan));
-    return check_sites(f, plan);
+    return read_rest(f, plan);
+}
+
+/* Reads `file` (freed here) into plan; `check`: its sites against the cluster too. */
+static pipert_result read_file(pt_json_file *file, bool check, pt_plan_file *plan)
+{
+    pipert_result rc = read_plan(file, plan);
+    if (rc == PIPERT_OK && check) rc = check_sites(file, plan);
+    pt_json_file_free(file);
+    if (rc != PIPERT_OK) pt_plan_file_free(plan);
+    return rc;
 }
 
 pipert_result pt_plan_file_load(const char *path, pt_plan_file *plan)
@@ -157,10 +167,16 @@ pipert_result pt_plan_file_load(const char *path, pt_plan_file *plan)
     *plan = (pt_plan_file){0};
     pt_json_file file;
     PT_TRY(pt_json_file_load(path, &file));
-    pipert_result rc = read_plan(&file, plan);
-    pt_json_file_free(&file);
-    if (rc != PIPERT_OK) pt_plan_file_free(plan);
-    return rc;
+    return read_file(&file, true, plan);
+}
+
+pipert_result pt_plan_file_parse(const char *name, const char *text, size_t length,
+                                 pt_plan_file *plan)
+{
+    *plan = (pt_plan_file){0};
+    pt_json_file file;
+    PT_TRY(pt_json_file_parse(name, text, length, &file));
+    return read_file(&file, false, plan);
 }
 
 /* ---- writing ----------------------------------------------------------------- */

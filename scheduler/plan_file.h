@@ -49,6 +49,11 @@ typedef struct pt_plan_file {
  * field ("plan.json:4:18: placement[1][0].site: ..."); an unreadable file is
  * PIPERT_ERR_IO naming it. */
 pipert_result pt_plan_file_load(const char *path, pt_plan_file *plan);
+/* A plan from a text in memory (length bytes), `name` standing for its path
+ * (a relative cluster path is resolved against its folder); its sites are
+ * not checked against the cluster, which is not read. */
+pipert_result pt_plan_file_parse(const char *name, const char *text, size_t length,
+                                 pt_plan_file *plan);
 
 /* Writes `plan` to `path` atomically (a temporary name, then rename); the
  * cluster's path is written absolute. */

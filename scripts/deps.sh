@@ -15,6 +15,8 @@ packages=(
   python3 iproute2         # benchmark scripts (tables; network namespaces and tc for emulated sites)
   gnuplot-nox              # pipert plot
   libsodium-dev            # authentication: the job secret proved by challenge and response
+  clang libclang-rt-dev libomp-dev  # libFuzzer harnesses (scripts/fuzz.sh, fuzz/): clang, its
+                           # fuzzer and sanitizer runtimes, OpenMP for clang
 )
 
 missing=()

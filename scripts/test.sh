@@ -9,6 +9,9 @@ meson test -C build --print-errorlogs
 scripts/build.sh build-sanitize -Dbuildtype=debugoptimized -Db_sanitize=address,undefined -Db_lundef=false
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
   meson test -C build-sanitize --print-errorlogs --timeout-multiplier 4
+# Both builds replayed fuzz/corpus/ (suite fuzz); now a few seconds of real
+# fuzzing per harness, in clang's libFuzzer build (scripts/fuzz.sh, build-fuzz).
+scripts/fuzz.sh -t 5
 
 # `meson install` gives a usable library: install into a staging root and
 # build a program against it through pkg-config.

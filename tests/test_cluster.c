@@ -177,6 +177,37 @@ Test(cluster, malformed_groups_are_refused_by_position_and_field)
                    ":2:11: sites[0].groups[0].link: unknown key 'loss'");
 }
 
+/* Devices in all groups together fit an int: at most 10^6 (the sum of 2,148 groups of 10^6
+ * overflowed: fuzz/corpus/cluster/regression-devices-overflow). Read from memory. */
+Test(cluster, at_most_a_million_devices_in_all)
+{
+    const char *group = "{\"name\": \"g%d\", \"kind\": \"cpu\", \"count\": %d, \"fp32_flops\": 1, "
+                        "\"memory\": \"1gb\"}";
+    char text[512], one[128];
+    for (int count = 500000; count <= 500001; count++) {
+        snprintf(text, sizeof text, "{\"sites\": [{\"name\": \"a\", \"groups\": [");
+        for (int g = 0; g < 2; g++) {
+            snprintf(one, sizeof one, group, g, count);
+            strcat(text, g ? ", " : "");
+            strcat(text, one);
+        }
+        strcat(text, "]}]}");
+        pt_cluster c;
+        pipert_result rc = pt_cluster_parse("mem.json", text, strlen(text), &c);
+        if (count == 500000) {
+            cr_expect_eq(rc, PIPERT_OK, "%s", pipert_last_error());
+            cr_expect_eq(pt_cluster_devices(&c), 1000000);
+            pt_cluster_free(&c);
+        } else {
+            cr_expect_eq(rc, PIPERT_ERR_CONFIG);
+            cr_expect(!strncmp(pipert_last_error(), "mem.json:1:", 11) &&
+                          strstr(pipert_last_error(),
+                                 ": sites[0].groups[1]: more than 1000000 devices in all groups"),
+                      "%s", pipert_last_error());
+        }
+    }
+}
+
 /* Every file in examples/clusters loads, with devices in it. */
 Test(cluster, every_example_loads)
 {

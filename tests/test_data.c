@@ -351,6 +351,39 @@ Test(data, mixed_directory_detects_each_file)
     pt_dataset_free(&ds);
 }
 
+/* From memory, as the fuzzing harness reads: the same formats and errors. An empty shard first
+ * in a directory decoded its no tokens at NULL + 0 (fuzz/corpus/data/regression-empty-shard-*). */
+Test(data, loads_from_memory_and_empty_shards_are_no_tokens)
+{
+    unsigned char bytes[PT_SHARD_HEADER_BYTES + 4] = {0};
+    const uint32_t header[3] = {PT_SHARD_MAGIC, PT_SHARD_VERSION, 2};
+    memcpy(bytes, header, sizeof header);
+    bytes[PT_SHARD_HEADER_BYTES] = 7;
+    bytes[PT_SHARD_HEADER_BYTES + 3] = 1;
+    pt_dataset ds;
+    cr_assert_eq(pt_dataset_load_memory(&ds, "mem.bin", bytes, sizeof bytes, "auto", 0.0), PIPERT_OK,
+                 "%s", pipert_last_error());
+    cr_expect_eq(ds.n_tokens, 2);
+    cr_expect_eq(ds.tokens[0], 7);
+    cr_expect_eq(ds.tokens[1], 256);
+    pt_dataset_free(&ds);
+
+    bytes[8] = 0; /* no tokens */
+    cr_expect_eq(pt_dataset_load_memory(&ds, "mem.bin", bytes, PT_SHARD_HEADER_BYTES, "tokens", 0.0),
+                 PIPERT_ERR_FORMAT);
+    expect_error_names("mem.bin: holds no tokens");
+    const char *dir = temp_path("empty-first");
+    cr_assert_eq(mkdir(dir, 0755), 0);
+    char path[300];
+    snprintf(path, sizeof path, "%s/0.bin", dir);
+    cr_assert_eq(pt_shard_write(path, NULL, 0), PIPERT_OK);
+    snprintf(path, sizeof path, "%s/1.txt", dir);
+    write_text(path, "ab");
+    cr_assert_eq(pt_dataset_load(&ds, dir, "auto", 0.0), PIPERT_OK, "%s", pipert_last_error());
+    cr_expect_eq(ds.n_tokens, 2);
+    pt_dataset_free(&ds);
+}
+
 Test(data, split_sizes)
 {
     const char *path = temp_path("seven.txt");

@@ -160,4 +160,25 @@ Test(plan_file, unreadable_and_malformed_files, .init = make_folder, .fini = rem
     snprintf(expected, sizeof expected, "%s:2:14: ", path);
     cr_expect(strstr(pipert_last_error(), expected) == pipert_last_error(), "\"%s\" is not \"%s...\"",
               pipert_last_error(), expected);
+
+    /* the product overflowed an int (fuzz/corpus/plan_file/regression-stages-times-replicas-overflow) */
+    path = write_file("plan.json", FORMAT "\"stages\": 65536, \"replicas\": 65536, \"placement\": []}");
+    cr_expect_eq(pt_plan_file_load(path, &plan), PIPERT_ERR_CONFIG, "65536 x 65536 ranks");
+    cr_expect(strstr(pipert_last_error(), "65536 stages × 65536 replicas is more than 65536 ranks"),
+              "%s", pipert_last_error());
+}
+
+/* The same reader from memory: what the fuzzing harness uses. */
+Test(plan_file, parses_from_memory)
+{
+    const char text[] = "{\"format\": \"pipert-plan-1\", \"cluster\": \"c.json\", \"stages\": 1, "
+                        "\"replicas\": 1, \"placement\": [[{\"site\": \"x\"}]]}";
+    pt_plan_file plan;
+    cr_assert_eq(pt_plan_file_parse("/plans/p.json", text, strlen(text), &plan), PIPERT_OK, "%s",
+                 pipert_last_error());
+    cr_expect_str_eq(plan.cluster_path, "/plans/c.json"); /* not read: site x is not checked */
+    cr_expect_str_eq(plan.placement[0].site, "x");
+    pt_plan_file_free(&plan);
+    cr_expect_neq(pt_plan_file_parse("/plans/p.json", text, 20, &plan), PIPERT_OK);
+    cr_expect(strstr(pipert_last_error(), "/plans/p.json:1:"), "%s", pipert_last_error());
 }

@@ -65,6 +65,11 @@ void pt_coordinator_free(pt_coordinator *c);
 
 int pt_coordinator_port(const pt_coordinator *c);
 
+/* Serves a socket that is already connected to a worker (one end of a
+ * socketpair, or a connection accepted elsewhere) as if it had been accepted;
+ * the coordinator owns fd from here on, also on failure. */
+pipert_result pt_coordinator_adopt(pt_coordinator *c, int fd);
+
 /* Serves for up to timeout_ms (returns early after handling any event):
  * accepts, reads, checks heartbeats and deadlines, writes. For a caller with
  * its own loop (pipert launch); not together with pt_coordinator_start. */

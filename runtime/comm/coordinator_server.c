@@ -4,6 +4,7 @@
 #include "runtime/comm/coordinator.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <jansson.h>
 #include <math.h>
 #include <netdb.h>
@@ -404,6 +405,32 @@ static void read_input(pt_coordinator *c, connection *conn)
 
 /* ---- connections --------------------------------------------------------- */
 
+/* Takes a connected, non-blocking socket as a new connection; false (and the
+ * socket closed) when out of memory. */
+static bool add_connection(pt_coordinator *c, int fd)
+{
+    connection *conn = calloc(1, sizeof *conn);
+    if (conn && c->n_conns == c->cap_conns) {
+        int capacity = c->cap_conns ? 2 * c->cap_conns : 16;
+        connection **grown = realloc(c->conns, (size_t)capacity * sizeof *grown);
+        if (grown) {
+            c->conns = grown;
+            c->cap_conns = capacity;
+        }
+    }
+    if (!conn || c->n_conns == c->cap_conns) {
+        free(conn);
+        close(fd);
+        return false;
+    }
+    pt_coord_set_no_delay(fd);
+    *conn = (connection){.fd = fd, .rank = -1, .opened_at = pt_now_s()};
+    conn->last_heard = conn->opened_at;
+    describe_peer(fd, conn->peer, sizeof conn->peer);
+    c->conns[c->n_conns++] = conn;
+    return true;
+}
+
 static void accept_connections(pt_coordinator *c)
 {
     for (;;) {
@@ -414,27 +441,21 @@ static void accept_connections(pt_coordinator *c)
                 pt_warn("coordinator: accept: %s", strerror(errno));
             return;
         }
-        connection *conn = calloc(1, sizeof *conn);
-        if (conn && c->n_conns == c->cap_conns) {
-            int capacity = c->cap_conns ? 2 * c->cap_conns : 16;
-            connection **grown = realloc(c->conns, (size_t)capacity * sizeof *grown);
-            if (grown) {
-                c->conns = grown;
-                c->cap_conns = capacity;
-            }
-        }
-        if (!conn || c->n_conns == c->cap_conns) {
-            free(conn);
-            close(fd);
-            pt_warn("coordinator: out of memory; a connection was dropped");
-            continue;
-        }
-        pt_coord_set_no_delay(fd);
-        *conn = (connection){.fd = fd, .rank = -1, .opened_at = pt_now_s()};
-        conn->last_heard = conn->opened_at;
-        describe_peer(fd, conn->peer, sizeof conn->peer);
-        c->conns[c->n_conns++] = conn;
+        if (!add_connection(c, fd)) pt_warn("coordinator: out of memory; a connection was dropped");
     }
+}
+
+pipert_result pt_coordinator_adopt(pt_coordinator *c, int fd)
+{
+    int flags = fcntl(fd, F_GETFL);
+    if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) != 0) {
+        close(fd);
+        return pt_fail(PIPERT_ERR_INVALID_ARG, "coordinator: socket %d: %s", fd, strerror(errno));
+    }
+    pthread_mutex_lock(&c->lock);
+    bool added = add_connection(c, fd);
+    pthread_mutex_unlock(&c->lock);
+    return added ? PIPERT_OK : pt_fail(PIPERT_ERR_NOMEM, "coordinator: out of memory");
 }
 
 static void close_connection(connection *conn)
