@@ -37,13 +37,7 @@ model=(--model.n_layer=6 --model.n_embd=192 --model.n_head=6 --model.block_size=
 common=(--runtime.threads=1 "${model[@]}" --train.val_every=0 --train.val_batches=1 --train.log_every=1
         --pipeline.schedule=1f1b)
 
-read -r flops efficiency < <("$pipert" bench "${common[@]}" 2>/dev/null |
-  python3 -c '
-import re, sys
-text = sys.stdin.read()
-peak = float(re.search(r"GEMM peak .*: ([0-9.]+) GFLOP/s", text)[1])
-share = float(re.search(r"([0-9.]+)% of peak", text)[1])
-print(peak * 1e9, round(share / 100, 4))')
+read -r flops efficiency < <(scripts/calibrate.sh "$pipert" "${common[@]}")
 echo "calibration (pipert bench, 1 thread): GEMM peak $(python3 -c "print(f'{$flops/1e9:.1f}')") GFLOP/s, efficiency $efficiency; site b at ${share}x, link $link"
 
 python3 - "$out" "$flops" "$share" "$link" <<'PY'
