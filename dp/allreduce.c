@@ -57,6 +57,16 @@ static pipert_result allreduce_after_backward(void *state, pt_coupling_point *at
 
 static void allreduce_destroy(void *state) { free(state); }
 
+/* Nothing stays in flight between calls: a wait cut short abandoned its all-reduce. */
+static void allreduce_suspend(void *state) { (void)state; }
+
+static pipert_result allreduce_regroup(void *state, const pt_coupling_options *options)
+{
+    allreduce_state *s = state;
+    s->options = *options;
+    return PIPERT_OK;
+}
+
 const pt_coupling_method pt_dp_allreduce = {
     .name = "allreduce",
     .over_all_replicas = true, /* dense everywhere: a ring ordered by site */
@@ -64,4 +74,6 @@ const pt_coupling_method pt_dp_allreduce = {
     .create = allreduce_create,
     .after_backward = allreduce_after_backward,
     .destroy = allreduce_destroy,
+    .suspend = allreduce_suspend,
+    .regroup = allreduce_regroup,
 };

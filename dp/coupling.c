@@ -3,10 +3,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "dp/methods.h"
 #include "dp/wait.h"
 #include "runtime/clock.h"
+#include "runtime/log.h"
+
+/* A collective that failed because a peer died is a departure if the
+ * coordinator says so within this long (it hears of deaths by heartbeat
+ * silence, PT_DEAD_AFTER_S, or at once from a closed connection). */
+#define DEPARTURE_NOTICE_S 12.0
 
 struct pt_coupling {
     const pt_coupling_method *method;
@@ -18,6 +25,12 @@ struct pt_coupling {
     pt_coupling_metrics metrics;
     pt_coupling_blocked blocked;        /* options.blocked points here */
     double blocked_reported_s;          /* blocked.wall_s at the last take_metrics */
+    /* elastic replicas */
+    bool elastic, suspended;
+    float *scratch;     /* [n_params + 1]: after_backward's gradient and loss, elastic */
+    size_t scratch_n;
+    void **retired;     /* buffers a cut-short collective may still write: kept to the end */
+    int n_retired;
 };
 
 static const pt_coupling_method *const methods[] = {
@@ -72,6 +85,9 @@ void pt_coupling_free(pt_coupling *c)
 {
     if (!c) return;
     c->method->destroy(c->state);
+    free(c->scratch);
+    for (int i = 0; i < c->n_retired; i++) free(c->retired[i]);
+    free(c->retired);
     free(c);
 }
 
@@ -117,7 +133,7 @@ static pipert_result site_follow_leader(pt_coupling *c, pt_coupling_point *at)
     return PIPERT_OK;
 }
 
-pipert_result pt_coupling_after_backward(pt_coupling *c, pt_coupling_point *at)
+static pipert_result average_gradients(pt_coupling *c, pt_coupling_point *at)
 {
     if (c->by_sites && c->options.site_replicas) {
         PT_TRY(site_mean(c, at->grads, at->n_params, at->step));
@@ -126,11 +142,131 @@ pipert_result pt_coupling_after_backward(pt_coupling *c, pt_coupling_point *at)
     return c->runs_method ? method_call(c, c->method->after_backward, at) : PIPERT_OK;
 }
 
-pipert_result pt_coupling_after_step(pt_coupling *c, pt_coupling_point *at)
+static pipert_result follow_step(pt_coupling *c, pt_coupling_point *at)
 {
     if (c->runs_method) PT_TRY(method_call(c, c->method->after_step, at));
     if (!c->by_sites || !c->options.site_replicas || !c->method->after_step) return PIPERT_OK;
     return site_follow_leader(c, at);
+}
+
+/* ---- elastic replicas ------------------------------------------------------- */
+
+static bool membership_changed(const pt_coupling *c)
+{
+    return c->options.membership_changed && c->options.membership_changed(c->options.context);
+}
+
+/* Whether a failed call failed because replicas left: the coordinator said
+ * so, or says so soon after a peer was found dead. */
+static bool departed(pt_coupling *c, pipert_result rc)
+{
+    if (!c->elastic || rc == PIPERT_OK) return false;
+    if (membership_changed(c)) return true;
+    if (rc != PIPERT_ERR_PEER && rc != PIPERT_ERR_TRANSPORT) return false;
+    for (const double until = pt_now_s() + DEPARTURE_NOTICE_S; pt_now_s() < until;) {
+        if (membership_changed(c)) return true;
+        if (c->options.should_stop && c->options.should_stop(c->options.context)) return false;
+        struct timespec pause = {0, 20 * 1000000L};
+        nanosleep(&pause, NULL);
+    }
+    return false;
+}
+
+static pipert_result retire(pt_coupling *c, void *buffer)
+{
+    void **grown = realloc(c->retired, (size_t)(c->n_retired + 1) * sizeof *grown);
+    if (!grown) return pt_fail(PIPERT_ERR_NOMEM, "coupling: out of memory");
+    c->retired = grown;
+    c->retired[c->n_retired++] = buffer;
+    return PIPERT_OK;
+}
+
+/* A call cut short by a departure: this step averages nothing. */
+static pipert_result cut_short(pt_coupling *c, const pt_coupling_point *at, const char *where)
+{
+    pt_warn("replicas left the job during step %ld's %s: this step keeps its own values; the "
+            "coupling pauses until the survivors regroup", at->step, where);
+    pt_coupling_suspend(c);
+    return PIPERT_OK;
+}
+
+/* after_backward on a copy: a collective cut short may still write into its
+ * buffer, which is then retired, never the model's gradient. */
+static pipert_result average_gradients_elastic(pt_coupling *c, pt_coupling_point *at)
+{
+    if (!c->scratch || c->scratch_n != at->n_params) {
+        if (c->scratch) PT_TRY(retire(c, c->scratch));
+        c->scratch = malloc((at->n_params + 1) * sizeof *c->scratch);
+        c->scratch_n = at->n_params;
+        if (!c->scratch) return pt_fail(PIPERT_ERR_NOMEM, "coupling: no room for a gradient copy");
+    }
+    pt_coupling_point copy = *at;
+    copy.grads = c->scratch;
+    memcpy(copy.grads, at->grads, at->n_params * sizeof *at->grads);
+    if (at->loss) {
+        copy.loss = c->scratch + at->n_params;
+        *copy.loss = *at->loss;
+    }
+    pipert_result rc = average_gradients(c, &copy);
+    if (rc == PIPERT_OK) {
+        memcpy(at->grads, copy.grads, at->n_params * sizeof *at->grads);
+        if (at->loss) *at->loss = *copy.loss;
+        return PIPERT_OK;
+    }
+    if (!departed(c, rc)) return rc;
+    PT_TRY(retire(c, c->scratch));
+    c->scratch = NULL;
+    return cut_short(c, at, "gradient averaging");
+}
+
+pipert_result pt_coupling_after_backward(pt_coupling *c, pt_coupling_point *at)
+{
+    if (c->suspended) return PIPERT_OK;
+    if (!c->elastic) return average_gradients(c, at);
+    return average_gradients_elastic(c, at);
+}
+
+pipert_result pt_coupling_after_step(pt_coupling *c, pt_coupling_point *at)
+{
+    if (c->suspended) return PIPERT_OK;
+    pipert_result rc = follow_step(c, at);
+    if (rc == PIPERT_OK || !departed(c, rc)) return rc;
+    return cut_short(c, at, "parameter averaging");
+}
+
+void pt_coupling_set_elastic(pt_coupling *c, bool elastic) { c->elastic = elastic; }
+
+void pt_coupling_suspend(pt_coupling *c)
+{
+    if (c->suspended) return;
+    c->suspended = true;
+    if (c->method->suspend) c->method->suspend(c->state);
+}
+
+bool pt_coupling_suspended(const pt_coupling *c) { return c->suspended; }
+
+/* The groups as the method sees them: with sites, the leaders run it. */
+static void adopt_groups(pt_coupling *c, const pt_coupling_options *groups)
+{
+    c->options.replicas = groups->replicas;
+    c->options.site_replicas = groups->site_replicas;
+    c->options.leaders = groups->leaders;
+    c->options.sites = groups->sites;
+    c->method_options = c->options;
+    c->by_sites = !c->method->over_all_replicas && c->options.sites > 1;
+    if (c->by_sites) c->method_options.replicas = c->options.leaders;
+    c->runs_method = !c->by_sites || c->options.leaders;
+}
+
+pipert_result pt_coupling_regroup(pt_coupling *c, const pt_coupling_options *groups)
+{
+    if (!c->method->regroup)
+        return pt_fail(PIPERT_ERR_UNSUPPORTED, "dp.method=%s cannot go on after a replica left "
+                                               "the job (not supported yet)", c->method->name);
+    adopt_groups(c, groups);
+    PT_TRY(c->method->regroup(c->state, &c->method_options));
+    c->suspended = false;
+    return PIPERT_OK;
 }
 
 pipert_result pt_coupling_save(pt_coupling *c, pt_safetensors_writer *w)

@@ -77,6 +77,10 @@ typedef struct pt_coupling_options {
      * PIPERT_ERR_INTERRUPTED (a stop request, a job-wide abort). */
     bool (*should_stop)(void *context);
     void *context;
+    /* Elastic replicas: asked while a call waits; true when replicas left the
+     * job since the coupling last regrouped, so what is in flight will never
+     * complete (NULL: never). */
+    bool (*membership_changed)(void *context);
     /* Where the waits add their time (pt_coupling_create points it at the
      * coupling's own count: callers leave it NULL). */
     pt_coupling_blocked *blocked;
@@ -105,6 +109,14 @@ typedef struct pt_coupling_method {
     pipert_result (*save)(void *state, pt_safetensors_writer *w);
     pipert_result (*load)(void *state, const pt_safetensors *st, const char *path);
     void (*destroy)(void *state);
+    /* Elastic replicas (runtime/comm/membership.h). suspend: replicas left;
+     * forget what is in flight (never reusing its buffers: a late message may
+     * still land in them) and average nothing until regroup. regroup: go on
+     * with options' groups, the survivors', at the same step on each of them
+     * (it may run collectives on the new groups). NULL: the method cannot go
+     * on after a departure, and the job stops. */
+    void (*suspend)(void *state);
+    pipert_result (*regroup)(void *state, const pt_coupling_options *options);
 } pt_coupling_method;
 
 typedef struct pt_coupling pt_coupling;
@@ -118,6 +130,17 @@ pipert_result pt_coupling_after_backward(pt_coupling *c, pt_coupling_point *at);
 pipert_result pt_coupling_after_step(pt_coupling *c, pt_coupling_point *at);
 pipert_result pt_coupling_save(pt_coupling *c, pt_safetensors_writer *w);
 pipert_result pt_coupling_load(pt_coupling *c, const pt_safetensors *st, const char *path);
+
+/* Elastic replicas. After a departure the coupling averages nothing (its
+ * calls return at once) until it regroups over the survivors' groups
+ * (options' replicas, site_replicas, leaders and sites). A call that was
+ * waiting when replicas left returns PIPERT_OK having averaged nothing: its
+ * gradient is this replica's own (after_backward works on a copy while the
+ * job is elastic, so a collective cut short never leaves it half-reduced). */
+void pt_coupling_set_elastic(pt_coupling *c, bool elastic);
+void pt_coupling_suspend(pt_coupling *c);
+bool pt_coupling_suspended(const pt_coupling *c);
+pipert_result pt_coupling_regroup(pt_coupling *c, const pt_coupling_options *groups);
 
 /* Blocked time since the coupling was created (utilisation: the difference
  * across a call is the part of it that was waiting, the rest computing). */

@@ -20,9 +20,19 @@ static pipert_result none_create(const pt_coupling_options *options, void **out)
 
 static void none_destroy(void *state) { (void)state; }
 
+static void none_suspend(void *state) { (void)state; }
+
+static pipert_result none_regroup(void *state, const pt_coupling_options *options)
+{
+    (void)state, (void)options;
+    return PIPERT_OK;
+}
+
 const pt_coupling_method pt_dp_none = {
     .name = "none",
     .over_all_replicas = true, /* not even inside a site */
     .create = none_create,
     .destroy = none_destroy,
+    .suspend = none_suspend,
+    .regroup = none_regroup,
 };

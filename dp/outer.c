@@ -170,11 +170,16 @@ typedef struct outer_state {
     float *saved;          /* [3 × n_params]: θ̃, v and the pending mean as θ, as a checkpoint
                               took them (it may be written while training goes on) */
     exchange pending;
+    /* buffers of exchanges abandoned when replicas left: a late message may
+     * still land in them, so they are freed with the method */
+    void **retired;
+    int n_retired;
     /* from a checkpoint, until the model is known */
     loaded_tensor *loaded;
     int n_loaded;
     bool loaded_pending;
     exchange loaded_exchange;
+    bool lost_buffer; /* out of memory retiring an exchange's buffers */
 } outer_state;
 
 static bool on_host(const outer_state *s) { return !strcmp(s->kernels->name, "cpu"); }
@@ -263,6 +268,8 @@ void pt_outer_destroy(void *state)
     if (s->eval_copy) s->kernels->free(s->eval_copy);
     free_loaded(s);
     free(s->descriptors);
+    for (int i = 0; i < s->n_retired; i++) pt_free(s->retired[i]);
+    free(s->retired);
     free(s);
 }
 
@@ -789,4 +796,60 @@ pipert_result pt_outer_load(void *state, const pt_safetensors *st, const char *p
         PT_TRY(pt_safetensors_read_f32(st, e, t->data, e->numel));
     }
     return read_pending(s, st, path);
+}
+
+/* ---- elastic replicas ---------------------------------------------------------- */
+
+static bool retire(outer_state *s, void *buffer)
+{
+    void **grown = realloc(s->retired, (size_t)(s->n_retired + 1) * sizeof *grown);
+    if (!grown) return false;
+    s->retired = grown;
+    s->retired[s->n_retired++] = buffer;
+    return true;
+}
+
+/* Replicas left: the exchange in flight is dropped on every survivor (some
+ * may have had its mean, others not: the regroup makes θ̃ equal again). Its
+ * buffers are retired, not reused. */
+void pt_outer_suspend(void *state)
+{
+    outer_state *s = state;
+    exchange *e = &s->pending;
+    if (e->descriptor_handle) pt_allreduce_abandon(e->descriptor_handle);
+    abandon_payload(e);
+    const bool in_flight = e->live && !e->arrived && s->options.replicas;
+    *e = (exchange){0};
+    if (!in_flight) return;
+    const size_t largest = largest_fragment(s) * sizeof(float);
+    float *buffer = NULL;
+    if (pt_alloc((void **)&buffer, largest ? largest : 1, "outer exchange buffer") == PIPERT_OK &&
+        retire(s, s->buffer))
+        s->buffer = buffer;
+    else pt_free(buffer), s->lost_buffer = true;
+    if (retire(s, s->descriptors)) s->descriptors = NULL;
+    else s->lost_buffer = true;
+}
+
+/* The survivors' group; θ̃ and v from its first member, so that all agree. */
+pipert_result pt_outer_regroup(void *state, const pt_coupling_options *options)
+{
+    outer_state *s = state;
+    if (s->lost_buffer)
+        return pt_fail(PIPERT_ERR_NOMEM, "dp %s: out of memory retiring an exchange",
+                       s->plan.method);
+    s->options = *options;
+    s->replicas = options->replicas ? pt_group_size(options->replicas) : 1;
+    s->index = options->replicas ? pt_group_index(options->replicas) : 0;
+    float *descriptors = calloc((size_t)s->replicas * DESCRIPTOR_FIELDS, sizeof *descriptors);
+    if (!descriptors) return pt_fail(PIPERT_ERR_NOMEM, "dp %s: out of memory", s->plan.method);
+    free(s->descriptors);
+    s->descriptors = descriptors;
+    if (!options->replicas || !s->ready) return PIPERT_OK;
+    if (!on_host(s))
+        return pt_fail(PIPERT_ERR_UNSUPPORTED, "dp %s: regrouping keeps θ̃ in host memory only",
+                       s->plan.method);
+    const size_t bytes = s->n_params * sizeof(float);
+    PT_TRY(pt_broadcast(options->replicas, s->outer, bytes, 0));
+    return pt_broadcast(options->replicas, s->momentum, bytes, 0);
 }

@@ -98,11 +98,13 @@ const float *pt_outer_eval_params(void *state);
 pipert_result pt_outer_save(void *state, pt_safetensors_writer *w);
 pipert_result pt_outer_load(void *state, const pt_safetensors *st, const char *path);
 void pt_outer_destroy(void *state);
+void pt_outer_suspend(void *state);
+pipert_result pt_outer_regroup(void *state, const pt_coupling_options *options);
 
 /* The calls of a method built on the engine, for its pt_coupling_method. */
 #define PT_OUTER_CALLS                                                                             \
     .after_backward = pt_outer_after_backward, .after_step = pt_outer_after_step,                  \
     .eval_params = pt_outer_eval_params, .save = pt_outer_save, .load = pt_outer_load,             \
-    .destroy = pt_outer_destroy
+    .destroy = pt_outer_destroy, .suspend = pt_outer_suspend, .regroup = pt_outer_regroup
 
 #endif

@@ -158,6 +158,11 @@ typedef struct sparse_state {
     int capacity, head, length;
 
     bool failed; /* an exchange failed: every later call fails too */
+    /* queues whose exchanges were abandoned when replicas left: a late message may still land
+     * in their buffers, so they are freed only with the method */
+    sparse_exchange **retired;
+    int *retired_capacity, n_retired;
+    bool suspend_failed; /* out of memory retiring a queue */
     int64_t *saved_state; /* what save handed the writer (valid until the next save) */
 } sparse_state;
 
@@ -933,15 +938,12 @@ static pipert_result sparse_load(void *state, const pt_safetensors *st, const ch
     return PIPERT_OK;
 }
 
-static void sparse_destroy(void *state)
+/* Abandons what is in flight and frees the queue's buffers (the transport
+ * must be gone, or the exchanges abandoned long before). */
+static void free_queue(sparse_exchange *queue, int capacity)
 {
-    sparse_state *s = state;
-    if (!s) return;
-    /* Still in flight only after a failure or a stop: the transport is gone by
-     * now (the session frees its coupling after leaving the job), or the
-     * abandoned handles free themselves when it goes. */
-    for (int k = 0; k < s->capacity; k++) {
-        sparse_exchange *x = &s->queue[k];
+    for (int k = 0; k < capacity; k++) {
+        sparse_exchange *x = &queue[k];
         in_flight_abandon(&x->descriptor_mean);
         in_flight_abandon(&x->values_mean);
         pt_exchange_state_free(x->feedback);
@@ -951,7 +953,57 @@ static void sparse_destroy(void *state)
         free(x->ref);
         free(x->descriptors);
     }
-    free(s->queue);
+    free(queue);
+}
+
+/* Replicas left: whatever is in flight will not complete; its queue is
+ * retired whole (the exchanges abandoned), and a fresh one starts empty. */
+static void sparse_suspend(void *state)
+{
+    sparse_state *s = state;
+    for (int k = 0; k < s->capacity; k++) {
+        in_flight_abandon(&s->queue[k].descriptor_mean);
+        in_flight_abandon(&s->queue[k].values_mean);
+    }
+    s->failed = false; /* what failed was in the retired queue */
+    sparse_exchange *fresh = calloc((size_t)s->capacity, sizeof *fresh);
+    sparse_exchange **retired = realloc(s->retired, (size_t)(s->n_retired + 1) * sizeof *retired);
+    int *capacities = realloc(s->retired_capacity, (size_t)(s->n_retired + 1) * sizeof *capacities);
+    if (retired) s->retired = retired;
+    if (capacities) s->retired_capacity = capacities;
+    if (!fresh || !retired || !capacities) {
+        free(fresh);
+        s->suspend_failed = true; /* the regroup says so */
+        return;
+    }
+    s->retired[s->n_retired] = s->queue;
+    s->retired_capacity[s->n_retired++] = s->capacity;
+    s->queue = fresh;
+    s->head = s->length = 0;
+}
+
+static pipert_result sparse_regroup(void *state, const pt_coupling_options *options)
+{
+    sparse_state *s = state;
+    if (s->suspend_failed)
+        return pt_fail(PIPERT_ERR_NOMEM, "dp sparse: out of memory retiring the exchanges in flight");
+    s->options = *options;
+    s->R = options->replicas ? pt_group_size(options->replicas) : 1;
+    s->me = options->replicas ? pt_group_index(options->replicas) : 0;
+    return PIPERT_OK;
+}
+
+static void sparse_destroy(void *state)
+{
+    sparse_state *s = state;
+    if (!s) return;
+    /* Still in flight only after a failure or a stop: the transport is gone by
+     * now (the session frees its coupling after leaving the job), or the
+     * abandoned handles free themselves when it goes. */
+    free_queue(s->queue, s->capacity);
+    for (int i = 0; i < s->n_retired; i++) free_queue(s->retired[i], s->retired_capacity[i]);
+    free(s->retired);
+    free(s->retired_capacity);
     free(s->partitions);
     free(s->ids);
     free(s->cursor);
@@ -971,4 +1023,6 @@ const pt_coupling_method pt_dp_sparse = {
     .save = sparse_save,
     .load = sparse_load,
     .destroy = sparse_destroy,
+    .suspend = sparse_suspend,
+    .regroup = sparse_regroup,
 };

@@ -26,6 +26,10 @@ static pipert_result wait_in_slices(const pt_coupling_options *options, pt_pendi
                     what, waited);
             reported = true;
         }
+        if (options->membership_changed && options->membership_changed(options->context)) {
+            pending.abandon(pending.op);
+            return pt_fail(PIPERT_ERR_PEER, "%s: replicas left the job meanwhile", what);
+        }
         if (options->should_stop && options->should_stop(options->context)) {
             pending.abandon(pending.op);
             return pt_fail(PIPERT_ERR_INTERRUPTED, "%s: stopped while waiting for the replicas",

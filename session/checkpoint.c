@@ -28,6 +28,13 @@
  * exchanges are too: every replica starts it at the same point of its
  * sequence (after its step N's coupling calls), so the group's order holds.
  *
+ * Elastic replicas (session/elastic.c). Until the survivors switch to their
+ * new groups, a checkpoint uses the old ones, with the replica that left: it
+ * fails to complete, and each worker warns and goes on without it. After the
+ * switch the replicas still in the job write it, numbered in their order
+ * (the first of them writes replica 0's files), and the index says how many
+ * there are: a later --resume with that many replicas continues from it.
+ *
  * Resuming: every worker of every replica reads the newest complete index. A
  * worker of replica R ≥ 1 reads its own replica's files when the checkpoint
  * has them, its method lets replicas drift, and the run is laid out as the
@@ -51,10 +58,27 @@
 
 /* ---- saving ------------------------------------------------------------------- */
 
-/* Replicas ≥ 1 write files of their own. */
+/* The replicas whose files a checkpoint holds: those in the job when the
+ * coupling's groups were last formed (all of them until a departure). */
+static int checkpoint_replicas(const pipert_session *s)
+{
+    int n = 0;
+    for (int r = 0; r < s->job.layout.replicas; r++) n += !s->job.replica_left[r];
+    return n;
+}
+
+/* This replica's place among them: the number its files carry. */
+static int checkpoint_slot(const pipert_session *s)
+{
+    int slot = 0;
+    for (int r = 0; r < s->job.replica; r++) slot += !s->job.replica_left[r];
+    return slot;
+}
+
+/* Replicas after the first write files of their own. */
 static bool writes_replica_files(const pipert_session *s)
 {
-    return s->job.layout.replicas > 1 && !pt_coupling_replicas_identical(s->coupling);
+    return checkpoint_replicas(s) > 1 && !pt_coupling_replicas_identical(s->coupling);
 }
 
 static pipert_result write_own_file(pipert_session *s, long step, uint64_t *bytes,
@@ -62,7 +86,7 @@ static pipert_result write_own_file(pipert_session *s, long step, uint64_t *byte
 {
     pt_checkpoint_writer *w;
     PT_TRY(pt_checkpoint_writer_create(&w, step, s->job.stage, s->job.layout.stages,
-                                       s->job.replica, pt_stage_executor_model(s->executor),
+                                       checkpoint_slot(s), pt_stage_executor_model(s->executor),
                                        pt_stage_executor_optimizer(s->executor), &s->config));
     pt_safetensors_writer *tensors = pt_checkpoint_writer_tensors(w);
     pipert_result rc = pt_safetensors_writer_set_metadata(tensors, "dp_method",
@@ -100,6 +124,42 @@ static pipert_result check_outcomes(long step, const file_outcome *mine, const c
     return PIPERT_OK;
 }
 
+/* An all-gather of the rounds below that a stop, an abort or replicas
+ * leaving the job end (pipert_session_stop would otherwise wait for a peer
+ * that never comes). Given up on, its buffers may still be written by a late
+ * message: they are then kept until the session ends. */
+static pipert_result gather(pipert_session *s, pt_group *g, const void *send, size_t nbytes,
+                            void *recv)
+{
+    const int n = pt_group_size(g);
+    void *in = malloc(nbytes), *out = malloc((size_t)n * nbytes);
+    if (!in || !out) {
+        free(in);
+        free(out);
+        return pt_fail(PIPERT_ERR_NOMEM, "checkpoint: out of memory");
+    }
+    memcpy(in, send, nbytes);
+    pt_completion *done;
+    pipert_result rc = pt_allgather_start(g, in, nbytes, out, &done);
+    while (rc == PIPERT_OK) {
+        rc = pt_completion_wait_for(done, 0.1);
+        if (rc != PIPERT_ERR_TIMEOUT) break;
+        rc = PIPERT_OK;
+        const bool departed = s->job.elastic && pt_session_membership_changed(s);
+        if (!departed && !atomic_load(&s->stop_requested) && !pt_job_aborted(&s->job)) continue;
+        pt_completion_abandon(done);
+        if (pt_session_keep_until_end(s, in) != PIPERT_OK || pt_session_keep_until_end(s, out) != PIPERT_OK)
+            return pt_fail(PIPERT_ERR_NOMEM, "checkpoint: out of memory");
+        return pt_fail(departed ? PIPERT_ERR_PEER : PIPERT_ERR_INTERRUPTED,
+                       "checkpoint: %s while gathering the outcomes",
+                       departed ? "replicas left the job" : "stopped");
+    }
+    if (rc == PIPERT_OK) memcpy(recv, out, (size_t)n * nbytes);
+    free(in);
+    free(out);
+    return rc;
+}
+
 /* The first round: the outcomes of this stage's replicas, by replica
  * (row[0..R)); only this worker's when replicas write no files. */
 static pipert_result gather_replicas(pipert_session *s, const file_outcome *mine, file_outcome *row)
@@ -108,11 +168,11 @@ static pipert_result gather_replicas(pipert_session *s, const file_outcome *mine
         row[0] = *mine;
         return PIPERT_OK;
     }
-    const int R = s->job.layout.replicas;
+    const int R = checkpoint_replicas(s);
     file_outcome *by_member = calloc((size_t)R, sizeof *by_member);
     if (!by_member) return pt_fail(PIPERT_ERR_NOMEM, "checkpoint: out of memory");
     /* The group is ordered by site, not by replica: each says which it is. */
-    pipert_result rc = pt_allgather(s->job.replica_group, mine, sizeof *mine, by_member);
+    pipert_result rc = gather(s, s->job.replica_group, mine, sizeof *mine, by_member);
     for (int i = 0; rc == PIPERT_OK && i < R; i++) {
         const int r = by_member[i].replica;
         if (r < 0 || r >= R || by_member[i].stage != s->job.stage)
@@ -129,7 +189,7 @@ static pipert_result write_index(pipert_session *s, long step, const file_outcom
 {
     const bool replica_files = row > 1;
     pt_checkpoint_index index;
-    PT_TRY(pt_checkpoint_index_init(&index, step, s->job.layout.stages, s->job.layout.replicas,
+    PT_TRY(pt_checkpoint_index_init(&index, step, s->job.layout.stages, checkpoint_replicas(s),
                                     replica_files));
     index.n_layer = s->config.model.n_layer;
     pt_stage_executor_describe_schedule(s->executor, &index);
@@ -148,13 +208,14 @@ static pipert_result write_index(pipert_session *s, long step, const file_outcom
     return rc;
 }
 
-pipert_result pt_session_save_checkpoint(pipert_session *s, long step)
+static pipert_result save_checkpoint(pipert_session *s, long step)
 {
     const bool replica_files = writes_replica_files(s);
-    if (s->job.replica != 0 && !replica_files) return PIPERT_OK;
-    const int stages = s->job.layout.stages, row = replica_files ? s->job.layout.replicas : 1;
+    const int slot = checkpoint_slot(s);
+    if (slot != 0 && !replica_files) return PIPERT_OK;
+    const int stages = s->job.layout.stages, row = replica_files ? checkpoint_replicas(s) : 1;
     const pt_gpt_slice *slice = pt_stage_executor_model(s->executor);
-    file_outcome mine = {.stage = s->job.stage, .replica = s->job.replica,
+    file_outcome mine = {.stage = s->job.stage, .replica = slot,
                          .first_layer = slice->first, .last_layer = slice->last};
     mine.result = (int32_t)write_own_file(s, step, &mine.bytes, &mine.write_id);
     char message[1024] = "";
@@ -169,7 +230,7 @@ pipert_result pt_session_save_checkpoint(pipert_session *s, long step)
         own_row[r] = (file_outcome){.result = PIPERT_ERR_PEER, .stage = s->job.stage, .replica = r};
     if (rc == PIPERT_OK) rc = gather_replicas(s, &mine, own_row);
     if (rc == PIPERT_OK) rc = check_outcomes(step, &mine, message, own_row, row);
-    if (s->job.replica != 0) { /* done: replica 0 of this stage takes the row on */
+    if (slot != 0) { /* done: the first replica of this stage takes the row on */
         free(all);
         free(own_row);
         return rc;
@@ -178,7 +239,7 @@ pipert_result pt_session_save_checkpoint(pipert_session *s, long step)
     if (all && own_row) {
         pipert_result gathered = PIPERT_OK;
         if (s->job.stage_group)
-            gathered = pt_allgather(s->job.stage_group, own_row, (size_t)row * sizeof *own_row, all);
+            gathered = gather(s, s->job.stage_group, own_row, (size_t)row * sizeof *own_row, all);
         else memcpy(all, own_row, (size_t)row * sizeof *own_row);
         if (rc == PIPERT_OK) rc = gathered;
     }
@@ -195,6 +256,22 @@ pipert_result pt_session_save_checkpoint(pipert_session *s, long step)
     free(all);
     free(own_row);
     return rc;
+}
+
+pipert_result pt_session_save_checkpoint(pipert_session *s, long step)
+{
+    if (s->elastic.acked_epoch != s->elastic.regrouped_epoch) {
+        pt_warn("the checkpoint of step %ld is skipped: the replicas are regrouping after a "
+                "departure", step);
+        return PIPERT_OK;
+    }
+    const long departures = s->elastic.regrouped_epoch;
+    pipert_result rc = save_checkpoint(s, step);
+    if (rc == PIPERT_OK || !s->job.elastic || !pt_session_departures_since(s, departures))
+        return rc;
+    pt_warn("the checkpoint of step %ld is skipped: replicas left the job while it was written "
+            "(%s)", step, pipert_last_error());
+    return PIPERT_OK;
 }
 
 /* ---- resuming --------------------------------------------------------------------- */

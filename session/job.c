@@ -76,30 +76,23 @@ static pipert_result site_census(pt_job *job, int *sites)
     return rc;
 }
 
-/* The ranks of the replicas of this stage in order of (site, replica), and
- * where this worker's site starts and ends among them. */
-static void order_by_site(const pt_job *job, const int *sites, int *ranks, int *site_first,
-                          int *site_count, int *leaders, int *n_leaders)
+/* The ranks of the replicas of this stage (replicas[0..count), in sites[0..count)) in
+ * order of (site, replica), and where this worker's site starts and ends among them. */
+static void order_by_site(const pt_job *job, const int *sites, const int *replicas, int count,
+                          int *ranks, int *site_first, int *site_count, int *leaders,
+                          int *n_leaders)
 {
-    const int R = job->layout.replicas;
     int n = 0;
     *n_leaders = 0;
     *site_first = *site_count = 0;
-    for (int site = 0; n < R; site++) {
+    for (int site = 0; n < count; site++) {
         const int first = n;
-        for (int r = 0; r < R; r++)
-            if (sites[r] == site) ranks[n++] = pt_layout_rank(&job->layout, job->stage, r);
+        for (int i = 0; i < count; i++)
+            if (sites[i] == site) ranks[n++] = pt_layout_rank(&job->layout, job->stage, replicas[i]);
         if (n == first) continue;
         leaders[(*n_leaders)++] = ranks[first];
         if (site == job->site) *site_first = first, *site_count = n - first;
     }
-}
-
-static pipert_result create_group(pt_job *job, const int *ranks, int n, uint32_t id, pt_group **out)
-{
-    pt_group_options options = PT_GROUP_OPTIONS_INIT;
-    options.id = id;
-    return pt_group_create(job->transport, ranks, n, &options, out);
 }
 
 /* The transport counts bytes to replicas in other sites apart (the link
@@ -113,29 +106,55 @@ static pipert_result mark_remote_replicas(pt_job *job, const int *sites)
     return PIPERT_OK;
 }
 
+/* The groups of this stage's replicas that are still in the job (left[r]:
+ * replica r left; NULL: all are in), from the sites the census found. */
+static pipert_result build_replica_groups(pt_job *job, const bool *left, uint32_t first_sequence)
+{
+    const int R = job->layout.replicas;
+    int *sites = calloc((size_t)R, sizeof *sites), *ranks = calloc((size_t)R, sizeof *ranks),
+        *leaders = calloc((size_t)R, sizeof *leaders), *replicas = calloc((size_t)R, sizeof *replicas);
+    pipert_result rc = sites && ranks && leaders && replicas
+                           ? PIPERT_OK
+                           : pt_fail(PIPERT_ERR_NOMEM, "groups: out of memory");
+    int n = 0, site_first = 0, site_count = 0, n_leaders = 0;
+    for (int r = 0; rc == PIPERT_OK && r < R; r++)
+        if (!left || !left[r]) replicas[n] = r, sites[n++] = job->replica_sites[r];
+    if (rc == PIPERT_OK) {
+        order_by_site(job, sites, replicas, n, ranks, &site_first, &site_count, leaders, &n_leaders);
+        job->sites = n_leaders;
+    }
+    pt_group_options options = PT_GROUP_OPTIONS_INIT;
+    options.first_sequence = first_sequence;
+    options.id = (uint32_t)job->stage;
+    if (rc == PIPERT_OK && n > 1)
+        rc = pt_group_create(job->transport, ranks, n, &options, &job->replica_group);
+    options.id = SITE_GROUP_ID;
+    if (rc == PIPERT_OK && site_count > 1)
+        rc = pt_group_create(job->transport, ranks + site_first, site_count, &options,
+                             &job->site_group);
+    options.id = LEADERS_GROUP_ID;
+    if (rc == PIPERT_OK && n_leaders > 1 && ranks[site_first] == job->rank)
+        rc = pt_group_create(job->transport, leaders, n_leaders, &options, &job->leaders_group);
+    free(sites);
+    free(ranks);
+    free(leaders);
+    free(replicas);
+    return rc;
+}
+
 static pipert_result make_replica_groups(pt_job *job)
 {
     const int R = job->layout.replicas;
     if (R == 1) return PIPERT_OK;
-    int *sites = calloc((size_t)R, sizeof *sites), *ranks = calloc((size_t)R, sizeof *ranks),
-        *leaders = calloc((size_t)R, sizeof *leaders);
-    pipert_result rc = sites && ranks && leaders ? PIPERT_OK
-                                                 : pt_fail(PIPERT_ERR_NOMEM, "groups: out of memory");
-    int site_first = 0, site_count = 0, n_leaders = 0;
+    int *sites = calloc((size_t)R, sizeof *sites);
+    pipert_result rc = sites ? PIPERT_OK : pt_fail(PIPERT_ERR_NOMEM, "groups: out of memory");
     if (rc == PIPERT_OK) rc = site_census(job, sites);
     if (rc == PIPERT_OK) rc = mark_remote_replicas(job, sites);
     if (rc == PIPERT_OK) {
-        order_by_site(job, sites, ranks, &site_first, &site_count, leaders, &n_leaders);
-        job->sites = n_leaders;
-        rc = create_group(job, ranks, R, (uint32_t)job->stage, &job->replica_group);
+        job->replica_sites = sites;
+        return build_replica_groups(job, NULL, 0);
     }
-    if (rc == PIPERT_OK && site_count > 1)
-        rc = create_group(job, ranks + site_first, site_count, SITE_GROUP_ID, &job->site_group);
-    if (rc == PIPERT_OK && n_leaders > 1 && ranks[site_first] == job->rank)
-        rc = create_group(job, leaders, n_leaders, LEADERS_GROUP_ID, &job->leaders_group);
     free(sites);
-    free(ranks);
-    free(leaders);
     return rc;
 }
 
@@ -190,6 +209,8 @@ static pipert_result create_transport(pt_job *job, const char *secret, uint32_t 
 static pipert_result place(pt_job *job, int stages)
 {
     PT_TRY(pt_layout_make(job->world, stages, &job->layout));
+    job->replica_left = calloc((size_t)job->layout.replicas, sizeof *job->replica_left);
+    if (!job->replica_left) return pt_fail(PIPERT_ERR_NOMEM, "job: out of memory");
     job->stage = pt_layout_stage(&job->layout, job->rank);
     job->replica = pt_layout_replica(&job->layout, job->rank);
     return PIPERT_OK;
@@ -251,6 +272,8 @@ static pipert_result join_launched(pt_job *job, int stages, const char *const *e
     job->world = job->boot.world_size;
     if (job->site < 0) job->site = job->boot.site;
     PT_TRY(place(job, stages));
+    const char *min_replicas = pt_env_lookup(envp, "PIPERT_MIN_REPLICAS");
+    job->elastic = min_replicas && atoi(min_replicas) < job->layout.replicas;
     PT_TRY(bind_cores(job));
     pt_info("rank %d of %d (stage %d, replica %d) under %s; coordinator %s:%d%s", job->rank,
             job->world, job->stage, job->replica, pt_launcher_name(job->boot.launcher),
@@ -408,6 +431,14 @@ void pt_job_leave(pt_job *job)
     pt_group_destroy(job->site_group);
     pt_group_destroy(job->leaders_group);
     job->replica_group = job->stage_group = job->site_group = job->leaders_group = NULL;
+    for (int i = 0; i < job->n_retired; i++) pt_group_destroy(job->retired[i]);
+    free(job->retired);
+    job->retired = NULL;
+    job->n_retired = 0;
+    free(job->replica_sites);
+    job->replica_sites = NULL;
+    free(job->replica_left);
+    job->replica_left = NULL;
     pt_coord_client_close(job->client);
     job->client = NULL;
     pt_coordinator_free(job->coordinator);
@@ -422,10 +453,74 @@ void pt_job_leave(pt_job *job)
 
 pipert_result pt_job_check(pt_job *job)
 {
-    return job->client ? pt_coord_client_check(job->client) : PIPERT_OK;
+    if (!job->client) return PIPERT_OK;
+    PT_TRY(pt_coord_client_check(job->client));
+    char why[600];
+    if (pt_coord_client_replica_left(job->client, job->replica, why, sizeof why))
+        return pt_fail(PIPERT_ERR_PEER, "replica %d left the job (%s); the other replicas go on",
+                       job->replica, why);
+    return PIPERT_OK;
 }
 
-bool pt_job_aborted(pt_job *job) { return job->client && pt_coord_client_aborted(job->client); }
+bool pt_job_aborted(pt_job *job)
+{
+    return job->client && (pt_coord_client_aborted(job->client) ||
+                           pt_coord_client_replica_left(job->client, job->replica, NULL, 0));
+}
+
+/* ---- elastic replicas ------------------------------------------------------ */
+
+void pt_job_membership(pt_job *job, pt_membership_news *news)
+{
+    *news = (pt_membership_news){0};
+    if (job->client) pt_coord_client_membership(job->client, news);
+}
+
+static uint32_t next_sequence(const pt_group *g)
+{
+    return g ? pt_group_next_sequence(g) : 0;
+}
+
+pipert_result pt_job_acknowledge(pt_job *job, long epoch, long step)
+{
+    uint32_t sequence = next_sequence(job->replica_group);
+    const uint32_t others[] = {next_sequence(job->site_group), next_sequence(job->leaders_group)};
+    for (size_t i = 0; i < sizeof others / sizeof others[0]; i++)
+        if (others[i] > sequence) sequence = others[i];
+    return pt_coord_client_send_ack(job->client, epoch, step, sequence);
+}
+
+/* Groups that were replaced stay alive until the job ends: an abandoned
+ * collective may still use its group until the transport closes. */
+static pipert_result retire(pt_job *job, pt_group **g)
+{
+    if (!*g) return PIPERT_OK;
+    pt_group **grown = realloc(job->retired, (size_t)(job->n_retired + 1) * sizeof *grown);
+    if (!grown) return pt_fail(PIPERT_ERR_NOMEM, "groups: out of memory");
+    job->retired = grown;
+    job->retired[job->n_retired++] = *g;
+    *g = NULL;
+    return PIPERT_OK;
+}
+
+pipert_result pt_job_regroup(pt_job *job, uint32_t first_sequence)
+{
+    const int R = job->layout.replicas;
+    bool *left = job->replica_left;
+    int live = 0;
+    for (int r = 0; r < R; r++) {
+        left[r] = pt_coord_client_replica_left(job->client, r, NULL, 0);
+        live += !left[r];
+    }
+    pipert_result rc = retire(job, &job->replica_group);
+    if (rc == PIPERT_OK) rc = retire(job, &job->site_group);
+    if (rc == PIPERT_OK) rc = retire(job, &job->leaders_group);
+    if (rc == PIPERT_OK) rc = build_replica_groups(job, left, first_sequence);
+    if (rc == PIPERT_OK)
+        pt_info("stage %d now couples %d replica%s (collectives from #%u)", job->stage, live,
+                live == 1 ? "" : "s", first_sequence);
+    return rc;
+}
 
 pipert_result pt_job_report_progress(pt_job *job, const pt_rank_progress *progress)
 {

@@ -48,6 +48,11 @@ typedef struct pt_job {
     int sites;                    /* sites the replicas of this stage are in */
     pt_group *site_group;         /* the replicas of this stage in this site (more than one) */
     pt_group *leaders_group;      /* sites > 1, on each site's first replica: the leaders */
+    bool elastic;                 /* replicas may leave (PIPERT_MIN_REPLICAS below the replicas) */
+    int *replica_sites;           /* [replicas]: each replica's site (replicas > 1) */
+    bool *replica_left;           /* [replicas]: left the job, as of the last regroup */
+    pt_group **retired;           /* groups replaced after replicas left (kept until leaving) */
+    int n_retired;
     bool authenticate_messages;   /* set before joining: a MAC on every transport message */
     bool (*should_stop)(void *context); /* asked while joining */
     void *context;
@@ -63,9 +68,19 @@ pipert_result pt_job_join(pt_job *job, int stages, int site, const pipert_oob *o
  * coordinator this process hosts. Safe on a partly joined job. */
 void pt_job_leave(pt_job *job);
 
-/* PIPERT_ERR_PEER naming the rank when the job was aborted. */
+/* PIPERT_ERR_PEER naming the rank when the job was aborted, or when this
+ * worker's replica left it. */
 pipert_result pt_job_check(pt_job *job);
 bool pt_job_aborted(pt_job *job);
+
+/* Elastic replicas (runtime/comm/membership.h). What this worker heard of
+ * departures and switches (all zero without a coordinator). */
+void pt_job_membership(pt_job *job, pt_membership_news *news);
+/* Tells the coordinator this survivor heard of departure `epoch` after `step`. */
+pipert_result pt_job_acknowledge(pt_job *job, long epoch, long step);
+/* Replaces this stage's replica, site and leaders groups by groups of the
+ * replicas still in the job; their collectives start at first_sequence. */
+pipert_result pt_job_regroup(pt_job *job, uint32_t first_sequence);
 
 /* This rank's progress, for the coordinator's job-wide line. */
 pipert_result pt_job_report_progress(pt_job *job, const pt_rank_progress *progress);

@@ -69,9 +69,13 @@ static void add_utilisation(json_t *line, const pt_utilisation *u)
 static void add_progress(const pipert_session *s, json_t *line, long step)
 {
     if (!line) return;
-    json_object_set_new(line, "tokens", json_real(s->tokens_per_step * (double)step));
+    json_object_set_new(line, "tokens",
+                        json_real(s->tokens_per_step * (double)step - s->elastic.tokens_lost));
     json_object_set_new(line, "elapsed_s",
                         json_real(s->elapsed_before + pt_now_s() - s->run_started));
+    if (!s->job.elastic) return;
+    json_object_set_new(line, "replicas", json_integer(s->job.layout.replicas - s->elastic.departures));
+    json_object_set_new(line, "departures", json_integer(s->elastic.departures));
 }
 
 static pipert_result write_stage_line(pipert_session *s, const pt_pipeline_step *p)

@@ -81,8 +81,11 @@ static pipert_result build_coupling(pipert_session *s)
                              .replica = s->job.replica,
                              .trace = s->trace,
                              .should_stop = should_stop,
+                             .membership_changed = pt_session_membership_changed,
                              .context = s};
-    return pt_coupling_create(&o, &s->coupling);
+    PT_TRY(pt_coupling_create(&o, &s->coupling));
+    pt_coupling_set_elastic(s->coupling, s->job.elastic);
+    return PIPERT_OK;
 }
 
 static pipert_result build_executor(pipert_session *s)
@@ -216,6 +219,7 @@ void pipert_session_destroy(pipert_session *s)
     session_call call = enter(s);
     pt_session_close_outputs(s);
     pt_job_leave(&s->job); /* first: nothing in flight writes into the executor's buffers after */
+    pt_session_free_kept(s);
     pt_stage_executor_free(s->executor);
     pt_coupling_free(s->coupling);
     pt_trace_free(s->trace);
@@ -300,6 +304,7 @@ static pipert_result report_step(pipert_session *s, const pt_pipeline_step *p, p
     const double now = pt_now_s();
     const double tokens_per_s = p->tokens * (double)s->window_steps / (now - s->window_started);
     s->tokens_per_step = p->tokens * s->job.layout.replicas;
+    s->elastic.tokens_lost += p->tokens * (double)s->elastic.departures;
     fill_metrics(s, p, tokens_per_s, m);
     if (log_now || now - s->reported_at >= PROGRESS_PERIOD_S) {
         /* loss and tokens/s come from the last stage; the others report progress only */
@@ -323,6 +328,12 @@ static pipert_result report_step(pipert_session *s, const pt_pipeline_step *p, p
 static pipert_result finish_run(pipert_session *s, pipert_metrics *m)
 {
     const long step = pt_stage_executor_version(s->executor);
+    const pt_gpt_slice *slice = pt_stage_executor_model(s->executor);
+    /* replicas that must agree can be compared from their logs */
+    if (!strcmp(s->config.runtime.device, "cpu"))
+        pt_info("finished step %ld: parameters of stage %d, replica %d: checksum %016llx", step,
+                s->job.stage, s->job.replica,
+                (unsigned long long)pt_checksum64(slice->params, slice->n_params * sizeof(float)));
     PT_TRY(validate(s, step, m));
     PT_TRY(pt_session_save_checkpoint(s, step));
     if (s->trace) PT_TRY(pt_trace_write_rank_file(s->trace, s->out_dir));
@@ -341,6 +352,7 @@ static pipert_result step_once(pipert_session *s, pipert_metrics *m)
         return pt_fail(PIPERT_ERR_INTERRUPTED, "stopped before step %ld",
                        pt_stage_executor_version(s->executor) + 1);
     PT_TRY(pt_job_check(&s->job));
+    PT_TRY(pt_session_follow_membership(s));
     pt_pipeline_step p;
     PT_TRY(pt_stage_executor_step(s->executor, &p));
     PT_TRY(report_step(s, &p, m));

@@ -46,7 +46,31 @@ struct pipert_session {
     atomic_int abort_requested;   /* pipert_session_abort: tell the job, with abort_reason */
     char abort_reason[512];
     atomic_int failed;        /* the job ended asynchronously (abort, dead peer) */
+
+    struct {                  /* elastic replicas (elastic.c) */
+        long acked_epoch;     /* the newest departure acknowledged */
+        long ack_step;        /* the steps taken when it was */
+        long regrouped_epoch; /* the departure the coupling's groups reflect */
+        long departures;      /* replicas that left (each departure is one) */
+        double paused_us;     /* trace clock when the coupling paused */
+        double tokens_lost;   /* the batches the replicas that left did not train */
+        void **kept;          /* buffers of abandoned collectives, freed after leaving the job */
+        int n_kept;
+    } elastic;
 };
+
+/* Elastic replicas (elastic.c): at a step boundary, acknowledges departures,
+ * waits for the switch when the margin ran out, and regroups at the switch. */
+pipert_result pt_session_follow_membership(pipert_session *s);
+/* Whether replicas left after departure `epoch` (waiting a while for the
+ * coordinator's word, which may come after a peer was found dead). */
+bool pt_session_departures_since(pipert_session *s, long epoch);
+/* Keeps a buffer that an abandoned collective may still write until the
+ * session ends (pt_session_free_kept, after the transport is gone). */
+pipert_result pt_session_keep_until_end(pipert_session *s, void *buffer);
+void pt_session_free_kept(pipert_session *s);
+/* For the coupling's waits (pt_coupling_options.membership_changed). */
+bool pt_session_membership_changed(void *context);
 
 /* metrics.jsonl and metrics-stage-N.jsonl (outputs.c). */
 pipert_result pt_session_open_outputs(pipert_session *s, long resumed_step);

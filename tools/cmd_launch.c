@@ -86,6 +86,7 @@ typedef struct job {
     int cores;
     double grace_s;
     double heartbeat_timeout_s; /* --heartbeat-timeout */
+    int min_replicas;           /* --min-replicas: fewer and the job stops (0: all) */
     pt_coordinator *coordinator;
     worker_process *workers; /* [world] */
     int running;
@@ -159,6 +160,8 @@ static pipert_result start_coordinator(job *j)
     options.world = j->world;
     options.secret = j->secret;
     options.dead_after_s = j->heartbeat_timeout_s;
+    options.stages = j->stages;
+    options.min_replicas = j->min_replicas;
     return pt_wan_sites_create_coordinator(&j->wan, &options, &j->coordinator);
 }
 
@@ -209,13 +212,13 @@ static bool is_launcher_variable(const job *j, const char *entry)
                                             "PIPERT_LOCAL_RANK=", "PIPERT_COORD=",
                                             "PIPERT_COORD_PORT=", "PIPERT_SECRET=",
                                             "PIPERT_SECRET_FILE=", "PIPERT_CORES=", "PIPERT_SITE=",
-                                            "PIPERT_HEARTBEAT_TIMEOUT="};
+                                            "PIPERT_HEARTBEAT_TIMEOUT=", "PIPERT_MIN_REPLICAS="};
     static const char *const ucx[] = {"UCX_TLS=", "UCX_NET_DEVICES="};
     return has_prefix(entry, bootstrap, sizeof bootstrap / sizeof bootstrap[0]) ||
            (j->wan.testbed && has_prefix(entry, ucx, sizeof ucx / sizeof ucx[0]));
 }
 
-#define WORKER_VARIABLES 10
+#define WORKER_VARIABLES 11
 
 /* The environment of worker w: ours, without what the launcher sets, plus
  * w's. Strings in `storage` [WORKER_VARIABLES][PATH_MAX + 64]. */
@@ -241,6 +244,8 @@ static char **worker_environment(const job *j, const worker_process *w, char sto
     snprintf(storage[count++], sizeof storage[0], "PIPERT_SITE=%d", w->site);
     snprintf(storage[count++], sizeof storage[0], "PIPERT_HEARTBEAT_TIMEOUT=%g",
              j->heartbeat_timeout_s);
+    if (j->min_replicas > 0)
+        snprintf(storage[count++], sizeof storage[0], "PIPERT_MIN_REPLICAS=%d", j->min_replicas);
     if (j->wan.testbed) {
         snprintf(storage[count++], sizeof storage[0], "UCX_TLS=tcp");
         snprintf(storage[count++], sizeof storage[0], "UCX_NET_DEVICES=%s", PT_WAN_DEVICE);
@@ -387,9 +392,12 @@ static void reap_workers(job *j)
             bool failed = describe_exit(j, w, why, sizeof why);
             pt_debug("rank %d (pid %d): %s", r, (int)pid, why);
             /* The coordinator may have seen its connection drop already; the
-             * exit status says more, but the first word stands. */
-            if (failed || (WIFEXITED(status) && WEXITSTATUS(status) == EXIT_JOB_ABORTED))
-                pt_coordinator_abort(j->coordinator, failed ? r : -1, "%s", why);
+             * exit status says more, but the first word stands. A worker whose
+             * replica left the job (elastic) ends as it may. */
+            if (pt_coordinator_rank_left(j->coordinator, r)) continue;
+            if (failed) pt_coordinator_rank_failed(j->coordinator, r, "%s", why);
+            else if (WIFEXITED(status) && WEXITSTATUS(status) == EXIT_JOB_ABORTED)
+                pt_coordinator_abort(j->coordinator, -1, "%s", why);
         }
     }
 }
@@ -539,6 +547,11 @@ static int report(job *j)
     for (int r = 0; r < j->world; r++) {
         char why[1024];
         if (r == status.abort_rank || !describe_exit(j, &j->workers[r], why, sizeof why)) continue;
+        if (status.phase == PT_JOB_FINISHED && pt_coordinator_rank_left(j->coordinator, r)) {
+            fprintf(stderr, "pipert launch: rank %d (replica %d) left the job: %s\n", r,
+                    r / j->stages, why);
+            continue;
+        }
         report_rank_failure(j, &j->workers[r]);
         failures++;
     }
@@ -687,7 +700,8 @@ static pipert_result read_plan(job *j, const char *path, int argc, char **argv, 
 int pt_cmd_launch(int argc, char **argv)
 {
     const char *out_dir = NULL, *stages = "1", *replicas = "1", *sites = "1", *grace = "5",
-               *heartbeat_timeout = NULL, *cluster_path = NULL, *plan_path = NULL;
+               *heartbeat_timeout = NULL, *cluster_path = NULL, *plan_path = NULL,
+               *min_replicas = NULL;
     bool quiet = false, resume = false, probe = false;
     const pt_cli_flag flags[] = {
         {"--stages", "S", "pipeline stages per replica (blocks split by plan.layers or balanced)",
@@ -706,6 +720,10 @@ int pt_cmd_launch(int argc, char **argv)
         {"--heartbeat-timeout", "SECONDS", "a worker or the coordinator silent this long aborts "
                                            "the job (default 5; 30 between emulated sites, so a "
                                            "link may drop for a while)", &heartbeat_timeout, NULL},
+        {"--min-replicas", "N", "elastic replicas: when a worker dies, its replica leaves and the "
+                                "others train on, re-forming their coupling, while at least N "
+                                "replicas remain (default: all; any failure stops the job)",
+         &min_replicas, NULL},
         {"--resume", NULL, "every worker continues from the newest complete checkpoint in --out "
                            "(any stage split, stage or replica count)", NULL, &resume},
         {"--quiet", NULL, "no mapping or progress output", NULL, &quiet},
@@ -769,6 +787,12 @@ int pt_cmd_launch(int argc, char **argv)
                             "'%s'\n", heartbeat_timeout);
             return refuse(&j, cfg);
         }
+    }
+    if (min_replicas &&
+        pt_cli_parse_int("--min-replicas", min_replicas, 1, j.replicas, 1, &j.min_replicas) !=
+            PIPERT_OK) {
+        fprintf(stderr, "pipert launch: %s\n", pipert_last_error());
+        return refuse(&j, cfg);
     }
     j.world = j.stages * j.replicas;
     char default_dir[64];

@@ -51,7 +51,7 @@ pipert_result pt_group_create(pt_transport *t, const int *ranks, int n_ranks,
     g->ranks = copy;
     g->id = options->id;
     g->checksum = options->checksum;
-    atomic_init(&g->sequence, 0);
+    atomic_init(&g->sequence, options->first_sequence);
     *out = g;
     return PIPERT_OK;
 }
@@ -79,6 +79,11 @@ collective pt_collective_at(pt_group *g, uint32_t sequence, const char *what)
 collective pt_collective_begin(pt_group *g, const char *what)
 {
     return pt_collective_at(g, atomic_fetch_add(&g->sequence, 1u), what);
+}
+
+uint32_t pt_group_next_sequence(const pt_group *g)
+{
+    return atomic_load(&((pt_group *)g)->sequence);
 }
 
 pt_group_ticket pt_group_take_ticket(pt_group *g)

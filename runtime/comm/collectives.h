@@ -31,11 +31,15 @@ typedef struct pt_group pt_group;
 typedef struct pt_group_options {
     uint32_t id;  /* 0..255: tells apart groups that share members */
     int checksum; /* checksum every message (pt_checksum64) */
+    /* The sequence number of the group's first collective: a group that
+     * replaces one of the same id and members starts past every message the
+     * old one may still have on the wire (runtime/comm/membership.h). */
+    uint32_t first_sequence;
 } pt_group_options;
 
 #define PT_GROUP_OPTIONS_INIT                                                                      \
     {                                                                                              \
-        .id = 0, .checksum = 0                                                                     \
+        .id = 0, .checksum = 0, .first_sequence = 0                                                \
     }
 
 /* ranks[0..n_ranks) are transport ranks, distinct, and include this process's
@@ -45,6 +49,8 @@ pipert_result pt_group_create(pt_transport *t, const int *ranks, int n_ranks,
 void pt_group_destroy(pt_group *g);
 int pt_group_size(const pt_group *g);
 int pt_group_index(const pt_group *g); /* this process's index */
+/* The sequence number the group's next collective takes. */
+uint32_t pt_group_next_sequence(const pt_group *g);
 
 /* Returns once every member has entered the barrier (dissemination, ceil(log2 n) rounds). */
 pipert_result pt_barrier(pt_group *g);

@@ -8,6 +8,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "runtime/comm/bootstrap.h"
 #include "runtime/comm/coordinator_protocol.h"
@@ -64,6 +65,22 @@ pipert_result pt_coord_client_wait_table(pt_coord_client *c, double timeout_s,
 pipert_result pt_coord_client_send_progress(pt_coord_client *c, const pt_rank_progress *p);
 /* This worker finished; the coordinator expects the connection to close next. */
 pipert_result pt_coord_client_send_done(pt_coord_client *c);
+/* Elastic replicas (runtime/comm/membership.h): what this worker heard. */
+typedef struct pt_membership_news {
+    long epoch;                /* departures heard of */
+    long switch_epoch;         /* the newest switch (0: none yet) */
+    long switch_step;          /* after this step ... */
+    uint32_t switch_sequence;  /* ... the new groups' collectives start here */
+} pt_membership_news;
+
+void pt_coord_client_membership(pt_coord_client *c, pt_membership_news *news);
+/* Whether `replica` left the job, and why ("rank 3 its connection closed ..."). */
+bool pt_coord_client_replica_left(pt_coord_client *c, int replica, char *reason, size_t cap);
+/* This survivor heard of departure `epoch` after its step `step`; its groups'
+ * next collective sequence is `sequence`. */
+pipert_result pt_coord_client_send_ack(pt_coord_client *c, long epoch, long step,
+                                       uint32_t sequence);
+
 /* This worker failed: the job aborts, naming this rank and `reason`. */
 pipert_result pt_coord_client_send_error(pt_coord_client *c, const char *reason);
 

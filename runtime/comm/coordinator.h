@@ -28,10 +28,18 @@ typedef struct pt_coordinator_options {
     double heartbeat_interval_s; /* how often the coordinator sends heartbeats */
     double dead_after_s;         /* silence after which a rank is dead */
     double register_timeout_s;   /* ranks missing after this long abort the job */
+    /* Elastic replicas (runtime/comm/membership.h): ranks are replica·stages + stage; a
+     * failed rank's replica leaves while at least min_replicas remain (0: all of them must
+     * stay, every failure aborts); survivors switch groups switch_margin steps after the
+     * last of them heard of it. */
+    int stages;
+    int min_replicas;
+    long switch_margin;
 } pt_coordinator_options;
 
 #define PT_COORDINATOR_OPTIONS_INIT                                                                \
-    {NULL, 0, 0, NULL, PT_HEARTBEAT_INTERVAL_S, PT_DEAD_AFTER_S, PT_REGISTER_TIMEOUT_S}
+    {NULL, 0, 0, NULL, PT_HEARTBEAT_INTERVAL_S, PT_DEAD_AFTER_S, PT_REGISTER_TIMEOUT_S, 1, 0,     \
+     PT_SWITCH_MARGIN_STEPS}
 
 typedef enum pt_job_phase {
     PT_JOB_REGISTERING, /* waiting for every rank to register */
@@ -54,6 +62,8 @@ typedef struct pt_job_status {
     double compute, wait_pipeline, wait_coupling, bytes_wan;
     long val_step;       /* step of the latest validation loss reported, -1 if none */
     double val_loss;
+    int replicas, replicas_live; /* elastic jobs: replicas in the job, and still in it */
+    long departures;     /* replicas that left (the membership's epoch) */
     int abort_rank;      /* -1: not one rank's fault (or no abort) */
     char abort_reason[512];
 } pt_job_status;
@@ -87,6 +97,15 @@ void pt_coordinator_wait(pt_coordinator *c, double timeout_s);
  * the launcher's word when a process dies. rank -1: no one rank. */
 void pt_coordinator_abort(pt_coordinator *c, int rank, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+
+/* Rank `rank` failed (the launcher saw it exit): in an elastic job its
+ * replica leaves (membership.h), otherwise the job aborts, as when the
+ * coordinator sees it die itself. */
+void pt_coordinator_rank_failed(pt_coordinator *c, int rank, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Whether rank's replica left the job. */
+bool pt_coordinator_rank_left(pt_coordinator *c, int rank);
 
 void pt_coordinator_status(pt_coordinator *c, pt_job_status *status);
 

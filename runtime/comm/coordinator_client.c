@@ -11,6 +11,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,7 +30,7 @@
 
 struct pt_coord_client {
     int fd;
-    int rank;
+    int rank, world;
     char where[PT_HOST_MAX + 16]; /* "host:port" */
     double heartbeat_interval_s, dead_after_s;
     pt_abort_callback on_abort;
@@ -45,6 +46,9 @@ struct pt_coord_client {
     char abort_reason[512];
     bool has_table, finished, done_sent;
     pt_peer_table table;
+    pt_membership_news membership;
+    bool *left;                 /* [world]: replicas that left (a replica index is below world) */
+    char (*left_reason)[512];   /* [world]: why, as the coordinator said it */
     pthread_t thread;
     bool thread_started;
     int stop_pipe[2];
@@ -134,6 +138,45 @@ static bool parse_table(json_t *m, pt_peer_table *t)
     return true;
 }
 
+/* leave {epoch, replica, rank, reason}: a replica is out of the job. */
+static void client_heard_leave(pt_coord_client *c, json_t *m)
+{
+    long epoch, replica, rank = -1;
+    const char *reason = pt_coord_get_string(m, "reason");
+    pt_coord_get_long(m, "rank", &rank);
+    if (!pt_coord_get_long(m, "epoch", &epoch) || !pt_coord_get_long(m, "replica", &replica) ||
+        replica < 0 || replica >= c->world) {
+        client_abort(c, -1, "the coordinator sent a malformed departure");
+        return;
+    }
+    pthread_mutex_lock(&c->lock);
+    c->left[replica] = true;
+    snprintf(c->left_reason[replica], sizeof c->left_reason[replica], "rank %ld %s", rank,
+             reason ? reason : "failed");
+    if (epoch > c->membership.epoch) c->membership.epoch = epoch;
+    pthread_cond_broadcast(&c->changed);
+    pthread_mutex_unlock(&c->lock);
+}
+
+/* switch {epoch, step, sequence}: when the survivors change groups. */
+static void client_heard_switch(pt_coord_client *c, json_t *m)
+{
+    long epoch, step, sequence;
+    if (!pt_coord_get_long(m, "epoch", &epoch) || !pt_coord_get_long(m, "step", &step) ||
+        !pt_coord_get_long(m, "sequence", &sequence) || sequence < 0 || sequence > UINT32_MAX) {
+        client_abort(c, -1, "the coordinator sent a malformed switch");
+        return;
+    }
+    pthread_mutex_lock(&c->lock);
+    if (epoch > c->membership.switch_epoch) {
+        c->membership.switch_epoch = epoch;
+        c->membership.switch_step = step;
+        c->membership.switch_sequence = (uint32_t)sequence;
+    }
+    pthread_cond_broadcast(&c->changed);
+    pthread_mutex_unlock(&c->lock);
+}
+
 static void client_handle_message(pt_coord_client *c, json_t *m)
 {
     const char *type = pt_coord_get_string(m, "type");
@@ -155,6 +198,10 @@ static void client_handle_message(pt_coord_client *c, json_t *m)
         pt_coord_get_long(m, "rank", &rank);
         const char *reason = pt_coord_get_string(m, "reason");
         client_abort(c, (int)rank, reason ? reason : "no reason given");
+    } else if (!strcmp(type, "leave")) {
+        client_heard_leave(c, m);
+    } else if (!strcmp(type, "switch")) {
+        client_heard_switch(c, m);
     } else if (!strcmp(type, "finished")) {
         pthread_mutex_lock(&c->lock);
         c->finished = true;
@@ -460,7 +507,16 @@ pipert_result pt_coord_client_connect(pt_coord_client **out, const pt_coord_clie
                                                "world) and dead_after_s > heartbeat_interval_s "
                                                "are required");
     pt_coord_client *c = calloc(1, sizeof *c);
-    if (!c) return pt_fail(PIPERT_ERR_NOMEM, "coordinator client: out of memory");
+    if (c) {
+        c->left = calloc((size_t)o->world, sizeof *c->left);
+        c->left_reason = calloc((size_t)o->world, sizeof *c->left_reason);
+    }
+    if (!c || !c->left || !c->left_reason) {
+        if (c) free(c->left), free(c->left_reason);
+        free(c);
+        return pt_fail(PIPERT_ERR_NOMEM, "coordinator client: out of memory");
+    }
+    c->world = o->world;
     c->fd = -1;
     c->stop_pipe[0] = c->stop_pipe[1] = -1;
     c->rank = o->rank;
@@ -547,6 +603,31 @@ pipert_result pt_coord_client_send_done(pt_coord_client *c)
     return client_send(c, json_pack("{s:s}", "type", "done"));
 }
 
+void pt_coord_client_membership(pt_coord_client *c, pt_membership_news *news)
+{
+    pthread_mutex_lock(&c->lock);
+    *news = c->membership;
+    pthread_mutex_unlock(&c->lock);
+}
+
+bool pt_coord_client_replica_left(pt_coord_client *c, int replica, char *reason, size_t cap)
+{
+    if (replica < 0 || replica >= c->world) return false;
+    pthread_mutex_lock(&c->lock);
+    const bool left = c->left[replica];
+    if (left && reason) snprintf(reason, cap, "%s", c->left_reason[replica]);
+    pthread_mutex_unlock(&c->lock);
+    return left;
+}
+
+pipert_result pt_coord_client_send_ack(pt_coord_client *c, long epoch, long step, uint32_t sequence)
+{
+    PT_TRY(pt_coord_client_check(c));
+    return client_send(c, json_pack("{s:s, s:I, s:I, s:I}", "type", "ack", "epoch",
+                                    (json_int_t)epoch, "step", (json_int_t)step, "sequence",
+                                    (json_int_t)sequence));
+}
+
 pipert_result pt_coord_client_send_error(pt_coord_client *c, const char *reason)
 {
     return client_send(c, json_pack("{s:s, s:s}", "type", "error", "reason", reason));
@@ -564,6 +645,8 @@ void pt_coord_client_close(pt_coord_client *c)
     if (c->stop_pipe[1] >= 0) close(c->stop_pipe[1]);
     if (c->fd >= 0) close(c->fd);
     free_table(&c->table);
+    free(c->left);
+    free(c->left_reason);
     pt_coord_buffer_free(&c->in);
     pthread_mutex_destroy(&c->send_lock);
     pthread_mutex_destroy(&c->lock);

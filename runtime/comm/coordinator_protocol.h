@@ -10,7 +10,9 @@
  *     progress  {step, total, loss, tokens_per_s[, val_loss][, compute, wait_pipeline,
  *                wait_coupling, bytes_wan]}
  *     done      {}            the worker finished; its connection may close
- *     error     {reason}      the worker failed; the job aborts
+ *     error     {reason}      the worker failed; the job aborts (elastic: its replica leaves)
+ *     ack       {epoch, step, sequence}  a survivor heard of departure `epoch` at the
+ *                             boundary after its step `step`; `sequence`: its groups' next
  *   coordinator → worker
  *     challenge {nonce, proof}  the answer to hello: the coordinator's proof (over the
  *                             worker's nonce) and its own nonce, which the worker's proof
@@ -25,10 +27,15 @@
  *     heartbeat {}            every interval, so a worker notices a dead
  *                             coordinator even when its host vanishes
  *     abort     {rank, reason}  rank -1: not one rank's fault
+ *     leave     {epoch, replica, rank, reason}  elastic jobs: the rank's failure took its
+ *                             replica out; the others go on (runtime/comm/membership.h)
+ *     switch    {epoch, step, sequence}  every survivor acknowledged `epoch`: after step
+ *                             `step` they couple in new groups whose collectives start at
+ *                             `sequence`
  *     finished  {}            every rank is done
  *
- * Failure detection. A registered rank is declared dead, and the job aborted,
- * when it sends nothing (heartbeats included) for dead_after_s, when its
+ * Failure detection. A registered rank is declared dead, and the job aborted
+ * (or, in an elastic job, its replica out: membership.h), when it sends nothing (heartbeats included) for dead_after_s, when its
  * connection closes before it said "done", or when it reports an error. Every
  * rank is told {rank, reason}, once. A worker treats a closed or silent
  * coordinator connection as an abort too.
@@ -53,6 +60,7 @@
 #define PT_HEARTBEAT_INTERVAL_S 1.0
 #define PT_DEAD_AFTER_S 5.0
 #define PT_REGISTER_TIMEOUT_S 300.0 /* every rank must have registered by then */
+#define PT_SWITCH_MARGIN_STEPS 0    /* 0: twice the stages, plus 2 (membership.h) */
 #define PT_CONNECT_TIMEOUT_S 120.0  /* a worker retries connecting this long */
 #define PT_ADDRESS_MAX 16384        /* longest data-plane address, in characters */
 

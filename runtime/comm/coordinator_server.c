@@ -24,6 +24,7 @@
 #include "runtime/comm/auth.h"
 #include "runtime/comm/bootstrap.h"
 #include "runtime/comm/coordinator_protocol.h"
+#include "runtime/comm/membership.h"
 #include "runtime/log.h"
 
 /* A message from a worker longer than this is a protocol error; the table the
@@ -88,6 +89,7 @@ struct pt_coordinator {
     connection **conns;
     int n_conns, cap_conns;
     rank_state *ranks; /* [world] */
+    pt_membership membership; /* which replicas are still in (membership.h) */
     pt_job_phase phase;
     int registered, done;
     int abort_rank;
@@ -164,6 +166,81 @@ static void abort_job_locked(pt_coordinator *c, int rank, const char *reason)
     pthread_cond_broadcast(&c->changed);
 }
 
+static bool rank_left(const pt_coordinator *c, int rank)
+{
+    return !pt_membership_rank_live(&c->membership, rank);
+}
+
+/* Every live rank said done. */
+static void finish_if_done(pt_coordinator *c)
+{
+    int done = 0;
+    for (int r = 0; r < c->options.world; r++)
+        if (c->ranks[r].done && !rank_left(c, r)) done++;
+    if (done < pt_membership_live_ranks(&c->membership) || c->phase != PT_JOB_RUNNING) return;
+    c->phase = PT_JOB_FINISHED;
+    broadcast(c, json_pack("{s:s}", "type", "finished"));
+    pthread_cond_broadcast(&c->changed);
+}
+
+/* The last acknowledgement of a departure announces the switch. */
+static void acknowledged(pt_coordinator *c, int rank, long epoch, long step, uint32_t sequence)
+{
+    pt_membership *ms = &c->membership;
+    if (!pt_membership_acknowledge(ms, rank, epoch, step, sequence)) return;
+    pt_info("coordinator: every survivor heard of departure %ld; new coupling groups after "
+            "step %ld", ms->switch_epoch, ms->switch_step);
+    broadcast(c, json_pack("{s:s, s:I, s:I, s:I}", "type", "switch", "epoch",
+                           (json_int_t)ms->switch_epoch, "step", (json_int_t)ms->switch_step,
+                           "sequence", (json_int_t)ms->switch_sequence));
+}
+
+/* A rank that is done trains no more: it counts as having acknowledged. */
+static void done_ranks_acknowledge(pt_coordinator *c)
+{
+    for (int r = 0; r < c->options.world; r++)
+        if (c->ranks[r].done && !rank_left(c, r))
+            acknowledged(c, r, c->membership.epoch, c->ranks[r].progress.step, 0);
+}
+
+/* A running elastic job loses the failed rank's replica (membership.h);
+ * otherwise, or when too few replicas would remain, the job aborts. */
+static void rank_failed_locked(pt_coordinator *c, int rank, const char *reason)
+{
+    if (rank < 0 || c->phase != PT_JOB_RUNNING) {
+        abort_job_locked(c, rank, reason);
+        return;
+    }
+    pt_membership *m = &c->membership;
+    const int replica = pt_membership_replica_of(m, rank);
+    switch (pt_membership_rank_failed(m, rank)) {
+    case PT_DEPARTURE_IGNORED:
+        pt_debug("coordinator: rank %d of replica %d, which left, ended: %s", rank, replica, reason);
+        return;
+    case PT_DEPARTURE_ABORT:
+        if (pt_membership_elastic(m)) {
+            char why[600];
+            snprintf(why, sizeof why, "%s; only %d replica%s would remain (--min-replicas %d)",
+                     reason, m->live - 1, m->live - 1 == 1 ? "" : "s", m->min_replicas);
+            abort_job_locked(c, rank, why);
+        } else {
+            abort_job_locked(c, rank, reason);
+        }
+        return;
+    case PT_DEPARTURE_LEFT:
+        break;
+    }
+    c->ranks[rank].failed = true;
+    copy_text(c->ranks[rank].failure, sizeof c->ranks[rank].failure, reason);
+    pt_warn("replica %d leaves the job: rank %d %s; %d replica%s go on (membership epoch %ld)",
+            replica, rank, reason, m->live, m->live == 1 ? "" : "s", m->epoch);
+    broadcast(c, json_pack("{s:s, s:I, s:i, s:i, s:s}", "type", "leave", "epoch",
+                           (json_int_t)m->epoch, "replica", replica, "rank", rank, "reason", reason));
+    pthread_cond_broadcast(&c->changed);
+    done_ranks_acknowledge(c);
+    finish_if_done(c);
+}
+
 void pt_coordinator_abort(pt_coordinator *c, int rank, const char *fmt, ...)
 {
     char reason[512];
@@ -174,6 +251,27 @@ void pt_coordinator_abort(pt_coordinator *c, int rank, const char *fmt, ...)
     pthread_mutex_lock(&c->lock);
     abort_job_locked(c, rank >= 0 && rank < c->options.world ? rank : -1, reason);
     pthread_mutex_unlock(&c->lock);
+}
+
+void pt_coordinator_rank_failed(pt_coordinator *c, int rank, const char *fmt, ...)
+{
+    char reason[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(reason, sizeof reason, fmt, ap);
+    va_end(ap);
+    pthread_mutex_lock(&c->lock);
+    if (rank >= 0 && rank < c->options.world) rank_failed_locked(c, rank, reason);
+    else abort_job_locked(c, -1, reason);
+    pthread_mutex_unlock(&c->lock);
+}
+
+bool pt_coordinator_rank_left(pt_coordinator *c, int rank)
+{
+    pthread_mutex_lock(&c->lock);
+    const bool left = rank >= 0 && rank < c->options.world && rank_left(c, rank);
+    pthread_mutex_unlock(&c->lock);
+    return left;
 }
 
 static void send_table(pt_coordinator *c)
@@ -330,11 +428,20 @@ static void handle_done(pt_coordinator *c, rank_state *s, int rank)
     s->done = true;
     c->done++;
     pt_debug("coordinator: rank %d is done", rank);
-    if (c->done == c->options.world && c->phase == PT_JOB_RUNNING) {
-        c->phase = PT_JOB_FINISHED;
-        broadcast(c, json_pack("{s:s}", "type", "finished"));
-        pthread_cond_broadcast(&c->changed);
+    if (c->membership.epoch > 0) done_ranks_acknowledge(c);
+    finish_if_done(c);
+}
+
+/* ack {epoch, step, sequence}: a survivor heard of a departure (membership.h). */
+static void handle_ack(pt_coordinator *c, int rank, json_t *m)
+{
+    long epoch, step, sequence;
+    if (!pt_coord_get_long(m, "epoch", &epoch) || !pt_coord_get_long(m, "step", &step) ||
+        !pt_coord_get_long(m, "sequence", &sequence) || sequence < 0) {
+        rank_failed_locked(c, rank, "sent a malformed acknowledgement");
+        return;
     }
+    acknowledged(c, rank, epoch, step, (uint32_t)sequence);
 }
 
 static void handle_message(pt_coordinator *c, connection *conn, const char *line, size_t length)
@@ -344,7 +451,7 @@ static void handle_message(pt_coordinator *c, connection *conn, const char *line
     const char *type = m ? pt_coord_get_string(m, "type") : NULL;
     if (!type) {
         pt_warn("coordinator: %s sent something that is not a message; closing it", conn->peer);
-        if (conn->rank >= 0) abort_job_locked(c, conn->rank, "sent a malformed message");
+        if (conn->rank >= 0) rank_failed_locked(c, conn->rank, "sent a malformed message");
         conn->broken = true;
     } else if (conn->rank < 0) {
         if (!strcmp(type, "hello")) handle_hello(c, conn, m);
@@ -359,9 +466,10 @@ static void handle_message(pt_coordinator *c, connection *conn, const char *line
         if (!strcmp(type, "heartbeat")) {
         } else if (!strcmp(type, "progress")) handle_progress(c, s, m);
         else if (!strcmp(type, "done")) handle_done(c, s, conn->rank);
+        else if (!strcmp(type, "ack")) handle_ack(c, conn->rank, m);
         else if (!strcmp(type, "error")) {
             const char *reason = pt_coord_get_string(m, "reason");
-            abort_job_locked(c, conn->rank, reason ? reason : "failed (no reason given)");
+            rank_failed_locked(c, conn->rank, reason ? reason : "failed (no reason given)");
         } else pt_warn("coordinator: rank %d sent an unknown message '%s' (ignored)", conn->rank, type);
     }
     json_decref(m);
@@ -398,7 +506,7 @@ static void read_input(pt_coordinator *c, connection *conn)
     if (conn->in.length > MAX_WORKER_MESSAGE) {
         pt_warn("coordinator: %s sent a message longer than %d bytes; closing it", conn->peer,
                 MAX_WORKER_MESSAGE);
-        if (conn->rank >= 0) abort_job_locked(c, conn->rank, "sent an oversized message");
+        if (conn->rank >= 0) rank_failed_locked(c, conn->rank, "sent an oversized message");
         conn->broken = true;
     }
 }
@@ -482,8 +590,8 @@ static void sweep_connections(pt_coordinator *c)
             rank_state *s = &c->ranks[conn->rank];
             s->conn = NULL;
             if (!s->done)
-                abort_job_locked(c, conn->rank, "its connection closed before it said done "
-                                                "(the process died or was killed)");
+                rank_failed_locked(c, conn->rank, "its connection closed before it said done "
+                                                  "(the process died or was killed)");
         } else if (conn->challenged && !conn->close_when_sent) {
             pt_warn("coordinator: %s closed its connection after our challenge without "
                     "registering (our proof did not convince it: does it have the job's secret?)",
@@ -505,7 +613,7 @@ static void check_deadlines(pt_coordinator *c, double now)
         size_t length;
         char *line = pt_coord_message_text(json_pack("{s:s}", "type", "heartbeat"), &length);
         for (int r = 0; line && r < o->world; r++)
-            if (!c->ranks[r].done) send_to(c->ranks[r].conn, line, length);
+            if (!c->ranks[r].done && !rank_left(c, r)) send_to(c->ranks[r].conn, line, length);
         free(line);
     }
     for (int i = 0; i < c->n_conns; i++) {
@@ -517,12 +625,12 @@ static void check_deadlines(pt_coordinator *c, double now)
                     conn->peer, age);
             conn->broken = true;
         } else if (live && conn->rank >= 0 && !c->ranks[conn->rank].done &&
-                   silent > o->dead_after_s) {
+                   !rank_left(c, conn->rank) && silent > o->dead_after_s) {
             char reason[128];
             snprintf(reason, sizeof reason, "sent nothing for %.1f s (no heartbeat: hung, stopped "
                                             "or unreachable)",
                      silent);
-            abort_job_locked(c, conn->rank, reason);
+            rank_failed_locked(c, conn->rank, reason);
         }
     }
     if (c->phase == PT_JOB_REGISTERING && now - c->created_at > o->register_timeout_s) {
@@ -655,6 +763,9 @@ static pipert_result listen_on(pt_coordinator *c, const char *host, int port)
 
 static pipert_result check_options(const pt_coordinator_options *o)
 {
+    if (o->stages < 1 || o->world % o->stages != 0)
+        return pt_fail(PIPERT_ERR_INVALID_ARG, "coordinator: %d ranks do not make pipelines of %d "
+                                               "stages", o->world, o->stages);
     if (o->world < 1 || o->world > PT_MAX_WORLD)
         return pt_fail(PIPERT_ERR_INVALID_ARG, "coordinator: world %d outside [1, %d]", o->world,
                        PT_MAX_WORLD);
@@ -696,7 +807,15 @@ pipert_result pt_coordinator_create(pt_coordinator **out, const pt_coordinator_o
     pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
     pthread_cond_init(&c->changed, &attr);
     pthread_condattr_destroy(&attr);
-    pipert_result rc = keyed != PIPERT_OK ? keyed : listen_on(c, options->bind_host, options->port);
+    const int replicas = options->world / options->stages;
+    pipert_result rc = keyed;
+    if (rc == PIPERT_OK)
+        rc = pt_membership_init(&c->membership, options->world, options->stages,
+                                options->min_replicas > 0 ? options->min_replicas : replicas,
+                                options->switch_margin > 0
+                                    ? options->switch_margin
+                                    : pt_membership_margin(options->stages));
+    if (rc == PIPERT_OK) rc = listen_on(c, options->bind_host, options->port);
     if (rc != PIPERT_OK) {
         pt_coordinator_free(c);
         return rc;
@@ -719,6 +838,7 @@ void pt_coordinator_free(pt_coordinator *c)
     free(c->conns);
     for (int r = 0; r < c->options.world; r++) free(c->ranks[r].address);
     free(c->ranks);
+    pt_membership_free(&c->membership);
     if (c->listen_fd >= 0) close(c->listen_fd);
     pthread_mutex_destroy(&c->lock);
     pthread_cond_destroy(&c->changed);
@@ -744,13 +864,16 @@ void pt_coordinator_status(pt_coordinator *c, pt_job_status *s)
     *s = (pt_job_status){.phase = c->phase, .world = c->options.world,
                          .registered = c->registered, .done = c->done, .min_step = 0,
                          .mean_loss = NAN, .val_step = c->val_step, .val_loss = c->val_loss,
-                         .abort_rank = c->abort_rank};
+                         .abort_rank = c->abort_rank,
+                         .replicas = c->membership.replicas,
+                         .replicas_live = c->membership.live,
+                         .departures = c->membership.epoch};
     snprintf(s->abort_reason, sizeof s->abort_reason, "%s", c->abort_reason);
     double loss_sum = 0;
     int losses = 0, measured = 0;
     for (int r = 0; r < c->options.world; r++) {
         const rank_state *rs = &c->ranks[r];
-        if (!rs->has_progress) continue;
+        if (!rs->has_progress || rank_left(c, r)) continue;
         const pt_rank_progress *p = &rs->progress;
         s->min_step = s->reporting == 0 || p->step < s->min_step ? p->step : s->min_step;
         s->total_steps = p->total_steps > s->total_steps ? p->total_steps : s->total_steps;
@@ -794,6 +917,9 @@ void pt_job_progress_line(const pt_job_status *s, char *line, size_t cap)
                         s->world);
     if (s->done > 0 && used > 0 && (size_t)used < cap)
         used += snprintf(line + used, cap - (size_t)used, ", %d done", s->done);
+    if (s->replicas_live < s->replicas && used > 0 && (size_t)used < cap)
+        used += snprintf(line + used, cap - (size_t)used, " | %d/%d replicas", s->replicas_live,
+                         s->replicas);
     if (isfinite(s->compute) && used > 0 && (size_t)used < cap)
         used += snprintf(line + used, cap - (size_t)used,
                          " | compute %.0f%%, waiting %.0f%% pipeline %.0f%% coupling", 100 * s->compute,

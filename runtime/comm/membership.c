@@ -1,0 +1,88 @@
+#include "runtime/comm/membership.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+long pt_membership_margin(int stages) { return 2L * stages + 2; }
+
+pipert_result pt_membership_init(pt_membership *m, int world, int stages, int min_replicas,
+                                 long margin)
+{
+    memset(m, 0, sizeof *m);
+    if (stages < 1 || world < stages || world % stages != 0)
+        return pt_fail(PIPERT_ERR_INVALID_ARG, "membership: %d ranks do not make pipelines of %d "
+                                               "stages", world, stages);
+    const int replicas = world / stages;
+    if (min_replicas < 1 || min_replicas > replicas)
+        return pt_fail(PIPERT_ERR_CONFIG, "min_replicas is %d: it must be between 1 and the %d "
+                                          "replicas", min_replicas, replicas);
+    if (margin < 1) return pt_fail(PIPERT_ERR_INVALID_ARG, "membership: margin %ld < 1", margin);
+    m->left = calloc((size_t)replicas, sizeof *m->left);
+    m->acked_epoch = calloc((size_t)world, sizeof *m->acked_epoch);
+    if (!m->left || !m->acked_epoch) {
+        pt_membership_free(m);
+        return pt_fail(PIPERT_ERR_NOMEM, "membership: out of memory");
+    }
+    m->world = world;
+    m->stages = stages;
+    m->replicas = m->live = replicas;
+    m->min_replicas = min_replicas;
+    m->margin = margin;
+    m->last_left = -1;
+    return PIPERT_OK;
+}
+
+void pt_membership_free(pt_membership *m)
+{
+    free(m->left);
+    free(m->acked_epoch);
+    m->left = NULL;
+    m->acked_epoch = NULL;
+}
+
+bool pt_membership_elastic(const pt_membership *m) { return m->min_replicas < m->replicas; }
+
+int pt_membership_replica_of(const pt_membership *m, int rank) { return rank / m->stages; }
+
+bool pt_membership_rank_live(const pt_membership *m, int rank)
+{
+    return rank >= 0 && rank < m->world && !m->left[pt_membership_replica_of(m, rank)];
+}
+
+int pt_membership_live_ranks(const pt_membership *m) { return m->live * m->stages; }
+
+/* A new epoch: nobody has acknowledged it yet. */
+static void start_epoch(pt_membership *m)
+{
+    m->epoch++;
+    m->acks = 0;
+    m->max_step = 0;
+    m->max_sequence = 0;
+}
+
+pt_departure pt_membership_rank_failed(pt_membership *m, int rank)
+{
+    const int replica = pt_membership_replica_of(m, rank);
+    if (m->left[replica]) return PT_DEPARTURE_IGNORED;
+    if (m->live - 1 < m->min_replicas) return PT_DEPARTURE_ABORT;
+    m->left[replica] = true;
+    m->live--;
+    m->last_left = replica;
+    start_epoch(m);
+    return PT_DEPARTURE_LEFT;
+}
+
+bool pt_membership_acknowledge(pt_membership *m, int rank, long epoch, long step,
+                               uint32_t sequence)
+{
+    if (!pt_membership_rank_live(m, rank) || epoch != m->epoch || m->acked_epoch[rank] == epoch)
+        return false;
+    m->acked_epoch[rank] = epoch;
+    if (step > m->max_step) m->max_step = step;
+    if (sequence > m->max_sequence) m->max_sequence = sequence;
+    if (++m->acks < pt_membership_live_ranks(m)) return false;
+    m->switch_epoch = epoch;
+    m->switch_step = m->max_step + m->margin;
+    m->switch_sequence = m->max_sequence + PT_MEMBERSHIP_SEQUENCE_GAP;
+    return true;
+}

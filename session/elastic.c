@@ -1,0 +1,143 @@
+/* Elastic replicas, the worker's side (the protocol: runtime/comm/membership.h).
+ *
+ * At every step boundary a survivor looks at what the coordinator said. A
+ * new departure: it acknowledges with the steps it has taken, and its
+ * coupling pauses (pt_coupling_suspend: nothing in flight is waited for, no
+ * new averaging starts). It trains on alone for at most the margin, then waits
+ * for the switch if it has not come. At the boundary after the switch step
+ * it builds the survivors' groups (session/job.c) and the coupling resumes
+ * over them; a method that keeps replicas bitwise equal (allreduce) first
+ * takes replica 0's parameters and optimizer moments, since the survivors
+ * trained apart meanwhile. Each pause is a "coupling paused" span in the
+ * trace and counted in the metrics (departures). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "runtime/clock.h"
+#include "runtime/comm/membership.h"
+#include "session/session_internal.h"
+
+#define SWITCH_POLL_S 0.01
+/* A failure is a departure if the coordinator says so within this long. */
+#define DEPARTURE_NOTICE_S 12.0
+
+pipert_result pt_session_keep_until_end(pipert_session *s, void *buffer)
+{
+    void **grown = realloc(s->elastic.kept, (size_t)(s->elastic.n_kept + 1) * sizeof *grown);
+    if (!grown) return pt_fail(PIPERT_ERR_NOMEM, "session: out of memory");
+    s->elastic.kept = grown;
+    s->elastic.kept[s->elastic.n_kept++] = buffer;
+    return PIPERT_OK;
+}
+
+void pt_session_free_kept(pipert_session *s)
+{
+    for (int i = 0; i < s->elastic.n_kept; i++) free(s->elastic.kept[i]);
+    free(s->elastic.kept);
+    s->elastic.kept = NULL;
+    s->elastic.n_kept = 0;
+}
+
+bool pt_session_departures_since(pipert_session *s, long epoch)
+{
+    /* a peer found dead may be a departure the coordinator announces soon */
+    for (const double until = pt_now_s() + DEPARTURE_NOTICE_S;;) {
+        pt_membership_news news;
+        pt_job_membership(&s->job, &news);
+        if (news.epoch > epoch) return true;
+        if (pt_now_s() >= until || pt_job_aborted(&s->job)) return false;
+        struct timespec pause = {0, (long)(SWITCH_POLL_S * 1e9)};
+        nanosleep(&pause, NULL);
+    }
+}
+
+bool pt_session_membership_changed(void *context)
+{
+    pipert_session *s = context;
+    pt_membership_news news;
+    pt_job_membership(&s->job, &news);
+    return news.epoch > s->elastic.regrouped_epoch;
+}
+
+static pipert_result acknowledge(pipert_session *s, long epoch, long version)
+{
+    PT_TRY(pt_job_acknowledge(&s->job, epoch, version));
+    if (s->elastic.acked_epoch == s->elastic.regrouped_epoch)
+        s->elastic.paused_us = pt_trace_clock_us(s->trace);
+    s->elastic.acked_epoch = epoch;
+    s->elastic.ack_step = version;
+    s->elastic.departures = epoch;
+    pt_coupling_suspend(s->coupling);
+    pt_warn("replicas left the job (departure %ld): the coupling pauses after step %ld until "
+            "the survivors regroup", epoch, version);
+    return PIPERT_OK;
+}
+
+/* The margin ran out before the switch was announced: wait for it. */
+static pipert_result wait_for_switch(pipert_session *s, pt_membership_news *news)
+{
+    const double started = pt_now_s();
+    while (news->switch_epoch < s->elastic.acked_epoch) {
+        PT_TRY(pt_job_check(&s->job));
+        if (atomic_load(&s->stop_requested))
+            return pt_fail(PIPERT_ERR_INTERRUPTED, "stopped while waiting for the survivors to "
+                                                   "regroup");
+        struct timespec pause = {0, (long)(SWITCH_POLL_S * 1e9)};
+        nanosleep(&pause, NULL);
+        pt_job_membership(&s->job, news);
+        if (news->epoch > s->elastic.acked_epoch) return PIPERT_OK; /* another departure */
+    }
+    pt_info("waited %.2f s for the survivors to regroup", pt_now_s() - started);
+    return PIPERT_OK;
+}
+
+/* A method that keeps replicas equal: replica 0 of the survivors gives its
+ * parameters and optimizer moments to the others. */
+static pipert_result make_replicas_equal(pipert_session *s)
+{
+    pt_group *g = s->job.replica_group;
+    if (!g || !pt_coupling_replicas_identical(s->coupling)) return PIPERT_OK;
+    pt_gpt_slice *model = pt_stage_executor_model(s->executor);
+    pt_optimizer *opt = pt_stage_executor_optimizer(s->executor);
+    const size_t bytes = model->n_params * sizeof(float);
+    PT_TRY(pt_broadcast(g, model->params, bytes, 0));
+    PT_TRY(pt_broadcast(g, opt->m, bytes, 0));
+    return pt_broadcast(g, opt->v, bytes, 0);
+}
+
+static pipert_result switch_groups(pipert_session *s, const pt_membership_news *news)
+{
+    PT_TRY(pt_job_regroup(&s->job, news->switch_sequence));
+    const pt_coupling_options groups = {.replicas = s->job.replica_group,
+                                        .site_replicas = s->job.site_group,
+                                        .leaders = s->job.leaders_group,
+                                        .sites = s->job.sites};
+    PT_TRY(pt_coupling_regroup(s->coupling, &groups));
+    PT_TRY(make_replicas_equal(s));
+    s->elastic.regrouped_epoch = news->switch_epoch;
+    pt_trace_span(s->trace, "coupling paused (replicas left)", s->elastic.paused_us,
+                  pt_trace_clock_us(s->trace), -1, -1, -1);
+    pt_warn("the coupling resumes over the survivors after step %ld", news->switch_step);
+    return PIPERT_OK;
+}
+
+pipert_result pt_session_follow_membership(pipert_session *s)
+{
+    if (!s->job.elastic) return PIPERT_OK;
+    const long version = pt_stage_executor_version(s->executor);
+    pt_membership_news news;
+    pt_job_membership(&s->job, &news);
+    if (news.epoch > s->elastic.acked_epoch) PT_TRY(acknowledge(s, news.epoch, version));
+    if (s->elastic.acked_epoch == s->elastic.regrouped_epoch) return PIPERT_OK;
+    const long margin = pt_membership_margin(s->job.layout.stages);
+    if (news.switch_epoch < s->elastic.acked_epoch && version >= s->elastic.ack_step + margin) {
+        PT_TRY(wait_for_switch(s, &news));
+        if (news.epoch > s->elastic.acked_epoch) return pt_session_follow_membership(s);
+    }
+    if (news.switch_epoch != s->elastic.acked_epoch) return PIPERT_OK;
+    if (version > news.switch_step)
+        return pt_fail(PIPERT_ERR_INTERNAL, "the survivors' switch at step %ld came after this "
+                                            "worker's step %ld", news.switch_step, version);
+    return version == news.switch_step ? switch_groups(s, &news) : PIPERT_OK;
+}

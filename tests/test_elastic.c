@@ -1,0 +1,201 @@
+/* Elastic replicas, with real processes (runtime/comm/membership.h,
+ * session/elastic.c): a worker of replica 1 of a 2-stage × 3-replica job is
+ * killed with SIGKILL from outside, mid-run. The job must finish (exit 0)
+ * with the two other replicas, their losses going on smoothly, its last
+ * checkpoint complete for two replicas (a resume with --replicas 2 goes on
+ * from it); without --min-replicas, or below it, the job stops as before. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdbool.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "command.h"
+
+#define MODEL                                                                                      \
+    "--model.n_layer=2 --model.n_embd=32 --model.n_head=2 --model.block_size=32 "                 \
+    "--train.batch_size=4 --train.warmup_steps=1 --train.val_every=0 --train.val_batches=2 "     \
+    "--runtime.threads=1 --train.log_every=10 --train.checkpoint_every=100"
+enum { STEPS = 1500, KILL_AT = 400, KILLED_RANK = 3 /* stage 1 of replica 1 */ };
+
+/* Starts `pipert launch` of 2 stages × 3 replicas in dir as a child. */
+static pid_t start_job(const char *dir, const char *method, const char *elastic)
+{
+    char command[4096];
+    snprintf(command, sizeof command,
+             "PIPERT_LOG=info exec %s launch --quiet --stages 2 --replicas 3 %s --out %s --dp.method=%s "
+             "--train.steps=%d " MODEL " >%s.out 2>&1",
+             pipert_bin(), elastic, dir, method, STEPS, dir);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        execl("/bin/sh", "sh", "-c", command, (char *)NULL);
+        _exit(127);
+    }
+    return pid;
+}
+
+/* The newest step in dir/metrics.jsonl (0: none yet). */
+static long logged_step(const char *dir)
+{
+    char path[600], *text;
+    size_t size;
+    snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
+    if (pt_read_file(path, &text, &size) != PIPERT_OK) return 0;
+    long step = 0;
+    for (const char *at = text; (at = strstr(at, "\"step\":")); at += 7) step = strtol(at + 7, NULL, 10);
+    free(text);
+    return step;
+}
+
+/* The pid of a rank, from dir/workers.pid. */
+static pid_t worker_pid(const char *dir, int rank)
+{
+    char path[600], *text;
+    size_t size;
+    snprintf(path, sizeof path, "%s/workers.pid", dir);
+    cr_assert_eq(pt_read_file(path, &text, &size), PIPERT_OK, "%s", pipert_last_error());
+    int r, pid = -1;
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n"))
+        if (sscanf(line, "%d %d", &r, &pid) == 2 && r == rank) break;
+    free(text);
+    cr_assert_gt(pid, 0, "no pid for rank %d in %s", rank, path);
+    return pid;
+}
+
+/* Waits for the job to log step `step`, then kills rank KILLED_RANK; the step it was killed at. */
+static long kill_worker_at(pid_t job, const char *dir, long step)
+{
+    for (int i = 0; i < 6000 && logged_step(dir) < step; i++) {
+        cr_assert_eq(waitpid(job, NULL, WNOHANG), 0, "the job ended before step %ld", step);
+        usleep(50000);
+    }
+    const long at = logged_step(dir);
+    cr_assert_geq(at, step, "the job did not reach step %ld in time", step);
+    cr_assert_eq(kill(worker_pid(dir, KILLED_RANK), SIGKILL), 0);
+    return at;
+}
+
+static int wait_job(pid_t job)
+{
+    int status;
+    cr_assert_eq(waitpid(job, &status, 0), job);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+static char *read_named(const char *dir, const char *suffix)
+{
+    char path[600], *text = NULL;
+    size_t size;
+    snprintf(path, sizeof path, "%s%s", dir, suffix);
+    cr_assert_eq(pt_read_file(path, &text, &size), PIPERT_OK, "%s", pipert_last_error());
+    return text;
+}
+
+/* The mean loss over the logged steps in (from, to]. */
+static double mean_loss(const double *losses, long from, long to)
+{
+    double sum = 0;
+    int n = 0;
+    for (long step = from + 1; step <= to; step++)
+        if (!isnan(losses[step - 1])) sum += losses[step - 1], n++;
+    cr_assert_gt(n, 0, "no losses logged in steps (%ld, %ld]", from, to);
+    return sum / n;
+}
+
+/* The checksum rank `rank` logged of its parameters when it finished. */
+static unsigned long long final_checksum(const char *dir, int rank)
+{
+    char suffix[64];
+    snprintf(suffix, sizeof suffix, "/logs/rank-%d.log", rank);
+    char *log = read_named(dir, suffix);
+    const char *line = strstr(log, "finished step ");
+    const char *sum = line ? strstr(line, "checksum ") : NULL;
+    cr_assert(sum, "rank %d logged no checksum:\n%s", rank, log);
+    const unsigned long long value = strtoull(sum + strlen("checksum "), NULL, 16);
+    free(log);
+    return value;
+}
+
+static void survivors_finish(const char *method, bool replicas_equal)
+{
+    char *dir = make_temp_dir();
+    pid_t job = start_job(dir, method, "--min-replicas 2");
+    const long killed_at = kill_worker_at(job, dir, KILL_AT);
+    const int status = wait_job(job);
+    char *out = read_named(dir, ".out");
+    cr_expect_eq(status, 0, "dp.method=%s: the job exited %d after rank %d was killed:\n%s", method,
+                 status, KILLED_RANK, out);
+    cr_expect(strstr(out, "rank 3 (replica 1) left the job"), "the launcher names the departure:\n%s",
+              out);
+    /* replica 0's last stage logged every step to the end */
+    double *losses = malloc(STEPS * sizeof *losses);
+    for (int i = 0; i < STEPS; i++) losses[i] = NAN;
+    cr_expect_eq(read_metric_steps(dir, "metrics.jsonl", "loss", losses, STEPS), STEPS / 10,
+                 "dp.method=%s: not every logged step is in metrics.jsonl", method);
+    /* smoothly: the 200 steps after the kill average no more than 10% above the 200 before */
+    const double before = mean_loss(losses, killed_at - 200, killed_at);
+    const double after = mean_loss(losses, killed_at, killed_at + 200);
+    cr_expect_lt(after, 1.1 * before, "dp.method=%s: loss %.4f before the kill, %.4f after", method,
+                 before, after);
+    const double last = mean_loss(losses, STEPS - 200, STEPS);
+    cr_expect_lt(last, before, "dp.method=%s: the survivors kept learning (%.4f before the kill, "
+                 "%.4f over the last 200 steps)", method, before, last);
+    /* the survivors' log says when they regrouped */
+    char *log = read_named(dir, "/logs/rank-0.log");
+    cr_expect(strstr(log, "the coupling resumes over the survivors"), "rank 0's log:\n%s", log);
+    /* allreduce: the survivors of each stage end bitwise equal (ranks 0, 4 and 1, 5) */
+    for (int stage = 0; replicas_equal && stage < 2; stage++)
+        cr_expect_eq(final_checksum(dir, stage), final_checksum(dir, 4 + stage),
+                     "stage %d: replicas 0 and 2 differ at the end", stage);
+    /* the last checkpoint is complete for the two replicas that finished */
+    char *index = read_named(dir, "/ckpt-00001500.json");
+    cr_expect(strstr(index, "\"replicas\": 2"), "the final index:\n%s", index);
+    run_result resumed = run_pipert("launch --quiet --stages 2 --replicas 2 --resume --out %s "
+                                    "--dp.method=%s --train.steps=%d " MODEL,
+                                    dir, method, STEPS + 20);
+    cr_expect_eq(resumed.status, 0, "resume with the survivors: %s", resumed.err);
+    free(log);
+    free(index);
+    free(losses);
+    free(out);
+    remove_dir(dir);
+}
+
+Test(elastic, sparse_survives_a_killed_worker, .timeout = 900)
+{
+    survivors_finish("sparse", false);
+}
+
+Test(elastic, allreduce_survives_a_killed_worker, .timeout = 900)
+{
+    survivors_finish("allreduce", true);
+}
+
+/* Below --min-replicas, and without it, a death stops the job as before. */
+static void job_stops(const char *elastic, const char *expected)
+{
+    char *dir = make_temp_dir();
+    pid_t job = start_job(dir, "sparse", elastic);
+    kill_worker_at(job, dir, 100);
+    const int status = wait_job(job);
+    char *out = read_named(dir, ".out");
+    cr_expect_neq(status, 0, "the job exited 0 after rank %d was killed (%s)", KILLED_RANK, elastic);
+    cr_expect(strstr(out, expected), "expected \"%s\" in:\n%s", expected, out);
+    free(out);
+    remove_dir(dir);
+}
+
+Test(elastic, a_job_without_min_replicas_stops, .timeout = 600)
+{
+    job_stops("", "killed by signal 9");
+}
+
+Test(elastic, too_few_replicas_stop_the_job, .timeout = 600)
+{
+    job_stops("--min-replicas 3", "killed by signal 9");
+}

@@ -1,0 +1,91 @@
+/* The membership bookkeeping of elastic replicas (runtime/comm/membership.h),
+ * checked against what the protocol promises: a failure takes its whole
+ * replica out once, too few replicas abort, and the switch step and sequence
+ * are past every survivor's acknowledgement by the margin and the gap. */
+#include <criterion/criterion.h>
+
+#include "runtime/comm/membership.h"
+
+/* 2 stages × 3 replicas: ranks 2, 3 are replica 1. */
+static pt_membership six_ranks(int min_replicas)
+{
+    pt_membership m;
+    cr_assert_eq(pt_membership_init(&m, 6, 2, min_replicas, pt_membership_margin(2)), PIPERT_OK,
+                 "%s", pipert_last_error());
+    return m;
+}
+
+Test(membership, a_failure_takes_its_whole_replica_once)
+{
+    pt_membership m = six_ranks(2);
+    cr_expect(pt_membership_elastic(&m));
+    cr_expect_eq(pt_membership_rank_failed(&m, 3), PT_DEPARTURE_LEFT);
+    cr_expect_eq(m.epoch, 1);
+    cr_expect_eq(m.last_left, 1);
+    cr_expect_eq(m.live, 2);
+    cr_expect_eq(pt_membership_live_ranks(&m), 4);
+    cr_expect(!pt_membership_rank_live(&m, 2), "stage 0 of replica 1 is out with it");
+    cr_expect(!pt_membership_rank_live(&m, 3));
+    cr_expect(pt_membership_rank_live(&m, 0) && pt_membership_rank_live(&m, 5));
+    /* its other stage failing afterwards changes nothing */
+    cr_expect_eq(pt_membership_rank_failed(&m, 2), PT_DEPARTURE_IGNORED);
+    cr_expect_eq(m.epoch, 1);
+    /* a second replica would leave one, below min_replicas = 2 */
+    cr_expect_eq(pt_membership_rank_failed(&m, 4), PT_DEPARTURE_ABORT);
+    cr_expect_eq(m.live, 2);
+    pt_membership_free(&m);
+}
+
+Test(membership, without_elastic_replicas_every_failure_aborts)
+{
+    pt_membership m = six_ranks(3);
+    cr_expect(!pt_membership_elastic(&m));
+    cr_expect_eq(pt_membership_rank_failed(&m, 0), PT_DEPARTURE_ABORT);
+    pt_membership_free(&m);
+}
+
+Test(membership, the_switch_comes_after_every_acknowledgement)
+{
+    pt_membership m = six_ranks(1);
+    const long margin = pt_membership_margin(2);
+    cr_expect_eq(margin, 6, "twice the stages plus two");
+    cr_assert_eq(pt_membership_rank_failed(&m, 1), PT_DEPARTURE_LEFT); /* replica 0 */
+    const long steps[] = {0, 0, 40, 37, 43, 39};
+    const uint32_t sequences[] = {0, 0, 900, 950, 901, 949};
+    for (int rank = 2; rank < 6; rank++) {
+        /* an acknowledgement of no epoch, or from the replica that left, is ignored */
+        cr_expect(!pt_membership_acknowledge(&m, rank, 0, 1000, 99999));
+        cr_expect(!pt_membership_acknowledge(&m, 0, 1, 1000, 99999));
+        const bool complete = pt_membership_acknowledge(&m, rank, 1, steps[rank], sequences[rank]);
+        cr_expect_eq(complete, rank == 5, "rank %d", rank);
+        cr_expect(!pt_membership_acknowledge(&m, rank, 1, 1000, 99999), "a repeat is ignored");
+    }
+    cr_expect_eq(m.switch_epoch, 1);
+    cr_expect_eq(m.switch_step, 43 + margin);
+    cr_expect_eq(m.switch_sequence, 950 + PT_MEMBERSHIP_SEQUENCE_GAP);
+    pt_membership_free(&m);
+}
+
+Test(membership, a_second_departure_restarts_the_acknowledgements)
+{
+    pt_membership m = six_ranks(1);
+    cr_assert_eq(pt_membership_rank_failed(&m, 0), PT_DEPARTURE_LEFT);
+    cr_expect(!pt_membership_acknowledge(&m, 2, 1, 10, 5));
+    cr_assert_eq(pt_membership_rank_failed(&m, 5), PT_DEPARTURE_LEFT);
+    cr_expect_eq(m.epoch, 2);
+    cr_expect(!pt_membership_acknowledge(&m, 3, 1, 10, 5), "the old epoch no longer counts");
+    cr_expect(!pt_membership_acknowledge(&m, 2, 2, 12, 7));
+    cr_expect(pt_membership_acknowledge(&m, 3, 2, 11, 6));
+    cr_expect_eq(m.switch_epoch, 2);
+    cr_expect_eq(m.switch_step, 12 + pt_membership_margin(2));
+    pt_membership_free(&m);
+}
+
+Test(membership, impossible_settings_are_refused)
+{
+    pt_membership m;
+    cr_expect_eq(pt_membership_init(&m, 6, 4, 1, 3), PIPERT_ERR_INVALID_ARG);
+    cr_expect_eq(pt_membership_init(&m, 6, 2, 4, 3), PIPERT_ERR_CONFIG);
+    cr_expect_eq(pt_membership_init(&m, 6, 2, 0, 3), PIPERT_ERR_CONFIG);
+    cr_expect_eq(pt_membership_init(&m, 6, 2, 1, 0), PIPERT_ERR_INVALID_ARG);
+}
