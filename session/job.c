@@ -60,6 +60,7 @@ static pipert_result make_group(pt_job *job, bool along_stages, uint32_t id, pt_
 
 /* Ids of the groups one rank is in: its replicas (id = stage), its stages
  * (S + replica), its site, the leaders, and the site census. */
+#define WORLD_GROUP_ID 252u
 #define SITE_GROUP_ID 254u
 #define LEADERS_GROUP_ID 255u
 #define CENSUS_GROUP_ID 253u
@@ -167,12 +168,30 @@ static pipert_result mark_remote_stages(pt_job *job)
     return rc;
 }
 
+/* Under pipert launch the coordinator lives in the launcher, and the workers
+ * can outlive it: they agree on when to stop over a group of every rank
+ * (session/coordinator_loss.c). Its ring only uses connections the job has
+ * (pt_layout_world_ring). Elsewhere rank 0 hosts the coordinator: its loss
+ * is rank 0's death, which the transport reports. */
+static pipert_result make_world_group(pt_job *job)
+{
+    if (job->mode != PT_JOB_LAUNCHER || job->boot.launcher != PT_LAUNCHER_PIPERT || job->world == 1)
+        return PIPERT_OK;
+    int *ranks = calloc((size_t)job->world, sizeof *ranks);
+    if (!ranks) return pt_fail(PIPERT_ERR_NOMEM, "world group: out of memory");
+    pt_layout_world_ring(&job->layout, ranks);
+    pipert_result rc = create_group(job, ranks, job->world, WORLD_GROUP_ID, &job->world_group);
+    free(ranks);
+    return rc;
+}
+
 static pipert_result connect_groups(pt_job *job)
 {
     PT_TRY(connect_peers(job));
     /* group ids: replica groups 0..S−1 (one per stage), stage groups S.. */
     PT_TRY(make_replica_groups(job));
     PT_TRY(make_group(job, true, (uint32_t)(job->layout.stages + job->replica), &job->stage_group));
+    PT_TRY(make_world_group(job));
     PT_TRY(mark_remote_stages(job));
     return stop_listening(job);
 }
@@ -407,7 +426,9 @@ void pt_job_leave(pt_job *job)
     pt_group_destroy(job->stage_group);
     pt_group_destroy(job->site_group);
     pt_group_destroy(job->leaders_group);
+    pt_group_destroy(job->world_group);
     job->replica_group = job->stage_group = job->site_group = job->leaders_group = NULL;
+    job->world_group = NULL;
     pt_coord_client_close(job->client);
     job->client = NULL;
     pt_coordinator_free(job->coordinator);
@@ -426,6 +447,11 @@ pipert_result pt_job_check(pt_job *job)
 }
 
 bool pt_job_aborted(pt_job *job) { return job->client && pt_coord_client_aborted(job->client); }
+
+bool pt_job_coordinator_lost(pt_job *job, char *why, size_t cap)
+{
+    return job->client && pt_coord_client_coordinator_lost(job->client, why, cap);
+}
 
 pipert_result pt_job_report_progress(pt_job *job, const pt_rank_progress *progress)
 {

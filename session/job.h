@@ -22,6 +22,7 @@
 #define PT_SESSION_JOB_H
 
 #include <stdbool.h>
+#include <stddef.h>
 
 #include "pipert/pipert.h"
 #include "runtime/comm/bootstrap.h"
@@ -48,6 +49,8 @@ typedef struct pt_job {
     int sites;                    /* sites the replicas of this stage are in */
     pt_group *site_group;         /* the replicas of this stage in this site (more than one) */
     pt_group *leaders_group;      /* sites > 1, on each site's first replica: the leaders */
+    pt_group *world_group;        /* every rank, under pipert launch (world > 1): agreeing
+                                   * on a stop when the coordinator is lost */
     bool authenticate_messages;   /* set before joining: a MAC on every transport message */
     bool (*should_stop)(void *context); /* asked while joining */
     void *context;
@@ -66,6 +69,10 @@ void pt_job_leave(pt_job *job);
 /* PIPERT_ERR_PEER naming the rank when the job was aborted. */
 pipert_result pt_job_check(pt_job *job);
 bool pt_job_aborted(pt_job *job);
+
+/* Whether this rank lost the coordinator (pipert launch: the launcher died);
+ * `why` (may be NULL) says how it was noticed. */
+bool pt_job_coordinator_lost(pt_job *job, char *why, size_t cap);
 
 /* This rank's progress, for the coordinator's job-wide line. */
 pipert_result pt_job_report_progress(pt_job *job, const pt_rank_progress *progress);

@@ -46,6 +46,13 @@ struct pipert_session {
     atomic_int abort_requested;   /* pipert_session_abort: tell the job, with abort_reason */
     char abort_reason[512];
     atomic_int failed;        /* the job ended asynchronously (abort, dead peer) */
+
+    /* coordinator_loss.c: the workers' vote on whether the coordinator is gone */
+    pt_allreduce_handle *loss_vote; /* in flight since step loss_vote_step */
+    float loss_vote_value;
+    long loss_vote_step;
+    bool loss_logged;
+    long stopped_at;          /* > 0: stopped after this step, the coordinator lost */
 };
 
 /* metrics.jsonl and metrics-stage-N.jsonl (outputs.c). */
@@ -61,5 +68,11 @@ void pt_session_close_outputs(pipert_session *s);
 pipert_result pt_session_save_checkpoint(pipert_session *s, long step);
 /* Restores the newest complete checkpoint of out_dir; *step is its step. */
 pipert_result pt_session_resume(pipert_session *s, long *step);
+
+/* After every step (coordinator_loss.c): *stop says whether every rank agreed,
+ * at this step, to stop after it because the coordinator is lost. */
+pipert_result pt_session_coordinator_vote(pipert_session *s, long step, bool *stop);
+/* A vote in flight is given up (before the job is left). */
+void pt_session_coordinator_vote_abandon(pipert_session *s);
 
 #endif
