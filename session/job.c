@@ -173,10 +173,14 @@ static pipert_result mark_remote_stages(pt_job *job)
  * (session/coordinator_loss.c). Its ring only uses connections the job has
  * (pt_layout_world_ring). Elsewhere rank 0 hosts the coordinator: its loss
  * is rank 0's death, which the transport reports. */
+static bool outlives_coordinator(const pt_job *job)
+{
+    return job->mode == PT_JOB_LAUNCHER && job->boot.launcher == PT_LAUNCHER_PIPERT && job->world > 1;
+}
+
 static pipert_result make_world_group(pt_job *job)
 {
-    if (job->mode != PT_JOB_LAUNCHER || job->boot.launcher != PT_LAUNCHER_PIPERT || job->world == 1)
-        return PIPERT_OK;
+    if (!outlives_coordinator(job)) return PIPERT_OK;
     int *ranks = calloc((size_t)job->world, sizeof *ranks);
     if (!ranks) return pt_fail(PIPERT_ERR_NOMEM, "world group: out of memory");
     pt_layout_world_ring(&job->layout, ranks);
@@ -286,6 +290,7 @@ static pipert_result join_launched(pt_job *job, int stages, const char *const *e
     options.world = job->world;
     options.address = pt_transport_address(job->transport);
     if (job->boot.heartbeat_timeout_s > 0) options.dead_after_s = job->boot.heartbeat_timeout_s;
+    options.outlive_coordinator = outlives_coordinator(job);
     PT_TRY(pt_coord_client_connect(&job->client, &options));
     const pt_peer_table *peers;
     PT_TRY(wait_for_table(job, &peers));

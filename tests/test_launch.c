@@ -479,18 +479,6 @@ Test(coordinator, silent_rank_is_declared_dead)
     pt_coordinator_free(c);
 }
 
-/* Waits up to timeout_s for the client to lose its coordinator; the seconds it took. */
-static double wait_for_loss(pt_coord_client *client, double timeout_s)
-{
-    double start = pt_now_s();
-    while (!pt_coord_client_coordinator_lost(client, NULL, 0) && pt_now_s() - start < timeout_s)
-        usleep(10000);
-    cr_assert(pt_coord_client_coordinator_lost(client, NULL, 0), "no loss within %.1f s", timeout_s);
-    return pt_now_s() - start;
-}
-
-/* A dead coordinator is lost, not an abort: the workers may finish without it
- * (session/coordinator_loss.c), and what they would tell it is not sent. */
 Test(coordinator, worker_notices_a_dead_coordinator)
 {
     pt_coordinator *c = start_coordinator(1, 0.1, 5.0);
@@ -501,10 +489,61 @@ Test(coordinator, worker_notices_a_dead_coordinator)
     const pt_peer_table *t;
     cr_assert_eq(pt_coord_client_wait_table(client, 5, &t), PIPERT_OK);
     pt_coordinator_free(c); /* every connection closes, as when its process dies */
+    wait_for_abort(client, 2);
+    cr_expect_eq(record.rank, -1);
+    cr_expect(strstr(record.reason, "coordinator") && strstr(record.reason, "closed"), "%s",
+              record.reason);
+    cr_expect_eq(pt_coord_client_send_progress(client, &(pt_rank_progress){1, 2, 1, 1, NAN, NAN, NAN, NAN, 0}),
+                 PIPERT_ERR_PEER, "progress after an abort must fail");
+    pt_coord_client_close(client);
+}
+
+/* Waits up to timeout_s for the client to lose its coordinator; the seconds it took. */
+static double wait_for_loss(pt_coord_client *client, double timeout_s)
+{
+    double start = pt_now_s();
+    while (!pt_coord_client_coordinator_lost(client, NULL, 0) && pt_now_s() - start < timeout_s)
+        usleep(10000);
+    cr_assert(pt_coord_client_coordinator_lost(client, NULL, 0), "no loss within %.1f s", timeout_s);
+    return pt_now_s() - start;
+}
+
+/* A client that outlives its coordinator (as under pipert launch), aborting grace_s after. */
+static pt_coord_client *join_outliving(int port, double grace_s, abort_record *record)
+{
+    pt_coord_client_options o = PT_COORD_CLIENT_OPTIONS_INIT;
+    o.host = "127.0.0.1";
+    o.port = port;
+    o.secret = SECRET;
+    o.world = 1;
+    o.connect_timeout_s = 5;
+    o.heartbeat_interval_s = 0.1;
+    o.dead_after_s = 0.6;
+    o.outlive_coordinator = true;
+    o.lost_grace_s = grace_s;
+    o.on_abort = record_abort;
+    o.on_abort_context = record;
+    pt_coord_client *client;
+    cr_assert_eq(pt_coord_client_connect(&client, &o), PIPERT_OK, "%s", pipert_last_error());
+    const pt_peer_table *t;
+    cr_assert_eq(pt_coord_client_wait_table(client, 5, &t), PIPERT_OK);
+    return client;
+}
+
+/* With outlive_coordinator a dead coordinator is lost, not an abort: the workers may
+ * finish without it (session/coordinator_loss.c), and what they would tell it is not sent. */
+Test(coordinator, outliving_worker_notices_a_lost_coordinator)
+{
+    pt_coordinator *c = start_coordinator(1, 0.1, 5.0);
+    abort_record record = {0};
+    pt_coord_client *client = join_outliving(pt_coordinator_port(c), 60, &record);
+    pt_coordinator_free(c); /* every connection closes, as when its process dies */
     wait_for_loss(client, 2);
     char why[512];
     cr_expect(pt_coord_client_coordinator_lost(client, why, sizeof why));
-    cr_expect(strstr(why, "coordinator") && strstr(why, "closed"), "%s", why);
+    cr_expect(strstr(why, "the coordinator at 127.0.0.1:") &&
+                  (strstr(why, "closed the connection") || strstr(why, "lost the connection")),
+              "%s", why);
     usleep(300000);
     cr_expect_not(pt_coord_client_aborted(client), "a lost coordinator aborted the job");
     cr_expect_eq(atomic_load(&record.calls), 0);
@@ -521,21 +560,7 @@ Test(coordinator, a_lost_coordinator_aborts_the_job_after_the_grace)
 {
     pt_coordinator *c = start_coordinator(1, 0.1, 5.0);
     abort_record record = {0};
-    pt_coord_client_options o = PT_COORD_CLIENT_OPTIONS_INIT;
-    o.host = "127.0.0.1";
-    o.port = pt_coordinator_port(c);
-    o.secret = SECRET;
-    o.world = 1;
-    o.connect_timeout_s = 5;
-    o.heartbeat_interval_s = 0.1;
-    o.dead_after_s = 0.6;
-    o.lost_grace_s = 0.5;
-    o.on_abort = record_abort;
-    o.on_abort_context = &record;
-    pt_coord_client *client;
-    cr_assert_eq(pt_coord_client_connect(&client, &o), PIPERT_OK, "%s", pipert_last_error());
-    const pt_peer_table *t;
-    cr_assert_eq(pt_coord_client_wait_table(client, 5, &t), PIPERT_OK);
+    pt_coord_client *client = join_outliving(pt_coordinator_port(c), 0.5, &record);
     pt_coordinator_free(c);
     wait_for_loss(client, 2);
     double took = wait_for_abort(client, 3);
@@ -580,12 +605,10 @@ Test(coordinator, worker_notices_a_silent_coordinator)
     cr_expect_not(pt_coord_client_aborted(client), "aborted while the coordinator was serving");
     atomic_store(&p.stop, true);
     pthread_join(thread, NULL);
-    double took = wait_for_loss(client, 3);
-    cr_expect(took > 0.3, "lost %.2f s after the coordinator fell silent", took);
-    char why[512];
-    cr_expect(pt_coord_client_coordinator_lost(client, why, sizeof why));
-    cr_expect(strstr(why, "no word from the coordinator"), "%s", why);
-    cr_expect_not(pt_coord_client_aborted(client));
+    double took = wait_for_abort(client, 3);
+    cr_expect(took > 0.3, "aborted %.2f s after the coordinator fell silent", took);
+    cr_expect_eq(pt_coord_client_check(client), PIPERT_ERR_PEER);
+    cr_expect(strstr(pipert_last_error(), "no word from the coordinator"), "%s", pipert_last_error());
     pt_coord_client_close(client);
     pt_coordinator_free(p.c);
 }

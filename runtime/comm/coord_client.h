@@ -4,12 +4,14 @@
  * job-wide abort. What it says is runtime/comm/coordinator_protocol.h.
  *
  * Losing the coordinator (its connection closes, or it stays silent for
- * dead_after_s) is not an abort: the workers may still finish what they are
- * doing without it (session/coordinator_loss.c). It is a condition of its
- * own, pt_coord_client_coordinator_lost(); from then on progress, "done" and
- * errors are not sent (there is no one to tell). A safety net: a worker that
- * has not closed its client lost_grace_s after the loss is told the job
- * aborted, so waits end and an orphaned worker never lingers forever.
+ * dead_after_s) aborts the job, unless outlive_coordinator is set (under
+ * pipert launch, whose launcher is the coordinator): then the workers may
+ * still finish what they are doing without it (session/coordinator_loss.c).
+ * The loss is a condition of its own, pt_coord_client_coordinator_lost();
+ * from then on progress, "done" and errors are not sent (there is no one to
+ * tell). A safety net: a worker that has not closed its client lost_grace_s
+ * after the loss is told the job aborted, so waits end and an orphaned worker
+ * never lingers forever.
  */
 #ifndef PT_COORD_CLIENT_H
 #define PT_COORD_CLIENT_H
@@ -24,7 +26,8 @@
 typedef struct pt_coord_client pt_coord_client;
 
 /* Called once, from the client's thread, when the job aborts (rank -1: not
- * one rank's fault, or the coordinator has been gone for lost_grace_s). Keep
+ * one rank's fault, or the coordinator is gone: at once, or lost_grace_s after
+ * with outlive_coordinator). Keep
  * it short: set a flag, cancel a blocking transfer. */
 typedef void (*pt_abort_callback)(void *context, int rank, const char *reason);
 
@@ -39,6 +42,7 @@ typedef struct pt_coord_client_options {
     double dead_after_s;         /* coordinator silence after which it is lost */
     pt_abort_callback on_abort;  /* may be NULL */
     void *on_abort_context;
+    bool outlive_coordinator;    /* a lost coordinator is not an abort (for lost_grace_s) */
     double lost_grace_s;         /* the coordinator lost this long: the job aborts */
 } pt_coord_client_options;
 
@@ -48,7 +52,7 @@ typedef struct pt_coord_client_options {
 
 #define PT_COORD_CLIENT_OPTIONS_INIT                                                               \
     {NULL, 0, NULL, 0, 0, "", PT_CONNECT_TIMEOUT_S, PT_HEARTBEAT_INTERVAL_S, PT_DEAD_AFTER_S,    \
-     NULL, NULL, PT_COORD_LOST_GRACE_S}
+     NULL, NULL, false, PT_COORD_LOST_GRACE_S}
 
 typedef struct pt_peer {
     int rank;
@@ -85,7 +89,8 @@ pipert_result pt_coord_client_send_error(pt_coord_client *c, const char *reason)
 /* Whether the job aborted (a cheap read, for the step loop). */
 bool pt_coord_client_aborted(pt_coord_client *c);
 /* Whether the coordinator is gone (closed its connection, or fell silent)
- * while the job ran; `why` (may be NULL) receives how it was noticed. */
+ * while the job ran, with outlive_coordinator; `why` (may be NULL) receives
+ * how it was noticed. */
 bool pt_coord_client_coordinator_lost(pt_coord_client *c, char *why, size_t cap);
 /* PIPERT_OK while the job runs; after an abort PIPERT_ERR_PEER with the
  * message "job aborted: rank R: REASON". */

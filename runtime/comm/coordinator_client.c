@@ -33,6 +33,7 @@ struct pt_coord_client {
     int rank;
     char where[PT_HOST_MAX + 16]; /* "host:port" */
     double heartbeat_interval_s, dead_after_s, lost_grace_s;
+    bool outlive_coordinator;
     pt_abort_callback on_abort;
     void *on_abort_context;
     pt_coord_buffer in;
@@ -102,10 +103,14 @@ static void client_abort(pt_coord_client *c, int rank, const char *reason)
     pthread_mutex_unlock(&c->lock);
 }
 
-/* The coordinator is gone: remembered (the session logs it, on its own thread's sink),
- * and waiters woken. */
+/* The coordinator is gone: the job aborts, or (outlive_coordinator) the loss is
+ * remembered (the session logs it, on its own thread's sink) and waiters woken. */
 static void client_lost(pt_coord_client *c, const char *why)
 {
+    if (!c->outlive_coordinator) {
+        client_abort(c, -1, why);
+        return;
+    }
     pthread_mutex_lock(&c->lock);
     snprintf(c->lost_reason, sizeof c->lost_reason, "%s", why);
     atomic_store(&c->lost, true);
@@ -287,7 +292,7 @@ static bool client_talk(pt_coord_client *c)
 static void *client_thread(void *arg)
 {
     pt_coord_client *c = arg;
-    if (!client_talk(c)) wait_out_the_grace(c);
+    if (!client_talk(c) && c->outlive_coordinator) wait_out_the_grace(c);
     return NULL;
 }
 
@@ -507,6 +512,7 @@ pipert_result pt_coord_client_connect(pt_coord_client **out, const pt_coord_clie
     c->abort_rank = -1;
     c->heartbeat_interval_s = o->heartbeat_interval_s;
     c->dead_after_s = o->dead_after_s;
+    c->outlive_coordinator = o->outlive_coordinator;
     c->lost_grace_s = o->lost_grace_s > 0 ? o->lost_grace_s : PT_COORD_LOST_GRACE_S;
     c->on_abort = o->on_abort;
     c->on_abort_context = o->on_abort_context;
