@@ -131,6 +131,10 @@ static const config_key schema[] = {
     BOOL_KEY(runtime.authenticate_messages, false,
              "a MAC and a sequence number on every message between workers: forged, altered "
              "and replayed messages are refused (every worker of the job must agree)"),
+    NUMBER_KEY(runtime.coordinator_check_steps, 8, AT_LEAST(1),
+               "under pipert launch, every N steps the workers agree whether one of them lost "
+               "the coordinator; if so all stop N steps later with a checkpoint (at least "
+               "stages + 1 is used)"),
 
     STRING_KEY(pipeline.schedule, "async-1f1b", "async-1f1b|1f1b|gpipe",
                "pipeline schedule: asynchronous 1F1B (no flush), 1F1B with flush, or GPipe"),

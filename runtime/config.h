@@ -51,6 +51,7 @@ typedef struct pt_runtime_settings {
     int threads;                       /* compute threads; 0 = every core of this machine */
     char device[PT_CONFIG_STRING_MAX]; /* "cpu" | "cuda" */
     bool authenticate_messages;        /* a MAC on every message between workers */
+    int coordinator_check_steps;       /* how often the ranks agree whether the coordinator is gone */
 } pt_runtime_settings;
 
 typedef struct pt_pipeline_settings {

@@ -24,6 +24,7 @@ static const char *const result_names[PIPERT_RESULT_COUNT] = {
     [PIPERT_ERR_NO_DEVICE] = "no such device",
     [PIPERT_ERR_INTERRUPTED] = "interrupted",
     [PIPERT_ERR_INTERNAL] = "internal error",
+    [PIPERT_ERR_COORDINATOR_LOST] = "coordinator lost",
 };
 
 const char *pipert_result_str(pipert_result result)

@@ -69,6 +69,7 @@ static pipert_result acknowledge(pipert_session *s, long epoch, long version)
     s->elastic.ack_step = version;
     s->elastic.departures = epoch;
     pt_coupling_suspend(s->coupling);
+    PT_TRY(pt_session_coordinator_vote_abandon(s)); /* its world group has lost a replica */
     pt_warn("replicas left the job (departure %ld): the coupling pauses after step %ld until "
             "the survivors regroup", epoch, version);
     return PIPERT_OK;

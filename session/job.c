@@ -60,6 +60,7 @@ static pipert_result make_group(pt_job *job, bool along_stages, uint32_t id, pt_
 
 /* Ids of the groups one rank is in: its replicas (id = stage), its stages
  * (S + replica), its site, the leaders, and the site census. */
+#define WORLD_GROUP_ID 252u
 #define SITE_GROUP_ID 254u
 #define LEADERS_GROUP_ID 255u
 #define CENSUS_GROUP_ID 253u
@@ -186,12 +187,50 @@ static pipert_result mark_remote_stages(pt_job *job)
     return rc;
 }
 
+/* Under pipert launch the coordinator lives in the launcher, and the workers
+ * can outlive it: they agree on when to stop over a group of every rank
+ * (session/coordinator_loss.c). Its ring only uses connections the job has
+ * (pt_layout_world_ring). Elsewhere rank 0 hosts the coordinator: its loss
+ * is rank 0's death, which the transport reports. */
+static bool outlives_coordinator(const pt_job *job)
+{
+    return job->mode == PT_JOB_LAUNCHER && job->boot.launcher == PT_LAUNCHER_PIPERT && job->world > 1;
+}
+
+/* Over the replicas still in the job (left: NULL, all): the ring of a job of
+ * that many replicas, each of its replicas mapped to a live one. */
+static pipert_result make_world_group(pt_job *job, const bool *left, uint32_t first_sequence)
+{
+    if (!outlives_coordinator(job)) return PIPERT_OK;
+    const int S = job->layout.stages;
+    int *live = calloc((size_t)job->layout.replicas, sizeof *live),
+        *ranks = calloc((size_t)job->world, sizeof *ranks);
+    pipert_result rc = live && ranks ? PIPERT_OK : pt_fail(PIPERT_ERR_NOMEM, "world group: out of memory");
+    int n = 0;
+    for (int r = 0; rc == PIPERT_OK && r < job->layout.replicas; r++)
+        if (!left || !left[r]) live[n++] = r;
+    const pt_layout survivors = {.stages = S, .replicas = n};
+    if (rc == PIPERT_OK) pt_layout_world_ring(&survivors, ranks);
+    for (int i = 0; rc == PIPERT_OK && i < n * S; i++)
+        ranks[i] = pt_layout_rank(&job->layout, pt_layout_stage(&survivors, ranks[i]),
+                                  live[pt_layout_replica(&survivors, ranks[i])]);
+    pt_group_options options = PT_GROUP_OPTIONS_INIT;
+    options.id = WORLD_GROUP_ID;
+    options.first_sequence = first_sequence;
+    if (rc == PIPERT_OK && n * S > 1)
+        rc = pt_group_create(job->transport, ranks, n * S, &options, &job->world_group);
+    free(live);
+    free(ranks);
+    return rc;
+}
+
 static pipert_result connect_groups(pt_job *job)
 {
     PT_TRY(connect_peers(job));
     /* group ids: replica groups 0..S−1 (one per stage), stage groups S.. */
     PT_TRY(make_replica_groups(job));
     PT_TRY(make_group(job, true, (uint32_t)(job->layout.stages + job->replica), &job->stage_group));
+    PT_TRY(make_world_group(job, NULL, 0));
     PT_TRY(mark_remote_stages(job));
     return stop_listening(job);
 }
@@ -290,6 +329,7 @@ static pipert_result join_launched(pt_job *job, int stages, const char *const *e
     options.world = job->world;
     options.address = pt_transport_address(job->transport);
     if (job->boot.heartbeat_timeout_s > 0) options.dead_after_s = job->boot.heartbeat_timeout_s;
+    options.outlive_coordinator = outlives_coordinator(job);
     PT_TRY(pt_coord_client_connect(&job->client, &options));
     const pt_peer_table *peers;
     PT_TRY(wait_for_table(job, &peers));
@@ -430,6 +470,7 @@ void pt_job_leave(pt_job *job)
     pt_group_destroy(job->stage_group);
     pt_group_destroy(job->site_group);
     pt_group_destroy(job->leaders_group);
+    pt_group_destroy(job->world_group);
     job->replica_group = job->stage_group = job->site_group = job->leaders_group = NULL;
     for (int i = 0; i < job->n_retired; i++) pt_group_destroy(job->retired[i]);
     free(job->retired);
@@ -439,6 +480,7 @@ void pt_job_leave(pt_job *job)
     job->replica_sites = NULL;
     free(job->replica_left);
     job->replica_left = NULL;
+    job->world_group = NULL;
     pt_coord_client_close(job->client);
     job->client = NULL;
     pt_coordinator_free(job->coordinator);
@@ -484,7 +526,8 @@ static uint32_t next_sequence(const pt_group *g)
 pipert_result pt_job_acknowledge(pt_job *job, long epoch, long step)
 {
     uint32_t sequence = next_sequence(job->replica_group);
-    const uint32_t others[] = {next_sequence(job->site_group), next_sequence(job->leaders_group)};
+    const uint32_t others[] = {next_sequence(job->site_group), next_sequence(job->leaders_group),
+                               next_sequence(job->world_group)};
     for (size_t i = 0; i < sizeof others / sizeof others[0]; i++)
         if (others[i] > sequence) sequence = others[i];
     return pt_coord_client_send_ack(job->client, epoch, step, sequence);
@@ -515,11 +558,18 @@ pipert_result pt_job_regroup(pt_job *job, uint32_t first_sequence)
     pipert_result rc = retire(job, &job->replica_group);
     if (rc == PIPERT_OK) rc = retire(job, &job->site_group);
     if (rc == PIPERT_OK) rc = retire(job, &job->leaders_group);
+    if (rc == PIPERT_OK) rc = retire(job, &job->world_group);
     if (rc == PIPERT_OK) rc = build_replica_groups(job, left, first_sequence);
+    if (rc == PIPERT_OK) rc = make_world_group(job, left, first_sequence);
     if (rc == PIPERT_OK)
         pt_info("stage %d now couples %d replica%s (collectives from #%u)", job->stage, live,
                 live == 1 ? "" : "s", first_sequence);
     return rc;
+}
+
+bool pt_job_coordinator_lost(pt_job *job, char *why, size_t cap)
+{
+    return job->client && pt_coord_client_coordinator_lost(job->client, why, cap);
 }
 
 pipert_result pt_job_report_progress(pt_job *job, const pt_rank_progress *progress)

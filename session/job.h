@@ -22,6 +22,7 @@
 #define PT_SESSION_JOB_H
 
 #include <stdbool.h>
+#include <stddef.h>
 
 #include "pipert/pipert.h"
 #include "runtime/comm/bootstrap.h"
@@ -53,6 +54,8 @@ typedef struct pt_job {
     bool *replica_left;           /* [replicas]: left the job, as of the last regroup */
     pt_group **retired;           /* groups replaced after replicas left (kept until leaving) */
     int n_retired;
+    pt_group *world_group;        /* every rank, under pipert launch (world > 1): agreeing
+                                   * on a stop when the coordinator is lost */
     bool authenticate_messages;   /* set before joining: a MAC on every transport message */
     bool (*should_stop)(void *context); /* asked while joining */
     void *context;
@@ -81,6 +84,9 @@ pipert_result pt_job_acknowledge(pt_job *job, long epoch, long step);
 /* Replaces this stage's replica, site and leaders groups by groups of the
  * replicas still in the job; their collectives start at first_sequence. */
 pipert_result pt_job_regroup(pt_job *job, uint32_t first_sequence);
+/* Whether this rank lost the coordinator (pipert launch: the launcher died);
+ * `why` (may be NULL) says how it was noticed. */
+bool pt_job_coordinator_lost(pt_job *job, char *why, size_t cap);
 
 /* This rank's progress, for the coordinator's job-wide line. */
 pipert_result pt_job_report_progress(pt_job *job, const pt_rank_progress *progress);

@@ -218,6 +218,7 @@ void pipert_session_destroy(pipert_session *s)
     if (!s) return;
     session_call call = enter(s);
     pt_session_close_outputs(s);
+    (void)pt_session_coordinator_vote_abandon(s); /* its buffer is freed with the kept ones */
     pt_job_leave(&s->job); /* first: nothing in flight writes into the executor's buffers after */
     pt_session_free_kept(s);
     pt_stage_executor_free(s->executor);
@@ -343,11 +344,26 @@ static pipert_result finish_run(pipert_session *s, pipert_metrics *m)
     return PIPERT_OK;
 }
 
+/* Every rank agreed to stop after `step`, the coordinator lost: a checkpoint of
+ * it (unless one was just written), then the error that says so. */
+static pipert_result stop_without_coordinator(pipert_session *s, long step)
+{
+    if (!every(step, s->config.train.checkpoint_every)) PT_TRY(pt_session_save_checkpoint(s, step));
+    if (s->trace) PT_TRY(pt_trace_write_rank_file(s->trace, s->out_dir));
+    s->stopped_at = step;
+    return pt_fail(PIPERT_ERR_COORDINATOR_LOST,
+                   "coordinator lost: checkpoint of step %ld written; resume with --resume", step);
+}
+
 static pipert_result step_once(pipert_session *s, pipert_metrics *m)
 {
     if (s->finished)
         return pt_fail(PIPERT_ERR_INVALID_ARG, "the session has finished all %ld steps",
                        s->config.train.steps);
+    if (s->stopped_at > 0)
+        return pt_fail(PIPERT_ERR_COORDINATOR_LOST, "coordinator lost: the session stopped after "
+                                                    "step %ld; resume with --resume",
+                       s->stopped_at);
     if (atomic_load(&s->stop_requested))
         return pt_fail(PIPERT_ERR_INTERRUPTED, "stopped before step %ld",
                        pt_stage_executor_version(s->executor) + 1);
@@ -365,14 +381,18 @@ static pipert_result step_once(pipert_session *s, pipert_metrics *m)
     if (flushes(s) && every(p.step, ts->checkpoint_every)) PT_TRY(pt_session_save_checkpoint(s, p.step));
     /* The asynchronous schedule: each stage after its own N-th step (checkpoint.c). */
     if (!flushes(s) && every(p.step, ts->checkpoint_every)) PT_TRY(pt_session_save_checkpoint(s, p.step));
-    return PIPERT_OK;
+    bool stop;
+    PT_TRY(pt_session_coordinator_vote(s, p.step, &stop));
+    return stop ? stop_without_coordinator(s, p.step) : PIPERT_OK;
 }
 
 /* A failure of the job (not of this call's arguments) is remembered for
  * pipert_session_async_error and told to the other ranks. */
 static pipert_result note_failure(pipert_session *s, pipert_result rc)
 {
-    if (rc == PIPERT_OK || rc == PIPERT_ERR_INVALID_ARG) return rc;
+    /* not a failure: every rank stopped at the same step, with a checkpoint */
+    if (rc == PIPERT_OK || rc == PIPERT_ERR_INVALID_ARG || rc == PIPERT_ERR_COORDINATOR_LOST)
+        return rc;
     if (rc == PIPERT_ERR_INTERRUPTED && atomic_exchange(&s->abort_requested, 0)) {
         rc = pt_fail(PIPERT_ERR_INTERRUPTED, "aborted by the host program: %s", s->abort_reason);
         pt_job_report_failure(&s->job, pipert_last_error());

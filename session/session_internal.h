@@ -57,6 +57,13 @@ struct pipert_session {
         void **kept;          /* buffers of abandoned collectives, freed after leaving the job */
         int n_kept;
     } elastic;
+    /* coordinator_loss.c: the workers' vote on whether the coordinator is gone */
+    pt_allreduce_handle *loss_vote; /* in flight since step loss_vote_step */
+    float *loss_vote_value;         /* its buffer (kept to the end if abandoned) */
+    long loss_vote_step;
+    long loss_vote_groups;          /* elastic.regrouped_epoch when it started */
+    bool loss_logged;
+    long stopped_at;          /* > 0: stopped after this step, the coordinator lost */
 };
 
 /* Elastic replicas (elastic.c): at a step boundary, acknowledges departures,
@@ -85,5 +92,11 @@ void pt_session_close_outputs(pipert_session *s);
 pipert_result pt_session_save_checkpoint(pipert_session *s, long step);
 /* Restores the newest complete checkpoint of out_dir; *step is its step. */
 pipert_result pt_session_resume(pipert_session *s, long *step);
+
+/* After every step (coordinator_loss.c): *stop says whether every rank agreed,
+ * at this step, to stop after it because the coordinator is lost. */
+pipert_result pt_session_coordinator_vote(pipert_session *s, long step, bool *stop);
+/* A vote in flight is given up (before the job is left). */
+pipert_result pt_session_coordinator_vote_abandon(pipert_session *s);
 
 #endif

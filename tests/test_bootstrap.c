@@ -449,3 +449,32 @@ Test(bootstrap, secret_comparison)
     cr_expect_not(pt_secret_equal(SECRET, "0123456789abcdef0123456789abcdee"), "last character");
     cr_expect_not(pt_secret_equal(SECRET, ""));
 }
+
+/* The world ring (the coordinator-loss vote's group): every rank once, and each
+ * neighbour (the last and the first too) shares a stage or a replica with it, for every
+ * shape up to 7 x 7 (odd and even counts of both). 2 x 2 written out: 0, 1, 3, 2. */
+Test(bootstrap, world_ring_uses_only_pipeline_and_replica_neighbours)
+{
+    pt_layout l = {.stages = 2, .replicas = 2};
+    int ranks[49];
+    pt_layout_world_ring(&l, ranks);
+    const int expected[4] = {0, 1, 3, 2};
+    for (int i = 0; i < 4; i++) cr_expect_eq(ranks[i], expected[i], "2 x 2: ring[%d]", i);
+    for (int S = 1; S <= 7; S++)
+        for (int R = 1; R <= 7; R++) {
+            l = (pt_layout){.stages = S, .replicas = R};
+            const int world = S * R;
+            int seen[49] = {0};
+            pt_layout_world_ring(&l, ranks);
+            for (int i = 0; i < world; i++) {
+                cr_assert(ranks[i] >= 0 && ranks[i] < world && !seen[ranks[i]]++,
+                          "%d x %d: ring[%d] = %d", S, R, i, ranks[i]);
+                const int a = ranks[i], b = ranks[(i + 1) % world];
+                cr_expect(pt_layout_stage(&l, a) == pt_layout_stage(&l, b) ||
+                              pt_layout_replica(&l, a) == pt_layout_replica(&l, b),
+                          "%d stages x %d replicas: ranks %d and %d are neighbours in the ring "
+                          "but share neither a stage nor a replica",
+                          S, R, a, b);
+            }
+        }
+}

@@ -93,7 +93,7 @@ static const char *const all_keys[] = {
     "dp.fraction", "dp.rule", "dp.lambda", "dp.ema_warmup_steps", "dp.period", "dp.outer_lr",
     "dp.outer_momentum", "dp.fragments", "dp.overlap", "dp.alpha", "dp.penalty", "dp.penalty_value",
     "dp.clip", "runtime.threads", "runtime.device", "runtime.authenticate_messages",
-    "pipeline.schedule",
+    "runtime.coordinator_check_steps", "pipeline.schedule",
     "pipeline.lookahead", "pipeline.microbatches", "pipeline.recompute", "pipeline.trace",
     "wan.bandwidth", "wan.latency", "plan.layers", "seed",
 };

@@ -498,6 +498,80 @@ Test(coordinator, worker_notices_a_dead_coordinator)
     pt_coord_client_close(client);
 }
 
+/* Waits up to timeout_s for the client to lose its coordinator; the seconds it took. */
+static double wait_for_loss(pt_coord_client *client, double timeout_s)
+{
+    double start = pt_now_s();
+    while (!pt_coord_client_coordinator_lost(client, NULL, 0) && pt_now_s() - start < timeout_s)
+        usleep(10000);
+    cr_assert(pt_coord_client_coordinator_lost(client, NULL, 0), "no loss within %.1f s", timeout_s);
+    return pt_now_s() - start;
+}
+
+/* A client that outlives its coordinator (as under pipert launch), aborting grace_s after. */
+static pt_coord_client *join_outliving(int port, double grace_s, abort_record *record)
+{
+    pt_coord_client_options o = PT_COORD_CLIENT_OPTIONS_INIT;
+    o.host = "127.0.0.1";
+    o.port = port;
+    o.secret = SECRET;
+    o.world = 1;
+    o.connect_timeout_s = 5;
+    o.heartbeat_interval_s = 0.1;
+    o.dead_after_s = 0.6;
+    o.outlive_coordinator = true;
+    o.lost_grace_s = grace_s;
+    o.on_abort = record_abort;
+    o.on_abort_context = record;
+    pt_coord_client *client;
+    cr_assert_eq(pt_coord_client_connect(&client, &o), PIPERT_OK, "%s", pipert_last_error());
+    const pt_peer_table *t;
+    cr_assert_eq(pt_coord_client_wait_table(client, 5, &t), PIPERT_OK);
+    return client;
+}
+
+/* With outlive_coordinator a dead coordinator is lost, not an abort: the workers may
+ * finish without it (session/coordinator_loss.c), and what they would tell it is not sent. */
+Test(coordinator, outliving_worker_notices_a_lost_coordinator)
+{
+    pt_coordinator *c = start_coordinator(1, 0.1, 5.0);
+    abort_record record = {0};
+    pt_coord_client *client = join_outliving(pt_coordinator_port(c), 60, &record);
+    pt_coordinator_free(c); /* every connection closes, as when its process dies */
+    wait_for_loss(client, 2);
+    char why[512];
+    cr_expect(pt_coord_client_coordinator_lost(client, why, sizeof why));
+    cr_expect(strstr(why, "the coordinator at 127.0.0.1:") &&
+                  (strstr(why, "closed the connection") || strstr(why, "lost the connection")),
+              "%s", why);
+    usleep(300000);
+    cr_expect_not(pt_coord_client_aborted(client), "a lost coordinator aborted the job");
+    cr_expect_eq(atomic_load(&record.calls), 0);
+    cr_expect_eq(pt_coord_client_check(client), PIPERT_OK);
+    cr_expect_eq(pt_coord_client_send_progress(client, &(pt_rank_progress){1, 2, 1, 1, NAN, NAN, NAN, NAN, 0}),
+                 PIPERT_OK, "progress after the loss is not sent, and not an error");
+    cr_expect_eq(pt_coord_client_send_done(client), PIPERT_OK);
+    pt_coord_client_close(client);
+}
+
+/* The safety net: a worker still running lost_grace_s after the loss is told the job
+ * aborted, so that it never lingers. */
+Test(coordinator, a_lost_coordinator_aborts_the_job_after_the_grace)
+{
+    pt_coordinator *c = start_coordinator(1, 0.1, 5.0);
+    abort_record record = {0};
+    pt_coord_client *client = join_outliving(pt_coordinator_port(c), 0.5, &record);
+    pt_coordinator_free(c);
+    wait_for_loss(client, 2);
+    double took = wait_for_abort(client, 3);
+    cr_expect(took > 0.3, "aborted %.2f s after the loss (grace 0.5 s)", took);
+    cr_expect_eq(record.rank, -1);
+    cr_expect_eq(pt_coord_client_check(client), PIPERT_ERR_PEER);
+    cr_expect(strstr(pipert_last_error(), "the coordinator has been gone for"), "%s",
+              pipert_last_error());
+    pt_coord_client_close(client);
+}
+
 /* A coordinator whose process hangs: its socket stays open, but no heartbeat comes. */
 typedef struct poller {
     pt_coordinator *c;

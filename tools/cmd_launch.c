@@ -17,8 +17,11 @@
  * naming the rank and why. SIGINT or SIGTERM to the launcher stops every
  * worker the same way (exit 128 + signal). Workers run in process groups of
  * their own (a terminal's Ctrl-C reaches only the launcher, which stops them
- * in order) and with PR_SET_PDEATHSIG, so a launcher killed outright takes
- * them with it.
+ * in order). A launcher killed outright (kill -9) takes the coordinator with
+ * it, not the workers: they notice, agree on a step, checkpoint it and exit
+ * with status 4 (session/coordinator_loss.c); `pipert launch --resume`
+ * continues. Between emulated sites the launcher also carries the links
+ * (tools/wan), so there the workers get PR_SET_PDEATHSIG and die with it.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -274,14 +277,15 @@ static char **worker_arguments(const job *j, char *stages_text)
     return argv;
 }
 
-/* In the child, between fork and exec: die with the launcher, enter the
- * site's network namespace (emulated sites), write to the log, start a
- * process group of its own. Returns only on failure. */
+/* In the child, between fork and exec: between emulated sites (a namespace to
+ * enter) die with the launcher, whose relay is the links; enter the site's
+ * network namespace, write to the log, start a process group of its own.
+ * Returns only on failure. */
 static void exec_worker(const worker_process *w, pid_t launcher, int namespace_fd, char **argv,
                         char **env)
 {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != launcher) _exit(127); /* the launcher died before prctl */
+    if (namespace_fd >= 0) prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != launcher) _exit(127); /* the launcher died before prctl (or before exec) */
     if (namespace_fd >= 0 && pt_wan_sites_enter(namespace_fd) != 0) _exit(127);
     setpgid(0, 0);
     int log = open(w->log_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);

@@ -4,8 +4,10 @@
  * the signals and the printing a command owns.
  *
  * Exit status: 0 done; 1 this rank failed (the session told the job why);
- * 2 usage error; 3 stopped because the job aborted (another rank failed, or
- * the coordinator is gone).
+ * 2 usage error; 3 stopped because the job aborted (another rank failed);
+ * 4 the coordinator (pipert launch) died: every rank stopped after the same
+ * step with a complete checkpoint of it ("coordinator lost: checkpoint of step
+ * N written; resume with --resume").
  */
 #include <math.h>
 #include <signal.h>
@@ -26,6 +28,7 @@
 
 #define EXIT_RANK_FAILED 1
 #define EXIT_JOB_ABORTED 3
+#define EXIT_COORDINATOR_LOST 4
 
 static pipert_session *volatile running_session;
 
@@ -110,7 +113,8 @@ int pt_cmd_worker(int argc, char **argv)
                         "One worker of a multi-worker job, started by pipert launch, srun or\n"
                         "mpirun: rank, world size and the coordinator come from the environment\n"
                         "(docs/RUNNING.md). Exits 0 when done, 1 when this rank failed, 3 when\n"
-                        "the job was aborted because of another rank.",
+                        "the job was aborted because of another rank, 4 when the coordinator\n"
+                        "died and every rank stopped with a checkpoint (continue with --resume).",
                         flags, (int)(sizeof flags / sizeof flags[0]), true, NULL};
     pipert_config *cfg;
     pt_cli_outcome outcome = pt_cli_parse(&cli, argc, argv, &cfg);
@@ -150,7 +154,9 @@ int pt_cmd_worker(int argc, char **argv)
         const bool aborted = s && pipert_session_async_error(s) != PIPERT_OK;
         if (m.rank >= 0) fprintf(stderr, "pipert worker [rank %d]: error: %s\n", m.rank, message);
         else fprintf(stderr, "pipert worker: error: %s\n", message);
-        status = rc == PIPERT_ERR_PEER && aborted ? EXIT_JOB_ABORTED : EXIT_RANK_FAILED;
+        status = rc == PIPERT_ERR_COORDINATOR_LOST     ? EXIT_COORDINATOR_LOST
+                 : rc == PIPERT_ERR_PEER && aborted ? EXIT_JOB_ABORTED
+                                                    : EXIT_RANK_FAILED;
     } else if (!quiet) {
         if (m.stage == m.stages - 1) printf("rank %d done: %ld steps, final loss %.4f\n", m.rank, m.step, (double)m.loss);
         else printf("rank %d done: %ld steps\n", m.rank, m.step);

@@ -35,6 +35,7 @@ typedef enum pipert_result {
     PIPERT_ERR_NO_DEVICE,   /* the requested device is not present */
     PIPERT_ERR_INTERRUPTED, /* stopped by a signal or by the caller */
     PIPERT_ERR_INTERNAL,    /* a bug in pipert: please report it */
+    PIPERT_ERR_COORDINATOR_LOST, /* the coordinator died: every rank stopped after a checkpoint */
     PIPERT_RESULT_COUNT
 } pipert_result;
 
@@ -198,7 +199,10 @@ pipert_result pipert_session_create(const pipert_config *cfg, const pipert_sessi
 /* One optimizer step of this worker's stage, with the validation and
  * checkpoint that fall due after it. After the last step the run is finished
  * (metrics.done): final validation, checkpoint, trace, and the job told.
- * metrics may be NULL. */
+ * metrics may be NULL. Under `pipert launch`, once the coordinator (the
+ * launcher) is gone, the ranks agree on a step; after it every rank writes
+ * its part of that step's checkpoint and returns PIPERT_ERR_COORDINATOR_LOST
+ * (then and at every later call): resume from that checkpoint. */
 pipert_result pipert_session_step(pipert_session *s, pipert_metrics *metrics);
 
 /* Steps until the run is finished. */

@@ -2,6 +2,16 @@
  * it registers, waits for the table of every rank's data-plane address, sends
  * heartbeats (from a thread of its own) and progress, and learns of a
  * job-wide abort. What it says is runtime/comm/coordinator_protocol.h.
+ *
+ * Losing the coordinator (its connection closes, or it stays silent for
+ * dead_after_s) aborts the job, unless outlive_coordinator is set (under
+ * pipert launch, whose launcher is the coordinator): then the workers may
+ * still finish what they are doing without it (session/coordinator_loss.c).
+ * The loss is a condition of its own, pt_coord_client_coordinator_lost();
+ * from then on progress, "done" and errors are not sent (there is no one to
+ * tell). A safety net: a worker that has not closed its client lost_grace_s
+ * after the loss is told the job aborted, so waits end and an orphaned worker
+ * never lingers forever.
  */
 #ifndef PT_COORD_CLIENT_H
 #define PT_COORD_CLIENT_H
@@ -17,8 +27,9 @@
 typedef struct pt_coord_client pt_coord_client;
 
 /* Called once, from the client's thread, when the job aborts (rank -1: not
- * one rank's fault, or the coordinator is gone). Keep it short: set a flag,
- * cancel a blocking transfer. */
+ * one rank's fault, or the coordinator is gone: at once, or lost_grace_s after
+ * with outlive_coordinator). Keep
+ * it short: set a flag, cancel a blocking transfer. */
 typedef void (*pt_abort_callback)(void *context, int rank, const char *reason);
 
 typedef struct pt_coord_client_options {
@@ -29,14 +40,20 @@ typedef struct pt_coord_client_options {
     const char *address;         /* this worker's data-plane address ("" if none) */
     double connect_timeout_s;    /* retry connecting this long (it may not listen yet) */
     double heartbeat_interval_s;
-    double dead_after_s;         /* coordinator silence after which the job is aborted */
+    double dead_after_s;         /* coordinator silence after which it is lost */
     pt_abort_callback on_abort;  /* may be NULL */
     void *on_abort_context;
+    bool outlive_coordinator;    /* a lost coordinator is not an abort (for lost_grace_s) */
+    double lost_grace_s;         /* the coordinator lost this long: the job aborts */
 } pt_coord_client_options;
+
+/* How long a worker may go on without its coordinator before the client
+ * aborts the job (the stop the workers agree on normally comes far sooner). */
+#define PT_COORD_LOST_GRACE_S 600.0
 
 #define PT_COORD_CLIENT_OPTIONS_INIT                                                               \
     {NULL, 0, NULL, 0, 0, "", PT_CONNECT_TIMEOUT_S, PT_HEARTBEAT_INTERVAL_S, PT_DEAD_AFTER_S,    \
-     NULL, NULL}
+     NULL, NULL, false, PT_COORD_LOST_GRACE_S}
 
 typedef struct pt_peer {
     int rank;
@@ -57,11 +74,13 @@ typedef struct pt_peer_table {
 pipert_result pt_coord_client_connect(pt_coord_client **out, const pt_coord_client_options *options);
 
 /* Waits for the table of every rank; it lives as long as the client.
- * PIPERT_ERR_PEER if the job aborted before the table came, PIPERT_ERR_TIMEOUT
+ * PIPERT_ERR_PEER if the job aborted or the coordinator was lost before the
+ * table came, PIPERT_ERR_TIMEOUT
  * after timeout_s. (An abort after the table is for pt_coord_client_check.) */
 pipert_result pt_coord_client_wait_table(pt_coord_client *c, double timeout_s,
                                          const pt_peer_table **table);
 
+/* These three send nothing and return PIPERT_OK once the coordinator is lost. */
 pipert_result pt_coord_client_send_progress(pt_coord_client *c, const pt_rank_progress *p);
 /* This worker finished; the coordinator expects the connection to close next. */
 pipert_result pt_coord_client_send_done(pt_coord_client *c);
@@ -86,6 +105,10 @@ pipert_result pt_coord_client_send_error(pt_coord_client *c, const char *reason)
 
 /* Whether the job aborted (a cheap read, for the step loop). */
 bool pt_coord_client_aborted(pt_coord_client *c);
+/* Whether the coordinator is gone (closed its connection, or fell silent)
+ * while the job ran, with outlive_coordinator; `why` (may be NULL) receives
+ * how it was noticed. */
+bool pt_coord_client_coordinator_lost(pt_coord_client *c, char *why, size_t cap);
 /* PIPERT_OK while the job runs; after an abort PIPERT_ERR_PEER with the
  * message "job aborted: rank R: REASON". */
 pipert_result pt_coord_client_check(pt_coord_client *c);

@@ -1,6 +1,7 @@
 /* The worker's side of the coordinator (coord_client.h): connects (retrying while the
  * coordinator is not up yet), registers, then a thread of its own sends heartbeats, reads
- * the table, "abort" and "finished", and watches for a silent coordinator. */
+ * the table, "abort" and "finished", and watches for a silent coordinator. A lost
+ * coordinator ends the thread's talking; it then only waits out lost_grace_s. */
 #include "runtime/comm/coord_client.h"
 
 #include <errno.h>
@@ -32,7 +33,8 @@ struct pt_coord_client {
     int fd;
     int rank, world;
     char where[PT_HOST_MAX + 16]; /* "host:port" */
-    double heartbeat_interval_s, dead_after_s;
+    double heartbeat_interval_s, dead_after_s, lost_grace_s;
+    bool outlive_coordinator;
     pt_abort_callback on_abort;
     void *on_abort_context;
     pt_coord_buffer in;
@@ -41,6 +43,8 @@ struct pt_coord_client {
     pthread_mutex_t lock;      /* the fields below */
     pthread_cond_t changed;
     atomic_bool aborted;
+    atomic_bool lost;   /* the coordinator is gone (lost_reason says how) */
+    char lost_reason[512];
     bool abort_claimed; /* under lock: an abort is being delivered */
     int abort_rank;
     char abort_reason[512];
@@ -99,6 +103,21 @@ static void client_abort(pt_coord_client *c, int rank, const char *reason)
     if (c->on_abort) c->on_abort(c->on_abort_context, rank, reason);
     pthread_mutex_lock(&c->lock);
     atomic_store(&c->aborted, true);
+    pthread_cond_broadcast(&c->changed);
+    pthread_mutex_unlock(&c->lock);
+}
+
+/* The coordinator is gone: the job aborts, or (outlive_coordinator) the loss is
+ * remembered (the session logs it, on its own thread's sink) and waiters woken. */
+static void client_lost(pt_coord_client *c, const char *why)
+{
+    if (!c->outlive_coordinator) {
+        client_abort(c, -1, why);
+        return;
+    }
+    pthread_mutex_lock(&c->lock);
+    snprintf(c->lost_reason, sizeof c->lost_reason, "%s", why);
+    atomic_store(&c->lost, true);
     pthread_cond_broadcast(&c->changed);
     pthread_mutex_unlock(&c->lock);
 }
@@ -260,9 +279,27 @@ static double last_sent_at(pt_coord_client *c)
     return at;
 }
 
-static void *client_thread(void *arg)
+/* After the loss: waits (for close) at most lost_grace_s, then aborts the job, so that
+ * a worker whose job cannot agree on a stop (a peer hangs) still ends. */
+static void wait_out_the_grace(pt_coord_client *c)
 {
-    pt_coord_client *c = arg;
+    struct pollfd stop = {.fd = c->stop_pipe[0], .events = POLLIN};
+    const double deadline = pt_now_s() + c->lost_grace_s;
+    for (double left; (left = deadline - pt_now_s()) > 0;) {
+        int ready = poll(&stop, 1, (int)fmin(left * 1e3 + 1, 60e3));
+        if (ready > 0 || (ready < 0 && errno != EINTR)) return; /* closing */
+    }
+    char why[700];
+    snprintf(why, sizeof why, "the coordinator has been gone for %.0f s (%s) and the workers did "
+                              "not stop",
+             c->lost_grace_s, c->lost_reason);
+    client_abort(c, -1, why);
+}
+
+/* Heartbeats and messages until the client closes, the job aborts, or the coordinator
+ * is lost (false). */
+static bool client_talk(pt_coord_client *c)
+{
     char why[512];
     while (!atomic_load(&c->aborted)) {
         double now = pt_now_s();
@@ -272,29 +309,37 @@ static void *client_thread(void *arg)
         if (ready < 0 && errno != EINTR) {
             snprintf(why, sizeof why, "poll: %s", strerror(errno));
             client_abort(c, -1, why);
-            break;
+            return true;
         }
-        if (ready > 0 && fds[1].revents) break; /* closing */
+        if (ready > 0 && fds[1].revents) return true; /* closing */
         if (ready > 0 && fds[0].revents && !client_read(c, why, sizeof why)) {
             pthread_mutex_lock(&c->lock);
             bool expected = c->done_sent || c->finished;
             pthread_mutex_unlock(&c->lock);
-            if (!expected) client_abort(c, -1, why);
-            break;
+            if (expected) return true;
+            client_lost(c, why);
+            return false;
         }
         now = pt_now_s();
         if (now - last_sent_at(c) >= c->heartbeat_interval_s &&
             client_send(c, json_pack("{s:s}", "type", "heartbeat")) != PIPERT_OK) {
-            client_abort(c, -1, pipert_last_error());
-            break;
+            client_lost(c, pipert_last_error());
+            return false;
         }
         if (now - c->last_heard > c->dead_after_s) {
             snprintf(why, sizeof why, "no word from the coordinator at %s for %.1f s", c->where,
                      now - c->last_heard);
-            client_abort(c, -1, why);
-            break;
+            client_lost(c, why);
+            return false;
         }
     }
+    return true;
+}
+
+static void *client_thread(void *arg)
+{
+    pt_coord_client *c = arg;
+    if (!client_talk(c) && c->outlive_coordinator) wait_out_the_grace(c);
     return NULL;
 }
 
@@ -523,6 +568,8 @@ pipert_result pt_coord_client_connect(pt_coord_client **out, const pt_coord_clie
     c->abort_rank = -1;
     c->heartbeat_interval_s = o->heartbeat_interval_s;
     c->dead_after_s = o->dead_after_s;
+    c->outlive_coordinator = o->outlive_coordinator;
+    c->lost_grace_s = o->lost_grace_s > 0 ? o->lost_grace_s : PT_COORD_LOST_GRACE_S;
     c->on_abort = o->on_abort;
     c->on_abort_context = o->on_abort_context;
     snprintf(c->where, sizeof c->where, strchr(o->host, ':') ? "[%s]:%d" : "%s:%d", o->host,
@@ -557,17 +604,33 @@ pipert_result pt_coord_client_check(pt_coord_client *c)
 
 bool pt_coord_client_aborted(pt_coord_client *c) { return atomic_load(&c->aborted); }
 
+bool pt_coord_client_coordinator_lost(pt_coord_client *c, char *why, size_t cap)
+{
+    if (!atomic_load(&c->lost)) return false;
+    if (why && cap > 0) {
+        pthread_mutex_lock(&c->lock);
+        snprintf(why, cap, "%s", c->lost_reason);
+        pthread_mutex_unlock(&c->lock);
+    }
+    return true;
+}
+
 pipert_result pt_coord_client_wait_table(pt_coord_client *c, double timeout_s,
                                          const pt_peer_table **table)
 {
     struct timespec deadline = pt_coord_deadline_after(timeout_s);
     bool timed_out = false;
     pthread_mutex_lock(&c->lock);
-    while (!c->has_table && !atomic_load(&c->aborted) && !timed_out)
+    while (!c->has_table && !atomic_load(&c->aborted) && !atomic_load(&c->lost) && !timed_out)
         timed_out = pthread_cond_timedwait(&c->changed, &c->lock, &deadline) == ETIMEDOUT;
     bool has_table = c->has_table;
     pthread_mutex_unlock(&c->lock);
     if (!has_table) PT_TRY(pt_coord_client_check(c)); /* an abort after the table: the next check */
+    char why[512];
+    if (!has_table && pt_coord_client_coordinator_lost(c, why, sizeof why))
+        return pt_fail(PIPERT_ERR_PEER, "the coordinator was lost before every rank registered: "
+                                        "%s",
+                       why);
     if (!has_table)
         return pt_fail(PIPERT_ERR_TIMEOUT, "no peer table from the coordinator at %s within %.0f s "
                                            "(are all ranks started?)",
@@ -579,6 +642,7 @@ pipert_result pt_coord_client_wait_table(pt_coord_client *c, double timeout_s,
 pipert_result pt_coord_client_send_progress(pt_coord_client *c, const pt_rank_progress *p)
 {
     PT_TRY(pt_coord_client_check(c));
+    if (atomic_load(&c->lost)) return PIPERT_OK;
     json_t *m = json_pack("{s:s, s:I, s:I, s:f}", "type", "progress", "step",
                           (json_int_t)p->step, "total", (json_int_t)p->total_steps,
                           "tokens_per_s", p->tokens_per_s);
@@ -597,6 +661,7 @@ pipert_result pt_coord_client_send_progress(pt_coord_client *c, const pt_rank_pr
 pipert_result pt_coord_client_send_done(pt_coord_client *c)
 {
     PT_TRY(pt_coord_client_check(c));
+    if (atomic_load(&c->lost)) return PIPERT_OK;
     pthread_mutex_lock(&c->lock);
     c->done_sent = true;
     pthread_mutex_unlock(&c->lock);
@@ -630,6 +695,7 @@ pipert_result pt_coord_client_send_ack(pt_coord_client *c, long epoch, long step
 
 pipert_result pt_coord_client_send_error(pt_coord_client *c, const char *reason)
 {
+    if (atomic_load(&c->lost)) return PIPERT_OK;
     return client_send(c, json_pack("{s:s, s:s}", "type", "error", "reason", reason));
 }
 

@@ -18,6 +18,12 @@ int pt_layout_rank(const pt_layout *l, int stage, int replica);
 int pt_layout_stage(const pt_layout *l, int rank);
 int pt_layout_replica(const pt_layout *l, int rank);
 
+/* Every rank once, ranks[0..world), in a cycle whose neighbours (the last and
+ * the first included) share a stage or a replica: a ring over the world that
+ * uses only the connections a job has anyway (the stages of a replica, the
+ * replicas of a stage, each a complete graph). */
+void pt_layout_world_ring(const pt_layout *l, int *ranks);
+
 /* The stage and replica of `rank` in a job of `world` ranks and `stages`
  * stages: pt_layout_make, then PIPERT_ERR_INVALID_ARG unless 0 <= rank < world. */
 pipert_result pt_rank_layout(int rank, int world, int stages, int *stage, int *replica);

@@ -1,0 +1,124 @@
+/* Outliving the coordinator (docs/RUNNING.md, "The coordinator dies").
+ *
+ * Under `pipert launch` the coordinator is the launcher: when it dies the
+ * workers lose their control path but not their data plane, so they finish
+ * cleanly: every rank writes its part of one checkpoint of the same step N
+ * and stops with PIPERT_ERR_COORDINATOR_LOST; `pipert launch --resume` then
+ * continues from N.
+ *
+ * The ranks notice the loss at different moments and, with the asynchronous
+ * pipeline, at different steps, so they vote. Every K steps (K =
+ * runtime.coordinator_check_steps, at least stages + 1) each rank, after its
+ * own step n, starts a non-blocking sum over the world group (every rank) of
+ * a flag "I have lost the coordinator", and completes it after its own step
+ * n + K. The sum is the same on every rank, so every rank decides the same:
+ * if it is not zero, all stop after step n + K. The wait at n + K normally
+ * finds the vote done: a rank at its step n + K is at most S − 1 steps ahead
+ * of the slowest stage of its replica (the stages of an asynchronous
+ * pipeline) and a step ahead of its stage's other replicas (their coupling),
+ * so every rank has started the vote of step n by then, without needing this
+ * rank to go further.
+ *
+ * A vote is started only when n + K is before the last step: a run that would
+ * end sooner simply finishes (its last step checkpoints anyway, and the
+ * coordinator's absence is not an error then). Noticing the loss changes
+ * nothing else: waits for peers go on (only a stop or an abort ends them). */
+#include <math.h>
+#include <stdlib.h>
+
+#include "runtime/log.h"
+#include "session/session_internal.h"
+
+#define WAIT_SLICE_S 0.5
+
+static long vote_period(const pipert_session *s)
+{
+    const long k = s->config.runtime.coordinator_check_steps;
+    return k > s->job.layout.stages ? k : s->job.layout.stages + 1;
+}
+
+/* Says once, in this rank's log, that the coordinator is gone. */
+static bool noticed_loss(pipert_session *s, long step)
+{
+    char why[512];
+    if (!pt_job_coordinator_lost(&s->job, why, sizeof why)) return false;
+    if (!s->loss_logged)
+        pt_warn("coordinator lost after step %ld: %s; training goes on until the workers agree "
+                "on a step to stop at (they vote every %ld steps)",
+                step, why, vote_period(s));
+    s->loss_logged = true;
+    return true;
+}
+
+/* The vote started K steps ago, in slices so that a stop or an abort ends the wait.
+ * Elastic replicas: a vote that replicas leaving cut short decides nothing (the
+ * survivors vote again over their new world group). */
+static pipert_result finish_vote(pipert_session *s, bool *lost)
+{
+    pt_allreduce_handle *vote = s->loss_vote;
+    s->loss_vote = NULL;
+    for (;;) {
+        pipert_result rc = pt_allreduce_wait_for(vote, WAIT_SLICE_S);
+        if (rc == PIPERT_OK) break;
+        if (rc != PIPERT_ERR_TIMEOUT) {
+            free(s->loss_vote_value);
+            s->loss_vote_value = NULL;
+            if (s->job.elastic && pt_session_departures_since(s, s->loss_vote_groups))
+                return PIPERT_OK;
+            pt_error_prefix("the workers' vote on the coordinator of step %ld", s->loss_vote_step);
+            return rc;
+        }
+        if (atomic_load(&s->stop_requested) || pt_job_aborted(&s->job)) {
+            pt_allreduce_abandon(vote);
+            PT_TRY(pt_session_keep_until_end(s, s->loss_vote_value));
+            s->loss_vote_value = NULL;
+            return pt_fail(PIPERT_ERR_INTERRUPTED, "stopped during the workers' vote on the "
+                                                   "coordinator");
+        }
+    }
+    *lost = *s->loss_vote_value > 0;
+    free(s->loss_vote_value);
+    s->loss_vote_value = NULL;
+    return PIPERT_OK;
+}
+
+/* Between a departure and the survivors' new groups there is no world group
+ * to vote in. */
+static bool regrouping(const pipert_session *s)
+{
+    return s->elastic.acked_epoch != s->elastic.regrouped_epoch;
+}
+
+pipert_result pt_session_coordinator_vote(pipert_session *s, long step, bool *stop)
+{
+    *stop = false;
+    if (!s->job.world_group) return PIPERT_OK;
+    const bool lost = noticed_loss(s, step);
+    const long k = vote_period(s);
+    if (step % k != 0) return PIPERT_OK;
+    if (s->loss_vote && s->loss_vote_groups != s->elastic.regrouped_epoch)
+        PT_TRY(pt_session_coordinator_vote_abandon(s));
+    if (s->loss_vote) {
+        PT_TRY(finish_vote(s, stop));
+        if (*stop) return PIPERT_OK;
+    }
+    if (step + k >= s->config.train.steps || regrouping(s) || !s->job.world_group) return PIPERT_OK;
+    s->loss_vote_value = malloc(sizeof *s->loss_vote_value);
+    if (!s->loss_vote_value) return pt_fail(PIPERT_ERR_NOMEM, "the vote: out of memory");
+    *s->loss_vote_value = lost ? 1.0f : 0.0f;
+    s->loss_vote_step = step;
+    s->loss_vote_groups = s->elastic.regrouped_epoch;
+    return pt_allreduce_start(s->job.world_group, s->loss_vote_value, 1, PT_REDUCE_SUM,
+                              &s->loss_vote);
+}
+
+pipert_result pt_session_coordinator_vote_abandon(pipert_session *s)
+{
+    if (s->loss_vote) pt_allreduce_abandon(s->loss_vote);
+    s->loss_vote = NULL;
+    /* an abandoned all-reduce may still write its buffer: kept until the job is left */
+    pipert_result rc = s->loss_vote_value ? pt_session_keep_until_end(s, s->loss_vote_value)
+                                          : PIPERT_OK;
+    s->loss_vote_value = NULL;
+    return rc;
+}
