@@ -76,18 +76,27 @@ static int microbatches(const pipert_config *config, pt_schedule_kind kind, int 
     return S == 1 ? config->train.grad_accum : config->pipeline.microbatches;
 }
 
-/* The queue of boundary s of replica r between sites a and b: its own inside a site; between
- * two sites, the first boundary's (in replica-major order) that joins the same two sites. */
-static int crossing_queue(const pt_job_model_input *in, int r, int s, int a, int b)
+/* The queue of every pipeline boundary: its own inside a site; between two sites, the first
+ * boundary's (in replica-major order) that joins the same two sites. One pass, with the first
+ * boundary of each pair of sites in a table. */
+static pipert_result crossing_queues(const pt_job_model_input *in, pt_job_model *m)
 {
-    const int S = in->plan->stages;
-    if (a == b) return r * (S - 1) + s;
-    for (int q = 0; q <= r; q++)
-        for (int t = 0; t + 1 < S && (q < r || t <= s); t++) {
-            const int x = site(in, q * S + t), y = site(in, q * S + t + 1);
-            if ((x == a && y == b) || (x == b && y == a)) return q * (S - 1) + t;
+    const int S = in->plan->stages, R = in->replicas, n = in->n_sites > 1 ? in->n_sites : 1;
+    int *first = malloc((size_t)n * (size_t)n * sizeof *first);
+    if (!first) return pt_fail(PIPERT_ERR_NOMEM, "job model: out of memory for %d sites", n);
+    for (int i = 0; i < n * n; i++) first[i] = -1;
+    for (int r = 0; r < R; r++)
+        for (int s = 0; s + 1 < S; s++) {
+            const int at = r * (S - 1) + s, a = site(in, r * S + s), b = site(in, r * S + s + 1);
+            m->stage_links[at] = between(in, a, b);
+            m->stage_queue[at] = at;
+            if (a == b) continue;
+            const int pair = a < b ? a * n + b : b * n + a;
+            if (first[pair] < 0) first[pair] = at;
+            m->stage_queue[at] = first[pair];
         }
-    return r * (S - 1) + s;
+    free(first);
+    return PIPERT_OK;
 }
 
 static pipert_result price_ranks(const pt_job_model_input *in, pt_job_model *m)
@@ -101,12 +110,7 @@ static pipert_result price_ranks(const pt_job_model_input *in, pt_job_model *m)
         m->times[i] = m->cost[i].time;
         params[i % S] = m->cost[i].params;
     }
-    for (int r = 0; r < R && rc == PIPERT_OK; r++)
-        for (int s = 0; s + 1 < S; s++) {
-            const int a = site(in, r * S + s), b = site(in, r * S + s + 1);
-            m->stage_links[r * (S - 1) + s] = between(in, a, b);
-            m->stage_queue[r * (S - 1) + s] = crossing_queue(in, r, s, a, b);
-        }
+    if (rc == PIPERT_OK) rc = crossing_queues(in, m);
     if (rc == PIPERT_OK)
         rc = pt_cost_coupling(in->config, R, S, params, m->coupling_bytes, &m->in.coupling);
     free(params);
