@@ -57,7 +57,7 @@ static pipert_result allocate(pt_job_model *m, int S, int R)
     m->cost = calloc(ranks, sizeof *m->cost);
     m->times = calloc(ranks, sizeof *m->times);
     m->stage_links = calloc(ranks, sizeof *m->stage_links);
-    m->stage_queue = calloc(ranks, sizeof *m->stage_queue);
+    m->stage_queue = calloc(2 * ranks, sizeof *m->stage_queue);
     m->coupling_bytes = calloc((size_t)S, sizeof *m->coupling_bytes);
     m->link_of = calloc((size_t)S, sizeof *m->link_of);
     m->coupling_links = calloc((size_t)S + 1, sizeof *m->coupling_links);
@@ -76,9 +76,10 @@ static int microbatches(const pipert_config *config, pt_schedule_kind kind, int 
     return S == 1 ? config->train.grad_accum : config->pipeline.microbatches;
 }
 
-/* The queue of every pipeline boundary: its own inside a site; between two sites, the first
- * boundary's (in replica-major order) that joins the same two sites. One pass, with the first
- * boundary of each pair of sites in a table. */
+/* The queues of every pipeline boundary (simulate.h, a queue per direction): its own inside a
+ * site; between two sites, the first boundary's (in replica-major order) that joins the same
+ * two sites, oriented: queue 2f carries bytes from the lower-numbered site to the higher, 2f + 1
+ * back. One pass, with the first boundary of each pair of sites in a table. */
 static pipert_result crossing_queues(const pt_job_model_input *in, pt_job_model *m)
 {
     const int S = in->plan->stages, R = in->replicas, n = in->n_sites > 1 ? in->n_sites : 1;
@@ -89,11 +90,13 @@ static pipert_result crossing_queues(const pt_job_model_input *in, pt_job_model 
         for (int s = 0; s + 1 < S; s++) {
             const int at = r * (S - 1) + s, a = site(in, r * S + s), b = site(in, r * S + s + 1);
             m->stage_links[at] = between(in, a, b);
-            m->stage_queue[at] = at;
+            m->stage_queue[2 * at] = 2 * at;
+            m->stage_queue[2 * at + 1] = 2 * at + 1;
             if (a == b) continue;
             const int pair = a < b ? a * n + b : b * n + a;
             if (first[pair] < 0) first[pair] = at;
-            m->stage_queue[at] = first[pair];
+            m->stage_queue[2 * at] = 2 * first[pair] + (a > b);     /* activations, a to b */
+            m->stage_queue[2 * at + 1] = 2 * first[pair] + (a < b); /* gradients, b to a */
         }
     free(first);
     return PIPERT_OK;

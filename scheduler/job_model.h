@@ -5,9 +5,11 @@
  * Links. Two ranks in one site talk over the diagonal of `links` where it
  * has a bandwidth, else over `local`; in different sites over the cluster's link, and a pipeline
  * boundary, which carries activations one way and gradients the other, takes
- * the slower of its two directions. Every pipeline boundary that crosses between
- * the same two sites waits in one queue: the pipelines share the sites' link
- * (inside a site each boundary has its own). A stage's replicas couple over the
+ * the slower of its two directions. Bytes of every pipeline boundary that go from
+ * one site to another wait in one queue, a queue per direction: pipelines that cross
+ * between two sites share the link, and one whose stages run the other way round
+ * sends its activations where the first sends its gradients (inside a site each
+ * boundary has a queue per direction of its own). A stage's replicas couple over the
  * slowest hop of their ring; stages whose slowest hop joins the same two
  * sites share that link (one queue), and stages whose replicas are all in one
  * site share that site's link (the diagonal, else `local`). */
@@ -36,7 +38,7 @@ typedef struct pt_job_model {
     pt_stage_cost *cost;          /* [R·S] */
     pt_sim_costs *times;          /* [R·S] */
     pt_sim_link *stage_links;     /* [R·(S−1)] */
-    int *stage_queue;             /* [R·(S−1)]: crossings between two sites share one queue */
+    int *stage_queue;             /* [2·R·(S−1)]: bytes from one site to another share a queue */
     double *coupling_bytes;       /* [S] */
     int *link_of;                 /* [S] */
     pt_sim_link *coupling_links;  /* [S + 1] */

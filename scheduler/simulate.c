@@ -139,8 +139,8 @@ static void send(simulation *sim, rank_state *r, int direction, int microbatch)
     const int boundary = direction == ACTIVATION ? r->stage : to;
     const int at = r->replica * (in->stages - 1) + boundary;
     const pt_sim_link *link = &in->stage_links[at];
-    const int queue = in->stage_queue ? in->stage_queue[at] : at;
-    double *free_at = &sim->link_free[queue * 2 + direction];
+    const int queue = in->stage_queue ? in->stage_queue[2 * at + direction] : 2 * at + direction;
+    double *free_at = &sim->link_free[queue];
     const double start = fmax(r->clock, *free_at);
     *free_at = start + in->activation_bytes / link->bytes_per_s;
     const double arrival = *free_at + link->latency_s;

@@ -71,9 +71,11 @@ typedef struct pt_sim_input {
     const int *device_of;
     int n_devices;
     const pt_sim_link *stage_links; /* [replica·(S−1) + s]: between stage s and s+1, each direction */
-    /* Optional: [replica·(S−1) + s] the queue that boundary's messages wait in, a boundary's
-     * own index or another's (boundaries that share a queue share its bandwidth, each direction:
-     * pipelines crossing between the same two sites); NULL: a queue per boundary. */
+    /* Optional: [2·(replica·(S−1) + s) + d] the queue, in [0, 2·R·(S−1)), that boundary s's
+     * messages wait in: d = 0 the activations (stage s to s+1), d = 1 their gradients (back).
+     * Messages that share a queue share its bandwidth (pipelines crossing between the same
+     * two sites in the same direction); NULL: 2·(replica·(S−1) + s) + d, a queue per boundary
+     * and direction. */
     const int *stage_queue;
     double activation_bytes;        /* one microbatch's activations (and, back, their gradients) */
     pt_sim_coupling coupling;
