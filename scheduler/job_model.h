@@ -41,6 +41,7 @@ typedef struct pt_job_model {
     int *stage_queue;             /* [2·R·(S−1)]: bytes from one site to another share a queue */
     double *coupling_bytes;       /* [S] */
     int *link_of;                 /* [S] */
+    int *members;                 /* [S]: who takes part in stage s's coupling (cost.h) */
     pt_sim_link *coupling_links;  /* [S + 1] */
     int (*link_pairs)[2];         /* [S + 1]: the sites each coupling link joins */
     double tokens_per_step;       /* of the whole job */

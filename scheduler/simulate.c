@@ -186,8 +186,10 @@ static void start_collective(simulation *sim, int stage, int index)
     const double transfer = cp->bytes[stage] / cp->links[l].bytes_per_s;
     /* the link is busy while the bytes go out; the latencies are paid beside */
     sim->coupling_free[l] = start + transfer;
-    c->end = start + transfer + cp->hops * cp->links[l].latency_s;
-    sim->out->coupling_link_bytes[l] += cp->bytes[stage] * sim->in->replicas;
+    const int members = cp->members ? cp->members[stage] : sim->in->replicas;
+    const int hops = cp->members ? 2 * (members - 1) : cp->hops;
+    c->end = start + transfer + hops * cp->links[l].latency_s;
+    sim->out->coupling_link_bytes[l] += cp->bytes[stage] * members;
     for (int rep = 0; rep < sim->in->replicas; rep++) {
         rank_state *r = &sim->ranks[rank_index(sim, rep, stage)];
         if (r->waiting == WAITS_COLLECTIVE && r->wait_key == index) {

@@ -54,7 +54,10 @@ typedef struct pt_sim_coupling {
     int every;           /* a collective after every this many steps; 0: none */
     int lag;             /* steps it may run beside (0: blocking) */
     int hops;            /* latencies it pays, e.g. 2(R−1) for a ring all-reduce */
-    const double *bytes; /* [S]: bytes the busiest replica of stage s sends per collective */
+    /* Optional: [S] how many take part in stage s's collective (each sends bytes[s]; it pays
+     * 2·(members[s] − 1) latencies, a ring's, instead of hops); NULL: every replica. */
+    const int *members;
+    const double *bytes; /* [S]: bytes the busiest member of stage s sends per collective */
     const int *link_of;  /* [S]: index into links: stages with one index share that link */
     const pt_sim_link *links;
     int n_links;
