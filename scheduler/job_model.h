@@ -10,9 +10,11 @@
  * between two sites share the link, and one whose stages run the other way round
  * sends its activations where the first sends its gradients (inside a site each
  * boundary has a queue per direction of its own). A stage's replicas couple over the
- * slowest hop of their ring; stages whose slowest hop joins the same two
- * sites share that link (one queue), and stages whose replicas are all in one
- * site share that site's link (the diagonal, else `local`). */
+ * slowest hop of their ring — for a method that runs by sites (cost.h), the ring of
+ * the sites' leaders, and each rank's step also pays its site's dense part; stages
+ * whose slowest hop joins the same two sites share that link (one queue), and stages
+ * whose replicas are all in one site share that site's link (the diagonal, else
+ * `local`). Each rank's step also pays the method's own CPU work (cost.h). */
 #ifndef PT_SCHEDULER_JOB_MODEL_H
 #define PT_SCHEDULER_JOB_MODEL_H
 
