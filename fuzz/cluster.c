@@ -30,7 +30,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (pt_cluster_parse("fuzz-cluster.json", (const char *)data, size, &cluster) != PIPERT_OK)
         return 0;
     check_cluster(&cluster);
-    const pt_solver_site fallback = {1, {1e9, 0.5, 1e9, 1e10}};
+    const pt_solver_site fallback = {1, {1e9, 0.5, 1e9, 1e10, 0}};
     pt_cluster_units units;
     if (pt_cluster_units_make(&cluster, &fallback, 0.5, (pt_sim_link){1e9, 1e-5}, &units) ==
         PIPERT_OK) {

@@ -44,7 +44,8 @@ pipert_result pt_cluster_units_make(const pt_cluster *c, const pt_solver_site *f
         }
         const pt_cluster_group *g = &c->groups[u];
         out->units[u] = (pt_solver_site){
-            g->count, {g->fp32_flops, efficiency, g->memory_bytes, g->memory_bytes_per_s}};
+            g->count, {g->fp32_flops, efficiency, g->memory_bytes, g->memory_bytes_per_s,
+                       fallback->device.sparse_cpu_s_per_element}};
         out->site[u] = g->site;
     }
     for (int a = 0; a < n; a++)

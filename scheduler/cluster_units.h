@@ -5,7 +5,8 @@
  * group's link; two groups of one site reach each other over the slower of
  * their links; units in different sites over the cluster's link between the
  * sites. Without groups, each site is a unit of `fallback` devices joined by
- * `local`. A device reaches `efficiency` of its group's fp32 FLOP/s. */
+ * `local`. A device reaches `efficiency` of its group's fp32 FLOP/s, and every device does
+ * dp.method=sparse's own work at `fallback`'s rate (a host's, cost.h). */
 #ifndef PT_SCHEDULER_CLUSTER_UNITS_H
 #define PT_SCHEDULER_CLUSTER_UNITS_H
 

@@ -125,15 +125,45 @@ static pipert_result method_traffic(const pipert_config *config, pt_sim_coupling
     return PIPERT_OK;
 }
 
-pipert_result pt_cost_coupling(const pipert_config *config, int replicas, int stages,
+pipert_result pt_cost_coupling(const pipert_config *config, const int *members, int stages,
                                const double *params, double *bytes, pt_sim_coupling *out)
 {
     double share;
     PT_TRY(method_traffic(config, out, &share));
-    out->hops = 2 * (replicas - 1);
+    out->members = members;
+    int most = 1;
+    for (int s = 0; s < stages; s++) most = members[s] > most ? members[s] : most;
+    out->hops = 2 * (most - 1);
     out->bytes = bytes;
-    const double ring = replicas > 1 ? 2.0 * (replicas - 1) / replicas : 0;
     const double bytes_per_element = pt_cost_codec_bits(config) / 8;
-    for (int s = 0; s < stages; s++) bytes[s] = ring * share * params[s] * bytes_per_element;
+    for (int s = 0; s < stages; s++) {
+        const int n = members[s];
+        const double ring = n > 1 ? 2.0 * (n - 1) / n : 0;
+        bytes[s] = ring * share * params[s] * bytes_per_element;
+    }
     return PIPERT_OK;
+}
+
+bool pt_cost_coupling_by_sites(const pipert_config *config)
+{
+    return strcmp(config->dp.method, "allreduce") && strcmp(config->dp.method, "none");
+}
+
+double pt_cost_site_coupling_s(const pipert_config *config, int k, double params, pt_sim_link link)
+{
+    if (k < 2 || !pt_cost_coupling_by_sites(config)) return 0;
+    const double bytes = 4 * params;
+    const double mean = 2.0 * (k - 1) / k * bytes / link.bytes_per_s + 2 * (k - 1) * link.latency_s;
+    const int rounds = (int)ceil(log2(k));
+    const bool stash = is_async(config) && (!strcmp(config->pipeline.lookahead, "stash") ||
+                                            !strcmp(config->pipeline.lookahead, "nesterov"));
+    const double broadcast = (stash ? 2 : 1) * rounds * (bytes / link.bytes_per_s + link.latency_s);
+    return mean + broadcast;
+}
+
+double pt_cost_method_cpu_s(const pipert_config *config, const pt_cost_device *device,
+                            double params)
+{
+    if (strcmp(config->dp.method, "sparse")) return 0;
+    return device->sparse_cpu_s_per_element * config->dp.fraction * params;
 }

@@ -32,6 +32,20 @@
  *   streaming-diloco   every ⌊H/(F+1)⌋ steps, beside τ steps, P/(F+1)
  *   co2                every H steps, beside H steps (one round stale), P
  *   none               nothing
+ *
+ * Sites (dp/coupling.c). Every method but allreduce and none runs by sites when a stage's
+ * replicas are in more than one: each step the k replicas of a site average their gradients
+ * densely (a ring all-reduce of the stage's 4P bytes: 2(k−1)/k of them sent, 2(k−1)
+ * latencies), the method runs between the sites' first replicas (its ring has one member per
+ * site), and after the optimizer step the leader broadcasts its parameters to the site (a
+ * binomial tree: ⌈log2 k⌉ rounds of 4P bytes and a latency each; twice when the schedule keeps
+ * a weight stash). Both are blocking, on the site's own link.
+ *
+ * The method's own CPU work. dp.method=sparse gathers the step's partition of p·P elements
+ * at its shuffled indices and applies the average with the EMA correction on the worker's
+ * main thread, every step: pt_cost_device's sparse_cpu_s_per_element (measured here by
+ * scripts/calibrate.sh) times p·P, added to the optimizer step. The other methods' own work is
+ * the transfer's (allreduce) or a few passes every H steps (not modelled).
  */
 #ifndef PT_SCHEDULER_COST_H
 #define PT_SCHEDULER_COST_H
@@ -48,6 +62,7 @@ typedef struct pt_cost_device {
     double efficiency;       /* share of `flops` the kernels reach, (0, 1] */
     double memory_bytes;     /* capacity */
     double memory_bytes_per_s; /* bandwidth, for the optimizer step */
+    double sparse_cpu_s_per_element; /* dp.method=sparse's own work a step (above); 0: none */
 } pt_cost_device;
 
 typedef struct pt_stage_cost {
@@ -69,11 +84,23 @@ pipert_result pt_cost_stage(const pipert_config *config, const pt_stage_plan *pl
 /* The device memory a stage needs with `in_flight` microbatches' activations. */
 double pt_cost_stage_memory(const pt_stage_cost *cost, int in_flight);
 
-/* The coupling's collectives for `replicas` replicas of stages of
- * params[s] floats: every, lag and hops into `out` (its bytes into
- * bytes[s]; links are the caller's). */
-pipert_result pt_cost_coupling(const pipert_config *config, int replicas, int stages,
+/* The coupling's collectives for stages of params[s] floats whose method runs among
+ * members[s] members (the replicas, or by sites the sites' leaders): every, lag, members and
+ * hops (the most members' ring) into `out`, its bytes into bytes[s]; links are the caller's.
+ * `members` must outlive `out`. */
+pipert_result pt_cost_coupling(const pipert_config *config, const int *members, int stages,
                                const double *params, double *bytes, pt_sim_coupling *out);
+
+/* Whether dp.method runs by sites when a stage's replicas are in several (above). */
+bool pt_cost_coupling_by_sites(const pipert_config *config);
+
+/* The seconds a replica is blocked each step by its site's dense part of a coupling by sites
+ * (above): k replicas of a stage of `params` floats in the site, over `link`; 0 when k < 2. */
+double pt_cost_site_coupling_s(const pipert_config *config, int k, double params, pt_sim_link link);
+
+/* The method's own CPU work per step on `device` for a stage of `params` floats (above). */
+double pt_cost_method_cpu_s(const pipert_config *config, const pt_cost_device *device,
+                            double params);
 
 /* Bits per element the codec of dp.compress sends, scales included. */
 double pt_cost_codec_bits(const pipert_config *config);

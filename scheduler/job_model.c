@@ -21,20 +21,44 @@ static pt_sim_link between(const pt_job_model_input *in, int a, int b)
                          x.latency_s > y.latency_s ? x.latency_s : y.latency_s};
 }
 
-/* Stage s's coupling link (job_model.h). */
-static void coupling_link(const pt_job_model_input *in, pt_job_model *m, int s, int *n_links)
+static int compare_ints(const void *a, const void *b)
+{
+    const int x = *(const int *)a, y = *(const int *)b;
+    return (x > y) - (x < y);
+}
+
+/* The sites stage s's replicas are in, each once, in increasing order; returns how many. */
+static int stage_sites(const pt_job_model_input *in, int s, int *sites)
 {
     const int S = in->plan->stages, R = in->replicas;
+    for (int r = 0; r < R; r++) sites[r] = site(in, r * S + s);
+    qsort(sites, (size_t)R, sizeof *sites, compare_ints);
+    int n = 0;
+    for (int r = 0; r < R; r++)
+        if (!n || sites[r] != sites[n - 1]) sites[n++] = sites[r];
+    return n;
+}
+
+/* Stage s's coupling: who takes part (every replica, or by sites one leader a site,
+ * cost.h) and its link (job_model.h); `sites` is room for R ints. */
+static void coupling_link(const pt_job_model_input *in, pt_job_model *m, int s, int *n_links,
+                          int *sites)
+{
+    const int S = in->plan->stages, R = in->replicas;
+    m->link_of[s] = 0;
+    m->members[s] = R;
+    if (R < 2) return;
+    const int n = pt_cost_coupling_by_sites(in->config) ? stage_sites(in, s, sites) : 1;
+    if (n > 1) m->members[s] = n;
     int worst_a = -1, worst_b = -1;
     pt_sim_link worst = in->local;
-    for (int r = 0; r < R; r++) {
-        const int x = site(in, r * S + s), y = site(in, ((r + 1) % R) * S + s);
+    for (int i = 0; i < m->members[s]; i++) { /* the ring's hops: leaders by site, or replicas */
+        const int x = n > 1 ? sites[i] : site(in, i * S + s);
+        const int y = n > 1 ? sites[(i + 1) % n] : site(in, ((i + 1) % R) * S + s);
         if (x == y) continue;
         const pt_sim_link l = between(in, x, y);
         if (worst_a < 0 || l.bytes_per_s < worst.bytes_per_s) worst = l, worst_a = x, worst_b = y;
     }
-    m->link_of[s] = 0;
-    if (R < 2) return;
     if (worst_a < 0) { /* every replica of the stage in one site: its own link (the diagonal) */
         worst_a = worst_b = site(in, s);
         worst = between(in, worst_a, worst_a);
@@ -51,19 +75,45 @@ static void coupling_link(const pt_job_model_input *in, pt_job_model *m, int s, 
     m->link_of[s] = (*n_links)++;
 }
 
+/* What each rank's step adds to its optimizer step for the coupling (cost.h): by sites, its
+ * site's dense mean and broadcast (k replicas of the stage in that site); the method's own
+ * CPU work. `count` is room for n_sites ints. */
+static void coupling_work(const pt_job_model_input *in, pt_job_model *m, int *count)
+{
+    const int S = in->plan->stages, R = in->replicas;
+    if (R < 2) return;
+    for (int s = 0; s < S; s++) {
+        const int n_sites = in->n_sites > 1 ? in->n_sites : 1;
+        for (int i = 0; i < n_sites; i++) count[i] = 0;
+        for (int r = 0; r < R; r++) count[site(in, r * S + s)]++;
+        int sites = 0;
+        for (int i = 0; i < n_sites; i++) sites += count[i] > 0;
+        const bool by_sites = pt_cost_coupling_by_sites(in->config) && sites > 1;
+        for (int r = 0; r < R; r++) {
+            const int i = r * S + s, a = site(in, i);
+            const double params = m->cost[i].params;
+            if (by_sites)
+                m->times[i].optimizer_s +=
+                    pt_cost_site_coupling_s(in->config, count[a], params, between(in, a, a));
+            m->times[i].optimizer_s += pt_cost_method_cpu_s(in->config, &in->devices[i], params);
+        }
+    }
+}
+
 static pipert_result allocate(pt_job_model *m, int S, int R)
 {
     const size_t ranks = (size_t)R * (size_t)S;
     m->cost = calloc(ranks, sizeof *m->cost);
     m->times = calloc(ranks, sizeof *m->times);
     m->stage_links = calloc(ranks, sizeof *m->stage_links);
-    m->stage_queue = calloc(ranks, sizeof *m->stage_queue);
+    m->stage_queue = calloc(2 * ranks, sizeof *m->stage_queue);
     m->coupling_bytes = calloc((size_t)S, sizeof *m->coupling_bytes);
     m->link_of = calloc((size_t)S, sizeof *m->link_of);
+    m->members = calloc((size_t)S, sizeof *m->members);
     m->coupling_links = calloc((size_t)S + 1, sizeof *m->coupling_links);
     m->link_pairs = calloc((size_t)S + 1, sizeof *m->link_pairs);
     if (!m->cost || !m->times || !m->stage_links || !m->stage_queue || !m->coupling_bytes ||
-        !m->link_of ||
+        !m->link_of || !m->members ||
         !m->coupling_links || !m->link_pairs)
         return pt_fail(PIPERT_ERR_NOMEM, "job model: out of memory for %zu ranks", ranks);
     return PIPERT_OK;
@@ -76,18 +126,30 @@ static int microbatches(const pipert_config *config, pt_schedule_kind kind, int 
     return S == 1 ? config->train.grad_accum : config->pipeline.microbatches;
 }
 
-/* The queue of boundary s of replica r between sites a and b: its own inside a site; between
- * two sites, the first boundary's (in replica-major order) that joins the same two sites. */
-static int crossing_queue(const pt_job_model_input *in, int r, int s, int a, int b)
+/* The queues of every pipeline boundary (simulate.h, a queue per direction): its own inside a
+ * site; between two sites, the first boundary's (in replica-major order) that joins the same
+ * two sites, oriented: queue 2f carries bytes from the lower-numbered site to the higher, 2f + 1
+ * back. One pass, with the first boundary of each pair of sites in a table. */
+static pipert_result crossing_queues(const pt_job_model_input *in, pt_job_model *m)
 {
-    const int S = in->plan->stages;
-    if (a == b) return r * (S - 1) + s;
-    for (int q = 0; q <= r; q++)
-        for (int t = 0; t + 1 < S && (q < r || t <= s); t++) {
-            const int x = site(in, q * S + t), y = site(in, q * S + t + 1);
-            if ((x == a && y == b) || (x == b && y == a)) return q * (S - 1) + t;
+    const int S = in->plan->stages, R = in->replicas, n = in->n_sites > 1 ? in->n_sites : 1;
+    int *first = malloc((size_t)n * (size_t)n * sizeof *first);
+    if (!first) return pt_fail(PIPERT_ERR_NOMEM, "job model: out of memory for %d sites", n);
+    for (int i = 0; i < n * n; i++) first[i] = -1;
+    for (int r = 0; r < R; r++)
+        for (int s = 0; s + 1 < S; s++) {
+            const int at = r * (S - 1) + s, a = site(in, r * S + s), b = site(in, r * S + s + 1);
+            m->stage_links[at] = between(in, a, b);
+            m->stage_queue[2 * at] = 2 * at;
+            m->stage_queue[2 * at + 1] = 2 * at + 1;
+            if (a == b) continue;
+            const int pair = a < b ? a * n + b : b * n + a;
+            if (first[pair] < 0) first[pair] = at;
+            m->stage_queue[2 * at] = 2 * first[pair] + (a > b);     /* activations, a to b */
+            m->stage_queue[2 * at + 1] = 2 * first[pair] + (a < b); /* gradients, b to a */
         }
-    return r * (S - 1) + s;
+    free(first);
+    return PIPERT_OK;
 }
 
 static pipert_result price_ranks(const pt_job_model_input *in, pt_job_model *m)
@@ -101,14 +163,19 @@ static pipert_result price_ranks(const pt_job_model_input *in, pt_job_model *m)
         m->times[i] = m->cost[i].time;
         params[i % S] = m->cost[i].params;
     }
-    for (int r = 0; r < R && rc == PIPERT_OK; r++)
-        for (int s = 0; s + 1 < S; s++) {
-            const int a = site(in, r * S + s), b = site(in, r * S + s + 1);
-            m->stage_links[r * (S - 1) + s] = between(in, a, b);
-            m->stage_queue[r * (S - 1) + s] = crossing_queue(in, r, s, a, b);
-        }
-    if (rc == PIPERT_OK)
-        rc = pt_cost_coupling(in->config, R, S, params, m->coupling_bytes, &m->in.coupling);
+    if (rc == PIPERT_OK) rc = crossing_queues(in, m);
+    int *scratch = calloc((size_t)(R > in->n_sites ? R : in->n_sites) + 1, sizeof *scratch);
+    if (rc == PIPERT_OK && !scratch) rc = pt_fail(PIPERT_ERR_NOMEM, "job model: out of memory");
+    int n_links = 1;
+    m->coupling_links[0] = in->local;
+    for (int s = 0; s < S && rc == PIPERT_OK; s++) coupling_link(in, m, s, &n_links, scratch);
+    if (rc == PIPERT_OK) {
+        m->in.coupling.n_links = n_links;
+        coupling_work(in, m, scratch);
+        rc = pt_cost_coupling(in->config, m->members, S, params, m->coupling_bytes,
+                              &m->in.coupling);
+    }
+    free(scratch);
     free(params);
     return rc;
 }
@@ -136,12 +203,8 @@ pipert_result pt_job_model_build(const pt_job_model_input *in, pt_job_model *out
     sim->stage_links = out->stage_links;
     sim->stage_queue = out->stage_queue;
     sim->activation_bytes = out->cost[0].bytes_message;
-    int n_links = 1;
-    out->coupling_links[0] = in->local;
-    for (int s = 0; s < S; s++) coupling_link(in, out, s, &n_links);
     sim->coupling.link_of = out->link_of;
     sim->coupling.links = out->coupling_links;
-    sim->coupling.n_links = n_links;
     out->tokens_per_step = (double)R * sim->microbatches * in->config->train.batch_size *
                            in->config->model.block_size;
     return PIPERT_OK;
@@ -155,6 +218,7 @@ void pt_job_model_free(pt_job_model *m)
     free(m->stage_queue);
     free(m->coupling_bytes);
     free(m->link_of);
+    free(m->members);
     free(m->coupling_links);
     free(m->link_pairs);
     *m = (pt_job_model){0};

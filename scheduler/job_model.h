@@ -5,12 +5,16 @@
  * Links. Two ranks in one site talk over the diagonal of `links` where it
  * has a bandwidth, else over `local`; in different sites over the cluster's link, and a pipeline
  * boundary, which carries activations one way and gradients the other, takes
- * the slower of its two directions. Every pipeline boundary that crosses between
- * the same two sites waits in one queue: the pipelines share the sites' link
- * (inside a site each boundary has its own). A stage's replicas couple over the
- * slowest hop of their ring; stages whose slowest hop joins the same two
- * sites share that link (one queue), and stages whose replicas are all in one
- * site share that site's link (the diagonal, else `local`). */
+ * the slower of its two directions. Bytes of every pipeline boundary that go from
+ * one site to another wait in one queue, a queue per direction: pipelines that cross
+ * between two sites share the link, and one whose stages run the other way round
+ * sends its activations where the first sends its gradients (inside a site each
+ * boundary has a queue per direction of its own). A stage's replicas couple over the
+ * slowest hop of their ring — for a method that runs by sites (cost.h), the ring of
+ * the sites' leaders, and each rank's step also pays its site's dense part; stages
+ * whose slowest hop joins the same two sites share that link (one queue), and stages
+ * whose replicas are all in one site share that site's link (the diagonal, else
+ * `local`). Each rank's step also pays the method's own CPU work (cost.h). */
 #ifndef PT_SCHEDULER_JOB_MODEL_H
 #define PT_SCHEDULER_JOB_MODEL_H
 
@@ -36,9 +40,10 @@ typedef struct pt_job_model {
     pt_stage_cost *cost;          /* [R·S] */
     pt_sim_costs *times;          /* [R·S] */
     pt_sim_link *stage_links;     /* [R·(S−1)] */
-    int *stage_queue;             /* [R·(S−1)]: crossings between two sites share one queue */
+    int *stage_queue;             /* [2·R·(S−1)]: bytes from one site to another share a queue */
     double *coupling_bytes;       /* [S] */
     int *link_of;                 /* [S] */
+    int *members;                 /* [S]: who takes part in stage s's coupling (cost.h) */
     pt_sim_link *coupling_links;  /* [S + 1] */
     int (*link_pairs)[2];         /* [S + 1]: the sites each coupling link joins */
     double tokens_per_step;       /* of the whole job */

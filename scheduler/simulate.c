@@ -139,8 +139,8 @@ static void send(simulation *sim, rank_state *r, int direction, int microbatch)
     const int boundary = direction == ACTIVATION ? r->stage : to;
     const int at = r->replica * (in->stages - 1) + boundary;
     const pt_sim_link *link = &in->stage_links[at];
-    const int queue = in->stage_queue ? in->stage_queue[at] : at;
-    double *free_at = &sim->link_free[queue * 2 + direction];
+    const int queue = in->stage_queue ? in->stage_queue[2 * at + direction] : 2 * at + direction;
+    double *free_at = &sim->link_free[queue];
     const double start = fmax(r->clock, *free_at);
     *free_at = start + in->activation_bytes / link->bytes_per_s;
     const double arrival = *free_at + link->latency_s;
@@ -186,8 +186,10 @@ static void start_collective(simulation *sim, int stage, int index)
     const double transfer = cp->bytes[stage] / cp->links[l].bytes_per_s;
     /* the link is busy while the bytes go out; the latencies are paid beside */
     sim->coupling_free[l] = start + transfer;
-    c->end = start + transfer + cp->hops * cp->links[l].latency_s;
-    sim->out->coupling_link_bytes[l] += cp->bytes[stage] * sim->in->replicas;
+    const int members = cp->members ? cp->members[stage] : sim->in->replicas;
+    const int hops = cp->members ? 2 * (members - 1) : cp->hops;
+    c->end = start + transfer + hops * cp->links[l].latency_s;
+    sim->out->coupling_link_bytes[l] += cp->bytes[stage] * members;
     for (int rep = 0; rep < sim->in->replicas; rep++) {
         rank_state *r = &sim->ranks[rank_index(sim, rep, stage)];
         if (r->waiting == WAITS_COLLECTIVE && r->wait_key == index) {

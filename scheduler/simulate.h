@@ -54,7 +54,10 @@ typedef struct pt_sim_coupling {
     int every;           /* a collective after every this many steps; 0: none */
     int lag;             /* steps it may run beside (0: blocking) */
     int hops;            /* latencies it pays, e.g. 2(R−1) for a ring all-reduce */
-    const double *bytes; /* [S]: bytes the busiest replica of stage s sends per collective */
+    /* Optional: [S] how many take part in stage s's collective (each sends bytes[s]; it pays
+     * 2·(members[s] − 1) latencies, a ring's, instead of hops); NULL: every replica. */
+    const int *members;
+    const double *bytes; /* [S]: bytes the busiest member of stage s sends per collective */
     const int *link_of;  /* [S]: index into links: stages with one index share that link */
     const pt_sim_link *links;
     int n_links;
@@ -71,9 +74,11 @@ typedef struct pt_sim_input {
     const int *device_of;
     int n_devices;
     const pt_sim_link *stage_links; /* [replica·(S−1) + s]: between stage s and s+1, each direction */
-    /* Optional: [replica·(S−1) + s] the queue that boundary's messages wait in, a boundary's
-     * own index or another's (boundaries that share a queue share its bandwidth, each direction:
-     * pipelines crossing between the same two sites); NULL: a queue per boundary. */
+    /* Optional: [2·(replica·(S−1) + s) + d] the queue, in [0, 2·R·(S−1)), that boundary s's
+     * messages wait in: d = 0 the activations (stage s to s+1), d = 1 their gradients (back).
+     * Messages that share a queue share its bandwidth (pipelines crossing between the same
+     * two sites in the same direction); NULL: 2·(replica·(S−1) + s) + d, a queue per boundary
+     * and direction. */
     const int *stage_queue;
     double activation_bytes;        /* one microbatch's activations (and, back, their gradients) */
     pt_sim_coupling coupling;

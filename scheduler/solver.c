@@ -35,7 +35,7 @@ static bool stage_fits(const pipert_config *config, int S, int s, int k, int l, 
     pt_stage_plan plan = {.stages = S};
     plan.bounds[s] = k;
     plan.bounds[s + 1] = l;
-    const pt_cost_device any = {1, 1, 0, 1}; /* memory does not depend on the device's speed */
+    const pt_cost_device any = {1, 1, 0, 1, 0}; /* memory does not depend on the device's speed */
     pt_stage_cost cost;
     if (pt_cost_stage(config, &plan, s, &any, &cost) != PIPERT_OK) return false;
     return pt_cost_stage_memory(&cost, in_flight_estimate(config, S, s)) <= memory;

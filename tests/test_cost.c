@@ -134,7 +134,8 @@ static void bytes_per_step(const char *method_args, const char *method_json, int
     cr_assert_eq(pt_cost_stage(&c, &plan, 0, &device, &cost), PIPERT_OK);
     double bytes;
     pt_sim_coupling coupling;
-    cr_assert_eq(pt_cost_coupling(&c, 2, 1, &cost.params, &bytes, &coupling), PIPERT_OK);
+    const int two = 2;
+    cr_assert_eq(pt_cost_coupling(&c, &two, 1, &cost.params, &bytes, &coupling), PIPERT_OK);
     *predicted = coupling.every ? bytes / coupling.every : 0;
 }
 
@@ -197,7 +198,7 @@ Test(cost, simulate_one_worker_is_the_cost_models_step, .timeout = 60)
     const pt_gpt_config model = model_of(&c);
     pt_stage_plan plan;
     cr_assert_eq(pt_plan_balanced(&model, 32, 1, &plan), PIPERT_OK);
-    const pt_cost_device dev = {1e10, 0.5, 0, 10e9};
+    const pt_cost_device dev = {1e10, 0.5, 0, 10e9, 0};
     pt_stage_cost cost;
     cr_assert_eq(pt_cost_stage(&c, &plan, 0, &dev, &cost), PIPERT_OK);
     const double expected = c.train.grad_accum * (cost.time.forward_s + cost.time.backward_s) +

@@ -131,7 +131,7 @@ Test(simulate, pipelines_sharing_a_crossing_share_its_bandwidth)
     pt_sim_result apart = run(&j);
     cr_expect_float_eq(apart.step_s, 2 * M * c + 2 * L, 1e-9, "a queue each: step %g",
                        apart.step_s);
-    const int shared[3] = {0, 0, 0};
+    const int shared[6] = {0, 1, 0, 1, 0, 1}; /* activations in queue 0, gradients in 1 */
     j.in.stage_queue = shared;
     pt_sim_result together = run(&j);
     cr_expect_geq(together.step_s, R * M * c - 1e-9, "one queue: step %g, below %g",
@@ -140,6 +140,36 @@ Test(simulate, pipelines_sharing_a_crossing_share_its_bandwidth)
                   together.step_s, R * M * c + 2 * L);
     pt_sim_result_free(&apart);
     pt_sim_result_free(&together);
+}
+
+/* Two pipelines crossing between two sites in opposite stage order, kept in step by an
+ * instant blocking coupling: the first's activations go the way the second's gradients go,
+ * and each direction of the link has its own capacity. Sharing the queues that way round,
+ * both pipelines' activations go out at once (one in each direction), then both gradients:
+ * a step of 2·M·c + 2·L. Had both pipelines' activations shared one queue (as for two
+ * pipelines in the same stage order), the second's would wait for the first's, and its
+ * gradients for the first's gradients: 3·M·c + 2·L. */
+Test(simulate, pipelines_crossing_the_other_way_use_the_other_direction)
+{
+    const int M = 4, R = 2;
+    const double c = 1.0, L = 0.5;
+    job j;
+    job_init(&j, PT_SCHEDULE_GPIPE, 2, R, M, 8, 0, 0);
+    j.in.activation_bytes = 1e6;
+    for (int r = 0; r < R; r++) j.stage_links[r] = (pt_sim_link){1e6 / c, L};
+    j.in.coupling.every = 1; /* no bytes: only keeps the replicas in step */
+    const int opposite[4] = {0, 1, 1, 0};
+    j.in.stage_queue = opposite;
+    pt_sim_result r = run(&j);
+    cr_expect_float_eq(r.step_s, 2 * M * c + 2 * L, 1e-9, "opposite ways: step %g, expected %g",
+                       r.step_s, 2 * M * c + 2 * L);
+    const int same_way[4] = {0, 1, 0, 1};
+    j.in.stage_queue = same_way;
+    pt_sim_result s = run(&j);
+    cr_expect_float_eq(s.step_s, 3 * M * c + 2 * L, 1e-9, "the same way: step %g, expected %g",
+                       s.step_s, 3 * M * c + 2 * L);
+    pt_sim_result_free(&r);
+    pt_sim_result_free(&s);
 }
 
 /* ---- coupling --------------------------------------------------------------- */

@@ -69,7 +69,7 @@ static double stage_memory(const pipert_config *c, int S, int s, int k, int l)
     plan.bounds[s] = k;
     plan.bounds[s + 1] = l;
     pt_stage_cost cost;
-    cr_assert_eq(pt_cost_stage(c, &plan, s, &(pt_cost_device){1, 1, 0, 1}, &cost), PIPERT_OK);
+    cr_assert_eq(pt_cost_stage(c, &plan, s, &(pt_cost_device){1, 1, 0, 1, 0}, &cost), PIPERT_OK);
     return pt_cost_stage_memory(&cost, S - s);
 }
 
@@ -134,7 +134,7 @@ typedef struct cluster2 {
 static cluster2 two_sites(double slow_factor, double memory)
 {
     cluster2 c;
-    const pt_cost_device fast = {1e11, 0.8, memory, 1e10};
+    const pt_cost_device fast = {1e11, 0.8, memory, 1e10, 0};
     pt_cost_device slow = fast;
     slow.flops /= slow_factor;
     c.sites[0] = (pt_solver_site){4, fast};

@@ -38,7 +38,7 @@ typedef struct plan_args {
     pt_sim_link local;
 } plan_args;
 
-static pipert_result parse_args(const char *const text[8], const pipert_config *cfg, plan_args *a)
+static pipert_result parse_args(const char *const text[9], const pipert_config *cfg, plan_args *a)
 {
     PT_TRY(pt_cli_parse_int("--keep", text[0], 1, 1000, 5, &a->keep));
     PT_TRY(pt_cli_parse_int("--max-stages", text[1], 0, PT_PLAN_MAX_STAGES, 0, &a->max_stages));
@@ -64,6 +64,10 @@ static pipert_result parse_args(const char *const text[8], const pipert_config *
         !(a->device.memory_bytes > 0))
         return pt_fail(PIPERT_ERR_INVALID_ARG, "--flops, --efficiency (in (0, 1]) and --memory "
                        "take positive numbers");
+    a->device.sparse_cpu_s_per_element = text[8] ? strtod(text[8], NULL) : 0;
+    if (text[8] && !(a->device.sparse_cpu_s_per_element >= 0))
+        return pt_fail(PIPERT_ERR_INVALID_ARG, "--sparse-cpu: expected seconds (≥ 0), got \"%s\"",
+                       text[8]);
     a->local = (pt_sim_link){100e9 / 8, 20e-6};
     return PIPERT_OK;
 }
@@ -166,7 +170,7 @@ static pipert_result run_plan(const pipert_config *cfg, const plan_args *a)
 
 int pt_cmd_plan(int argc, char **argv)
 {
-    const char *text[8] = {NULL};
+    const char *text[9] = {NULL};
     plan_args a = {0};
     const pt_cli_flag flags[] = {
         {"--cluster", "FILE", "the cluster: its sites and the links between them", &a.cluster_path,
@@ -179,6 +183,8 @@ int pt_cmd_plan(int argc, char **argv)
         {"--flops", "F", "FLOP/s of a device (default: the GEMM peak measured here)", &text[3], NULL},
         {"--efficiency", "E", "share of --flops the kernels reach (0.8)", &text[4], NULL},
         {"--memory", "BYTES", "memory of a device (default: this machine's)", &text[5], NULL},
+        {"--sparse-cpu", "S", "dp.method=sparse's own CPU seconds per element of a step's partition "
+         "(0; scripts/calibrate.sh measures it)", &text[8], NULL},
         {"--spanning", NULL, "also consider pipelines that span sites", NULL, &a.spanning},
     };
     const pt_cli cli = {"plan", "--cluster FILE --out PLAN [options] [--config FILE] [--key=value ...]",

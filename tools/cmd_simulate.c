@@ -44,6 +44,7 @@
 typedef struct simulate_args {
     int stages, replicas, steps, cores;
     double flops, efficiency, memory_bytes_per_s;
+    double sparse_cpu; /* --sparse-cpu: seconds per element of the step's partition */
     pt_sim_link link;
     const char *json_path, *trace_path;
     const pt_plan_file *plan;   /* NULL: every rank on this host */
@@ -62,7 +63,7 @@ typedef struct job {
     pt_job_model model;
 } job;
 
-static pipert_result parse_args(const char *const text[8], simulate_args *a)
+static pipert_result parse_args(const char *const text[9], simulate_args *a)
 {
     PT_TRY(pt_cli_parse_int("--stages", text[0], 1, PT_PLAN_MAX_STAGES, 1, &a->stages));
     PT_TRY(pt_cli_parse_int("--replicas", text[1], 1, 256, 1, &a->replicas));
@@ -81,6 +82,10 @@ static pipert_result parse_args(const char *const text[8], simulate_args *a)
     PT_TRY(pt_parse_duration(text[6] ? text[6] : "20us", "--link-latency", &a->link.latency_s));
     PT_TRY(pt_cli_parse_int("--cores", text[7], 1, 1 << 20, 0, &a->cores));
     a->memory_bytes_per_s = 10e9;
+    a->sparse_cpu = text[8] ? strtod(text[8], NULL) : 0;
+    if (text[8] && !(a->sparse_cpu >= 0))
+        return pt_fail(PIPERT_ERR_INVALID_ARG, "--sparse-cpu: expected seconds (≥ 0), got \"%s\"",
+                       text[8]);
     return PIPERT_OK;
 }
 
@@ -112,7 +117,7 @@ static pipert_result place_ranks(const simulate_args *a, job *m, int S, int R)
 {
     for (int i = 0; i < R * S; i++) m->site_of[i] = 0;
     if (!a->plan || !a->cluster) return PIPERT_OK;
-    const pt_solver_site fallback = {1, {a->flops, a->efficiency, 0, a->memory_bytes_per_s}};
+    const pt_solver_site fallback = {1, {a->flops, a->efficiency, 0, a->memory_bytes_per_s, a->sparse_cpu}};
     PT_TRY(pt_cluster_units_make(a->cluster, &fallback, a->efficiency, a->link, &m->units));
     for (int i = 0; i < R * S; i++) {
         const pt_plan_place *at = &a->plan->placement[i];
@@ -146,7 +151,8 @@ static pipert_result build_job(const pipert_config *cfg, const simulate_args *a,
     const bool groups = a->cluster && a->cluster->n_groups;
     for (int i = 0; i < R * S; i++) {
         m->devices[i] = groups ? m->units.units[m->site_of[i]].device
-                               : (pt_cost_device){a->flops, a->efficiency, 0, a->memory_bytes_per_s};
+                               : (pt_cost_device){a->flops, a->efficiency, 0, a->memory_bytes_per_s,
+                                                  a->sparse_cpu};
         m->device_of[i] = i % devices;
     }
     const pt_job_model_input in = {
@@ -292,7 +298,7 @@ static pipert_result run_simulation(pipert_config *cfg, simulate_args *a)
 
 int pt_cmd_simulate(int argc, char **argv)
 {
-    const char *text[8] = {NULL}, *plan_path = NULL;
+    const char *text[9] = {NULL}, *plan_path = NULL;
     simulate_args a = {0};
     const pt_cli_flag flags[] = {
         {"--stages", "S", "pipeline stages (1)", &text[0], NULL},
@@ -304,6 +310,8 @@ int pt_cmd_simulate(int argc, char **argv)
         {"--link-bandwidth", "RATE", "between workers of this host (100gbit)", &text[5], NULL},
         {"--link-latency", "TIME", "one way, between workers of this host (20us)", &text[6], NULL},
         {"--cores", "N", "cores of the machine (default: this one's)", &text[7], NULL},
+        {"--sparse-cpu", "S", "dp.method=sparse's own CPU seconds per element of a step's partition "
+         "(0; scripts/calibrate.sh measures it)", &text[8], NULL},
         {"--json", "FILE", "also write the prediction as JSON", &a.json_path, NULL},
         {"--trace", "FILE", "write the simulated run as a Perfetto trace", &a.trace_path, NULL},
         {"--plan", "FILE", "stages, replicas, split, configuration and sites from a plan file",
