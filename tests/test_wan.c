@@ -330,6 +330,55 @@ Test(wan, async_method_keeps_computing_while_the_link_is_down, .timeout = 300)
     cr_expect(!o.logged_wait || o.logged_resume, "a logged wait is logged to its end");
 }
 
+/* ---- a site cut off for 20 s, elastic replicas ----------------------------------------- */
+
+/* Site 1's link goes down for 20 s under --min-replicas 1 and a heartbeat
+ * timeout of 6 s: the coordinator (in site 0) takes replica 1 out, site 0
+ * trains on alone meanwhile (allreduce, which would otherwise wait for the
+ * link); when the link is back the cut-off worker hears that its replica left
+ * and stops, and the job finishes with exit 0. (Rejoining is not built yet.) */
+Test(wan, a_cut_off_site_leaves_an_elastic_job_and_the_other_trains_on, .timeout = 600)
+{
+    require_test_bed();
+    namespace_set before, added;
+    list_namespaces(&before);
+    char *dir = make_temp_dir();
+    const int steps = 1500;
+    char args[1024];
+    snprintf(args, sizeof args,
+             "--stages 1 --replicas 2 --sites 2 --min-replicas 1 --heartbeat-timeout 6 "
+             "--wan.bandwidth=100mbit --wan.latency=10ms --dp.method=allreduce " SMALL_MODEL
+             " --train.steps=%d --train.log_every=1 --train.val_every=0",
+             steps);
+    background b;
+    start_background(&b, dir, args);
+    wait_for_steps(dir, 10, 120);
+    cr_assert_eq(new_namespaces(&before, &added), 2, "two sites, two namespaces");
+    const char *site1 = strstr(added.names[0], "-s1") ? added.names[0] : added.names[1];
+    const int at_down = logged_steps(dir);
+    set_link(site1, "down");
+    sleep(20);
+    const int at_up = logged_steps(dir);
+    set_link(site1, "up");
+    const int status = wait_background(&b);
+    char out[700], log0[700], log1[700];
+    snprintf(out, sizeof out, "%s/launch.out", dir);
+    snprintf(log0, sizeof log0, "%s/logs/rank-0.log", dir);
+    snprintf(log1, sizeof log1, "%s/logs/rank-1.log", dir);
+    cr_expect_eq(status, 0, "the job finishes with the site that stayed");
+    cr_expect(at_up - at_down >= 10 || at_up == steps,
+              "site 0 ran %d steps while site 1 was cut off: it should train on alone",
+              at_up - at_down);
+    cr_expect_eq(logged_steps(dir), steps, "every step ran");
+    cr_expect(file_contains(out, "rank 1 (replica 1) left the job"), "the launcher names it");
+    cr_expect(file_contains(log0, "the coupling resumes over the survivors"),
+              "site 0 regrouped without site 1");
+    cr_expect(file_contains(log1, "replica 1 left the job"),
+              "the cut-off worker heard, once the link was back, that its replica left");
+    remove_dir(dir);
+    expect_nothing_left(&before, "an elastic job whose site was cut off");
+}
+
 Test(wan, allreduce_waits_for_the_link_and_resumes, .timeout = 300)
 {
     outage o = run_with_outage("allreduce", 60);

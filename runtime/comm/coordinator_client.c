@@ -44,6 +44,7 @@ struct pt_coord_client {
     pthread_cond_t changed;
     atomic_bool aborted;
     atomic_bool lost;   /* the coordinator is gone (lost_reason says how) */
+    double lost_at;     /* when it went silent (the client listens on for the grace) */
     char lost_reason[512];
     bool abort_claimed; /* under lock: an abort is being delivered */
     int abort_rank;
@@ -279,6 +280,15 @@ static double last_sent_at(pt_coord_client *c)
     return at;
 }
 
+static void give_up_after_the_grace(pt_coord_client *c)
+{
+    char why[512];
+    snprintf(why, sizeof why, "the coordinator has been gone for %.0f s (%.300s) and the workers did "
+                              "not stop",
+             c->lost_grace_s, c->lost_reason);
+    client_abort(c, -1, why);
+}
+
 /* After the loss: waits (for close) at most lost_grace_s, then aborts the job, so that
  * a worker whose job cannot agree on a stop (a peer hangs) still ends. */
 static void wait_out_the_grace(pt_coord_client *c)
@@ -289,11 +299,7 @@ static void wait_out_the_grace(pt_coord_client *c)
         int ready = poll(&stop, 1, (int)fmin(left * 1e3 + 1, 60e3));
         if (ready > 0 || (ready < 0 && errno != EINTR)) return; /* closing */
     }
-    char why[700];
-    snprintf(why, sizeof why, "the coordinator has been gone for %.0f s (%s) and the workers did "
-                              "not stop",
-             c->lost_grace_s, c->lost_reason);
-    client_abort(c, -1, why);
+    give_up_after_the_grace(c);
 }
 
 /* Heartbeats and messages until the client closes, the job aborts, or the coordinator
@@ -326,11 +332,19 @@ static bool client_talk(pt_coord_client *c)
             client_lost(c, pipert_last_error());
             return false;
         }
-        if (now - c->last_heard > c->dead_after_s) {
+        if (now - c->last_heard > c->dead_after_s && !atomic_load(&c->lost)) {
             snprintf(why, sizeof why, "no word from the coordinator at %s for %.1f s", c->where,
                      now - c->last_heard);
             client_lost(c, why);
-            return false;
+            if (!c->outlive_coordinator) return false;
+            c->lost_at = now;
+        }
+        /* Silent is not closed: a link that comes back brings the coordinator's word (a
+         * worker cut off from an elastic job hears that its replica left), so the client
+         * listens on, for the grace at most. */
+        if (atomic_load(&c->lost) && now - c->lost_at > c->lost_grace_s) {
+            give_up_after_the_grace(c);
+            return true;
         }
     }
     return true;
