@@ -4,7 +4,7 @@
 #include "runtime/error.h"
 #include "runtime/log.h"
 
-#define WAIT_SLICE_S 0.5
+#define WAIT_SLICE_S 0.1
 #define LONG_WAIT_S 2.0
 
 /* Waits without the blocked-time count. */

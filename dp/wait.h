@@ -1,5 +1,5 @@
 /* A step waiting for coupling traffic in flight (an all-reduce, a compressed
- * exchange, a sparse average): in slices of half a second, asking the
+ * exchange, a sparse average): in slices of a tenth of a second, asking the
  * session's should_stop in between (a stop abandons what is in flight: it
  * frees itself once the transport is done with it), and saying so in the log
  * when the replicas keep it waiting: a wait of more than LONG_WAIT_S is

@@ -68,10 +68,12 @@ static pipert_result finish_vote(pipert_session *s, bool *lost)
             pt_error_prefix("the workers' vote on the coordinator of step %ld", s->loss_vote_step);
             return rc;
         }
-        if (atomic_load(&s->stop_requested) || pt_job_aborted(&s->job)) {
+        const bool departed = s->job.elastic && pt_session_membership_changed(s);
+        if (departed || atomic_load(&s->stop_requested) || pt_job_aborted(&s->job)) {
             pt_allreduce_abandon(vote);
             PT_TRY(pt_session_keep_until_end(s, s->loss_vote_value));
             s->loss_vote_value = NULL;
+            if (departed) return PIPERT_OK; /* replicas left: this vote decides nothing */
             return pt_fail(PIPERT_ERR_INTERRUPTED, "stopped during the workers' vote on the "
                                                    "coordinator");
         }

@@ -47,6 +47,18 @@ static inline void remove_dir(char *dir)
     free(dir);
 }
 
+/* Starts `sh -c command` as a child and returns its pid (the test waits for it). */
+static inline pid_t start_shell(const char *command)
+{
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        execl("/bin/sh", "sh", "-c", command, (char *)NULL);
+        _exit(127);
+    }
+    return pid;
+}
+
 /* Runs `ENV pipert ARGS` (env: "" or "NAME=value ..."). */
 static inline run_result run_pipert_env(const char *env, const char *fmt, va_list ap)
 {

@@ -146,13 +146,7 @@ static pid_t start_training(const runner *how, const char *dir)
              "exec %s %s --out %s --train.steps=%d --train.checkpoint_every=1 "
              "--train.keep_checkpoints=2 >/dev/null 2>&1",
              pipert_bin(), how->command, dir, STEPS);
-    pid_t pid = fork();
-    cr_assert_geq(pid, 0);
-    if (pid == 0) {
-        execl("/bin/sh", "sh", "-c", command, (char *)NULL);
-        _exit(127);
-    }
-    return pid;
+    return start_shell(command);
 }
 
 /* Waits, through inotify on dir, for the `nth` temporary file whose name

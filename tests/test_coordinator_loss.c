@@ -54,13 +54,7 @@ static pid_t start_launch(const char *schedule, const char *dir)
              "exec %s launch --quiet --stages 2 --replicas 2 %s " MODEL " --train.steps=%d "
              "--train.checkpoint_every=0 --out %s >%s/launch.out 2>&1",
              pipert_bin(), schedule, STEPS, dir, dir);
-    pid_t pid = fork();
-    cr_assert_geq(pid, 0);
-    if (pid == 0) {
-        execl("/bin/sh", "sh", "-c", command, (char *)NULL);
-        _exit(127);
-    }
-    return pid;
+    return start_shell(command);
 }
 
 /* The highest step in DIR/metrics.jsonl (0 if none yet). */

@@ -30,13 +30,7 @@ static pid_t start_job(const char *dir, const char *method, const char *elastic)
              "PIPERT_LOG=info exec %s launch --quiet --stages 2 --replicas 3 %s --out %s --dp.method=%s "
              "--train.steps=%d " MODEL " >%s.out 2>&1",
              pipert_bin(), elastic, dir, method, STEPS, dir);
-    pid_t pid = fork();
-    cr_assert_geq(pid, 0);
-    if (pid == 0) {
-        execl("/bin/sh", "sh", "-c", command, (char *)NULL);
-        _exit(127);
-    }
-    return pid;
+    return start_shell(command);
 }
 
 /* The newest step in dir/metrics.jsonl (0: none yet). */

@@ -241,29 +241,31 @@ static void rank_failed_locked(pt_coordinator *c, int rank, const char *reason)
     finish_if_done(c);
 }
 
-void pt_coordinator_abort(pt_coordinator *c, int rank, const char *fmt, ...)
+/* Formats a reason and hands it to act under the lock (the public forms below). */
+static void with_reason(pt_coordinator *c, int rank, void (*act)(pt_coordinator *, int, const char *),
+                        const char *fmt, va_list ap)
 {
     char reason[512];
+    vsnprintf(reason, sizeof reason, fmt, ap);
+    pthread_mutex_lock(&c->lock);
+    act(c, rank >= 0 && rank < c->options.world ? rank : -1, reason);
+    pthread_mutex_unlock(&c->lock);
+}
+
+void pt_coordinator_abort(pt_coordinator *c, int rank, const char *fmt, ...)
+{
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(reason, sizeof reason, fmt, ap);
+    with_reason(c, rank, abort_job_locked, fmt, ap);
     va_end(ap);
-    pthread_mutex_lock(&c->lock);
-    abort_job_locked(c, rank >= 0 && rank < c->options.world ? rank : -1, reason);
-    pthread_mutex_unlock(&c->lock);
 }
 
 void pt_coordinator_rank_failed(pt_coordinator *c, int rank, const char *fmt, ...)
 {
-    char reason[512];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(reason, sizeof reason, fmt, ap);
+    with_reason(c, rank, rank_failed_locked, fmt, ap);
     va_end(ap);
-    pthread_mutex_lock(&c->lock);
-    if (rank >= 0 && rank < c->options.world) rank_failed_locked(c, rank, reason);
-    else abort_job_locked(c, -1, reason);
-    pthread_mutex_unlock(&c->lock);
 }
 
 bool pt_coordinator_rank_left(pt_coordinator *c, int rank)
