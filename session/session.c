@@ -83,6 +83,11 @@ static pipert_result build_coupling(pipert_session *s)
                              .should_stop = should_stop,
                              .membership_changed = pt_session_membership_changed,
                              .context = s};
+    /* Elastic replicas copy and broadcast θ, gradients and moments in host memory. */
+    if (s->job.elastic && strcmp(s->config.runtime.device, "cpu"))
+        return pt_fail(PIPERT_ERR_UNSUPPORTED, "elastic replicas (PIPERT_MIN_REPLICAS, launch "
+                                               "--min-replicas) need runtime.device=cpu, not %s",
+                       s->config.runtime.device);
     PT_TRY(pt_coupling_create(&o, &s->coupling));
     pt_coupling_set_elastic(s->coupling, s->job.elastic);
     return PIPERT_OK;
