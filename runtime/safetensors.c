@@ -615,6 +615,36 @@ static pipert_result write_file(const char *path, const char *header, size_t hea
     return pt_atomic_commit(&file);
 }
 
+pipert_result pt_safetensors_writer_serialize(const pt_safetensors_writer *w, void **bytes,
+                                              size_t *size)
+{
+    *bytes = NULL;
+    *size = 0;
+    const writer_tensor **layout = malloc((w->count ? w->count : 1) * sizeof *layout);
+    size_t header_length = 0;
+    char *header = layout ? build_header(w, layout, &header_length) : NULL;
+    size_t total = HEADER_LENGTH_BYTES + header_length;
+    for (size_t i = 0; header && i < w->count; i++) total += layout[i]->nbytes;
+    unsigned char *out = header ? malloc(total) : NULL;
+    if (out) {
+        for (int i = 0; i < HEADER_LENGTH_BYTES; i++)
+            out[i] = (unsigned char)((uint64_t)header_length >> (8 * i));
+        size_t at = HEADER_LENGTH_BYTES;
+        memcpy(out + at, header, header_length);
+        at += header_length;
+        for (size_t i = 0; i < w->count; i++) {
+            if (layout[i]->nbytes) memcpy(out + at, layout[i]->data, layout[i]->nbytes);
+            at += layout[i]->nbytes;
+        }
+    }
+    free(header);
+    free(layout);
+    if (!out) return pt_fail(PIPERT_ERR_NOMEM, "safetensors: no memory for %zu bytes", total);
+    *bytes = out;
+    *size = total;
+    return PIPERT_OK;
+}
+
 pipert_result pt_safetensors_writer_write(const pt_safetensors_writer *w, const char *path)
 {
     const writer_tensor **layout = malloc((w->count ? w->count : 1) * sizeof *layout);

@@ -119,6 +119,10 @@ pipert_result pt_safetensors_writer_set_metadata(pt_safetensors_writer *w, const
 /* Writes the file atomically (a temporary beside it, renamed into place): on failure the previous
  * file at path, if any, is untouched and no temporary is left. The writer may be written again. */
 pipert_result pt_safetensors_writer_write(const pt_safetensors_writer *w, const char *path);
+/* The same bytes in memory (malloc'd into *bytes, *size of them), for pt_safetensors_open_memory
+ * at the other end of a connection. */
+pipert_result pt_safetensors_writer_serialize(const pt_safetensors_writer *w, void **bytes,
+                                              size_t *size);
 void pt_safetensors_writer_free(pt_safetensors_writer *w);
 
 #endif

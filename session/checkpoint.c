@@ -278,7 +278,7 @@ pipert_result pt_session_save_checkpoint(pipert_session *s, long step)
 
 /* Every stage's blocks in this run: bounds[s], bounds[s+1] (the stages of
  * a replica tell each other theirs). */
-static pipert_result current_bounds(pipert_session *s, int *bounds)
+pipert_result pt_session_stage_bounds(pipert_session *s, int *bounds)
 {
     const pt_gpt_slice *slice = pt_stage_executor_model(s->executor);
     int32_t mine[2] = {slice->first, slice->last};
@@ -366,7 +366,7 @@ pipert_result pt_session_resume(pipert_session *s, long *step)
     pt_checkpoint c = {0};
     int from = 0;
     int *bounds = calloc((size_t)s->job.layout.stages + 1, sizeof *bounds);
-    pipert_result rc = bounds ? current_bounds(s, bounds)
+    pipert_result rc = bounds ? pt_session_stage_bounds(s, bounds)
                               : pt_fail(PIPERT_ERR_NOMEM, "resume: out of memory");
     if (rc == PIPERT_OK) {
         from = resume_replica(s, &index, bounds);

@@ -60,6 +60,15 @@ bool pt_session_membership_changed(void *context)
     return news.epoch > s->elastic.regrouped_epoch;
 }
 
+/* Replicas out of the job as the coordinator says now. */
+static int replicas_out(pipert_session *s)
+{
+    int out = 0;
+    for (int r = 0; r < s->job.layout.replicas; r++)
+        out += pt_coord_client_replica_left(s->job.client, r, NULL, 0);
+    return out;
+}
+
 static pipert_result acknowledge(pipert_session *s, long epoch, long version)
 {
     PT_TRY(pt_job_acknowledge(&s->job, epoch, version));
@@ -67,11 +76,13 @@ static pipert_result acknowledge(pipert_session *s, long epoch, long version)
         s->elastic.paused_us = pt_trace_clock_us(s->trace);
     s->elastic.acked_epoch = epoch;
     s->elastic.ack_step = version;
-    s->elastic.departures = epoch;
+    const int out = replicas_out(s);
+    if (out > s->elastic.absent) s->elastic.departures += out - s->elastic.absent;
+    s->elastic.absent = out;
     pt_coupling_suspend(s->coupling);
-    PT_TRY(pt_session_coordinator_vote_abandon(s)); /* its world group has lost a replica */
-    pt_warn("replicas left the job (departure %ld): the coupling pauses after step %ld until "
-            "the survivors regroup", epoch, version);
+    PT_TRY(pt_session_coordinator_vote_abandon(s)); /* its world group changes */
+    pt_warn("the job's replicas changed (membership epoch %ld, %d out): the coupling pauses "
+            "after step %ld until they regroup", epoch, out, version);
     return PIPERT_OK;
 }
 
@@ -107,8 +118,35 @@ static pipert_result make_replicas_equal(pipert_session *s)
     return pt_broadcast(g, opt->v, bytes, 0);
 }
 
-static pipert_result switch_groups(pipert_session *s, const pt_membership_news *news)
+/* Replicas coming back: this stage's ranks of them connected, and given the donor's state.
+ * A joiner lost meanwhile is a departure the next switch settles. *joins: any came. */
+static pipert_result admit_joiners(pipert_session *s, const pt_membership_news *news, bool *joins)
 {
+    const int R = s->job.layout.replicas;
+    bool *back = calloc((size_t)R, sizeof *back);
+    if (!back) return pt_fail(PIPERT_ERR_NOMEM, "session: out of memory");
+    pt_job_replicas_back(&s->job, back);
+    *joins = s->job.joining;
+    for (int r = 0; r < R; r++) *joins |= back[r];
+    pipert_result rc = pt_job_admit_joiners(&s->job, back);
+    for (int r = 0; rc == PIPERT_OK && r < R; r++)
+        if (back[r] && s->job.replica == news->switch_donor)
+            rc = pt_session_send_state(s, pt_layout_rank(&s->job.layout, s->job.stage, r),
+                                       news->switch_epoch);
+    for (int r = 0; r < R; r++) s->elastic.joins += back[r];
+    free(back);
+    if (rc != PIPERT_OK && pt_session_departures_since(s, news->switch_epoch)) {
+        pt_warn("a replica coming back was lost while joining (%s); the next switch goes on "
+                "without it", pipert_last_error());
+        return PIPERT_OK;
+    }
+    return rc;
+}
+
+pipert_result pt_session_switch_groups(pipert_session *s, const pt_membership_news *news)
+{
+    bool joins = false;
+    PT_TRY(admit_joiners(s, news, &joins));
     PT_TRY(pt_job_regroup(&s->job, news->switch_sequence));
     const pt_coupling_options groups = {.replicas = s->job.replica_group,
                                         .site_replicas = s->job.site_group,
@@ -116,10 +154,15 @@ static pipert_result switch_groups(pipert_session *s, const pt_membership_news *
                                         .sites = s->job.sites};
     PT_TRY(pt_coupling_regroup(s->coupling, &groups));
     PT_TRY(make_replicas_equal(s));
+    if (joins) PT_TRY(pt_job_settle_joiners(&s->job));
     s->elastic.regrouped_epoch = news->switch_epoch;
-    pt_trace_span(s->trace, "coupling paused (replicas left)", s->elastic.paused_us,
-                  pt_trace_clock_us(s->trace), -1, -1, -1);
-    pt_warn("the coupling resumes over the survivors after step %ld", news->switch_step);
+    s->elastic.absent = replicas_out(s);
+    if (!s->job.joining && s->elastic.paused_us > 0)
+        pt_trace_span(s->trace, "coupling paused (replicas changed)", s->elastic.paused_us,
+                      pt_trace_clock_us(s->trace), -1, -1, -1);
+    pt_warn("the coupling resumes over %d replica%s after step %ld",
+            s->job.layout.replicas - s->elastic.absent,
+            s->job.layout.replicas - s->elastic.absent == 1 ? "" : "s", news->switch_step);
     return PIPERT_OK;
 }
 
@@ -140,5 +183,5 @@ pipert_result pt_session_follow_membership(pipert_session *s)
     if (version > news.switch_step)
         return pt_fail(PIPERT_ERR_INTERNAL, "the survivors' switch at step %ld came after this "
                                             "worker's step %ld", news.switch_step, version);
-    return version == news.switch_step ? switch_groups(s, &news) : PIPERT_OK;
+    return version == news.switch_step ? pt_session_switch_groups(s, &news) : PIPERT_OK;
 }

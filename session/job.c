@@ -21,14 +21,16 @@ static bool asked_to_stop(const pt_job *job)
 /* ---- the data plane ------------------------------------------------------ */
 
 /* Connects to every rank this one exchanges tensors with: the other stages
- * of its replica (pipeline) and the other replicas of its stage (coupling).
+ * of its replica (pipeline) and, with along_replicas, the other replicas of
+ * its stage (coupling; a joiner's come to it later: pt_job_admit_joiners).
  * Each pair connects once: the higher rank dials. */
-static pipert_result connect_peers(pt_job *job)
+static pipert_result connect_peers(pt_job *job, bool along_replicas)
 {
     const pt_layout *l = &job->layout;
+    const int axes = l->stages + (along_replicas ? l->replicas : 0);
     pipert_result rc = PIPERT_OK;
     for (int pass = 0; pass < 2 && rc == PIPERT_OK; pass++) /* dial lower ranks, then wait for higher */
-        for (int i = 0; i < l->stages + l->replicas && rc == PIPERT_OK; i++) {
+        for (int i = 0; i < axes && rc == PIPERT_OK; i++) {
             const bool along_stages = i < l->stages;
             const int peer = along_stages ? pt_layout_rank(l, i, job->replica)
                                           : pt_layout_rank(l, job->stage, i - l->stages);
@@ -226,7 +228,16 @@ static pipert_result make_world_group(pt_job *job, const bool *left, uint32_t fi
 
 static pipert_result connect_groups(pt_job *job)
 {
-    PT_TRY(connect_peers(job));
+    if (job->joining) {
+        /* Its replica's pipeline now; the replicas of its stage dial it at the switch. */
+        PT_TRY(connect_peers(job, false));
+        PT_TRY(make_group(job, true, (uint32_t)(job->layout.stages + job->replica),
+                          &job->stage_group));
+        job->replica_sites = calloc((size_t)job->layout.replicas, sizeof *job->replica_sites);
+        if (!job->replica_sites) return pt_fail(PIPERT_ERR_NOMEM, "job: out of memory");
+        return mark_remote_stages(job);
+    }
+    PT_TRY(connect_peers(job, true));
     /* group ids: replica groups 0..S−1 (one per stage), stage groups S.. */
     PT_TRY(make_replica_groups(job));
     PT_TRY(make_group(job, true, (uint32_t)(job->layout.stages + job->replica), &job->stage_group));
@@ -330,6 +341,11 @@ static pipert_result join_launched(pt_job *job, int stages, const char *const *e
     options.address = pt_transport_address(job->transport);
     if (job->boot.heartbeat_timeout_s > 0) options.dead_after_s = job->boot.heartbeat_timeout_s;
     options.outlive_coordinator = outlives_coordinator(job);
+    options.join = job->joining;
+    if (job->joining && !job->elastic)
+        return pt_fail(PIPERT_ERR_CONFIG, "rejoining (pipert worker --join) needs elastic replicas: "
+                                          "PIPERT_MIN_REPLICAS below the replicas (launch "
+                                          "--min-replicas)");
     PT_TRY(pt_coord_client_connect(&job->client, &options));
     const pt_peer_table *peers;
     PT_TRY(wait_for_table(job, &peers));
@@ -445,6 +461,9 @@ pipert_result pt_job_join(pt_job *job, int stages, int site, const pipert_oob *o
 {
     job->site = site;
     job->sites = 1;
+    if (job->joining && (oob || alone || !envp || !launched(envp)))
+        return pt_fail(PIPERT_ERR_INVALID_ARG, "rejoining a job (--join) needs a launcher's "
+                                               "environment with a coordinator (pipert launch)");
     if (oob) {
         job->mode = PT_JOB_OOB;
         return join_oob(job, stages, oob);
@@ -565,6 +584,82 @@ pipert_result pt_job_regroup(pt_job *job, uint32_t first_sequence)
         pt_info("stage %d now couples %d replica%s (collectives from #%u)", job->stage, live,
                 live == 1 ? "" : "s", first_sequence);
     return rc;
+}
+
+/* ---- replicas coming back ------------------------------------------------------ */
+
+void pt_job_replicas_back(pt_job *job, bool *back)
+{
+    for (int r = 0; r < job->layout.replicas; r++)
+        back[r] = job->replica_left[r] && !pt_coord_client_replica_left(job->client, r, NULL, 0);
+}
+
+/* The new process of `rank` at the address the coordinator gave. */
+static pipert_result readdress(pt_job *job, int rank)
+{
+    char *address = pt_coord_client_peer_address(job->client, rank);
+    if (!address) return pt_fail(PIPERT_ERR_NOMEM, "job: out of memory");
+    free(job->addresses[rank]);
+    job->addresses[rank] = address;
+    return pt_transport_forget_peer(job->transport, rank);
+}
+
+pipert_result pt_job_admit_joiners(pt_job *job, const bool *back)
+{
+    bool any = false;
+    for (int r = 0; r < job->layout.replicas; r++)
+        if (back[r]) {
+            PT_TRY(readdress(job, pt_layout_rank(&job->layout, job->stage, r)));
+            any = true;
+        }
+    if (!any) return PIPERT_OK;
+    PT_TRY(pt_transport_listen_again(job->transport));
+    for (int r = 0; r < job->layout.replicas; r++) {
+        if (!back[r]) continue;
+        const int rank = pt_layout_rank(&job->layout, job->stage, r);
+        pipert_result rc = pt_transport_connect(job->transport, rank, job->addresses[rank]);
+        if (rc != PIPERT_OK) {
+            pt_error_prefix("connecting to rank %d (replica %d, coming back)", rank, r);
+            return rc;
+        }
+    }
+    return PIPERT_OK;
+}
+
+pipert_result pt_job_await_replicas(pt_job *job, double timeout_s)
+{
+    const double until = pt_now_s() + timeout_s;
+    for (int r = 0; r < job->layout.replicas; r++) {
+        if (r == job->replica || pt_coord_client_replica_left(job->client, r, NULL, 0)) continue;
+        const int rank = pt_layout_rank(&job->layout, job->stage, r);
+        pipert_result rc;
+        while ((rc = pt_transport_wait_peer(job->transport, rank, 0.5)) == PIPERT_ERR_TIMEOUT) {
+            PT_TRY(pt_job_check(job));
+            if (asked_to_stop(job))
+                return pt_fail(PIPERT_ERR_INTERRUPTED, "stopped while waiting for the replicas");
+            if (pt_now_s() > until) break;
+        }
+        if (rc != PIPERT_OK) {
+            pt_error_prefix("waiting for rank %d (replica %d) to connect", rank, r);
+            return rc;
+        }
+    }
+    return PIPERT_OK;
+}
+
+pipert_result pt_job_take_sites(pt_job *job, const int *sites)
+{
+    memcpy(job->replica_sites, sites, (size_t)job->layout.replicas * sizeof *sites);
+    return mark_remote_replicas(job, sites);
+}
+
+pipert_result pt_job_settle_joiners(pt_job *job)
+{
+    /* Every member passed pt_job_admit_joiners or pt_job_await_replicas: all are connected
+     * both ways, and nobody dials any more. */
+    if (job->replica_group) PT_TRY(pt_barrier(job->replica_group));
+    job->joining = false;
+    return pt_transport_stop_listening(job->transport);
 }
 
 bool pt_job_coordinator_lost(pt_job *job, char *why, size_t cap)

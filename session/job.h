@@ -57,6 +57,8 @@ typedef struct pt_job {
     pt_group *world_group;        /* every rank, under pipert launch (world > 1): agreeing
                                    * on a stop when the coordinator is lost */
     bool authenticate_messages;   /* set before joining: a MAC on every transport message */
+    bool joining;                 /* set before joining: this process takes the place of a rank
+                                   * of a replica that left (session/join.c); cleared once in */
     bool (*should_stop)(void *context); /* asked while joining */
     void *context;
 } pt_job;
@@ -84,6 +86,22 @@ pipert_result pt_job_acknowledge(pt_job *job, long epoch, long step);
 /* Replaces this stage's replica, site and leaders groups by groups of the
  * replicas still in the job; their collectives start at first_sequence. */
 pipert_result pt_job_regroup(pt_job *job, uint32_t first_sequence);
+/* Replicas coming back (runtime/comm/membership.h, "Joining"; session/join.c).
+ * back[r]: replica r left at the last regroup and the coordinator says it is
+ * in again. */
+void pt_job_replicas_back(pt_job *job, bool *back);
+/* A survivor, at the switch: connects to this stage's rank of each replica
+ * back (its new address; UCX's sockets open again until settled). */
+pipert_result pt_job_admit_joiners(pt_job *job, const bool *back);
+/* A joiner: waits until this stage's rank of every replica in the job has
+ * connected to it. */
+pipert_result pt_job_await_replicas(pt_job *job, double timeout_s);
+/* A joiner: every replica's site, as the survivors' census found them. */
+pipert_result pt_job_take_sites(pt_job *job, const int *sites);
+/* After the regroup, on survivors and joiners alike: a barrier of the new
+ * replica group, then no new connections any more. */
+pipert_result pt_job_settle_joiners(pt_job *job);
+
 /* Whether this rank lost the coordinator (pipert launch: the launcher died);
  * `why` (may be NULL) says how it was noticed. */
 bool pt_job_coordinator_lost(pt_job *job, char *why, size_t cap);

@@ -74,8 +74,9 @@ static void add_progress(const pipert_session *s, json_t *line, long step)
     json_object_set_new(line, "elapsed_s",
                         json_real(s->elapsed_before + pt_now_s() - s->run_started));
     if (!s->job.elastic) return;
-    json_object_set_new(line, "replicas", json_integer(s->job.layout.replicas - s->elastic.departures));
+    json_object_set_new(line, "replicas", json_integer(s->job.layout.replicas - s->elastic.absent));
     json_object_set_new(line, "departures", json_integer(s->elastic.departures));
+    json_object_set_new(line, "joins", json_integer(s->elastic.joins));
 }
 
 static pipert_result write_stage_line(pipert_session *s, const pt_pipeline_step *p)

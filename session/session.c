@@ -143,6 +143,7 @@ static pipert_result session_setup(pipert_session *s)
     s->job.should_stop = should_stop;
     s->job.context = s;
     s->job.authenticate_messages = s->config.runtime.authenticate_messages;
+    s->job.joining = s->options.join;
     PT_TRY(pt_job_join(&s->job, s->options.stages, s->options.site, s->options.oob,
                        (const char *const *)environ, s->options.alone));
     s->log_sink.rank = s->job.world > 1 ? s->job.rank : -1;
@@ -154,7 +155,8 @@ static pipert_result session_setup(pipert_session *s)
     PT_TRY(build_coupling(s));
     PT_TRY(build_executor(s));
     long resumed = -1;
-    if (s->options.resume) PT_TRY(pt_session_resume(s, &resumed));
+    if (s->job.joining) PT_TRY(pt_session_join_running(s, &resumed));
+    else if (s->options.resume) PT_TRY(pt_session_resume(s, &resumed));
     PT_TRY(pt_session_open_outputs(s, resumed));
     init_latest(s);
     s->window_started = s->run_started = pt_now_s();
@@ -310,7 +312,7 @@ static pipert_result report_step(pipert_session *s, const pt_pipeline_step *p, p
     const double now = pt_now_s();
     const double tokens_per_s = p->tokens * (double)s->window_steps / (now - s->window_started);
     s->tokens_per_step = p->tokens * s->job.layout.replicas;
-    s->elastic.tokens_lost += p->tokens * (double)s->elastic.departures;
+    s->elastic.tokens_lost += p->tokens * (double)s->elastic.absent;
     fill_metrics(s, p, tokens_per_s, m);
     if (log_now || now - s->reported_at >= PROGRESS_PERIOD_S) {
         /* loss and tokens/s come from the last stage; the others report progress only */

@@ -52,6 +52,9 @@ struct pipert_session {
         long ack_step;        /* the steps taken when it was */
         long regrouped_epoch; /* the departure the coupling's groups reflect */
         long departures;      /* replicas that left (each departure is one) */
+        long joins;           /* replicas that came back */
+        int absent;           /* replicas out of the job now */
+        long joined_at;       /* a joiner: the step its state is of (0: started with the job) */
         double paused_us;     /* trace clock when the coupling paused */
         double tokens_lost;   /* the batches the replicas that left did not train */
         void **kept;          /* buffers of abandoned collectives, freed after leaving the job */
@@ -78,6 +81,19 @@ pipert_result pt_session_keep_until_end(pipert_session *s, void *buffer);
 void pt_session_free_kept(pipert_session *s);
 /* For the coupling's waits (pt_coupling_options.membership_changed). */
 bool pt_session_membership_changed(void *context);
+
+/* Regroups at the switch `news` announced (elastic.c): connects to replicas
+ * coming back and, on the donor, gives them their state; then the new
+ * groups and the coupling over them. */
+pipert_result pt_session_switch_groups(pipert_session *s, const pt_membership_news *news);
+/* Replicas coming back (join.c). The donor's side: this stage's state now,
+ * to `rank` of a replica coming back, tagged with the switch's epoch. */
+pipert_result pt_session_send_state(pipert_session *s, int rank, long epoch);
+/* The joiner's side, in place of resuming: waits for the switch, takes the
+ * donor's state of step *step, and regroups with the others. */
+pipert_result pt_session_join_running(pipert_session *s, long *step);
+/* Every stage's blocks in this run (checkpoint.c): bounds[s], bounds[s+1]. */
+pipert_result pt_session_stage_bounds(pipert_session *s, int *bounds);
 
 /* metrics.jsonl and metrics-stage-N.jsonl (outputs.c). */
 pipert_result pt_session_open_outputs(pipert_session *s, long resumed_step);

@@ -1,9 +1,11 @@
 /* Elastic replicas, with real processes (runtime/comm/membership.h,
- * session/elastic.c): a worker of replica 1 of a 2-stage × 3-replica job is
- * killed with SIGKILL from outside, mid-run. The job must finish (exit 0)
- * with the two other replicas, their losses going on smoothly, its last
- * checkpoint complete for two replicas (a resume with --replicas 2 goes on
- * from it); without --min-replicas, or below it, the job stops as before. */
+ * session/elastic.c, session/join.c): a worker of replica 1 of a 2-stage ×
+ * 3-replica job is killed with SIGKILL from outside, mid-run. The job must
+ * finish (exit 0) with the two other replicas, their losses going on
+ * smoothly, its last checkpoint complete for two replicas (a resume with
+ * --replicas 2 goes on from it); with --restarts the replica comes back,
+ * takes a survivor's state and trains with the others to the end; without
+ * --min-replicas, or below it, the job stops as before. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdbool.h>
@@ -141,7 +143,7 @@ static void survivors_finish(const char *method, bool replicas_equal)
                  "%.4f over the last 200 steps)", method, before, last);
     /* the survivors' log says when they regrouped */
     char *log = read_named(dir, "/logs/rank-0.log");
-    cr_expect(strstr(log, "the coupling resumes over the survivors"), "rank 0's log:\n%s", log);
+    cr_expect(strstr(log, "the coupling resumes over 2 replicas"), "rank 0's log:\n%s", log);
     /* allreduce: the survivors of each stage end bitwise equal (ranks 0, 4 and 1, 5) */
     for (int stage = 0; replicas_equal && stage < 2; stage++)
         cr_expect_eq(final_checksum(dir, stage), final_checksum(dir, 4 + stage),
@@ -170,6 +172,74 @@ Test(elastic, allreduce_survives_a_killed_worker, .timeout = 900)
     survivors_finish("allreduce", true);
 }
 
+/* The checksum a log line of rank `rank` gives after `marker` ("…checksum HEX"); 0: none. */
+static unsigned long long logged_checksum(const char *dir, int rank, const char *marker)
+{
+    char suffix[64];
+    snprintf(suffix, sizeof suffix, "/logs/rank-%d.log", rank);
+    char *log = read_named(dir, suffix);
+    const char *line = strstr(log, marker);
+    const char *sum = line ? strstr(line, "checksum ") : NULL;
+    const unsigned long long value = sum ? strtoull(sum + strlen("checksum "), NULL, 16) : 0;
+    cr_expect(sum, "rank %d logged no \"%s\":\n%s", rank, marker, log);
+    free(log);
+    return value;
+}
+
+/* --restarts 1: replica 1 starts again, rejoins, and is equal to the donor when it does. */
+static void replica_rejoins(const char *method, bool replicas_equal)
+{
+    char *dir = make_temp_dir();
+    pid_t job = start_job(dir, method, "--min-replicas 2 --restarts 1");
+    const long killed_at = kill_worker_at(job, dir, KILL_AT);
+    const int status = wait_job(job);
+    char *out = read_named(dir, ".out");
+    cr_expect_eq(status, 0, "dp.method=%s: the job exited %d:\n%s", method, status, out);
+    cr_expect(strstr(out, "replica 1 rejoins the job"), "the coordinator logs the join:\n%s", out);
+    /* each stage of the joiner starts from its donor's (replica 0's) parameters, bitwise */
+    for (int stage = 0; stage < 2; stage++)
+        cr_expect_eq(logged_checksum(dir, 2 + stage, "is back in the job"),
+                     logged_checksum(dir, stage, "gave rank"),
+                     "dp.method=%s: stage %d of the joiner does not start from the donor's state",
+                     method, stage);
+    /* allreduce: all three replicas end bitwise equal, the joiner included */
+    for (int stage = 0; replicas_equal && stage < 2; stage++) {
+        cr_expect_eq(final_checksum(dir, 2 + stage), final_checksum(dir, stage),
+                     "stage %d: the joiner differs from replica 0 at the end", stage);
+        cr_expect_eq(final_checksum(dir, 4 + stage), final_checksum(dir, stage),
+                     "stage %d: replica 2 differs from replica 0 at the end", stage);
+    }
+    /* the losses go on smoothly, with three replicas in the metrics at the end */
+    double *losses = malloc(STEPS * sizeof *losses);
+    for (int i = 0; i < STEPS; i++) losses[i] = NAN;
+    read_metric_steps(dir, "metrics.jsonl", "loss", losses, STEPS);
+    const double before = mean_loss(losses, killed_at - 200, killed_at);
+    const double after = mean_loss(losses, killed_at + 100, killed_at + 300);
+    cr_expect_lt(after, 1.1 * before, "dp.method=%s: loss %.4f before the kill, %.4f after the join",
+                 method, before, after);
+    char *metrics = read_named(dir, "/metrics.jsonl");
+    const char *last = strrchr(metrics, '{');
+    cr_expect(last && strstr(last, "\"replicas\":3") && strstr(last, "\"joins\":1"),
+              "the last metrics line: %s", last ? last : "(none)");
+    char *index = read_named(dir, "/ckpt-00001500.json");
+    cr_expect(strstr(index, "\"replicas\": 3"), "the final index:\n%s", index);
+    free(index);
+    free(metrics);
+    free(losses);
+    free(out);
+    remove_dir(dir);
+}
+
+Test(elastic, a_killed_sparse_replica_rejoins, .timeout = 900)
+{
+    replica_rejoins("sparse", false);
+}
+
+Test(elastic, a_killed_allreduce_replica_rejoins_equal_to_its_peers, .timeout = 900)
+{
+    replica_rejoins("allreduce", true);
+}
+
 /* Below --min-replicas, and without it, a death stops the job as before. */
 static void job_stops(const char *elastic, const char *expected)
 {
@@ -192,4 +262,20 @@ Test(elastic, a_job_without_min_replicas_stops, .timeout = 600)
 Test(elastic, too_few_replicas_stop_the_job, .timeout = 600)
 {
     job_stops("--min-replicas 3", "killed by signal 9");
+}
+
+/* --min-replicas 2 of 3: the first death is a departure, the second would leave one. */
+Test(elastic, a_second_departure_below_min_replicas_stops_the_job, .timeout = 600)
+{
+    char *dir = make_temp_dir();
+    pid_t job = start_job(dir, "sparse", "--min-replicas 2");
+    kill_worker_at(job, dir, 100);
+    usleep(1500000); /* the departure is through: replica 1 is out */
+    cr_assert_eq(kill(worker_pid(dir, 5), SIGKILL), 0, "stage 1 of replica 2");
+    const int status = wait_job(job);
+    char *out = read_named(dir, ".out");
+    cr_expect_neq(status, 0, "the job exited 0 with one replica left:\n%s", out);
+    cr_expect(strstr(out, "only 1 replica would remain (--min-replicas 2)"), "%s", out);
+    free(out);
+    remove_dir(dir);
 }

@@ -89,3 +89,73 @@ Test(membership, impossible_settings_are_refused)
     cr_expect_eq(pt_membership_init(&m, 6, 2, 0, 3), PIPERT_ERR_CONFIG);
     cr_expect_eq(pt_membership_init(&m, 6, 2, 1, 0), PIPERT_ERR_INVALID_ARG);
 }
+
+Test(membership, a_replica_that_left_joins_again_through_a_switch)
+{
+    pt_membership m = six_ranks(2);
+    cr_expect(!pt_membership_replica_joins(&m, 1), "replica 1 never left");
+    cr_assert_eq(pt_membership_rank_failed(&m, 3), PT_DEPARTURE_LEFT); /* replica 1 */
+    cr_expect(pt_membership_acknowledge(&m, 0, 1, 5, 10) == false);
+    cr_expect(pt_membership_acknowledge(&m, 1, 1, 5, 10) == false);
+    cr_expect(pt_membership_acknowledge(&m, 4, 1, 5, 10) == false);
+    cr_expect(pt_membership_acknowledge(&m, 5, 1, 5, 10));
+    cr_expect_eq(m.switch_donor, -1, "a departure has no donor");
+
+    cr_assert(pt_membership_replica_joins(&m, 1));
+    cr_expect_eq(m.epoch, 2);
+    cr_expect_eq(m.live, 3);
+    cr_expect(pt_membership_rank_live(&m, 2) && pt_membership_rank_live(&m, 3));
+    cr_expect(pt_membership_replica_joining(&m, 1));
+    cr_expect(!pt_membership_replica_joins(&m, 1), "it is in already");
+    /* the joiner's own ranks have nothing to acknowledge: the other four complete it */
+    cr_expect(!pt_membership_acknowledge(&m, 2, 2, 99, 99999));
+    const long steps[] = {30, 31, 0, 0, 29, 33};
+    for (int rank = 0; rank < 6; rank++) {
+        if (rank == 2 || rank == 3) continue;
+        const bool complete = pt_membership_acknowledge(&m, rank, 2, steps[rank], 100 + rank);
+        cr_expect_eq(complete, rank == 5, "rank %d", rank);
+    }
+    cr_expect_eq(m.switch_epoch, 2);
+    cr_expect_eq(m.switch_step, 33 + pt_membership_margin(2));
+    cr_expect_eq(m.switch_sequence, 105 + PT_MEMBERSHIP_SEQUENCE_GAP);
+    cr_expect_eq(m.switch_donor, 0, "the first replica that stayed gives the state");
+    cr_expect(!pt_membership_replica_joining(&m, 1), "switched in");
+    pt_membership_free(&m);
+}
+
+Test(membership, a_joiner_that_fails_before_its_switch_leaves_again)
+{
+    pt_membership m = six_ranks(1);
+    cr_assert_eq(pt_membership_rank_failed(&m, 0), PT_DEPARTURE_LEFT); /* replica 0 */
+    cr_assert(pt_membership_replica_joins(&m, 0));
+    cr_expect_eq(pt_membership_rank_failed(&m, 1), PT_DEPARTURE_LEFT, "replica 0 again");
+    cr_expect_eq(m.epoch, 3);
+    cr_expect_eq(m.live, 2);
+    cr_expect(!pt_membership_replica_joining(&m, 0));
+    for (int rank = 2; rank < 5; rank++) cr_expect(!pt_membership_acknowledge(&m, rank, 3, 7, 1));
+    cr_expect(pt_membership_acknowledge(&m, 5, 3, 7, 1));
+    cr_expect_eq(m.switch_donor, -1);
+    /* with no replica left that stayed, nobody could give a joiner its state */
+    pt_membership lone;
+    cr_assert_eq(pt_membership_init(&lone, 2, 2, 1, 6), PIPERT_OK);
+    cr_expect(!pt_membership_replica_joins(&lone, 0));
+    pt_membership_free(&lone);
+    pt_membership_free(&m);
+}
+
+Test(membership, acknowledgements_after_the_switch_announce_nothing)
+{
+    pt_membership m = six_ranks(2);
+    cr_assert_eq(pt_membership_rank_failed(&m, 3), PT_DEPARTURE_LEFT);
+    for (int rank = 0; rank < 6; rank++)
+        if (rank != 2 && rank != 3) pt_membership_acknowledge(&m, rank, 1, 5, 10);
+    cr_assert(pt_membership_replica_joins(&m, 1));
+    for (int rank = 0; rank < 6; rank++)
+        if (rank != 2 && rank != 3) pt_membership_acknowledge(&m, rank, 2, 9, 20);
+    cr_assert_eq(m.switch_epoch, 2);
+    /* the joiners, done at the end of the run, count as acknowledging: no second switch */
+    cr_expect(!pt_membership_acknowledge(&m, 2, 2, 3000, 99));
+    cr_expect(!pt_membership_acknowledge(&m, 3, 2, 3000, 99));
+    cr_expect_eq(m.switch_step, 9 + pt_membership_margin(2));
+    pt_membership_free(&m);
+}

@@ -73,6 +73,7 @@ typedef struct worker_process {
     bool running;
     int wait_status;
     bool signalled_by_launcher;
+    int starts;    /* processes started for this rank: more than one after --restarts */
     char log_path[PATH_MAX + 64];
 } worker_process;
 
@@ -90,6 +91,7 @@ typedef struct job {
     double grace_s;
     double heartbeat_timeout_s; /* --heartbeat-timeout */
     int min_replicas;           /* --min-replicas: fewer and the job stops (0: all) */
+    int restarts_left;          /* --restarts: replicas that left may start again this often */
     pt_coordinator *coordinator;
     worker_process *workers; /* [world] */
     int running;
@@ -258,8 +260,9 @@ static char **worker_environment(const job *j, const worker_process *w, char sto
     return env;
 }
 
-/* argv of `pipert worker --stages S --out DIR [config args] [--resume]`. */
-static char **worker_arguments(const job *j, char *stages_text)
+/* argv of `pipert worker --stages S --out DIR [config args] [--resume] [--join]`: a rank
+ * started again (--restarts) joins the running job. */
+static char **worker_arguments(const job *j, const worker_process *w, char *stages_text)
 {
     char **argv = calloc((size_t)j->n_config_args + 8, sizeof *argv);
     if (!argv) return NULL;
@@ -273,6 +276,7 @@ static char **worker_arguments(const job *j, char *stages_text)
     for (int i = 0; i < j->n_config_args; i++) argv[k++] = (char *)j->config_args[i];
     if (j->resume) argv[k++] = "--resume";
     if (j->probe) argv[k++] = "--probe";
+    if (w->starts > 0) argv[k++] = "--join";
     argv[k] = NULL;
     return argv;
 }
@@ -288,7 +292,8 @@ static void exec_worker(const worker_process *w, pid_t launcher, int namespace_f
     if (getppid() != launcher) _exit(127); /* the launcher died before prctl (or before exec) */
     if (namespace_fd >= 0 && pt_wan_sites_enter(namespace_fd) != 0) _exit(127);
     setpgid(0, 0);
-    int log = open(w->log_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    /* a rank started again goes on writing the same log */
+    int log = open(w->log_path, O_WRONLY | O_CREAT | (w->starts > 0 ? O_APPEND : O_TRUNC), 0644);
     int null = open("/dev/null", O_RDONLY);
     if (log < 0 || null < 0 || dup2(log, STDOUT_FILENO) < 0 || dup2(log, STDERR_FILENO) < 0 ||
         dup2(null, STDIN_FILENO) < 0)
@@ -309,7 +314,7 @@ static pipert_result start_worker(job *j, worker_process *w)
     char storage[WORKER_VARIABLES][PATH_MAX + 64], stages_text[16];
     snprintf(stages_text, sizeof stages_text, "%d", j->stages);
     char **env = worker_environment(j, w, storage);
-    char **argv = worker_arguments(j, stages_text);
+    char **argv = worker_arguments(j, w, stages_text);
     pid_t launcher = getpid();
     int namespace_fd = pt_wan_sites_namespace_fd(&j->wan, w->site);
     pid_t pid = env && argv ? fork() : -2;
@@ -320,6 +325,8 @@ static pipert_result start_worker(job *j, worker_process *w)
     if (pid < 0) return pt_fail(PIPERT_ERR_INTERNAL, "rank %d: fork: %s", w->rank, strerror(errno));
     w->pid = pid;
     w->running = true;
+    w->starts++;
+    w->signalled_by_launcher = false;
     j->running++;
     return pt_wan_sites_join_cpu_limit(&j->wan, w->site, pid);
 }
@@ -406,6 +413,32 @@ static void reap_workers(job *j)
     }
 }
 
+/* --restarts: a replica that left the job starts again, joining it (pipert worker --join),
+ * once every worker of it has exited, while restarts remain and the job runs. */
+static void restart_left_replicas(job *j)
+{
+    pt_job_status status;
+    pt_coordinator_status(j->coordinator, &status);
+    for (int q = 0; q < j->replicas && j->restarts_left > 0 && status.phase == PT_JOB_RUNNING; q++) {
+        worker_process *ranks = &j->workers[q * j->stages];
+        if (!pt_coordinator_rank_left(j->coordinator, ranks[0].rank)) continue;
+        bool running = false;
+        for (int s = 0; s < j->stages; s++) running |= ranks[s].running;
+        if (running) continue;
+        j->restarts_left--;
+        pt_warn("pipert launch: replica %d left the job; starting it again to rejoin (%d restart%s "
+                "left)", q, j->restarts_left, j->restarts_left == 1 ? "" : "s");
+        for (int s = 0; s < j->stages; s++) {
+            if (start_worker(j, &ranks[s]) == PIPERT_OK) continue;
+            pt_warn("pipert launch: rank %d not started again: %s", ranks[s].rank,
+                    pipert_last_error());
+            j->restarts_left = 0;
+        }
+        if (write_pid_file(j) != PIPERT_OK)
+            pt_warn("pipert launch: workers.pid not updated: %s", pipert_last_error());
+    }
+}
+
 /* Once the job aborted: grace for the workers to stop on their own, then
  * SIGTERM, then SIGKILL. */
 static void enforce_shutdown(job *j, const pt_job_status *status, double now)
@@ -468,6 +501,7 @@ static void watch(job *j)
             pt_coordinator_abort(j->coordinator, -1, "%s", pipert_last_error());
         const double now = pt_now_s();
         reap_workers(j);
+        restart_left_replicas(j);
         handle_launcher_signal(j, now);
         pt_job_status status;
         pt_coordinator_status(j->coordinator, &status);
@@ -705,7 +739,7 @@ int pt_cmd_launch(int argc, char **argv)
 {
     const char *out_dir = NULL, *stages = "1", *replicas = "1", *sites = "1", *grace = "5",
                *heartbeat_timeout = NULL, *cluster_path = NULL, *plan_path = NULL,
-               *min_replicas = NULL;
+               *min_replicas = NULL, *restarts = NULL;
     bool quiet = false, resume = false, probe = false;
     const pt_cli_flag flags[] = {
         {"--stages", "S", "pipeline stages per replica (blocks split by plan.layers or balanced)",
@@ -728,6 +762,9 @@ int pt_cmd_launch(int argc, char **argv)
                                 "others train on, re-forming their coupling, while at least N "
                                 "replicas remain (default: all; any failure stops the job)",
          &min_replicas, NULL},
+        {"--restarts", "N", "with --min-replicas: a replica that left starts again and rejoins the "
+                            "running job, taking its state from a live replica, at most N times in "
+                            "all (default 0)", &restarts, NULL},
         {"--resume", NULL, "every worker continues from the newest complete checkpoint in --out "
                            "(any stage split, stage or replica count)", NULL, &resume},
         {"--quiet", NULL, "no mapping or progress output", NULL, &quiet},
@@ -796,6 +833,15 @@ int pt_cmd_launch(int argc, char **argv)
         pt_cli_parse_int("--min-replicas", min_replicas, 1, j.replicas, 1, &j.min_replicas) !=
             PIPERT_OK) {
         fprintf(stderr, "pipert launch: %s\n", pipert_last_error());
+        return refuse(&j, cfg);
+    }
+    if (restarts && (pt_cli_parse_int("--restarts", restarts, 0, 1000000, 0, &j.restarts_left) !=
+                         PIPERT_OK ||
+                     (j.restarts_left > 0 && !(j.min_replicas > 0 && j.min_replicas < j.replicas)))) {
+        fprintf(stderr, "pipert launch: %s\n",
+                j.restarts_left > 0 ? "--restarts needs elastic replicas: --min-replicas below "
+                                      "--replicas"
+                                    : pipert_last_error());
         return refuse(&j, cfg);
     }
     j.world = j.stages * j.replicas;

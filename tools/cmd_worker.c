@@ -98,13 +98,16 @@ static int probe_links(pipert_config *cfg, const char *out_dir)
 int pt_cmd_worker(int argc, char **argv)
 {
     const char *out_dir = NULL, *stages_text = "1";
-    bool quiet = false, resume = false, probe = false;
+    bool quiet = false, resume = false, probe = false, join = false;
     const pt_cli_flag flags[] = {
         {"--out", "DIR", "the job's directory: the last stage of replica 0 writes metrics.jsonl "
                          "here; replica 0's stages write metrics-stage-N.jsonl and checkpoints "
                          "(required)", &out_dir, NULL},
         {"--stages", "S", "pipeline stages (the replicas are the world size / S)", &stages_text, NULL},
         {"--resume", NULL, "continue from the newest complete checkpoint in --out", NULL, &resume},
+        {"--join", NULL, "take this rank's place in a running elastic job whose replica left: "
+                         "its state comes from a live replica (pipert launch --restarts does this)",
+         NULL, &join},
         {"--quiet", NULL, "no progress lines", NULL, &quiet},
         {"--probe", NULL, "measure the links between the job's sites instead of training "
                           "(one worker per site; writes DIR/probe-rank-R.json)", NULL, &probe},
@@ -122,6 +125,7 @@ int pt_cmd_worker(int argc, char **argv)
     pipert_session_options options = PIPERT_SESSION_OPTIONS_INIT;
     options.out_dir = out_dir;
     options.resume = resume;
+    options.join = join;
     options.log_level = PIPERT_LOG_DEBUG; /* stderr, at PIPERT_LOG's level */
     if (!out_dir ||
         pt_cli_parse_int("--stages", stages_text, 1, PT_MAX_WORLD, 1, &options.stages) != PIPERT_OK) {

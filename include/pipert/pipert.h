@@ -165,10 +165,13 @@ typedef struct pipert_session_options {
     void *log_user;
     pipert_log_level log_level;
     int site;              /* this worker's site; −1: PIPERT_SITE from the environment, else 0 */
+    int join;              /* take the place of this rank in a running elastic job whose replica
+                            * left (pipert worker --join): the state comes from a live replica */
 } pipert_session_options;
 
 #define PIPERT_SESSION_OPTIONS_INIT                                                                \
-    {sizeof(pipert_session_options), NULL, 1, 0, NULL, 0, NULL, NULL, NULL, NULL, PIPERT_LOG_INFO, -1}
+    {sizeof(pipert_session_options), NULL, 1, 0, NULL, 0, NULL, NULL, NULL, NULL, PIPERT_LOG_INFO, \
+     -1, 0}
 
 /* Where this worker is and what its last step did. Fields a worker does not
  * have are NaN (loss on any stage but the last) or 0. */

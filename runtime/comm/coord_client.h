@@ -45,6 +45,7 @@ typedef struct pt_coord_client_options {
     void *on_abort_context;
     bool outlive_coordinator;    /* a lost coordinator is not an abort (for lost_grace_s) */
     double lost_grace_s;         /* the coordinator lost this long: the job aborts */
+    bool join;                   /* rejoin: take this rank of a replica that left (elastic) */
 } pt_coord_client_options;
 
 /* How long a worker may go on without its coordinator before the client
@@ -53,7 +54,7 @@ typedef struct pt_coord_client_options {
 
 #define PT_COORD_CLIENT_OPTIONS_INIT                                                               \
     {NULL, 0, NULL, 0, 0, "", PT_CONNECT_TIMEOUT_S, PT_HEARTBEAT_INTERVAL_S, PT_DEAD_AFTER_S,    \
-     NULL, NULL, false, PT_COORD_LOST_GRACE_S}
+     NULL, NULL, false, PT_COORD_LOST_GRACE_S, false}
 
 typedef struct pt_peer {
     int rank;
@@ -86,13 +87,19 @@ pipert_result pt_coord_client_send_progress(pt_coord_client *c, const pt_rank_pr
 pipert_result pt_coord_client_send_done(pt_coord_client *c);
 /* Elastic replicas (runtime/comm/membership.h): what this worker heard. */
 typedef struct pt_membership_news {
-    long epoch;                /* departures heard of */
+    long epoch;                /* membership changes heard of: departures and joins */
     long switch_epoch;         /* the newest switch (0: none yet) */
     long switch_step;          /* after this step ... */
     uint32_t switch_sequence;  /* ... the new groups' collectives start here */
+    int switch_donor;          /* the replica that gives replicas coming back their state; -1 */
 } pt_membership_news;
 
 void pt_coord_client_membership(pt_coord_client *c, pt_membership_news *news);
+/* The membership epoch in which `replica` last came back (0: never). */
+long pt_coord_client_join_epoch(pt_coord_client *c, int replica);
+/* A rank's data-plane address as the coordinator said last (a replica that
+ * came back has new ones); malloc'd, NULL before the table. */
+char *pt_coord_client_peer_address(pt_coord_client *c, int rank);
 /* Whether `replica` left the job, and why ("rank 3 its connection closed ..."). */
 bool pt_coord_client_replica_left(pt_coord_client *c, int replica, char *reason, size_t cap);
 /* This survivor heard of departure `epoch` after its step `step`; its groups'

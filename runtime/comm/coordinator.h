@@ -63,7 +63,8 @@ typedef struct pt_job_status {
     long val_step;       /* step of the latest validation loss reported, -1 if none */
     double val_loss;
     int replicas, replicas_live; /* elastic jobs: replicas in the job, and still in it */
-    long departures;     /* replicas that left (the membership's epoch) */
+    long departures;     /* replicas that left */
+    long joins;          /* replicas that came back (restarted: pipert worker --join) */
     int abort_rank;      /* -1: not one rank's fault (or no abort) */
     char abort_reason[512];
 } pt_job_status;

@@ -53,6 +53,7 @@ struct pt_coord_client {
     pt_peer_table table;
     pt_membership_news membership;
     bool *left;                 /* [world]: replicas that left (a replica index is below world) */
+    long *join_epoch;           /* [world]: the epoch each replica last came back in (0: never) */
     char (*left_reason)[512];   /* [world]: why, as the coordinator said it */
     pthread_t thread;
     bool thread_started;
@@ -178,6 +179,38 @@ static void client_heard_leave(pt_coord_client *c, json_t *m)
     pthread_mutex_unlock(&c->lock);
 }
 
+/* join {epoch, replica, peers: [{rank, address}, ...]}: a replica that left is back, its
+ * ranks at new data-plane addresses. */
+static void client_heard_join(pt_coord_client *c, json_t *m)
+{
+    long epoch, replica;
+    json_t *peers = json_object_get(m, "peers");
+    if (!pt_coord_get_long(m, "epoch", &epoch) || !pt_coord_get_long(m, "replica", &replica) ||
+        replica < 0 || replica >= c->world || !json_is_array(peers)) {
+        client_abort(c, -1, "the coordinator sent a malformed join");
+        return;
+    }
+    pthread_mutex_lock(&c->lock);
+    for (size_t i = 0; c->has_table && i < json_array_size(peers); i++) {
+        json_t *p = json_array_get(peers, i);
+        long rank;
+        const char *address = pt_coord_get_string(p, "address");
+        char *copy = address ? strdup(address) : NULL;
+        if (!pt_coord_get_long(p, "rank", &rank) || rank < 0 || rank >= c->table.world || !copy) {
+            free(copy);
+            continue;
+        }
+        free(c->table.peers[rank].address);
+        c->table.peers[rank].address = copy;
+    }
+    c->left[replica] = false;
+    c->left_reason[replica][0] = '\0';
+    c->join_epoch[replica] = epoch;
+    if (epoch > c->membership.epoch) c->membership.epoch = epoch;
+    pthread_cond_broadcast(&c->changed);
+    pthread_mutex_unlock(&c->lock);
+}
+
 /* switch {epoch, step, sequence}: when the survivors change groups. */
 static void client_heard_switch(pt_coord_client *c, json_t *m)
 {
@@ -187,11 +220,14 @@ static void client_heard_switch(pt_coord_client *c, json_t *m)
         client_abort(c, -1, "the coordinator sent a malformed switch");
         return;
     }
+    long donor = -1;
+    pt_coord_get_long(m, "donor", &donor);
     pthread_mutex_lock(&c->lock);
     if (epoch > c->membership.switch_epoch) {
         c->membership.switch_epoch = epoch;
         c->membership.switch_step = step;
         c->membership.switch_sequence = (uint32_t)sequence;
+        c->membership.switch_donor = (int)donor;
     }
     pthread_cond_broadcast(&c->changed);
     pthread_mutex_unlock(&c->lock);
@@ -222,6 +258,8 @@ static void client_handle_message(pt_coord_client *c, json_t *m)
         client_heard_leave(c, m);
     } else if (!strcmp(type, "switch")) {
         client_heard_switch(c, m);
+    } else if (!strcmp(type, "join")) {
+        client_heard_join(c, m);
     } else if (!strcmp(type, "finished")) {
         pthread_mutex_lock(&c->lock);
         c->finished = true;
@@ -529,10 +567,10 @@ static pipert_result register_rank(pt_coord_client *c, const pt_coord_client_opt
     pt_auth_to_hex(proof, sizeof proof, hex);
     char host[PT_HOST_MAX] = "";
     gethostname(host, sizeof host - 1);
-    PT_TRY(client_send(c, json_pack("{s:s, s:i, s:i, s:s, s:i, s:s, s:s}", "type", "register",
-                                    "rank", o->rank, "world", o->world, "host", host, "pid",
-                                    (int)getpid(), "address", o->address ? o->address : "",
-                                    "proof", hex)));
+    PT_TRY(client_send(c, json_pack("{s:s, s:i, s:i, s:s, s:i, s:s, s:s, s:b}", "type",
+                                    "register", "rank", o->rank, "world", o->world, "host", host,
+                                    "pid", (int)getpid(), "address", o->address ? o->address : "",
+                                    "proof", hex, "join", o->join)));
     PT_TRY(expect_message(c, deadline, "welcome", &m));
     json_decref(m);
     return PIPERT_OK;
@@ -569,9 +607,10 @@ pipert_result pt_coord_client_connect(pt_coord_client **out, const pt_coord_clie
     if (c) {
         c->left = calloc((size_t)o->world, sizeof *c->left);
         c->left_reason = calloc((size_t)o->world, sizeof *c->left_reason);
+        c->join_epoch = calloc((size_t)o->world, sizeof *c->join_epoch);
     }
-    if (!c || !c->left || !c->left_reason) {
-        if (c) free(c->left), free(c->left_reason);
+    if (!c || !c->left || !c->left_reason || !c->join_epoch) {
+        if (c) free(c->left), free(c->left_reason), free(c->join_epoch);
         free(c);
         return pt_fail(PIPERT_ERR_NOMEM, "coordinator client: out of memory");
     }
@@ -580,6 +619,7 @@ pipert_result pt_coord_client_connect(pt_coord_client **out, const pt_coord_clie
     c->stop_pipe[0] = c->stop_pipe[1] = -1;
     c->rank = o->rank;
     c->abort_rank = -1;
+    c->membership.switch_donor = -1;
     c->heartbeat_interval_s = o->heartbeat_interval_s;
     c->dead_after_s = o->dead_after_s;
     c->outlive_coordinator = o->outlive_coordinator;
@@ -689,6 +729,25 @@ void pt_coord_client_membership(pt_coord_client *c, pt_membership_news *news)
     pthread_mutex_unlock(&c->lock);
 }
 
+long pt_coord_client_join_epoch(pt_coord_client *c, int replica)
+{
+    if (replica < 0 || replica >= c->world) return 0;
+    pthread_mutex_lock(&c->lock);
+    const long epoch = c->join_epoch[replica];
+    pthread_mutex_unlock(&c->lock);
+    return epoch;
+}
+
+char *pt_coord_client_peer_address(pt_coord_client *c, int rank)
+{
+    pthread_mutex_lock(&c->lock);
+    char *copy = c->has_table && rank >= 0 && rank < c->table.world
+                     ? strdup(c->table.peers[rank].address)
+                     : NULL;
+    pthread_mutex_unlock(&c->lock);
+    return copy;
+}
+
 bool pt_coord_client_replica_left(pt_coord_client *c, int replica, char *reason, size_t cap)
 {
     if (replica < 0 || replica >= c->world) return false;
@@ -727,6 +786,7 @@ void pt_coord_client_close(pt_coord_client *c)
     free_table(&c->table);
     free(c->left);
     free(c->left_reason);
+    free(c->join_epoch);
     pt_coord_buffer_free(&c->in);
     pthread_mutex_destroy(&c->send_lock);
     pthread_mutex_destroy(&c->lock);

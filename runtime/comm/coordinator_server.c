@@ -74,6 +74,7 @@ typedef struct connection {
 
 typedef struct rank_state {
     bool registered, done, failed, has_progress;
+    bool joining; /* registered to rejoin (pipert worker --join); its replica is not back yet */
     int pid;
     char host[PT_HOST_MAX];
     char *address;
@@ -188,11 +189,13 @@ static void acknowledged(pt_coordinator *c, int rank, long epoch, long step, uin
 {
     pt_membership *ms = &c->membership;
     if (!pt_membership_acknowledge(ms, rank, epoch, step, sequence)) return;
-    pt_info("coordinator: every survivor heard of departure %ld; new coupling groups after "
-            "step %ld", ms->switch_epoch, ms->switch_step);
-    broadcast(c, json_pack("{s:s, s:I, s:I, s:I}", "type", "switch", "epoch",
+    pt_info("coordinator: every survivor heard of membership change %ld; new coupling groups "
+            "after step %ld%s", ms->switch_epoch, ms->switch_step,
+            ms->switch_donor >= 0 ? ", where the replicas that came back take their state" : "");
+    broadcast(c, json_pack("{s:s, s:I, s:I, s:I, s:i}", "type", "switch", "epoch",
                            (json_int_t)ms->switch_epoch, "step", (json_int_t)ms->switch_step,
-                           "sequence", (json_int_t)ms->switch_sequence));
+                           "sequence", (json_int_t)ms->switch_sequence, "donor",
+                           ms->switch_donor));
 }
 
 /* A rank that is done trains no more: it counts as having acknowledged. */
@@ -276,7 +279,8 @@ bool pt_coordinator_rank_left(pt_coordinator *c, int rank)
     return left;
 }
 
-static void send_table(pt_coordinator *c)
+/* table {world, peers}: every rank's data-plane address as registered last. */
+static json_t *table_message(const pt_coordinator *c)
 {
     json_t *peers = json_array();
     for (int r = 0; r < c->options.world; r++) {
@@ -284,8 +288,12 @@ static void send_table(pt_coordinator *c)
         json_array_append_new(peers, json_pack("{s:i, s:s, s:i, s:s}", "rank", r, "host", s->host,
                                                "pid", s->pid, "address", s->address));
     }
-    broadcast(c, json_pack("{s:s, s:i, s:o}", "type", "table", "world", c->options.world, "peers",
-                           peers));
+    return json_pack("{s:s, s:i, s:o}", "type", "table", "world", c->options.world, "peers", peers);
+}
+
+static void send_table(pt_coordinator *c)
+{
+    broadcast(c, table_message(c));
     c->phase = PT_JOB_RUNNING;
     pt_debug("coordinator: all %d ranks registered; the job runs", c->options.world);
     pthread_cond_broadcast(&c->changed);
@@ -352,6 +360,97 @@ static bool worker_proved(const pt_coordinator *c, const connection *conn, json_
                           conn->nonce, conn->peer_nonce, proof);
 }
 
+/* ---- replicas coming back (membership.h, "Joining") ------------------------- */
+
+/* Why a rank may not rejoin now, or NULL. */
+static const char *join_refusal(const pt_coordinator *c, int rank)
+{
+    const pt_membership *m = &c->membership;
+    if (c->phase != PT_JOB_RUNNING) return "the job is not running";
+    if (!pt_membership_elastic(m)) return "the job's replicas are not elastic (--min-replicas)";
+    if (!rank_left(c, rank)) return "its replica is in the job";
+    if (c->ranks[rank].joining) return "it is rejoining already";
+    for (int r = 0; r < c->options.world; r++)
+        if (c->ranks[r].done && !rank_left(c, r)) return "the job is finishing";
+    return NULL;
+}
+
+/* What a joiner hears before its replica is back: the replicas that are out. */
+static void tell_departures(pt_coordinator *c, connection *conn, int replica)
+{
+    const pt_membership *m = &c->membership;
+    for (int r = 0; r < m->replicas; r++)
+        if (m->left[r] && r != replica)
+            send_message(conn, json_pack("{s:s, s:I, s:i, s:i, s:s}", "type", "leave", "epoch",
+                                         (json_int_t)m->epoch, "replica", r, "rank", -1, "reason",
+                                         "left the job before this rank rejoined"));
+}
+
+/* Every rank of `replica` registered to rejoin: it is back (a new epoch), and
+ * everyone hears it with the joiners' addresses; they get the table first. */
+static void replica_back(pt_coordinator *c, int replica)
+{
+    pt_membership *m = &c->membership;
+    const int S = m->stages, first = replica * S;
+    if (!pt_membership_replica_joins(m, replica)) {
+        pt_warn("coordinator: replica %d cannot rejoin: no replica that stayed in the job can give "
+                "it its state", replica);
+        for (int r = first; r < first + S; r++) {
+            c->ranks[r].joining = false;
+            if (c->ranks[r].conn)
+                refuse(c->ranks[r].conn, "no replica in the job can give this one its state", false);
+        }
+        return;
+    }
+    json_t *peers = json_array();
+    for (int r = first; r < first + S; r++) {
+        rank_state *s = &c->ranks[r];
+        s->joining = false;
+        tell_departures(c, s->conn, replica);
+        send_message(s->conn, table_message(c));
+        json_array_append_new(peers, json_pack("{s:i, s:s}", "rank", r, "address", s->address));
+    }
+    pt_warn("replica %d rejoins the job: %d replica%s (membership epoch %ld)", replica, m->live,
+            m->live == 1 ? "" : "s", m->epoch);
+    broadcast(c, json_pack("{s:s, s:I, s:i, s:o}", "type", "join", "epoch", (json_int_t)m->epoch,
+                           "replica", replica, "peers", peers));
+    pthread_cond_broadcast(&c->changed);
+    done_ranks_acknowledge(c);
+}
+
+/* register {..., join: true}: a restarted process takes a rank of a replica that left. The
+ * old process's connection, if the coordinator still has it, no longer stands for the rank. */
+static void admit_joiner(pt_coordinator *c, connection *conn, int rank, int pid, const char *host,
+                         const char *address)
+{
+    const char *refusal = join_refusal(c, rank);
+    char *copy = refusal ? NULL : strdup(address);
+    if (refusal || !copy) {
+        char why[256];
+        snprintf(why, sizeof why, "rank %d cannot rejoin: %s", rank,
+                 refusal ? refusal : "coordinator out of memory");
+        pt_warn("coordinator: %s (from %s)", why, conn->peer);
+        refuse(conn, why, false);
+        return;
+    }
+    rank_state *s = &c->ranks[rank];
+    if (s->conn) { /* the old process's: dropped quietly */
+        s->conn->rank = -1;
+        s->conn->close_when_sent = s->conn->broken = true;
+    }
+    free(s->address);
+    *s = (rank_state){.registered = true, .joining = true, .pid = pid, .address = copy, .conn = conn};
+    snprintf(s->host, sizeof s->host, "%s", host);
+    conn->rank = rank;
+    pt_info("coordinator: rank %d registered to rejoin from %s (host %s, pid %d)", rank,
+            conn->peer, host, pid);
+    send_message(conn, json_pack("{s:s}", "type", "welcome"));
+    const int replica = pt_membership_replica_of(&c->membership, rank), S = c->membership.stages;
+    for (int r = replica * S; r < (replica + 1) * S; r++)
+        if (!c->ranks[r].joining) return;
+    replica_back(c, replica);
+}
+
 static void handle_register(pt_coordinator *c, connection *conn, json_t *m)
 {
     if (!worker_proved(c, conn, m)) {
@@ -375,6 +474,10 @@ static void handle_register(pt_coordinator *c, connection *conn, json_t *m)
                  rank, world, expected, conn->peer);
         refuse(conn, why, false);
         abort_job_locked(c, -1, why); /* a misconfigured job would wait for ranks forever */
+        return;
+    }
+    if (json_is_true(json_object_get(m, "join"))) {
+        admit_joiner(c, conn, (int)rank, (int)pid, host, address);
         return;
     }
     rank_state *s = &c->ranks[rank];
@@ -591,7 +694,10 @@ static void sweep_connections(pt_coordinator *c)
         if (conn->rank >= 0) {
             rank_state *s = &c->ranks[conn->rank];
             s->conn = NULL;
-            if (!s->done)
+            if (s->joining) {
+                pt_warn("coordinator: rank %d went away before its replica was back", conn->rank);
+                s->joining = s->registered = false;
+            } else if (!s->done)
                 rank_failed_locked(c, conn->rank, "its connection closed before it said done "
                                                   "(the process died or was killed)");
         } else if (conn->challenged && !conn->close_when_sent) {
@@ -615,7 +721,8 @@ static void check_deadlines(pt_coordinator *c, double now)
         size_t length;
         char *line = pt_coord_message_text(json_pack("{s:s}", "type", "heartbeat"), &length);
         for (int r = 0; line && r < o->world; r++)
-            if (!c->ranks[r].done && !rank_left(c, r)) send_to(c->ranks[r].conn, line, length);
+            if (!c->ranks[r].done && (!rank_left(c, r) || c->ranks[r].joining))
+                send_to(c->ranks[r].conn, line, length);
         free(line);
     }
     for (int i = 0; i < c->n_conns; i++) {
@@ -869,7 +976,8 @@ void pt_coordinator_status(pt_coordinator *c, pt_job_status *s)
                          .abort_rank = c->abort_rank,
                          .replicas = c->membership.replicas,
                          .replicas_live = c->membership.live,
-                         .departures = c->membership.epoch};
+                         .departures = c->membership.departures,
+                         .joins = c->membership.joins};
     snprintf(s->abort_reason, sizeof s->abort_reason, "%s", c->abort_reason);
     double loss_sum = 0;
     int losses = 0, measured = 0;

@@ -18,8 +18,9 @@ pipert_result pt_membership_init(pt_membership *m, int world, int stages, int mi
                                           "replicas", min_replicas, replicas);
     if (margin < 1) return pt_fail(PIPERT_ERR_INVALID_ARG, "membership: margin %ld < 1", margin);
     m->left = calloc((size_t)replicas, sizeof *m->left);
+    m->joining = calloc((size_t)replicas, sizeof *m->joining);
     m->acked_epoch = calloc((size_t)world, sizeof *m->acked_epoch);
-    if (!m->left || !m->acked_epoch) {
+    if (!m->left || !m->joining || !m->acked_epoch) {
         pt_membership_free(m);
         return pt_fail(PIPERT_ERR_NOMEM, "membership: out of memory");
     }
@@ -29,14 +30,17 @@ pipert_result pt_membership_init(pt_membership *m, int world, int stages, int mi
     m->min_replicas = min_replicas;
     m->margin = margin;
     m->last_left = -1;
+    m->switch_donor = -1;
     return PIPERT_OK;
 }
 
 void pt_membership_free(pt_membership *m)
 {
     free(m->left);
+    free(m->joining);
     free(m->acked_epoch);
     m->left = NULL;
+    m->joining = NULL;
     m->acked_epoch = NULL;
 }
 
@@ -66,23 +70,62 @@ pt_departure pt_membership_rank_failed(pt_membership *m, int rank)
     if (m->left[replica]) return PT_DEPARTURE_IGNORED;
     if (m->live - 1 < m->min_replicas) return PT_DEPARTURE_ABORT;
     m->left[replica] = true;
+    m->joining[replica] = false;
     m->live--;
     m->last_left = replica;
+    m->departures++;
     start_epoch(m);
     return PT_DEPARTURE_LEFT;
+}
+
+bool pt_membership_replica_joining(const pt_membership *m, int replica)
+{
+    return replica >= 0 && replica < m->replicas && m->joining[replica];
+}
+
+/* The first replica in the job that is not joining: it gives joiners their state. */
+static int donor(const pt_membership *m)
+{
+    for (int r = 0; r < m->replicas; r++)
+        if (!m->left[r] && !m->joining[r]) return r;
+    return -1;
+}
+
+bool pt_membership_replica_joins(pt_membership *m, int replica)
+{
+    if (replica < 0 || replica >= m->replicas || !m->left[replica] || donor(m) < 0) return false;
+    m->left[replica] = false;
+    m->joining[replica] = true;
+    m->live++;
+    m->joins++;
+    start_epoch(m);
+    return true;
+}
+
+/* The live ranks that acknowledge: those of replicas that are in and not joining. */
+static int acknowledging_ranks(const pt_membership *m)
+{
+    int n = 0;
+    for (int r = 0; r < m->replicas; r++) n += !m->left[r] && !m->joining[r];
+    return n * m->stages;
 }
 
 bool pt_membership_acknowledge(pt_membership *m, int rank, long epoch, long step,
                                uint32_t sequence)
 {
-    if (!pt_membership_rank_live(m, rank) || epoch != m->epoch || m->acked_epoch[rank] == epoch)
-        return false;
+    if (!pt_membership_rank_live(m, rank) || m->joining[pt_membership_replica_of(m, rank)] ||
+        epoch != m->epoch || m->acked_epoch[rank] == epoch || m->switch_epoch == epoch)
+        return false; /* (a joiner that is done acknowledges an epoch switched already) */
     m->acked_epoch[rank] = epoch;
     if (step > m->max_step) m->max_step = step;
     if (sequence > m->max_sequence) m->max_sequence = sequence;
-    if (++m->acks < pt_membership_live_ranks(m)) return false;
+    if (++m->acks < acknowledging_ranks(m)) return false;
     m->switch_epoch = epoch;
     m->switch_step = m->max_step + m->margin;
     m->switch_sequence = m->max_sequence + PT_MEMBERSHIP_SEQUENCE_GAP;
+    const int giver = donor(m);
+    m->switch_donor = -1;
+    for (int r = 0; r < m->replicas; r++)
+        if (m->joining[r]) m->switch_donor = giver, m->joining[r] = false;
     return true;
 }

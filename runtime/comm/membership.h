@@ -26,6 +26,16 @@
  * neighbour that has not acknowledged yet. A second departure before the
  * switch starts a new epoch; the acknowledgements begin again.
  *
+ * Joining. A replica that left may come back (a restarted process for each
+ * of its ranks: pt_membership_replica_joins once all of them registered). That
+ * is an epoch like a departure: the replica counts as live again, but as
+ * joining — its ranks do not acknowledge (they have not trained); the others
+ * do, and the switch is computed the same way. At the switch the replica is
+ * in, and the first live replica that was not joining is its donor: after
+ * step T each of the donor's stages sends its state (parameters, optimizer,
+ * coupling, pipeline: session/join.c) to the joiner's rank of that stage,
+ * which starts from there at step T + 1 in the new groups.
+ *
  * Pure bookkeeping, no I/O: the coordinator calls it under its lock. */
 #ifndef PT_MEMBERSHIP_H
 #define PT_MEMBERSHIP_H
@@ -43,8 +53,10 @@ typedef struct pt_membership {
     int min_replicas; /* fewer live replicas abort the job */
     long margin;      /* steps a survivor may run past its acknowledgement */
     bool *left;       /* [replicas] */
+    bool *joining;    /* [replicas]: back in the job, not yet switched in */
     int live;         /* replicas still in the job */
-    long epoch;       /* departures so far */
+    long epoch;       /* membership changes so far: departures and joins */
+    long departures, joins;
     int last_left;    /* the replica of the newest departure, -1 before any */
     /* this epoch's acknowledgements, per rank */
     long *acked_epoch;
@@ -54,6 +66,7 @@ typedef struct pt_membership {
     /* the newest switch announced (0: none) */
     long switch_epoch, switch_step;
     uint32_t switch_sequence;
+    int switch_donor; /* the replica whose state the joiners of that switch take; -1: none */
 } pt_membership;
 
 /* The margin both sides use: twice the pipeline's depth, plus 2. */
@@ -78,10 +91,16 @@ typedef enum pt_departure {
 
 pt_departure pt_membership_rank_failed(pt_membership *m, int rank);
 
+/* A replica that left comes back: a new epoch (true), or false when it had not
+ * left or no replica that is in the job could give it its state. */
+bool pt_membership_replica_joins(pt_membership *m, int replica);
+bool pt_membership_replica_joining(const pt_membership *m, int replica);
+
 /* A live rank acknowledges `epoch` at `step` with its groups' next sequence.
  * True when this completes the newest epoch's acknowledgements: the switch
- * (switch_epoch, switch_step, switch_sequence) is then set. An old epoch's
- * acknowledgement, a repeated one or one from a rank that left is ignored. */
+ * (switch_epoch, switch_step, switch_sequence, switch_donor) is then set and
+ * the joining replicas are in. An old epoch's acknowledgement, a repeated
+ * one or one from a rank that left or is joining is ignored. */
 bool pt_membership_acknowledge(pt_membership *m, int rank, long epoch, long step,
                                uint32_t sequence);
 

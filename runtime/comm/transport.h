@@ -76,7 +76,8 @@
  * with pt_transport_destroy() says goodbye first and is marked "left"
  * (same errors, no warning). Messages it sent before it left (or died) that
  * already arrived are still delivered to receives posted later. Dead stays
- * dead for the life of the transport.
+ * dead until pt_transport_forget_peer: a new process of that rank (elastic
+ * replicas rejoining) may then connect, proving the job's secret like any.
  *
  * Environment: UCX reads its own UCX_* variables (UCX_TLS=tcp restricts the
  * transports, e.g. between emulated sites); pipert changes no UCX default.
@@ -200,6 +201,18 @@ pipert_result pt_transport_connect_all(pt_transport *t, int n_ranks, const char 
  * connected to this process, and has flushed (pt_transport_connect and
  * pt_transport_wait_peer return after that), e.g. after a barrier with them. */
 pipert_result pt_transport_stop_listening(pt_transport *t);
+
+/* Opens UCX's listening sockets again, for a new peer (a replica rejoining an
+ * elastic job): pt_transport_stop_listening closes them once it is in. A
+ * connection in either direction needs both sides' sockets open: the side
+ * that answers a hello dials the other's worker address back. */
+pipert_result pt_transport_listen_again(pt_transport *t);
+
+/* Forgets a rank that failed or left (nothing waits on it any more: its
+ * receives failed), so that a new process of that rank can connect under the
+ * same rank; what its connection class was (pt_transport_mark_remote) stays.
+ * PIPERT_ERR_INVALID_ARG for a rank that is alive. */
+pipert_result pt_transport_forget_peer(pt_transport *t, int peer_rank);
 
 /* 1 while `peer_rank` is connected and has neither failed nor left. */
 int pt_transport_peer_alive(pt_transport *t, int peer_rank);

@@ -832,6 +832,24 @@ pipert_result pt_transport_connect_all(pt_transport *t, int n_ranks, const char 
     return PIPERT_OK;
 }
 
+pipert_result pt_transport_forget_peer(pt_transport *t, int peer_rank)
+{
+    pthread_mutex_lock(&pt_transport_state_lock);
+    peer *p = peer_rank >= 0 && peer_rank < t->peer_capacity ? &t->peers[peer_rank] : NULL;
+    const peer_state state = p ? p->state : PEER_UNKNOWN;
+    if (p && (state == PEER_DEAD || state == PEER_LEFT)) {
+        /* Its old connections are closed or closing; they stay in the list until reaped and
+         * no longer stand for the rank (connection_with looks at live ones only). */
+        pt_transport_mac_forget(p);
+        *p = (peer){.state = PEER_UNKNOWN};
+    }
+    pthread_mutex_unlock(&pt_transport_state_lock);
+    if (state == PEER_ALIVE)
+        return pt_fail(PIPERT_ERR_INVALID_ARG, "transport: rank %d is alive; only a rank that "
+                                               "failed or left can be replaced", peer_rank);
+    return PIPERT_OK;
+}
+
 int pt_transport_peer_alive(pt_transport *t, int peer_rank)
 {
     pthread_mutex_lock(&pt_transport_state_lock);

@@ -23,7 +23,11 @@
  * Connections already made are other sockets and go on; no new peer can connect afterwards,
  * which is why the session calls it only once all of its peers are (session/job.c). Until
  * then a stranger who speaks UCX's protocol can still abort a worker: a window of the
- * seconds that connecting takes, which docs/ARCHITECTURE.md ("Strangers") states. */
+ * seconds that connecting takes, which docs/ARCHITECTURE.md ("Strangers") states.
+ *
+ * A replica rejoining an elastic job is such a new peer: pt_transport_listen_again detaches
+ * the filters while the survivors of its stage connect to it (session/join.c), and they stop
+ * listening again once it is in — the same window, once per join. */
 #include "runtime/comm/transport_internal.h"
 
 #include <dirent.h>
@@ -194,6 +198,22 @@ static void close_silent_stranger(const tcp_socket *s, void *arg)
         pt_warn("transport: a connection to UCX's port %d had sent nothing once every peer was "
                 "connected (a stranger's): nothing from it reaches UCX any more",
                 s->port);
+}
+
+pipert_result pt_transport_listen_again(pt_transport *t)
+{
+    for (int i = 0; i < t->n_listeners; i++) {
+        const ucx_listener *l = &t->listeners[i];
+        if (!still_ucx_listener(l)) continue;
+        int unused = 0;
+        if (setsockopt(l->fd, SOL_SOCKET, SO_DETACH_FILTER, &unused, sizeof unused) != 0 &&
+            errno != ENOENT)
+            return pt_fail(PIPERT_ERR_TRANSPORT, "transport: cannot open UCX's listening socket "
+                                                 "(port %d) again: %s",
+                           l->port, strerror(errno));
+        pt_debug("transport: UCX's port %d takes new connections again", l->port);
+    }
+    return PIPERT_OK;
 }
 
 pipert_result pt_transport_stop_listening(pt_transport *t)
