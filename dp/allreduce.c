@@ -60,8 +60,10 @@ static void allreduce_destroy(void *state) { free(state); }
 /* Nothing stays in flight between calls: a wait cut short abandoned its all-reduce. */
 static void allreduce_suspend(void *state) { (void)state; }
 
-static pipert_result allreduce_regroup(void *state, const pt_coupling_options *options)
+static pipert_result allreduce_regroup(void *state, const pt_coupling_options *options,
+                                       const pt_coupling_point *at)
 {
+    (void)at;
     allreduce_state *s = state;
     s->options = *options;
     return PIPERT_OK;

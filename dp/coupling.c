@@ -258,13 +258,14 @@ static void adopt_groups(pt_coupling *c, const pt_coupling_options *groups)
     c->runs_method = !c->by_sites || c->options.leaders;
 }
 
-pipert_result pt_coupling_regroup(pt_coupling *c, const pt_coupling_options *groups)
+pipert_result pt_coupling_regroup(pt_coupling *c, const pt_coupling_options *groups,
+                                  const pt_coupling_point *at)
 {
     if (!c->method->regroup)
         return pt_fail(PIPERT_ERR_UNSUPPORTED, "dp.method=%s cannot go on after a replica left "
                                                "the job (not supported yet)", c->method->name);
     adopt_groups(c, groups);
-    PT_TRY(c->method->regroup(c->state, &c->method_options));
+    PT_TRY(c->method->regroup(c->state, &c->method_options, at));
     c->suspended = false;
     return PIPERT_OK;
 }

@@ -112,11 +112,14 @@ typedef struct pt_coupling_method {
     /* Elastic replicas (runtime/comm/membership.h). suspend: replicas left;
      * forget what is in flight (never reusing its buffers: a late message may
      * still land in them) and average nothing until regroup. regroup: go on
-     * with options' groups, the survivors', at the same step on each of them
-     * (it may run collectives on the new groups). NULL: the method cannot go
-     * on after a departure, and the job stops. */
+     * with options' groups, the survivors' and any replica coming back, at the
+     * same step on each of them (it may run collectives on the new groups; `at`
+     * is the stage's model and θ then, for a method that has not started yet:
+     * a replica coming back has only loaded its state). NULL: the method
+     * cannot go on after a departure, and the job stops. */
     void (*suspend)(void *state);
-    pipert_result (*regroup)(void *state, const pt_coupling_options *options);
+    pipert_result (*regroup)(void *state, const pt_coupling_options *options,
+                             const pt_coupling_point *at);
 } pt_coupling_method;
 
 typedef struct pt_coupling pt_coupling;
@@ -140,7 +143,8 @@ pipert_result pt_coupling_load(pt_coupling *c, const pt_safetensors *st, const c
 void pt_coupling_set_elastic(pt_coupling *c, bool elastic);
 void pt_coupling_suspend(pt_coupling *c);
 bool pt_coupling_suspended(const pt_coupling *c);
-pipert_result pt_coupling_regroup(pt_coupling *c, const pt_coupling_options *groups);
+pipert_result pt_coupling_regroup(pt_coupling *c, const pt_coupling_options *groups,
+                                  const pt_coupling_point *at);
 
 /* Blocked time since the coupling was created (utilisation: the difference
  * across a call is the part of it that was waiting, the rest computing). */

@@ -22,9 +22,10 @@ static void none_destroy(void *state) { (void)state; }
 
 static void none_suspend(void *state) { (void)state; }
 
-static pipert_result none_regroup(void *state, const pt_coupling_options *options)
+static pipert_result none_regroup(void *state, const pt_coupling_options *options,
+                                  const pt_coupling_point *at)
 {
-    (void)state, (void)options;
+    (void)state, (void)options, (void)at;
     return PIPERT_OK;
 }
 

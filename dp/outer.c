@@ -832,7 +832,8 @@ void pt_outer_suspend(void *state)
 }
 
 /* The survivors' group; θ̃ and v from its first member, so that all agree. */
-pipert_result pt_outer_regroup(void *state, const pt_coupling_options *options)
+pipert_result pt_outer_regroup(void *state, const pt_coupling_options *options,
+                               const pt_coupling_point *at)
 {
     outer_state *s = state;
     if (s->lost_buffer)
@@ -845,7 +846,10 @@ pipert_result pt_outer_regroup(void *state, const pt_coupling_options *options)
     if (!descriptors) return pt_fail(PIPERT_ERR_NOMEM, "dp %s: out of memory", s->plan.method);
     free(s->descriptors);
     s->descriptors = descriptors;
-    if (!options->replicas || !s->ready) return PIPERT_OK;
+    if (!options->replicas) return PIPERT_OK;
+    /* Every member broadcasts, so every member must have θ̃: one that has not stepped yet
+     * (a replica coming back, with the state it loaded) starts it now. */
+    PT_TRY(get_ready(s, at));
     if (!on_host(s))
         return pt_fail(PIPERT_ERR_UNSUPPORTED, "dp %s: regrouping keeps θ̃ in host memory only",
                        s->plan.method);

@@ -99,7 +99,8 @@ pipert_result pt_outer_save(void *state, pt_safetensors_writer *w);
 pipert_result pt_outer_load(void *state, const pt_safetensors *st, const char *path);
 void pt_outer_destroy(void *state);
 void pt_outer_suspend(void *state);
-pipert_result pt_outer_regroup(void *state, const pt_coupling_options *options);
+pipert_result pt_outer_regroup(void *state, const pt_coupling_options *options,
+                               const pt_coupling_point *at);
 
 /* The calls of a method built on the engine, for its pt_coupling_method. */
 #define PT_OUTER_CALLS                                                                             \

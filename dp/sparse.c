@@ -982,8 +982,10 @@ static void sparse_suspend(void *state)
     s->head = s->length = 0;
 }
 
-static pipert_result sparse_regroup(void *state, const pt_coupling_options *options)
+static pipert_result sparse_regroup(void *state, const pt_coupling_options *options,
+                                    const pt_coupling_point *at)
 {
+    (void)at;
     sparse_state *s = state;
     if (s->suspend_failed)
         return pt_fail(PIPERT_ERR_NOMEM, "dp sparse: out of memory retiring the exchanges in flight");

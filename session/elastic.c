@@ -152,7 +152,11 @@ pipert_result pt_session_switch_groups(pipert_session *s, const pt_membership_ne
                                         .site_replicas = s->job.site_group,
                                         .leaders = s->job.leaders_group,
                                         .sites = s->job.sites};
-    PT_TRY(pt_coupling_regroup(s->coupling, &groups));
+    pt_gpt_slice *model = pt_stage_executor_model(s->executor);
+    const pt_coupling_point at = {.model = model, .params = model->params,
+                                  .n_params = model->n_params,
+                                  .step = pt_stage_executor_version(s->executor)};
+    PT_TRY(pt_coupling_regroup(s->coupling, &groups, &at));
     PT_TRY(make_replicas_equal(s));
     if (joins) PT_TRY(pt_job_settle_joiners(&s->job));
     s->elastic.regrouped_epoch = news->switch_epoch;

@@ -260,7 +260,8 @@ static pipert_result place(pt_job *job, int stages)
 {
     PT_TRY(pt_layout_make(job->world, stages, &job->layout));
     job->replica_left = calloc((size_t)job->layout.replicas, sizeof *job->replica_left);
-    if (!job->replica_left) return pt_fail(PIPERT_ERR_NOMEM, "job: out of memory");
+    job->admitted = calloc((size_t)job->layout.replicas, sizeof *job->admitted);
+    if (!job->replica_left || !job->admitted) return pt_fail(PIPERT_ERR_NOMEM, "job: out of memory");
     job->stage = pt_layout_stage(&job->layout, job->rank);
     job->replica = pt_layout_replica(&job->layout, job->rank);
     return PIPERT_OK;
@@ -499,6 +500,8 @@ void pt_job_leave(pt_job *job)
     job->replica_sites = NULL;
     free(job->replica_left);
     job->replica_left = NULL;
+    free(job->admitted);
+    job->admitted = NULL;
     job->world_group = NULL;
     pt_coord_client_close(job->client);
     job->client = NULL;
@@ -591,7 +594,8 @@ pipert_result pt_job_regroup(pt_job *job, uint32_t first_sequence)
 void pt_job_replicas_back(pt_job *job, bool *back)
 {
     for (int r = 0; r < job->layout.replicas; r++)
-        back[r] = job->replica_left[r] && !pt_coord_client_replica_left(job->client, r, NULL, 0);
+        back[r] = r != job->replica && !pt_coord_client_replica_left(job->client, r, NULL, 0) &&
+                  pt_coord_client_join_epoch(job->client, r) > job->admitted[r];
 }
 
 /* The new process of `rank` at the address the coordinator gave. */
@@ -610,6 +614,7 @@ pipert_result pt_job_admit_joiners(pt_job *job, const bool *back)
     for (int r = 0; r < job->layout.replicas; r++)
         if (back[r]) {
             PT_TRY(readdress(job, pt_layout_rank(&job->layout, job->stage, r)));
+            job->admitted[r] = pt_coord_client_join_epoch(job->client, r);
             any = true;
         }
     if (!any) return PIPERT_OK;
@@ -629,6 +634,8 @@ pipert_result pt_job_admit_joiners(pt_job *job, const bool *back)
 pipert_result pt_job_await_replicas(pt_job *job, double timeout_s)
 {
     const double until = pt_now_s() + timeout_s;
+    for (int r = 0; r < job->layout.replicas; r++)
+        job->admitted[r] = pt_coord_client_join_epoch(job->client, r);
     for (int r = 0; r < job->layout.replicas; r++) {
         if (r == job->replica || pt_coord_client_replica_left(job->client, r, NULL, 0)) continue;
         const int rank = pt_layout_rank(&job->layout, job->stage, r);

@@ -52,6 +52,8 @@ typedef struct pt_job {
     bool elastic;                 /* replicas may leave (PIPERT_MIN_REPLICAS below the replicas) */
     int *replica_sites;           /* [replicas]: each replica's site (replicas > 1) */
     bool *replica_left;           /* [replicas]: left the job, as of the last regroup */
+    long *admitted;               /* [replicas]: the join epoch of each replica's processes this
+                                   * rank is connected to (0: the first ones) */
     pt_group **retired;           /* groups replaced after replicas left (kept until leaving) */
     int n_retired;
     pt_group *world_group;        /* every rank, under pipert launch (world > 1): agreeing
@@ -87,8 +89,9 @@ pipert_result pt_job_acknowledge(pt_job *job, long epoch, long step);
  * replicas still in the job; their collectives start at first_sequence. */
 pipert_result pt_job_regroup(pt_job *job, uint32_t first_sequence);
 /* Replicas coming back (runtime/comm/membership.h, "Joining"; session/join.c).
- * back[r]: replica r left at the last regroup and the coordinator says it is
- * in again. */
+ * back[r]: the coordinator says replica r is in, with processes newer than
+ * those this rank knows (it came back, perhaps before the switch of its
+ * departure). */
 void pt_job_replicas_back(pt_job *job, bool *back);
 /* A survivor, at the switch: connects to this stage's rank of each replica
  * back (its new address; UCX's sockets open again until settled). */

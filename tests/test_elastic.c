@@ -235,6 +235,12 @@ Test(elastic, a_killed_sparse_replica_rejoins, .timeout = 900)
     replica_rejoins("sparse", false);
 }
 
+/* the outer methods broadcast θ̃ at the regroup: the joiner takes part with what it loaded */
+Test(elastic, a_killed_diloco_replica_rejoins, .timeout = 900)
+{
+    replica_rejoins("diloco", false);
+}
+
 Test(elastic, a_killed_allreduce_replica_rejoins_equal_to_its_peers, .timeout = 900)
 {
     replica_rejoins("allreduce", true);
