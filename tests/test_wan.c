@@ -340,8 +340,9 @@ Test(wan, async_method_keeps_computing_while_the_link_is_down, .timeout = 300)
  * timeout of 6 s: the coordinator (in site 0) takes replica 1 out, site 0
  * trains on alone meanwhile (allreduce, which would otherwise wait for the
  * link); when the link is back the cut-off worker hears that its replica left
- * and stops, and the job finishes with exit 0. (Rejoining is not built yet.) */
-Test(wan, a_cut_off_site_leaves_an_elastic_job_and_the_other_trains_on, .timeout = 600)
+ * and stops, the launcher starts it again (--restarts 1), it rejoins with site
+ * 0's state, and the job finishes with exit 0, both sites bitwise equal. */
+Test(wan, a_cut_off_site_leaves_an_elastic_job_and_rejoins, .timeout = 600)
 {
     require_test_bed();
     namespace_set before, added;
@@ -350,7 +351,7 @@ Test(wan, a_cut_off_site_leaves_an_elastic_job_and_the_other_trains_on, .timeout
     const int steps = 1500;
     char args[1024];
     snprintf(args, sizeof args,
-             "--stages 1 --replicas 2 --sites 2 --min-replicas 1 --heartbeat-timeout 6 "
+             "--stages 1 --replicas 2 --sites 2 --min-replicas 1 --restarts 1 --heartbeat-timeout 6 "
              "--wan.bandwidth=100mbit --wan.latency=10ms --dp.method=allreduce " SMALL_MODEL
              " --train.steps=%d --train.log_every=1 --train.val_every=0",
              steps);
@@ -374,11 +375,14 @@ Test(wan, a_cut_off_site_leaves_an_elastic_job_and_the_other_trains_on, .timeout
               "site 0 ran %d steps while site 1 was cut off: it should train on alone",
               at_up - at_down);
     cr_expect_eq(logged_steps(dir), steps, "every step ran");
-    cr_expect(file_contains(out, "rank 1 (replica 1) left the job"), "the launcher names it");
-    cr_expect(file_contains(log0, "the coupling resumes over the survivors"),
+    cr_expect(file_contains(out, "replica 1 leaves the job: rank 1"), "the coordinator names it");
+    cr_expect(file_contains(log0, "the coupling resumes over 1 replica"),
               "site 0 regrouped without site 1");
     cr_expect(file_contains(log1, "replica 1 left the job"),
               "the cut-off worker heard, once the link was back, that its replica left");
+    cr_expect(file_contains(out, "replica 1 rejoins the job"), "the coordinator let it back in");
+    cr_expect(file_contains(log1, "replica 1 is back in the job"), "site 1 took site 0's state");
+    cr_expect(file_contains(log0, "the coupling resumes over 2 replicas"), "and both train on");
     remove_dir(dir);
     expect_nothing_left(&before, "an elastic job whose site was cut off");
 }

@@ -5,7 +5,9 @@
  * Protocol: one JSON object per line ('\n'-terminated), each with a "type".
  *   worker → coordinator
  *     hello     {nonce}      must come first: the worker's challenge (hexadecimal)
- *     register  {rank, world, host, pid, address, proof}    after the challenge
+ *     register  {rank, world, host, pid, address, proof[, join]}    after the challenge;
+ *                             join: a restarted process takes the rank of a replica that
+ *                             left (elastic jobs, membership.h "Joining")
  *     heartbeat {}                                           every interval
  *     progress  {step, total, loss, tokens_per_s[, val_loss][, compute, wait_pipeline,
  *                wait_coupling, bytes_wan]}
@@ -29,9 +31,14 @@
  *     abort     {rank, reason}  rank -1: not one rank's fault
  *     leave     {epoch, replica, rank, reason}  elastic jobs: the rank's failure took its
  *                             replica out; the others go on (runtime/comm/membership.h)
- *     switch    {epoch, step, sequence}  every survivor acknowledged `epoch`: after step
- *                             `step` they couple in new groups whose collectives start at
- *                             `sequence`
+ *     join      {epoch, replica, peers: [{rank, address}, ...]}  every rank of a replica
+ *                             that left registered again: it is back, at these addresses;
+ *                             the others acknowledge `epoch` as for a departure (a joiner
+ *                             first hears the replicas that are out, as "leave", and the table)
+ *     switch    {epoch, step, sequence, donor}  every survivor acknowledged `epoch`: after
+ *                             step `step` they couple in new groups whose collectives start
+ *                             at `sequence`; replicas that came back take replica `donor`'s
+ *                             state then (-1: none came)
  *     finished  {}            every rank is done
  *
  * Failure detection. A registered rank is declared dead, and the job aborted
