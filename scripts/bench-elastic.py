@@ -14,11 +14,20 @@ so the script sees, by polling metrics.jsonl:
   tokens/s             of the whole job over the run, against an
                        uninterrupted run of the same job (same machine, run
                        interleaved), so "throughput lost" is their ratio.
+With --restarts the launcher starts replica 1 again (--restarts 1) and it
+rejoins with a survivor's state; then also:
+  death -> back        from the kill to the joiner's "back in the job" line;
+  start -> back        from the restarted worker's first log line to it (its
+                       start-up, registration, the survivors' switch, the
+                       transfer of its stage's state and the restore);
+  join stall           the longest gap between two logged steps around the
+                       join (the survivors wait at the switch for the transfer).
 On a machine with fewer cores than workers the survivors speed up when a
 replica's processes stop: read the ratio as what this machine gave.
 
 Usage: scripts/bench-elastic.py [--build DIR] [--steps N] [--kill K]
-       [--reps R] [--methods sparse,allreduce] [-- extra launch args]
+       [--reps R] [--methods sparse,allreduce] [--replicas R] [--restarts]
+       [-- extra launch args]
 """
 import argparse
 import json
@@ -43,6 +52,8 @@ def parse():
     p.add_argument("--kill", type=int, default=200)
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--methods", default="sparse,allreduce")
+    p.add_argument("--replicas", type=int, default=3)
+    p.add_argument("--restarts", action="store_true")
     p.add_argument("extra", nargs="*")
     return p.parse_args()
 
@@ -72,33 +83,44 @@ def worker_pid(out_dir, rank):
     raise RuntimeError(f"no pid for rank {rank}")
 
 
-def regroup_time(out_dir):
-    """Wall clock (today) of rank 0's 'coupling resumes' line, or None."""
+def log_times(out_dir, rank, pattern):
+    """Wall clocks (today) of rank's log lines matching pattern, in order."""
     try:
-        text = open(os.path.join(out_dir, "logs", "rank-0.log")).read()
+        text = open(os.path.join(out_dir, "logs", f"rank-{rank}.log")).read()
     except FileNotFoundError:
-        return None
-    m = re.search(r"^(\d\d):(\d\d):(\d\d\.\d+) warn .*the coupling resumes", text, re.M)
-    if not m:
-        return None
+        return []
     now = datetime.now()
     midnight = datetime(now.year, now.month, now.day).timestamp()
-    return midnight + int(m.group(1)) * 3600 + int(m.group(2)) * 60 + float(m.group(3))
+    return [midnight + int(m.group(1)) * 3600 + int(m.group(2)) * 60 + float(m.group(3))
+            for m in re.finditer(r"^(\d\d):(\d\d):(\d\d\.\d+) \w+ +(?:\[rank \d+\] )?" + pattern,
+                                 text, re.M)]
+
+
+def regroup_time(out_dir):
+    """Wall clock of rank 0's first 'coupling resumes' line, or None."""
+    times = log_times(out_dir, 0, ".*the coupling resumes")
+    return times[0] if times else None
 
 
 def run(args, method, kill):
     out_dir = tempfile.mkdtemp(prefix="pipert-elastic-")
     cmd = [os.path.join(args.build, "tools", "pipert"), "launch", "--quiet", "--stages", "2",
-           "--replicas", "3", "--min-replicas", "2", "--out", out_dir,
-           f"--dp.method={method}", f"--train.steps={args.steps}"] + MODEL + args.extra
+           "--replicas", str(args.replicas), "--min-replicas", str(args.replicas - 1),
+           "--out", out_dir, f"--dp.method={method}",
+           f"--train.steps={args.steps}"] + MODEL + args.extra
+    if args.restarts:
+        cmd += ["--restarts", "1"]
     env = dict(os.environ, PIPERT_LOG="info")
     job = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     metrics = os.path.join(out_dir, "metrics.jsonl")
     killed_at = killed_step = next_step_at = None
+    seen = {}  # step -> wall clock when this script first saw it logged
     while job.poll() is None:
         logged = steps_logged(metrics)
         last = logged[-1][0] if logged else 0
         now = time.time()
+        for step, _, _ in logged[-20:]:
+            seen.setdefault(step, now)
         if kill and killed_at is None and last >= args.kill:
             os.kill(worker_pid(out_dir, 3), signal.SIGKILL)
             killed_at, killed_step = time.time(), last
@@ -118,15 +140,32 @@ def run(args, method, kill):
         result.update(next_step=next_step_at - killed_at if next_step_at else float("nan"),
                       regrouped=regrouped - killed_at if regrouped else float("nan"),
                       stall=max(around), step=before)
+        if args.restarts:
+            result.update(rejoin(out_dir, seen, killed_at))
     shutil.rmtree(out_dir)
     return result
+
+
+def rejoin(out_dir, seen, killed_at):
+    """The joiner's times (rank 2: stage 0 of replica 1), and the longest gap between
+    the steps the survivors logged (as this script saw them, wall clock) within 3 s of
+    its arrival: the switch waits for the transfer of the state."""
+    back = log_times(out_dir, 2, "replica 1 is back in the job")
+    starts = log_times(out_dir, 2, "rank 2 of")
+    if not back or len(starts) < 2:
+        sys.exit(f"{out_dir}: replica 1 did not rejoin (see logs/rank-2.log)")
+    times = sorted(seen.values())
+    near = [b - a for a, b in zip(times, times[1:]) if abs(b - back[0]) < 3 or abs(a - back[0]) < 3]
+    return {"back": back[0] - killed_at, "start_to_back": back[0] - starts[-1],
+            "join_stall": max(near) if near else float("nan")}
 
 
 def main():
     args = parse()
     print(f"# bench-elastic: 2 stages x 3 replicas, {args.steps} steps, rank 3 killed at step "
           f"{args.kill}; {args.reps} runs each, interleaved; extra: {' '.join(args.extra) or '-'}")
-    print("method     death->next step  death->regrouped  stall (median step)  tok/s kept")
+    print("method     death->next step  death->regrouped  stall (median step)  tok/s kept"
+          + ("  death->back  start->back  join stall" if args.restarts else ""))
     for method in args.methods.split(","):
         rows = []
         for _ in range(args.reps):
@@ -135,8 +174,12 @@ def main():
             rows.append((hit, hit["tokens_per_s"] / base["tokens_per_s"]))
         med = lambda key: statistics.median(r[0][key] for r in rows)
         kept = statistics.median(r[1] for r in rows)
-        print(f"{method:10} {1e3 * med('next_step'):13.0f} ms {1e3 * med('regrouped'):13.0f} ms "
-              f"{1e3 * med('stall'):8.0f} ms ({1e3 * med('step'):.1f} ms) {100 * kept:9.1f}%")
+        line = (f"{method:10} {1e3 * med('next_step'):13.0f} ms {1e3 * med('regrouped'):13.0f} ms "
+                f"{1e3 * med('stall'):8.0f} ms ({1e3 * med('step'):.1f} ms) {100 * kept:9.1f}%")
+        if args.restarts:
+            line += (f" {med('back'):10.2f} s {med('start_to_back'):10.2f} s "
+                     f"{1e3 * med('join_stall'):8.0f} ms")
+        print(line)
 
 
 if __name__ == "__main__":

@@ -159,6 +159,7 @@ pipert_result pt_session_switch_groups(pipert_session *s, const pt_membership_ne
     PT_TRY(pt_coupling_regroup(s->coupling, &groups, &at));
     PT_TRY(make_replicas_equal(s));
     if (joins) PT_TRY(pt_job_settle_joiners(&s->job));
+    PT_TRY(pt_session_hand_over_outputs(s, news->switch_step));
     s->elastic.regrouped_epoch = news->switch_epoch;
     s->elastic.absent = replicas_out(s);
     if (!s->job.joining && s->elastic.paused_us > 0)

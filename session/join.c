@@ -283,7 +283,7 @@ static pipert_result take_state(pipert_session *s, const received_state *state)
 
 pipert_result pt_session_join_running(pipert_session *s, long *step)
 {
-    const double started = pt_now_s();
+    const double started = pt_now_s(), started_us = pt_trace_clock_us(s->trace);
     pt_membership_news news;
     for (;;) {
         PT_TRY(wait_for_switch(s, &news));
@@ -306,6 +306,8 @@ pipert_result pt_session_join_running(pipert_session *s, long *step)
     s->elastic.acked_epoch = news.switch_epoch;
     PT_TRY(pt_session_switch_groups(s, &news));
     s->elastic.joined_at = news.switch_step;
+    pt_trace_span(s->trace, "rejoining (waiting to be let in, taking the state)", started_us,
+                  pt_trace_clock_us(s->trace), -1, -1, -1);
     pt_warn("replica %d is back in the job: stage %d took rank %d's state after step %ld in "
             "%.2f s, parameters' checksum %016llx",
             s->job.replica, s->job.stage,

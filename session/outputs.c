@@ -1,5 +1,6 @@
 /* What a session writes for people and plots: DIR/metrics.jsonl (the last
- * stage of replica 0, which has the loss) and DIR/metrics-stage-N.jsonl
+ * stage of replica 0, which has the loss; after replicas left, of the first
+ * replica still in the job) and DIR/metrics-stage-N.jsonl
  * (each stage of replica 0 in a multi-worker job: staleness, bubble and the
  * coupling's traffic and waits). */
 #include <math.h>
@@ -40,10 +41,32 @@ pipert_result pt_session_open_outputs(pipert_session *s, long resumed_step)
         snprintf(path, sizeof path, "%s/metrics-stage-%d.jsonl", s->out_dir, s->job.stage);
         PT_TRY(pt_metrics_open(&s->stage_metrics, path, resumed_step));
     }
-    if (!s->writes_outputs) return PIPERT_OK;
+    if (!s->writes_outputs || s->metrics.file) return PIPERT_OK; /* open: handed over (join.c) */
     snprintf(path, sizeof path, "%s/metrics.jsonl", s->out_dir);
     PT_TRY(pt_metrics_open(&s->metrics, path, resumed_step));
     s->elapsed_before = resumed_step >= 0 ? last_elapsed_s(path) : 0;
+    return PIPERT_OK;
+}
+
+/* metrics.jsonl is the first replica's still in the job: after a regroup it may move to
+ * another replica's last stage, or back. The one that takes it keeps the lines through
+ * `step` (its predecessor wrote them: it stopped at its own switch, or died before). */
+pipert_result pt_session_hand_over_outputs(pipert_session *s, long step)
+{
+    const pt_job *job = &s->job;
+    int first = 0;
+    while (first < job->layout.replicas - 1 && job->replica_left[first]) first++;
+    const bool writes = job->replica == first && job->stage == job->layout.stages - 1;
+    if (writes == s->writes_outputs) return PIPERT_OK;
+    s->writes_outputs = writes;
+    if (!writes) {
+        pt_metrics_close(&s->metrics);
+        return PIPERT_OK;
+    }
+    char path[PT_CONFIG_STRING_MAX + 48];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", s->out_dir);
+    PT_TRY(pt_metrics_open(&s->metrics, path, step));
+    pt_info("this worker writes %s from step %ld on", path, step + 1);
     return PIPERT_OK;
 }
 

@@ -28,7 +28,8 @@ struct pipert_session {
     pt_stage_executor *executor;
     pt_trace *trace;
 
-    pt_metrics metrics;       /* metrics.jsonl: the last stage of replica 0 */
+    pt_metrics metrics;       /* metrics.jsonl: the last stage of replica 0 (of the first
+                               * replica in the job, after replicas left) */
     pt_metrics stage_metrics; /* metrics-stage-N.jsonl: replica 0 of a multi-worker job */
     bool writes_outputs;      /* the last stage of replica 0: it has the loss */
     double window_started;    /* tokens/s over the logging window */
@@ -101,6 +102,8 @@ pipert_result pt_session_write_step(pipert_session *s, const pt_pipeline_step *s
                                     double tokens_per_s);
 pipert_result pt_session_write_validation(pipert_session *s, long step, float val_loss);
 void pt_session_close_outputs(pipert_session *s);
+/* After a regroup: metrics.jsonl moves to the first replica in the job. */
+pipert_result pt_session_hand_over_outputs(pipert_session *s, long step);
 
 /* Checkpoints (checkpoint.c): every stage of replica 0 writes its slice, and
  * so does every other replica when the coupling lets replicas drift; the

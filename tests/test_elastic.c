@@ -63,8 +63,8 @@ static pid_t worker_pid(const char *dir, int rank)
     return pid;
 }
 
-/* Waits for the job to log step `step`, then kills rank KILLED_RANK; the step it was killed at. */
-static long kill_worker_at(pid_t job, const char *dir, long step)
+/* Waits for the job to log step `step`, then kills `rank`; the step it was killed at. */
+static long kill_rank_at(pid_t job, const char *dir, long step, int rank)
 {
     for (int i = 0; i < 6000 && logged_step(dir) < step; i++) {
         cr_assert_eq(waitpid(job, NULL, WNOHANG), 0, "the job ended before step %ld", step);
@@ -72,8 +72,13 @@ static long kill_worker_at(pid_t job, const char *dir, long step)
     }
     const long at = logged_step(dir);
     cr_assert_geq(at, step, "the job did not reach step %ld in time", step);
-    cr_assert_eq(kill(worker_pid(dir, KILLED_RANK), SIGKILL), 0);
+    cr_assert_eq(kill(worker_pid(dir, rank), SIGKILL), 0);
     return at;
+}
+
+static long kill_worker_at(pid_t job, const char *dir, long step)
+{
+    return kill_rank_at(job, dir, step, KILLED_RANK);
 }
 
 static int wait_job(pid_t job)
@@ -244,6 +249,35 @@ Test(elastic, a_killed_diloco_replica_rejoins, .timeout = 900)
 Test(elastic, a_killed_allreduce_replica_rejoins_equal_to_its_peers, .timeout = 900)
 {
     replica_rejoins("allreduce", true);
+}
+
+/* Replica 0's last stage writes metrics.jsonl: killed, replica 1's takes the file over at
+ * the switch (and gives it back when replica 0 rejoins). */
+Test(elastic, metrics_go_on_when_the_first_replica_leaves_and_rejoins, .timeout = 900)
+{
+    char *dir = make_temp_dir();
+    pid_t job = start_job(dir, "sparse", "--min-replicas 2 --restarts 1");
+    const long killed_at = kill_rank_at(job, dir, KILL_AT, 1);
+    const int status = wait_job(job);
+    char *out = read_named(dir, ".out");
+    cr_expect_eq(status, 0, "the job exited %d:\n%s", status, out);
+    double *losses = malloc(STEPS * sizeof *losses);
+    for (int i = 0; i < STEPS; i++) losses[i] = NAN;
+    const int lines = read_metric_steps(dir, "metrics.jsonl", "loss", losses, STEPS);
+    cr_expect(!isnan(losses[STEPS - 1]), "the last step is logged");
+    /* only the steps between the death and the switch (at most the margin, 6, and the
+     * acknowledgements' spread) may be missing */
+    cr_expect_geq(lines, STEPS / 10 - 5, "%d of %d logged lines", lines, STEPS / 10);
+    char *log3 = read_named(dir, "/logs/rank-3.log");
+    cr_expect(strstr(log3, "writes") && strstr(log3, "metrics.jsonl from step"),
+              "replica 1's last stage took metrics.jsonl over:\n%s", log3);
+    const double before = mean_loss(losses, killed_at - 200, killed_at);
+    const double after = mean_loss(losses, killed_at + 100, killed_at + 300);
+    cr_expect_lt(after, 1.1 * before, "loss %.4f before the kill, %.4f after", before, after);
+    free(log3);
+    free(losses);
+    free(out);
+    remove_dir(dir);
 }
 
 /* Below --min-replicas, and without it, a death stops the job as before. */
