@@ -131,6 +131,19 @@ static bool file_contains(const char *path, const char *needle)
     return found;
 }
 
+/* The parameters' checksum a worker's log gives when it finished ("… checksum HEX"); 0: none. */
+static unsigned long long final_checksum(const char *log)
+{
+    char *text;
+    size_t size;
+    if (pt_read_file(log, &text, &size) != PIPERT_OK) return 0;
+    const char *line = strstr(text, "finished step ");
+    const char *sum = line ? strstr(line, "checksum ") : NULL;
+    const unsigned long long value = sum ? strtoull(sum + strlen("checksum "), NULL, 16) : 0;
+    free(text);
+    return value;
+}
+
 static void set_link(const char *namespace_name, const char *state)
 {
     char command[256];
@@ -383,6 +396,9 @@ Test(wan, a_cut_off_site_leaves_an_elastic_job_and_rejoins, .timeout = 600)
     cr_expect(file_contains(out, "replica 1 rejoins the job"), "the coordinator let it back in");
     cr_expect(file_contains(log1, "replica 1 is back in the job"), "site 1 took site 0's state");
     cr_expect(file_contains(log0, "the coupling resumes over 2 replicas"), "and both train on");
+    const unsigned long long sum0 = final_checksum(log0), sum1 = final_checksum(log1);
+    cr_expect(sum0 != 0 && sum0 == sum1, "allreduce: both sites end bitwise equal (%016llx, %016llx)",
+              sum0, sum1);
     remove_dir(dir);
     expect_nothing_left(&before, "an elastic job whose site was cut off");
 }
