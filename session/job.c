@@ -60,8 +60,14 @@ static pipert_result make_group(pt_job *job, bool along_stages, uint32_t id, pt_
     return rc;
 }
 
-/* Ids of the groups one rank is in: its replicas (id = stage), its stages
- * (S + replica), its site, the leaders, and the site census. */
+/* Ids of the groups one rank is in: its replicas, its stages, its site, the
+ * leaders, the site census and the world. An id only has to tell apart groups
+ * that share a pair of members (a message's tag is the id and a sequence):
+ * two ranks share a replica group when they are of one stage and a stage
+ * group when they are of one replica, never both, so every replica group and
+ * every stage group can have one id each, whatever the stages and replicas. */
+#define REPLICA_GROUP_ID 0u
+#define STAGE_GROUP_ID 1u
 #define WORLD_GROUP_ID 252u
 #define SITE_GROUP_ID 254u
 #define LEADERS_GROUP_ID 255u
@@ -128,7 +134,7 @@ static pipert_result build_replica_groups(pt_job *job, const bool *left, uint32_
     }
     pt_group_options options = PT_GROUP_OPTIONS_INIT;
     options.first_sequence = first_sequence;
-    options.id = (uint32_t)job->stage;
+    options.id = REPLICA_GROUP_ID;
     if (rc == PIPERT_OK && n > 1)
         rc = pt_group_create(job->transport, ranks, n, &options, &job->replica_group);
     options.id = SITE_GROUP_ID;
@@ -231,16 +237,14 @@ static pipert_result connect_groups(pt_job *job)
     if (job->joining) {
         /* Its replica's pipeline now; the replicas of its stage dial it at the switch. */
         PT_TRY(connect_peers(job, false));
-        PT_TRY(make_group(job, true, (uint32_t)(job->layout.stages + job->replica),
-                          &job->stage_group));
+        PT_TRY(make_group(job, true, STAGE_GROUP_ID, &job->stage_group));
         job->replica_sites = calloc((size_t)job->layout.replicas, sizeof *job->replica_sites);
         if (!job->replica_sites) return pt_fail(PIPERT_ERR_NOMEM, "job: out of memory");
         return mark_remote_stages(job);
     }
     PT_TRY(connect_peers(job, true));
-    /* group ids: replica groups 0..S−1 (one per stage), stage groups S.. */
     PT_TRY(make_replica_groups(job));
-    PT_TRY(make_group(job, true, (uint32_t)(job->layout.stages + job->replica), &job->stage_group));
+    PT_TRY(make_group(job, true, STAGE_GROUP_ID, &job->stage_group));
     PT_TRY(make_world_group(job, NULL, 0));
     PT_TRY(mark_remote_stages(job));
     return stop_listening(job);
