@@ -112,6 +112,15 @@ def run(args, method, kill):
         cmd += ["--restarts", "1"]
     env = dict(os.environ, PIPERT_LOG="info")
     job = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        return watch(args, method, kill, job, out_dir)
+    finally:
+        if job.poll() is None:
+            job.terminate()
+            job.wait()
+
+
+def watch(args, method, kill, job, out_dir):
     metrics = os.path.join(out_dir, "metrics.jsonl")
     killed_at = killed_step = next_step_at = None
     seen = {}  # step -> wall clock when this script first saw it logged
@@ -161,6 +170,8 @@ def rejoin(out_dir, seen, killed_at):
 
 
 def main():
+    # a timeout or ^C ends the runs too (each launch stops its workers on SIGTERM)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     args = parse()
     print(f"# bench-elastic: 2 stages x 3 replicas, {args.steps} steps, rank 3 killed at step "
           f"{args.kill}; {args.reps} runs each, interleaved; extra: {' '.join(args.extra) or '-'}")

@@ -156,9 +156,15 @@ pipert_result pt_session_switch_groups(pipert_session *s, const pt_membership_ne
     const pt_coupling_point at = {.model = model, .params = model->params,
                                   .n_params = model->n_params,
                                   .step = pt_stage_executor_version(s->executor)};
-    PT_TRY(pt_coupling_regroup(s->coupling, &groups, &at));
-    PT_TRY(make_replicas_equal(s));
-    if (joins) PT_TRY(pt_job_settle_joiners(&s->job));
+    pipert_result rc = pt_coupling_regroup(s->coupling, &groups, &at);
+    if (rc == PIPERT_OK) rc = make_replicas_equal(s);
+    if (rc == PIPERT_OK && joins) rc = pt_job_settle_joiners(&s->job);
+    /* A member lost during the switch's collectives: its departure comes next, and its
+     * switch regroups again (the coupling stays suspended until then). */
+    if (rc != PIPERT_OK && !pt_session_departures_since(s, news->switch_epoch)) return rc;
+    if (rc != PIPERT_OK)
+        pt_warn("a replica was lost while the others regrouped (%s); they regroup again",
+                pipert_last_error());
     PT_TRY(pt_session_hand_over_outputs(s, news->switch_step));
     s->elastic.regrouped_epoch = news->switch_epoch;
     s->elastic.absent = replicas_out(s);
