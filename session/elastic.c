@@ -77,7 +77,6 @@ static pipert_result acknowledge(pipert_session *s, long epoch, long version)
     s->elastic.acked_epoch = epoch;
     s->elastic.ack_step = version;
     const int out = replicas_out(s);
-    if (out > s->elastic.absent) s->elastic.departures += out - s->elastic.absent;
     s->elastic.absent = out;
     pt_coupling_suspend(s->coupling);
     PT_TRY(pt_session_coordinator_vote_abandon(s)); /* its world group changes */
@@ -133,7 +132,6 @@ static pipert_result admit_joiners(pipert_session *s, const pt_membership_news *
         if (back[r] && s->job.replica == news->switch_donor)
             rc = pt_session_send_state(s, pt_layout_rank(&s->job.layout, s->job.stage, r),
                                        news->switch_epoch);
-    for (int r = 0; r < R; r++) s->elastic.joins += back[r];
     free(back);
     if (rc != PIPERT_OK && pt_session_departures_since(s, news->switch_epoch)) {
         pt_warn("a replica coming back was lost while joining (%s); the next switch goes on "

@@ -97,9 +97,11 @@ static void add_progress(const pipert_session *s, json_t *line, long step)
     json_object_set_new(line, "elapsed_s",
                         json_real(s->elapsed_before + pt_now_s() - s->run_started));
     if (!s->job.elastic) return;
+    pt_membership_news news;
+    pt_job_membership((pt_job *)&s->job, &news);
     json_object_set_new(line, "replicas", json_integer(s->job.layout.replicas - s->elastic.absent));
-    json_object_set_new(line, "departures", json_integer(s->elastic.departures));
-    json_object_set_new(line, "joins", json_integer(s->elastic.joins));
+    json_object_set_new(line, "departures", json_integer(news.departures));
+    json_object_set_new(line, "joins", json_integer(news.joins));
 }
 
 static pipert_result write_stage_line(pipert_session *s, const pt_pipeline_step *p)

@@ -52,8 +52,6 @@ struct pipert_session {
         long acked_epoch;     /* the newest departure acknowledged */
         long ack_step;        /* the steps taken when it was */
         long regrouped_epoch; /* the departure the coupling's groups reflect */
-        long departures;      /* replicas that left (each departure is one) */
-        long joins;           /* replicas that came back */
         int absent;           /* replicas out of the job now */
         long joined_at;       /* a joiner: the step its state is of (0: started with the job) */
         double paused_us;     /* trace clock when the coupling paused */

@@ -92,6 +92,7 @@ typedef struct pt_membership_news {
     long switch_step;          /* after this step ... */
     uint32_t switch_sequence;  /* ... the new groups' collectives start here */
     int switch_donor;          /* the replica that gives replicas coming back their state; -1 */
+    long departures, joins;    /* replicas that left, that came back (as heard) */
 } pt_membership_news;
 
 void pt_coord_client_membership(pt_coord_client *c, pt_membership_news *news);

@@ -171,12 +171,23 @@ static void client_heard_leave(pt_coord_client *c, json_t *m)
         return;
     }
     pthread_mutex_lock(&c->lock);
+    if (!c->left[replica]) c->membership.departures++;
     c->left[replica] = true;
     snprintf(c->left_reason[replica], sizeof c->left_reason[replica], "rank %ld %s", rank,
              reason ? reason : "failed");
     if (epoch > c->membership.epoch) c->membership.epoch = epoch;
     pthread_cond_broadcast(&c->changed);
     pthread_mutex_unlock(&c->lock);
+}
+
+/* Whether a join's peers include this worker (its own replica coming back). */
+static bool replica_is_mine(const pt_coord_client *c, json_t *peers)
+{
+    for (size_t i = 0; i < json_array_size(peers); i++) {
+        long rank;
+        if (pt_coord_get_long(json_array_get(peers, i), "rank", &rank) && rank == c->rank) return true;
+    }
+    return false;
 }
 
 /* join {epoch, replica, peers: [{rank, address}, ...]}: a replica that left is back, its
@@ -203,6 +214,7 @@ static void client_heard_join(pt_coord_client *c, json_t *m)
         free(c->table.peers[rank].address);
         c->table.peers[rank].address = copy;
     }
+    if (c->left[replica] || replica_is_mine(c, peers)) c->membership.joins++;
     c->left[replica] = false;
     c->left_reason[replica][0] = '\0';
     c->join_epoch[replica] = epoch;
