@@ -64,107 +64,15 @@
 #include "dp/exchange.h"
 #include "dp/wait.h"
 #include "dp/methods.h"
+#include "dp/sparse_internal.h"
 #include "runtime/log.h"
 #include "runtime/rng.h"
 
 /* Exchanges a replica may have in flight with dp.delay = −1. */
 #define MAX_IN_FLIGHT 16
 
-/* A wait for the replicas asks should_stop this often. */
-
 /* The last word of the partitions' Philox counters. */
 #define PARTITION_STREAM 0x73706172u /* "spar" */
-
-/* A descriptor: DESCRIPTOR_FIELDS integers in [0, 2^16), one slot per replica. */
-enum {
-    FIELD_METHOD,
-    FIELD_STEP_LOW,
-    FIELD_STEP_HIGH,
-    FIELD_COUNT_LOW,
-    FIELD_COUNT_MID,
-    FIELD_COUNT_HIGH,
-    FIELD_PARTITIONS_LOW,
-    FIELD_PARTITIONS_HIGH,
-    FIELD_CODEC, /* 4096·kind + block mod 4096 */
-    FIELD_SEED,
-    FIELD_LAYOUT,
-    DESCRIPTOR_FIELDS
-};
-#define METHOD_TAG 0x5350 /* "SP" */
-#define MAX_REPLICAS 256  /* so that 65535·R stays below 2^24 */
-#define MAX_PARTITIONS (1L << 20) /* p ≥ 1e-6 */
-
-/* The checkpoint's format of "dp.sparse.state". */
-#define STATE_VERSION 1
-enum { STATE_HEADER = 4 }; /* version, P, pending count, last step; then each pending step */
-
-typedef enum sparse_rule { RULE_EMA, RULE_AVG, RULE_DELTA } sparse_rule;
-
-/* A mean in flight: the fp32 ring all-reduce, or a compressed exchange
- * (dp/exchange.h); both NULL once it has ended. */
-typedef struct in_flight {
-    pt_allreduce_handle *allreduce;
-    pt_exchange *exchange;
-} in_flight;
-
-/* One partition on its way: posted after optimizer step `step`. */
-typedef struct sparse_exchange {
-    long step;
-    size_t count, capacity;
-    uint32_t *index; /* [count] offsets into θ: the partition I */
-    float *w_old;    /* [count] θ[I] when posted */
-    float *values;   /* [count] θ[I] when posted (compressed: θ[I] − ref), then ā */
-    float *ref;      /* [count] compressed: agreed[I] when posted */
-    float *descriptors; /* [R·DESCRIPTOR_FIELDS] */
-    in_flight descriptor_mean, values_mean;
-    pt_exchange_state *feedback; /* onebit: its error buffers, laid out as `index` */
-    bool arrived; /* both ended, the descriptors checked */
-    double posted_us; /* trace clock when posted */
-} sparse_exchange;
-
-typedef struct sparse_state {
-    pt_coupling_options options;
-    const pipert_config *config;
-    int R, me;       /* replicas of the stage; this one's index */
-    long P;          /* partitions per tensor */
-    long delay;      /* dp.delay */
-    sparse_rule rule;
-    float lambda;
-    pt_codec codec; /* dp.compress, dp.block */
-    uint32_t seed_tag, layout_tag; /* 16-bit digests for the descriptor */
-
-    /* Set up at the first call, from the model. */
-    bool ready;
-    size_t n_params, max_count;
-    uint32_t *partitions;  /* [n_params]: per tensor, its partitions of this cycle one
-                              after another, each in increasing order, as offsets into θ */
-    long partitions_cycle; /* the cycle they belong to; −1 = none */
-    uint32_t *ids;         /* [largest tensor]: scratch, the shuffled partition ids */
-    size_t *cursor;        /* [P]: scratch of the bucketing */
-    float *ema;             /* [n_params] e (rule ema) */
-    /* Compressed exchanges quantize θ[I] − agreed[I], not θ[I]: parameters
-     * themselves do not survive 4 bits, their drift since the last average
-     * does. agreed holds, per element, the last average every replica got
-     * (bitwise the same everywhere), starting from the initial θ. */
-    float *agreed;          /* [n_params], or NULL (dp.compress=none) */
-    size_t loaded_agreed;   /* elements a checkpoint brought (0: none) */
-    size_t loaded_ema;      /* elements of e a checkpoint brought (0: none) */
-    /* onebit: the error feedback of every parameter, worker and server side */
-    float *worker_error, *server_error; /* [n_params] each */
-    size_t loaded_feedback;             /* elements a checkpoint brought (0: none) */
-
-    /* The queue: `length` exchanges from `head`, oldest first. */
-    sparse_exchange *queue;
-    int capacity, head, length;
-
-    bool failed; /* an exchange failed: every later call fails too */
-    /* queues whose exchanges were abandoned when replicas left: a late message may still land
-     * in their buffers, so they are freed only with the method */
-    sparse_exchange **retired;
-    int *retired_capacity, n_retired;
-    bool suspend_failed; /* out of memory retiring a queue */
-    int64_t *saved_state; /* what save handed the writer (valid until the next save) */
-} sparse_state;
 
 /* ---- small helpers -------------------------------------------------------- */
 
@@ -175,7 +83,7 @@ static size_t slice_begin(size_t n, long parts, long k)
 
 static uint32_t digest16(uint64_t h) { return (uint32_t)((h ^ h >> 16 ^ h >> 32 ^ h >> 48) & 0xffffu); }
 
-static sparse_exchange *queue_at(sparse_state *s, int k)
+sparse_exchange *pt_sparse_queue_at(sparse_state *s, int k)
 {
     return &s->queue[(s->head + k) % s->capacity];
 }
@@ -367,7 +275,7 @@ static pipert_result set_up(sparse_state *s, const pt_gpt_slice *model)
     }
     /* What a checkpoint brought must fit this model. */
     for (int k = 0; k < s->length; k++) {
-        const sparse_exchange *x = queue_at(s, k);
+        const sparse_exchange *x = pt_sparse_queue_at(s, k);
         for (size_t i = 0; i < x->count; i++)
             if (x->index[i] >= model->n_params)
                 return pt_fail(PIPERT_ERR_FORMAT,
@@ -380,7 +288,7 @@ static pipert_result set_up(sparse_state *s, const pt_gpt_slice *model)
 }
 
 /* Makes room for `count` elements in an exchange's buffers. */
-static pipert_result reserve(sparse_exchange *x, size_t count, int R)
+pipert_result pt_sparse_reserve(sparse_exchange *x, size_t count, int R)
 {
     if (!x->descriptors) {
         x->descriptors = malloc((size_t)R * DESCRIPTOR_FIELDS * sizeof *x->descriptors);
@@ -618,8 +526,8 @@ static pipert_result start_values_mean(sparse_state *s, sparse_exchange *x, doub
 
 static pipert_result post(sparse_state *s, const pt_coupling_point *at, pt_coupling_metrics *m)
 {
-    sparse_exchange *x = queue_at(s, s->length);
-    PT_TRY(reserve(x, s->max_count, s->R));
+    sparse_exchange *x = pt_sparse_queue_at(s, s->length);
+    PT_TRY(pt_sparse_reserve(x, s->max_count, s->R));
     x->step = at->step;
     x->arrived = false;
     x->posted_us = pt_trace_clock_us(s->options.trace);
@@ -642,7 +550,7 @@ static pipert_result post(sparse_state *s, const pt_coupling_point *at, pt_coupl
 /* Completes exchange x (or, unless `wait`, returns PIPERT_ERR_TIMEOUT while
  * it runs). The descriptors are checked as soon as they are there, so a
  * replica that posted something else is named before its values are read. */
-static pipert_result arrive(sparse_state *s, sparse_exchange *x, bool wait)
+pipert_result pt_sparse_arrive(sparse_state *s, sparse_exchange *x, bool wait)
 {
     if (x->arrived) return PIPERT_OK;
     char what[96];
@@ -689,8 +597,8 @@ static void apply(sparse_state *s, const sparse_exchange *x, pt_coupling_point *
 static pipert_result apply_oldest(sparse_state *s, pt_coupling_point *at, bool wait,
                                   double *delay_sum, int *applied)
 {
-    sparse_exchange *x = queue_at(s, 0);
-    pipert_result rc = arrive(s, x, wait);
+    sparse_exchange *x = pt_sparse_queue_at(s, 0);
+    pipert_result rc = pt_sparse_arrive(s, x, wait);
     if (rc != PIPERT_OK) {
         if (rc != PIPERT_ERR_TIMEOUT) s->failed = true;
         return rc;
@@ -743,7 +651,7 @@ static pipert_result sparse_after_step(void *state, pt_coupling_point *at, pt_co
      * checkpoint); dp.delay = −1, whatever has arrived, and the oldest if the
      * queue is full. */
     if (s->delay >= 0) {
-        while (rc == PIPERT_OK && s->length > 0 && queue_at(s, 0)->step + s->delay <= at->step)
+        while (rc == PIPERT_OK && s->length > 0 && pt_sparse_queue_at(s, 0)->step + s->delay <= at->step)
             rc = apply_oldest(s, at, true, &delay_sum, &applied);
     } else {
         while (rc == PIPERT_OK && s->length > 0)
@@ -764,183 +672,9 @@ static pipert_result sparse_after_step(void *state, pt_coupling_point *at, pt_co
     return rc;
 }
 
-/* ---- checkpoints ------------------------------------------------------------ */
-
-static pipert_result sparse_save(void *state, pt_safetensors_writer *w)
-{
-    sparse_state *s = state;
-    if (!s->options.replicas) return PIPERT_OK;
-    /* Exchanges in flight are completed (not applied): their ā goes into the file. */
-    for (int k = 0; k < s->length; k++) {
-        pipert_result rc = arrive(s, queue_at(s, k), true);
-        if (rc != PIPERT_OK) {
-            s->failed = true;
-            pt_error_prefix("dp sparse: saving a checkpoint");
-            return rc;
-        }
-    }
-    free(s->saved_state);
-    s->saved_state = calloc((size_t)(STATE_HEADER + s->length), sizeof *s->saved_state);
-    if (!s->saved_state) return pt_fail(PIPERT_ERR_NOMEM, "dp sparse: out of memory");
-    int64_t *v = s->saved_state;
-    v[0] = STATE_VERSION;
-    v[1] = s->P;
-    v[2] = s->length;
-    v[3] = s->length ? queue_at(s, s->length - 1)->step : 0;
-    for (int k = 0; k < s->length; k++) v[STATE_HEADER + k] = queue_at(s, k)->step;
-    int64_t shape[1] = {STATE_HEADER + s->length};
-    PT_TRY(pt_safetensors_writer_add(w, "dp.sparse.state", PT_DTYPE_I64, v, 1, shape));
-    shape[0] = (int64_t)s->n_params;
-    if (s->ema) PT_TRY(pt_safetensors_writer_add(w, "dp.sparse.ema", PT_DTYPE_F32, s->ema, 1, shape));
-    if (s->agreed)
-        PT_TRY(pt_safetensors_writer_add(w, "dp.sparse.agreed", PT_DTYPE_F32, s->agreed, 1, shape));
-    if (s->worker_error) {
-        PT_TRY(pt_safetensors_writer_add(w, "dp.sparse.worker_error", PT_DTYPE_F32,
-                                         s->worker_error, 1, shape));
-        PT_TRY(pt_safetensors_writer_add(w, "dp.sparse.server_error", PT_DTYPE_F32,
-                                         s->server_error, 1, shape));
-    }
-    for (int k = 0; k < s->length; k++) {
-        const sparse_exchange *x = queue_at(s, k);
-        char name[64];
-        shape[0] = (int64_t)x->count;
-        snprintf(name, sizeof name, "dp.sparse.pending.%d.index", k);
-        PT_TRY(pt_safetensors_writer_add(w, name, PT_DTYPE_U32, x->index, 1, shape));
-        snprintf(name, sizeof name, "dp.sparse.pending.%d.w_old", k);
-        PT_TRY(pt_safetensors_writer_add(w, name, PT_DTYPE_F32, x->w_old, 1, shape));
-        snprintf(name, sizeof name, "dp.sparse.pending.%d.average", k);
-        PT_TRY(pt_safetensors_writer_add(w, name, PT_DTYPE_F32, x->values, 1, shape));
-    }
-    return PIPERT_OK;
-}
-
-/* A tensor of the checkpoint: present, of `dtype`, one dimension. */
-static pipert_result find_vector(const pt_safetensors *st, const char *path, const char *name,
-                                 pt_dtype dtype, const pt_tensor_entry **out)
-{
-    const pt_tensor_entry *t = pt_safetensors_find(st, name);
-    if (!t) return pt_fail(PIPERT_ERR_FORMAT, "%s: no tensor %s (dp.method=sparse state)", path, name);
-    if (t->dtype != dtype || t->ndim != 1)
-        return pt_fail(PIPERT_ERR_FORMAT, "%s: %s is %s with %d dimensions, not a %s vector", path,
-                       name, pt_dtype_name(t->dtype), t->ndim, pt_dtype_name(dtype));
-    *out = t;
-    return PIPERT_OK;
-}
-
-static pipert_result load_exchange(sparse_state *s, const pt_safetensors *st, const char *path,
-                                   int k, long step)
-{
-    char name[64];
-    const pt_tensor_entry *index = NULL, *w_old = NULL, *average = NULL;
-    snprintf(name, sizeof name, "dp.sparse.pending.%d.index", k);
-    PT_TRY(find_vector(st, path, name, PT_DTYPE_U32, &index));
-    snprintf(name, sizeof name, "dp.sparse.pending.%d.w_old", k);
-    PT_TRY(find_vector(st, path, name, PT_DTYPE_F32, &w_old));
-    snprintf(name, sizeof name, "dp.sparse.pending.%d.average", k);
-    PT_TRY(find_vector(st, path, name, PT_DTYPE_F32, &average));
-    if (w_old->numel != index->numel || average->numel != index->numel)
-        return pt_fail(PIPERT_ERR_FORMAT, "%s: the exchange %d of dp.sparse.pending has parts of "
-                                          "%zu, %zu and %zu elements",
-                       path, k, index->numel, w_old->numel, average->numel);
-    sparse_exchange *x = queue_at(s, s->length);
-    PT_TRY(reserve(x, index->numel, s->R));
-    x->step = step;
-    x->count = index->numel;
-    memcpy(x->index, pt_safetensors_data(st, index), index->nbytes);
-    memcpy(x->w_old, pt_safetensors_data(st, w_old), w_old->nbytes);
-    memcpy(x->values, pt_safetensors_data(st, average), average->nbytes);
-    for (size_t i = 0; s->ready && i < x->count; i++)
-        if (x->index[i] >= s->n_params)
-            return pt_fail(PIPERT_ERR_FORMAT, "%s: the exchange of step %ld indexes element %u "
-                                              "of a stage of %zu parameters",
-                           path, step, x->index[i], s->n_params);
-    x->descriptor_mean = x->values_mean = (in_flight){0};
-    x->arrived = true; /* checked before it was saved */
-    s->length++;
-    return PIPERT_OK;
-}
-
-/* *buffer ← the F32 vector `name` (replacing what it held); *n its length,
- * checked against the stage now if it is known, else at the first call. */
-static pipert_result load_floats(const sparse_state *s, const pt_safetensors *st, const char *path,
-                                 const char *name, float **buffer, size_t *n)
-{
-    const pt_tensor_entry *t = NULL;
-    PT_TRY(find_vector(st, path, name, PT_DTYPE_F32, &t));
-    if (s->ready && t->numel != s->n_params)
-        return pt_fail(PIPERT_ERR_FORMAT, "%s: %s holds %zu values, the stage %zu parameters",
-                       path, name, t->numel, s->n_params);
-    float *copy = malloc(t->nbytes ? t->nbytes : 1);
-    if (!copy) return pt_fail(PIPERT_ERR_NOMEM, "dp sparse: no memory for %s", name);
-    memcpy(copy, pt_safetensors_data(st, t), t->nbytes);
-    free(*buffer);
-    *buffer = copy;
-    *n = t->numel;
-    return PIPERT_OK;
-}
-
-static pipert_result sparse_load(void *state, const pt_safetensors *st, const char *path)
-{
-    sparse_state *s = state;
-    if (!s->options.replicas) return PIPERT_OK;
-    const char *method = pt_safetensors_metadata(st, "dp_method");
-    const pt_tensor_entry *state_entry = pt_safetensors_find(st, "dp.sparse.state");
-    if (!state_entry) {
-        if (method && !strcmp(method, "sparse"))
-            return pt_fail(PIPERT_ERR_FORMAT, "%s: written by dp.method=sparse but holds no "
-                                              "dp.sparse.state", path);
-        pt_info("%s was written by dp.method=%s: dp.method=sparse starts with an empty EMA and "
-                "nothing in flight", path, method ? method : "(none)");
-        return PIPERT_OK;
-    }
-    PT_TRY(find_vector(st, path, "dp.sparse.state", PT_DTYPE_I64, &state_entry));
-    if (state_entry->numel < STATE_HEADER)
-        return pt_fail(PIPERT_ERR_FORMAT, "%s: dp.sparse.state has %zu values", path,
-                       state_entry->numel);
-    int64_t *v = malloc(state_entry->nbytes);
-    if (!v) return pt_fail(PIPERT_ERR_NOMEM, "dp sparse: out of memory");
-    memcpy(v, pt_safetensors_data(st, state_entry), state_entry->nbytes);
-    pipert_result rc = PIPERT_OK;
-    if (v[0] != STATE_VERSION)
-        rc = pt_fail(PIPERT_ERR_FORMAT, "%s: dp.sparse.state version %lld (this build reads %d)",
-                     path, (long long)v[0], STATE_VERSION);
-    else if (v[1] != s->P)
-        rc = pt_fail(PIPERT_ERR_CONFIG,
-                     "%s: written with %lld partitions per tensor, but dp.fraction=%g gives %ld: "
-                     "resume with the dp.fraction of that run",
-                     path, (long long)v[1], s->config->dp.fraction, s->P);
-    else if (v[2] < 0 || v[2] > s->capacity || state_entry->numel != (size_t)(STATE_HEADER + v[2]))
-        rc = pt_fail(PIPERT_ERR_CONFIG,
-                     "%s: %lld exchanges in flight, more than dp.delay=%ld keeps (at most %d)",
-                     path, (long long)v[2], s->delay, s->capacity);
-    for (int k = 0; rc == PIPERT_OK && k < (int)v[2]; k++)
-        rc = load_exchange(s, st, path, k, (long)v[STATE_HEADER + k]);
-    free(v);
-    PT_TRY(rc);
-    size_t n;
-    if (s->rule == RULE_EMA && pt_safetensors_find(st, "dp.sparse.ema")) {
-        PT_TRY(load_floats(s, st, path, "dp.sparse.ema", &s->ema, &n));
-        s->loaded_ema = n;
-    }
-    if (s->codec.kind != PT_CODEC_NONE && pt_safetensors_find(st, "dp.sparse.agreed")) {
-        PT_TRY(load_floats(s, st, path, "dp.sparse.agreed", &s->agreed, &n));
-        s->loaded_agreed = n;
-    }
-    if (s->codec.kind == PT_CODEC_ONEBIT && pt_safetensors_find(st, "dp.sparse.worker_error")) {
-        PT_TRY(load_floats(s, st, path, "dp.sparse.worker_error", &s->worker_error, &n));
-        PT_TRY(load_floats(s, st, path, "dp.sparse.server_error", &s->server_error,
-                           &s->loaded_feedback));
-        if (n != s->loaded_feedback)
-            return pt_fail(PIPERT_ERR_FORMAT, "%s: dp.sparse.worker_error holds %zu values, "
-                                              "dp.sparse.server_error %zu", path, n,
-                           s->loaded_feedback);
-    }
-    return PIPERT_OK;
-}
-
 /* Abandons what is in flight and frees the queue's buffers (the transport
  * must be gone, or the exchanges abandoned long before). */
-static void free_queue(sparse_exchange *queue, int capacity)
+void pt_sparse_free_queue(sparse_exchange *queue, int capacity)
 {
     for (int k = 0; k < capacity; k++) {
         sparse_exchange *x = &queue[k];
@@ -1002,8 +736,8 @@ static void sparse_destroy(void *state)
     /* Still in flight only after a failure or a stop: the transport is gone by
      * now (the session frees its coupling after leaving the job), or the
      * abandoned handles free themselves when it goes. */
-    free_queue(s->queue, s->capacity);
-    for (int i = 0; i < s->n_retired; i++) free_queue(s->retired[i], s->retired_capacity[i]);
+    pt_sparse_free_queue(s->queue, s->capacity);
+    for (int i = 0; i < s->n_retired; i++) pt_sparse_free_queue(s->retired[i], s->retired_capacity[i]);
     free(s->retired);
     free(s->retired_capacity);
     free(s->partitions);
@@ -1022,8 +756,8 @@ const pt_coupling_method pt_dp_sparse = {
     .create = sparse_create,
     .after_backward = sparse_after_backward,
     .after_step = sparse_after_step,
-    .save = sparse_save,
-    .load = sparse_load,
+    .save = pt_sparse_save,
+    .load = pt_sparse_load,
     .destroy = sparse_destroy,
     .suspend = sparse_suspend,
     .regroup = sparse_regroup,
