@@ -43,10 +43,12 @@ if [ "$workers" -gt 1 ]; then
 fi
 copies=()
 for ((copy = 0; copy < workers; copy++)); do
-  "$pipert" bench "$@" > "$out/bench-$copy.txt" 2> /dev/null &
+  "$pipert" bench "$@" > "$out/bench-$copy.txt" 2> "$out/bench-$copy.err" &
   copies+=($!)
 done
-for pid in "${copies[@]}"; do wait "$pid"; done
+for copy in "${!copies[@]}"; do
+  wait "${copies[$copy]}" || { cat "$out/bench-$copy.err" >&2; exit 1; }
+done
 read -r flops efficiency < <(python3 "$here/calibration.py" --devices "$devices" "$out"/bench-*.txt)
 if [ "$sparse" = 0 ]; then echo "$flops $efficiency"; exit 0; fi
 steps=24 fraction=0.05
