@@ -9,7 +9,12 @@
  * one third forward, two thirds backward (with recompute, the backward
  * repeats the forward). The optimizer step streams parameters, gradients and
  * both Adam moments: OPTIMIZER_BYTES_PER_PARAM bytes at the device's memory
- * bandwidth.
+ * bandwidth. FLOP/s and efficiency are a device's as the job will see it:
+ * devices that compute at once share memory bandwidth, caches and (on a
+ * shared host) the cores, so a device is slower in a busy job than alone.
+ * The model has no term for that; the calibration carries it
+ * (scripts/calibrate.sh --workers W: W bench copies at once, the job's busy
+ * workers, give the achieved FLOP/s per busy device under that contention).
  *
  * Memory per device, in bytes:
  *   weights      16·P  (parameters, gradients, Adam m and v; P floats)

@@ -11,7 +11,7 @@
 #   replicas  1 stage, a replica in each site (dp.method=allreduce);
 #   fast-only 1 stage, 1 replica, in a (the slow site left idle).
 # Prints predicted and measured tokens/s per plan, the error, and both rankings.
-# The device is calibrated by `pipert bench` on one thread (as bench-simulate.sh).
+# The device is calibrated by `pipert bench` on one thread alone (calibrate.sh without --workers).
 # Root only (network namespaces, cgroups).
 #
 # Usage: scripts/bench-slow-site.sh [--build DIR] [--steps K] [--reps N] [--share S] [--link RATE]
