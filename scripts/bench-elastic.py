@@ -173,7 +173,7 @@ def main():
     # a timeout or ^C ends the runs too (each launch stops its workers on SIGTERM)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     args = parse()
-    print(f"# bench-elastic: 2 stages x 3 replicas, {args.steps} steps, rank 3 killed at step "
+    print(f"# bench-elastic: 2 stages x {args.replicas} replicas, {args.steps} steps, rank 3 killed at step "
           f"{args.kill}; {args.reps} runs each, interleaved; extra: {' '.join(args.extra) or '-'}")
     print("method     death->next step  death->regrouped  stall (median step)  tok/s kept"
           + ("  death->back  start->back  join stall" if args.restarts else ""))

@@ -223,6 +223,39 @@ Test(safetensors, writer_output_is_byte_exact)
     free(bytes);
 }
 
+/* In memory (a replica rejoining gets its state so): the same bytes as the file, and they open. */
+Test(safetensors, serialized_bytes_are_the_file_and_open_in_memory)
+{
+    float a[3] = {1.f, -2.f, 0.5f};
+    int64_t b[2] = {7, -9};
+    pt_safetensors_writer *w;
+    cr_assert_eq(pt_safetensors_writer_create(&w), PIPERT_OK);
+    cr_assert_eq(pt_safetensors_writer_add(w, "a", PT_DTYPE_F32, a, 1, (int64_t[]){3}), PIPERT_OK);
+    cr_assert_eq(pt_safetensors_writer_add(w, "b", PT_DTYPE_I64, b, 1, (int64_t[]){2}), PIPERT_OK);
+    cr_assert_eq(pt_safetensors_writer_set_metadata(w, "step", "12"), PIPERT_OK);
+    const char *path = in_dir("memory.safetensors");
+    cr_assert_eq(pt_safetensors_writer_write(w, path), PIPERT_OK, "%s", pipert_last_error());
+    void *bytes;
+    size_t size;
+    cr_assert_eq(pt_safetensors_writer_serialize(w, &bytes, &size), PIPERT_OK);
+    pt_safetensors_writer_free(w);
+    char *file;
+    size_t file_size;
+    cr_assert_eq(pt_read_file(path, &file, &file_size), PIPERT_OK);
+    cr_assert_eq(size, file_size);
+    cr_expect_eq(memcmp(bytes, file, size), 0, "the serialized bytes differ from the file's");
+    pt_safetensors *st;
+    cr_assert_eq(pt_safetensors_open_memory(&st, "in memory", bytes, size), PIPERT_OK, "%s",
+                 pipert_last_error());
+    cr_expect_str_eq(pt_safetensors_metadata(st, "step"), "12");
+    float back[3];
+    cr_assert_eq(pt_safetensors_read_f32(st, pt_safetensors_find(st, "a"), back, 3), PIPERT_OK);
+    cr_expect(back[0] == 1.f && back[1] == -2.f && back[2] == 0.5f);
+    pt_safetensors_close(st);
+    free(file);
+    free(bytes);
+}
+
 Test(safetensors, empty_file_round_trips)
 {
     pt_safetensors_writer *w;
