@@ -2,17 +2,20 @@
  * does with a worker's bytes. A real pt_coordinator serves one end of a
  * socketpair; the input is written to the other end. Its first byte sets the
  * job's size, whether the harness first registers a rank with a correct
- * handshake (so the input reaches what registered ranks may say), and whether
- * the worker hangs up at the end. The coordinator must survive all of it and
- * end in a consistent state. */
+ * handshake (so the input reaches what registered ranks may say: each input
+ * line is then sealed as a worker seals it, unless bit 6 asks for the raw
+ * bytes, which the seal must drop), and whether the worker hangs up at the
+ * end. The coordinator must survive all of it and end in a consistent state. */
 #include <jansson.h>
 #include <poll.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include "fuzz/fuzz.h"
 #include "runtime/comm/coordinator.h"
+#include "runtime/comm/coordinator_protocol.h"
 
 #define SECRET "fuzzing-secret-0123456789"
 
@@ -37,7 +40,7 @@ static json_t *answer(pt_coordinator *c, int fd)
 }
 
 /* hello → challenge → register, as a worker with the job's secret does. */
-static void register_rank(pt_coordinator *c, int fd, int rank, int world)
+static void register_rank(pt_coordinator *c, int fd, int rank, int world, pt_coord_seal *seal)
 {
     uint8_t ours[PT_AUTH_NONCE_BYTES] = {1, 2, 3}, theirs[PT_AUTH_NONCE_BYTES];
     uint8_t proof[PT_AUTH_PROOF_BYTES];
@@ -59,6 +62,26 @@ static void register_rank(pt_coordinator *c, int fd, int rank, int world)
     json_t *welcome = answer(c, fd);
     FUZZ_CHECK(!strcmp(json_string_value(json_object_get(welcome, "type")), "welcome"));
     json_decref(welcome);
+    pt_coord_seal_start(seal, &key, ours, theirs);
+}
+
+/* Each line of the input that is a JSON object goes sealed (the seal adds its "seq"); the
+ * others, and a last line without its newline, go as they are. */
+static void send_sealed(int fd, pt_coord_seal *seal, const uint8_t *data, size_t size)
+{
+    while (size > 0) {
+        const uint8_t *newline = memchr(data, '\n', size);
+        const size_t length = newline ? (size_t)(newline - data) : size;
+        json_t *m = newline ? json_loadb((const char *)data, length, 0, NULL) : NULL;
+        size_t sealed_length;
+        char *sealed = json_is_object(m) ? pt_coord_seal_message(seal, m, &sealed_length) : NULL;
+        if (!json_is_object(m)) json_decref(m);
+        if (sealed) send_all(fd, sealed, sealed_length);
+        else send_all(fd, data, length + (newline ? 1 : 0));
+        free(sealed);
+        data += length + (newline ? 1 : 0);
+        size -= length + (newline ? 1 : 0);
+    }
 }
 
 /* Reads whatever the coordinator sent us, so that its output never blocks. */
@@ -93,8 +116,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     FUZZ_CHECK(pt_coordinator_create(&c, &options) == PIPERT_OK);
     FUZZ_CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) == 0);
     FUZZ_CHECK(pt_coordinator_adopt(c, fds[0]) == PIPERT_OK);
-    if (data[0] & 4) register_rank(c, fds[1], (data[0] >> 3) % options.world, options.world);
-    send_all(fds[1], data + 1, size - 1);
+    pt_coord_seal seal = {0};
+    if (data[0] & 4) register_rank(c, fds[1], (data[0] >> 3) % options.world, options.world, &seal);
+    if (seal.on && !(data[0] & 0x40)) send_sealed(fds[1], &seal, data + 1, size - 1);
+    else send_all(fds[1], data + 1, size - 1);
     for (int i = 0; i < 3; i++) {
         FUZZ_CHECK(pt_coordinator_poll(c, 0) == PIPERT_OK);
         drain(fds[1]);

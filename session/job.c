@@ -522,6 +522,14 @@ void pt_job_leave(pt_job *job)
 pipert_result pt_job_check(pt_job *job)
 {
     if (!job->client) return PIPERT_OK;
+    char dropped_why[96];
+    const long dropped = pt_coord_client_dropped_lines(job->client, dropped_why, sizeof dropped_why);
+    if (dropped > job->dropped_logged) {
+        pt_warn("dropped %ld line%s on the coordinator's connection that it did not send (the "
+                "last: %s)", dropped - job->dropped_logged,
+                dropped - job->dropped_logged == 1 ? "" : "s", dropped_why);
+        job->dropped_logged = dropped;
+    }
     PT_TRY(pt_coord_client_check(job->client));
     char why[600];
     if (pt_coord_client_replica_left(job->client, job->replica, why, sizeof why))

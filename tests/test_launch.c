@@ -449,6 +449,38 @@ Test(coordinator, impostor_coordinator_never_sees_the_secret)
     cr_expect_null(strstr(im.received, secret_hex), "the secret, in hex, went to the impostor");
 }
 
+/* After "welcome" every line is sealed: bytes written into a registered rank's connection
+ * without the connection's key (here: the worker's own words, unsealed) are dropped and
+ * logged, never acted upon; the rank is not failed and the job not aborted. */
+Test(coordinator, unsealed_lines_after_registering_are_dropped)
+{
+    pt_coordinator *c = start_coordinator(2, 0.2, 5.0);
+    int fd = coord_dial(pt_coordinator_port(c));
+    coord_transcript sent;
+    char answer[512];
+    cr_assert(coord_register_raw(fd, SECRET, 1, 2, &sent, answer, sizeof answer));
+    cr_assert(strstr(answer, "welcome"), "%s", answer);
+    capture cap;
+    capture_begin(&cap);
+    cr_assert(coord_write_line(fd, "{\"type\": \"error\", \"reason\": \"forged\"}\n"));
+    cr_assert(coord_write_line(fd, "0000000000000000000000000000000000000000000000000000000000000000 "
+                                   "{\"type\": \"done\", \"seq\": 1}\n"));
+    for (int i = 0; i < 20; i++) pt_coordinator_wait(c, 0.05);
+    char *log = capture_end(&cap);
+    char reason[512];
+    cr_expect_not(pt_coordinator_rank_failure(c, 1, reason, sizeof reason),
+                  "a forged error failed rank 1: %s", reason);
+    pt_job_status s;
+    pt_coordinator_status(c, &s);
+    cr_expect_neq(s.phase, PT_JOB_ABORTED, "%s", s.abort_reason);
+    cr_expect_eq(s.done, 0, "a forged done counted");
+    cr_expect(strstr(log, "an unsealed line") && strstr(log, "a line whose MAC is wrong"),
+              "the drops are logged: %s", log);
+    free(log);
+    close(fd);
+    pt_coordinator_free(c);
+}
+
 Test(coordinator, silent_rank_is_declared_dead)
 {
     const double dead_after = 0.6;

@@ -96,6 +96,9 @@ typedef struct pt_membership_news {
 } pt_membership_news;
 
 void pt_coord_client_membership(pt_coord_client *c, pt_membership_news *news);
+/* Lines from the coordinator dropped because their seal failed (coordinator_seal.c: not
+ * sent by it, or replayed), and what was wrong with the last one. */
+long pt_coord_client_dropped_lines(pt_coord_client *c, char *why, size_t cap);
 /* The membership epoch in which `replica` last came back (0: never). */
 long pt_coord_client_join_epoch(pt_coord_client *c, int replica);
 /* A rank's data-plane address as the coordinator said last (a replica that

@@ -38,6 +38,9 @@ struct pt_coord_client {
     pt_abort_callback on_abort;
     void *on_abort_context;
     pt_coord_buffer in;
+    pt_coord_seal seal; /* lines after "welcome" (coordinator_seal.c); under send_lock to send */
+    long dropped;       /* under lock: received lines the seal refused, and the last one's why */
+    char dropped_why[96];
     double last_heard, last_sent;
     pthread_mutex_t send_lock; /* one writer at a time */
     pthread_mutex_t lock;      /* the fields below */
@@ -65,9 +68,12 @@ struct pt_coord_client {
 static pipert_result client_send(pt_coord_client *c, json_t *message)
 {
     size_t length;
-    char *line = pt_coord_message_text(message, &length);
-    if (!line) return pt_fail(PIPERT_ERR_NOMEM, "out of memory");
     pthread_mutex_lock(&c->send_lock);
+    char *line = pt_coord_seal_message(&c->seal, message, &length);
+    if (!line) {
+        pthread_mutex_unlock(&c->send_lock);
+        return pt_fail(PIPERT_ERR_NOMEM, "out of memory");
+    }
     int saved = 0;
     for (size_t sent = 0; sent < length;) {
         ssize_t n = send(c->fd, line + sent, length - sent, MSG_NOSIGNAL);
@@ -118,7 +124,12 @@ static void client_lost(pt_coord_client *c, const char *why)
         return;
     }
     pthread_mutex_lock(&c->lock);
+    if (atomic_load(&c->lost)) { /* the first word stands, and the grace runs from it */
+        pthread_mutex_unlock(&c->lock);
+        return;
+    }
     snprintf(c->lost_reason, sizeof c->lost_reason, "%s", why);
+    c->lost_at = pt_now_s();
     atomic_store(&c->lost, true);
     pthread_cond_broadcast(&c->changed);
     pthread_mutex_unlock(&c->lock);
@@ -287,8 +298,15 @@ static void client_handle_buffered(pt_coord_client *c)
     char *newline;
     while ((newline = pt_coord_find_newline(&c->in))) {
         size_t length = (size_t)(newline - c->in.data);
-        json_t *m = json_loadb(c->in.data, length, 0, NULL);
+        const char *why;
+        json_t *m = pt_coord_seal_open(&c->seal, c->in.data, length, &why);
         pt_coord_buffer_consume(&c->in, length + 1);
+        if (!m && c->seal.on) { /* counted here, logged by the session's thread */
+            pthread_mutex_lock(&c->lock);
+            c->dropped++;
+            snprintf(c->dropped_why, sizeof c->dropped_why, "%s", why);
+            pthread_mutex_unlock(&c->lock);
+        }
         if (m) client_handle_message(c, m);
         json_decref(m);
     }
@@ -387,7 +405,6 @@ static bool client_talk(pt_coord_client *c)
                      now - c->last_heard);
             client_lost(c, why);
             if (!c->outlive_coordinator) return false;
-            c->lost_at = now;
         }
         /* Silent is not closed: a link that comes back brings the coordinator's word (a
          * worker cut off from an elastic job hears that its replica left), so the client
@@ -585,6 +602,7 @@ static pipert_result register_rank(pt_coord_client *c, const pt_coord_client_opt
                                     "proof", hex, "join", o->join)));
     PT_TRY(expect_message(c, deadline, "welcome", &m));
     json_decref(m);
+    pt_coord_seal_start(&c->seal, &key, ours, theirs);
     return PIPERT_OK;
 }
 
@@ -705,6 +723,16 @@ pipert_result pt_coord_client_wait_table(pt_coord_client *c, double timeout_s,
     return PIPERT_OK;
 }
 
+/* A send that finds the coordinator gone before the client's thread noticed: with
+ * outlive_coordinator that is the loss (the worker goes on), not this call's failure. */
+static pipert_result send_unless_lost(pt_coord_client *c, json_t *message)
+{
+    pipert_result rc = client_send(c, message);
+    if (rc == PIPERT_OK || !c->outlive_coordinator || rc == PIPERT_ERR_NOMEM) return rc;
+    client_lost(c, pipert_last_error());
+    return PIPERT_OK;
+}
+
 pipert_result pt_coord_client_send_progress(pt_coord_client *c, const pt_rank_progress *p)
 {
     PT_TRY(pt_coord_client_check(c));
@@ -721,7 +749,7 @@ pipert_result pt_coord_client_send_progress(pt_coord_client *c, const pt_rank_pr
         json_object_set_new(m, "wait_coupling", json_real(p->wait_coupling));
         json_object_set_new(m, "bytes_wan", json_real(p->bytes_wan));
     }
-    return client_send(c, m);
+    return send_unless_lost(c, m);
 }
 
 pipert_result pt_coord_client_send_done(pt_coord_client *c)
@@ -731,7 +759,7 @@ pipert_result pt_coord_client_send_done(pt_coord_client *c)
     pthread_mutex_lock(&c->lock);
     c->done_sent = true;
     pthread_mutex_unlock(&c->lock);
-    return client_send(c, json_pack("{s:s}", "type", "done"));
+    return send_unless_lost(c, json_pack("{s:s}", "type", "done"));
 }
 
 void pt_coord_client_membership(pt_coord_client *c, pt_membership_news *news)
@@ -739,6 +767,15 @@ void pt_coord_client_membership(pt_coord_client *c, pt_membership_news *news)
     pthread_mutex_lock(&c->lock);
     *news = c->membership;
     pthread_mutex_unlock(&c->lock);
+}
+
+long pt_coord_client_dropped_lines(pt_coord_client *c, char *why, size_t cap)
+{
+    pthread_mutex_lock(&c->lock);
+    const long dropped = c->dropped;
+    if (why) snprintf(why, cap, "%s", c->dropped_why);
+    pthread_mutex_unlock(&c->lock);
+    return dropped;
 }
 
 long pt_coord_client_join_epoch(pt_coord_client *c, int replica)
@@ -781,7 +818,7 @@ pipert_result pt_coord_client_send_ack(pt_coord_client *c, long epoch, long step
 pipert_result pt_coord_client_send_error(pt_coord_client *c, const char *reason)
 {
     if (atomic_load(&c->lost)) return PIPERT_OK;
-    return client_send(c, json_pack("{s:s, s:s}", "type", "error", "reason", reason));
+    return send_unless_lost(c, json_pack("{s:s, s:s}", "type", "error", "reason", reason));
 }
 
 void pt_coord_client_close(pt_coord_client *c)

@@ -53,7 +53,12 @@
  * connection whose proof is wrong, or that skips a step, is refused and logged
  * (pt_warn, naming the peer address); it does not abort the job. A recorded
  * registration is worthless later: its proof answers a nonce that is never
- * drawn again. Messages after the handshake are not authenticated.
+ * drawn again. Every line after "welcome", both ways, is sealed
+ * (coordinator_seal.c): "MAC JSON", the MAC under a key of this connection
+ * (from the job's key and the two nonces), JSON with the next "seq" of its
+ * direction; a line that fails is dropped and logged, never acted upon, so
+ * bytes injected into the connection can neither abort the job nor stop a
+ * worker.
  */
 #ifndef PT_COORDINATOR_PROTOCOL_H
 #define PT_COORDINATOR_PROTOCOL_H
@@ -108,6 +113,25 @@ bool pt_coord_get_long(struct json_t *m, const char *key, long *value);
 double pt_coord_get_double(struct json_t *m, const char *key, double fallback);
 
 void pt_coord_set_no_delay(int fd);
+
+/* A connection's sealed lines (coordinator_seal.c); off (plain lines) until started. */
+typedef struct pt_coord_seal {
+    bool on;
+    uint8_t key[PT_AUTH_PROOF_BYTES];
+    uint64_t sent, received; /* lines so far, each way */
+} pt_coord_seal;
+
+/* Both sides start it once the worker's registration is accepted. */
+void pt_coord_seal_start(pt_coord_seal *s, const pt_auth_key *key,
+                         const uint8_t worker_nonce[PT_AUTH_NONCE_BYTES],
+                         const uint8_t coordinator_nonce[PT_AUTH_NONCE_BYTES]);
+/* The line to send for `message` (taken over): sealed with the next "seq" once started;
+ * NULL when out of memory. */
+char *pt_coord_seal_message(pt_coord_seal *s, struct json_t *message, size_t *length);
+/* The message of a received line (without its '\n'), or NULL with *why saying what is
+ * wrong with it. */
+struct json_t *pt_coord_seal_open(pt_coord_seal *s, const char *line, size_t length,
+                                  const char **why);
 /* CLOCK_MONOTONIC now + seconds, for pthread_cond_timedwait on a condition
  * variable that uses that clock. */
 struct timespec pt_coord_deadline_after(double seconds);

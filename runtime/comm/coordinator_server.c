@@ -70,6 +70,7 @@ typedef struct connection {
     bool challenged;     /* it said hello; our nonce is in `nonce` */
     uint8_t nonce[PT_AUTH_NONCE_BYTES]; /* ours: its proof in "register" must answer it */
     uint8_t peer_nonce[PT_AUTH_NONCE_BYTES];
+    pt_coord_seal seal; /* its lines after "welcome" (coordinator_seal.c) */
 } connection;
 
 typedef struct rank_state {
@@ -130,23 +131,33 @@ static void send_to(connection *conn, const char *line, size_t length)
     flush_output(conn);
 }
 
+/* Takes `message` over; sealed once the connection's registration was accepted. */
 static void send_message(connection *conn, json_t *message)
 {
+    if (!conn) {
+        json_decref(message);
+        return;
+    }
     size_t length;
-    char *line = pt_coord_message_text(message, &length);
+    char *line = pt_coord_seal_message(&conn->seal, message, &length);
     if (line) send_to(conn, line, length);
-    else if (conn) conn->broken = true;
+    else conn->broken = true;
     free(line);
 }
 
-/* Sends to every registered rank still connected. */
+/* The registration is accepted: "welcome", then sealed lines both ways. */
+static void welcome(pt_coordinator *c, connection *conn)
+{
+    send_message(conn, json_pack("{s:s}", "type", "welcome"));
+    pt_coord_seal_start(&conn->seal, &c->key, conn->peer_nonce, conn->nonce);
+}
+
+/* Sends to every registered rank still connected (each line sealed for its connection). */
 static void broadcast(pt_coordinator *c, json_t *message)
 {
-    size_t length;
-    char *line = pt_coord_message_text(message, &length);
-    for (int r = 0; r < c->options.world; r++)
-        if (line && c->ranks[r].conn) send_to(c->ranks[r].conn, line, length);
-    free(line);
+    for (int r = 0; message && r < c->options.world; r++)
+        if (c->ranks[r].conn) send_message(c->ranks[r].conn, json_deep_copy(message));
+    json_decref(message);
 }
 
 /* ---- job state ----------------------------------------------------------- */
@@ -444,7 +455,7 @@ static void admit_joiner(pt_coordinator *c, connection *conn, int rank, int pid,
     conn->rank = rank;
     pt_info("coordinator: rank %d registered to rejoin from %s (host %s, pid %d)", rank,
             conn->peer, host, pid);
-    send_message(conn, json_pack("{s:s}", "type", "welcome"));
+    welcome(c, conn);
     const int replica = pt_membership_replica_of(&c->membership, rank), S = c->membership.stages;
     for (int r = replica * S; r < (replica + 1) * S; r++)
         if (!c->ranks[r].joining) return;
@@ -504,7 +515,7 @@ static void handle_register(pt_coordinator *c, connection *conn, json_t *m)
     c->registered++;
     pt_debug("coordinator: rank %ld registered from %s (host %s, pid %ld)", rank, conn->peer, host,
              pid);
-    send_message(conn, json_pack("{s:s}", "type", "welcome"));
+    welcome(c, conn);
     if (c->registered == expected) send_table(c);
 }
 
@@ -551,8 +562,13 @@ static void handle_ack(pt_coordinator *c, int rank, json_t *m)
 
 static void handle_message(pt_coordinator *c, connection *conn, const char *line, size_t length)
 {
-    json_error_t error;
-    json_t *m = json_loadb(line, length, 0, &error);
+    const char *why;
+    json_t *m = pt_coord_seal_open(&conn->seal, line, length, &why);
+    if (!m && conn->seal.on) {
+        pt_warn("coordinator: dropped %s on rank %d's connection (from %s)", why, conn->rank,
+                conn->peer);
+        return;
+    }
     const char *type = m ? pt_coord_get_string(m, "type") : NULL;
     if (!type) {
         pt_warn("coordinator: %s sent something that is not a message; closing it", conn->peer);
@@ -718,12 +734,9 @@ static void check_deadlines(pt_coordinator *c, double now)
     const bool live = c->phase == PT_JOB_REGISTERING || c->phase == PT_JOB_RUNNING;
     if (live && now - c->heartbeat_sent_at >= o->heartbeat_interval_s) {
         c->heartbeat_sent_at = now;
-        size_t length;
-        char *line = pt_coord_message_text(json_pack("{s:s}", "type", "heartbeat"), &length);
-        for (int r = 0; line && r < o->world; r++)
+        for (int r = 0; r < o->world; r++)
             if (!c->ranks[r].done && (!rank_left(c, r) || c->ranks[r].joining))
-                send_to(c->ranks[r].conn, line, length);
-        free(line);
+                send_message(c->ranks[r].conn, json_pack("{s:s}", "type", "heartbeat"));
     }
     for (int i = 0; i < c->n_conns; i++) {
         connection *conn = c->conns[i];
