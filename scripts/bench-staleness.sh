@@ -33,6 +33,7 @@
 #   --microbatches M     (4)   --batch B (8)   --lr LR (1e-3)   --val-batches N (32)
 #   --runs "NAME ..."    a subset of the runs above
 #   --out DIR            (runs/bench-staleness)   --build DIR (build)
+#   --seed N             (1337) model initialisation and batches of every run
 #   --reuse              keep a run whose output already ends with a val_loss (a study
 #                        continued, or the table printed again)
 set -euo pipefail
@@ -43,7 +44,7 @@ steps=160 microbatches=4 batch=8 lr=1e-3 val_batches=32 out=runs/bench-staleness
 all_runs="delay-free-adamw delay-free-nadamw 1f1b-flush async-none async-stash async-nesterov
           async-predict async-predict-nadamw async-predict-damped async-pipemare async-dc-asgd
           async-predict-damped-nadamw async-pipemare-nadamw async-dc-asgd-nadamw"
-runs=$all_runs reuse=0
+runs=$all_runs reuse=0 seed=1337
 while (($#)); do
   case "$1" in
     --stages) stages_list=$2; shift 2 ;;
@@ -57,6 +58,7 @@ while (($#)); do
     --out) out=$2; shift 2 ;;
     --build) build=$2; shift 2 ;;
     --reuse) reuse=1; shift ;;
+    --seed) seed=$2; shift 2 ;;
     *) sed -n '/^# Usage/,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2; exit 2 ;;
   esac
 done
@@ -117,7 +119,7 @@ for S in $stages_list; do
       "$pipert" launch --quiet --replicas 1 "${model[@]}" --model.block_size=$T \
         --train.batch_size="$batch" --train.lr="$lr" --train.min_lr_ratio=0.1 --train.grad_clip=1.0 \
         --train.val_every=0 --train.val_batches="$val_batches" --train.checkpoint_every=0 \
-        --train.keep_checkpoints=1 --seed=1337 --data.path="$cpath" "${args[@]}" \
+        --train.keep_checkpoints=1 --seed="$seed" --data.path="$cpath" "${args[@]}" \
         --out "$dir/$name" >&2 || echo "== $name FAILED" >&2
       echo $(($(date +%s) - start)) > "$dir/$name/wall_s" 2>/dev/null || true
     done
