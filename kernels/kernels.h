@@ -109,9 +109,19 @@ typedef struct pt_kernels {
      * c_mom = γ/(1−β1ᵗ), bias2 = 1−β2ᵗ and decay = 1 − γλ, this is exactly
      * ŵ = θ − τγ(m̂/(√v̂+ε) + λθ) for steps = τ. steps = 0 gives out == param
      * exactly. out[n], param[n], m[n], v[n]; out may be param.
-     * OPTIONAL: NULL in a backend that lacks it (cuda for now); callers check. */
+     * OPTIONAL: NULL in a backend that lacks it; callers check. */
     void (*adam_extrapolate)(float *out, const float *param, const float *m, const float *v,
                              size_t n, const pt_adam_coeffs *coeffs, float steps);
+    /* Delay compensation of a stale gradient (ALGORITHMS.md §3, lookahead =
+     * dc-asgd; Zheng et al. 2017, the adaptive form): the gradient computed at
+     * the weights `used` is carried to the weights `now` by a first-order
+     * Taylor step whose Hessian is approximated by λ·g⊙g, scaled per element
+     * by the optimizer's root mean square of the gradient:
+     *   g ← g + lambda·g·g·(now − used)/d,  d = √(v/bias2) + eps
+     * (only bias2 and eps of coeffs are read). grad[n], now[n], used[n], v[n].
+     * OPTIONAL: NULL in a backend that lacks it; callers check. */
+    void (*delay_compensate)(float *grad, const float *now, const float *used, const float *v,
+                             size_t n, const pt_adam_coeffs *coeffs, float lambda);
     double (*sum_squares)(const float *x, size_t n);
     double (*sum)(const float *x, size_t n);
     void (*scale)(float *x, float factor, size_t n);

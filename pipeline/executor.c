@@ -31,6 +31,9 @@ static const char *const lookahead_names[] = {
     [PT_LOOKAHEAD_STASH] = "stash",
     [PT_LOOKAHEAD_NESTEROV] = "nesterov",
     [PT_LOOKAHEAD_PREDICT] = "predict",
+    [PT_LOOKAHEAD_PREDICT_DAMPED] = "predict-damped",
+    [PT_LOOKAHEAD_PIPEMARE] = "pipemare",
+    [PT_LOOKAHEAD_DC_ASGD] = "dc-asgd",
 };
 
 pipert_result pt_lookahead_parse(const char *name, pt_lookahead *out)
@@ -41,7 +44,8 @@ pipert_result pt_lookahead_parse(const char *name, pt_lookahead *out)
             return PIPERT_OK;
         }
     return pt_fail(PIPERT_ERR_CONFIG,
-                   "pipeline.lookahead: unknown \"%s\" (expected nesterov, stash, predict or none)",
+                   "pipeline.lookahead: unknown \"%s\" (expected nesterov, stash, predict, "
+                   "predict-damped, pipemare, dc-asgd or none)",
                    name);
 }
 
@@ -161,10 +165,6 @@ static pipert_result executor_setup(pt_stage_executor *ex)
     const bool one_stage = ex->options.stages == 1;
     if (one_stage) ex->schedule_kind = PT_SCHEDULE_1F1B;
     PT_TRY(pt_lookahead_parse(cfg->pipeline.lookahead, &ex->lookahead));
-    if (ex->lookahead == PT_LOOKAHEAD_PREDICT && is_async(ex) && !ex->kernels->adam_extrapolate)
-        return pt_fail(PIPERT_ERR_UNSUPPORTED,
-                       "pipeline.lookahead=predict: the %s backend has no adam_extrapolate kernel",
-                       ex->kernels->name);
     ex->microbatches = is_async(ex) ? 1 : one_stage ? cfg->train.grad_accum : cfg->pipeline.microbatches;
     ex->B = cfg->train.batch_size;
     ex->T = cfg->model.block_size;
@@ -172,6 +172,7 @@ static pipert_result executor_setup(pt_stage_executor *ex)
     ex->slots = in_flight(ex);
     pt_eval_waves_init(ex);
     PT_TRY(build_model(ex));
+    PT_TRY(pt_lookahead_setup(ex));
     PT_TRY(alloc_slot_tables(ex));
     PT_TRY(load_data(ex));
     PT_TRY(pt_eval_waves_setup(ex));
@@ -227,6 +228,7 @@ void pt_stage_executor_free(pt_stage_executor *ex)
 {
     if (!ex) return;
     pt_eval_waves_free(ex);
+    pt_lookahead_free(ex);
     const pt_kernels *k = ex->kernels;
     for (int i = 0; i < ex->slots; i++) {
         if (ex->activation_sends) finish_request(&ex->activation_sends[i]);
@@ -484,11 +486,8 @@ static pipert_result choose_forward_weights(pt_stage_executor *ex, long g)
         pt_gpt_use_params(ex->model, NULL);
         return PIPERT_OK;
     }
-    if (ex->lookahead == PT_LOOKAHEAD_PREDICT) {
-        double lr = pt_lr_at(ex->version + 1, ex->config.train.steps, ex->config.train.lr,
-                             ex->config.train.warmup_steps, ex->config.train.min_lr_ratio);
-        PT_TRY(pt_optimizer_predict(&ex->optimizer, stash, ex->model->params, ex->regions,
-                                    ex->model->n_tensors, lr, ex->staleness_estimate));
+    if (ex->lookahead == PT_LOOKAHEAD_PREDICT || ex->lookahead == PT_LOOKAHEAD_PREDICT_DAMPED) {
+        PT_TRY(pt_lookahead_predict(ex, stash));
     } else {
         ex->kernels->copy(stash, ex->model->params, ex->model->n_params * sizeof(float));
     }
@@ -549,6 +548,7 @@ static pipert_result backward(pt_stage_executor *ex, long g, float loss_scale)
     }
     pt_gpt_backward(ex->model, ex->dout);
     pt_gpt_use_params(ex->model, NULL);
+    ex->backward_slot = slot;
     const double staleness = (double)(ex->version - ex->slot_version[slot]);
     ex->staleness_sum += staleness;
     ex->staleness_count++;
@@ -604,12 +604,16 @@ static pipert_result optimizer_step(pt_stage_executor *ex)
     if (is_last_stage(ex) && !isfinite(loss))
         return pt_fail(PIPERT_ERR_INTERNAL, "step %ld: the loss is %f; lower train.lr or check the data",
                        step, (double)loss);
+    PT_TRY(pt_lookahead_adjust_gradient(ex));
     double norm;
     PT_TRY(gradient_norm(ex, &norm));
     if (t->grad_clip > 0 && isfinite(norm) && norm > t->grad_clip)
         ex->kernels->scale(m->grads, (float)(t->grad_clip / norm), m->n_params);
-    const double lr = pt_lr_at(step, t->steps, t->lr, t->warmup_steps, t->min_lr_ratio);
+    const double lr = pt_lr_at(step, t->steps, t->lr, t->warmup_steps, t->min_lr_ratio) *
+                      pt_lookahead_lr_factor(ex, step);
+    pt_lookahead_before_step(ex);
     pt_optimizer_step(&ex->optimizer, m->params, m->grads, ex->regions, m->n_tensors, lr);
+    pt_lookahead_after_step(ex);
     pt_gpt_zero_grads(m);
     ex->version = step;
     if (ex->options.coupling) {
@@ -750,6 +754,7 @@ void pt_stage_executor_use_kernels(pt_stage_executor *ex, const pt_kernels *kern
     ex->kernels = kernels;
     ex->model->kernels = kernels;
     ex->optimizer.kernels = kernels;
+    if (ex->update_size.kernels) ex->update_size.kernels = kernels;
 }
 
 /* ---- validation ---------------------------------------------------------- */

@@ -17,6 +17,11 @@
  *   nesterov  stash, with NAdamW and β1 = 0.99 (the default)
  *   predict   forward and backward at ŵ = θ − τ·γ·u (u: Adam's direction, τ
  *             the measured staleness), stashed for the backward
+ *   predict-damped  predict, its extrapolation damped by min(1, t/K) in
+ *             warm-up and bounded per tensor by τ × the measured update size
+ *   pipemare  stash, with PipeMare's per-stage step size γ·τ^−(1−min(1, t/K))
+ *   dc-asgd   stash, with DC-ASGD's delay compensation of the gradient
+ *             g + λ·g⊙g⊙(θ − w_used)/√v̂ (train/staleness.h, docs/STALENESS.md)
  *
  * Every message between stages carries a header the receiver checks (kind,
  * replica, stage, microbatch, shape, byte count, checksum): a mismatch is an
@@ -42,6 +47,9 @@ typedef enum pt_lookahead {
     PT_LOOKAHEAD_STASH,
     PT_LOOKAHEAD_NESTEROV,
     PT_LOOKAHEAD_PREDICT,
+    PT_LOOKAHEAD_PREDICT_DAMPED,
+    PT_LOOKAHEAD_PIPEMARE,
+    PT_LOOKAHEAD_DC_ASGD,
 } pt_lookahead;
 
 pipert_result pt_lookahead_parse(const char *name, pt_lookahead *out);

@@ -215,6 +215,32 @@ static pipert_result save_in_flight(pt_stage_executor *ex, pt_checkpoint_writer 
     return rc;
 }
 
+/* predict-damped: the measured update size its prediction is bounded by. */
+static void save_update_size(const pt_stage_executor *ex, json_t *state)
+{
+    const pt_update_size *u = &ex->update_size;
+    if (!u->before) return;
+    json_t *squares = json_array();
+    for (int i = 0; i < u->n_regions; i++) json_array_append_new(squares, json_real(u->mean_square[i]));
+    json_object_set_new(state, "update_mean_square", squares);
+    json_object_set_new(state, "update_measured", json_integer((json_int_t)u->measured));
+}
+
+/* The measured update size, when the file has it for as many tensors (older files: none, so
+ * the bound starts again from the first step after the resume). */
+static void restore_update_size(pt_stage_executor *ex, json_t *root)
+{
+    pt_update_size *u = &ex->update_size;
+    json_t *squares = json_object_get(root, "update_mean_square");
+    json_t *measured = json_object_get(root, "update_measured");
+    if (!u->before || !json_is_array(squares) || (int)json_array_size(squares) != u->n_regions ||
+        !json_is_integer(measured))
+        return;
+    for (int i = 0; i < u->n_regions; i++)
+        u->mean_square[i] = json_number_value(json_array_get(squares, (size_t)i));
+    u->measured = (long)json_integer_value(measured);
+}
+
 pipert_result pt_stage_executor_save_state(pt_stage_executor *ex, pt_checkpoint_writer *w)
 {
     json_t *state = json_pack("{s:s, s:I, s:I, s:I, s:i, s:f}", "schedule",
@@ -224,6 +250,7 @@ pipert_result pt_stage_executor_save_state(pt_stage_executor *ex, pt_checkpoint_
                               (json_int_t)ex->version, "cursor", ex->cursor, "staleness_estimate",
                               ex->staleness_estimate);
     if (!state) return pt_fail(PIPERT_ERR_NOMEM, "checkpoint: out of memory");
+    save_update_size(ex, state);
     pipert_result rc = is_async(ex) ? save_in_flight(ex, w, state) : PIPERT_OK;
     char *text = rc == PIPERT_OK ? json_dumps(state, JSON_COMPACT) : NULL;
     if (rc == PIPERT_OK && !text) rc = pt_fail(PIPERT_ERR_NOMEM, "checkpoint: out of memory");
@@ -398,6 +425,7 @@ pipert_result pt_stage_executor_restore(pt_stage_executor *ex, const pt_safetens
         ex->version = version;
         ex->cursor = cursor;
         ex->staleness_estimate = saved.staleness_estimate;
+        restore_update_size(ex, saved.root);
         ex->newest_slot = cut.newest_forward >= 0
                               ? pt_executor_slot_of(ex, ex->base + cut.newest_forward) : -1;
         rc = replay(ex, list, count);

@@ -138,9 +138,16 @@ static const config_key schema[] = {
 
     STRING_KEY(pipeline.schedule, "async-1f1b", "async-1f1b|1f1b|gpipe",
                "pipeline schedule: asynchronous 1F1B (no flush), 1F1B with flush, or GPipe"),
-    STRING_KEY(pipeline.lookahead, "nesterov", "nesterov|stash|predict|none",
+    STRING_KEY(pipeline.lookahead, "nesterov",
+               "nesterov|stash|predict|predict-damped|pipemare|dc-asgd|none",
                "weight handling of async-1f1b: stash + NAdamW(β1=0.99), stash, weight prediction, "
-               "or none"),
+               "weight prediction damped in warm-up and bounded by the measured update size, stash "
+               "+ PipeMare's per-stage step sizes, stash + DC-ASGD delay compensation, or none"),
+    NUMBER_KEY(pipeline.lookahead_warmup, 0, AT_LEAST(0),
+               "predict-damped and pipemare: steps K over which the damping (t/K) or the "
+               "per-stage step size (tau^-(1-t/K)) rises to 1; 0 = train.warmup_steps"),
+    NUMBER_KEY(pipeline.dc_lambda, 2.0, AT_LEAST(0),
+               "dc-asgd: lambda of the delay compensation g + lambda*g*g*(w_now - w_used)/sqrt(v)"),
     NUMBER_KEY(pipeline.microbatches, 4, AT_LEAST(1),
                "microbatches per optimizer step (gpipe, 1f1b); async-1f1b steps after each"),
     BOOL_KEY(pipeline.recompute, false,

@@ -56,7 +56,10 @@ typedef struct pt_runtime_settings {
 
 typedef struct pt_pipeline_settings {
     char schedule[PT_CONFIG_STRING_MAX];  /* "async-1f1b" | "1f1b" | "gpipe" */
-    char lookahead[PT_CONFIG_STRING_MAX]; /* "nesterov" | "stash" | "predict" | "none" */
+    char lookahead[PT_CONFIG_STRING_MAX]; /* "nesterov" | "stash" | "predict" | "predict-damped" |
+                                             "pipemare" | "dc-asgd" | "none" */
+    long lookahead_warmup;                /* predict-damped, pipemare: K (0: train.warmup_steps) */
+    double dc_lambda;                     /* dc-asgd: λ */
     int microbatches;                     /* per optimizer step (gpipe, 1f1b) */
     bool recompute;                       /* recompute activations at backward time */
     bool trace;                           /* write a Chrome trace per rank */

@@ -10,6 +10,12 @@
 #   async-nesterov     stash + NAdamW beta1 = 0.99 (ALGORITHMS.md §3), as delay-free-nadamw
 #   async-predict-nadamw  weight prediction with NAdamW beta1 = 0.99: Nesterov momentum and an
 #                      explicit prediction of the S-1-s steps ahead together
+#   async-predict-damped  prediction damped by min(1, t/K) in warm-up and bounded per tensor by
+#                      tau x the measured update RMS (docs/STALENESS.md)
+#   async-pipemare     stash + PipeMare's per-stage step size gamma * tau^-(1 - min(1, t/K))
+#   async-dc-asgd      stash + DC-ASGD delay compensation, lambda = 2
+#   async-L-nadamw     look-ahead L with NAdamW beta1 = 0.99 (L: predict, predict-damped,
+#                      pipemare, dc-asgd)
 #
 # Every run: the same peak learning rate, linear warm-up over the first 10% of the tokens,
 # cosine decay to 0.1 of it, clipping at norm 1, the same seed, data and validation batches.
@@ -27,14 +33,18 @@
 #   --microbatches M     (4)   --batch B (8)   --lr LR (1e-3)   --val-batches N (32)
 #   --runs "NAME ..."    a subset of the runs above
 #   --out DIR            (runs/bench-staleness)   --build DIR (build)
+#   --seed N             (1337) model initialisation and batches of every run
+#   --reuse              keep a run whose output already ends with a val_loss (a study
+#                        continued, or the table printed again)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 stages_list="4 8" corpora="fortunes= licenses=/usr/share/common-licenses"
 steps=160 microbatches=4 batch=8 lr=1e-3 val_batches=32 out=runs/bench-staleness build=build
 all_runs="delay-free-adamw delay-free-nadamw 1f1b-flush async-none async-stash async-nesterov
-          async-predict async-predict-nadamw"
-runs=$all_runs
+          async-predict async-predict-nadamw async-predict-damped async-pipemare async-dc-asgd
+          async-predict-damped-nadamw async-pipemare-nadamw async-dc-asgd-nadamw"
+runs=$all_runs reuse=0 seed=1337
 while (($#)); do
   case "$1" in
     --stages) stages_list=$2; shift 2 ;;
@@ -47,6 +57,8 @@ while (($#)); do
     --runs) runs=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --build) build=$2; shift 2 ;;
+    --reuse) reuse=1; shift ;;
+    --seed) seed=$2; shift 2 ;;
     *) sed -n '/^# Usage/,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2; exit 2 ;;
   esac
 done
@@ -71,8 +83,9 @@ run_args() {
       --train.optimizer=adamw --train.beta1=0.9 --train.beta2=0.95 --train.weight_decay=0.1 ;;
     async-nesterov) echo --stages "$S" --pipeline.schedule=async-1f1b --pipeline.lookahead=nesterov \
       "${long[@]}" "${nadamw[@]}" ;;
-    async-predict-nadamw) echo --stages "$S" --pipeline.schedule=async-1f1b \
-      --pipeline.lookahead=predict "${long[@]}" "${nadamw[@]}" ;;
+    async-*-nadamw) local lookahead=${name#async-}
+      echo --stages "$S" --pipeline.schedule=async-1f1b --pipeline.lookahead="${lookahead%-nadamw}" \
+      "${long[@]}" "${nadamw[@]}" ;;
     async-*) echo --stages "$S" --pipeline.schedule=async-1f1b --pipeline.lookahead="${name#async-}" \
       "${long[@]}" "${adamw_async[@]}" ;;
     *) echo "unknown run $name" >&2; exit 2 ;;
@@ -82,7 +95,7 @@ run_args() {
 # Which delay-free run a run is measured against.
 reference_of() {
   case $1 in
-    async-nesterov | async-predict-nadamw | delay-free-nadamw) echo delay-free-nadamw ;;
+    async-nesterov | *-nadamw) echo delay-free-nadamw ;;
     *) echo delay-free-adamw ;;
   esac
 }
@@ -96,13 +109,17 @@ for S in $stages_list; do
     mkdir -p "$dir"
     for name in $runs; do
       read -r -a args <<< "$(run_args "$name" "$S")"
+      if ((reuse)) && grep -q val_loss "$dir/$name/metrics.jsonl" 2>/dev/null; then
+        echo "== $S stages, $cname, $name: kept" >&2
+        continue
+      fi
       rm -rf "${dir:?}/$name"
       echo "== $S stages, $cname, $name" >&2
       start=$(date +%s)
       "$pipert" launch --quiet --replicas 1 "${model[@]}" --model.block_size=$T \
         --train.batch_size="$batch" --train.lr="$lr" --train.min_lr_ratio=0.1 --train.grad_clip=1.0 \
         --train.val_every=0 --train.val_batches="$val_batches" --train.checkpoint_every=0 \
-        --train.keep_checkpoints=1 --seed=1337 --data.path="$cpath" "${args[@]}" \
+        --train.keep_checkpoints=1 --seed="$seed" --data.path="$cpath" "${args[@]}" \
         --out "$dir/$name" >&2 || echo "== $name FAILED" >&2
       echo $(($(date +%s) - start)) > "$dir/$name/wall_s" 2>/dev/null || true
     done
@@ -120,15 +137,15 @@ def val(name):
 def train(name):  # loss by tokens, so runs of different step sizes line up
     return {l["tokens"]: l["loss"] for l in lines(name) if "loss" in l and "tokens" in l}
 def ref(name):
-    return "delay-free-nadamw" if name in ("async-nesterov", "async-predict-nadamw", "delay-free-nadamw") \
+    return "delay-free-nadamw" if name == "async-nesterov" or name.endswith("-nadamw") \
         else "delay-free-adamw"
 print(f"\n{S} stages, corpus {corpus}")
-print(f"{'run':<22} {'val_loss':>9} {'vs delay-free':>14} {'vs 1f1b':>8} {'max loss ratio':>15} {'wall s':>7}")
+print(f"{'run':<28} {'val_loss':>9} {'vs delay-free':>14} {'vs 1f1b':>8} {'max loss ratio':>15} {'wall s':>7}")
 flush = val("1f1b-flush")
 for n in names:
     v = val(n)
     if v is None:
-        print(f"{n:<22} {'-':>9}")
+        print(f"{n:<28} {'-':>9}")
         continue
     r = val(ref(n))
     mine, theirs = train(n), train(ref(n))
@@ -137,7 +154,7 @@ for n in names:
     gap = f"{100 * (v / r - 1):+.2f}%" if r else "-"
     vs_flush = f"{100 * (v / flush - 1):+.2f}%" if flush else "-"
     spike = f"{max(ratios):.3f}" if ratios and not n.startswith("delay-free") else "-"
-    print(f"{n:<22} {v:9.4f} {gap:>14} {vs_flush:>8} {spike:>15} {wall:>7}")
+    print(f"{n:<28} {v:9.4f} {gap:>14} {vs_flush:>8} {spike:>15} {wall:>7}")
 PY
   done
 done

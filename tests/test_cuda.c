@@ -176,8 +176,8 @@ Test(cuda, table_is_complete)
         (void (*)(void))k->attention_saved_floats, (void (*)(void))k->gelu_forward,
         (void (*)(void))k->gelu_backward, (void (*)(void))k->residual_forward,
         (void (*)(void))k->crossentropy_forward, (void (*)(void))k->crossentropy_forward_backward,
-        (void (*)(void))k->adam_update, (void (*)(void))k->sum_squares, (void (*)(void))k->sum,
-        (void (*)(void))k->scale,
+        (void (*)(void))k->adam_update, (void (*)(void))k->delay_compensate,
+        (void (*)(void))k->sum_squares, (void (*)(void))k->sum, (void (*)(void))k->scale,
     };
     for (size_t i = 0; i < sizeof entries / sizeof entries[0]; i++)
         cr_expect(entries[i] != NULL, "entry %zu of the cuda table is NULL", i);
@@ -489,6 +489,22 @@ Test(cuda, adam_update_matches_cpu)
     expect_device_close(gpu, "adam param", d_param, param, n, FP32_TOL);
     expect_device_close(gpu, "adam m", d_m, m, n, FP32_TOL);
     expect_device_close(gpu, "adam v", d_v, v, n, FP32_TOL);
+    expect_no_cuda_error();
+}
+
+/* lookahead = dc-asgd's kernel (kernels.h): g + λ·g·g·(now − used)/(√(v/bias2) + ε) */
+Test(cuda, delay_compensate_matches_cpu)
+{
+    const pt_kernels *gpu = cuda_or_skip();
+    const size_t n = 100003;
+    float *grad = random_floats(n, -1, 1), *now = random_floats(n, -1, 1);
+    float *used = random_floats(n, -1, 1), *v = random_floats(n, 0, 0.01);
+    float *d_grad = upload(gpu, grad, n * 4), *d_now = upload(gpu, now, n * 4),
+          *d_used = upload(gpu, used, n * 4), *d_v = upload(gpu, v, n * 4);
+    pt_adam_coeffs c = {.bias2 = 0.2f, .eps = 1e-3f};
+    cpu()->delay_compensate(grad, now, used, v, n, &c, 2.0f);
+    gpu->delay_compensate(d_grad, d_now, d_used, d_v, n, &c, 2.0f);
+    expect_device_close(gpu, "delay-compensated gradient", d_grad, grad, n, FP32_TOL);
     expect_no_cuda_error();
 }
 

@@ -175,6 +175,23 @@ Test(resume, asynchronous_pipeline_resumes_exactly_with_three_stages_or_two_repl
                        "async-1f1b, 2 stages x 2 replicas, stash");
 }
 
+/* The damped prediction keeps state of its own (the measured update size per tensor) that
+ * the checkpoint must carry for the losses to continue exactly; DC-ASGD compensates with the
+ * restored stashes; PipeMare's step size depends on the step only. */
+Test(resume, staleness_aware_lookaheads_resume_with_the_same_losses)
+{
+    const char *lookaheads[] = {"predict-damped", "dc-asgd", "pipemare"};
+    for (int k = 0; k < 3; k++) {
+        char args[256], what[64];
+        snprintf(args, sizeof args,
+                 "--stages 3 --replicas 1 --train.batch_size=2 --pipeline.schedule=async-1f1b "
+                 "--pipeline.lookahead=%s --train.warmup_steps=4",
+                 lookaheads[k]);
+        snprintf(what, sizeof what, "async-1f1b, 3 stages, %s", lookaheads[k]);
+        check_asynchronous(args, what);
+    }
+}
+
 /* ---- another layout: loading by global name ------------------------------------------- */
 
 /* A flush pipeline equals single-worker training whatever its stages, so a

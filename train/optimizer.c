@@ -172,17 +172,24 @@ static pt_adam_coeffs prediction_coeffs(const pt_optimizer *opt, double lr, int 
     return c;
 }
 
-pipert_result pt_optimizer_predict(const pt_optimizer *opt, float *out, const float *params,
-                                   const pt_param_region *regions, int n_regions, double lr,
-                                   double steps)
+static pipert_result check_prediction(const pt_optimizer *opt, double steps)
 {
-    const pt_kernels *k = opt->kernels;
-    if (!k->adam_extrapolate)
+    if (!opt->kernels->adam_extrapolate)
         return pt_fail(PIPERT_ERR_UNSUPPORTED,
-                       "lookahead predict: the %s kernels have no adam_extrapolate", k->name);
+                       "lookahead predict: the %s kernels have no adam_extrapolate",
+                       opt->kernels->name);
     if (!(steps >= 0 && isfinite(steps)))
         return pt_fail(PIPERT_ERR_INVALID_ARG,
                        "lookahead predict: staleness %g must be finite and >= 0", steps);
+    return PIPERT_OK;
+}
+
+/* Region i extrapolated by steps_of[i] (or `steps` for every region when steps_of is NULL). */
+static void predict_regions(const pt_optimizer *opt, float *out, const float *params,
+                            const pt_param_region *regions, int n_regions, double lr,
+                            double steps, const double *steps_of)
+{
+    const pt_kernels *k = opt->kernels;
     const pt_adam_coeffs decayed = prediction_coeffs(opt, lr, 1);
     const pt_adam_coeffs plain = prediction_coeffs(opt, lr, 0);
     for (int i = 0; i < n_regions; i++) {
@@ -190,7 +197,49 @@ pipert_result pt_optimizer_predict(const pt_optimizer *opt, float *out, const fl
         if (r->numel == 0) continue;
         k->adam_extrapolate(out + r->offset, params + r->offset, opt->m + r->offset,
                             opt->v + r->offset, r->numel, r->decay ? &decayed : &plain,
-                            (float)steps);
+                            (float)(steps_of ? steps_of[i] : steps));
+    }
+}
+
+pipert_result pt_optimizer_predict(const pt_optimizer *opt, float *out, const float *params,
+                                   const pt_param_region *regions, int n_regions, double lr,
+                                   double steps)
+{
+    PT_TRY(check_prediction(opt, steps));
+    predict_regions(opt, out, params, regions, n_regions, lr, steps, NULL);
+    return PIPERT_OK;
+}
+
+pipert_result pt_optimizer_predict_each(const pt_optimizer *opt, float *out, const float *params,
+                                        const pt_param_region *regions, int n_regions, double lr,
+                                        const double *steps)
+{
+    for (int i = 0; i < n_regions; i++) PT_TRY(check_prediction(opt, steps[i]));
+    if (n_regions == 0) PT_TRY(check_prediction(opt, 0));
+    predict_regions(opt, out, params, regions, n_regions, lr, 0, steps);
+    return PIPERT_OK;
+}
+
+pipert_result pt_optimizer_delay_compensate(const pt_optimizer *opt, float *grads,
+                                            const float *now, const float *used,
+                                            const pt_param_region *regions, int n_regions,
+                                            double lambda)
+{
+    const pt_kernels *k = opt->kernels;
+    if (!k->delay_compensate)
+        return pt_fail(PIPERT_ERR_UNSUPPORTED,
+                       "lookahead dc-asgd: the %s kernels have no delay_compensate", k->name);
+    if (!(lambda >= 0 && isfinite(lambda)))
+        return pt_fail(PIPERT_ERR_INVALID_ARG, "lookahead dc-asgd: lambda %g must be finite and >= 0",
+                       lambda);
+    if (opt->t == 0) return PIPERT_OK; /* no mean square of the gradient yet */
+    const pt_adam_coeffs c = {.bias2 = (float)(1.0 - pow(opt->settings.beta2, (double)opt->t)),
+                              .eps = (float)opt->settings.eps};
+    for (int i = 0; i < n_regions; i++) {
+        const pt_param_region *r = &regions[i];
+        if (r->numel == 0) continue;
+        k->delay_compensate(grads + r->offset, now + r->offset, used + r->offset,
+                            opt->v + r->offset, r->numel, &c, (float)lambda);
     }
     return PIPERT_OK;
 }

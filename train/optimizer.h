@@ -95,6 +95,28 @@ pipert_result pt_optimizer_predict(const pt_optimizer *opt, float *out, const fl
                                    const pt_param_region *regions, int n_regions, double lr,
                                    double steps);
 
+/* The same prediction with a staleness of its own per tensor: steps[i] for
+ * regions[i] (lookahead = predict-damped, train/staleness.h). The prediction
+ * is linear in the steps, so steps[i] = f·τ moves region i by f times the
+ * displacement of τ. Errors as pt_optimizer_predict. */
+pipert_result pt_optimizer_predict_each(const pt_optimizer *opt, float *out, const float *params,
+                                        const pt_param_region *regions, int n_regions, double lr,
+                                        const double *steps);
+
+/* Delay compensation (ALGORITHMS.md §3, lookahead = dc-asgd; Zheng et al.,
+ * ICML 2017, DC-ASGD-a): grads[n], computed at the weights `used`, become an
+ * estimate of the gradient at the weights `now`,
+ *   g ← g + λ·g⊙g⊙(now − used) / (√v̂_t + ε)
+ * with v̂_t = v_t/(1−β2ᵗ) the optimizer's bias-corrected mean square of the
+ * gradient before this step (the paper's adaptive λ_t = λ/√MeanSquare). Before
+ * the first step (t = 0, no mean square yet) nothing is changed. Returns
+ * PIPERT_ERR_UNSUPPORTED when the backend has no delay_compensate kernel,
+ * PIPERT_ERR_INVALID_ARG for a negative or non-finite λ. */
+pipert_result pt_optimizer_delay_compensate(const pt_optimizer *opt, float *grads,
+                                            const float *now, const float *used,
+                                            const pt_param_region *regions, int n_regions,
+                                            double lambda);
+
 /* The coefficients of step t (1-based) for a decayed / non-decayed region,
  * given Π_{t−1} (1 at t = 1; ignored by AdamW); updates nothing. */
 pt_adam_coeffs pt_optimizer_coeffs(const pt_optimizer_settings *s, long t, double mu_product_prev,

@@ -9,6 +9,9 @@
  * And the weight prediction of lookahead = predict, with the same
  * coefficients, the moments only read and no gradient:
  *   out = θ·(1 − steps·(1 − decay)) − steps·c_mom·m/d
+ *
+ * And the delay compensation of lookahead = dc-asgd, v only read:
+ *   g ← g + λ·g·g·(now − used)/d
  */
 #include <math.h>
 
@@ -48,5 +51,18 @@ void pt_cpu_adam_extrapolate(float *out, const float *param, const float *m, con
     for (size_t i = 0; i < n; i++) {
         float d = sqrtf(v[i] * inv_bias2) + c.eps;
         out[i] = param[i] - (shrink * param[i] + push * m[i] / d);
+    }
+}
+
+void pt_cpu_delay_compensate(float *grad, const float *now, const float *used, const float *v,
+                             size_t n, const pt_adam_coeffs *coeffs, float lambda)
+{
+    /* grad[n], now[n], used[n], v[n] */
+    const float inv_bias2 = 1.0f / coeffs->bias2, eps = coeffs->eps;
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        float g = grad[i];
+        float d = sqrtf(v[i] * inv_bias2) + eps;
+        grad[i] = g + lambda * g * g * (now[i] - used[i]) / d;
     }
 }

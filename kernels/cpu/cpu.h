@@ -95,5 +95,7 @@ void pt_cpu_adam_update(float *param, const float *grad, float *m, float *v, siz
                         const pt_adam_coeffs *coeffs);
 void pt_cpu_adam_extrapolate(float *out, const float *param, const float *m, const float *v,
                              size_t n, const pt_adam_coeffs *coeffs, float steps);
+void pt_cpu_delay_compensate(float *grad, const float *now, const float *used, const float *v,
+                             size_t n, const pt_adam_coeffs *coeffs, float lambda);
 
 #endif

@@ -6,6 +6,9 @@
  * Naive reading, per element:
  *   m ← β1·m + (1−β1)·g;  v ← β2·v + (1−β2)·g²;  d = √(v/bias2) + ε
  *   θ ← θ·decay − c_grad·g/d − c_mom·m/d
+ *
+ * And the delay compensation of lookahead = dc-asgd (kernels.h), v only read:
+ *   g ← g + λ·g·g·(now − used)/d
  */
 #include "kernels/cuda/common.cuh"
 
@@ -30,4 +33,24 @@ void pt_cuda_adam_update(float *param, const float *grad, float *m, float *v, si
                          const pt_adam_coeffs *coeffs)
 {
     PT_LAUNCH_ELEMENTWISE(adam_update_kernel, n, param, grad, m, v, n, *coeffs);
+}
+
+__global__ void delay_compensate_kernel(float *grad, const float *now, const float *used,
+                                        const float *v, size_t n, float inv_bias2, float eps,
+                                        float lambda)
+{
+    /* grad[n], now[n], used[n], v[n] */
+    PT_GRID_STRIDE_LOOP(i, n)
+    {
+        float g = grad[i];
+        float d = sqrtf(v[i] * inv_bias2) + eps;
+        grad[i] = g + lambda * g * g * (now[i] - used[i]) / d;
+    }
+}
+
+void pt_cuda_delay_compensate(float *grad, const float *now, const float *used, const float *v,
+                              size_t n, const pt_adam_coeffs *coeffs, float lambda)
+{
+    PT_LAUNCH_ELEMENTWISE(delay_compensate_kernel, n, grad, now, used, v, n, 1.0f / coeffs->bias2,
+                          coeffs->eps, lambda);
 }

@@ -177,5 +177,7 @@ void pt_cuda_crossentropy_forward_backward(float *losses, float *logits, const i
 /* adam.cu */
 void pt_cuda_adam_update(float *param, const float *grad, float *m, float *v, size_t n,
                          const pt_adam_coeffs *coeffs);
+void pt_cuda_delay_compensate(float *grad, const float *now, const float *used, const float *v,
+                              size_t n, const pt_adam_coeffs *coeffs, float lambda);
 
 #endif
