@@ -74,8 +74,9 @@ static void send_sealed(int fd, pt_coord_seal *seal, const uint8_t *data, size_t
         const size_t length = newline ? (size_t)(newline - data) : size;
         json_t *m = newline ? json_loadb((const char *)data, length, 0, NULL) : NULL;
         size_t sealed_length;
-        char *sealed = json_is_object(m) ? pt_coord_seal_message(seal, m, &sealed_length) : NULL;
-        if (!json_is_object(m)) json_decref(m);
+        const bool object = json_is_object(m);
+        char *sealed = object ? pt_coord_seal_message(seal, m, &sealed_length) : NULL; /* takes m */
+        if (!object) json_decref(m);
         if (sealed) send_all(fd, sealed, sealed_length);
         else send_all(fd, data, length + (newline ? 1 : 0));
         free(sealed);
