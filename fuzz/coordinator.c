@@ -6,7 +6,9 @@
  * line is then sealed as a worker seals it, unless bit 6 asks for the raw
  * bytes, which the seal must drop), and whether the worker hangs up at the
  * end. The coordinator must survive all of it and end in a consistent state. */
+#include <errno.h>
 #include <jansson.h>
+#include <stdbool.h>
 #include <poll.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,14 +21,19 @@
 
 #define SECRET "fuzzing-secret-0123456789"
 
-static void send_all(int fd, const void *data, size_t size)
+/* False once the coordinator has closed its end (it may, after what it was sent). */
+static bool send_some(int fd, const void *data, size_t size)
 {
     for (size_t sent = 0; sent < size;) {
-        ssize_t n = write(fd, (const char *)data + sent, size - sent);
+        ssize_t n = send(fd, (const char *)data + sent, size - sent, MSG_NOSIGNAL);
+        if (n < 0 && errno == EPIPE) return false;
         FUZZ_CHECK(n > 0);
         sent += (size_t)n;
     }
+    return true;
 }
+
+static void send_all(int fd, const void *data, size_t size) { FUZZ_CHECK(send_some(fd, data, size)); }
 
 /* The coordinator's next line to us (after it served what we sent), parsed. */
 static json_t *answer(pt_coordinator *c, int fd)
@@ -65,9 +72,19 @@ static void register_rank(pt_coordinator *c, int fd, int rank, int world, pt_coo
     pt_coord_seal_start(seal, &key, ours, theirs);
 }
 
+/* Reads whatever the coordinator sent us, so that its output never blocks. */
+static void drain(int fd)
+{
+    char buffer[65536];
+    while (recv(fd, buffer, sizeof buffer, MSG_DONTWAIT) > 0) {}
+}
+
 /* Each line of the input that is a JSON object goes sealed (the seal adds its "seq"); the
- * others, and a last line without its newline, go as they are. */
-static void send_sealed(int fd, pt_coord_seal *seal, const uint8_t *data, size_t size)
+ * others, and a last line without its newline, go as they are. Sealed lines are longer than
+ * the input, so the coordinator reads (and we drain its answers) after each one: the
+ * socketpair's buffers never fill up. */
+static void send_sealed(pt_coordinator *c, int fd, pt_coord_seal *seal, const uint8_t *data,
+                        size_t size)
 {
     while (size > 0) {
         const uint8_t *newline = memchr(data, '\n', size);
@@ -77,19 +94,15 @@ static void send_sealed(int fd, pt_coord_seal *seal, const uint8_t *data, size_t
         const bool object = json_is_object(m);
         char *sealed = object ? pt_coord_seal_message(seal, m, &sealed_length) : NULL; /* takes m */
         if (!object) json_decref(m);
-        if (sealed) send_all(fd, sealed, sealed_length);
-        else send_all(fd, data, length + (newline ? 1 : 0));
+        const bool open = sealed ? send_some(fd, sealed, sealed_length)
+                                 : send_some(fd, data, length + (newline ? 1 : 0));
         free(sealed);
+        if (!open) return;
+        FUZZ_CHECK(pt_coordinator_poll(c, 0) == PIPERT_OK);
+        drain(fd);
         data += length + (newline ? 1 : 0);
         size -= length + (newline ? 1 : 0);
     }
-}
-
-/* Reads whatever the coordinator sent us, so that its output never blocks. */
-static void drain(int fd)
-{
-    char buffer[65536];
-    while (recv(fd, buffer, sizeof buffer, MSG_DONTWAIT) > 0) {}
 }
 
 static void check_status(pt_coordinator *c, int world)
@@ -119,7 +132,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     FUZZ_CHECK(pt_coordinator_adopt(c, fds[0]) == PIPERT_OK);
     pt_coord_seal seal = {0};
     if (data[0] & 4) register_rank(c, fds[1], (data[0] >> 3) % options.world, options.world, &seal);
-    if (seal.on && !(data[0] & 0x40)) send_sealed(fds[1], &seal, data + 1, size - 1);
+    if (seal.on && !(data[0] & 0x40)) send_sealed(c, fds[1], &seal, data + 1, size - 1);
     else send_all(fds[1], data + 1, size - 1);
     for (int i = 0; i < 3; i++) {
         FUZZ_CHECK(pt_coordinator_poll(c, 0) == PIPERT_OK);
