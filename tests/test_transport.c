@@ -400,6 +400,20 @@ static int secret_body(rank_context *ctx)
     return 0;
 }
 
+/* The first 64 KiB of a log file, as a string ("" when unreadable; never NULL). */
+static char *read_log(const char *path)
+{
+    char *log = calloc(1, 1 << 16);
+    cr_assert(log, "no memory");
+    FILE *f = fopen(path, "r");
+    if (f) {
+        size_t size = fread(log, 1, (1 << 16) - 1, f);
+        log[size] = '\0';
+        fclose(f);
+    }
+    return log;
+}
+
 Test(transport, wrong_secret_is_refused_and_logged)
 {
     char log_path[] = "/tmp/pipert-transport-log-XXXXXX";
@@ -412,17 +426,10 @@ Test(transport, wrong_secret_is_refused_and_logged)
                      .stderr_path = {log_path}};
     char why[512];
     int ok = run_job(&spec, why, sizeof why);
-    char *log = NULL;
-    size_t size = 0;
-    FILE *f = fopen(log_path, "r");
-    if (f) {
-        log = calloc(1, 1 << 16);
-        size = fread(log, 1, (1 << 16) - 1, f);
-        fclose(f);
-    }
+    char *log = read_log(log_path);
     unlink(log_path);
-    cr_assert(ok, "%s; rank 0 logged: %s", why, log ? log : "(nothing)");
-    cr_assert(log && size > 0, "rank 0 logged nothing");
+    cr_assert(ok, "%s; rank 0 logged: %s", why, log);
+    cr_assert(log[0], "rank 0 logged nothing");
     char claim[64];
     snprintf(claim, sizeof claim, "rank 1 (pid ");
     cr_expect(strstr(log, "refused") && strstr(log, claim) && strstr(log, "secret"),
@@ -575,6 +582,76 @@ Test(transport, forged_altered_and_replayed_messages_are_refused)
 {
     job_spec spec = {.n = 2, .body = authenticate_body, .mesh = 1, .authenticate_messages = 1};
     RUN_JOB(spec);
+}
+
+/* Control words (goodbyes, the direct-read offer) are sealed too: rank 1 sends, raw, a sealed
+ * record of a word rank 0 does not know, then the same record again (a replay), a goodbye with
+ * an altered MAC and one without a seal. Rank 0 must refuse the last three, log each, and still
+ * count rank 1 as alive; a message after them arrives. */
+enum { CONTROL_TEST_WORD = 0x54534554u, CONTROL_BYE_WORD = 0x45594221u, TAG_CONTROL_DONE = 9 };
+
+static int control_forger_body(rank_context *ctx)
+{
+    pt_control_record sealed, forged, unsealed = {.word = CONTROL_BYE_WORD};
+    CHILD_CHECK(ctx, pt_transport_seal_control(ctx->t, 0, CONTROL_TEST_WORD, &sealed) == PIPERT_OK,
+                "seal: %s", pipert_last_error());
+    CHILD_CHECK(ctx, sealed.sequence != 0, "the record went without a sequence number");
+    CHILD_CHECK(ctx, pt_transport_seal_control(ctx->t, 0, CONTROL_BYE_WORD, &forged) == PIPERT_OK,
+                "seal");
+    forged.mac[3] ^= 0x40;
+    const pt_control_record *raw[] = {&sealed, &sealed, &forged, &unsealed};
+    for (size_t k = 0; k < sizeof raw / sizeof raw[0]; k++)
+        CHILD_CHECK(ctx, pt_transport_send_control_raw(ctx->t, 0, raw[k]) == PIPERT_OK,
+                    "raw control record %zu: %s", k, pipert_last_error());
+    pt_message_header h = bytes_header(0, PT_KIND_ACTIVATION);
+    CHILD_CHECK(ctx, send_and_wait(ctx->t, 0, TAG_AFTER, &h, NULL, 0) == PIPERT_OK, "send");
+    pt_recv_expect e = any_shape(PT_KIND_ACTIVATION);
+    pt_request *r;
+    CHILD_CHECK(ctx, pt_recv(ctx->t, 0, TAG_CONTROL_DONE, &e, NULL, 0, &r) == PIPERT_OK, "post");
+    CHILD_CHECK(ctx, pt_request_wait(r, 20.0) == PIPERT_OK, "rank 0 is done");
+    pt_request_free(r);
+    return 0;
+}
+
+static int control_records_body(rank_context *ctx)
+{
+    if (ctx->rank == 1) return control_forger_body(ctx);
+    pt_recv_expect e = any_shape(PT_KIND_ACTIVATION);
+    pt_request *r;
+    CHILD_CHECK(ctx, pt_recv(ctx->t, 1, TAG_AFTER, &e, NULL, 0, &r) == PIPERT_OK, "post");
+    CHILD_CHECK(ctx, pt_request_wait(r, 20.0) == PIPERT_OK, "the message after: %s",
+                pt_request_error(r));
+    pt_request_free(r);
+    usleep(500 * 1000); /* the stream's records, should they come after the message */
+    CHILD_CHECK(ctx, pt_transport_peer_alive(ctx->t, 1), "a forged goodbye ended rank 1");
+    pt_message_header h = bytes_header(0, PT_KIND_ACTIVATION);
+    CHILD_CHECK(ctx, send_and_wait(ctx->t, 1, TAG_CONTROL_DONE, &h, NULL, 0) == PIPERT_OK,
+                "send to rank 1");
+    return 0;
+}
+
+Test(transport, forged_and_replayed_control_words_are_refused)
+{
+    char log_path[] = "/tmp/pipert-transport-log-XXXXXX";
+    int fd = mkstemp(log_path);
+    cr_assert(fd >= 0);
+    close(fd);
+    job_spec spec = {.n = 2,
+                     .body = control_records_body,
+                     .mesh = 1,
+                     .authenticate_messages = 1,
+                     .stderr_path = {log_path}};
+    char why[512];
+    int ok = run_job(&spec, why, sizeof why);
+    char *log = read_log(log_path);
+    unlink(log_path);
+    cr_assert(ok, "%s; rank 0 logged: %s", why, log);
+    const char *expected[] = {"unknown control word 0x54534554", "replayed", "forged or altered",
+                              "carries none"};
+    for (size_t k = 0; k < sizeof expected / sizeof expected[0]; k++)
+        cr_expect(strstr(log, expected[k]), "rank 0 should have logged \"%s\"; it logged: %s",
+                  expected[k], log);
+    free(log);
 }
 
 /* ---- failures ------------------------------------------------------------ */

@@ -256,6 +256,23 @@ pipert_result pt_send(pt_transport *t, int dst_rank, uint32_t user_tag,
 pipert_result pt_send_raw(pt_transport *t, int dst_rank, uint32_t user_tag,
                           const pt_message_header *header, const void *payload, pt_request **out);
 
+/* A control record on a connection's stream: a goodbye, its answer, or the direct-read offer
+ * (transport_connect.c), with the seal of runtime.authenticate_messages (a sequence number
+ * from the messages' count and a MAC; zeros without). */
+typedef struct pt_control_record {
+    uint32_t word, reserved;
+    uint64_t sequence;
+    uint8_t mac[PT_MESSAGE_MAC_BYTES];
+} pt_control_record;
+
+/* For fault-injection tests of receivers: a control record of `word` to `rank`, sealed as
+ * the transport seals its own (it uses up a sequence number); and sending a record to `rank`
+ * exactly as given. */
+pipert_result pt_transport_seal_control(pt_transport *t, int rank, uint32_t word,
+                                        pt_control_record *out);
+pipert_result pt_transport_send_control_raw(pt_transport *t, int rank,
+                                            const pt_control_record *record);
+
 /* Receives one message of expect->kind and user_tag from src_rank into
  * `buffer` (capacity bytes). On success pt_request_header() describes it. */
 pipert_result pt_recv(pt_transport *t, int src_rank, uint32_t user_tag,

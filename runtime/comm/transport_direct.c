@@ -26,6 +26,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -153,7 +154,7 @@ void pt_transport_peer_reads_us(connection *c)
 static void ack_arrived(pt_request *r, ucs_status_t status, const ucp_tag_recv_info_t *info)
 {
     (void)info;
-    char what[96];
+    char what[96], why[160];
     pt_transport_describe_request(r, what, sizeof what);
     if (status == UCS_ERR_CANCELED && r->cancel_reason[0])
         pt_transport_record_failure(r, r->cancel_result, "%s: %s", what, r->cancel_reason);
@@ -163,6 +164,10 @@ static void ack_arrived(pt_request *r, ucs_status_t status, const ucp_tag_recv_i
     else if (r->ack.magic != DIRECT_ACK_MAGIC || r->ack.ack_id != r->descriptor.ack_id)
         pt_transport_record_failure(r, PIPERT_ERR_PEER, "%s: a malformed answer to the direct read",
                                     what);
+    else if (!pt_transport_seal_check(r->t, r->peer, &r->ack, offsetof(direct_ack, sequence),
+                                      r->ack.sequence, r->ack.mac, why, sizeof why))
+        pt_transport_record_failure(r, PIPERT_ERR_PEER, "%s: the answer to the direct read: %s",
+                                    what, why);
     else if (r->ack.status == ACK_FAILED)
         pt_transport_record_failure(
             r, PIPERT_ERR_PEER, "%s: rank %d could not read the payload from this process's memory",
@@ -219,6 +224,12 @@ void pt_transport_acknowledge(pt_transport *t, int rank, uint32_t ack_id, int32_
         return;
     }
     *a = (direct_ack){.magic = DIRECT_ACK_MAGIC, .ack_id = ack_id, .status = status};
+    if (pt_transport_seal_record(t, rank, a, offsetof(direct_ack, sequence), &a->sequence,
+                                 a->mac) != PIPERT_OK) {
+        pt_warn("transport: rank %d's direct read unanswered: %s", rank, pipert_last_error());
+        free(a);
+        return;
+    }
     ucp_request_param_t param = {
         .op_attr_mask =
             UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_DATATYPE,

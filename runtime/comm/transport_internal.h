@@ -123,6 +123,10 @@ typedef struct hello {
     uint8_t address[WORKER_ADDRESS_MAX];
 } hello;
 
+/* A control word on a connection's stream (CONTROL_*: goodbyes, the direct-read offer):
+ * pt_control_record (transport.h), sealed by transport_mac.c. */
+typedef pt_control_record control_record;
+
 /* Sent in place of a payload to a peer that reads it from our memory. */
 typedef struct direct_descriptor {
     uint32_t magic, ack_id;
@@ -135,6 +139,8 @@ typedef struct direct_ack {
     uint32_t magic, ack_id;
     int32_t status; /* ACK_*: read; refused (its header was refused, nothing read); read failed */
     uint32_t reserved;
+    uint64_t sequence; /* its seal (transport_mac.c) */
+    uint8_t mac[PT_MESSAGE_MAC_BYTES];
 } direct_ack;
 
 /* A listening socket of UCX's TCP transport (transport_listeners.c). */
@@ -168,7 +174,7 @@ struct connection {
     uint8_t peer_nonce[PT_AUTH_NONCE_BYTES]; /* the peer's challenge to us */
     uint8_t target[WORKER_ADDRESS_MAX]; /* the peer's worker address (we dial) */
     size_t target_length;
-    uint32_t control_in;
+    control_record control_in;
     int peer_left;  /* it said goodbye on this endpoint */
     int ops;        /* UCX operations in flight with this connection as user data */
     int bye_sent, bye_acked;
@@ -362,12 +368,19 @@ pipert_result pt_transport_publish_address(pt_transport *t);
 pipert_result pt_transport_decode_address(const char *text, uint8_t *out, size_t *length);
 
 /* transport_mac.c: a connection's message keys from its handshake; the MAC and sequence
- * number of an outgoing header; the check of an incoming one (0 and `why` on refusal). */
+ * number of an outgoing header, or of a record (a control record or direct-read answer: the
+ * seal covers its first `size` bytes and the sequence number); the check of an incoming one
+ * (0 and `why` on refusal). Records are sealed only with authenticate_messages (else zeros). */
 void pt_transport_mac_keys(connection *c);
 pipert_result pt_transport_mac_sign(pt_transport *t, int rank, pt_message_header *h,
                                     const void *payload);
 int pt_transport_mac_check(pt_transport *t, int rank, const pt_message_header *h,
                            const void *payload, char *why, size_t capacity);
+pipert_result pt_transport_seal_record(pt_transport *t, int rank, const void *record, size_t size,
+                                       uint64_t *sequence, uint8_t mac[PT_MESSAGE_MAC_BYTES]);
+int pt_transport_seal_check(pt_transport *t, int rank, const void *record, size_t size,
+                            uint64_t sequence, const uint8_t mac[PT_MESSAGE_MAC_BYTES], char *why,
+                            size_t capacity);
 void pt_transport_mac_forget(peer *p);
 
 /* transport_direct.c: same-host direct reads. */
