@@ -643,14 +643,34 @@ pipert_result pt_job_admit_joiners(pt_job *job, const bool *back)
     return PIPERT_OK;
 }
 
+/* Replicas that come back in the same switch dial each other as survivors dial them: the
+ * lower replica dials the higher. */
+static pipert_result dial_fellow_joiners(pt_job *job)
+{
+    for (int r = job->replica + 1; r < job->layout.replicas; r++) {
+        if (!pt_coord_client_switch_joiner(job->client, r)) continue;
+        const int rank = pt_layout_rank(&job->layout, job->stage, r);
+        PT_TRY(readdress(job, rank));
+        pipert_result rc = pt_transport_connect(job->transport, rank, job->addresses[rank]);
+        if (rc != PIPERT_OK) {
+            pt_error_prefix("connecting to rank %d (replica %d, coming back with this one)", rank,
+                            r);
+            return rc;
+        }
+    }
+    return PIPERT_OK;
+}
+
 pipert_result pt_job_await_replicas(pt_job *job, double timeout_s)
 {
     const double until = pt_now_s() + timeout_s;
     for (int r = 0; r < job->layout.replicas; r++)
         job->admitted[r] = pt_coord_client_join_epoch(job->client, r);
+    PT_TRY(dial_fellow_joiners(job));
     for (int r = 0; r < job->layout.replicas; r++) {
         if (r == job->replica || pt_coord_client_replica_left(job->client, r, NULL, 0)) continue;
         const int rank = pt_layout_rank(&job->layout, job->stage, r);
+        if (r > job->replica && pt_coord_client_switch_joiner(job->client, r)) continue; /* dialled */
         pipert_result rc;
         while ((rc = pt_transport_wait_peer(job->transport, rank, 0.5)) == PIPERT_ERR_TIMEOUT) {
             PT_TRY(pt_job_check(job));

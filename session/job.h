@@ -97,8 +97,9 @@ void pt_job_replicas_back(pt_job *job, bool *back);
 /* A survivor, at the switch: connects to this stage's rank of each replica
  * back (its new address; UCX's sockets open again until settled). */
 pipert_result pt_job_admit_joiners(pt_job *job, const bool *back);
-/* A joiner: waits until this stage's rank of every replica in the job has
- * connected to it. */
+/* A joiner: connects to this stage's rank of each higher replica that the
+ * same switch lets in, then waits until every other replica's has connected
+ * to it. */
 pipert_result pt_job_await_replicas(pt_job *job, double timeout_s);
 /* A joiner: every replica's site, as the survivors' census found them. */
 pipert_result pt_job_take_sites(pt_job *job, const int *sites);

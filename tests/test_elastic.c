@@ -251,6 +251,64 @@ Test(elastic, a_killed_allreduce_replica_rejoins_equal_to_its_peers, .timeout = 
     replica_rejoins("allreduce", true);
 }
 
+/* Whether dir.out (the launcher's and coordinator's log) says `text`, within `seconds`. */
+static bool launcher_says(const char *dir, const char *text, double seconds)
+{
+    char path[600], *out;
+    size_t size;
+    snprintf(path, sizeof path, "%s.out", dir);
+    for (int i = 0; i < (int)(seconds * 20); i++, usleep(50000)) {
+        if (pt_read_file(path, &out, &size) != PIPERT_OK) continue;
+        const bool said = strstr(out, text) != NULL;
+        free(out);
+        if (said) return true;
+    }
+    return false;
+}
+
+/* Replicas 1 and 2 die together and come back in one switch: the survivors (replica 0) are
+ * stopped (SIGSTOP) until both registered again, so neither is let in before the other. The
+ * two joiners must connect to each other too (the lower dials the higher). */
+Test(elastic, two_replicas_rejoin_in_one_switch, .timeout = 900)
+{
+    char *dir = make_temp_dir();
+    pid_t job = start_job(dir, "allreduce", "--min-replicas 1 --restarts 2 --heartbeat-timeout 120");
+    for (int i = 0; i < 6000 && logged_step(dir) < KILL_AT; i++) usleep(50000);
+    cr_assert_geq(logged_step(dir), KILL_AT, "the job did not reach step %d", KILL_AT);
+    const pid_t survivors[] = {worker_pid(dir, 0), worker_pid(dir, 1)};
+    for (int k = 0; k < 2; k++) cr_assert_eq(kill(survivors[k], SIGSTOP), 0);
+    cr_assert_eq(kill(worker_pid(dir, 3), SIGKILL), 0, "stage 1 of replica 1");
+    cr_assert_eq(kill(worker_pid(dir, 5), SIGKILL), 0, "stage 1 of replica 2");
+    const bool both = launcher_says(dir, "replica 1 rejoins the job", 90) &&
+                      launcher_says(dir, "replica 2 rejoins the job", 90);
+    for (int k = 0; k < 2; k++) kill(survivors[k], SIGCONT);
+    const int status = wait_job(job);
+    char *out = read_named(dir, ".out");
+    cr_assert(both, "the replicas did not both register again while the survivors waited:\n%s",
+              out);
+    cr_expect_eq(status, 0, "the job exited %d:\n%s", status, out);
+    cr_expect(strstr(out, "every survivor heard of membership change 4") &&
+                  !strstr(out, "every survivor heard of membership change 3"),
+              "one switch for two departures and two joins:\n%s", out);
+    for (int stage = 0; stage < 2; stage++)
+        for (int replica = 1; replica < 3; replica++) {
+            const int rank = 2 * replica + stage;
+            cr_expect_eq(logged_checksum(dir, rank, "is back in the job"),
+                         logged_checksum(dir, stage, "gave rank"),
+                         "stage %d of replica %d does not start from the donor's state", stage,
+                         replica);
+            cr_expect_eq(final_checksum(dir, rank), final_checksum(dir, stage),
+                         "stage %d: replica %d differs from replica 0 at the end", stage, replica);
+        }
+    char *metrics = read_named(dir, "/metrics.jsonl");
+    const char *last = strrchr(metrics, '{');
+    cr_expect(last && strstr(last, "\"replicas\":3") && strstr(last, "\"joins\":2"),
+              "the last metrics line: %s", last ? last : "(none)");
+    free(metrics);
+    free(out);
+    remove_dir(dir);
+}
+
 /* Replica 0's last stage writes metrics.jsonl: killed, replica 1's takes the file over at
  * the switch. (Were replica 0 to rejoin, it would take it back at its switch.) */
 Test(elastic, metrics_go_on_when_the_first_replica_leaves, .timeout = 900)

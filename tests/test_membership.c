@@ -100,6 +100,7 @@ Test(membership, a_replica_that_left_joins_again_through_a_switch)
     cr_expect(pt_membership_acknowledge(&m, 4, 1, 5, 10) == false);
     cr_expect(pt_membership_acknowledge(&m, 5, 1, 5, 10));
     cr_expect_eq(m.switch_donor, -1, "a departure has no donor");
+    for (int r = 0; r < 3; r++) cr_expect(!m.switch_joiners[r], "replica %d joins at none", r);
 
     cr_assert(pt_membership_replica_joins(&m, 1));
     cr_expect_eq(m.epoch, 2);
@@ -119,6 +120,8 @@ Test(membership, a_replica_that_left_joins_again_through_a_switch)
     cr_expect_eq(m.switch_step, 33 + pt_membership_margin(2));
     cr_expect_eq(m.switch_sequence, 105 + PT_MEMBERSHIP_SEQUENCE_GAP);
     cr_expect_eq(m.switch_donor, 0, "the first replica that stayed gives the state");
+    cr_expect(m.switch_joiners[1] && !m.switch_joiners[0] && !m.switch_joiners[2],
+              "the switch lets replica 1 in, and only it");
     cr_expect(!pt_membership_replica_joining(&m, 1), "switched in");
     pt_membership_free(&m);
 }

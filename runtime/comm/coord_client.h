@@ -101,6 +101,8 @@ void pt_coord_client_membership(pt_coord_client *c, pt_membership_news *news);
 long pt_coord_client_dropped_lines(pt_coord_client *c, char *why, size_t cap);
 /* The membership epoch in which `replica` last came back (0: never). */
 long pt_coord_client_join_epoch(pt_coord_client *c, int replica);
+/* Whether the newest switch lets `replica` in (it came back since the switch before). */
+bool pt_coord_client_switch_joiner(pt_coord_client *c, int replica);
 /* A rank's data-plane address as the coordinator said last (a replica that
  * came back has new ones); malloc'd, NULL before the table. */
 char *pt_coord_client_peer_address(pt_coord_client *c, int rank);

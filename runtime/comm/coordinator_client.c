@@ -57,6 +57,7 @@ struct pt_coord_client {
     pt_membership_news membership;
     bool *left;                 /* [world]: replicas that left (a replica index is below world) */
     long *join_epoch;           /* [world]: the epoch each replica last came back in (0: never) */
+    bool *switch_joiners;       /* [world]: the replicas the newest switch lets in */
     char (*left_reason)[512];   /* [world]: why, as the coordinator said it */
     pthread_t thread;
     bool thread_started;
@@ -234,24 +235,50 @@ static void client_heard_join(pt_coord_client *c, json_t *m)
     pthread_mutex_unlock(&c->lock);
 }
 
-/* switch {epoch, step, sequence}: when the survivors change groups. */
+/* Whether `joiners` (NULL: none) is an array of distinct replicas below `world`; if so they
+ * are marked in `out`. */
+static bool read_joiners(const json_t *joiners, int world, bool *out)
+{
+    memset(out, 0, (size_t)world * sizeof *out);
+    if (!joiners) return true;
+    if (!json_is_array(joiners)) return false;
+    size_t i;
+    const json_t *entry;
+    json_array_foreach(joiners, i, entry) {
+        const json_int_t r = json_is_integer(entry) ? json_integer_value(entry) : -1;
+        if (r < 0 || r >= world || out[r]) return false;
+        out[r] = true;
+    }
+    return true;
+}
+
+/* switch {epoch, step, sequence, donor, joiners}: when the survivors change groups. */
 static void client_heard_switch(pt_coord_client *c, json_t *m)
 {
-    long epoch, step, sequence;
+    long epoch, step, sequence, donor = -1;
+    bool *joiners = calloc((size_t)c->world, sizeof *joiners);
+    if (!joiners) {
+        client_abort(c, -1, "out of memory for a switch");
+        return;
+    }
+    pt_coord_get_long(m, "donor", &donor);
     if (!pt_coord_get_long(m, "epoch", &epoch) || !pt_coord_get_long(m, "step", &step) ||
-        !pt_coord_get_long(m, "sequence", &sequence) || sequence < 0 || sequence > UINT32_MAX) {
+        !pt_coord_get_long(m, "sequence", &sequence) || sequence < 0 || sequence > UINT32_MAX ||
+        donor < -1 || donor >= c->world ||
+        !read_joiners(json_object_get(m, "joiners"), c->world, joiners)) {
+        free(joiners);
         client_abort(c, -1, "the coordinator sent a malformed switch");
         return;
     }
-    long donor = -1;
-    pt_coord_get_long(m, "donor", &donor);
     pthread_mutex_lock(&c->lock);
     if (epoch > c->membership.switch_epoch) {
         c->membership.switch_epoch = epoch;
         c->membership.switch_step = step;
         c->membership.switch_sequence = (uint32_t)sequence;
         c->membership.switch_donor = (int)donor;
+        memcpy(c->switch_joiners, joiners, (size_t)c->world * sizeof *joiners);
     }
+    free(joiners);
     pthread_cond_broadcast(&c->changed);
     pthread_mutex_unlock(&c->lock);
 }
@@ -638,9 +665,10 @@ pipert_result pt_coord_client_connect(pt_coord_client **out, const pt_coord_clie
         c->left = calloc((size_t)o->world, sizeof *c->left);
         c->left_reason = calloc((size_t)o->world, sizeof *c->left_reason);
         c->join_epoch = calloc((size_t)o->world, sizeof *c->join_epoch);
+        c->switch_joiners = calloc((size_t)o->world, sizeof *c->switch_joiners);
     }
-    if (!c || !c->left || !c->left_reason || !c->join_epoch) {
-        if (c) free(c->left), free(c->left_reason), free(c->join_epoch);
+    if (!c || !c->left || !c->left_reason || !c->join_epoch || !c->switch_joiners) {
+        if (c) free(c->left), free(c->left_reason), free(c->join_epoch), free(c->switch_joiners);
         free(c);
         return pt_fail(PIPERT_ERR_NOMEM, "coordinator client: out of memory");
     }
@@ -787,6 +815,15 @@ long pt_coord_client_join_epoch(pt_coord_client *c, int replica)
     return epoch;
 }
 
+bool pt_coord_client_switch_joiner(pt_coord_client *c, int replica)
+{
+    if (replica < 0 || replica >= c->world) return false;
+    pthread_mutex_lock(&c->lock);
+    const bool joiner = c->switch_joiners[replica];
+    pthread_mutex_unlock(&c->lock);
+    return joiner;
+}
+
 char *pt_coord_client_peer_address(pt_coord_client *c, int rank)
 {
     pthread_mutex_lock(&c->lock);
@@ -836,6 +873,7 @@ void pt_coord_client_close(pt_coord_client *c)
     free(c->left);
     free(c->left_reason);
     free(c->join_epoch);
+    free(c->switch_joiners);
     pt_coord_buffer_free(&c->in);
     pthread_mutex_destroy(&c->send_lock);
     pthread_mutex_destroy(&c->lock);

@@ -35,10 +35,11 @@
  *                             that left registered again: it is back, at these addresses;
  *                             the others acknowledge `epoch` as for a departure (a joiner
  *                             first hears the replicas that are out, as "leave", and the table)
- *     switch    {epoch, step, sequence, donor}  every survivor acknowledged `epoch`: after
- *                             step `step` they couple in new groups whose collectives start
- *                             at `sequence`; replicas that came back take replica `donor`'s
- *                             state then (-1: none came)
+ *     switch    {epoch, step, sequence, donor, joiners}  every survivor acknowledged
+ *                             `epoch`: after step `step` they couple in new groups whose
+ *                             collectives start at `sequence`; the replicas listed in
+ *                             `joiners` came back and take replica `donor`'s state then (-1:
+ *                             none came)
  *     finished  {}            every rank is done
  *
  * Failure detection. A registered rank is declared dead, and the job aborted

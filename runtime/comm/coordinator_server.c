@@ -203,10 +203,13 @@ static void acknowledged(pt_coordinator *c, int rank, long epoch, long step, uin
     pt_info("coordinator: every survivor heard of membership change %ld; new coupling groups "
             "after step %ld%s", ms->switch_epoch, ms->switch_step,
             ms->switch_donor >= 0 ? ", where the replicas that came back take their state" : "");
-    broadcast(c, json_pack("{s:s, s:I, s:I, s:I, s:i}", "type", "switch", "epoch",
+    json_t *joiners = json_array();
+    for (int r = 0; r < ms->replicas; r++)
+        if (ms->switch_joiners[r]) json_array_append_new(joiners, json_integer(r));
+    broadcast(c, json_pack("{s:s, s:I, s:I, s:I, s:i, s:o}", "type", "switch", "epoch",
                            (json_int_t)ms->switch_epoch, "step", (json_int_t)ms->switch_step,
                            "sequence", (json_int_t)ms->switch_sequence, "donor",
-                           ms->switch_donor));
+                           ms->switch_donor, "joiners", joiners));
 }
 
 /* A rank that is done trains no more: it counts as having acknowledged. */

@@ -19,8 +19,9 @@ pipert_result pt_membership_init(pt_membership *m, int world, int stages, int mi
     if (margin < 1) return pt_fail(PIPERT_ERR_INVALID_ARG, "membership: margin %ld < 1", margin);
     m->left = calloc((size_t)replicas, sizeof *m->left);
     m->joining = calloc((size_t)replicas, sizeof *m->joining);
+    m->switch_joiners = calloc((size_t)replicas, sizeof *m->switch_joiners);
     m->acked_epoch = calloc((size_t)world, sizeof *m->acked_epoch);
-    if (!m->left || !m->joining || !m->acked_epoch) {
+    if (!m->left || !m->joining || !m->switch_joiners || !m->acked_epoch) {
         pt_membership_free(m);
         return pt_fail(PIPERT_ERR_NOMEM, "membership: out of memory");
     }
@@ -38,9 +39,11 @@ void pt_membership_free(pt_membership *m)
 {
     free(m->left);
     free(m->joining);
+    free(m->switch_joiners);
     free(m->acked_epoch);
     m->left = NULL;
     m->joining = NULL;
+    m->switch_joiners = NULL;
     m->acked_epoch = NULL;
 }
 
@@ -125,7 +128,9 @@ bool pt_membership_acknowledge(pt_membership *m, int rank, long epoch, long step
     m->switch_sequence = m->max_sequence + PT_MEMBERSHIP_SEQUENCE_GAP;
     const int giver = donor(m);
     m->switch_donor = -1;
-    for (int r = 0; r < m->replicas; r++)
+    for (int r = 0; r < m->replicas; r++) {
+        m->switch_joiners[r] = m->joining[r];
         if (m->joining[r]) m->switch_donor = giver, m->joining[r] = false;
+    }
     return true;
 }

@@ -34,7 +34,9 @@
  * in, and the first live replica that was not joining is its donor: after
  * step T each of the donor's stages sends its state (parameters, optimizer,
  * coupling, pipeline: session/join.c) to the joiner's rank of that stage,
- * which starts from there at step T + 1 in the new groups.
+ * which starts from there at step T + 1 in the new groups. Replicas that come
+ * back before one switch are let in together (switch_joiners); they connect to
+ * each other as the survivors connect to them, the lower replica dialling.
  *
  * Pure bookkeeping, no I/O: the coordinator calls it under its lock. */
 #ifndef PT_MEMBERSHIP_H
@@ -67,6 +69,7 @@ typedef struct pt_membership {
     long switch_epoch, switch_step;
     uint32_t switch_sequence;
     int switch_donor; /* the replica whose state the joiners of that switch take; -1: none */
+    bool *switch_joiners; /* [replicas]: the replicas that switch lets in */
 } pt_membership;
 
 /* The margin both sides use: twice the pipeline's depth, plus 2. */
