@@ -1,7 +1,7 @@
 /* The job's coordinator (coordinator.h): one thread, or the caller's loop, polls a
  * listening socket and every worker's connection; it registers ranks, sends the table once
  * all are in, watches heartbeats and deadlines, aggregates progress and aborts the job. */
-#include "runtime/comm/coordinator.h"
+#include "runtime/comm/coordinator_internal.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -59,53 +59,6 @@ static void describe_peer(int fd, char *text, size_t cap)
     snprintf(text, cap, strchr(host, ':') ? "[%s]:%s" : "%s:%s", host, port);
 }
 
-typedef struct connection {
-    int fd;
-    int rank;            /* -1 until registered */
-    char peer[96];       /* "10.0.0.5:41234" */
-    pt_coord_buffer in, out;
-    double opened_at, last_heard;
-    bool broken;         /* closed by the peer, or a read/write failed: dropped at the sweep */
-    bool close_when_sent; /* refused: close once the answer is out */
-    bool challenged;     /* it said hello; our nonce is in `nonce` */
-    uint8_t nonce[PT_AUTH_NONCE_BYTES]; /* ours: its proof in "register" must answer it */
-    uint8_t peer_nonce[PT_AUTH_NONCE_BYTES];
-    pt_coord_seal seal; /* its lines after "welcome" (coordinator_seal.c) */
-} connection;
-
-typedef struct rank_state {
-    bool registered, done, failed, has_progress;
-    bool joining; /* registered to rejoin (pipert worker --join); its replica is not back yet */
-    int pid;
-    char host[PT_HOST_MAX];
-    char *address;
-    pt_rank_progress progress;
-    char failure[512];
-    connection *conn; /* NULL once closed */
-} rank_state;
-
-struct pt_coordinator {
-    pt_coordinator_options options;
-    pt_auth_key key; /* from the job's secret (auth.h); the secret itself is not kept */
-    int listen_fd, port;
-    connection **conns;
-    int n_conns, cap_conns;
-    rank_state *ranks; /* [world] */
-    pt_membership membership; /* which replicas are still in (membership.h) */
-    pt_job_phase phase;
-    int registered, done;
-    int abort_rank;
-    char abort_reason[512];
-    long val_step;
-    double val_loss;
-    double created_at, heartbeat_sent_at;
-    pthread_mutex_t lock;
-    pthread_cond_t changed; /* phase changes */
-    pthread_t thread;
-    bool thread_started;
-    atomic_bool stopping;
-};
-
 /* ---- output -------------------------------------------------------------- */
 
 /* Writes what `conn` has queued, as far as the socket takes it now. */
@@ -132,7 +85,7 @@ static void send_to(connection *conn, const char *line, size_t length)
 }
 
 /* Takes `message` over; sealed once the connection's registration was accepted. */
-static void send_message(connection *conn, json_t *message)
+void pt_coord_send(connection *conn, json_t *message)
 {
     if (!conn) {
         json_decref(message);
@@ -146,17 +99,17 @@ static void send_message(connection *conn, json_t *message)
 }
 
 /* The registration is accepted: "welcome", then sealed lines both ways. */
-static void welcome(pt_coordinator *c, connection *conn)
+void pt_coord_welcome(pt_coordinator *c, connection *conn)
 {
-    send_message(conn, json_pack("{s:s}", "type", "welcome"));
+    pt_coord_send(conn, json_pack("{s:s}", "type", "welcome"));
     pt_coord_seal_start(&conn->seal, &c->key, conn->peer_nonce, conn->nonce);
 }
 
 /* Sends to every registered rank still connected (each line sealed for its connection). */
-static void broadcast(pt_coordinator *c, json_t *message)
+void pt_coord_broadcast(pt_coordinator *c, json_t *message)
 {
     for (int r = 0; message && r < c->options.world; r++)
-        if (c->ranks[r].conn) send_message(c->ranks[r].conn, json_deep_copy(message));
+        if (c->ranks[r].conn) pt_coord_send(c->ranks[r].conn, json_deep_copy(message));
     json_decref(message);
 }
 
@@ -174,11 +127,11 @@ static void abort_job_locked(pt_coordinator *c, int rank, const char *reason)
     copy_text(c->abort_reason, sizeof c->abort_reason, reason);
     if (rank >= 0) pt_error("job aborted: rank %d: %s", rank, reason);
     else pt_error("job aborted: %s", reason);
-    broadcast(c, json_pack("{s:s, s:i, s:s}", "type", "abort", "rank", rank, "reason", reason));
+    pt_coord_broadcast(c, json_pack("{s:s, s:i, s:s}", "type", "abort", "rank", rank, "reason", reason));
     pthread_cond_broadcast(&c->changed);
 }
 
-static bool rank_left(const pt_coordinator *c, int rank)
+bool pt_coord_rank_left(const pt_coordinator *c, int rank)
 {
     return !pt_membership_rank_live(&c->membership, rank);
 }
@@ -188,10 +141,10 @@ static void finish_if_done(pt_coordinator *c)
 {
     int done = 0;
     for (int r = 0; r < c->options.world; r++)
-        if (c->ranks[r].done && !rank_left(c, r)) done++;
+        if (c->ranks[r].done && !pt_coord_rank_left(c, r)) done++;
     if (done < pt_membership_live_ranks(&c->membership) || c->phase != PT_JOB_RUNNING) return;
     c->phase = PT_JOB_FINISHED;
-    broadcast(c, json_pack("{s:s}", "type", "finished"));
+    pt_coord_broadcast(c, json_pack("{s:s}", "type", "finished"));
     pthread_cond_broadcast(&c->changed);
 }
 
@@ -206,17 +159,17 @@ static void acknowledged(pt_coordinator *c, int rank, long epoch, long step, uin
     json_t *joiners = json_array();
     for (int r = 0; r < ms->replicas; r++)
         if (ms->switch_joiners[r]) json_array_append_new(joiners, json_integer(r));
-    broadcast(c, json_pack("{s:s, s:I, s:I, s:I, s:i, s:o}", "type", "switch", "epoch",
+    pt_coord_broadcast(c, json_pack("{s:s, s:I, s:I, s:I, s:i, s:o}", "type", "switch", "epoch",
                            (json_int_t)ms->switch_epoch, "step", (json_int_t)ms->switch_step,
                            "sequence", (json_int_t)ms->switch_sequence, "donor",
                            ms->switch_donor, "joiners", joiners));
 }
 
 /* A rank that is done trains no more: it counts as having acknowledged. */
-static void done_ranks_acknowledge(pt_coordinator *c)
+void pt_coord_done_ranks_acknowledge(pt_coordinator *c)
 {
     for (int r = 0; r < c->options.world; r++)
-        if (c->ranks[r].done && !rank_left(c, r))
+        if (c->ranks[r].done && !pt_coord_rank_left(c, r))
             acknowledged(c, r, c->membership.epoch, c->ranks[r].progress.step, 0);
 }
 
@@ -251,10 +204,10 @@ static void rank_failed_locked(pt_coordinator *c, int rank, const char *reason)
     copy_text(c->ranks[rank].failure, sizeof c->ranks[rank].failure, reason);
     pt_warn("replica %d leaves the job: rank %d %s; %d replica%s go on (membership epoch %ld)",
             replica, rank, reason, m->live, m->live == 1 ? "" : "s", m->epoch);
-    broadcast(c, json_pack("{s:s, s:I, s:i, s:i, s:s}", "type", "leave", "epoch",
+    pt_coord_broadcast(c, json_pack("{s:s, s:I, s:i, s:i, s:s}", "type", "leave", "epoch",
                            (json_int_t)m->epoch, "replica", replica, "rank", rank, "reason", reason));
     pthread_cond_broadcast(&c->changed);
-    done_ranks_acknowledge(c);
+    pt_coord_done_ranks_acknowledge(c);
     finish_if_done(c);
 }
 
@@ -288,13 +241,13 @@ void pt_coordinator_rank_failed(pt_coordinator *c, int rank, const char *fmt, ..
 bool pt_coordinator_rank_left(pt_coordinator *c, int rank)
 {
     pthread_mutex_lock(&c->lock);
-    const bool left = rank >= 0 && rank < c->options.world && rank_left(c, rank);
+    const bool left = rank >= 0 && rank < c->options.world && pt_coord_rank_left(c, rank);
     pthread_mutex_unlock(&c->lock);
     return left;
 }
 
 /* table {world, peers}: every rank's data-plane address as registered last. */
-static json_t *table_message(const pt_coordinator *c)
+json_t *pt_coord_table_message(const pt_coordinator *c)
 {
     json_t *peers = json_array();
     for (int r = 0; r < c->options.world; r++) {
@@ -307,16 +260,16 @@ static json_t *table_message(const pt_coordinator *c)
 
 static void send_table(pt_coordinator *c)
 {
-    broadcast(c, table_message(c));
+    pt_coord_broadcast(c, pt_coord_table_message(c));
     c->phase = PT_JOB_RUNNING;
     pt_debug("coordinator: all %d ranks registered; the job runs", c->options.world);
     pthread_cond_broadcast(&c->changed);
 }
 
 /* Refuses a registration: the answer goes out, then the connection closes. */
-static void refuse(connection *conn, const char *reason, bool wrong_secret)
+void pt_coord_refuse(connection *conn, const char *reason, bool wrong_secret)
 {
-    send_message(conn, json_pack("{s:s, s:s, s:b}", "type", "refused", "reason", reason, "auth",
+    pt_coord_send(conn, json_pack("{s:s, s:s, s:b}", "type", "refused", "reason", reason, "auth",
                                  wrong_secret));
     conn->close_when_sent = true;
 }
@@ -345,11 +298,11 @@ static void handle_hello(pt_coordinator *c, connection *conn, json_t *m)
         !pt_auth_from_hex(nonce, conn->peer_nonce, PT_AUTH_NONCE_BYTES)) {
         pt_warn("coordinator: refused a connection from %s: %s", conn->peer,
                 conn->challenged ? "a second hello" : "a hello without a nonce");
-        refuse(conn, "malformed hello", false);
+        pt_coord_refuse(conn, "malformed hello", false);
         return;
     }
     if (pt_auth_new_nonce(conn->nonce) != PIPERT_OK) {
-        refuse(conn, "the coordinator cannot draw a nonce", false);
+        pt_coord_refuse(conn, "the coordinator cannot draw a nonce", false);
         return;
     }
     conn->challenged = true;
@@ -358,7 +311,7 @@ static void handle_hello(pt_coordinator *c, connection *conn, json_t *m)
     char nonce_hex[PT_AUTH_HEX_CAPACITY], proof_hex[PT_AUTH_HEX_CAPACITY];
     pt_auth_to_hex(conn->nonce, sizeof conn->nonce, nonce_hex);
     pt_auth_to_hex(proof, sizeof proof, proof_hex);
-    send_message(conn, json_pack("{s:s, s:s, s:s}", "type", "challenge", "nonce", nonce_hex,
+    pt_coord_send(conn, json_pack("{s:s, s:s, s:s}", "type", "challenge", "nonce", nonce_hex,
                                  "proof", proof_hex));
 }
 
@@ -374,104 +327,13 @@ static bool worker_proved(const pt_coordinator *c, const connection *conn, json_
                           conn->nonce, conn->peer_nonce, proof);
 }
 
-/* ---- replicas coming back (membership.h, "Joining") ------------------------- */
-
-/* Why a rank may not rejoin now, or NULL. */
-static const char *join_refusal(const pt_coordinator *c, int rank)
-{
-    const pt_membership *m = &c->membership;
-    if (c->phase != PT_JOB_RUNNING) return "the job is not running";
-    if (!pt_membership_elastic(m)) return "the job's replicas are not elastic (--min-replicas)";
-    if (!rank_left(c, rank)) return "its replica is in the job";
-    if (c->ranks[rank].joining) return "it is rejoining already";
-    for (int r = 0; r < c->options.world; r++)
-        if (c->ranks[r].done && !rank_left(c, r)) return "the job is finishing";
-    return NULL;
-}
-
-/* What a joiner hears before its replica is back: the replicas that are out. */
-static void tell_departures(pt_coordinator *c, connection *conn, int replica)
-{
-    const pt_membership *m = &c->membership;
-    for (int r = 0; r < m->replicas; r++)
-        if (m->left[r] && r != replica)
-            send_message(conn, json_pack("{s:s, s:I, s:i, s:i, s:s}", "type", "leave", "epoch",
-                                         (json_int_t)m->epoch, "replica", r, "rank", -1, "reason",
-                                         "left the job before this rank rejoined"));
-}
-
-/* Every rank of `replica` registered to rejoin: it is back (a new epoch), and
- * everyone hears it with the joiners' addresses; they get the table first. */
-static void replica_back(pt_coordinator *c, int replica)
-{
-    pt_membership *m = &c->membership;
-    const int S = m->stages, first = replica * S;
-    if (!pt_membership_replica_joins(m, replica)) {
-        pt_warn("coordinator: replica %d cannot rejoin: no replica that stayed in the job can give "
-                "it its state", replica);
-        for (int r = first; r < first + S; r++) {
-            c->ranks[r].joining = false;
-            if (c->ranks[r].conn)
-                refuse(c->ranks[r].conn, "no replica in the job can give this one its state", false);
-        }
-        return;
-    }
-    json_t *peers = json_array();
-    for (int r = first; r < first + S; r++) {
-        rank_state *s = &c->ranks[r];
-        s->joining = false;
-        tell_departures(c, s->conn, replica);
-        send_message(s->conn, table_message(c));
-        json_array_append_new(peers, json_pack("{s:i, s:s}", "rank", r, "address", s->address));
-    }
-    pt_warn("replica %d rejoins the job: %d replica%s (membership epoch %ld)", replica, m->live,
-            m->live == 1 ? "" : "s", m->epoch);
-    broadcast(c, json_pack("{s:s, s:I, s:i, s:o}", "type", "join", "epoch", (json_int_t)m->epoch,
-                           "replica", replica, "peers", peers));
-    pthread_cond_broadcast(&c->changed);
-    done_ranks_acknowledge(c);
-}
-
-/* register {..., join: true}: a restarted process takes a rank of a replica that left. The
- * old process's connection, if the coordinator still has it, no longer stands for the rank. */
-static void admit_joiner(pt_coordinator *c, connection *conn, int rank, int pid, const char *host,
-                         const char *address)
-{
-    const char *refusal = join_refusal(c, rank);
-    char *copy = refusal ? NULL : strdup(address);
-    if (refusal || !copy) {
-        char why[256];
-        snprintf(why, sizeof why, "rank %d cannot rejoin: %s", rank,
-                 refusal ? refusal : "coordinator out of memory");
-        pt_warn("coordinator: %s (from %s)", why, conn->peer);
-        refuse(conn, why, false);
-        return;
-    }
-    rank_state *s = &c->ranks[rank];
-    if (s->conn) { /* the old process's: dropped quietly */
-        s->conn->rank = -1;
-        s->conn->close_when_sent = s->conn->broken = true;
-    }
-    free(s->address);
-    *s = (rank_state){.registered = true, .joining = true, .pid = pid, .address = copy, .conn = conn};
-    snprintf(s->host, sizeof s->host, "%s", host);
-    conn->rank = rank;
-    pt_info("coordinator: rank %d registered to rejoin from %s (host %s, pid %d)", rank,
-            conn->peer, host, pid);
-    welcome(c, conn);
-    const int replica = pt_membership_replica_of(&c->membership, rank), S = c->membership.stages;
-    for (int r = replica * S; r < (replica + 1) * S; r++)
-        if (!c->ranks[r].joining) return;
-    replica_back(c, replica);
-}
-
 static void handle_register(pt_coordinator *c, connection *conn, json_t *m)
 {
     if (!worker_proved(c, conn, m)) {
         pt_warn("coordinator: refused a connection from %s: %s", conn->peer,
                 conn->challenged ? "its proof of the job's secret is wrong"
                                  : "it registered without a challenge (no hello)");
-        refuse(conn, conn->challenged ? "wrong job secret" : "hello first", true);
+        pt_coord_refuse(conn, conn->challenged ? "wrong job secret" : "hello first", true);
         return;
     }
     long rank, world, pid;
@@ -479,37 +341,37 @@ static void handle_register(pt_coordinator *c, connection *conn, json_t *m)
     char why[1024];
     if (!read_registration(m, &rank, &world, &pid, &host, &address, why, sizeof why)) {
         pt_warn("coordinator: refused %s: %s", conn->peer, why);
-        refuse(conn, why, false);
+        pt_coord_refuse(conn, why, false);
         return;
     }
     const int expected = c->options.world;
     if (world != expected || rank < 0 || rank >= expected) {
         snprintf(why, sizeof why, "rank %ld of %ld does not fit this job of %d ranks (from %s)",
                  rank, world, expected, conn->peer);
-        refuse(conn, why, false);
+        pt_coord_refuse(conn, why, false);
         abort_job_locked(c, -1, why); /* a misconfigured job would wait for ranks forever */
         return;
     }
     if (json_is_true(json_object_get(m, "join"))) {
-        admit_joiner(c, conn, (int)rank, (int)pid, host, address);
+        pt_coord_admit_joiner(c, conn, (int)rank, (int)pid, host, address);
         return;
     }
     rank_state *s = &c->ranks[rank];
     if (s->registered) {
         snprintf(why, sizeof why, "rank %ld registered twice: from %s (pid %d) and %s (pid %ld)",
                  rank, s->host, s->pid, host, pid);
-        refuse(conn, why, false);
+        pt_coord_refuse(conn, why, false);
         abort_job_locked(c, -1, why);
         return;
     }
     if (c->phase == PT_JOB_ABORTED) {
         snprintf(why, sizeof why, "the job was aborted: %s", c->abort_reason);
-        refuse(conn, why, false);
+        pt_coord_refuse(conn, why, false);
         return;
     }
     char *copy = strdup(address);
     if (!copy) {
-        refuse(conn, "coordinator out of memory", false);
+        pt_coord_refuse(conn, "coordinator out of memory", false);
         return;
     }
     *s = (rank_state){.registered = true, .pid = (int)pid, .address = copy, .conn = conn};
@@ -518,7 +380,7 @@ static void handle_register(pt_coordinator *c, connection *conn, json_t *m)
     c->registered++;
     pt_debug("coordinator: rank %ld registered from %s (host %s, pid %ld)", rank, conn->peer, host,
              pid);
-    welcome(c, conn);
+    pt_coord_welcome(c, conn);
     if (c->registered == expected) send_table(c);
 }
 
@@ -547,7 +409,7 @@ static void handle_done(pt_coordinator *c, rank_state *s, int rank)
     s->done = true;
     c->done++;
     pt_debug("coordinator: rank %d is done", rank);
-    if (c->membership.epoch > 0) done_ranks_acknowledge(c);
+    if (c->membership.epoch > 0) pt_coord_done_ranks_acknowledge(c);
     finish_if_done(c);
 }
 
@@ -583,7 +445,7 @@ static void handle_message(pt_coordinator *c, connection *conn, const char *line
         else {
             pt_warn("coordinator: refused a connection from %s: '%s' before registering",
                     conn->peer, type);
-            refuse(conn, "register first", false);
+            pt_coord_refuse(conn, "register first", false);
         }
     } else {
         rank_state *s = &c->ranks[conn->rank];
@@ -738,8 +600,8 @@ static void check_deadlines(pt_coordinator *c, double now)
     if (live && now - c->heartbeat_sent_at >= o->heartbeat_interval_s) {
         c->heartbeat_sent_at = now;
         for (int r = 0; r < o->world; r++)
-            if (!c->ranks[r].done && (!rank_left(c, r) || c->ranks[r].joining))
-                send_message(c->ranks[r].conn, json_pack("{s:s}", "type", "heartbeat"));
+            if (!c->ranks[r].done && (!pt_coord_rank_left(c, r) || c->ranks[r].joining))
+                pt_coord_send(c->ranks[r].conn, json_pack("{s:s}", "type", "heartbeat"));
     }
     for (int i = 0; i < c->n_conns; i++) {
         connection *conn = c->conns[i];
@@ -750,7 +612,7 @@ static void check_deadlines(pt_coordinator *c, double now)
                     conn->peer, age);
             conn->broken = true;
         } else if (live && conn->rank >= 0 && !c->ranks[conn->rank].done &&
-                   !rank_left(c, conn->rank) && silent > o->dead_after_s) {
+                   !pt_coord_rank_left(c, conn->rank) && silent > o->dead_after_s) {
             char reason[128];
             snprintf(reason, sizeof reason, "sent nothing for %.1f s (no heartbeat: hung, stopped "
                                             "or unreachable)",
@@ -999,7 +861,7 @@ void pt_coordinator_status(pt_coordinator *c, pt_job_status *s)
     int losses = 0, measured = 0;
     for (int r = 0; r < c->options.world; r++) {
         const rank_state *rs = &c->ranks[r];
-        if (!rs->has_progress || rank_left(c, r)) continue;
+        if (!rs->has_progress || pt_coord_rank_left(c, r)) continue;
         const pt_rank_progress *p = &rs->progress;
         s->min_step = s->reporting == 0 || p->step < s->min_step ? p->step : s->min_step;
         s->total_steps = p->total_steps > s->total_steps ? p->total_steps : s->total_steps;

@@ -1,0 +1,93 @@
+/* What the coordinator's files share (coordinator.h is the interface): the state of
+ * its connections, ranks and job, and the helpers the files use one of another's.
+ *   coordinator_server.c  the loop: connections, registration, heartbeats, progress,
+ *                         departures and switches, aborting and finishing
+ *   coordinator_join.c    replicas coming back (membership.h, "Joining")
+ * Everything here runs under the coordinator's lock. */
+#ifndef PT_COMM_COORDINATOR_INTERNAL_H
+#define PT_COMM_COORDINATOR_INTERNAL_H
+
+#include <jansson.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "runtime/comm/auth.h"
+#include "runtime/comm/coordinator.h"
+#include "runtime/comm/coordinator_protocol.h"
+#include "runtime/comm/membership.h"
+
+typedef struct connection {
+    int fd;
+    int rank;            /* -1 until registered */
+    char peer[96];       /* "10.0.0.5:41234" */
+    pt_coord_buffer in, out;
+    double opened_at, last_heard;
+    bool broken;         /* closed by the peer, or a read/write failed: dropped at the sweep */
+    bool close_when_sent; /* refused: close once the answer is out */
+    bool challenged;     /* it said hello; our nonce is in `nonce` */
+    uint8_t nonce[PT_AUTH_NONCE_BYTES]; /* ours: its proof in "register" must answer it */
+    uint8_t peer_nonce[PT_AUTH_NONCE_BYTES];
+    pt_coord_seal seal; /* its lines after "welcome" (coordinator_seal.c) */
+} connection;
+
+typedef struct rank_state {
+    bool registered, done, failed, has_progress;
+    bool joining; /* registered to rejoin (pipert worker --join); its replica is not back yet */
+    int pid;
+    char host[PT_HOST_MAX];
+    char *address;
+    pt_rank_progress progress;
+    char failure[512];
+    connection *conn; /* NULL once closed */
+} rank_state;
+
+struct pt_coordinator {
+    pt_coordinator_options options;
+    pt_auth_key key; /* from the job's secret (auth.h); the secret itself is not kept */
+    int listen_fd, port;
+    connection **conns;
+    int n_conns, cap_conns;
+    rank_state *ranks; /* [world] */
+    pt_membership membership; /* which replicas are still in (membership.h) */
+    pt_job_phase phase;
+    int registered, done;
+    int abort_rank;
+    char abort_reason[512];
+    long val_step;
+    double val_loss;
+    double created_at, heartbeat_sent_at;
+    pthread_mutex_t lock;
+    pthread_cond_t changed; /* phase changes */
+    pthread_t thread;
+    bool thread_started;
+    atomic_bool stopping;
+};
+
+#pragma GCC visibility push(hidden)
+
+/* coordinator_server.c */
+/* Takes `message` over and queues it, sealed once the connection's registration was
+ * accepted; a NULL connection drops it. */
+void pt_coord_send(connection *conn, json_t *message);
+/* The registration is accepted: "welcome", then sealed lines both ways. */
+void pt_coord_welcome(pt_coordinator *c, connection *conn);
+/* Sends to every registered rank still connected, and takes `message` over. */
+void pt_coord_broadcast(pt_coordinator *c, json_t *message);
+/* Refuses a registration: the answer goes out, then the connection closes. */
+void pt_coord_refuse(connection *conn, const char *reason, bool wrong_secret);
+/* Whether `rank`'s replica is out of the job. */
+bool pt_coord_rank_left(const pt_coordinator *c, int rank);
+/* table {world, peers}: every rank's data-plane address as registered last. */
+json_t *pt_coord_table_message(const pt_coordinator *c);
+/* Ranks that are done count as having acknowledged the current membership epoch. */
+void pt_coord_done_ranks_acknowledge(pt_coordinator *c);
+
+/* coordinator_join.c: register {..., join: true} from a restarted process of `rank`. */
+void pt_coord_admit_joiner(pt_coordinator *c, connection *conn, int rank, int pid,
+                           const char *host, const char *address);
+
+#pragma GCC visibility pop
+
+#endif

@@ -1,0 +1,99 @@
+/* Replicas coming back (membership.h, "Joining"): a restarted process registers with
+ * `join: true` for a rank of a replica that left; once every rank of the replica did, the
+ * replica is back (a new membership epoch) and everyone hears it. */
+#include "runtime/comm/coordinator_internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/log.h"
+
+/* Why a rank may not rejoin now, or NULL. */
+static const char *join_refusal(const pt_coordinator *c, int rank)
+{
+    const pt_membership *m = &c->membership;
+    if (c->phase != PT_JOB_RUNNING) return "the job is not running";
+    if (!pt_membership_elastic(m)) return "the job's replicas are not elastic (--min-replicas)";
+    if (!pt_coord_rank_left(c, rank)) return "its replica is in the job";
+    if (c->ranks[rank].joining) return "it is rejoining already";
+    for (int r = 0; r < c->options.world; r++)
+        if (c->ranks[r].done && !pt_coord_rank_left(c, r)) return "the job is finishing";
+    return NULL;
+}
+
+/* What a joiner hears before its replica is back: the replicas that are out. */
+static void tell_departures(pt_coordinator *c, connection *conn, int replica)
+{
+    const pt_membership *m = &c->membership;
+    for (int r = 0; r < m->replicas; r++)
+        if (m->left[r] && r != replica)
+            pt_coord_send(conn, json_pack("{s:s, s:I, s:i, s:i, s:s}", "type", "leave", "epoch",
+                                         (json_int_t)m->epoch, "replica", r, "rank", -1, "reason",
+                                         "left the job before this rank rejoined"));
+}
+
+/* Every rank of `replica` registered to rejoin: it is back (a new epoch), and
+ * everyone hears it with the joiners' addresses; they get the table first. */
+static void replica_back(pt_coordinator *c, int replica)
+{
+    pt_membership *m = &c->membership;
+    const int S = m->stages, first = replica * S;
+    if (!pt_membership_replica_joins(m, replica)) {
+        pt_warn("coordinator: replica %d cannot rejoin: no replica that stayed in the job can give "
+                "it its state", replica);
+        for (int r = first; r < first + S; r++) {
+            c->ranks[r].joining = false;
+            if (c->ranks[r].conn)
+                pt_coord_refuse(c->ranks[r].conn, "no replica in the job can give this one its state", false);
+        }
+        return;
+    }
+    json_t *peers = json_array();
+    for (int r = first; r < first + S; r++) {
+        rank_state *s = &c->ranks[r];
+        s->joining = false;
+        tell_departures(c, s->conn, replica);
+        pt_coord_send(s->conn, pt_coord_table_message(c));
+        json_array_append_new(peers, json_pack("{s:i, s:s}", "rank", r, "address", s->address));
+    }
+    pt_warn("replica %d rejoins the job: %d replica%s (membership epoch %ld)", replica, m->live,
+            m->live == 1 ? "" : "s", m->epoch);
+    pt_coord_broadcast(c, json_pack("{s:s, s:I, s:i, s:o}", "type", "join", "epoch", (json_int_t)m->epoch,
+                           "replica", replica, "peers", peers));
+    pthread_cond_broadcast(&c->changed);
+    pt_coord_done_ranks_acknowledge(c);
+}
+
+/* register {..., join: true}: a restarted process takes a rank of a replica that left. The
+ * old process's connection, if the coordinator still has it, no longer stands for the rank. */
+void pt_coord_admit_joiner(pt_coordinator *c, connection *conn, int rank, int pid, const char *host,
+                         const char *address)
+{
+    const char *refusal = join_refusal(c, rank);
+    char *copy = refusal ? NULL : strdup(address);
+    if (refusal || !copy) {
+        char why[256];
+        snprintf(why, sizeof why, "rank %d cannot rejoin: %s", rank,
+                 refusal ? refusal : "coordinator out of memory");
+        pt_warn("coordinator: %s (from %s)", why, conn->peer);
+        pt_coord_refuse(conn, why, false);
+        return;
+    }
+    rank_state *s = &c->ranks[rank];
+    if (s->conn) { /* the old process's: dropped quietly */
+        s->conn->rank = -1;
+        s->conn->close_when_sent = s->conn->broken = true;
+    }
+    free(s->address);
+    *s = (rank_state){.registered = true, .joining = true, .pid = pid, .address = copy, .conn = conn};
+    snprintf(s->host, sizeof s->host, "%s", host);
+    conn->rank = rank;
+    pt_info("coordinator: rank %d registered to rejoin from %s (host %s, pid %d)", rank,
+            conn->peer, host, pid);
+    pt_coord_welcome(c, conn);
+    const int replica = pt_membership_replica_of(&c->membership, rank), S = c->membership.stages;
+    for (int r = replica * S; r < (replica + 1) * S; r++)
+        if (!c->ranks[r].joining) return;
+    replica_back(c, replica);
+}
