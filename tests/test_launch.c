@@ -18,8 +18,11 @@
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <jansson.h>
+#include <sodium.h>
 #include <math.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -479,6 +482,91 @@ Test(coordinator, unsealed_lines_after_registering_are_dropped)
     free(log);
     close(fd);
     pt_coordinator_free(c);
+}
+
+/* A coordinator that knows the secret and registers the worker, then writes into its sealed
+ * connection: an unsealed abort, an abort under a wrong MAC, a sealed heartbeat, and that
+ * heartbeat's line again (a replay). The client must drop and count all but the heartbeat. */
+typedef struct forging_coordinator {
+    int listen_fd;
+    bool registered;
+} forging_coordinator;
+
+static void *forging_coordinator_serve(void *arg)
+{
+    forging_coordinator *f = arg;
+    int fd = accept(f->listen_fd, NULL, NULL);
+    if (fd < 0) return NULL;
+    pt_auth_key key;
+    pt_auth_derive_key(SECRET, PT_AUTH_USE_COORDINATOR, &key);
+    char line[8192], nonce_hex[PT_AUTH_HEX_CAPACITY], proof_hex[PT_AUTH_HEX_CAPACITY];
+    uint8_t worker_nonce[PT_AUTH_NONCE_BYTES], nonce[PT_AUTH_NONCE_BYTES],
+        proof[PT_AUTH_PROOF_BYTES];
+    json_t *hello = coord_read_line(fd, line, sizeof line, 10) ? json_loads(line, 0, NULL) : NULL;
+    const char *theirs = json_string_value(json_object_get(hello, "nonce"));
+    if (theirs && pt_auth_from_hex(theirs, worker_nonce, sizeof worker_nonce)) {
+        pt_auth_new_nonce(nonce);
+        pt_auth_prove(&key, &PT_COORD_PROVER, worker_nonce, nonce, proof);
+        pt_auth_to_hex(nonce, sizeof nonce, nonce_hex);
+        pt_auth_to_hex(proof, sizeof proof, proof_hex);
+        snprintf(line, sizeof line,
+                 "{\"type\": \"challenge\", \"nonce\": \"%s\", \"proof\": \"%s\"}\n",
+                 nonce_hex, proof_hex);
+        f->registered = coord_write_line(fd, line) && coord_read_line(fd, line, sizeof line, 10) &&
+                        strstr(line, "register") && coord_write_line(fd, "{\"type\": \"welcome\"}\n");
+    }
+    json_decref(hello);
+    if (f->registered) {
+        /* sealed as coordinator_seal.c says, computed here: HMAC-SHA-256 of the JSON text under
+         * the connection's key, the proof of "coordinator-session" over the two nonces */
+        uint8_t session[PT_AUTH_PROOF_BYTES], mac[crypto_auth_hmacsha256_BYTES];
+        pt_auth_prove(&key, &(pt_auth_party){"coordinator-session", -1, -1}, worker_nonce, nonce,
+                      session);
+        const char text[] = "{\"type\":\"heartbeat\",\"seq\":1}";
+        crypto_auth_hmacsha256(mac, (const unsigned char *)text, strlen(text), session);
+        char heartbeat[256], mac_hex[2 * sizeof mac + 1];
+        sodium_bin2hex(mac_hex, sizeof mac_hex, mac, sizeof mac);
+        snprintf(heartbeat, sizeof heartbeat, "%s %s\n", mac_hex, text);
+        coord_write_line(fd, "{\"type\": \"abort\", \"rank\": -1, \"reason\": \"forged\"}\n");
+        coord_write_line(fd, "00000000000000000000000000000000000000000000000000000000000000"
+                             "00 {\"type\": \"abort\", \"rank\": -1, \"reason\": \"forged\", "
+                             "\"seq\": 1}\n");
+        coord_write_line(fd, heartbeat);
+        coord_write_line(fd, heartbeat);
+    }
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    while (poll(&p, 1, 5000) == 1 && read(fd, line, sizeof line) > 0) {
+    } /* until the worker closes it */
+    close(fd);
+    return NULL;
+}
+
+Test(coordinator, a_worker_drops_lines_its_coordinator_did_not_seal)
+{
+    forging_coordinator f = {.listen_fd = socket(AF_INET, SOCK_STREAM, 0)};
+    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t length = sizeof addr;
+    cr_assert_eq(bind(f.listen_fd, (struct sockaddr *)&addr, sizeof addr), 0);
+    cr_assert_eq(listen(f.listen_fd, 4), 0);
+    getsockname(f.listen_fd, (struct sockaddr *)&addr, &length);
+    pthread_t thread;
+    pthread_create(&thread, NULL, forging_coordinator_serve, &f);
+    pt_coord_client *client = NULL;
+    cr_assert_eq(connect_client(&client, ntohs(addr.sin_port), SECRET, 0, 1, "", 30.0, NULL),
+                 PIPERT_OK, "%s", pipert_last_error());
+    char why[128] = "";
+    long dropped = 0;
+    for (int i = 0; i < 100 && (dropped = pt_coord_client_dropped_lines(client, why, sizeof why)) < 3;
+         i++)
+        usleep(20 * 1000);
+    cr_expect_eq(dropped, 3, "dropped %ld lines (the last: %s)", dropped, why);
+    cr_expect(strstr(why, "replayed"), "the last drop was the replay: %s", why);
+    cr_expect_eq(pt_coord_client_check(client), PIPERT_OK, "a forged abort counted: %s",
+                 pipert_last_error());
+    pt_coord_client_close(client);
+    pthread_join(thread, NULL);
+    close(f.listen_fd);
+    cr_expect(f.registered, "the worker did not register with a coordinator that knows the secret");
 }
 
 Test(coordinator, silent_rank_is_declared_dead)
