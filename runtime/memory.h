@@ -10,7 +10,8 @@
 
 #define PT_ALIGNMENT 64
 
-/* Zero-filled, PT_ALIGNMENT-aligned; `what` names the allocation in errors. */
+/* Zero-filled, PT_ALIGNMENT-aligned (large ones: on huge pages where the kernel offers them);
+ * `what` names the allocation in errors. Freed with pt_free (or free). */
 pipert_result pt_alloc(void **out, size_t bytes, const char *what);
 void pt_free(void *ptr);
 

@@ -625,7 +625,9 @@ pipert_result pt_safetensors_writer_serialize(const pt_safetensors_writer *w, vo
     char *header = layout ? build_header(w, layout, &header_length) : NULL;
     size_t total = HEADER_LENGTH_BYTES + header_length;
     for (size_t i = 0; header && i < w->count; i++) total += layout[i]->nbytes;
-    unsigned char *out = header ? malloc(total) : NULL;
+    unsigned char *out = NULL;
+    if (header && pt_alloc((void **)&out, total, "safetensors: the serialized file") != PIPERT_OK)
+        out = NULL;
     if (out) {
         for (int i = 0; i < HEADER_LENGTH_BYTES; i++)
             out[i] = (unsigned char)((uint64_t)header_length >> (8 * i));

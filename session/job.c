@@ -567,6 +567,11 @@ pipert_result pt_job_acknowledge(pt_job *job, long epoch, long step)
     return pt_coord_client_send_ack(job->client, epoch, step, sequence);
 }
 
+pipert_result pt_job_ready_to_join(pt_job *job)
+{
+    return pt_coord_client_send_ready(job->client);
+}
+
 /* Groups that were replaced stay alive until the job ends: an abandoned
  * collective may still use its group until the transport closes. */
 static pipert_result retire(pt_job *job, pt_group **g)

@@ -86,6 +86,8 @@ bool pt_job_aborted(pt_job *job);
 void pt_job_membership(pt_job *job, pt_membership_news *news);
 /* Tells the coordinator this survivor heard of departure `epoch` after `step`. */
 pipert_result pt_job_acknowledge(pt_job *job, long epoch, long step);
+/* A joiner: its stage is built; the coordinator may let its replica back in. */
+pipert_result pt_job_ready_to_join(pt_job *job);
 /* Replaces this stage's replica, site and leaders groups by groups of the
  * replicas still in the job; their collectives start at first_sequence. */
 pipert_result pt_job_regroup(pt_job *job, uint32_t first_sequence);

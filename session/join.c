@@ -4,7 +4,8 @@
  *
  * The joiner (pipert worker --join: a new process for every rank of a replica
  * that left) registers with the coordinator, connects to its own replica's
- * stages, and waits. The coordinator announces the join like a departure; the
+ * stages, builds its stage, says it is ready, and waits (the survivors train on
+ * meanwhile). The coordinator announces the join like a departure; the
  * survivors acknowledge, and the switch names a step T and a donor replica.
  * After its own step T, each survivor of a stage connects to the joiner of
  * its stage (session/elastic.c), and the donor's worker of that stage sends it
@@ -29,6 +30,7 @@
 
 #include "pipeline/executor_state.h"
 #include "runtime/clock.h"
+#include "runtime/memory.h"
 #include "session/session_internal.h"
 #include "train/checkpoint.h"
 
@@ -88,6 +90,7 @@ pipert_result pt_session_send_state(pipert_session *s, int rank, long epoch)
     int64_t *header = calloc((size_t)(HEADER_FIXED + R), sizeof *header);
     pipert_result rc = header ? serialize_state(s, &bytes, &size)
                               : pt_fail(PIPERT_ERR_NOMEM, "join: out of memory");
+    const double serialized = pt_now_s();
     if (rc == PIPERT_OK) {
         int64_t fixed[HEADER_FIXED] = {STATE_MAGIC, epoch, pt_stage_executor_version(s->executor),
                                        (int64_t)size, R};
@@ -100,9 +103,9 @@ pipert_result pt_session_send_state(pipert_session *s, int rank, long epoch)
         rc = send_and_wait(s, rank, (uint32_t)epoch, KIND_STATE, PT_DTYPE_U8, bytes, (int64_t)size);
     if (rc == PIPERT_OK)
         pt_info("gave rank %d (coming back) the state of stage %d after step %ld: %.1f MB in "
-                "%.2f s, parameters' checksum %016llx",
+                "%.2f s (%.2f s to serialize), parameters' checksum %016llx",
                 rank, s->job.stage, pt_stage_executor_version(s->executor), size / 1e6,
-                pt_now_s() - started, params_checksum(s));
+                pt_now_s() - started, serialized - started, params_checksum(s));
     else pt_error_prefix("giving rank %d its state", rank);
     free(bytes);
     free(header);
@@ -178,7 +181,8 @@ static pipert_result receive_state(pipert_session *s, int donor, long epoch, rec
         out->step = header[2];
         out->size = (size_t)header[3];
         out->sites = calloc((size_t)R, sizeof *out->sites);
-        out->bytes = malloc(out->size);
+        if (pt_alloc(&out->bytes, out->size, "join: the state received") != PIPERT_OK)
+            out->bytes = NULL;
         if (!out->sites || !out->bytes) rc = pt_fail(PIPERT_ERR_NOMEM, "join: out of memory");
         for (int r = 0; rc == PIPERT_OK && r < R; r++) out->sites[r] = (int)header[HEADER_FIXED + r];
     }
@@ -284,6 +288,7 @@ static pipert_result take_state(pipert_session *s, const received_state *state)
 pipert_result pt_session_join_running(pipert_session *s, long *step)
 {
     const double started = pt_now_s(), started_us = pt_trace_clock_us(s->trace);
+    PT_TRY(pt_job_ready_to_join(&s->job));
     pt_membership_news news;
     for (;;) {
         PT_TRY(wait_for_switch(s, &news));
@@ -294,12 +299,18 @@ pipert_result pt_session_join_running(pipert_session *s, long *step)
         PT_TRY(pt_job_await_replicas(&s->job, JOIN_TIMEOUT_S));
         const int donor = pt_layout_rank(&s->job.layout, s->job.stage, news.switch_donor);
         received_state state = {0};
+        const double waited = pt_now_s();
         pipert_result rc = receive_state(s, donor, news.switch_epoch, &state);
         if (rc == PIPERT_ERR_TIMEOUT && superseded(s, news.switch_epoch)) continue;
         PT_TRY(rc);
+        const double received = pt_now_s();
+        const size_t size = state.size;
         rc = take_state(s, &state);
         received_state_free(&state);
         PT_TRY(rc);
+        pt_info("stage %d: received its state (%.1f MB) %.2f s after the survivors connected, "
+                "restored it in %.2f s",
+                s->job.stage, size / 1e6, received - waited, pt_now_s() - received);
         break;
     }
     *step = news.switch_step;

@@ -85,6 +85,8 @@ pipert_result pt_coord_client_wait_table(pt_coord_client *c, double timeout_s,
 pipert_result pt_coord_client_send_progress(pt_coord_client *c, const pt_rank_progress *p);
 /* This worker finished; the coordinator expects the connection to close next. */
 pipert_result pt_coord_client_send_done(pt_coord_client *c);
+/* A rejoining worker (join) built its stage and can take its state. */
+pipert_result pt_coord_client_send_ready(pt_coord_client *c);
 /* Elastic replicas (runtime/comm/membership.h): what this worker heard. */
 typedef struct pt_membership_news {
     long epoch;                /* membership changes heard of: departures and joins */

@@ -35,6 +35,7 @@ typedef struct connection {
 typedef struct rank_state {
     bool registered, done, failed, has_progress;
     bool joining; /* registered to rejoin (pipert worker --join); its replica is not back yet */
+    bool ready;   /* joining, and said it can take its state (built, connected to its replica) */
     int pid;
     char host[PT_HOST_MAX];
     char *address;
@@ -84,9 +85,11 @@ json_t *pt_coord_table_message(const pt_coordinator *c);
 /* Ranks that are done count as having acknowledged the current membership epoch. */
 void pt_coord_done_ranks_acknowledge(pt_coordinator *c);
 
-/* coordinator_join.c: register {..., join: true} from a restarted process of `rank`. */
+/* coordinator_join.c: register {..., join: true} from a restarted process of `rank`; its
+ * "ready" once it can take its state. */
 void pt_coord_admit_joiner(pt_coordinator *c, connection *conn, int rank, int pid,
                            const char *host, const char *address);
+void pt_coord_joiner_ready(pt_coordinator *c, int rank);
 
 #pragma GCC visibility pop
 

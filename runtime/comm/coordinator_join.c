@@ -1,6 +1,9 @@
 /* Replicas coming back (membership.h, "Joining"): a restarted process registers with
- * `join: true` for a rank of a replica that left; once every rank of the replica did, the
- * replica is back (a new membership epoch) and everyone hears it. */
+ * `join: true` for a rank of a replica that left. Once every rank of the replica did, they
+ * get the replicas that are out and the table (to connect their pipeline and build their
+ * stages); once every one of them said "ready", the replica is back (a new membership epoch)
+ * and everyone hears it. So the survivors, who switch a few steps after they hear it, do not
+ * wait at the switch while a joiner is still starting up (a large model takes seconds). */
 #include "runtime/comm/coordinator_internal.h"
 
 #include <stdio.h>
@@ -33,8 +36,17 @@ static void tell_departures(pt_coordinator *c, connection *conn, int replica)
                                          "left the job before this rank rejoined"));
 }
 
-/* Every rank of `replica` registered to rejoin: it is back (a new epoch), and
- * everyone hears it with the joiners' addresses; they get the table first. */
+/* Whether every rank of `replica` is joining (and, if `ready`, said ready). */
+static bool all_joining(const pt_coordinator *c, int replica, bool ready)
+{
+    const int S = c->membership.stages;
+    for (int r = replica * S; r < (replica + 1) * S; r++)
+        if (!c->ranks[r].joining || (ready && !c->ranks[r].ready)) return false;
+    return true;
+}
+
+/* Every rank of `replica` said ready: it is back (a new epoch), and everyone hears it with
+ * the joiners' addresses. */
 static void replica_back(pt_coordinator *c, int replica)
 {
     pt_membership *m = &c->membership;
@@ -43,7 +55,7 @@ static void replica_back(pt_coordinator *c, int replica)
         pt_warn("coordinator: replica %d cannot rejoin: no replica that stayed in the job can give "
                 "it its state", replica);
         for (int r = first; r < first + S; r++) {
-            c->ranks[r].joining = false;
+            c->ranks[r].joining = c->ranks[r].ready = false;
             if (c->ranks[r].conn)
                 pt_coord_refuse(c->ranks[r].conn, "no replica in the job can give this one its state", false);
         }
@@ -52,9 +64,7 @@ static void replica_back(pt_coordinator *c, int replica)
     json_t *peers = json_array();
     for (int r = first; r < first + S; r++) {
         rank_state *s = &c->ranks[r];
-        s->joining = false;
-        tell_departures(c, s->conn, replica);
-        pt_coord_send(s->conn, pt_coord_table_message(c));
+        s->joining = s->ready = false;
         json_array_append_new(peers, json_pack("{s:i, s:s}", "rank", r, "address", s->address));
     }
     pt_warn("replica %d rejoins the job: %d replica%s (membership epoch %ld)", replica, m->live,
@@ -93,7 +103,22 @@ void pt_coord_admit_joiner(pt_coordinator *c, connection *conn, int rank, int pi
             conn->peer, host, pid);
     pt_coord_welcome(c, conn);
     const int replica = pt_membership_replica_of(&c->membership, rank), S = c->membership.stages;
-    for (int r = replica * S; r < (replica + 1) * S; r++)
-        if (!c->ranks[r].joining) return;
-    replica_back(c, replica);
+    if (!all_joining(c, replica, false)) return;
+    for (int r = replica * S; r < (replica + 1) * S; r++) { /* all in: what they need to start */
+        tell_departures(c, c->ranks[r].conn, replica);
+        pt_coord_send(c->ranks[r].conn, pt_coord_table_message(c));
+    }
+}
+
+void pt_coord_joiner_ready(pt_coordinator *c, int rank)
+{
+    rank_state *s = &c->ranks[rank];
+    if (!s->joining) {
+        pt_warn("coordinator: rank %d said it is ready to rejoin, but it is not rejoining (ignored)",
+                rank);
+        return;
+    }
+    s->ready = true;
+    const int replica = pt_membership_replica_of(&c->membership, rank);
+    if (all_joining(c, replica, true)) replica_back(c, replica);
 }

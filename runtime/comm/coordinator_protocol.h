@@ -15,6 +15,9 @@
  *     error     {reason}      the worker failed; the job aborts (elastic: its replica leaves)
  *     ack       {epoch, step, sequence}  a survivor heard of departure `epoch` at the
  *                             boundary after its step `step`; `sequence`: its groups' next
+ *     ready     {}            a rank registered with join: it has built its stage and can
+ *                             take its state; once every rank of its replica said so, the
+ *                             replica is back ("join")
  *   coordinator → worker
  *     challenge {nonce, proof}  the answer to hello: the coordinator's proof (over the
  *                             worker's nonce) and its own nonce, which the worker's proof
@@ -32,9 +35,10 @@
  *     leave     {epoch, replica, rank, reason}  elastic jobs: the rank's failure took its
  *                             replica out; the others go on (runtime/comm/membership.h)
  *     join      {epoch, replica, peers: [{rank, address}, ...]}  every rank of a replica
- *                             that left registered again: it is back, at these addresses;
- *                             the others acknowledge `epoch` as for a departure (a joiner
- *                             first hears the replicas that are out, as "leave", and the table)
+ *                             that left registered again and said ready: it is back, at
+ *                             these addresses; the others acknowledge `epoch` as for a
+ *                             departure (once all of them registered, the joiners hear the
+ *                             replicas that are out, as "leave", and the table)
  *     switch    {epoch, step, sequence, donor, joiners}  every survivor acknowledged
  *                             `epoch`: after step `step` they couple in new groups whose
  *                             collectives start at `sequence`; the replicas listed in

@@ -453,6 +453,7 @@ static void handle_message(pt_coordinator *c, connection *conn, const char *line
         } else if (!strcmp(type, "progress")) handle_progress(c, s, m);
         else if (!strcmp(type, "done")) handle_done(c, s, conn->rank);
         else if (!strcmp(type, "ack")) handle_ack(c, conn->rank, m);
+        else if (!strcmp(type, "ready")) pt_coord_joiner_ready(c, conn->rank);
         else if (!strcmp(type, "error")) {
             const char *reason = pt_coord_get_string(m, "reason");
             rank_failed_locked(c, conn->rank, reason ? reason : "failed (no reason given)");

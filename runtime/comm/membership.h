@@ -27,7 +27,8 @@
  * switch starts a new epoch; the acknowledgements begin again.
  *
  * Joining. A replica that left may come back (a restarted process for each
- * of its ranks: pt_membership_replica_joins once all of them registered). That
+ * of its ranks: pt_membership_replica_joins once all of them registered and,
+ * their stages built, said they are ready). That
  * is an epoch like a departure: the replica counts as live again, but as
  * joining — its ranks do not acknowledge (they have not trained); the others
  * do, and the switch is computed the same way. At the switch the replica is
