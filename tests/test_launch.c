@@ -386,6 +386,19 @@ Test(coordinator, replayed_registration_is_refused)
     pt_coordinator_free(c);
 }
 
+/* A listening TCP socket on 127.0.0.1 at a port the kernel picks; its port in *port. */
+static int listen_on_loopback(int *port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t length = sizeof addr;
+    cr_assert_eq(bind(fd, (struct sockaddr *)&addr, sizeof addr), 0);
+    cr_assert_eq(listen(fd, 4), 0);
+    getsockname(fd, (struct sockaddr *)&addr, &length);
+    *port = ntohs(addr.sin_port);
+    return fd;
+}
+
 /* A coordinator that does not know the secret: it hears the worker's hello and nothing more;
  * the secret is never among the bytes it receives. */
 typedef struct impostor {
@@ -423,13 +436,8 @@ static void *impostor_serve(void *arg)
 
 Test(coordinator, impostor_coordinator_never_sees_the_secret)
 {
-    impostor im = {.listen_fd = socket(AF_INET, SOCK_STREAM, 0)};
-    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t length = sizeof addr;
-    cr_assert_eq(bind(im.listen_fd, (struct sockaddr *)&addr, sizeof addr), 0);
-    cr_assert_eq(listen(im.listen_fd, 4), 0);
-    getsockname(im.listen_fd, (struct sockaddr *)&addr, &length);
-    im.port = ntohs(addr.sin_port);
+    impostor im = {0};
+    im.listen_fd = listen_on_loopback(&im.port);
     pthread_t thread;
     pthread_create(&thread, NULL, impostor_serve, &im);
     pt_coord_client *client = NULL;
@@ -543,16 +551,12 @@ static void *forging_coordinator_serve(void *arg)
 
 Test(coordinator, a_worker_drops_lines_its_coordinator_did_not_seal)
 {
-    forging_coordinator f = {.listen_fd = socket(AF_INET, SOCK_STREAM, 0)};
-    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t length = sizeof addr;
-    cr_assert_eq(bind(f.listen_fd, (struct sockaddr *)&addr, sizeof addr), 0);
-    cr_assert_eq(listen(f.listen_fd, 4), 0);
-    getsockname(f.listen_fd, (struct sockaddr *)&addr, &length);
+    int port;
+    forging_coordinator f = {.listen_fd = listen_on_loopback(&port)};
     pthread_t thread;
     pthread_create(&thread, NULL, forging_coordinator_serve, &f);
     pt_coord_client *client = NULL;
-    cr_assert_eq(connect_client(&client, ntohs(addr.sin_port), SECRET, 0, 1, "", 30.0, NULL),
+    cr_assert_eq(connect_client(&client, port, SECRET, 0, 1, "", 30.0, NULL),
                  PIPERT_OK, "%s", pipert_last_error());
     char why[128] = "";
     long dropped = 0;

@@ -400,6 +400,14 @@ static int secret_body(rank_context *ctx)
     return 0;
 }
 
+/* An empty temporary file for a rank's stderr; its name in path[] ("/tmp/pipert-transport-log-XXXXXX"). */
+static void make_log_file(char *path)
+{
+    int fd = mkstemp(path);
+    cr_assert(fd >= 0);
+    close(fd);
+}
+
 /* The first 64 KiB of a log file, as a string ("" when unreadable; never NULL). */
 static char *read_log(const char *path)
 {
@@ -417,9 +425,7 @@ static char *read_log(const char *path)
 Test(transport, wrong_secret_is_refused_and_logged)
 {
     char log_path[] = "/tmp/pipert-transport-log-XXXXXX";
-    int fd = mkstemp(log_path);
-    cr_assert(fd >= 0);
-    close(fd);
+    make_log_file(log_path);
     job_spec spec = {.n = 3,
                      .body = secret_body,
                      .secret = {NULL, "not the secret", NULL},
@@ -633,9 +639,7 @@ static int control_records_body(rank_context *ctx)
 Test(transport, forged_and_replayed_control_words_are_refused)
 {
     char log_path[] = "/tmp/pipert-transport-log-XXXXXX";
-    int fd = mkstemp(log_path);
-    cr_assert(fd >= 0);
-    close(fd);
+    make_log_file(log_path);
     job_spec spec = {.n = 2,
                      .body = control_records_body,
                      .mesh = 1,
