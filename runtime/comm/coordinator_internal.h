@@ -90,6 +90,9 @@ void pt_coord_done_ranks_acknowledge(pt_coordinator *c);
 void pt_coord_admit_joiner(pt_coordinator *c, connection *conn, int rank, int pid,
                            const char *host, const char *address);
 void pt_coord_joiner_ready(pt_coordinator *c, int rank);
+/* A rank that registered to rejoin ended before its replica was back: the rank may register
+ * again (a later restart). */
+void pt_coord_joiner_failed(pt_coordinator *c, int rank, const char *reason);
 
 #pragma GCC visibility pop
 

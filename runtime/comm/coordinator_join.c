@@ -122,3 +122,12 @@ void pt_coord_joiner_ready(pt_coordinator *c, int rank)
     const int replica = pt_membership_replica_of(&c->membership, rank);
     if (all_joining(c, replica, true)) replica_back(c, replica);
 }
+
+void pt_coord_joiner_failed(pt_coordinator *c, int rank, const char *reason)
+{
+    rank_state *s = &c->ranks[rank];
+    s->joining = s->ready = false;
+    pt_warn("coordinator: rank %d ended while rejoining, before its replica was back: %s; the "
+            "replica stays out (a restart may bring it back)",
+            rank, reason);
+}

@@ -185,7 +185,9 @@ static void rank_failed_locked(pt_coordinator *c, int rank, const char *reason)
     const int replica = pt_membership_replica_of(m, rank);
     switch (pt_membership_rank_failed(m, rank)) {
     case PT_DEPARTURE_IGNORED:
-        pt_debug("coordinator: rank %d of replica %d, which left, ended: %s", rank, replica, reason);
+        if (c->ranks[rank].joining) pt_coord_joiner_failed(c, rank, reason);
+        else pt_debug("coordinator: rank %d of replica %d, which left, ended: %s", rank, replica,
+                      reason);
         return;
     case PT_DEPARTURE_ABORT:
         if (pt_membership_elastic(m)) {
