@@ -422,19 +422,25 @@ static char *read_log(const char *path)
     return log;
 }
 
-Test(transport, wrong_secret_is_refused_and_logged)
+/* Runs `spec` with rank 0's stderr in a temporary file; asserts the job passed and returns
+ * what rank 0 logged. */
+static char *run_job_reading_log(job_spec *spec)
 {
     char log_path[] = "/tmp/pipert-transport-log-XXXXXX";
     make_log_file(log_path);
-    job_spec spec = {.n = 3,
-                     .body = secret_body,
-                     .secret = {NULL, "not the secret", NULL},
-                     .stderr_path = {log_path}};
+    spec->stderr_path[0] = log_path;
     char why[512];
-    int ok = run_job(&spec, why, sizeof why);
+    int ok = run_job(spec, why, sizeof why);
     char *log = read_log(log_path);
     unlink(log_path);
     cr_assert(ok, "%s; rank 0 logged: %s", why, log);
+    return log;
+}
+
+Test(transport, wrong_secret_is_refused_and_logged)
+{
+    job_spec spec = {.n = 3, .body = secret_body, .secret = {NULL, "not the secret", NULL}};
+    char *log = run_job_reading_log(&spec);
     cr_assert(log[0], "rank 0 logged nothing");
     char claim[64];
     snprintf(claim, sizeof claim, "rank 1 (pid ");
@@ -638,18 +644,8 @@ static int control_records_body(rank_context *ctx)
 
 Test(transport, forged_and_replayed_control_words_are_refused)
 {
-    char log_path[] = "/tmp/pipert-transport-log-XXXXXX";
-    make_log_file(log_path);
-    job_spec spec = {.n = 2,
-                     .body = control_records_body,
-                     .mesh = 1,
-                     .authenticate_messages = 1,
-                     .stderr_path = {log_path}};
-    char why[512];
-    int ok = run_job(&spec, why, sizeof why);
-    char *log = read_log(log_path);
-    unlink(log_path);
-    cr_assert(ok, "%s; rank 0 logged: %s", why, log);
+    job_spec spec = {.n = 2, .body = control_records_body, .mesh = 1, .authenticate_messages = 1};
+    char *log = run_job_reading_log(&spec);
     const char *expected[] = {"unknown control word 0x54534554", "replayed", "forged or altered",
                               "carries none"};
     for (size_t k = 0; k < sizeof expected / sizeof expected[0]; k++)
