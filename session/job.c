@@ -43,8 +43,10 @@ static pipert_result connect_peers(pt_job *job, bool along_replicas)
     return rc;
 }
 
-/* The ranks along one axis of the (stage, replica) grid through this rank. */
-static pipert_result make_group(pt_job *job, bool along_stages, uint32_t id, pt_group **out)
+/* The ranks along one axis of the (stage, replica) grid through this rank, their
+ * collectives numbered from first_sequence. */
+static pipert_result make_group(pt_job *job, bool along_stages, uint32_t id,
+                                uint32_t first_sequence, pt_group **out)
 {
     const pt_layout *l = &job->layout;
     const int n = along_stages ? l->stages : l->replicas;
@@ -55,6 +57,7 @@ static pipert_result make_group(pt_job *job, bool along_stages, uint32_t id, pt_
         ranks[i] = along_stages ? pt_layout_rank(l, i, job->replica) : pt_layout_rank(l, job->stage, i);
     pt_group_options options = PT_GROUP_OPTIONS_INIT;
     options.id = id;
+    options.first_sequence = first_sequence;
     pipert_result rc = pt_group_create(job->transport, ranks, n, &options, out);
     free(ranks);
     return rc;
@@ -78,7 +81,7 @@ static pipert_result make_group(pt_job *job, bool along_stages, uint32_t id, pt_
 static pipert_result site_census(pt_job *job, int *sites)
 {
     pt_group *census;
-    PT_TRY(make_group(job, false, CENSUS_GROUP_ID, &census));
+    PT_TRY(make_group(job, false, CENSUS_GROUP_ID, 0, &census));
     pipert_result rc = pt_allgather(census, &job->site, sizeof job->site, sites);
     pt_group_destroy(census);
     if (rc != PIPERT_OK) pt_error_prefix("learning the replicas' sites");
@@ -237,14 +240,14 @@ static pipert_result connect_groups(pt_job *job)
     if (job->joining) {
         /* Its replica's pipeline now; the replicas of its stage dial it at the switch. */
         PT_TRY(connect_peers(job, false));
-        PT_TRY(make_group(job, true, STAGE_GROUP_ID, &job->stage_group));
+        PT_TRY(make_group(job, true, STAGE_GROUP_ID, 0, &job->stage_group));
         job->replica_sites = calloc((size_t)job->layout.replicas, sizeof *job->replica_sites);
         if (!job->replica_sites) return pt_fail(PIPERT_ERR_NOMEM, "job: out of memory");
         return mark_remote_stages(job);
     }
     PT_TRY(connect_peers(job, true));
     PT_TRY(make_replica_groups(job));
-    PT_TRY(make_group(job, true, STAGE_GROUP_ID, &job->stage_group));
+    PT_TRY(make_group(job, true, STAGE_GROUP_ID, 0, &job->stage_group));
     PT_TRY(make_world_group(job, NULL, 0));
     PT_TRY(mark_remote_stages(job));
     return stop_listening(job);
@@ -561,7 +564,7 @@ pipert_result pt_job_acknowledge(pt_job *job, long epoch, long step)
 {
     uint32_t sequence = next_sequence(job->replica_group);
     const uint32_t others[] = {next_sequence(job->site_group), next_sequence(job->leaders_group),
-                               next_sequence(job->world_group)};
+                               next_sequence(job->world_group), next_sequence(job->stage_group)};
     for (size_t i = 0; i < sizeof others / sizeof others[0]; i++)
         if (others[i] > sequence) sequence = others[i];
     return pt_coord_client_send_ack(job->client, epoch, step, sequence);
@@ -598,8 +601,13 @@ pipert_result pt_job_regroup(pt_job *job, uint32_t first_sequence)
     if (rc == PIPERT_OK) rc = retire(job, &job->site_group);
     if (rc == PIPERT_OK) rc = retire(job, &job->leaders_group);
     if (rc == PIPERT_OK) rc = retire(job, &job->world_group);
+    if (rc == PIPERT_OK) rc = retire(job, &job->stage_group);
     if (rc == PIPERT_OK) rc = build_replica_groups(job, left, first_sequence);
     if (rc == PIPERT_OK) rc = make_world_group(job, left, first_sequence);
+    /* Its members stay, but the ranks of a replica hear of a change steps apart: one may have
+     * skipped (as regrouping) a checkpoint the other wrote, and given up on gathering its
+     * outcomes there. Numbered afresh, that message is never taken for a later one. */
+    if (rc == PIPERT_OK) rc = make_group(job, true, STAGE_GROUP_ID, first_sequence, &job->stage_group);
     if (rc == PIPERT_OK)
         pt_info("stage %d now couples %d replica%s (collectives from #%u)", job->stage, live,
                 live == 1 ? "" : "s", first_sequence);

@@ -38,9 +38,16 @@ static inline char *make_temp_dir(void)
     return dir;
 }
 
-/* Removes a test's directory and frees its name. */
+/* Removes a test's directory and frees its name (PIPERT_KEEP_TEST_DIRS=1 keeps it, to look
+ * into a failure). */
 static inline void remove_dir(char *dir)
 {
+    const char *keep = getenv("PIPERT_KEEP_TEST_DIRS");
+    if (keep && *keep && strcmp(keep, "0")) {
+        fprintf(stderr, "kept %s\n", dir);
+        free(dir);
+        return;
+    }
     char command[600];
     snprintf(command, sizeof command, "rm -rf '%s'", dir);
     cr_expect_eq(system(command), 0, "cannot remove %s", dir);
