@@ -1,14 +1,22 @@
 /* dp.method=sparse: asynchronous sparse parameter averaging with an EMA
  * correction (AsyncMesh; ALGORITHMS.md §4.2).
  *
- * Partitions. Every tensor of n elements is cut into P = ⌈1/p⌉ partitions of
- * (nearly) equal size, ⌊(j+1)·n/P⌋ − ⌊j·n/P⌋ elements for partition j: the
+ * Partitions. Every tensor of n elements is cut into units of U =
+ * dp.partition_block consecutive elements (n_U = ⌈n/U⌉ of them, the last one
+ * short when U does not divide n), and its units into P = ⌈1/p⌉ partitions of
+ * (nearly) equal size, ⌊(j+1)·n_U/P⌋ − ⌊j·n_U/P⌋ units for partition j: the
  * list of partition ids [0, 0, …, 1, 1, …, P−1] is shuffled (Fisher–Yates,
- * the same as slicing a random permutation of the elements) and element e
- * gets id e. The shuffle draws from Philox with the key (seed, hash of the
- * tensor's global name) and the counter (cycle, block), so every replica
- * holds the same partitions, whatever the stage split, and no index ever
- * crosses the network. Step t averages partition (t−1) mod P of cycle
+ * the same as slicing a random permutation of the units) and unit u gets id
+ * u. With U = 1 this is ALGORITHMS.md's permutation of the elements; the
+ * default U = 16 (a 64-byte cache line of fp32) makes every loop over a
+ * partition (gather, apply, the agreed values, e) read whole cache lines
+ * instead of one element in each, and the shuffle U times shorter. Which
+ * elements travel together does not enter the update, which is per element:
+ * each is still averaged once per cycle, at a step drawn at random. The
+ * shuffle draws from Philox with the key (seed, hash of the tensor's global
+ * name) and the counter (cycle, block), so every replica holds the same
+ * partitions, whatever the stage split, and no index ever crosses the
+ * network. Step t averages partition (t−1) mod P of cycle
  * (t−1) div P: new partitions every P steps, each element once per cycle. The
  * step, not a local counter, picks the partition, so replicas agree by
  * construction.
@@ -38,7 +46,7 @@
  * ends with nothing on the wire.
  *
  * Checks. Beside each partition goes a descriptor all-reduce: every replica
- * writes small integers (method, step, count, P, codec, seed, slice layout) times R
+ * writes small integers (method, step, count, P, U, codec, seed, slice layout) times R
  * into its own slot of R slots, zeros elsewhere, so the mean returns each
  * replica's descriptor exactly (integers below 2^24 add and divide exactly in
  * fp32). A replica whose descriptor differs is named, and nothing of that
@@ -141,6 +149,7 @@ static pipert_result sparse_create(const pt_coupling_options *options, void **ou
     s->R = R;
     s->me = options->replicas ? pt_group_index(options->replicas) : 0;
     s->P = partitions < 1 ? 1 : (long)partitions;
+    s->unit = (size_t)dp->partition_block;
     s->delay = dp->delay;
     s->rule = rule;
     s->lambda = (float)dp->lambda;
@@ -194,30 +203,50 @@ static uint32_t stream_below(word_stream *w, uint32_t bound)
     return (uint32_t)(m >> 32);
 }
 
-/* The partitions of `cycle`: per tensor, its partition ids shuffled, then
+/* A tensor of n elements in units of `unit` consecutive elements: ⌈n/unit⌉ of them, the
+ * last one short when unit does not divide n. */
+static size_t units_of(size_t n, size_t unit) { return (n + unit - 1) / unit; }
+
+/* Where partition j of a tensor starts among its members (offsets from the tensor's first):
+ * the whole units of the partitions before it, less what the short last unit lacks when
+ * one of them holds it (s->short_unit_part[t]: the partition that does). */
+static size_t partition_begin(const sparse_state *s, const pt_gpt_tensor *tensor, int t, long j)
+{
+    const size_t unit = s->unit, n_units = units_of(tensor->numel, unit);
+    const size_t lacks = n_units * unit - tensor->numel;
+    return slice_begin(n_units, s->P, j) * unit - (s->short_unit_part[t] < j ? lacks : 0);
+}
+
+/* The partitions of `cycle`: per tensor, its units' partition ids shuffled, then
  * its elements bucketed by id in increasing order (so gathers run forward). */
 static void draw_partitions(sparse_state *s, const pt_gpt_slice *model, long cycle)
 {
+    const size_t unit = s->unit;
     for (int t = 0; t < model->n_tensors; t++) {
         const pt_gpt_tensor *tensor = &model->tensors[t];
-        const size_t n = tensor->numel;
+        const size_t n = tensor->numel, n_units = units_of(n, unit);
         uint32_t *id = s->ids;
         for (long j = 0; j < s->P; j++) {
-            const size_t begin = slice_begin(n, s->P, j), end = slice_begin(n, s->P, j + 1);
+            const size_t begin = slice_begin(n_units, s->P, j), end = slice_begin(n_units, s->P, j + 1);
             for (size_t k = begin; k < end; k++) id[k] = (uint32_t)j;
-            s->cursor[j] = begin;
         }
         word_stream w = {.key = pt_rng_key((uint64_t)s->config->seed, pt_hash_string(tensor->name)),
                          .cycle = (uint32_t)cycle,
                          .next = 4};
-        for (size_t i = n; i-- > 1;) {
+        for (size_t i = n_units; i-- > 1;) {
             const uint32_t j = stream_below(&w, (uint32_t)(i + 1));
             const uint32_t swap = id[i];
             id[i] = id[j];
             id[j] = swap;
         }
+        s->short_unit_part[t] = n_units ? (long)id[n_units - 1] : s->P;
+        for (long j = 0; j < s->P; j++) s->cursor[j] = partition_begin(s, tensor, t, j);
         uint32_t *out = s->partitions + tensor->offset;
-        for (size_t e = 0; e < n; e++) out[s->cursor[id[e]]++] = (uint32_t)(tensor->offset + e);
+        for (size_t u = 0; u < n_units; u++) {
+            size_t *at = &s->cursor[id[u]];
+            const size_t first = u * unit, last = first + unit < n ? first + unit : n;
+            for (size_t e = first; e < last; e++) out[(*at)++] = (uint32_t)(tensor->offset + e);
+        }
     }
     s->partitions_cycle = cycle;
 }
@@ -235,7 +264,7 @@ static pipert_result set_up(sparse_state *s, const pt_gpt_slice *model)
         const pt_gpt_tensor *tensor = &model->tensors[t];
         layout = (layout ^ pt_hash_string(tensor->name)) * 0x100000001b3ull;
         layout = (layout ^ tensor->numel) * 0x100000001b3ull;
-        max_count += (tensor->numel + (size_t)s->P - 1) / (size_t)s->P;
+        max_count += units_of(units_of(tensor->numel, s->unit), (size_t)s->P) * s->unit;
         if (tensor->numel > largest) largest = tensor->numel;
     }
     s->layout_tag = digest16(layout);
@@ -244,7 +273,9 @@ static pipert_result set_up(sparse_state *s, const pt_gpt_slice *model)
     s->partitions = malloc((model->n_params ? model->n_params : 1) * sizeof *s->partitions);
     s->ids = malloc(largest * sizeof *s->ids);
     s->cursor = malloc((size_t)s->P * sizeof *s->cursor);
-    if (!s->partitions || !s->ids || !s->cursor)
+    s->short_unit_part = malloc((size_t)(model->n_tensors ? model->n_tensors : 1) *
+                                sizeof *s->short_unit_part);
+    if (!s->partitions || !s->ids || !s->cursor || !s->short_unit_part)
         return pt_fail(PIPERT_ERR_NOMEM, "dp sparse: no memory for the partitions of %zu parameters",
                        model->n_params);
     if (s->loaded_ema && s->loaded_ema != model->n_params)
@@ -319,8 +350,8 @@ static void gather_partition(sparse_state *s, const pt_coupling_point *at, spars
     for (int t = 0; t < at->model->n_tensors; t++) {
         const pt_gpt_tensor *tensor = &at->model->tensors[t];
         const uint32_t *members = s->partitions + tensor->offset;
-        size_t begin = slice_begin(tensor->numel, s->P, part),
-               end = slice_begin(tensor->numel, s->P, part + 1);
+        const size_t begin = partition_begin(s, tensor, t, part),
+                     end = partition_begin(s, tensor, t, part + 1);
         for (size_t k = begin; k < end; k++, count++) {
             const uint32_t j = members[k];
             x->index[count] = j;
@@ -349,6 +380,7 @@ static void describe(const sparse_state *s, long step, size_t count, uint32_t fi
     field[FIELD_CODEC] = (uint32_t)s->codec.kind * 4096u + (uint32_t)(s->codec.block % 4096u);
     field[FIELD_SEED] = s->seed_tag;
     field[FIELD_LAYOUT] = s->layout_tag;
+    field[FIELD_UNIT] = (uint32_t)s->unit;
 }
 
 /* Each replica's slot holds its fields times R; the mean leaves them as they are. */
@@ -380,13 +412,13 @@ static void format_descriptor(const float *slot, char *out, size_t capacity)
     }
     const pt_codec codec = {(pt_codec_kind)(f[FIELD_CODEC] / 4096), 1};
     snprintf(out, capacity,
-             "step %llu, %llu values, P = %llu, dp.compress=%s (block %llu mod 4096), seed "
-             "#%04llx, stage slice #%04llx",
+             "step %llu, %llu values, P = %llu in units of %llu, dp.compress=%s (block %llu mod "
+             "4096), seed #%04llx, stage slice #%04llx",
              (unsigned long long)(f[FIELD_STEP_LOW] | f[FIELD_STEP_HIGH] << 16),
              (unsigned long long)(f[FIELD_COUNT_LOW] | f[FIELD_COUNT_MID] << 16 |
                                   f[FIELD_COUNT_HIGH] << 32),
              (unsigned long long)(f[FIELD_PARTITIONS_LOW] | f[FIELD_PARTITIONS_HIGH] << 16),
-             f[FIELD_CODEC] / 4096 <= PT_CODEC_ONEBIT ? pt_codec_name(&codec) : "?",
+             (unsigned long long)f[FIELD_UNIT], f[FIELD_CODEC] / 4096 <= PT_CODEC_ONEBIT ? pt_codec_name(&codec) : "?",
              (unsigned long long)(f[FIELD_CODEC] % 4096), (unsigned long long)f[FIELD_SEED],
              (unsigned long long)f[FIELD_LAYOUT]);
 }
@@ -411,8 +443,8 @@ static pipert_result check_descriptors(const sparse_state *s, const sparse_excha
         return pt_fail(PIPERT_ERR_PEER,
                        "dp sparse, stage %d: %s %d sent %s, where this replica (%s %d) sent %s; "
                        "nothing of it was applied. Every replica of a stage must run the same "
-                       "dp.method, dp.fraction, dp.compress, dp.block, seed and model at the "
-                       "same step",
+                       "dp.method, dp.fraction, dp.partition_block, dp.compress, dp.block, seed "
+                       "and model at the same step",
                        s->options.stage, who, r, theirs, who, s->me, ours);
     }
     return PIPERT_OK;
@@ -743,6 +775,7 @@ static void sparse_destroy(void *state)
     free(s->partitions);
     free(s->ids);
     free(s->cursor);
+    free(s->short_unit_part);
     free(s->ema);
     free(s->agreed);
     free(s->worker_error);

@@ -26,6 +26,7 @@ enum {
     FIELD_CODEC, /* 4096·kind + block mod 4096 */
     FIELD_SEED,
     FIELD_LAYOUT,
+    FIELD_UNIT, /* dp.partition_block */
     DESCRIPTOR_FIELDS
 };
 #define METHOD_TAG 0x5350 /* "SP" */
@@ -77,8 +78,10 @@ typedef struct sparse_state {
     uint32_t *partitions;  /* [n_params]: per tensor, its partitions of this cycle one
                               after another, each in increasing order, as offsets into θ */
     long partitions_cycle; /* the cycle they belong to; −1 = none */
-    uint32_t *ids;         /* [largest tensor]: scratch, the shuffled partition ids */
+    size_t unit;           /* dp.partition_block: elements that go to a partition together */
+    uint32_t *ids;         /* [units of the largest tensor]: scratch, the shuffled partition ids */
     size_t *cursor;        /* [P]: scratch of the bucketing */
+    long *short_unit_part; /* [tensors]: the partition of the tensor's last unit this cycle */
     float *ema;             /* [n_params] e (rule ema) */
     /* Compressed exchanges quantize θ[I] − agreed[I], not θ[I]: parameters
      * themselves do not survive 4 bits, their drift since the last average

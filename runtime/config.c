@@ -167,6 +167,9 @@ static const config_key schema[] = {
     NUMBER_KEY(dp.fraction, 0.05, HALF_OPEN_RANGE(0, 1.0000001),
                "sparse: fraction p of each tensor averaged per step (partitions of a shared "
                "random permutation; P = ceil(1/p))"),
+    NUMBER_KEY(dp.partition_block, 16, CLOSED_RANGE(1, 4096),
+               "sparse: the permutation's unit, consecutive elements of a tensor that go to a "
+               "partition together (16 fp32 = a 64-byte cache line; 1 = single elements)"),
     STRING_KEY(dp.rule, "ema", "ema|avg|delta",
                "sparse: what replaces the averaged elements: ema = average + lambda * EMA of the "
                "drift since sending; avg = the average; delta = average + drift"),

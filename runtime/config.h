@@ -72,6 +72,7 @@ typedef struct pt_dp_settings {
     int block;                           /* elements per quantization block */
     long delay;                          /* −1: apply when it arrives; N ≥ 0: exactly N steps later */
     double fraction;                     /* sparse: p */
+    int partition_block;                 /* sparse: elements that go to a partition together */
     char rule[PT_CONFIG_STRING_MAX];     /* sparse: ema | avg | delta */
     double lambda;                       /* sparse: weight of the EMA correction */
     long ema_warmup_steps;               /* sparse: steps at μ_e = 0.5 */

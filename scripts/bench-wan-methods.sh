@@ -5,16 +5,21 @@
 # coupling at all (dp.method=none: same processes, cores and links, nothing
 # sent), measured in the same run.
 #
-# For each link, layout (stages per replica) and method, RUNS runs of STEPS
-# steps; from replica 0's metrics (one line per step) over the steps after
-# the first SKIP: time per step (the sum of the steps' times over their count,
-# so the outer steps of diloco and co2 are in it), tokens/s relative to
-# `none`, bytes sent between the sites per step (every stage of the replica:
-# with one replica per site all coupling traffic crosses), time the step
-# waited on the coupling, and the validation loss at the end. Medians over the
-# runs. The dense all-reduce over 10 Mbit/s takes ~9 s a step: it runs
-# ALLREDUCE_SLOW_STEPS steps there. STEPS must reach 2·dp.period (60 by
-# default): co2 posts a round only if it falls due within the run.
+# For each link and layout (stages per replica), RUNS repetitions; each
+# repetition runs every method once, one after the other, so a method and its
+# reference `none` see the same state of a shared machine. From replica 0's
+# metrics (one line per step) over the steps after the first SKIP and before
+# the last: time per step (the sum of the steps' times over their count, so the
+# outer steps of diloco and co2 are in it) and the time a step waited on the
+# coupling; tokens/s relative to `none` (the median over the repetitions of
+# each repetition's ratio); bytes sent between the sites per step (every stage
+# of the replica: with one replica per site all coupling traffic crosses); the
+# drain: what the last step waited for the exchanges still in flight (the
+# asynchronous methods end with nothing on the wire, a one-off cost of the
+# run, not of its throughput); and the validation loss at the end. Medians
+# over the repetitions. The dense all-reduce over 10 Mbit/s takes ~9 s a step:
+# it runs ALLREDUCE_SLOW_STEPS steps there. STEPS must reach 2·dp.period (60
+# by default): co2 posts a round only if it falls due within the run.
 #
 # Usage (root): scripts/bench-wan-methods.sh [--build DIR] [--runs 3] [--steps 70] [--skip 5]
 #               [--stages "1 2"] [--links "1gbit:10ms 100mbit:50ms 10mbit:100ms"]
@@ -62,7 +67,7 @@ method_base_args() {
   esac
 }
 
-# One run: prints "ms_per_step dp_bytes_per_step dp_wait_ms_per_step val_loss".
+# One run: prints "ms_per_step dp_bytes_per_step dp_wait_ms_per_step drain_ms val_loss".
 run_one() {
   local dir=$1 bandwidth=$2 latency=$3 stages=$4 method=$5 n=$6 skip_steps=$7
   rm -rf "$dir"
@@ -77,46 +82,56 @@ d, stages, skip = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 def rows(path):
     return [json.loads(l) for l in open(path)]
 last = [r for r in rows(f"{d}/metrics-stage-{stages - 1}.jsonl") if r["step"] > skip]
-ms = sum(r["ms_per_step"] for r in last) / len(last)
-wait = sum(r["dp_wait_ms"] for r in last) / len(last)
+steady, final = last[:-1], last[-1]
+ms = sum(r["ms_per_step"] for r in steady) / len(steady)
+wait = sum(r["dp_wait_ms"] for r in steady) / len(steady)
+drain = max(r["dp_wait_ms"] for r in
+            (rows(f"{d}/metrics-stage-{s}.jsonl")[-1] for s in range(stages)))
 sent = 0.0
 for s in range(stages):
     r = [x for x in rows(f"{d}/metrics-stage-{s}.jsonl") if x["step"] > skip]
     sent += sum(x["dp_bytes"] for x in r) / len(r)
 val = [r["val_loss"] for r in rows(f"{d}/metrics.jsonl") if "val_loss" in r]
-print(ms, sent, wait, val[-1] if val else float("nan"))
+print(ms, sent, wait, drain, val[-1] if val else float("nan"))
 PY
 }
 
 mkdir -p "$out"
 table=$out/table.md
 {
-  echo "| link | stages | method | ms/step | tokens/s vs none | MB between sites/step | wait ms/step | val loss |"
-  echo "|---|---|---|---|---|---|---|---|"
+  echo "| link | stages | method | ms/step | tokens/s vs none | MB between sites/step | wait ms/step | drain ms | val loss |"
+  echo "|---|---|---|---|---|---|---|---|---|"
 } > "$table"
 for link in $links; do
   bandwidth=${link%%:*} latency=${link##*:}
   for stages in $stages_list; do
-    none_ms=""
-    for method in $methods; do
-      n=$steps k=$skip
-      if [ "$method" = allreduce ] && [ "$bandwidth" = 10mbit ]; then n=$ALLREDUCE_SLOW_STEPS k=2; fi
-      results=()
-      for ((i = 0; i < runs; i++)); do
-        results+=("$(run_one "$out/$bandwidth-$latency-s$stages-${method//[:=,]/-}-$i" "$bandwidth" "$latency" "$stages" "$method" "$n" "$k")")
+    declare -A results=()
+    for ((i = 0; i < runs; i++)); do
+      for method in $methods; do
+        n=$steps k=$skip
+        if [ "$method" = allreduce ] && [ "$bandwidth" = 10mbit ]; then n=$ALLREDUCE_SLOW_STEPS k=2; fi
+        results[$method]+="$(run_one "$out/$bandwidth-$latency-s$stages-${method//[:=,]/-}-$i" "$bandwidth" "$latency" "$stages" "$method" "$n" "$k");"
       done
-      row=$(python3 - "$bandwidth" "$latency" "$stages" "$method" "${none_ms:-0}" "${results[@]}" <<'PY'
-import statistics, sys
-bw, lat, stages, method, none_ms = sys.argv[1:6]
-runs = [[float(x) for x in r.split()] for r in sys.argv[6:]]
-ms, sent, wait, val = (statistics.median(c) for c in zip(*runs))
-rel = f"{100 * float(none_ms) / ms:.1f}%" if float(none_ms) > 0 else "100% (reference)"
-print(f"{ms:.1f}|| | {bw}, {lat} | {stages} | {method} | {ms:.0f} | {rel} | {sent / 1e6:.3f} | {wait:.0f} | {val:.4f} |")
-PY
-)
-      if [ "$method" = none ]; then none_ms=${row%%||*}; fi
-      echo "${row#*|| }" | tee -a "$table"
     done
+    for method in $methods; do
+      python3 - "$bandwidth" "$latency" "$stages" "$method" "${results[none]:-}" "${results[$method]}" <<'PY' | tee -a "$table"
+import statistics, sys
+bw, lat, stages, method, none, mine = sys.argv[1:7]
+def runs(text):
+    return [[float(x) for x in r.split()] for r in text.split(";") if r.strip()]
+own = runs(mine)
+ms, sent, wait, drain, val = (statistics.median(c) for c in zip(*own))
+if method == "none":
+    rel = "100% (reference)"
+elif none:
+    ratios = [n[0] / m[0] for n, m in zip(runs(none), own)]  # the same repetition's reference
+    rel = f"{100 * statistics.median(ratios):.1f}%"
+else:
+    rel = "—"
+print(f"| {bw}, {lat} | {stages} | {method} | {ms:.0f} | {rel} | {sent / 1e6:.3f} | {wait:.0f} | {drain:.0f} | {val:.4f} |")
+PY
+    done
+    unset results
   done
 done
 echo "table: $table"

@@ -7,9 +7,10 @@
  *     for step, what a serial simulation of all the replicas in the test gives
  *     (1e-5; only the order of the mean's additions differs), and the newest
  *     stash follows θ wherever an average is applied;
- *   - with p = 1/4 the partitions are shared by the replicas, cover every
- *     element exactly once in P steps, change with the cycle, and the bytes
- *     reported are those of the ring all-reduce;
+ *   - with p = 1/4 the partitions (of single elements, and of units of 4
+ *     consecutive elements) are shared by the replicas, hold whole units,
+ *     cover every element exactly once in P steps, change with the cycle, and
+ *     the bytes reported are those of the ring all-reduce;
  *   - save, a fresh coupling, load, and the run goes on bitwise as if never
  *     interrupted (dp.delay = 3, three exchanges in flight at the save);
  *   - a replica that sends another size, another step or another method is
@@ -100,6 +101,7 @@ typedef struct sparse_setup {
     double lambda;
     const char *method;
     const char *compress;
+    int unit; /* dp.partition_block (0: 1, single elements) */
 } sparse_setup;
 
 static pipert_config config_for(const sparse_setup *u)
@@ -114,6 +116,7 @@ static pipert_config config_for(const sparse_setup *u)
     cfg.dp.lambda = u->lambda;
     cfg.dp.ema_warmup_steps = u->ema_warmup;
     cfg.train.steps = u->steps;
+    cfg.dp.partition_block = u->unit > 0 ? u->unit : 1;
     return cfg;
 }
 
@@ -290,60 +293,96 @@ static void own_values(float *theta, int r)
     for (size_t i = 0; i < N_PARAMS; i++) theta[i] = 1000.0f * (float)r + (float)i;
 }
 
+static int partition_unit; /* dp.partition_block of partition_body (set before the fork) */
+
+/* The elements step t averaged (rule avg, dp.delay 0, θ reset before each step): those
+ * holding the mean; each must hold the mean or its own value. */
+static bool averaged_at(rank_context *ctx, const float *theta, long t, bool *averaged)
+{
+    for (size_t i = 0; i < N_PARAMS; i++) {
+        const float mean = 500.0f + (float)i, own = 1000.0f * (float)ctx->rank + (float)i;
+        CHILD_CHECK(ctx, theta[i] == mean || theta[i] == own,
+                    "step %ld, element %zu is %g: neither its own %g nor the mean %g "
+                    "(the replicas disagree on the partition?)",
+                    t, i, theta[i], own, mean);
+        averaged[i] = theta[i] == mean;
+    }
+    return true;
+}
+
+/* Partition t − 1 of a tensor: whole units of U consecutive elements (the last one of the
+ * tensor short), ⌊t·n_U/P⌋ − ⌊(t−1)·n_U/P⌋ of them for n_U units; its element count. */
+static bool check_units(rank_context *ctx, const pt_gpt_tensor *tensor, const bool *averaged,
+                        long t, long P, size_t *count)
+{
+    const size_t U = (size_t)partition_unit, n_units = (tensor->numel + U - 1) / U;
+    size_t units = 0;
+    *count = 0;
+    for (size_t u = 0; u < n_units; u++) {
+        const size_t first = tensor->offset + u * U;
+        const size_t last = u + 1 < n_units ? first + U : tensor->offset + tensor->numel;
+        for (size_t i = first; i < last; i++)
+            CHILD_CHECK(ctx, averaged[i] == averaged[first],
+                        "step %ld, %s: unit %zu is split (element %zu %s, element %zu %s)", t,
+                        tensor->name, u, first, averaged[first] ? "averaged" : "not",
+                        i, averaged[i] ? "averaged" : "not");
+        units += averaged[first];
+        *count += averaged[first] ? last - first : 0;
+    }
+    const size_t expected = (size_t)t * n_units / (size_t)P - (size_t)(t - 1) * n_units / (size_t)P;
+    CHILD_CHECK(ctx, units == expected, "step %ld, %s: %zu of its %zu units averaged, expected %zu",
+                t, tensor->name, units, n_units, expected);
+    return true;
+}
+
 static int partition_body(rank_context *ctx)
 {
     pt_group *g = whole_group(ctx);
     CHILD_CHECK(ctx, g, "group");
-    const sparse_setup u = {.fraction = 0.25, .rule = "avg", .delay = 0, .steps = 100};
+    const long P = 4;
+    const sparse_setup u = {.fraction = 1.0 / P, .rule = "avg", .delay = 0, .steps = 100,
+                            .unit = partition_unit};
     pipert_config cfg = config_for(&u);
     pt_coupling *c = make_coupling(&cfg, g, ctx->rank);
     CHILD_CHECK(ctx, c, "coupling");
     fake_stage f;
     fake_stage_init(&f);
     float theta[N_PARAMS];
-    bool first_partition[N_PARAMS];
-    own_values(theta, ctx->rank);
-    for (long t = 1; t <= 4; t++) {
+    bool averaged[N_PARAMS], first_partition[N_PARAMS];
+    int times[N_PARAMS] = {0};
+    for (long t = 1; t <= P; t++) {
+        own_values(theta, ctx->rank);
         pt_coupling_point at = {.model = &f.slice, .params = theta, .n_params = N_PARAMS, .step = t};
         CHILD_CHECK(ctx, pt_coupling_after_step(c, &at) == PIPERT_OK, "step %ld", t);
-        size_t averaged = 0, expected_count = 0;
+        CHILD_CHECK(ctx, averaged_at(ctx, theta, t, averaged), "step %ld", t);
+        size_t step_count = 0;
         for (int k = 0; k < N_TENSORS; k++) {
-            const pt_gpt_tensor *tensor = &f.tensors[k];
-            size_t in_tensor = 0;
-            for (size_t i = tensor->offset; i < tensor->offset + tensor->numel; i++) {
-                const float mean = 500.0f + (float)i, own = 1000.0f * (float)ctx->rank + (float)i;
-                CHILD_CHECK(ctx, theta[i] == mean || theta[i] == own,
-                            "step %ld, element %zu is %g: neither its own %g nor the mean %g "
-                            "(the replicas disagree on the partition?)",
-                            t, i, theta[i], own, mean);
-                in_tensor += theta[i] == mean;
-                if (t == 1) first_partition[i] = theta[i] == mean;
-            }
-            /* after t of P = 4 steps: ⌊t·n/4⌋ elements of each tensor */
-            CHILD_CHECK(ctx, in_tensor == (size_t)t * tensor->numel / 4,
-                        "step %ld, %s: %zu of %zu elements averaged, expected %zu", t,
-                        tensor->name, in_tensor, tensor->numel, (size_t)t * tensor->numel / 4);
-            averaged += in_tensor;
-            expected_count += ((size_t)t * tensor->numel / 4) - ((size_t)(t - 1) * tensor->numel / 4);
+            size_t count;
+            CHILD_CHECK(ctx, check_units(ctx, &f.tensors[k], averaged, t, P, &count), "units");
+            step_count += count;
         }
+        for (size_t i = 0; i < N_PARAMS; i++) times[i] += averaged[i];
+        if (t == 1) memcpy(first_partition, averaged, sizeof averaged);
         pt_coupling_metrics m = pt_coupling_take_metrics(c);
-        /* ring all-reduce of R = 2: (R−1)·2/R = 1 buffer each, plus the 2 × 11 descriptor values */
-        CHILD_CHECK(ctx, m.bytes_sent == (double)(expected_count + 22) * 4,
+        /* ring all-reduce of R = 2: (R−1)·2/R = 1 buffer each, plus the 2 × 12 descriptor values */
+        CHILD_CHECK(ctx, m.bytes_sent == (double)(step_count + 24) * 4,
                     "step %ld: %g bytes reported, expected %zu", t, m.bytes_sent,
-                    (expected_count + 22) * 4);
-        (void)averaged;
+                    (step_count + 24) * 4);
     }
+    for (size_t i = 0; i < N_PARAMS; i++)
+        CHILD_CHECK(ctx, times[i] == 1, "element %zu was averaged %d times in the cycle's %ld steps",
+                    i, times[i], P);
     /* The next cycle draws another permutation: step 5 averages another set. */
     own_values(theta, ctx->rank);
-    pt_coupling_point at = {.model = &f.slice, .params = theta, .n_params = N_PARAMS, .step = 5};
-    CHILD_CHECK(ctx, pt_coupling_after_step(c, &at) == PIPERT_OK, "step 5");
+    pt_coupling_point at = {.model = &f.slice, .params = theta, .n_params = N_PARAMS, .step = P + 1};
+    CHILD_CHECK(ctx, pt_coupling_after_step(c, &at) == PIPERT_OK, "step %ld", P + 1);
+    CHILD_CHECK(ctx, averaged_at(ctx, theta, P + 1, averaged), "step %ld", P + 1);
     size_t same = 0, count = 0;
     for (size_t i = 0; i < N_PARAMS; i++) {
-        const bool averaged = theta[i] == 500.0f + (float)i;
-        count += averaged;
-        same += averaged && first_partition[i];
+        count += averaged[i];
+        same += averaged[i] && first_partition[i];
     }
-    CHILD_CHECK(ctx, count > 30 && same < count,
+    CHILD_CHECK(ctx, count > N_PARAMS / 8 && same < count,
                 "step 5 averaged %zu elements, %zu of them those of step 1: the permutation did "
                 "not change with the cycle", count, same);
     pt_coupling_free(c);
@@ -351,8 +390,19 @@ static int partition_body(rank_context *ctx)
     return 0;
 }
 
+/* Single elements (dp.partition_block = 1, ALGORITHMS.md's permutation of the elements). */
 Test(sparse_coupling, partitions_are_shared_cover_everything_and_change_per_cycle)
 {
+    partition_unit = 1;
+    job_spec spec = {.n = 2, .body = partition_body, .mesh = 1};
+    RUN_JOB(spec);
+}
+
+/* Units of 4: the tensors of 37, 11 and 103 elements end in a short unit, which sits in a
+ * different partition each cycle. */
+Test(sparse_coupling, partitions_of_units_are_shared_whole_and_cover_everything)
+{
+    partition_unit = 4;
     job_spec spec = {.n = 2, .body = partition_body, .mesh = 1};
     RUN_JOB(spec);
 }
@@ -469,7 +519,7 @@ static int compressed_body(rank_context *ctx)
         size_t count = 0;
         for (int k = 0; k < N_TENSORS; k++)
             count += t == 1 ? f.tensors[k].numel / 2 : f.tensors[k].numel - f.tensors[k].numel / 2;
-        size_t expected = 22 * 4; /* the descriptors */
+        size_t expected = 24 * 4; /* the descriptors */
         if (codec.kind == PT_CODEC_ONEBIT) {
             size_t padded = (count + 15) / 16 * 16;
             expected += 2 * (4 + padded / 2 / 8);
