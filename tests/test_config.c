@@ -90,7 +90,7 @@ static const char *const all_keys[] = {
     "train.eps", "train.weight_decay", "train.grad_clip", "train.val_every", "train.val_batches",
     "train.log_every", "train.checkpoint_every", "train.keep_checkpoints", "data.path", "data.format",
     "data.val_fraction", "data.sampling", "dp.method", "dp.compress", "dp.block", "dp.delay",
-    "dp.fraction", "dp.rule", "dp.lambda", "dp.ema_warmup_steps", "dp.period", "dp.outer_lr",
+    "dp.fraction", "dp.partition_block", "dp.rule", "dp.lambda", "dp.ema_warmup_steps", "dp.period", "dp.outer_lr",
     "dp.outer_momentum", "dp.fragments", "dp.overlap", "dp.alpha", "dp.penalty", "dp.penalty_value",
     "dp.clip", "runtime.threads", "runtime.device", "runtime.authenticate_messages",
     "runtime.coordinator_check_steps", "pipeline.schedule",
