@@ -772,11 +772,22 @@ pipert_result pt_executor_receive(pt_stage_executor *ex, bool wave, long id, flo
                           wave ? TAG_EVAL_WAVE : TAG_EVAL, id, dst);
 }
 
+pipert_result pt_executor_post_forward(pt_stage_executor *ex, bool wave, long id, const float *src,
+                                       pt_request **request)
+{
+    return send_tensor(ex, ex->options.next_rank, PT_KIND_ACTIVATION,
+                       wave ? TAG_EVAL_WAVE : TAG_EVAL, id, src, request);
+}
+
+pipert_result pt_executor_complete_send(pt_stage_executor *ex, pt_request **request)
+{
+    return complete_send(ex, request);
+}
+
 pipert_result pt_executor_send_forward(pt_stage_executor *ex, bool wave, long id, const float *src)
 {
     pt_request *request = NULL;
-    PT_TRY(send_tensor(ex, ex->options.next_rank, PT_KIND_ACTIVATION,
-                       wave ? TAG_EVAL_WAVE : TAG_EVAL, id, src, &request));
+    PT_TRY(pt_executor_post_forward(ex, wave, id, src, &request));
     return complete_send(ex, &request);
 }
 

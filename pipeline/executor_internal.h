@@ -25,6 +25,11 @@ typedef struct pt_eval_waves {
     int length, capacity;
     double loss_sum;       /* last stage: of the wave being run */
     float *input;          /* stage > 0: a received batch [N, C] */
+    /* Outputs sent on and not yet read by the next stage, oldest first: it runs the wave
+     * steps later (after its step N + 2s), and a large message's send ends only when it
+     * was read (runtime/comm/transport_direct.c), so each keeps a copy of its own. */
+    struct pt_wave_send *sending;
+    int n_sending, sending_capacity;
     pt_validation_result *results; /* last stage: finished, not yet taken */
     int n_results, results_capacity;
 } pt_eval_waves;
@@ -91,6 +96,11 @@ pipert_result pt_executor_execute(pt_stage_executor *ex, const pt_instruction *i
 pipert_result pt_executor_host_batch(pt_stage_executor *ex, pipert_split split, long index);
 pipert_result pt_executor_receive(pt_stage_executor *ex, bool wave, long id, float *dst);
 pipert_result pt_executor_send_forward(pt_stage_executor *ex, bool wave, long id, const float *src);
+/* The same send, left to run: *request ends when the next stage took it. */
+pipert_result pt_executor_post_forward(pt_stage_executor *ex, bool wave, long id, const float *src,
+                                       pt_request **request);
+/* Waits for a send posted so, and frees it. */
+pipert_result pt_executor_complete_send(pt_stage_executor *ex, pt_request **request);
 void pt_executor_trace_span(pt_stage_executor *ex, const char *category, double started_us,
                             long microbatch);
 

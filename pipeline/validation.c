@@ -15,7 +15,10 @@
  * per batch between two of its steps. Each stage uses an activation set of its own for them,
  * so the in-flight microbatches' activations stay intact. At the last step every stage runs
  * the waves still due. A wave under way at a checkpoint is not saved: a resumed run
- * validates after the step it resumed at. */
+ * validates after the step it resumed at. Its outputs are sent on without waiting: the next
+ * stage takes them only steps later, and meanwhile needs this stage's training microbatches
+ * (a send of 64 KiB or more ends only when the receiver read it: transport_direct.c), so
+ * each goes from a copy of its own, released once the send ended. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,16 +43,13 @@ static pipert_result load_validation_batch(pt_stage_executor *ex, int k, int n)
 }
 
 /* The forward of validation batch k on the weights the coupling says the model is (DiLoCo:
- * the outer ones), with m->input already in place; its output goes on to the next stage
- * (as `id`, a wave's if `wave`), its loss (last stage) into *loss. */
-static pipert_result validation_forward(pt_stage_executor *ex, bool wave, long id, float *loss)
+ * the outer ones), with m->input already in place; its loss (last stage) into *loss. */
+static void validation_forward(pt_stage_executor *ex, float *loss)
 {
     pt_gpt_slice *m = ex->model;
     pt_gpt_use_params(m, (float *)pt_coupling_eval_params(ex->options.coupling));
     pt_gpt_forward_eval(m, loss);
     pt_gpt_use_params(m, NULL);
-    if (pt_executor_is_last_stage(ex)) return PIPERT_OK;
-    return pt_executor_send_forward(ex, wave, id, pt_gpt_output(m));
 }
 
 /* ---- at a drained pipeline ------------------------------------------------ */
@@ -66,7 +66,8 @@ pipert_result pt_stage_executor_validate(pt_stage_executor *ex, float *val_loss)
         PT_TRY(load_validation_batch(ex, k, n));
         if (ex->options.stage > 0) PT_TRY(pt_executor_receive(ex, false, k, m->input));
         float loss = NAN;
-        PT_TRY(validation_forward(ex, false, k, &loss));
+        validation_forward(ex, &loss);
+        if (!pt_executor_is_last_stage(ex)) PT_TRY(pt_executor_send_forward(ex, false, k, pt_gpt_output(m)));
         sum += loss;
         pt_executor_trace_span(ex, "eval", started, k);
     }
@@ -92,9 +93,74 @@ pipert_result pt_eval_waves_setup(pt_stage_executor *ex)
     return ex->kernels->alloc((void **)&w->input, bytes, "validation activations");
 }
 
+/* A wave's output on its way to the next stage, from a copy of its own. */
+typedef struct pt_wave_send {
+    float *copy;
+    pt_request *request;
+} pt_wave_send;
+
+static void drop_send(pt_stage_executor *ex, pt_wave_send *send)
+{
+    if (send->request) {
+        pt_request_cancel(send->request);
+        pt_request_free(send->request);
+    }
+    if (send->copy) ex->kernels->free(send->copy);
+    *send = (pt_wave_send){0};
+}
+
+/* Sends that ended (all of them if `wait`, waiting for each) leave the queue, in order. */
+static pipert_result finish_sends(pt_stage_executor *ex, bool wait)
+{
+    pt_eval_waves *w = &ex->waves;
+    pipert_result rc = PIPERT_OK;
+    int done = 0;
+    for (; done < w->n_sending && rc == PIPERT_OK; done++) {
+        pt_wave_send *send = &w->sending[done];
+        if (wait) {
+            rc = pt_executor_complete_send(ex, &send->request);
+        } else {
+            if (!pt_request_test(send->request, &rc)) break;
+            pt_request_free(send->request);
+            send->request = NULL;
+        }
+        if (rc != PIPERT_OK) pt_error_prefix("stage %d: sending a validation batch on", ex->options.stage);
+        drop_send(ex, send);
+    }
+    memmove(w->sending, w->sending + done, (size_t)(w->n_sending - done) * sizeof *w->sending);
+    w->n_sending -= done;
+    return rc;
+}
+
+/* The output of wave batch `id`, copied, sent on without waiting for the next stage. */
+static pipert_result post_wave_output(pt_stage_executor *ex, long id)
+{
+    pt_eval_waves *w = &ex->waves;
+    if (w->n_sending == w->sending_capacity) {
+        const int capacity = w->sending_capacity ? 2 * w->sending_capacity : 8;
+        pt_wave_send *grown = realloc(w->sending, (size_t)capacity * sizeof *grown);
+        if (!grown) return pt_fail(PIPERT_ERR_NOMEM, "validation: out of memory");
+        w->sending = grown;
+        w->sending_capacity = capacity;
+    }
+    const size_t bytes = (size_t)ex->B * ex->T * ex->C * sizeof(float);
+    pt_wave_send send = {0};
+    PT_TRY(ex->kernels->alloc((void **)&send.copy, bytes, "a validation batch on its way"));
+    ex->kernels->copy(send.copy, pt_gpt_output(ex->model), bytes);
+    pipert_result rc = pt_executor_post_forward(ex, true, id, send.copy, &send.request);
+    if (rc != PIPERT_OK) {
+        drop_send(ex, &send);
+        return rc;
+    }
+    w->sending[w->n_sending++] = send;
+    return PIPERT_OK;
+}
+
 void pt_eval_waves_free(pt_stage_executor *ex)
 {
     pt_eval_waves *w = &ex->waves;
+    for (int i = 0; i < w->n_sending; i++) drop_send(ex, &w->sending[i]);
+    free(w->sending);
     if (w->input && ex->kernels) ex->kernels->free(w->input);
     free(w->steps);
     free(w->results);
@@ -154,7 +220,8 @@ static pipert_result run_wave_batch(pt_stage_executor *ex, int k)
     if (ex->options.stage > 0)
         ex->kernels->copy(m->input, w->input, (size_t)ex->B * ex->T * ex->C * sizeof(float));
     float loss = NAN;
-    PT_TRY(validation_forward(ex, true, id, &loss));
+    validation_forward(ex, &loss);
+    if (!pt_executor_is_last_stage(ex)) PT_TRY(post_wave_output(ex, id));
     w->loss_sum += loss;
     pt_executor_trace_span(ex, "eval", started, id);
     return PIPERT_OK;
@@ -172,11 +239,13 @@ pipert_result pt_eval_waves_after_step(pt_stage_executor *ex)
     if (!w->enabled) return PIPERT_OK;
     const long step = ex->version, last = ex->config.train.steps;
     if (step % ex->config.train.val_every == 0 && step < last) PT_TRY(push_wave(w, step));
+    PT_TRY(finish_sends(ex, false));
     while (w->length > 0 && (due_step(ex, w->steps[0]) <= step || step >= last)) {
         for (int k = 0; k < ex->config.train.val_batches; k++) PT_TRY(run_wave_batch(ex, k));
         PT_TRY(pop_wave(ex));
     }
-    return PIPERT_OK;
+    /* the run ends with nothing on its way */
+    return step >= last ? finish_sends(ex, true) : PIPERT_OK;
 }
 
 bool pt_stage_executor_take_validation(pt_stage_executor *ex, long *step, float *val_loss)

@@ -146,6 +146,33 @@ Test(pipeline, asynchronous_schedule_validates_while_it_runs)
     remove_dir(again);
 }
 
+/* The same with activations of 128 KiB (batch 8 × 64 positions × 64 channels): sends of
+ * 64 KiB or more end only when the receiver read them (runtime/comm/transport_direct.c), and
+ * the next stage reads a wave's batches steps later, after training microbatches it needs
+ * from this stage first. Stage 0 waiting for its wave's sends stalled the job for good. */
+Test(pipeline, asynchronous_validation_of_large_activations_does_not_wait_for_the_next_stage,
+     .timeout = 240)
+{
+    char *pipeline = make_temp_dir(), *alone = make_temp_dir();
+    const char *frozen = " --model.n_layer=2 --model.n_embd=64 --model.n_head=2 "
+                         "--model.block_size=64 --train.batch_size=8 --train.warmup_steps=1 "
+                         "--train.log_every=1 --train.steps=12 --train.val_every=5 "
+                         "--train.val_batches=3 --train.lr=1e-30";
+    run_pipert_ok("launch --quiet --stages 2 --replicas 1 --out %s --pipeline.schedule=async-1f1b %s",
+                  pipeline, frozen);
+    run_pipert_ok("launch --quiet --stages 1 --replicas 1 --out %s %s", alone, frozen);
+    double waves[12], reference[12];
+    cr_assert_eq(read_metric_steps(pipeline, "metrics.jsonl", "val_loss", waves, 12), 3,
+                 "validations at steps 5, 10 (while running) and 12 (the end)");
+    cr_assert_eq(read_metric_steps(alone, "metrics.jsonl", "val_loss", reference, 12), 3);
+    for (int step = 5; step <= 12; step += step == 10 ? 2 : 5)
+        cr_expect_eq(waves[step - 1], reference[step - 1],
+                     "step %d: the pipeline's validation %.9g, one worker's %.9g", step,
+                     waves[step - 1], reference[step - 1]);
+    remove_dir(pipeline);
+    remove_dir(alone);
+}
+
 /* The launcher merges every rank's trace into DIR/trace.json: forward and
  * backward spans on every rank, in the Chrome trace format. */
 Test(pipeline, a_run_leaves_one_merged_trace)
