@@ -127,6 +127,7 @@ static pipert_result finish_sends(pt_stage_executor *ex, bool wait)
         if (rc != PIPERT_OK) pt_error_prefix("stage %d: sending a validation batch on", ex->options.stage);
         drop_send(ex, send);
     }
+    if (done == 0) return rc;
     memmove(w->sending, w->sending + done, (size_t)(w->n_sending - done) * sizeof *w->sending);
     w->n_sending -= done;
     return rc;
