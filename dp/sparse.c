@@ -227,8 +227,8 @@ static void draw_partitions(sparse_state *s, const pt_gpt_slice *model, long cyc
         const size_t n = tensor->numel, n_units = units_of(n, unit);
         uint32_t *id = s->ids;
         for (long j = 0; j < s->P; j++) {
-            const size_t begin = slice_begin(n_units, s->P, j), end = slice_begin(n_units, s->P, j + 1);
-            for (size_t k = begin; k < end; k++) id[k] = (uint32_t)j;
+            const size_t end = slice_begin(n_units, s->P, j + 1);
+            for (size_t k = slice_begin(n_units, s->P, j); k < end; k++) id[k] = (uint32_t)j;
         }
         word_stream w = {.key = pt_rng_key((uint64_t)s->config->seed, pt_hash_string(tensor->name)),
                          .cycle = (uint32_t)cycle,
@@ -418,7 +418,8 @@ static void format_descriptor(const float *slot, char *out, size_t capacity)
              (unsigned long long)(f[FIELD_COUNT_LOW] | f[FIELD_COUNT_MID] << 16 |
                                   f[FIELD_COUNT_HIGH] << 32),
              (unsigned long long)(f[FIELD_PARTITIONS_LOW] | f[FIELD_PARTITIONS_HIGH] << 16),
-             (unsigned long long)f[FIELD_UNIT], f[FIELD_CODEC] / 4096 <= PT_CODEC_ONEBIT ? pt_codec_name(&codec) : "?",
+             (unsigned long long)f[FIELD_UNIT],
+             f[FIELD_CODEC] / 4096 <= PT_CODEC_ONEBIT ? pt_codec_name(&codec) : "?",
              (unsigned long long)(f[FIELD_CODEC] % 4096), (unsigned long long)f[FIELD_SEED],
              (unsigned long long)f[FIELD_LAYOUT]);
 }

@@ -67,7 +67,8 @@ pipert_result pt_stage_executor_validate(pt_stage_executor *ex, float *val_loss)
         if (ex->options.stage > 0) PT_TRY(pt_executor_receive(ex, false, k, m->input));
         float loss = NAN;
         validation_forward(ex, &loss);
-        if (!pt_executor_is_last_stage(ex)) PT_TRY(pt_executor_send_forward(ex, false, k, pt_gpt_output(m)));
+        if (!pt_executor_is_last_stage(ex))
+            PT_TRY(pt_executor_send_forward(ex, false, k, pt_gpt_output(m)));
         sum += loss;
         pt_executor_trace_span(ex, "eval", started, k);
     }
@@ -124,7 +125,8 @@ static pipert_result finish_sends(pt_stage_executor *ex, bool wait)
             pt_request_free(send->request);
             send->request = NULL;
         }
-        if (rc != PIPERT_OK) pt_error_prefix("stage %d: sending a validation batch on", ex->options.stage);
+        if (rc != PIPERT_OK)
+            pt_error_prefix("stage %d: sending a validation batch on", ex->options.stage);
         drop_send(ex, send);
     }
     if (done == 0) return rc;

@@ -607,7 +607,8 @@ pipert_result pt_job_regroup(pt_job *job, uint32_t first_sequence)
     /* Its members stay, but the ranks of a replica hear of a change steps apart: one may have
      * skipped (as regrouping) a checkpoint the other wrote, and given up on gathering its
      * outcomes there. Numbered afresh, that message is never taken for a later one. */
-    if (rc == PIPERT_OK) rc = make_group(job, true, STAGE_GROUP_ID, first_sequence, &job->stage_group);
+    if (rc == PIPERT_OK)
+        rc = make_group(job, true, STAGE_GROUP_ID, first_sequence, &job->stage_group);
     if (rc == PIPERT_OK)
         pt_info("stage %d now couples %d replica%s (collectives from #%u)", job->stage, live,
                 live == 1 ? "" : "s", first_sequence);
