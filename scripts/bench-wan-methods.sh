@@ -7,7 +7,9 @@
 #
 # For each link and layout (stages per replica), RUNS repetitions; each
 # repetition runs every method once, one after the other, so a method and its
-# reference `none` see the same state of a shared machine. From replica 0's
+# reference `none` see the same state of a shared machine; odd repetitions run
+# them in the reverse order (ABBA), so a machine that drifts steadily slower or
+# faster favours no method. From replica 0's
 # metrics (one line per step) over the steps after the first SKIP and before
 # the last: time per step (the sum of the steps' times over their count, so the
 # outer steps of diloco and co2 are in it) and the time a step waited on the
@@ -97,6 +99,7 @@ PY
 }
 
 mkdir -p "$out"
+: > "$out/ratios.txt"
 table=$out/table.md
 {
   echo "| link | stages | method | ms/step | tokens/s vs none | MB between sites/step | wait ms/step | drain ms | val loss |"
@@ -106,15 +109,18 @@ for link in $links; do
   bandwidth=${link%%:*} latency=${link##*:}
   for stages in $stages_list; do
     declare -A results=()
+    forward=($methods) backward=()
+    for ((k = ${#forward[@]} - 1; k >= 0; k--)); do backward+=("${forward[k]}"); done
     for ((i = 0; i < runs; i++)); do
-      for method in $methods; do
+      if ((i % 2)); then order=("${backward[@]}"); else order=("${forward[@]}"); fi
+      for method in "${order[@]}"; do
         n=$steps k=$skip
         if [ "$method" = allreduce ] && [ "$bandwidth" = 10mbit ]; then n=$ALLREDUCE_SLOW_STEPS k=2; fi
         results[$method]+="$(run_one "$out/$bandwidth-$latency-s$stages-${method//[:=,]/-}-$i" "$bandwidth" "$latency" "$stages" "$method" "$n" "$k");"
       done
     done
     for method in $methods; do
-      python3 - "$bandwidth" "$latency" "$stages" "$method" "${results[none]:-}" "${results[$method]}" <<'PY' | tee -a "$table"
+      python3 - "$bandwidth" "$latency" "$stages" "$method" "${results[none]:-}" "${results[$method]}" <<'PY' 2>> "$out/ratios.txt" | tee -a "$table"
 import statistics, sys
 bw, lat, stages, method, none, mine = sys.argv[1:7]
 def runs(text):
@@ -126,6 +132,8 @@ if method == "none":
 elif none:
     ratios = [n[0] / m[0] for n, m in zip(runs(none), own)]  # the same repetition's reference
     rel = f"{100 * statistics.median(ratios):.1f}%"
+    print(f"{bw}, {lat}, {method}, {stages} stage(s): per-repetition ratios " +
+          " ".join(f"{100 * r:.1f}" for r in ratios), file=sys.stderr)
 else:
     rel = "—"
 print(f"| {bw}, {lat} | {stages} | {method} | {ms:.0f} | {rel} | {sent / 1e6:.3f} | {wait:.0f} | {drain:.0f} | {val:.4f} |")
@@ -134,7 +142,7 @@ PY
     unset results
   done
 done
-echo "table: $table"
+echo "table: $table; per-repetition ratios: $out/ratios.txt"
 if [ "$plot" = 1 ]; then
   # shellcheck disable=SC2046
   "$pipert" plot --out "$out/plots" $(ls -d "$out"/*-s1-*-0)
