@@ -152,6 +152,20 @@ static pipert_result load_data(pt_stage_executor *ex)
 }
 
 
+int pt_executor_synchronous_from(const pt_stage_executor *ex, long first, int count)
+{
+    const long left = ex->config.pipeline.sync_steps - first;
+    return left <= 0 ? 0 : left < count ? (int)left : count;
+}
+
+pipert_result pt_executor_build_schedule(const pt_stage_executor *ex, pt_schedule *out, int stage,
+                                         long first, int count)
+{
+    if (!is_async(ex)) return pt_schedule_build(out, ex->schedule_kind, ex->options.stages, count, stage);
+    return pt_schedule_build_async(out, ex->options.stages, count, stage,
+                                   pt_executor_synchronous_from(ex, first, count));
+}
+
 static pipert_result executor_setup(pt_stage_executor *ex)
 {
     const pipert_config *cfg = ex->options.config;
@@ -183,19 +197,19 @@ static pipert_result executor_setup(pt_stage_executor *ex)
     const long total = is_async(ex) ? cfg->train.steps : ex->microbatches;
     if (total > INT32_MAX / 8)
         return pt_fail(PIPERT_ERR_CONFIG, "train.steps=%ld: too many for one schedule", total);
-    PT_TRY(pt_schedule_build(&ex->schedule, ex->schedule_kind, ex->options.stages, (int)total,
-                             ex->options.stage));
+    PT_TRY(pt_executor_build_schedule(ex, &ex->schedule, ex->options.stage, 0, (int)total));
     ex->staleness_estimate = ex->options.stages - 1 - ex->options.stage;
     ex->newest_slot = -1;
     snprintf(ex->description, sizeof ex->description,
              "stage %d/%d (blocks [%d, %d), %.2fM parameters), %s, lookahead %s, %s, %d "
-             "microbatch%s in flight%s",
+             "microbatch%s in flight%s%s",
              ex->options.stage, ex->options.stages, ex->options.first_layer,
              ex->options.last_layer, (double)ex->model->n_params / 1e6,
              pt_schedule_kind_name(ex->schedule_kind),
              is_async(ex) ? lookahead_names[ex->lookahead] : "n/a (flush)",
              pt_optimizer_kind_name(ex->optimizer.settings.kind), ex->slots,
-             ex->slots == 1 ? "" : "es", cfg->pipeline.recompute ? ", recompute" : "");
+             ex->slots == 1 ? "" : "es", cfg->pipeline.recompute ? ", recompute" : "",
+             is_async(ex) && ex->schedule.synchronous ? ", the first steps synchronous" : "");
     return PIPERT_OK;
 }
 
@@ -486,7 +500,10 @@ static pipert_result choose_forward_weights(pt_stage_executor *ex, long g)
         pt_gpt_use_params(ex->model, NULL);
         return PIPERT_OK;
     }
-    if (ex->lookahead == PT_LOOKAHEAD_PREDICT || ex->lookahead == PT_LOOKAHEAD_PREDICT_DAMPED) {
+    const bool predicts = ex->lookahead == PT_LOOKAHEAD_PREDICT ||
+                          ex->lookahead == PT_LOOKAHEAD_PREDICT_DAMPED;
+    const bool synchronous = g < ex->config.pipeline.sync_steps; /* nothing to predict */
+    if (predicts && !synchronous) {
         PT_TRY(pt_lookahead_predict(ex, stash));
     } else {
         ex->kernels->copy(stash, ex->model->params, ex->model->n_params * sizeof(float));
@@ -552,7 +569,9 @@ static pipert_result backward(pt_stage_executor *ex, long g, float loss_scale)
     const double staleness = (double)(ex->version - ex->slot_version[slot]);
     ex->staleness_sum += staleness;
     ex->staleness_count++;
-    ex->staleness_estimate += 0.05 * (staleness - ex->staleness_estimate);
+    /* The look-aheads' τ is that of the asynchronous steps: a synchronous one (0) says nothing of it. */
+    if (g >= ex->config.pipeline.sync_steps)
+        ex->staleness_estimate += 0.05 * (staleness - ex->staleness_estimate);
     trace_span(ex, "backward", started, g);
     return PIPERT_OK;
 }
@@ -745,8 +764,7 @@ pipert_result pt_stage_executor_resume_at(pt_stage_executor *ex, long version)
         return PIPERT_OK;
     }
     pt_schedule_free(&ex->schedule);
-    return pt_schedule_build(&ex->schedule, ex->schedule_kind, ex->options.stages, (int)left,
-                             ex->options.stage);
+    return pt_executor_build_schedule(ex, &ex->schedule, ex->options.stage, version, (int)left);
 }
 
 void pt_stage_executor_use_kernels(pt_stage_executor *ex, const pt_kernels *kernels)

@@ -89,6 +89,13 @@ struct pt_stage_executor {
 /* Runs one instruction of the schedule (executor.c). */
 pipert_result pt_executor_execute(pt_stage_executor *ex, const pt_instruction *in);
 
+/* The schedule of `stage` for `count` microbatches from microbatch `first` of
+ * the run (asynchronous: the whole rest of the run, whose first ones run
+ * synchronously while pipeline.sync_steps lasts; flush: one step). */
+pipert_result pt_executor_build_schedule(const pt_stage_executor *ex, pt_schedule *out, int stage,
+                                         long first, int count);
+int pt_executor_synchronous_from(const pt_stage_executor *ex, long first, int count);
+
 /* For validation.c (executor.c): batch `index` of the host program's validation split; the
  * activations of validation batch `id` from the previous stage into dst (wave: one of a
  * validation while the schedule runs); an output sent to the next stage, and completed; a

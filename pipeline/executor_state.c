@@ -76,11 +76,14 @@ static void cut_stage_free(cut_stage *c)
     pt_schedule_free(&c->schedule);
 }
 
-static pipert_result cut_stage_build(cut_stage *c, pt_schedule_kind kind, int stages,
-                                     int microbatches, int stage, long steps)
+static pipert_result cut_stage_build(cut_stage *c, const pt_schedule *like, int stage, long steps)
 {
     memset(c, 0, sizeof *c);
-    PT_TRY(pt_schedule_build(&c->schedule, kind, stages, microbatches, stage));
+    const int microbatches = like->microbatches;
+    if (like->kind == PT_SCHEDULE_ASYNC_1F1B)
+        PT_TRY(pt_schedule_build_async(&c->schedule, like->stages, microbatches, stage,
+                                       like->synchronous));
+    else PT_TRY(pt_schedule_build(&c->schedule, like->kind, like->stages, microbatches, stage));
     PT_TRY(pt_schedule_cut_at(&c->schedule, steps, &c->cut));
     for (int k = 0; k < PT_INSTRUCTION_KINDS; k++) {
         c->at[k] = malloc((size_t)microbatches * sizeof *c->at[k]);
@@ -150,9 +153,10 @@ static pipert_result make_replay(const cut_stage *me, const cut_stage *prev, con
     return PIPERT_OK;
 }
 
-pipert_result pt_schedule_replay(pt_schedule_kind kind, int stages, int microbatches, int stage,
-                                 long steps, pt_instruction **replay, int *count, int *cursor)
+pipert_result pt_schedule_replay(const pt_schedule *mine, long steps, pt_instruction **replay,
+                                 int *count, int *cursor)
 {
+    const int stage = mine->stage, stages = mine->stages;
     *replay = NULL;
     *count = 0;
     cut_stage c[3]; /* stage−1, stage, stage+1 */
@@ -160,7 +164,7 @@ pipert_result pt_schedule_replay(pt_schedule_kind kind, int stages, int microbat
     pipert_result rc = PIPERT_OK;
     for (int i = 0; i < 3 && rc == PIPERT_OK; i++) {
         const int s = stage - 1 + i;
-        if (s >= 0 && s < stages) rc = cut_stage_build(&c[i], kind, stages, microbatches, s, steps);
+        if (s >= 0 && s < stages) rc = cut_stage_build(&c[i], mine, s, steps);
     }
     const cut_stage *prev = stage > 0 ? &c[0] : NULL, *next = stage < stages - 1 ? &c[2] : NULL;
     if (rc == PIPERT_OK && next) rc = check_boundary(&c[1], next, steps);
@@ -390,8 +394,7 @@ static pipert_result use_schedule_from(pt_stage_executor *ex, long first)
                                           "a run of %ld", first, ex->config.train.steps);
     pt_schedule_free(&ex->schedule);
     ex->base = first;
-    return pt_schedule_build(&ex->schedule, ex->schedule_kind, ex->options.stages,
-                             (int)microbatches, ex->options.stage);
+    return pt_executor_build_schedule(ex, &ex->schedule, ex->options.stage, first, (int)microbatches);
 }
 
 pipert_result pt_stage_executor_restore(pt_stage_executor *ex, const pt_safetensors *st,
@@ -414,8 +417,7 @@ pipert_result pt_stage_executor_restore(pt_stage_executor *ex, const pt_safetens
     int count = 0, cursor = 0;
     if (rc == PIPERT_OK) rc = pt_schedule_cut_at(&ex->schedule, done, &cut);
     if (rc == PIPERT_OK)
-        rc = pt_schedule_replay(ex->schedule_kind, ex->options.stages, ex->schedule.microbatches,
-                                ex->options.stage, done, &list, &count, &cursor);
+        rc = pt_schedule_replay(&ex->schedule, done, &list, &count, &cursor);
     if (rc == PIPERT_OK && saved.cursor != cursor)
         rc = pt_fail(PIPERT_ERR_FORMAT, "%s: the pipeline is at instruction %d, the schedule's step "
                                         "%ld ends at %d",

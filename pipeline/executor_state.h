@@ -43,8 +43,9 @@ typedef struct pt_schedule_cut {
 pipert_result pt_schedule_cut_at(const pt_schedule *schedule, long steps, pt_schedule_cut *out);
 void pt_schedule_cut_free(pt_schedule_cut *cut);
 
-/* The instructions that resume `stage` of an asynchronous schedule (S
- * stages, M microbatches in the run) after its `steps`-th optimizer step,
+/* The instructions that resume stage `mine->stage` of an asynchronous
+ * schedule (its S stages, M microbatches in the run and synchronous
+ * prefix, the neighbours' lists built alike) after its `steps`-th optimizer step,
  * before the rest of its list (from *cursor): for each microbatch in flight,
  * oldest first, LOAD_BATCH (stage 0) or RECV_ACTIVATION, FORWARD, and
  * SEND_ACTIVATION when stage+1 expects it again (it is in flight there, or
@@ -53,8 +54,8 @@ void pt_schedule_cut_free(pt_schedule_cut *cut);
  * sent before a cut and received after the other is in flight at the sender,
  * and every microbatch in flight here is in flight at stage−1.
  * *replay is malloc'd (NULL when empty). */
-pipert_result pt_schedule_replay(pt_schedule_kind kind, int stages, int microbatches, int stage,
-                                 long steps, pt_instruction **replay, int *count, int *cursor);
+pipert_result pt_schedule_replay(const pt_schedule *mine, long steps, pt_instruction **replay,
+                                 int *count, int *cursor);
 
 /* ---- the executor ------------------------------------------------------------ */
 

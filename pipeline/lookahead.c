@@ -77,6 +77,7 @@ pipert_result pt_lookahead_predict(pt_stage_executor *ex, float *out)
 double pt_lookahead_lr_factor(const pt_stage_executor *ex, long step)
 {
     if (!is_async(ex) || ex->lookahead != PT_LOOKAHEAD_PIPEMARE) return 1.0;
+    if (step <= ex->config.pipeline.sync_steps) return 1.0; /* a synchronous step: no staleness */
     return pt_pipemare_lr_factor(ex->staleness_estimate, step, lookahead_warmup(ex));
 }
 

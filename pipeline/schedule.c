@@ -71,16 +71,20 @@ static void build_gpipe(pt_schedule *s)
     emit(s, PT_OPTIMIZER_STEP, -1);
 }
 
-/* Warm-up forwards fill the pipeline below this stage; then one forward and
- * one backward alternate; then the backwards drain. The last stage has no
- * warm-up: it runs F0 B0 F1 B1 … */
+/* The synchronous microbatches one at a time; then warm-up forwards fill the
+ * pipeline below this stage; then one forward and one backward alternate;
+ * then the backwards drain. The last stage has no warm-up: it runs F0 B0 F1 B1 … */
 static void build_one_forward_one_backward(pt_schedule *s)
 {
-    const int M = s->microbatches;
+    const int M = s->microbatches, K = s->synchronous;
+    for (int m = 0; m < K; m++) {
+        emit_forward(s, m);
+        emit_backward(s, m);
+    }
     int warmup = s->stages - s->stage - 1;
-    if (warmup > M) warmup = M;
-    for (int m = 0; m < warmup; m++) emit_forward(s, m);
-    for (int m = warmup; m < M; m++) {
+    if (warmup > M - K) warmup = M - K;
+    for (int m = K; m < K + warmup; m++) emit_forward(s, m);
+    for (int m = K + warmup; m < M; m++) {
         emit_forward(s, m);
         emit_backward(s, m - warmup);
     }
@@ -88,8 +92,8 @@ static void build_one_forward_one_backward(pt_schedule *s)
     if (s->kind == PT_SCHEDULE_1F1B) emit(s, PT_OPTIMIZER_STEP, -1);
 }
 
-pipert_result pt_schedule_build(pt_schedule *out, pt_schedule_kind kind, int stages,
-                                int microbatches, int stage)
+static pipert_result build(pt_schedule *out, pt_schedule_kind kind, int stages, int microbatches,
+                           int stage, int synchronous)
 {
     memset(out, 0, sizeof *out);
     if (stages < 1 || microbatches < 1 || stage < 0 || stage >= stages)
@@ -98,13 +102,33 @@ pipert_result pt_schedule_build(pt_schedule *out, pt_schedule_kind kind, int sta
                        stages, microbatches);
     if ((unsigned)kind >= (unsigned)N_KINDS)
         return pt_fail(PIPERT_ERR_INVALID_ARG, "schedule: unknown kind %d", (int)kind);
-    *out = (pt_schedule){.kind = kind, .stages = stages, .microbatches = microbatches, .stage = stage};
+    if (synchronous < 0 || synchronous > microbatches)
+        return pt_fail(PIPERT_ERR_INVALID_ARG,
+                       "schedule: %d synchronous microbatches of %d is impossible", synchronous,
+                       microbatches);
+    *out = (pt_schedule){.kind = kind,
+                         .stages = stages,
+                         .microbatches = microbatches,
+                         .stage = stage,
+                         .synchronous = synchronous};
     /* at most 3 instructions per forward, 4 per backward (with a step), 1 step */
     out->instructions = calloc((size_t)7 * microbatches + 1, sizeof *out->instructions);
     if (!out->instructions) return pt_fail(PIPERT_ERR_NOMEM, "schedule: out of memory");
     if (kind == PT_SCHEDULE_GPIPE) build_gpipe(out);
     else build_one_forward_one_backward(out);
     return PIPERT_OK;
+}
+
+pipert_result pt_schedule_build(pt_schedule *out, pt_schedule_kind kind, int stages,
+                                int microbatches, int stage)
+{
+    return build(out, kind, stages, microbatches, stage, 0);
+}
+
+pipert_result pt_schedule_build_async(pt_schedule *out, int stages, int microbatches, int stage,
+                                      int synchronous)
+{
+    return build(out, PT_SCHEDULE_ASYNC_1F1B, stages, microbatches, stage, synchronous);
 }
 
 void pt_schedule_free(pt_schedule *s)

@@ -46,6 +46,7 @@ typedef struct pt_instruction {
 typedef struct pt_schedule {
     pt_schedule_kind kind;
     int stages, microbatches, stage;
+    int synchronous; /* asynchronous 1F1B: its first microbatches that run alone (below) */
     pt_instruction *instructions;
     int count;
 } pt_schedule;
@@ -60,6 +61,14 @@ const char *pt_instruction_name(pt_instruction_kind kind);
  * flushes: its warm-up and drain happen once per run). */
 pipert_result pt_schedule_build(pt_schedule *out, pt_schedule_kind kind, int stages,
                                 int microbatches, int stage);
+
+/* Asynchronous 1F1B whose first `synchronous` microbatches (at most M) each
+ * pass forward through every stage and backward again before the next one
+ * starts: those steps see no staleness (a delay-free optimizer's steps, at one
+ * microbatch in flight), then the pipeline fills and runs as pt_schedule_build's.
+ * 0 is pt_schedule_build's asynchronous schedule. */
+pipert_result pt_schedule_build_async(pt_schedule *out, int stages, int microbatches, int stage,
+                                      int synchronous);
 void pt_schedule_free(pt_schedule *schedule);
 
 /* The bubble fraction of GPipe and 1F1B with equal stages: (S−1)/(M+S−1). */

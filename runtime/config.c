@@ -148,6 +148,9 @@ static const config_key schema[] = {
                "per-stage step size (tau^-(1-t/K)) rises to 1; 0 = train.warmup_steps"),
     NUMBER_KEY(pipeline.dc_lambda, 2.0, AT_LEAST(0),
                "dc-asgd: lambda of the delay compensation g + lambda*g*g*(w_now - w_used)/sqrt(v)"),
+    NUMBER_KEY(pipeline.sync_steps, 0, AT_LEAST(0),
+               "async-1f1b: the first N steps pass one microbatch at a time through every stage "
+               "(no staleness, a stage busy 1/S of the time), then the pipeline fills"),
     NUMBER_KEY(pipeline.microbatches, 4, AT_LEAST(1),
                "microbatches per optimizer step (gpipe, 1f1b); async-1f1b steps after each"),
     BOOL_KEY(pipeline.recompute, false,

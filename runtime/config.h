@@ -60,6 +60,7 @@ typedef struct pt_pipeline_settings {
                                              "pipemare" | "dc-asgd" | "none" */
     long lookahead_warmup;                /* predict-damped, pipemare: K (0: train.warmup_steps) */
     double dc_lambda;                     /* dc-asgd: λ */
+    long sync_steps;                      /* async-1f1b: steps run without staleness first */
     int microbatches;                     /* per optimizer step (gpipe, 1f1b) */
     bool recompute;                       /* recompute activations at backward time */
     bool trace;                           /* write a Chrome trace per rank */

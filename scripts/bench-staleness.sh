@@ -16,6 +16,10 @@
 #   async-dc-asgd      stash + DC-ASGD delay compensation, lambda = 2
 #   async-L-nadamw     look-ahead L with NAdamW beta1 = 0.99 (L: predict, predict-damped,
 #                      pipemare, dc-asgd)
+#   RUN-syncN          any async run with its first N steps synchronous (pipeline.sync_steps=N:
+#                      one microbatch at a time through every stage, no staleness; PipeMare's
+#                      synchronous warm-up), e.g. async-nesterov-sync64
+#   RUN+KEY=VALUE      any run with one more setting, e.g. async-dc-asgd-nadamw+pipeline.dc_lambda=50
 #
 # Every run: the same peak learning rate, linear warm-up over the first 10% of the tokens,
 # cosine decay to 0.1 of it, clipping at norm 1, the same seed, data and validation batches.
@@ -75,6 +79,14 @@ long=(--train.steps="$async_steps" --train.warmup_steps="$async_warmup" --train.
 # The arguments of run NAME for S stages.
 run_args() {
   local name=$1 S=$2
+  if [[ $name =~ ^([^+]*)\+([a-z_.]+)=([^+]+)(.*)$ ]]; then
+    echo "$(run_args "${BASH_REMATCH[1]}${BASH_REMATCH[4]}" "$S") --${BASH_REMATCH[2]}=${BASH_REMATCH[3]}"
+    return
+  fi
+  if [[ $name =~ ^(.*)-sync([0-9]+)$ ]]; then
+    echo "$(run_args "${BASH_REMATCH[1]}" "$S") --pipeline.sync_steps=${BASH_REMATCH[2]}"
+    return
+  fi
   case $name in
     delay-free-adamw) echo --stages 1 "${long[@]}" "${adamw_async[@]}" ;;
     delay-free-nadamw) echo --stages 1 "${long[@]}" "${nadamw[@]}" ;;
@@ -94,7 +106,7 @@ run_args() {
 
 # Which delay-free run a run is measured against.
 reference_of() {
-  case $1 in
+  case ${1%-sync*} in
     async-nesterov | *-nadamw) echo delay-free-nadamw ;;
     *) echo delay-free-adamw ;;
   esac
@@ -126,7 +138,7 @@ for S in $stages_list; do
     "$pipert" plot --out "$dir/pics" $(for n in $runs; do [ -d "$dir/$n" ] && echo "$dir/$n"; done) \
       > /dev/null 2>&1 || echo "(pipert plot failed for $dir)" >&2
     python3 - "$dir" "$S" "$cname" $runs <<'PY'
-import json, os, sys
+import json, os, re, sys
 d, S, corpus, names = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
 def lines(name):
     path = f"{d}/{name}/metrics.jsonl"
@@ -137,6 +149,7 @@ def val(name):
 def train(name):  # loss by tokens, so runs of different step sizes line up
     return {l["tokens"]: l["loss"] for l in lines(name) if "loss" in l and "tokens" in l}
 def ref(name):
+    name = re.sub(r"-sync[0-9]+$", "", re.sub(r"\+.*", "", name))
     return "delay-free-nadamw" if name == "async-nesterov" or name.endswith("-nadamw") \
         else "delay-free-adamw"
 print(f"\n{S} stages, corpus {corpus}")

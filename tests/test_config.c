@@ -94,7 +94,8 @@ static const char *const all_keys[] = {
     "dp.outer_momentum", "dp.fragments", "dp.overlap", "dp.alpha", "dp.penalty", "dp.penalty_value",
     "dp.clip", "runtime.threads", "runtime.device", "runtime.authenticate_messages",
     "runtime.coordinator_check_steps", "pipeline.schedule",
-    "pipeline.lookahead", "pipeline.lookahead_warmup", "pipeline.dc_lambda", "pipeline.microbatches", "pipeline.recompute", "pipeline.trace",
+    "pipeline.lookahead", "pipeline.lookahead_warmup", "pipeline.dc_lambda", "pipeline.sync_steps",
+    "pipeline.microbatches", "pipeline.recompute", "pipeline.trace",
     "wan.bandwidth", "wan.latency", "plan.layers", "seed",
 };
 enum { ALL_KEYS = sizeof all_keys / sizeof all_keys[0] };

@@ -2,8 +2,8 @@
  * 1F1B with flush and GPipe on S workers equal single-worker training on the
  * same global batch (1e-5 relative per step, 20 steps, S = 2 and 4), also
  * with recomputation and with data-parallel replicas; the asynchronous
- * schedule trains with every look-ahead and measures the staleness S−1−s, and
- * validates while it runs (against the drained validation and one worker's, on
+ * schedule trains with every look-ahead and measures the staleness S−1−s, its
+ * synchronous first steps equal one worker's, and it validates while it runs (against the drained validation and one worker's, on
  * weights that do not move); the run leaves a merged trace. */
 #include <criterion/criterion.h>
 #include <jansson.h>
@@ -99,6 +99,44 @@ Test(pipeline, asynchronous_schedule_measures_its_staleness)
         }
         remove_dir(dir);
     }
+}
+
+/* pipeline.sync_steps: the asynchronous schedule's first steps pass one microbatch at a
+ * time, so they are a single worker's steps (clipping off: a pipeline clips each stage's
+ * own norm); afterwards the pipeline fills and stage s measures S−1−s again. */
+Test(pipeline, synchronous_steps_of_the_asynchronous_schedule_equal_one_worker)
+{
+    enum { SYNC = 8 };
+    char *reference = make_temp_dir(), *dir = make_temp_dir();
+    run_pipert_ok("train --quiet --out %s " MODEL " --train.steps=%d --train.batch_size=2 "
+                  "--train.grad_clip=0 --runtime.threads=1",
+                  reference, STEPS);
+    run_pipert_ok("launch --quiet --stages 4 --replicas 1 --out %s " MODEL " --train.steps=%d "
+                  "--train.batch_size=2 --train.grad_clip=0 --pipeline.schedule=async-1f1b "
+                  "--pipeline.lookahead=stash --pipeline.sync_steps=%d",
+                  dir, STEPS, SYNC);
+    double expected[STEPS], got[STEPS];
+    cr_assert_eq(read_metric_steps(reference, "metrics.jsonl", "loss", expected, STEPS), STEPS);
+    cr_assert_eq(read_metric_steps(dir, "metrics.jsonl", "loss", got, STEPS), STEPS);
+    for (int i = 0; i < SYNC; i++)
+        cr_expect(fabs(got[i] - expected[i]) <= 1e-5 * fabs(expected[i]),
+                  "synchronous step %d: %.9g, single worker %.9g", i + 1, got[i], expected[i]);
+    int differ = 0;
+    for (int i = SYNC; i < STEPS; i++) differ += fabs(got[i] - expected[i]) > 1e-5 * fabs(expected[i]);
+    cr_expect_gt(differ, 0, "the steps after the synchronous ones are a single worker's too");
+    for (int s = 0; s < 4; s++) {
+        char file[64];
+        double staleness[STEPS];
+        snprintf(file, sizeof file, "metrics-stage-%d.jsonl", s);
+        cr_assert_eq(read_metric_steps(dir, file, "staleness", staleness, STEPS), STEPS);
+        for (int i = 0; i < SYNC; i++)
+            cr_expect_float_eq(staleness[i], 0.0, 1e-12, "stage %d, synchronous step %d: %g", s,
+                               i + 1, staleness[i]);
+        cr_expect_float_eq(staleness[STEPS - 1], 3.0 - s, 1e-9, "stage %d: staleness %g", s,
+                           staleness[STEPS - 1]);
+    }
+    remove_dir(reference);
+    remove_dir(dir);
 }
 
 /* Validation while the asynchronous schedule runs (pipeline/validation.c). With a step too

@@ -192,6 +192,24 @@ Test(resume, staleness_aware_lookaheads_resume_with_the_same_losses)
     }
 }
 
+/* pipeline.sync_steps: a checkpoint inside the synchronous steps (nothing in flight; the
+ * rest of them stay synchronous after the resume) and one soon after them (the pipeline
+ * filled from microbatch 5 holds its microbatches in flight). */
+Test(resume, synchronous_first_steps_resume_with_the_same_losses)
+{
+    const int sync_steps[] = {12, 5};
+    for (int k = 0; k < 2; k++) {
+        char args[256], what[64];
+        snprintf(args, sizeof args,
+                 "--stages 3 --replicas 1 --train.batch_size=2 --pipeline.schedule=async-1f1b "
+                 "--pipeline.sync_steps=%d",
+                 sync_steps[k]);
+        snprintf(what, sizeof what, "async-1f1b, 3 stages, the first %d steps synchronous",
+                 sync_steps[k]);
+        check_asynchronous(args, what);
+    }
+}
+
 /* ---- another layout: loading by global name ------------------------------------------- */
 
 /* A flush pipeline equals single-worker training whatever its stages, so a
@@ -476,27 +494,28 @@ Test(resume, an_index_without_replica_files_resumes_every_replica_from_replica_0
 
 /* ---- the cut of the asynchronous schedule, without processes ------------------------- */
 
-/* For every S, M and N: each stage's cut after its N-th step is consistent
- * (pt_schedule_replay checks it against the neighbours), one activation per
- * boundary crosses it in the steady state, and the resumed lists — replay,
+/* For every S, M, `sync` synchronous microbatches first and N: each stage's cut
+ * after its N-th step is consistent (pt_schedule_replay checks it against the
+ * neighbours), one activation per boundary crosses it in the steady state
+ * (none while the synchronous steps last), and the resumed lists — replay,
  * then the rest of the schedule — match every send with one receive and do
  * not deadlock. */
 Test(resume, the_asynchronous_cut_is_consistent_and_the_resumed_lists_run)
 {
     const int sizes[] = {1, 2, 3, 5, 8, 13};
     for (int S = 1; S <= 6; S++)
-        for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+        for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++)
+            for (int sync = 0; sync <= sizes[k]; sync += sync < 3 ? 1 : 5) {
             const int M = sizes[k];
             for (int N = 0; N <= M; N++) {
                 pt_schedule resumed[6];
                 for (int s = 0; s < S; s++) {
                     pt_schedule full;
-                    cr_assert_eq(pt_schedule_build(&full, PT_SCHEDULE_ASYNC_1F1B, S, M, s), PIPERT_OK);
+                    cr_assert_eq(pt_schedule_build_async(&full, S, M, s, sync), PIPERT_OK);
                     pt_instruction *replay;
                     int count, cursor;
-                    cr_assert_eq(pt_schedule_replay(PT_SCHEDULE_ASYNC_1F1B, S, M, s, N, &replay,
-                                                    &count, &cursor),
-                                 PIPERT_OK, "S=%d M=%d N=%d stage %d: %s", S, M, N, s,
+                    cr_assert_eq(pt_schedule_replay(&full, N, &replay, &count, &cursor),
+                                 PIPERT_OK, "S=%d M=%d sync=%d N=%d stage %d: %s", S, M, sync, N, s,
                                  pipert_last_error());
                     resumed[s] = full;
                     resumed[s].instructions = calloc((size_t)(count + full.count - cursor) + 1,
@@ -507,19 +526,22 @@ Test(resume, the_asynchronous_cut_is_consistent_and_the_resumed_lists_run)
                     resumed[s].count = count + full.count - cursor;
                     int sends = 0;
                     for (int i = 0; i < count; i++) sends += replay[i].kind == PT_SEND_ACTIVATION;
-                    const bool steady = N >= 1 && N + S - 1 <= M;
+                    const bool steady = N >= sync + 1 && N + S - 1 <= M;
                     if (steady && s < S - 1)
-                        cr_expect_eq(sends, S - 1 - s, "S=%d M=%d N=%d stage %d: %d activations "
-                                                       "sent again", S, M, N, s, sends);
+                        cr_expect_eq(sends, S - 1 - s, "S=%d M=%d sync=%d N=%d stage %d: %d "
+                                                       "activations sent again", S, M, sync, N, s, sends);
+                    if (N <= sync)
+                        cr_expect_eq(count, 0, "S=%d M=%d sync=%d N=%d stage %d: %d instructions "
+                                               "replayed in the synchronous steps", S, M, sync, N, s, count);
                     free(replay);
                     pt_schedule_free(&full);
                 }
                 pt_simulation sim = pt_schedule_simulate(resumed, S, 1.0, 2.0);
-                cr_expect(!sim.deadlocked && !sim.problem[0], "S=%d M=%d N=%d: %s", S, M, N,
-                          sim.problem);
+                cr_expect(!sim.deadlocked && !sim.problem[0], "S=%d M=%d sync=%d N=%d: %s", S, M, sync,
+                          N, sim.problem);
                 for (int s = 0; s < S; s++) free(resumed[s].instructions);
             }
-        }
+            }
 }
 
 /* The cut itself: after N steps stage s of S has S−1−s microbatches in

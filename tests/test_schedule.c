@@ -99,6 +99,46 @@ Test(schedule, asynchronous_staleness_is_stages_below)
         }
 }
 
+/* pipeline.sync_steps: the first K microbatches see no staleness and pass one
+ * at a time (each costs a whole trip down and up the S stages, (1 + 2)·S with
+ * unit costs), then the schedule is the asynchronous one of the other M − K,
+ * whose staleness ramps up from 0 again; nothing deadlocks. */
+Test(schedule, synchronous_steps_first_then_asynchronous)
+{
+    pt_schedule schedules[8];
+    for (int S = 1; S <= 8; S++)
+        for (int M = 1; M <= 24; M += 3)
+            for (int K = 0; K <= M; K++) {
+                for (int s = 0; s < S; s++) {
+                    pt_schedule *sched = &schedules[s];
+                    cr_assert_eq(pt_schedule_build_async(sched, S, M, s, K), PIPERT_OK, "%s",
+                                 pipert_last_error());
+                    check_each_microbatch_once(sched);
+                    for (int m = 0; m < M; m++) {
+                        int steps = 0;
+                        for (int i = position(sched, PT_FORWARD, m);
+                             i < position(sched, PT_BACKWARD, m); i++)
+                            steps += sched->instructions[i].kind == PT_OPTIMIZER_STEP;
+                        const int after = m - K, tau = S - 1 - s;
+                        const int expected = after < 0 ? 0 : after < tau ? after : tau;
+                        cr_assert_eq(steps, expected, "S=%d M=%d K=%d stage %d microbatch %d: "
+                                                      "staleness %d, expected %d",
+                                     S, M, K, s, m, steps, expected);
+                    }
+                }
+                pt_simulation sim = pt_schedule_simulate(schedules, S, 1.0, 2.0);
+                cr_assert(!sim.deadlocked && !sim.problem[0], "S=%d M=%d K=%d: %s", S, M, K,
+                          sim.problem);
+                const double expected = 3.0 * S * K + (M > K ? 3.0 * (M - K + S - 1) : 0.0);
+                cr_assert_float_eq(sim.makespan, expected, 1e-9, "S=%d M=%d K=%d: makespan %g",
+                                   S, M, K, sim.makespan);
+                free_all(schedules, S);
+            }
+    pt_schedule sched;
+    cr_expect_eq(pt_schedule_build_async(&sched, 4, 8, 0, 9), PIPERT_ERR_INVALID_ARG);
+    cr_expect_eq(pt_schedule_build_async(&sched, 4, 8, 0, -1), PIPERT_ERR_INVALID_ARG);
+}
+
 /* 1F1B keeps at most S−s microbatches' activations on stage s; GPipe keeps M. */
 Test(schedule, activations_in_flight)
 {
