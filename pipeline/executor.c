@@ -152,7 +152,9 @@ static pipert_result load_data(pt_stage_executor *ex)
 }
 
 
-int pt_executor_synchronous_from(const pt_stage_executor *ex, long first, int count)
+/* Of `count` microbatches from microbatch `first` of the run, those still
+ * inside pipeline.sync_steps. */
+static int synchronous_from(const pt_stage_executor *ex, long first, int count)
 {
     const long left = ex->config.pipeline.sync_steps - first;
     return left <= 0 ? 0 : left < count ? (int)left : count;
@@ -161,9 +163,10 @@ int pt_executor_synchronous_from(const pt_stage_executor *ex, long first, int co
 pipert_result pt_executor_build_schedule(const pt_stage_executor *ex, pt_schedule *out, int stage,
                                          long first, int count)
 {
-    if (!is_async(ex)) return pt_schedule_build(out, ex->schedule_kind, ex->options.stages, count, stage);
+    if (!is_async(ex))
+        return pt_schedule_build(out, ex->schedule_kind, ex->options.stages, count, stage);
     return pt_schedule_build_async(out, ex->options.stages, count, stage,
-                                   pt_executor_synchronous_from(ex, first, count));
+                                   synchronous_from(ex, first, count));
 }
 
 static pipert_result executor_setup(pt_stage_executor *ex)

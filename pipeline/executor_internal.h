@@ -94,7 +94,6 @@ pipert_result pt_executor_execute(pt_stage_executor *ex, const pt_instruction *i
  * synchronously while pipeline.sync_steps lasts; flush: one step). */
 pipert_result pt_executor_build_schedule(const pt_stage_executor *ex, pt_schedule *out, int stage,
                                          long first, int count);
-int pt_executor_synchronous_from(const pt_stage_executor *ex, long first, int count);
 
 /* For validation.c (executor.c): batch `index` of the host program's validation split; the
  * activations of validation batch `id` from the previous stage into dst (wave: one of a

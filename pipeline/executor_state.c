@@ -80,10 +80,7 @@ static pipert_result cut_stage_build(cut_stage *c, const pt_schedule *like, int 
 {
     memset(c, 0, sizeof *c);
     const int microbatches = like->microbatches;
-    if (like->kind == PT_SCHEDULE_ASYNC_1F1B)
-        PT_TRY(pt_schedule_build_async(&c->schedule, like->stages, microbatches, stage,
-                                       like->synchronous));
-    else PT_TRY(pt_schedule_build(&c->schedule, like->kind, like->stages, microbatches, stage));
+    PT_TRY(pt_schedule_build_for_stage(&c->schedule, like, stage));
     PT_TRY(pt_schedule_cut_at(&c->schedule, steps, &c->cut));
     for (int k = 0; k < PT_INSTRUCTION_KINDS; k++) {
         c->at[k] = malloc((size_t)microbatches * sizeof *c->at[k]);

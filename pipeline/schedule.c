@@ -131,6 +131,11 @@ pipert_result pt_schedule_build_async(pt_schedule *out, int stages, int microbat
     return build(out, PT_SCHEDULE_ASYNC_1F1B, stages, microbatches, stage, synchronous);
 }
 
+pipert_result pt_schedule_build_for_stage(pt_schedule *out, const pt_schedule *like, int stage)
+{
+    return build(out, like->kind, like->stages, like->microbatches, stage, like->synchronous);
+}
+
 void pt_schedule_free(pt_schedule *s)
 {
     free(s->instructions);

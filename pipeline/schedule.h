@@ -69,6 +69,9 @@ pipert_result pt_schedule_build(pt_schedule *out, pt_schedule_kind kind, int sta
  * 0 is pt_schedule_build's asynchronous schedule. */
 pipert_result pt_schedule_build_async(pt_schedule *out, int stages, int microbatches, int stage,
                                       int synchronous);
+
+/* The schedule `like` is, for another of its stages. */
+pipert_result pt_schedule_build_for_stage(pt_schedule *out, const pt_schedule *like, int stage);
 void pt_schedule_free(pt_schedule *schedule);
 
 /* The bubble fraction of GPipe and 1F1B with equal stages: (S−1)/(M+S−1). */
