@@ -34,6 +34,7 @@ static const char *const lookahead_names[] = {
     [PT_LOOKAHEAD_PREDICT_DAMPED] = "predict-damped",
     [PT_LOOKAHEAD_PIPEMARE] = "pipemare",
     [PT_LOOKAHEAD_DC_ASGD] = "dc-asgd",
+    [PT_LOOKAHEAD_NESTEROV_DC] = "nesterov-dc",
 };
 
 pipert_result pt_lookahead_parse(const char *name, pt_lookahead *out)
@@ -65,7 +66,9 @@ static pipert_result optimizer_settings(pt_stage_executor *ex, pt_optimizer_sett
     s->eps = t->eps;
     s->weight_decay = t->weight_decay;
     s->psi = PT_NADAM_PSI;
-    if (is_async(ex) && ex->lookahead == PT_LOOKAHEAD_NESTEROV) {
+    const bool nesterov = ex->lookahead == PT_LOOKAHEAD_NESTEROV ||
+                          ex->lookahead == PT_LOOKAHEAD_NESTEROV_DC;
+    if (is_async(ex) && nesterov) {
         /* The look-ahead is the optimizer: NAdam with a large β1 (AsyncMesh). */
         s->kind = PT_OPTIMIZER_NADAMW;
         s->beta1 = 0.99;

@@ -50,6 +50,7 @@ typedef enum pt_lookahead {
     PT_LOOKAHEAD_PREDICT_DAMPED,
     PT_LOOKAHEAD_PIPEMARE,
     PT_LOOKAHEAD_DC_ASGD,
+    PT_LOOKAHEAD_NESTEROV_DC, /* nesterov's optimizer with dc-asgd's compensation */
 } pt_lookahead;
 
 pipert_result pt_lookahead_parse(const char *name, pt_lookahead *out);

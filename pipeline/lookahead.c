@@ -12,6 +12,21 @@
 
 static bool is_async(const pt_stage_executor *ex) { return pt_executor_is_async(ex); }
 
+/* dc-asgd and nesterov-dc: the gradient is compensated for the delay. */
+static bool compensates(const pt_stage_executor *ex)
+{
+    return ex->lookahead == PT_LOOKAHEAD_DC_ASGD || ex->lookahead == PT_LOOKAHEAD_NESTEROV_DC;
+}
+
+/* λ of the compensation: pipeline.dc_lambda, or when that is 0 the look-ahead's own
+ * (dc-asgd: the paper's 2; nesterov-dc: 200, the staleness study's). */
+static double dc_lambda(const pt_stage_executor *ex)
+{
+    const double own = ex->config.pipeline.dc_lambda;
+    if (own > 0) return own;
+    return ex->lookahead == PT_LOOKAHEAD_NESTEROV_DC ? PT_DC_LAMBDA_NESTEROV : PT_DC_LAMBDA_PAPER;
+}
+
 /* K of the warm-ups of predict-damped and pipemare. */
 static long lookahead_warmup(const pt_stage_executor *ex)
 {
@@ -29,10 +44,10 @@ pipert_result pt_lookahead_setup(pt_stage_executor *ex)
         return pt_fail(PIPERT_ERR_UNSUPPORTED,
                        "pipeline.lookahead=%s: the %s backend has no adam_extrapolate kernel",
                        ex->config.pipeline.lookahead, k->name);
-    if (ex->lookahead == PT_LOOKAHEAD_DC_ASGD && !k->delay_compensate)
+    if (compensates(ex) && !k->delay_compensate)
         return pt_fail(PIPERT_ERR_UNSUPPORTED,
-                       "pipeline.lookahead=dc-asgd: the %s backend has no delay_compensate kernel",
-                       k->name);
+                       "pipeline.lookahead=%s: the %s backend has no delay_compensate kernel",
+                       ex->config.pipeline.lookahead, k->name);
     if (ex->lookahead != PT_LOOKAHEAD_PREDICT_DAMPED) return PIPERT_OK;
     ex->region_scratch = calloc((size_t)ex->model->n_tensors, sizeof *ex->region_scratch);
     if (!ex->region_scratch) return pt_fail(PIPERT_ERR_NOMEM, "predict-damped: out of memory");
@@ -83,12 +98,11 @@ double pt_lookahead_lr_factor(const pt_stage_executor *ex, long step)
 
 pipert_result pt_lookahead_adjust_gradient(pt_stage_executor *ex)
 {
-    if (!is_async(ex) || ex->lookahead != PT_LOOKAHEAD_DC_ASGD || !pt_executor_stashes_weights(ex))
-        return PIPERT_OK;
+    if (!is_async(ex) || !compensates(ex) || !pt_executor_stashes_weights(ex)) return PIPERT_OK;
     pt_gpt_slice *m = ex->model;
     return pt_optimizer_delay_compensate(&ex->optimizer, m->grads, m->params,
                                          ex->slot_weights[ex->backward_slot], ex->regions,
-                                         m->n_tensors, ex->config.pipeline.dc_lambda);
+                                         m->n_tensors, dc_lambda(ex));
 }
 
 void pt_lookahead_before_step(pt_stage_executor *ex)

@@ -139,15 +139,17 @@ static const config_key schema[] = {
     STRING_KEY(pipeline.schedule, "async-1f1b", "async-1f1b|1f1b|gpipe",
                "pipeline schedule: asynchronous 1F1B (no flush), 1F1B with flush, or GPipe"),
     STRING_KEY(pipeline.lookahead, "nesterov",
-               "nesterov|stash|predict|predict-damped|pipemare|dc-asgd|none",
-               "weight handling of async-1f1b: stash + NAdamW(β1=0.99), stash, weight prediction, "
-               "weight prediction damped in warm-up and bounded by the measured update size, stash "
-               "+ PipeMare's per-stage step sizes, stash + DC-ASGD delay compensation, or none"),
+               "nesterov|nesterov-dc|stash|predict|predict-damped|pipemare|dc-asgd|none",
+               "weight handling of async-1f1b: stash + NAdamW(β1=0.99), the same with DC-ASGD's "
+               "delay compensation, stash, weight prediction, weight prediction damped in warm-up "
+               "and bounded by the measured update size, stash + PipeMare's per-stage step sizes, "
+               "stash + DC-ASGD delay compensation, or none"),
     NUMBER_KEY(pipeline.lookahead_warmup, 0, AT_LEAST(0),
                "predict-damped and pipemare: steps K over which the damping (t/K) or the "
                "per-stage step size (tau^-(1-t/K)) rises to 1; 0 = train.warmup_steps"),
-    NUMBER_KEY(pipeline.dc_lambda, 2.0, AT_LEAST(0),
-               "dc-asgd: lambda of the delay compensation g + lambda*g*g*(w_now - w_used)/sqrt(v)"),
+    NUMBER_KEY(pipeline.dc_lambda, 0.0, AT_LEAST(0),
+               "dc-asgd, nesterov-dc: lambda of the delay compensation g + "
+               "lambda*g*g*(w_now - w_used)/sqrt(v); 0 = the look-ahead's own (2, 200)"),
     NUMBER_KEY(pipeline.sync_steps, 0, AT_LEAST(0),
                "async-1f1b: the first N steps pass one microbatch at a time through every stage "
                "(no staleness, a stage busy 1/S of the time), then the pipeline fills"),

@@ -59,7 +59,7 @@ typedef struct pt_pipeline_settings {
     char lookahead[PT_CONFIG_STRING_MAX]; /* "nesterov" | "stash" | "predict" | "predict-damped" |
                                              "pipemare" | "dc-asgd" | "none" */
     long lookahead_warmup;                /* predict-damped, pipemare: K (0: train.warmup_steps) */
-    double dc_lambda;                     /* dc-asgd: λ */
+    double dc_lambda;                     /* dc-asgd, nesterov-dc: λ (0: the look-ahead's own) */
     long sync_steps;                      /* async-1f1b: steps run without staleness first */
     int microbatches;                     /* per optimizer step (gpipe, 1f1b) */
     bool recompute;                       /* recompute activations at backward time */

@@ -177,11 +177,12 @@ Test(resume, asynchronous_pipeline_resumes_exactly_with_three_stages_or_two_repl
 
 /* The damped prediction keeps state of its own (the measured update size per tensor) that
  * the checkpoint must carry for the losses to continue exactly; DC-ASGD compensates with the
- * restored stashes; PipeMare's step size depends on the step only. */
+ * restored stashes (so does nesterov-dc, on NAdam's moments); PipeMare's step size depends on
+ * the step only. */
 Test(resume, staleness_aware_lookaheads_resume_with_the_same_losses)
 {
-    const char *lookaheads[] = {"predict-damped", "dc-asgd", "pipemare"};
-    for (int k = 0; k < 3; k++) {
+    const char *lookaheads[] = {"predict-damped", "dc-asgd", "pipemare", "nesterov-dc"};
+    for (int k = 0; k < 4; k++) {
         char args[256], what[64];
         snprintf(args, sizeof args,
                  "--stages 3 --replicas 1 --train.batch_size=2 --pipeline.schedule=async-1f1b "

@@ -30,4 +30,11 @@ double pt_pipemare_lr_factor(double tau, long step, long warmup);
 double pt_damped_prediction_steps(double tau, long step, long warmup, double update_rms,
                                   double predicted_step_norm);
 
+/* λ of the delay compensation g + λ·g⊙g⊙(θ_now − θ_used)/(√v̂ + ε) when
+ * pipeline.dc_lambda leaves it to the look-ahead: DC-ASGD's paper uses 2 with
+ * the adaptive form (dc-asgd); with NAdam β1 = 0.99 (nesterov-dc) the staleness
+ * study found 200 best of 2, 50, 200 and 1000 (BENCHMARKS.md). */
+#define PT_DC_LAMBDA_PAPER 2.0
+#define PT_DC_LAMBDA_NESTEROV 200.0
+
 #endif
