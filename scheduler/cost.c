@@ -10,13 +10,21 @@ static bool is_async(const pipert_config *config)
     return !strcmp(config->pipeline.schedule, "async-1f1b");
 }
 
-/* Extra weight copies stage s keeps (cost.h, "versions"). */
+/* The asynchronous schedule with a look-ahead that stashes the weights each forward used
+ * (every one but `none`, docs/STALENESS.md). */
+static bool stashes(const pipert_config *config)
+{
+    return is_async(config) && strcmp(config->pipeline.lookahead, "none") != 0;
+}
+
+/* Extra weight copies stage s keeps (cost.h, "versions"): a stash slot per microbatch in
+ * flight, S−s of them, where more than one is (the last stage keeps none); predict-damped
+ * one more, the weights before a step to measure its size. */
 static int weight_versions(const pipert_config *config, int stages, int stage)
 {
-    if (!is_async(config)) return 0;
-    const char *lookahead = config->pipeline.lookahead;
-    if (!strcmp(lookahead, "stash") || !strcmp(lookahead, "nesterov")) return stages - 1 - stage;
-    return !strcmp(lookahead, "predict") ? 1 : 0;
+    if (!stashes(config)) return 0;
+    const int slots = stages - stage > 1 ? stages - stage : 0;
+    return slots + !strcmp(config->pipeline.lookahead, "predict-damped");
 }
 
 /* The method's own copies of the parameters (cost.h, "coupling"). */
@@ -155,8 +163,7 @@ double pt_cost_site_coupling_s(const pipert_config *config, int k, double params
     const double bytes = 4 * params;
     const double mean = 2.0 * (k - 1) / k * bytes / link.bytes_per_s + 2 * (k - 1) * link.latency_s;
     const int rounds = (int)ceil(log2(k));
-    const bool stash = is_async(config) && (!strcmp(config->pipeline.lookahead, "stash") ||
-                                            !strcmp(config->pipeline.lookahead, "nesterov"));
+    const bool stash = stashes(config);
     const double broadcast = (stash ? 2 : 1) * rounds * (bytes / link.bytes_per_s + link.latency_s);
     return mean + broadcast;
 }
