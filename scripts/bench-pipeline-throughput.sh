@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 runs=${1:-3}
 shift || true
-pipert=./build/tools/pipert
+pipert=${PIPERT:-./build/tools/pipert}  # PIPERT=path/to/pipert for another build
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 common=(--train.steps=120 --train.log_every=20 --train.val_every=0 --train.val_batches=1
