@@ -151,6 +151,17 @@ static void check_asynchronous(const char *args, const char *what)
     remove_dir(dir);
 }
 
+/* check_asynchronous on 3 stages, batch 2, with one more setting. */
+static void check_three_stages(const char *setting)
+{
+    char args[256], what[128];
+    snprintf(args, sizeof args,
+             "--stages 3 --replicas 1 --train.batch_size=2 --pipeline.schedule=async-1f1b %s",
+             setting);
+    snprintf(what, sizeof what, "async-1f1b, 3 stages, %s", setting);
+    check_asynchronous(args, what);
+}
+
 /* The default look-ahead (nesterov-dc): stage 0 has one microbatch in flight at
  * its cut, whose stash and forward must come back. */
 Test(resume, asynchronous_pipeline_resumes_with_the_same_losses)
@@ -183,13 +194,10 @@ Test(resume, staleness_aware_lookaheads_resume_with_the_same_losses)
 {
     const char *lookaheads[] = {"predict-damped", "dc-asgd", "pipemare", "nesterov-dc"};
     for (int k = 0; k < 4; k++) {
-        char args[256], what[64];
-        snprintf(args, sizeof args,
-                 "--stages 3 --replicas 1 --train.batch_size=2 --pipeline.schedule=async-1f1b "
-                 "--pipeline.lookahead=%s --train.warmup_steps=4",
+        char setting[64];
+        snprintf(setting, sizeof setting, "--pipeline.lookahead=%s --train.warmup_steps=4",
                  lookaheads[k]);
-        snprintf(what, sizeof what, "async-1f1b, 3 stages, %s", lookaheads[k]);
-        check_asynchronous(args, what);
+        check_three_stages(setting);
     }
 }
 
@@ -198,17 +206,8 @@ Test(resume, staleness_aware_lookaheads_resume_with_the_same_losses)
  * filled from microbatch 5 holds its microbatches in flight). */
 Test(resume, synchronous_first_steps_resume_with_the_same_losses)
 {
-    const int sync_steps[] = {12, 5};
-    for (int k = 0; k < 2; k++) {
-        char args[256], what[64];
-        snprintf(args, sizeof args,
-                 "--stages 3 --replicas 1 --train.batch_size=2 --pipeline.schedule=async-1f1b "
-                 "--pipeline.sync_steps=%d",
-                 sync_steps[k]);
-        snprintf(what, sizeof what, "async-1f1b, 3 stages, the first %d steps synchronous",
-                 sync_steps[k]);
-        check_asynchronous(args, what);
-    }
+    check_three_stages("--pipeline.sync_steps=12");
+    check_three_stages("--pipeline.sync_steps=5");
 }
 
 /* ---- another layout: loading by global name ------------------------------------------- */
