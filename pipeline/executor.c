@@ -620,6 +620,10 @@ static pipert_result optimizer_step(pt_stage_executor *ex)
     pt_coupling_point at = {.model = m, .params = m->params, .grads = m->grads,
                             .n_params = m->n_params, .step = step,
                             .loss = is_last_stage(ex) ? &loss : NULL};
+    /* Each replica compensates its own gradient with its own stash before the replicas
+     * average: an all-reduce then leaves them equal even where their stashes are not
+     * (after a replica left or joined, only the newest stash is shared again). */
+    PT_TRY(pt_lookahead_adjust_gradient(ex));
     if (ex->options.coupling) {
         const pt_coupling_blocked before = pt_coupling_blocked_time(ex->options.coupling);
         PT_TRY(pt_coupling_after_backward(ex->options.coupling, &at));
@@ -629,7 +633,6 @@ static pipert_result optimizer_step(pt_stage_executor *ex)
     if (is_last_stage(ex) && !isfinite(loss))
         return pt_fail(PIPERT_ERR_INTERNAL, "step %ld: the loss is %f; lower train.lr or check the data",
                        step, (double)loss);
-    PT_TRY(pt_lookahead_adjust_gradient(ex));
     double norm;
     PT_TRY(gradient_norm(ex, &norm));
     if (t->grad_clip > 0 && isfinite(norm) && norm > t->grad_clip)
