@@ -65,7 +65,7 @@ static pipert_result optimizer_settings(pt_stage_executor *ex, pt_optimizer_sett
     s->beta2 = t->beta2;
     s->eps = t->eps;
     s->weight_decay = t->weight_decay;
-    s->psi = PT_NADAM_PSI;
+    s->psi = t->momentum_decay;
     const bool nesterov = ex->lookahead == PT_LOOKAHEAD_NESTEROV ||
                           ex->lookahead == PT_LOOKAHEAD_NESTEROV_DC;
     if (is_async(ex) && nesterov) {

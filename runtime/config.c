@@ -105,6 +105,9 @@ static const config_key schema[] = {
     NUMBER_KEY(train.eps, 1e-8, ABOVE(0), "added to the root of the second moment"),
     NUMBER_KEY(train.weight_decay, 0.1, AT_LEAST(0),
                "decoupled weight decay λ (2-D tensors only: matrices and embeddings)"),
+    NUMBER_KEY(train.momentum_decay, 0.004, ABOVE(0),
+               "NAdamW's ψ (PyTorch's momentum_decay): μ_t = β1·(1 − ½·0.96^(t·ψ)), ½·β1 "
+               "at the start, ¾·β1 after 17/ψ steps"),
     NUMBER_KEY(train.grad_clip, 1.0, AT_LEAST(0),
                "clip the global gradient norm to this; 0 disables"),
     NUMBER_KEY(train.val_every, 100, AT_LEAST(0),

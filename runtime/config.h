@@ -32,6 +32,7 @@ typedef struct pt_train_settings {
     double min_lr_ratio;   /* cosine decay ends at min_lr_ratio·lr */
     char optimizer[PT_CONFIG_STRING_MAX]; /* "adamw" | "nadamw" */
     double beta1, beta2, eps, weight_decay;
+    double momentum_decay; /* NAdamW's ψ: how fast μ_t rises to β1 */
     double grad_clip;      /* global-norm clip; 0 disables */
     long val_every;        /* validation every N steps (and at the end); 0 = only at the end */
     int val_batches;       /* batches per validation */

@@ -87,7 +87,7 @@ static const char *const all_keys[] = {
     "model.n_layer", "model.n_embd", "model.n_head", "model.block_size", "model.vocab_size",
     "model.tie_weights", "train.batch_size", "train.grad_accum", "train.steps", "train.lr",
     "train.warmup_steps", "train.min_lr_ratio", "train.optimizer", "train.beta1", "train.beta2",
-    "train.eps", "train.weight_decay", "train.grad_clip", "train.val_every", "train.val_batches",
+    "train.eps", "train.weight_decay", "train.momentum_decay", "train.grad_clip", "train.val_every", "train.val_batches",
     "train.log_every", "train.checkpoint_every", "train.keep_checkpoints", "data.path", "data.format",
     "data.val_fraction", "data.sampling", "dp.method", "dp.compress", "dp.block", "dp.delay",
     "dp.fraction", "dp.partition_block", "dp.rule", "dp.lambda", "dp.ema_warmup_steps", "dp.period", "dp.outer_lr",
