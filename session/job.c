@@ -631,6 +631,10 @@ static pipert_result readdress(pt_job *job, int rank)
     if (!address) return pt_fail(PIPERT_ERR_NOMEM, "job: out of memory");
     free(job->addresses[rank]);
     job->addresses[rank] = address;
+    /* Its old process left the job (the coordinator's word) but its connection may not have
+     * failed yet: a site cut off is noticed by UCX only when its keepalive times out. */
+    PT_TRY(pt_transport_drop_peer(job->transport, rank,
+                                  "its replica left the job and a new process took its place"));
     return pt_transport_forget_peer(job->transport, rank);
 }
 

@@ -768,6 +768,75 @@ Test(transport, peer_that_shuts_down_is_marked_left)
     RUN_JOB(spec);
 }
 
+/* A peer whose connection still looks alive (a site cut off: UCX has not timed it out) is
+ * dropped on the job's word and replaced by a new process of its rank; the old connection's
+ * end, when it comes, does not touch the new one. Rank 1 plays both processes: it keeps its
+ * first transport alive (it still answers UCX, as a cut-off process does until its link
+ * times out), makes a second one of rank 1, and sends rank 0 that one's address over the
+ * first. */
+static int send_text(pt_transport *t, int to, uint32_t tag, const char *text)
+{
+    pt_message_header h = bytes_header(strlen(text) + 1, PT_KIND_FIRST_FREE);
+    return send_and_wait(t, to, tag, &h, text, 0) == PIPERT_OK;
+}
+
+static int receive_text(pt_transport *t, int from, uint32_t tag, char *text, size_t capacity)
+{
+    pt_recv_expect e = any_shape(PT_KIND_FIRST_FREE);
+    pt_request *r;
+    if (pt_recv(t, from, tag, &e, text, capacity, &r) != PIPERT_OK) return 0;
+    pipert_result rc = pt_request_wait(r, 20.0);
+    pt_request_free(r);
+    return rc == PIPERT_OK && memchr(text, 0, capacity) != NULL;
+}
+
+static int replaced_rank_body(rank_context *ctx)
+{
+    static char text[ADDRESS_MAX];
+    if (ctx->rank == 1) {
+        pt_transport_options options = PT_TRANSPORT_OPTIONS_INIT;
+        options.rank = 1;
+        options.secret = JOB_SECRET;
+        options.job = JOB_ID;
+        options.connect_timeout_s = JOB_CONNECT_TIMEOUT_S;
+        pt_transport *new_self;
+        CHILD_CHECK(ctx, pt_transport_create(&options, &new_self) == PIPERT_OK, "second transport");
+        CHILD_CHECK(ctx, send_text(ctx->t, 0, 1, pt_transport_address(new_self)), "the address");
+        CHILD_CHECK(ctx, pt_transport_wait_peer(new_self, 0, 20.0) == PIPERT_OK, "rank 0 dials");
+        CHILD_CHECK(ctx, receive_text(new_self, 0, 2, text, sizeof text), "hello from rank 0");
+        CHILD_CHECK(ctx, strcmp(text, "to the new rank 1") == 0, "got \"%s\"", text);
+        /* The old process ends now: its goodbye reaches rank 0 on the old connection. */
+        pt_transport_destroy(ctx->t);
+        ctx->t = NULL;
+        usleep(300000);
+        CHILD_CHECK(ctx, send_text(new_self, 0, 3, "still here"), "after the old one ended");
+        CHILD_CHECK(ctx, receive_text(new_self, 0, 4, text, sizeof text), "rank 0's answer");
+        pt_transport_destroy(new_self);
+        return 0;
+    }
+    CHILD_CHECK(ctx, receive_text(ctx->t, 1, 1, text, sizeof text), "the new address");
+    CHILD_CHECK(ctx, pt_transport_forget_peer(ctx->t, 1) != PIPERT_OK,
+                "a rank that is alive cannot be forgotten");
+    CHILD_CHECK(ctx, pt_transport_drop_peer(ctx->t, 1, "replaced in this test") == PIPERT_OK,
+                "drop");
+    CHILD_CHECK(ctx, !pt_transport_peer_alive(ctx->t, 1), "rank 1 is dropped");
+    CHILD_CHECK(ctx, pt_transport_forget_peer(ctx->t, 1) == PIPERT_OK, "forget");
+    CHILD_CHECK(ctx, pt_transport_listen_again(ctx->t) == PIPERT_OK, "listen");
+    CHILD_CHECK(ctx, pt_transport_connect(ctx->t, 1, text) == PIPERT_OK, "connect the new rank 1");
+    CHILD_CHECK(ctx, send_text(ctx->t, 1, 2, "to the new rank 1"), "send to the new rank 1");
+    CHILD_CHECK(ctx, receive_text(ctx->t, 1, 3, text, sizeof text), "after the old one ended");
+    CHILD_CHECK(ctx, strcmp(text, "still here") == 0, "got \"%s\"", text);
+    CHILD_CHECK(ctx, pt_transport_peer_alive(ctx->t, 1), "the new rank 1 is alive");
+    CHILD_CHECK(ctx, send_text(ctx->t, 1, 4, "bye"), "the answer");
+    return 0;
+}
+
+Test(transport, a_silent_peer_is_dropped_and_replaced)
+{
+    job_spec spec = {.n = 2, .body = replaced_rank_body, .mesh = 1};
+    RUN_JOB(spec);
+}
+
 /* Destroying a transport with sends and receives still in flight: nothing
  * crashes, and every request ends (with an error) by the time destroy returns. */
 static int destroy_in_flight_body(rank_context *ctx)

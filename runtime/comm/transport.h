@@ -208,6 +208,15 @@ pipert_result pt_transport_stop_listening(pt_transport *t);
  * that answers a hello dials the other's worker address back. */
 pipert_result pt_transport_listen_again(pt_transport *t);
 
+/* The job's membership says that `peer_rank`'s process is gone while its
+ * connection still looks alive (a site cut off: UCX notices when its
+ * keepalive times out, which may be after a new process of the rank is
+ * back): its connections close and it is marked failed with `reason`, as an
+ * endpoint error would mark it, so that pt_transport_forget_peer may replace
+ * it. Its pending receives fail. Returns once done; a rank that is not alive
+ * is left as it is. */
+pipert_result pt_transport_drop_peer(pt_transport *t, int peer_rank, const char *reason);
+
 /* Forgets a rank that failed or left (nothing waits on it any more: its
  * receives failed), so that a new process of that rank can connect under the
  * same rank; what its connection class was (pt_transport_mark_remote) stays.

@@ -879,6 +879,40 @@ pipert_result pt_transport_connect_all(pt_transport *t, int n_ranks, const char 
     return PIPERT_OK;
 }
 
+/* On the progress thread: every connection with `rank` fails as an endpoint error would fail
+ * it (closed by the next upkeep; a late error of its endpoint then finds it failed and changes
+ * nothing), and the rank is marked failed. */
+void pt_transport_drop_connections(pt_transport *t, int rank, const char *reason)
+{
+    for (connection *c = t->connections; c; c = c->next) {
+        if (c->rank != rank) continue;
+        if (c->state == CONN_HANDSHAKE)
+            connection_finish(c, PIPERT_ERR_PEER, "connection to %s dropped: %s", c->who, reason);
+        connection_mark_failed(c);
+    }
+    peer_fail(t, rank, 0, reason);
+}
+
+pipert_result pt_transport_drop_peer(pt_transport *t, int peer_rank, const char *reason)
+{
+    if (peer_rank < 0 || peer_rank >= PT_TRANSPORT_MAX_RANKS || peer_rank == t->rank)
+        return pt_fail(PIPERT_ERR_INVALID_ARG, "transport: rank %d cannot drop rank %d", t->rank,
+                       peer_rank);
+    if (!pt_transport_peer_alive(t, peer_rank)) return PIPERT_OK;
+    PT_TRY(pt_transport_enqueue_drop(t, peer_rank, reason));
+    struct timespec deadline;
+    pt_transport_deadline_after(5.0, &deadline);
+    pthread_mutex_lock(&pt_transport_state_lock);
+    while (pt_transport_peer_state_locked(t, peer_rank) == PEER_ALIVE)
+        if (pt_transport_wait_on_state(&deadline) == ETIMEDOUT) break;
+    const int alive = pt_transport_peer_state_locked(t, peer_rank) == PEER_ALIVE;
+    pthread_mutex_unlock(&pt_transport_state_lock);
+    if (alive)
+        return pt_fail(PIPERT_ERR_TIMEOUT, "transport: dropping rank %d: no answer from the "
+                                           "progress thread within 5 s", peer_rank);
+    return PIPERT_OK;
+}
+
 pipert_result pt_transport_forget_peer(pt_transport *t, int peer_rank)
 {
     pthread_mutex_lock(&pt_transport_state_lock);

@@ -236,12 +236,14 @@ struct pt_request {
     pt_request *prev, *next; /* the transport's in-flight list (under ucx_lock) */
 };
 
-typedef enum command_op { COMMAND_POST, COMMAND_CANCEL, COMMAND_CONNECT } command_op;
+typedef enum command_op { COMMAND_POST, COMMAND_CANCEL, COMMAND_CONNECT, COMMAND_DROP } command_op;
 
 typedef struct command {
     command_op op;
     pt_request *request;
     connection *conn;
+    int rank;                      /* DROP: the peer, and why */
+    char reason[REASON_CAPACITY];
     struct command *next;
 } command;
 
@@ -340,6 +342,7 @@ void pt_transport_ucx_lock_release(pt_transport *t);
 void pt_transport_wake_progress_thread(pt_transport *t);
 pipert_result pt_transport_enqueue(pt_transport *t, command_op op, pt_request *request,
                                    connection *conn);
+pipert_result pt_transport_enqueue_drop(pt_transport *t, int rank, const char *reason);
 command *pt_transport_take_commands(pt_transport *t);
 void *pt_transport_progress_main(void *arg);
 pipert_result pt_transport_submit(pt_transport *t, pt_request *r, pt_request **out);
@@ -351,6 +354,7 @@ peer_state pt_transport_peer_state_locked(const pt_transport *t, int rank);
 void pt_transport_connection_close(connection *c);
 void pt_transport_send_control(connection *c, uint32_t word);
 void pt_transport_start_connect(pt_transport *t, connection *c);
+void pt_transport_drop_connections(pt_transport *t, int rank, const char *reason);
 void pt_transport_maintain_connections(pt_transport *t);
 int pt_transport_next_deadline_ms(const pt_transport *t);
 void pt_transport_await_hellos(pt_transport *t);

@@ -67,12 +67,8 @@ static void wake_progress_thread_if_asleep(pt_transport *t)
 
 /* ---- command queue ------------------------------------------------------- */
 
-pipert_result pt_transport_enqueue(pt_transport *t, command_op op, pt_request *request,
-                                   connection *conn)
+static pipert_result enqueue(pt_transport *t, command *c)
 {
-    command *c = malloc(sizeof *c);
-    if (!c) return pt_fail(PIPERT_ERR_NOMEM, "transport: no memory for a command");
-    *c = (command){.op = op, .request = request, .conn = conn};
     pthread_mutex_lock(&t->queue_lock);
     if (t->stopping) {
         pthread_mutex_unlock(&t->queue_lock);
@@ -87,6 +83,24 @@ pipert_result pt_transport_enqueue(pt_transport *t, command_op op, pt_request *r
     pthread_mutex_unlock(&t->queue_lock);
     wake_progress_thread_if_asleep(t);
     return PIPERT_OK;
+}
+
+pipert_result pt_transport_enqueue(pt_transport *t, command_op op, pt_request *request,
+                                   connection *conn)
+{
+    command *c = malloc(sizeof *c);
+    if (!c) return pt_fail(PIPERT_ERR_NOMEM, "transport: no memory for a command");
+    *c = (command){.op = op, .request = request, .conn = conn};
+    return enqueue(t, c);
+}
+
+pipert_result pt_transport_enqueue_drop(pt_transport *t, int rank, const char *reason)
+{
+    command *c = malloc(sizeof *c);
+    if (!c) return pt_fail(PIPERT_ERR_NOMEM, "transport: no memory for a command");
+    *c = (command){.op = COMMAND_DROP, .rank = rank};
+    snprintf(c->reason, sizeof c->reason, "%s", reason);
+    return enqueue(t, c);
 }
 
 static int commands_queued(pt_transport *t)
@@ -132,6 +146,9 @@ static void run_command(pt_transport *t, command *c)
         break;
     case COMMAND_CONNECT:
         pt_transport_start_connect(t, c->conn);
+        break;
+    case COMMAND_DROP:
+        pt_transport_drop_connections(t, c->rank, c->reason);
         break;
     }
 }
