@@ -80,7 +80,7 @@ long=(--train.steps="$async_steps" --train.warmup_steps="$async_warmup" --train.
 # The arguments of run NAME for S stages.
 run_args() {
   local name=$1 S=$2
-  if [[ $name =~ ^([^+]*)\+([a-z_.]+)=([^+]+)(.*)$ ]]; then
+  if [[ $name =~ ^([^+]*)\+([a-z0-9_.]+)=([^+]+)(.*)$ ]]; then
     echo "$(run_args "${BASH_REMATCH[1]}${BASH_REMATCH[4]}" "$S") --${BASH_REMATCH[2]}=${BASH_REMATCH[3]}"
     return
   fi
@@ -121,7 +121,8 @@ for S in $stages_list; do
     dir=$out/$S-$cname
     mkdir -p "$dir"
     for name in $runs; do
-      read -r -a args <<< "$(run_args "$name" "$S")"
+      args_text=$(run_args "$name" "$S") || continue # run_args named what it did not know
+      read -r -a args <<< "$args_text"
       if ((reuse)) && grep -q val_loss "$dir/$name/metrics.jsonl" 2>/dev/null; then
         echo "== $S stages, $cname, $name: kept" >&2
         continue
