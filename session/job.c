@@ -694,6 +694,9 @@ pipert_result pt_job_await_replicas(pt_job *job, double timeout_s)
             PT_TRY(pt_job_check(job));
             if (asked_to_stop(job))
                 return pt_fail(PIPERT_ERR_INTERRUPTED, "stopped while waiting for the replicas");
+            if (pt_coord_client_replica_left(job->client, r, NULL, 0))
+                return pt_fail(PIPERT_ERR_PEER, "replica %d (rank %d) left the job while this "
+                                                "replica waited for it to connect", r, rank);
             if (pt_now_s() > until) break;
         }
         if (rc != PIPERT_OK) {
