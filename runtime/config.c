@@ -141,10 +141,11 @@ static const config_key schema[] = {
 
     STRING_KEY(pipeline.schedule, "async-1f1b", "async-1f1b|1f1b|gpipe",
                "pipeline schedule: asynchronous 1F1B (no flush), 1F1B with flush, or GPipe"),
-    STRING_KEY(pipeline.lookahead, "nesterov",
-               "nesterov|nesterov-dc|stash|predict|predict-damped|pipemare|dc-asgd|none",
-               "weight handling of async-1f1b: stash + NAdamW(β1=0.99), the same with DC-ASGD's "
-               "delay compensation, stash, weight prediction, weight prediction damped in warm-up "
+    STRING_KEY(pipeline.lookahead, "nesterov-dc",
+               "nesterov-dc|nesterov|stash|predict|predict-damped|pipemare|dc-asgd|none",
+               "weight handling of async-1f1b: stash + NAdamW(β1=0.99) on the gradient with "
+               "DC-ASGD's delay compensation (λ=200), the same without it, stash, weight "
+               "prediction, weight prediction damped in warm-up "
                "and bounded by the measured update size, stash + PipeMare's per-stage step sizes, "
                "stash + DC-ASGD delay compensation, or none"),
     NUMBER_KEY(pipeline.lookahead_warmup, 0, AT_LEAST(0),
