@@ -19,7 +19,7 @@ static bool compensates(const pt_stage_executor *ex)
 }
 
 /* λ of the compensation: pipeline.dc_lambda, or when that is 0 the look-ahead's own
- * (dc-asgd: the paper's 2; nesterov-dc: 200, the staleness study's). */
+ * (dc-asgd: the paper's 2; nesterov-dc: 100, the staleness study's). */
 static double dc_lambda(const pt_stage_executor *ex)
 {
     const double own = ex->config.pipeline.dc_lambda;

@@ -144,7 +144,7 @@ static const config_key schema[] = {
     STRING_KEY(pipeline.lookahead, "nesterov-dc",
                "nesterov-dc|nesterov|stash|predict|predict-damped|pipemare|dc-asgd|none",
                "weight handling of async-1f1b: stash + NAdamW(β1=0.99) on the gradient with "
-               "DC-ASGD's delay compensation (λ=200), the same without it, stash, weight "
+               "DC-ASGD's delay compensation (λ=100), the same without it, stash, weight "
                "prediction, weight prediction damped in warm-up "
                "and bounded by the measured update size, stash + PipeMare's per-stage step sizes, "
                "stash + DC-ASGD delay compensation, or none"),
@@ -153,7 +153,7 @@ static const config_key schema[] = {
                "per-stage step size (tau^-(1-t/K)) rises to 1; 0 = train.warmup_steps"),
     NUMBER_KEY(pipeline.dc_lambda, 0.0, AT_LEAST(0),
                "dc-asgd, nesterov-dc: lambda of the delay compensation g + "
-               "lambda*g*g*(w_now - w_used)/sqrt(v); 0 = the look-ahead's own (2, 200)"),
+               "lambda*g*g*(w_now - w_used)/sqrt(v); 0 = the look-ahead's own (2, 100)"),
     NUMBER_KEY(pipeline.sync_steps, 0, AT_LEAST(0),
                "async-1f1b: the first N steps pass one microbatch at a time through every stage "
                "(no staleness, a stage busy 1/S of the time), then the pipeline fills"),

@@ -33,8 +33,10 @@ double pt_damped_prediction_steps(double tau, long step, long warmup, double upd
 /* λ of the delay compensation g + λ·g⊙g⊙(θ_now − θ_used)/(√v̂ + ε) when
  * pipeline.dc_lambda leaves it to the look-ahead: DC-ASGD's paper uses 2 with
  * the adaptive form (dc-asgd); with NAdam β1 = 0.99 (nesterov-dc) the staleness
- * study found 200 best of 2, 50, 200 and 1000 (BENCHMARKS.md). */
+ * study measured 2, 50, 100, 200 and 1000: 100 is the best or within noise of it on
+ * 4 and 8 stages of both corpora, where 200 lost 1.3% on one and 50 spiked
+ * (BENCHMARKS.md, sessions 10 and 11). */
 #define PT_DC_LAMBDA_PAPER 2.0
-#define PT_DC_LAMBDA_NESTEROV 200.0
+#define PT_DC_LAMBDA_NESTEROV 100.0
 
 #endif
