@@ -8,6 +8,7 @@
 #   defaults: A = nesterov, B = nesterov-dc, ROUNDS = 8; PIPERT=path/to/pipert (./build/tools/pipert)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/metrics.sh
 a=${1:-nesterov} b=${2:-nesterov-dc} rounds=${3:-8}
 shift $(($# < 3 ? $# : 3))
 pipert=${PIPERT:-./build/tools/pipert}
@@ -16,10 +17,6 @@ trap 'rm -rf "$work"' EXIT
 common=(--train.steps=160 --train.log_every=20 --train.val_every=0 --train.val_batches=1
         --train.warmup_steps=10 "$@")
 
-steady_tokens_per_s() {
-  grep '"tokens_per_s"' "$1" | tail -n +2 | sed 's/.*"tokens_per_s":\([0-9.e+]*\).*/\1/' |
-    sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
-}
 run() {
   rm -rf "$work/$1"
   "$pipert" launch --quiet --stages 2 --replicas 1 --out "$work/$1" --pipeline.schedule=async-1f1b \
@@ -30,8 +27,7 @@ for ((i = 1; i <= rounds; i++)); do
   if ((i % 2)); then ta=$(run "$a"); tb=$(run "$b"); else tb=$(run "$b"); ta=$(run "$a"); fi
   echo "round $i: $a $ta tokens/s | $b $tb tokens/s | ratio $(awk -v x="$ta" -v y="$tb" 'BEGIN { printf "%.4f", y / x }')"
 done | tee "$work/rounds"
-median_ratio=$(awk '{ print $NF }' "$work/rounds" | sort -g |
-  awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }')
+median_ratio=$(awk '{ print $NF }' "$work/rounds" | median_of_lines)
 awk -v a="$a" -v b="$b" -v m="$median_ratio" '{ sa += $4; sb += $8 }
   END { printf "%d rounds: mean %s %.0f tokens/s, %s %.0f tokens/s, ratio of means %.3f, median ratio %.3f\n",
                NR, a, sa / NR, b, sb / NR, sb / sa, m }' "$work/rounds"

@@ -6,6 +6,7 @@
 # Usage: scripts/bench-pipeline-throughput.sh [RUNS] [pipert options...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/metrics.sh
 runs=${1:-3}
 shift || true
 pipert=${PIPERT:-./build/tools/pipert}  # PIPERT=path/to/pipert for another build
@@ -13,12 +14,6 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 common=(--train.steps=120 --train.log_every=20 --train.val_every=0 --train.val_batches=1
         --train.warmup_steps=10 "$@")
-
-# Median of the logged tokens/s windows, the first (warm-up) window left out.
-steady_tokens_per_s() {
-  grep '"tokens_per_s"' "$1" | tail -n +2 | sed 's/.*"tokens_per_s":\([0-9.e+]*\).*/\1/' |
-    sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
-}
 
 single=() pipeline=()
 for ((i = 0; i < runs; i++)); do
@@ -31,6 +26,6 @@ for ((i = 0; i < runs; i++)); do
   echo "run $((i + 1)): one worker on one core $a tokens/s | 2-stage async pipeline on 2 cores $b tokens/s"
   single+=("$a") pipeline+=("$b")
 done
-median() { printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+median() { printf '%s\n' "$@" | median_of_lines; }
 ms=$(median "${single[@]}") mp=$(median "${pipeline[@]}")
 awk -v s="$ms" -v p="$mp" -v n="$runs" 'BEGIN { printf "median of %d runs: one worker %.0f tokens/s, 2-stage pipeline %.0f tokens/s, ratio %.2f\n", n, s, p, p / s }'
