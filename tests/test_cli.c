@@ -102,6 +102,34 @@ Test(cli, resume_continues_with_the_same_losses)
     remove_dir(dir);
 }
 
+/* The losses of a 4-step run with `extra` settings, into losses[1..4]. */
+static void losses_with(const char *extra, double *losses)
+{
+    char *dir = make_temp_dir(), path[512];
+    run_result r = run_pipert("train --quiet --out %s " SMALL_MODEL
+                              " --train.steps=4 --train.log_every=1 %s", dir, extra);
+    cr_assert_eq(r.status, 0, "train %s failed: %s", extra, r.err);
+    snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
+    cr_assert_eq(read_losses(path, losses, 8), 4);
+    remove_dir(dir);
+}
+
+/* train.momentum_decay is NAdamW's ψ: it changes a NAdamW run from the second step on
+ * (μ_1 depends on it too, but the first step's loss is the initial model's) and leaves an
+ * AdamW run bit for bit as it was. */
+Test(cli, momentum_decay_reaches_nadamw_only)
+{
+    double slow[8] = {0}, fast[8] = {0}, adam[8] = {0}, adam_fast[8] = {0};
+    losses_with("--train.optimizer=nadamw --train.beta1=0.99", slow);
+    losses_with("--train.optimizer=nadamw --train.beta1=0.99 --train.momentum_decay=100", fast);
+    losses_with("--train.optimizer=adamw", adam);
+    losses_with("--train.optimizer=adamw --train.momentum_decay=100", adam_fast);
+    cr_expect_eq(slow[1], fast[1], "the first step's loss is the initial model's");
+    cr_expect_neq(slow[4], fast[4], "ψ did not change NAdamW's steps (%.9g both)", slow[4]);
+    for (int step = 1; step <= 4; step++)
+        cr_expect_eq(adam[step], adam_fast[step], "AdamW changed with ψ at step %d", step);
+}
+
 /* ---- pipert check -------------------------------------------------------- */
 
 /* A trained-for-one-step model in dir/model.safetensors and tokens in

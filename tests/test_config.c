@@ -362,6 +362,8 @@ Test(config, out_of_range)
     expect_file_error("{\"model\": {\"n_layer\": 0}}", "1:12: model.n_layer: must be >= 1, got 0");
     expect_file_error("{\"train\": {\"lr\": 0}}", "1:12: train.lr: must be > 0, got 0");
     expect_file_error("{\"train\": {\"beta1\": 1.0}}", "1:12: train.beta1: must be in [0, 1), got 1.0");
+    expect_file_error("{\"train\": {\"momentum_decay\": 0}}",
+                      "1:12: train.momentum_decay: must be > 0, got 0");
     expect_file_error("{\"train\": {\"min_lr_ratio\": -0.5}}",
                       "1:12: train.min_lr_ratio: must be in [0, 1], got -0.5");
     expect_file_error("{\"train\": {\"optimizer\": \"sgd\"}}",
