@@ -14,8 +14,8 @@
  *   none      forward and backward on the newest θ (an ablation)
  *   stash     the forward of microbatch m records the weights it used (one of
  *             τ_s+1 versions kept per stage); its backward uses them again
- *   nesterov  stash, with NAdamW and β1 = 0.99 (the default)
- *   nesterov-dc  nesterov on dc-asgd's compensated gradient, λ = 200
+ *   nesterov  stash, with NAdamW and β1 = 0.99
+ *   nesterov-dc  nesterov on dc-asgd's compensated gradient, λ = 100 (the default)
  *   predict   forward and backward at ŵ = θ − τ·γ·u (u: Adam's direction, τ
  *             the measured staleness), stashed for the backward
  *   predict-damped  predict, its extrapolation damped by min(1, t/K) in

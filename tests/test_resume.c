@@ -162,13 +162,13 @@ static void check_three_stages(const char *setting)
     check_asynchronous(args, what);
 }
 
-/* The default look-ahead (nesterov): stage 0 has one microbatch in flight at
+/* The default look-ahead (nesterov-dc): stage 0 has one microbatch in flight at
  * its cut, whose stash and forward must come back. */
 Test(resume, asynchronous_pipeline_resumes_with_the_same_losses)
 {
     check_asynchronous("--stages 2 --replicas 1 --train.batch_size=2 "
                        "--pipeline.schedule=async-1f1b",
-                       "async-1f1b, 2 stages, nesterov");
+                       "async-1f1b, 2 stages, nesterov-dc");
 }
 
 /* Three stages: two microbatches in flight at stage 0, a middle stage that

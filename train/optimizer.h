@@ -12,7 +12,8 @@
 
 #include "kernels/kernels.h"
 
-/* PyTorch NAdam's momentum_decay. */
+/* PyTorch NAdam's momentum_decay; also train.momentum_decay's default (runtime/config.c,
+ * which sits below train/ and so repeats the number). */
 #define PT_NADAM_PSI 0.004
 
 typedef enum pt_optimizer_kind { PT_OPTIMIZER_ADAMW, PT_OPTIMIZER_NADAMW } pt_optimizer_kind;
@@ -20,7 +21,7 @@ typedef enum pt_optimizer_kind { PT_OPTIMIZER_ADAMW, PT_OPTIMIZER_NADAMW } pt_op
 typedef struct pt_optimizer_settings {
     pt_optimizer_kind kind;
     double beta1, beta2, eps, weight_decay;
-    double psi; /* NAdamW momentum decay, PT_NADAM_PSI */
+    double psi; /* NAdamW momentum decay (train.momentum_decay; PyTorch's PT_NADAM_PSI) */
 } pt_optimizer_settings;
 
 /* A tensor inside the flat parameter buffer; decay: weight decay applies
