@@ -34,6 +34,17 @@ typedef struct pt_adam_coeffs {
     float c_grad, c_mom;
 } pt_adam_coeffs;
 
+/* The secant delay compensation's constants for one call (secant_compensate). */
+typedef struct pt_secant_coeffs {
+    float beta;      /* weight of the past in the running means of Δg·Δw and Δw² */
+    float scale;     /* s: the compensation is s·κ⊙(now − used) */
+    float cap;       /* κ is at most cap·d: 1/γ(t), so one step moves no element by more than it */
+    float inv_bias2; /* 1/(1 − β2ᵗ) of the optimizer's v */
+    float eps;
+    int learn;       /* prev_* hold a previous pair: update the running means */
+    int apply;       /* enough pairs seen: compensate the gradient */
+} pt_secant_coeffs;
+
 typedef struct pt_kernels {
     const char *name; /* "cpu", "cuda" */
 
@@ -122,6 +133,19 @@ typedef struct pt_kernels {
      * OPTIONAL: NULL in a backend that lacks it; callers check. */
     void (*delay_compensate)(float *grad, const float *now, const float *used, const float *v,
                              size_t n, const pt_adam_coeffs *coeffs, float lambda);
+    /* Delay compensation with a secant estimate of the Hessian's diagonal
+     * (lookahead = nesterov-secant, docs/STALENESS.md). Per element, with
+     * Δw = used − prev_used and Δg = grad − prev_grad (the previous backward's
+     * stashed weights and raw gradient):
+     *   learn:  num ← β·num + (1−β)·Δg·Δw;  den ← β·den + (1−β)·Δw²
+     *   then:   prev_grad ← grad;  prev_used ← used
+     *   apply:  κ = min(max(num/den, 0), cap·d)  (den = 0: κ = 0),  d = √(v·inv_bias2) + eps
+     *           grad ← grad + scale·κ·(now − used)
+     * grad[n], now[n], used[n], prev_grad[n], prev_used[n], num[n], den[n], v[n].
+     * OPTIONAL: NULL in a backend that lacks it; callers check. */
+    void (*secant_compensate)(float *grad, const float *now, const float *used, float *prev_grad,
+                              float *prev_used, float *num, float *den, const float *v, size_t n,
+                              const pt_secant_coeffs *coeffs);
     double (*sum_squares)(const float *x, size_t n);
     double (*sum)(const float *x, size_t n);
     void (*scale)(float *x, float factor, size_t n);

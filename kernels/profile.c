@@ -8,7 +8,8 @@
 enum {
     K_ENCODER_FWD, K_ENCODER_BWD, K_LAYERNORM_FWD, K_LAYERNORM_BWD, K_MATMUL_FWD, K_MATMUL_BWD,
     K_ATTENTION_FWD, K_ATTENTION_BWD, K_GELU_FWD, K_GELU_BWD, K_RESIDUAL_FWD, K_XENT_FWD,
-    K_XENT_FWD_BWD, K_ADAM, K_ADAM_EXTRAPOLATE, K_DELAY_COMPENSATE, K_SUM_SQUARES, K_SUM, K_SCALE, K_ZERO, K_COPY,
+    K_XENT_FWD_BWD, K_ADAM, K_ADAM_EXTRAPOLATE, K_DELAY_COMPENSATE, K_SECANT_COMPENSATE,
+    K_SUM_SQUARES, K_SUM, K_SCALE, K_ZERO, K_COPY,
     K_COUNT
 };
 
@@ -17,7 +18,7 @@ static const char *const kernel_names[K_COUNT] = {
     "matmul_forward", "matmul_backward", "attention_forward", "attention_backward",
     "gelu_forward", "gelu_backward", "residual_forward", "crossentropy_forward",
     "crossentropy_forward_backward", "adam_update", "adam_extrapolate", "delay_compensate",
-    "sum_squares", "sum", "scale", "zero", "copy",
+    "secant_compensate", "sum_squares", "sum", "scale", "zero", "copy",
 };
 
 static const pt_kernels *inner;
@@ -114,6 +115,12 @@ static void p_delay_compensate(float *g, const float *now, const float *used, co
 {
     TIMED(K_DELAY_COMPENSATE, inner->delay_compensate(g, now, used, v, n, c, lambda));
 }
+static void p_secant_compensate(float *g, const float *now, const float *used, float *pg, float *pu,
+                                float *num, float *den, const float *v, size_t n,
+                                const pt_secant_coeffs *c)
+{
+    TIMED(K_SECANT_COMPENSATE, inner->secant_compensate(g, now, used, pg, pu, num, den, v, n, c));
+}
 static double p_sum_squares(const float *x, size_t n)
 {
     double r;
@@ -157,6 +164,7 @@ const pt_kernels *pt_kernels_profiled(const pt_kernels *wrapped)
     /* optional: a backend without it stays without it (callers test for NULL) */
     profiled.adam_extrapolate = wrapped->adam_extrapolate ? p_adam_extrapolate : NULL;
     profiled.delay_compensate = wrapped->delay_compensate ? p_delay_compensate : NULL;
+    profiled.secant_compensate = wrapped->secant_compensate ? p_secant_compensate : NULL;
     profiled.sum_squares = p_sum_squares;
     profiled.sum = p_sum;
     profiled.scale = p_scale;

@@ -35,6 +35,7 @@ static const char *const lookahead_names[] = {
     [PT_LOOKAHEAD_PIPEMARE] = "pipemare",
     [PT_LOOKAHEAD_DC_ASGD] = "dc-asgd",
     [PT_LOOKAHEAD_NESTEROV_DC] = "nesterov-dc",
+    [PT_LOOKAHEAD_NESTEROV_SECANT] = "nesterov-secant",
 };
 
 pipert_result pt_lookahead_parse(const char *name, pt_lookahead *out)
@@ -45,8 +46,8 @@ pipert_result pt_lookahead_parse(const char *name, pt_lookahead *out)
             return PIPERT_OK;
         }
     return pt_fail(PIPERT_ERR_CONFIG,
-                   "pipeline.lookahead: unknown \"%s\" (expected nesterov, stash, predict, "
-                   "predict-damped, pipemare, dc-asgd or none)",
+                   "pipeline.lookahead: unknown \"%s\" (expected nesterov-dc, nesterov-secant, "
+                   "nesterov, stash, predict, predict-damped, pipemare, dc-asgd or none)",
                    name);
 }
 
@@ -67,7 +68,8 @@ static pipert_result optimizer_settings(pt_stage_executor *ex, pt_optimizer_sett
     s->weight_decay = t->weight_decay;
     s->psi = t->momentum_decay;
     const bool nesterov = ex->lookahead == PT_LOOKAHEAD_NESTEROV ||
-                          ex->lookahead == PT_LOOKAHEAD_NESTEROV_DC;
+                          ex->lookahead == PT_LOOKAHEAD_NESTEROV_DC ||
+                          ex->lookahead == PT_LOOKAHEAD_NESTEROV_SECANT;
     if (is_async(ex) && nesterov) {
         /* The look-ahead is the optimizer: NAdam with a large β1 (AsyncMesh). */
         s->kind = PT_OPTIMIZER_NADAMW;

@@ -52,6 +52,7 @@ typedef enum pt_lookahead {
     PT_LOOKAHEAD_PIPEMARE,
     PT_LOOKAHEAD_DC_ASGD,
     PT_LOOKAHEAD_NESTEROV_DC, /* nesterov's optimizer with dc-asgd's compensation */
+    PT_LOOKAHEAD_NESTEROV_SECANT, /* nesterov's optimizer, compensated by a measured secant */
 } pt_lookahead;
 
 pipert_result pt_lookahead_parse(const char *name, pt_lookahead *out);

@@ -7,6 +7,7 @@
 #include "pipeline/utilisation.h"
 #include "runtime/data.h"
 #include "train/optimizer.h"
+#include "train/secant.h"
 #include "train/update_size.h"
 
 /* A validation finished while the schedule ran: the step of the weights it started on. */
@@ -76,6 +77,7 @@ struct pt_stage_executor {
     double staleness_estimate; /* running mean, for predict */
     int backward_slot;   /* the slot of the newest backward (dc-asgd: its stashed weights) */
     pt_update_size update_size; /* predict-damped: the measured size of the updates */
+    pt_secant secant;           /* nesterov-secant: the running secant and previous pair */
     double *region_scratch;     /* predict-damped: per tensor, n_tensors */
     double loss_sum;
     int loss_count;

@@ -242,6 +242,41 @@ static void restore_update_size(pt_stage_executor *ex, json_t *root)
     u->measured = (long)json_integer_value(measured);
 }
 
+/* nesterov-secant: its previous pair and running means, as tensors, and how many pairs it saw. */
+static const char *const secant_prefixes[] = {"pipeline.secant.prev_grad.",
+                                              "pipeline.secant.prev_used.",
+                                              "pipeline.secant.num.", "pipeline.secant.den."};
+
+static float **secant_buffer(pt_secant *s, int i)
+{
+    float **buffers[] = {&s->prev_grad, &s->prev_used, &s->num, &s->den};
+    return buffers[i];
+}
+
+static pipert_result save_secant(pt_stage_executor *ex, pt_checkpoint_writer *w, json_t *state)
+{
+    pt_secant *s = &ex->secant;
+    if (!s->kernels) return PIPERT_OK;
+    json_object_set_new(state, "secant_pairs", json_integer((json_int_t)s->pairs));
+    for (int i = 0; i < 4; i++)
+        PT_TRY(pt_checkpoint_writer_add_slice_buffer(w, *secant_buffer(s, i), secant_prefixes[i]));
+    return PIPERT_OK;
+}
+
+/* A file without them (another look-ahead wrote it) starts the secant again: its first
+ * PT_SECANT_WARMUP pairs after the resume are measured, not compensated. */
+static pipert_result restore_secant(pt_stage_executor *ex, const pt_safetensors *st, json_t *root)
+{
+    pt_secant *s = &ex->secant;
+    json_t *pairs = json_object_get(root, "secant_pairs");
+    if (!s->kernels || !json_is_integer(pairs)) return PIPERT_OK;
+    for (int i = 0; i < 4; i++)
+        PT_TRY(pt_checkpoint_read_slice_buffer(st, ex->model, secant_prefixes[i],
+                                               *secant_buffer(s, i)));
+    s->pairs = (long)json_integer_value(pairs);
+    return PIPERT_OK;
+}
+
 pipert_result pt_stage_executor_save_state(pt_stage_executor *ex, pt_checkpoint_writer *w)
 {
     json_t *state = json_pack("{s:s, s:I, s:I, s:I, s:i, s:f}", "schedule",
@@ -253,6 +288,7 @@ pipert_result pt_stage_executor_save_state(pt_stage_executor *ex, pt_checkpoint_
     if (!state) return pt_fail(PIPERT_ERR_NOMEM, "checkpoint: out of memory");
     save_update_size(ex, state);
     pipert_result rc = is_async(ex) ? save_in_flight(ex, w, state) : PIPERT_OK;
+    if (rc == PIPERT_OK && is_async(ex)) rc = save_secant(ex, w, state);
     char *text = rc == PIPERT_OK ? json_dumps(state, JSON_COMPACT) : NULL;
     if (rc == PIPERT_OK && !text) rc = pt_fail(PIPERT_ERR_NOMEM, "checkpoint: out of memory");
     if (rc == PIPERT_OK)
@@ -425,6 +461,9 @@ pipert_result pt_stage_executor_restore(pt_stage_executor *ex, const pt_safetens
         ex->cursor = cursor;
         ex->staleness_estimate = saved.staleness_estimate;
         restore_update_size(ex, saved.root);
+        rc = restore_secant(ex, st, saved.root);
+    }
+    if (rc == PIPERT_OK) {
         ex->newest_slot = cut.newest_forward >= 0
                               ? pt_executor_slot_of(ex, ex->base + cut.newest_forward) : -1;
         rc = replay(ex, list, count);

@@ -1,7 +1,8 @@
 /* What the look-aheads of the asynchronous schedule do beyond choosing the
  * weights to stash (ALGORITHMS.md §3, docs/STALENESS.md): the prediction of
  * predict and predict-damped, PipeMare's per-stage step size, DC-ASGD's delay
- * compensation, and the measured update size predict-damped is bounded by.
+ * compensation and nesterov-secant's, and the measured update size
+ * predict-damped is bounded by.
  * The rules themselves are train/staleness.h; the element-wise work is the
  * optimizer's (train/optimizer.h). */
 #include "pipeline/executor_internal.h"
@@ -48,6 +49,9 @@ pipert_result pt_lookahead_setup(pt_stage_executor *ex)
         return pt_fail(PIPERT_ERR_UNSUPPORTED,
                        "pipeline.lookahead=%s: the %s backend has no delay_compensate kernel",
                        ex->config.pipeline.lookahead, k->name);
+    if (ex->lookahead == PT_LOOKAHEAD_NESTEROV_SECANT && pt_executor_stashes_weights(ex))
+        return pt_secant_init(&ex->secant, k, ex->model->n_params,
+                              ex->config.pipeline.lookahead_warmup);
     if (ex->lookahead != PT_LOOKAHEAD_PREDICT_DAMPED) return PIPERT_OK;
     ex->region_scratch = calloc((size_t)ex->model->n_tensors, sizeof *ex->region_scratch);
     if (!ex->region_scratch) return pt_fail(PIPERT_ERR_NOMEM, "predict-damped: out of memory");
@@ -57,6 +61,7 @@ pipert_result pt_lookahead_setup(pt_stage_executor *ex)
 void pt_lookahead_free(pt_stage_executor *ex)
 {
     pt_update_size_free(&ex->update_size);
+    pt_secant_free(&ex->secant);
     free(ex->region_scratch);
     ex->region_scratch = NULL;
 }
@@ -96,9 +101,25 @@ double pt_lookahead_lr_factor(const pt_stage_executor *ex, long step)
     return pt_pipemare_lr_factor(ex->staleness_estimate, step, lookahead_warmup(ex));
 }
 
+/* nesterov-secant: s = pipeline.dc_lambda, or the look-ahead's own. The step
+ * size is the schedule's for the step the gradient goes into. */
+static pipert_result secant_compensate(pt_stage_executor *ex)
+{
+    const pt_train_settings *t = &ex->config.train;
+    const long step = ex->version + 1;
+    const double own = ex->config.pipeline.dc_lambda;
+    const double lr = pt_lr_at(step, t->steps, t->lr, t->warmup_steps, t->min_lr_ratio);
+    pt_gpt_slice *m = ex->model;
+    return pt_secant_compensate(&ex->secant, &ex->optimizer, m->grads, m->params,
+                                ex->slot_weights[ex->backward_slot], ex->regions, m->n_tensors,
+                                lr, own > 0 ? own : PT_SECANT_SCALE);
+}
+
 pipert_result pt_lookahead_adjust_gradient(pt_stage_executor *ex)
 {
-    if (!is_async(ex) || !compensates(ex) || !pt_executor_stashes_weights(ex)) return PIPERT_OK;
+    if (!is_async(ex) || !pt_executor_stashes_weights(ex)) return PIPERT_OK;
+    if (ex->secant.kernels) return secant_compensate(ex);
+    if (!compensates(ex)) return PIPERT_OK;
     pt_gpt_slice *m = ex->model;
     return pt_optimizer_delay_compensate(&ex->optimizer, m->grads, m->params,
                                          ex->slot_weights[ex->backward_slot], ex->regions,

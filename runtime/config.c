@@ -142,9 +142,11 @@ static const config_key schema[] = {
     STRING_KEY(pipeline.schedule, "async-1f1b", "async-1f1b|1f1b|gpipe",
                "pipeline schedule: asynchronous 1F1B (no flush), 1F1B with flush, or GPipe"),
     STRING_KEY(pipeline.lookahead, "nesterov-dc",
-               "nesterov-dc|nesterov|stash|predict|predict-damped|pipemare|dc-asgd|none",
+               "nesterov-dc|nesterov-secant|nesterov|stash|predict|predict-damped|pipemare|dc-asgd|"
+               "none",
                "weight handling of async-1f1b: stash + NAdamW(β1=0.99) on the gradient with "
-               "DC-ASGD's delay compensation (λ=100), the same without it, stash, weight "
+               "DC-ASGD's delay compensation (λ=100), the same with a measured secant as the "
+               "compensation's curvature, the same without compensation, stash, weight "
                "prediction, weight prediction damped in warm-up "
                "and bounded by the measured update size, stash + PipeMare's per-stage step sizes, "
                "stash + DC-ASGD delay compensation, or none"),
@@ -153,7 +155,8 @@ static const config_key schema[] = {
                "per-stage step size (tau^-(1-t/K)) rises to 1; 0 = train.warmup_steps"),
     NUMBER_KEY(pipeline.dc_lambda, 0.0, AT_LEAST(0),
                "dc-asgd, nesterov-dc: lambda of the delay compensation g + "
-               "lambda*g*g*(w_now - w_used)/sqrt(v); 0 = the look-ahead's own (2, 100)"),
+               "lambda*g*g*(w_now - w_used)/sqrt(v); nesterov-secant: the scale s of "
+               "g + s*kappa*(w_now - w_used); 0 = the look-ahead's own (2, 100, 2)"),
     NUMBER_KEY(pipeline.sync_steps, 0, AT_LEAST(0),
                "async-1f1b: the first N steps pass one microbatch at a time through every stage "
                "(no staleness, a stage busy 1/S of the time), then the pipeline fills"),

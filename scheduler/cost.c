@@ -19,12 +19,15 @@ static bool stashes(const pipert_config *config)
 
 /* Extra weight copies stage s keeps (cost.h, "versions"): a stash slot per microbatch in
  * flight, S−s of them, where more than one is (the last stage keeps none); predict-damped
- * one more, the weights before a step to measure its size. */
+ * one more, the weights before a step to measure its size; nesterov-secant four more on a
+ * stage that stashes (train/secant.h: the previous gradient and stash, two running means). */
 static int weight_versions(const pipert_config *config, int stages, int stage)
 {
     if (!stashes(config)) return 0;
     const int slots = stages - stage > 1 ? stages - stage : 0;
-    return slots + !strcmp(config->pipeline.lookahead, "predict-damped");
+    const char *lookahead = config->pipeline.lookahead;
+    return slots + !strcmp(lookahead, "predict-damped") +
+           (slots && !strcmp(lookahead, "nesterov-secant") ? 4 : 0);
 }
 
 /* The method's own copies of the parameters (cost.h, "coupling"). */

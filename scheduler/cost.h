@@ -19,8 +19,10 @@
  * Memory per device, in bytes:
  *   weights      16·P  (parameters, gradients, Adam m and v; P floats)
  *   versions     4·P per extra weight copy the schedule keeps: asynchronous
- *                1F1B with stash or nesterov keeps S−1−s (stage s), predict
- *                one, none and the flush schedules none
+ *                1F1B with any look-ahead but none keeps a stash slot per
+ *                microbatch in flight, S−s (stage s; none on the last stage),
+ *                predict-damped one more, nesterov-secant four more; none and
+ *                the flush schedules none
  *   coupling     4·P·k: the method's own copies (sparse: its EMA and the
  *                agreed values, k = 2; diloco, streaming-diloco and co2: the
  *                outer parameters and momentum, k = 2; allreduce, none: 0)

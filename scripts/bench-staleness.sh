@@ -8,7 +8,8 @@
 #   1f1b-flush         S stages, K steps of M microbatches, AdamW (0.9, 0.95), decay 0.1
 #   async-none, async-stash, async-predict   AdamW as delay-free-adamw, S stages, K*M steps
 #   async-nesterov     stash + NAdamW beta1 = 0.99 (ALGORITHMS.md §3), as delay-free-nadamw
-#   async-nesterov-dc  the same with DC-ASGD's delay compensation, lambda = 200
+#   async-nesterov-dc  the same with DC-ASGD's delay compensation (lambda = 100, the default)
+#   async-nesterov-secant  the same with a measured secant as the compensation's curvature
 #   async-predict-nadamw  weight prediction with NAdamW beta1 = 0.99: Nesterov momentum and an
 #                      explicit prediction of the S-1-s steps ahead together
 #   async-predict-damped  prediction damped by min(1, t/K) in warm-up and bounded per tensor by
@@ -94,7 +95,7 @@ run_args() {
     1f1b-flush) echo --stages "$S" --pipeline.schedule=1f1b --pipeline.microbatches="$microbatches" \
       --train.steps="$steps" --train.warmup_steps="$warmup" --train.log_every=5 \
       --train.optimizer=adamw --train.beta1=0.9 --train.beta2=0.95 --train.weight_decay=0.1 ;;
-    async-nesterov | async-nesterov-dc) echo --stages "$S" --pipeline.schedule=async-1f1b \
+    async-nesterov | async-nesterov-dc | async-nesterov-secant) echo --stages "$S" --pipeline.schedule=async-1f1b \
       --pipeline.lookahead="${name#async-}" "${long[@]}" "${nadamw[@]}" ;;
     async-*-nadamw) local lookahead=${name#async-}
       echo --stages "$S" --pipeline.schedule=async-1f1b --pipeline.lookahead="${lookahead%-nadamw}" \
@@ -108,7 +109,7 @@ run_args() {
 # Which delay-free run a run is measured against.
 reference_of() {
   case ${1%-sync*} in
-    async-nesterov | async-nesterov-dc | *-nadamw) echo delay-free-nadamw ;;
+    async-nesterov | async-nesterov-dc | async-nesterov-secant | *-nadamw) echo delay-free-nadamw ;;
     *) echo delay-free-adamw ;;
   esac
 }
@@ -152,7 +153,7 @@ def train(name):  # loss by tokens, so runs of different step sizes line up
     return {l["tokens"]: l["loss"] for l in lines(name) if "loss" in l and "tokens" in l}
 def ref(name):
     name = re.sub(r"-sync[0-9]+$", "", re.sub(r"\+.*", "", name))
-    return "delay-free-nadamw" if name in ("async-nesterov", "async-nesterov-dc") or name.endswith("-nadamw") \
+    return "delay-free-nadamw" if name in ("async-nesterov", "async-nesterov-dc", "async-nesterov-secant") or name.endswith("-nadamw") \
         else "delay-free-adamw"
 print(f"\n{S} stages, corpus {corpus}")
 print(f"{'run':<28} {'val_loss':>9} {'vs delay-free':>14} {'vs 1f1b':>8} {'max loss ratio':>15} {'wall s':>7}")

@@ -50,15 +50,17 @@ Test(cost, one_stage_does_the_models_flops)
 /* Stages split the model's FLOPs between them, and a stage's memory is its
  * parameters' 16 bytes plus 4 per extra weight copy: a stash slot per
  * microbatch in flight, S−s but none on the last stage, for the asynchronous
- * default look-ahead, none for 1F1B with flush. */
+ * default look-ahead (four more where nesterov-secant stashes), none for 1F1B
+ * with flush. */
 Test(cost, stages_share_the_flops_and_keep_their_weight_copies)
 {
-    const char *schedules[] = {"async-1f1b", "1f1b"};
-    for (int k = 0; k < 2; k++) {
+    const char *schedules[] = {"async-1f1b", "1f1b", "async-1f1b"};
+    const char *lookaheads[] = {"nesterov-dc", "nesterov-dc", "nesterov-secant"};
+    for (int k = 0; k < 3; k++) {
         char json[256];
         snprintf(json, sizeof json,
                  "{\"model\": {\"n_layer\": 8, \"tie_weights\": false}, \"pipeline\": "
-                 "{\"schedule\": \"%s\"}}", schedules[k]);
+                 "{\"schedule\": \"%s\", \"lookahead\": \"%s\"}}", schedules[k], lookaheads[k]);
         pipert_config c = config_with(json);
         const pt_gpt_config model = model_of(&c);
         pt_stage_plan one, four;
@@ -71,9 +73,10 @@ Test(cost, stages_share_the_flops_and_keep_their_weight_copies)
             cr_assert_eq(pt_cost_stage(&c, &four, s, &device, &part), PIPERT_OK);
             flops += part.flops;
             params += part.params;
-            const int copies = k == 0 && s < 3 ? 4 - s : 0;
+            const int copies = k != 1 && s < 3 ? 4 - s + (k == 2 ? 4 : 0) : 0;
             cr_expect_float_eq(part.bytes_fixed, 4 * part.params * (4 + copies), 1e-6,
-                               "%s stage %d: %g bytes", schedules[k], s, part.bytes_fixed);
+                               "%s, %s, stage %d: %g bytes", schedules[k], lookaheads[k], s,
+                               part.bytes_fixed);
             size_t p, a, g;
             pt_gpt_slice_sizes(&model, part.first, part.last, c.train.batch_size,
                                c.model.block_size, &p, &a, &g);

@@ -185,7 +185,7 @@ Test(cuda, table_is_complete)
         (void (*)(void))k->gelu_backward, (void (*)(void))k->residual_forward,
         (void (*)(void))k->crossentropy_forward, (void (*)(void))k->crossentropy_forward_backward,
         (void (*)(void))k->adam_update, (void (*)(void))k->delay_compensate,
-        (void (*)(void))k->sum_squares, (void (*)(void))k->sum, (void (*)(void))k->scale,
+        (void (*)(void))k->secant_compensate, (void (*)(void))k->sum_squares, (void (*)(void))k->sum, (void (*)(void))k->scale,
     };
     for (size_t i = 0; i < sizeof entries / sizeof entries[0]; i++)
         cr_expect(entries[i] != NULL, "entry %zu of the cuda table is NULL", i);
@@ -513,6 +513,34 @@ Test(cuda, delay_compensate_matches_cpu)
     cpu()->delay_compensate(grad, now, used, v, n, &c, 2.0f);
     gpu->delay_compensate(d_grad, d_now, d_used, d_v, n, &c, 2.0f);
     expect_device_close(gpu, "delay-compensated gradient", d_grad, grad, n, FP32_TOL);
+    expect_no_cuda_error();
+}
+
+/* lookahead = nesterov-secant's kernel (kernels.h): the running means, the previous pair and
+ * the compensated gradient, with clamps on both sides hit (κ < 0, κ > cap·d, den = 0). */
+Test(cuda, secant_compensate_matches_cpu)
+{
+    const pt_kernels *gpu = cuda_or_skip();
+    const size_t n = 100003;
+    float *grad = random_floats(n, -1, 1), *now = random_floats(n, -1, 1);
+    float *used = random_floats(n, -1, 1), *v = random_floats(n, 0, 0.01);
+    float *prev_grad = random_floats(n, -1, 1), *prev_used = random_floats(n, -1, 1);
+    float *num = random_floats(n, -0.5, 1), *den = random_floats(n, 0, 0.1);
+    for (size_t i = 0; i < n; i += 7) den[i] = 0.0f;
+    float *d_grad = upload(gpu, grad, n * 4), *d_now = upload(gpu, now, n * 4),
+          *d_used = upload(gpu, used, n * 4), *d_v = upload(gpu, v, n * 4),
+          *d_prev_grad = upload(gpu, prev_grad, n * 4), *d_prev_used = upload(gpu, prev_used, n * 4),
+          *d_num = upload(gpu, num, n * 4), *d_den = upload(gpu, den, n * 4);
+    const pt_secant_coeffs c = {.beta = 0.9f, .scale = 2.0f, .cap = 30.0f, .inv_bias2 = 5.0f,
+                                .eps = 1e-3f, .learn = 1, .apply = 1};
+    cpu()->secant_compensate(grad, now, used, prev_grad, prev_used, num, den, v, n, &c);
+    gpu->secant_compensate(d_grad, d_now, d_used, d_prev_grad, d_prev_used, d_num, d_den, d_v, n,
+                           &c);
+    expect_device_close(gpu, "secant numerator", d_num, num, n, FP32_TOL);
+    expect_device_close(gpu, "secant denominator", d_den, den, n, FP32_TOL);
+    expect_device_close(gpu, "previous gradient", d_prev_grad, prev_grad, n, 0);
+    expect_device_close(gpu, "previous stash", d_prev_used, prev_used, n, 0);
+    expect_device_close(gpu, "secant-compensated gradient", d_grad, grad, n, FP32_TOL);
     expect_no_cuda_error();
 }
 

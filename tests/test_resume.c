@@ -154,7 +154,7 @@ static void check_asynchronous(const char *args, const char *what)
 /* check_asynchronous on 3 stages, batch 2, with one more setting. */
 static void check_three_stages(const char *setting)
 {
-    char args[256], what[128];
+    char args[256], what[256];
     snprintf(args, sizeof args,
              "--stages 3 --replicas 1 --train.batch_size=2 --pipeline.schedule=async-1f1b %s",
              setting);
@@ -189,12 +189,14 @@ Test(resume, asynchronous_pipeline_resumes_exactly_with_three_stages_or_two_repl
 /* The damped prediction keeps state of its own (the measured update size per tensor) that
  * the checkpoint must carry for the losses to continue exactly; DC-ASGD compensates with the
  * restored stashes (so does nesterov-dc, on NAdam's moments); PipeMare's step size depends on
- * the step only. */
+ * the step only; nesterov-secant's running secant and previous pair are state (it compensates
+ * from its third pair on here, so before and after the cut at step 8). */
 Test(resume, staleness_aware_lookaheads_resume_with_the_same_losses)
 {
-    const char *lookaheads[] = {"predict-damped", "dc-asgd", "pipemare", "nesterov-dc"};
-    for (int k = 0; k < 4; k++) {
-        char setting[64];
+    const char *lookaheads[] = {"predict-damped", "dc-asgd", "pipemare", "nesterov-dc",
+                                "nesterov-secant --pipeline.lookahead_warmup=2"};
+    for (int k = 0; k < 5; k++) {
+        char setting[128];
         snprintf(setting, sizeof setting, "--pipeline.lookahead=%s --train.warmup_steps=4",
                  lookaheads[k]);
         check_three_stages(setting);

@@ -1,13 +1,15 @@
 /* The update rules of the staleness-aware look-aheads (train/staleness.h,
  * docs/STALENESS.md) against values computed by hand: PipeMare's per-stage
  * step size, the damped prediction's number of steps, the measured update
- * size, the per-tensor prediction, and DC-ASGD's delay compensation. */
+ * size, the per-tensor prediction, DC-ASGD's delay compensation and the
+ * secant compensation of nesterov-secant. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <string.h>
 
 #include "kernels/kernels.h"
 #include "train/optimizer.h"
+#include "train/secant.h"
 #include "train/staleness.h"
 #include "train/update_size.h"
 
@@ -145,5 +147,57 @@ Test(delay_compensation, first_order_correction_by_hand)
     cr_expect_float_eq(grads[3], 1.0, 1e-5);
     cr_expect_eq(pt_optimizer_delay_compensate(&opt, grads, now, used, two_regions, 2, -1.0),
                  PIPERT_ERR_INVALID_ARG);
+    pt_optimizer_free(&opt);
+}
+
+/* ---- nesterov-secant: g + s·clamp(mean(Δg·Δw)/mean(Δw²), 0, d/γ)·(now − used) ------ */
+
+/* Backward j of a quadratic per element: stash w_j = j·δ, gradient g_j = h·w_j + c, so every
+ * secant Δg/Δw is h and so is the ratio of their running means, whatever their weights. */
+static void quadratic_pair(int j, float *grads, float *used)
+{
+    const float delta[4] = {0.5f, 0.25f, 0.125f, 0.0f}, h[4] = {3, -2, 100, 7}, c[4] = {1, 2, -1, 4};
+    for (int i = 0; i < 4; i++) {
+        used[i] = (float)j * delta[i];
+        grads[i] = h[i] * used[i] + c[i];
+    }
+}
+
+Test(secant_compensation, measured_curvature_clamped_by_hand)
+{
+    /* β2 = 0.5; one step with g = (2, −1 | 4, 0.5) leaves √v̂ = |g| = (2, 1, 4, 0.5). */
+    const pt_optimizer_settings s = {.kind = PT_OPTIMIZER_ADAMW, .beta1 = 0.9, .beta2 = 0.5,
+                                     .eps = 1e-12, .weight_decay = 0.0, .psi = PT_NADAM_PSI};
+    pt_optimizer opt;
+    cr_assert_eq(pt_optimizer_init(&opt, &s, pt_kernels_cpu(), 4), PIPERT_OK);
+    float theta[4] = {0, 0, 0, 0}, first[4] = {2, -1, 4, 0.5f};
+    pt_optimizer_step(&opt, theta, first, two_regions, 2, 0.1);
+    pt_secant sec;
+    cr_assert_eq(pt_secant_init(&sec, pt_kernels_cpu(), 4, 0), PIPERT_OK);
+    const float drift[4] = {0.1f, 0.1f, 0.01f, 0.5f};
+    float grads[4], used[4], now[4], plain[4];
+    for (int j = 1; j <= PT_SECANT_WARMUP + 2; j++) {
+        quadratic_pair(j, grads, used);
+        memcpy(plain, grads, sizeof plain);
+        for (int i = 0; i < 4; i++) now[i] = used[i] + drift[i];
+        cr_assert_eq(pt_secant_compensate(&sec, &opt, grads, now, used, two_regions, 2, 0.1, 2.0),
+                     PIPERT_OK);
+        if (j <= PT_SECANT_WARMUP + 1) /* measured, not yet compensated */
+            for (int i = 0; i < 4; i++) cr_expect_eq(grads[i], plain[i], "pair %d, [%d]", j, i);
+    }
+    /* cap = d/γ = (20, 10, 40, 5), s = 2:
+     *   h = 3:    κ = 3,            g + 2·3·0.1    = g + 0.6
+     *   h = −2:   κ = 0 (a negative curvature is not used)
+     *   h = 100:  κ = 40 (capped),  g + 2·40·0.01  = g + 0.8
+     *   Δw = 0:   no secant,        g */
+    cr_expect_float_eq(grads[0], plain[0] + 0.6f, 1e-4);
+    cr_expect_eq(grads[1], plain[1]);
+    cr_expect_float_eq(grads[2], plain[2] + 0.8f, 1e-4);
+    cr_expect_eq(grads[3], plain[3]);
+    cr_expect_eq(pt_secant_compensate(&sec, &opt, grads, now, used, two_regions, 2, 0.1, 0.0),
+                 PIPERT_ERR_INVALID_ARG);
+    cr_expect_eq(pt_secant_compensate(&sec, &opt, grads, now, used, two_regions, 2, 0.0, 2.0),
+                 PIPERT_ERR_INVALID_ARG);
+    pt_secant_free(&sec);
     pt_optimizer_free(&opt);
 }

@@ -12,6 +12,9 @@
  *
  * And the delay compensation of lookahead = dc-asgd, v only read:
  *   g ← g + λ·g·g·(now − used)/d
+ *
+ * And nesterov-secant's, whose curvature is a running secant per element:
+ *   κ = clamp(mean(Δg·Δw)/mean(Δw²), 0, cap·d);  g ← g + s·κ·(now − used)
  */
 #include <math.h>
 
@@ -64,5 +67,29 @@ void pt_cpu_delay_compensate(float *grad, const float *now, const float *used, c
         float g = grad[i];
         float d = sqrtf(v[i] * inv_bias2) + eps;
         grad[i] = g + lambda * g * g * (now[i] - used[i]) / d;
+    }
+}
+
+void pt_cpu_secant_compensate(float *grad, const float *now, const float *used, float *prev_grad,
+                              float *prev_used, float *num, float *den, const float *v, size_t n,
+                              const pt_secant_coeffs *coeffs)
+{
+    /* grad[n], now[n], used[n], prev_grad[n], prev_used[n], num[n], den[n], v[n] */
+    const pt_secant_coeffs c = *coeffs;
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        float g = grad[i], w = used[i];
+        if (c.learn) {
+            float dw = w - prev_used[i], dg = g - prev_grad[i];
+            num[i] = c.beta * num[i] + (1.0f - c.beta) * dg * dw;
+            den[i] = c.beta * den[i] + (1.0f - c.beta) * dw * dw;
+        }
+        prev_grad[i] = g;
+        prev_used[i] = w;
+        if (c.apply && den[i] > 0.0f) {
+            float cap = c.cap * (sqrtf(v[i] * c.inv_bias2) + c.eps);
+            float kappa = fminf(fmaxf(num[i] / den[i], 0.0f), cap);
+            grad[i] = g + c.scale * kappa * (now[i] - w);
+        }
     }
 }

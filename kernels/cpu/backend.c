@@ -50,6 +50,7 @@ static const pt_kernels cpu_kernels = {
     .adam_update = pt_cpu_adam_update,
     .adam_extrapolate = pt_cpu_adam_extrapolate,
     .delay_compensate = pt_cpu_delay_compensate,
+    .secant_compensate = pt_cpu_secant_compensate,
     .sum_squares = pt_cpu_sum_squares,
     .sum = pt_cpu_sum,
     .scale = pt_cpu_scale,

@@ -97,5 +97,8 @@ void pt_cpu_adam_extrapolate(float *out, const float *param, const float *m, con
                              size_t n, const pt_adam_coeffs *coeffs, float steps);
 void pt_cpu_delay_compensate(float *grad, const float *now, const float *used, const float *v,
                              size_t n, const pt_adam_coeffs *coeffs, float lambda);
+void pt_cpu_secant_compensate(float *grad, const float *now, const float *used, float *prev_grad,
+                              float *prev_used, float *num, float *den, const float *v, size_t n,
+                              const pt_secant_coeffs *coeffs);
 
 #endif

@@ -9,6 +9,7 @@
  *
  * And the delay compensation of lookahead = dc-asgd (kernels.h), v only read:
  *   g ← g + λ·g·g·(now − used)/d
+ * and nesterov-secant's, with a running secant κ per element (kernels.h).
  */
 #include "kernels/cuda/common.cuh"
 
@@ -53,4 +54,35 @@ void pt_cuda_delay_compensate(float *grad, const float *now, const float *used, 
 {
     PT_LAUNCH_ELEMENTWISE(delay_compensate_kernel, n, grad, now, used, v, n, 1.0f / coeffs->bias2,
                           coeffs->eps, lambda);
+}
+
+__global__ void secant_compensate_kernel(float *grad, const float *now, const float *used,
+                                         float *prev_grad, float *prev_used, float *num,
+                                         float *den, const float *v, size_t n, pt_secant_coeffs c)
+{
+    /* grad[n], now[n], used[n], prev_grad[n], prev_used[n], num[n], den[n], v[n] */
+    PT_GRID_STRIDE_LOOP(i, n)
+    {
+        float g = grad[i], w = used[i];
+        if (c.learn) {
+            float dw = w - prev_used[i], dg = g - prev_grad[i];
+            num[i] = c.beta * num[i] + (1.0f - c.beta) * dg * dw;
+            den[i] = c.beta * den[i] + (1.0f - c.beta) * dw * dw;
+        }
+        prev_grad[i] = g;
+        prev_used[i] = w;
+        if (c.apply && den[i] > 0.0f) {
+            float cap = c.cap * (sqrtf(v[i] * c.inv_bias2) + c.eps);
+            float kappa = fminf(fmaxf(num[i] / den[i], 0.0f), cap);
+            grad[i] = g + c.scale * kappa * (now[i] - w);
+        }
+    }
+}
+
+void pt_cuda_secant_compensate(float *grad, const float *now, const float *used, float *prev_grad,
+                               float *prev_used, float *num, float *den, const float *v, size_t n,
+                               const pt_secant_coeffs *coeffs)
+{
+    PT_LAUNCH_ELEMENTWISE(secant_compensate_kernel, n, grad, now, used, prev_grad, prev_used, num,
+                          den, v, n, *coeffs);
 }

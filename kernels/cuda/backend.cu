@@ -216,6 +216,7 @@ static const pt_kernels cuda_kernels = {
     .adam_update = pt_cuda_adam_update,
     .adam_extrapolate = NULL, /* weight prediction: not yet on CUDA (pipeline.lookahead=predict refuses) */
     .delay_compensate = pt_cuda_delay_compensate,
+    .secant_compensate = pt_cuda_secant_compensate,
     .sum_squares = pt_cuda_sum_squares,
     .sum = pt_cuda_sum,
     .scale = pt_cuda_scale,

@@ -179,5 +179,8 @@ void pt_cuda_adam_update(float *param, const float *grad, float *m, float *v, si
                          const pt_adam_coeffs *coeffs);
 void pt_cuda_delay_compensate(float *grad, const float *now, const float *used, const float *v,
                               size_t n, const pt_adam_coeffs *coeffs, float lambda);
+void pt_cuda_secant_compensate(float *grad, const float *now, const float *used, float *prev_grad,
+                               float *prev_used, float *num, float *den, const float *v, size_t n,
+                               const pt_secant_coeffs *coeffs);
 
 #endif
