@@ -102,11 +102,15 @@ double pt_lookahead_lr_factor(const pt_stage_executor *ex, long step)
 }
 
 /* nesterov-secant: s = pipeline.dc_lambda, or the look-ahead's own. The step
- * size is the schedule's for the step the gradient goes into. */
+ * size is the schedule's for the step the gradient goes into. A synchronous
+ * step (pipeline.sync_steps) is not learned from: there the step between two
+ * stashes used the previous microbatch's gradient, whose noise would bias the
+ * secant (secant.h); the secant starts with the first asynchronous pairs. */
 static pipert_result secant_compensate(pt_stage_executor *ex)
 {
     const pt_train_settings *t = &ex->config.train;
     const long step = ex->version + 1;
+    if (step <= ex->config.pipeline.sync_steps) ex->secant.pairs = 0;
     const double own = ex->config.pipeline.dc_lambda;
     const double lr = pt_lr_at(step, t->steps, t->lr, t->warmup_steps, t->min_lr_ratio);
     pt_gpt_slice *m = ex->model;
