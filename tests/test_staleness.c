@@ -122,14 +122,21 @@ Test(predict_each, each_tensor_its_own_steps)
 
 /* ---- DC-ASGD: g + λ·g⊙g⊙(now − used)/(√v̂ + ε) ---------------------------------- */
 
-Test(delay_compensation, first_order_correction_by_hand)
+/* An AdamW optimizer of 4 parameters with β2 = 0.5, before its first step: one step with
+ * g = FIRST_GRADIENT leaves v = g²/2, v̂ = g², √v̂ = |g| = (2, 1, 4, 0.5). */
+#define FIRST_GRADIENT {2, -1, 4, 0.5f}
+static void v_hat_optimizer(pt_optimizer *opt)
 {
-    /* β2 = 0.5; one step with g = (2, −1 | 4, 0.5) leaves v = g²/2, v̂ = g², √v̂ = |g|. */
     const pt_optimizer_settings s = {.kind = PT_OPTIMIZER_ADAMW, .beta1 = 0.9, .beta2 = 0.5,
                                      .eps = 1e-12, .weight_decay = 0.0, .psi = PT_NADAM_PSI};
+    cr_assert_eq(pt_optimizer_init(opt, &s, pt_kernels_cpu(), 4), PIPERT_OK);
+}
+
+Test(delay_compensation, first_order_correction_by_hand)
+{
     pt_optimizer opt;
-    cr_assert_eq(pt_optimizer_init(&opt, &s, pt_kernels_cpu(), 4), PIPERT_OK);
-    float theta[4] = {0, 0, 0, 0}, first[4] = {2, -1, 4, 0.5f};
+    v_hat_optimizer(&opt);
+    float theta[4] = {0, 0, 0, 0}, first[4] = FIRST_GRADIENT;
     float grads[4] = {1, 3, -2, 0.5f};
     const float now[4] = {1.0f, 1.0f, 1.0f, 1.0f}, used[4] = {0.9f, 1.2f, 1.0f, 0.5f};
     /* before any step: no mean square, nothing changes */
@@ -165,13 +172,10 @@ static void quadratic_pair(int j, float *grads, float *used)
 
 Test(secant_compensation, measured_curvature_clamped_by_hand)
 {
-    /* β2 = 0.5; one step with g = (2, −1 | 4, 0.5) leaves √v̂ = |g| = (2, 1, 4, 0.5). */
-    const pt_optimizer_settings s = {.kind = PT_OPTIMIZER_ADAMW, .beta1 = 0.9, .beta2 = 0.5,
-                                     .eps = 1e-12, .weight_decay = 0.0, .psi = PT_NADAM_PSI};
     pt_optimizer opt;
-    cr_assert_eq(pt_optimizer_init(&opt, &s, pt_kernels_cpu(), 4), PIPERT_OK);
-    float theta[4] = {0, 0, 0, 0}, first[4] = {2, -1, 4, 0.5f};
-    pt_optimizer_step(&opt, theta, first, two_regions, 2, 0.1);
+    v_hat_optimizer(&opt);
+    float theta[4] = {0, 0, 0, 0}, first[4] = FIRST_GRADIENT;
+    pt_optimizer_step(&opt, theta, first, two_regions, 2, 0.1); /* √v̂ = (2, 1, 4, 0.5) */
     pt_secant sec;
     cr_assert_eq(pt_secant_init(&sec, pt_kernels_cpu(), 4, 0), PIPERT_OK);
     const float drift[4] = {0.1f, 0.1f, 0.01f, 0.5f};
