@@ -146,7 +146,8 @@ static const config_key schema[] = {
                "none",
                "weight handling of async-1f1b: stash + NAdamW(β1=0.99) on the gradient with "
                "DC-ASGD's delay compensation (λ=100), the same with a measured secant as the "
-               "compensation's curvature, the same without compensation, stash, weight "
+               "compensation's curvature and half the raw-gradient step on the momentum, the same "
+               "without compensation, stash, weight "
                "prediction, weight prediction damped in warm-up "
                "and bounded by the measured update size, stash + PipeMare's per-stage step sizes, "
                "stash + DC-ASGD delay compensation, or none"),

@@ -101,25 +101,25 @@ static void compare_with_reference(const pt_optimizer_settings *s)
 
 Test(optimizer, adamw_matches_formulas_with_weight_decay)
 {
-    pt_optimizer_settings s = {PT_OPTIMIZER_ADAMW, 0.9, 0.95, 1e-8, 0.1, PT_NADAM_PSI};
+    pt_optimizer_settings s = {PT_OPTIMIZER_ADAMW, 0.9, 0.95, 1e-8, 0.1, PT_NADAM_PSI, 0.0};
     compare_with_reference(&s);
 }
 
 Test(optimizer, adamw_matches_formulas_without_weight_decay)
 {
-    pt_optimizer_settings s = {PT_OPTIMIZER_ADAMW, 0.8, 0.99, 1e-3, 0.0, PT_NADAM_PSI};
+    pt_optimizer_settings s = {PT_OPTIMIZER_ADAMW, 0.8, 0.99, 1e-3, 0.0, PT_NADAM_PSI, 0.0};
     compare_with_reference(&s);
 }
 
 Test(optimizer, nadamw_matches_formulas)
 {
-    pt_optimizer_settings s = {PT_OPTIMIZER_NADAMW, 0.99, 0.999, 1e-8, 0.01, PT_NADAM_PSI};
+    pt_optimizer_settings s = {PT_OPTIMIZER_NADAMW, 0.99, 0.999, 1e-8, 0.01, PT_NADAM_PSI, 0.0};
     compare_with_reference(&s);
-    pt_optimizer_settings no_decay = {PT_OPTIMIZER_NADAMW, 0.9, 0.95, 1e-6, 0.0, PT_NADAM_PSI};
+    pt_optimizer_settings no_decay = {PT_OPTIMIZER_NADAMW, 0.9, 0.95, 1e-6, 0.0, PT_NADAM_PSI, 0.0};
     compare_with_reference(&no_decay);
     /* With ψ = 0.004, μ_t and μ_{t+1} differ by 1e-4 relative; a large ψ makes
      * them far apart, so mixing them up cannot hide under the tolerance. */
-    pt_optimizer_settings fast_mu = {PT_OPTIMIZER_NADAMW, 0.9, 0.95, 1e-8, 0.1, 0.5};
+    pt_optimizer_settings fast_mu = {PT_OPTIMIZER_NADAMW, 0.9, 0.95, 1e-8, 0.1, 0.5, 0.0};
     compare_with_reference(&fast_mu);
 }
 
@@ -128,7 +128,7 @@ Test(optimizer, nadamw_matches_formulas)
 /* One step from θ = 0.5 with gradient g on a 1-element tensor. */
 static float one_step(pt_optimizer_kind kind, double weight_decay, float g, int decay)
 {
-    pt_optimizer_settings s = {kind, 0.9, 0.95, 1e-12, weight_decay, PT_NADAM_PSI};
+    pt_optimizer_settings s = {kind, 0.9, 0.95, 1e-12, weight_decay, PT_NADAM_PSI, 0.0};
     pt_optimizer opt;
     cr_assert_eq(pt_optimizer_init(&opt, &s, pt_kernels_cpu(), 1), PIPERT_OK);
     float theta = 0.5f;
@@ -151,7 +151,7 @@ Test(optimizer, adamw_first_step_moves_by_lr_times_sign)
 
 Test(optimizer, nadam_mu_sequence_and_first_step)
 {
-    pt_optimizer_settings s = {PT_OPTIMIZER_NADAMW, 0.9, 0.95, 1e-12, 0.0, 0.004};
+    pt_optimizer_settings s = {PT_OPTIMIZER_NADAMW, 0.9, 0.95, 1e-12, 0.0, 0.004, 0.0};
     /* μ_1 = 0.9·(1 − ½·0.96^0.004): ln 0.96 = −0.0408220, ·0.004 = −1.63288e-4,
      * exp → 0.99983672, so μ_1 = 0.9·0.50008164 = 0.45007347; μ_2 likewise. */
     cr_expect(fabs(pt_nadam_mu(&s, 1) - 0.45007347359) < 1e-10, "μ_1 = %.11f", pt_nadam_mu(&s, 1));
@@ -184,13 +184,32 @@ Test(optimizer, nadam_mu_sequence_and_first_step)
 
 Test(optimizer, coefficients)
 {
-    pt_optimizer_settings s = {PT_OPTIMIZER_ADAMW, 0.9, 0.95, 1e-8, 0.1, PT_NADAM_PSI};
+    pt_optimizer_settings s = {PT_OPTIMIZER_ADAMW, 0.9, 0.95, 1e-8, 0.1, PT_NADAM_PSI, 0.0};
     pt_adam_coeffs c = pt_optimizer_coeffs(&s, 3, 1.0, 0.02, 1);
     cr_expect_float_eq(c.decay, 1 - 0.02 * 0.1, 1e-7);
     cr_expect_float_eq(c.bias2, 1 - 0.95 * 0.95 * 0.95, 1e-7);
     cr_expect_float_eq(c.c_mom, 0.02 / (1 - 0.9 * 0.9 * 0.9), 1e-7);
     cr_expect_eq(c.c_grad, 0.0f);
     cr_expect_eq(pt_optimizer_coeffs(&s, 3, 1.0, 0.02, 0).decay, 1.0f, "no decay means 1");
+}
+
+/* NAdamW's momentum shift moves a fraction of the raw gradient's coefficient to the
+ * momentum's; the sum is kept. AdamW has no raw term and is unchanged. */
+Test(optimizer, momentum_shift_moves_the_raw_coefficient_to_the_momentum)
+{
+    pt_optimizer_settings s = {PT_OPTIMIZER_NADAMW, 0.99, 0.999, 1e-8, 0.1, PT_NADAM_PSI, 0.0};
+    const pt_adam_coeffs plain = pt_optimizer_coeffs(&s, 7, 0.25, 0.02, 1);
+    s.momentum_shift = 0.5;
+    const pt_adam_coeffs shifted = pt_optimizer_coeffs(&s, 7, 0.25, 0.02, 1);
+    cr_expect_float_eq(shifted.c_grad, 0.5 * plain.c_grad, 1e-8);
+    cr_expect_float_eq(shifted.c_mom, plain.c_mom + 0.5 * plain.c_grad, 1e-8);
+    cr_expect_eq(shifted.decay, plain.decay);
+    cr_expect(plain.c_grad > 0.005f, "NAdam's raw coefficient: %g", plain.c_grad);
+    pt_optimizer_settings adamw = {PT_OPTIMIZER_ADAMW, 0.9, 0.95, 1e-8, 0.1, PT_NADAM_PSI, 0.5};
+    cr_expect_eq(pt_optimizer_coeffs(&adamw, 3, 1.0, 0.02, 1).c_grad, 0.0f);
+    pt_optimizer opt;
+    s.momentum_shift = 1.0;
+    cr_expect_eq(pt_optimizer_init(&opt, &s, pt_kernels_cpu(), 1), PIPERT_ERR_INVALID_ARG);
 }
 
 /* ---- weight prediction (lookahead = predict) ------------------------------- */
@@ -271,21 +290,21 @@ static double check_prediction(const pt_optimizer_settings *s, long steps)
 
 Test(optimizer, predict_adamw_is_theta_minus_tau_lr_current_direction)
 {
-    pt_optimizer_settings s = {PT_OPTIMIZER_ADAMW, 0.9, 0.95, 1e-8, 0.1, PT_NADAM_PSI};
+    pt_optimizer_settings s = {PT_OPTIMIZER_ADAMW, 0.9, 0.95, 1e-8, 0.1, PT_NADAM_PSI, 0.0};
     /* after one step the bias corrections of t and t+1 differ by a quarter of
      * the step, so using the wrong t cannot hide under 1e-6 */
     for (long steps = 1; steps <= 4; steps += 3)
         cr_expect(check_prediction(&s, steps) > 0.02, "the prediction moved too little to test");
-    pt_optimizer_settings no_decay = {PT_OPTIMIZER_ADAMW, 0.8, 0.99, 1e-3, 0.0, PT_NADAM_PSI};
+    pt_optimizer_settings no_decay = {PT_OPTIMIZER_ADAMW, 0.8, 0.99, 1e-3, 0.0, PT_NADAM_PSI, 0.0};
     check_prediction(&no_decay, 3);
 }
 
 Test(optimizer, predict_nadamw_is_the_expected_next_update)
 {
-    pt_optimizer_settings s = {PT_OPTIMIZER_NADAMW, 0.99, 0.999, 1e-8, 0.01, PT_NADAM_PSI};
+    pt_optimizer_settings s = {PT_OPTIMIZER_NADAMW, 0.99, 0.999, 1e-8, 0.01, PT_NADAM_PSI, 0.0};
     cr_expect(check_prediction(&s, 5) > 0.02, "the prediction moved too little to test");
     /* a large ψ keeps μ_{t+1} and μ_{t+2} far apart */
-    pt_optimizer_settings fast_mu = {PT_OPTIMIZER_NADAMW, 0.9, 0.95, 1e-8, 0.1, 0.5};
+    pt_optimizer_settings fast_mu = {PT_OPTIMIZER_NADAMW, 0.9, 0.95, 1e-8, 0.1, 0.5, 0.0};
     check_prediction(&fast_mu, 1);
     check_prediction(&fast_mu, 4);
 }
@@ -293,9 +312,9 @@ Test(optimizer, predict_nadamw_is_the_expected_next_update)
 Test(optimizer, predict_before_the_first_step_is_the_decay_alone)
 {
     /* t = 0: ŵ = θ·(1 − τγλ) on decayed regions, θ on the others */
-    pt_optimizer_settings s = {PT_OPTIMIZER_ADAMW, 0.9, 0.95, 1e-8, 0.1, PT_NADAM_PSI};
+    pt_optimizer_settings s = {PT_OPTIMIZER_ADAMW, 0.9, 0.95, 1e-8, 0.1, PT_NADAM_PSI, 0.0};
     check_prediction(&s, 0);
-    pt_optimizer_settings n = {PT_OPTIMIZER_NADAMW, 0.99, 0.999, 1e-8, 0.01, PT_NADAM_PSI};
+    pt_optimizer_settings n = {PT_OPTIMIZER_NADAMW, 0.99, 0.999, 1e-8, 0.01, PT_NADAM_PSI, 0.0};
     check_prediction(&n, 0);
     /* by hand: θ = 0.5, τ = 2, γ = 0.01, λ = 0.1 → 0.5·(1 − 0.002) = 0.499 */
     pt_optimizer opt;
@@ -310,7 +329,7 @@ Test(optimizer, predict_before_the_first_step_is_the_decay_alone)
 
 Test(optimizer, predict_refuses_a_missing_kernel_and_bad_staleness)
 {
-    pt_optimizer_settings s = {PT_OPTIMIZER_ADAMW, 0.9, 0.95, 1e-8, 0.1, PT_NADAM_PSI};
+    pt_optimizer_settings s = {PT_OPTIMIZER_ADAMW, 0.9, 0.95, 1e-8, 0.1, PT_NADAM_PSI, 0.0};
     pt_optimizer opt;
     cr_assert_eq(pt_optimizer_init(&opt, &s, pt_kernels_cpu(), N_PARAMS), PIPERT_OK);
     float out[N_PARAMS] = {0};
@@ -351,7 +370,7 @@ Test(optimizer, parse_kind)
 Test(optimizer, init_rejects_bad_settings_and_zeroes_moments)
 {
     pt_optimizer opt;
-    pt_optimizer_settings s = {PT_OPTIMIZER_ADAMW, 1.0, 0.95, 1e-8, 0.1, PT_NADAM_PSI};
+    pt_optimizer_settings s = {PT_OPTIMIZER_ADAMW, 1.0, 0.95, 1e-8, 0.1, PT_NADAM_PSI, 0.0};
     cr_expect_eq(pt_optimizer_init(&opt, &s, pt_kernels_cpu(), 10), PIPERT_ERR_CONFIG);
     cr_expect(strstr(pipert_last_error(), "beta1") != NULL, "message: %s", pipert_last_error());
     cr_expect_null(opt.m);

@@ -47,6 +47,9 @@ static pipert_result check_settings(const pt_optimizer_settings *s)
         return pt_fail(PIPERT_ERR_CONFIG, "train.eps: %g must be > 0", s->eps);
     if (!(s->weight_decay >= 0))
         return pt_fail(PIPERT_ERR_CONFIG, "train.weight_decay: %g must be >= 0", s->weight_decay);
+    if (!(s->momentum_shift >= 0 && s->momentum_shift < 1))
+        return pt_fail(PIPERT_ERR_INVALID_ARG, "optimizer momentum shift: %g is not in [0, 1)",
+                       s->momentum_shift);
     if (s->kind == PT_OPTIMIZER_NADAMW && !(s->psi > 0))
         return pt_fail(PIPERT_ERR_CONFIG,
                        "optimizer psi: %g must be > 0 for nadamw (PyTorch's momentum_decay, %g)",
@@ -89,7 +92,10 @@ double pt_nadam_mu(const pt_optimizer_settings *s, long t)
 }
 
 /* The step-size coefficients of step t (1-based) in double, before anything
- * is rounded to float: θ −= c_grad·g/d + c_mom·m/d. mu_product_prev = Π_{t−1}. */
+ * is rounded to float: θ −= c_grad·g/d + c_mom·m/d. mu_product_prev = Π_{t−1}.
+ * NAdamW's momentum_shift moves that fraction of c_grad to c_mom: the step
+ * keeps its size (m is a running mean of g) and leans on the mean gradient
+ * rather than the newest one. */
 static void step_coefficients(const pt_optimizer_settings *s, long t, double mu_product_prev,
                               double lr, double *c_grad, double *c_mom)
 {
@@ -102,6 +108,9 @@ static void step_coefficients(const pt_optimizer_settings *s, long t, double mu_
         double mu_product = mu_product_prev * mu; /* Π_t */
         *c_grad = lr * (1.0 - mu) / (1.0 - mu_product);
         *c_mom = lr * mu_next / (1.0 - mu_product * mu_next);
+        const double moved = s->momentum_shift * *c_grad;
+        *c_grad -= moved;
+        *c_mom += moved;
     }
 }
 

@@ -22,6 +22,9 @@ typedef struct pt_optimizer_settings {
     pt_optimizer_kind kind;
     double beta1, beta2, eps, weight_decay;
     double psi; /* NAdamW momentum decay (train.momentum_decay; PyTorch's PT_NADAM_PSI) */
+    /* NAdamW: the fraction of the raw gradient's coefficient moved to the momentum's,
+     * in [0, 1); 0 is NAdamW. A stale stage of nesterov-secant uses it (secant.h). */
+    double momentum_shift;
 } pt_optimizer_settings;
 
 /* A tensor inside the flat parameter buffer; decay: weight decay applies

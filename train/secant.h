@@ -14,7 +14,9 @@
  * change on the weights' (the last stage, τ = 0, keeps no stash and is not
  * compensated). The cap keeps one element's correction within the step size
  * that Adam gives it. Memory: four copies of the stage's parameters (the
- * previous gradient and stash, and the two running means). */
+ * previous gradient and stash, and the two running means). The look-ahead
+ * also shifts half of a stale stage's raw-gradient step to its momentum
+ * (PT_SECANT_MOMENTUM_SHIFT). */
 #ifndef PT_SECANT_H
 #define PT_SECANT_H
 
@@ -26,6 +28,10 @@
 #define PT_SECANT_DECAY 0.99 /* weight of the past in the running means: ~100 pairs */
 #define PT_SECANT_SCALE 2.0  /* s, the staleness study's (1 and 2 measured, BENCHMARKS.md) */
 #define PT_SECANT_WARMUP 20  /* pairs measured before the compensation starts, by default */
+/* A stale stage of nesterov-secant also moves this fraction of NAdam's raw-gradient
+ * coefficient to its momentum's (pt_optimizer_settings.momentum_shift): the newest gradient
+ * is the stalest part of the step, the running mean the least (staleness study, session 12). */
+#define PT_SECANT_MOMENTUM_SHIFT 0.5
 
 typedef struct pt_secant {
     const pt_kernels *kernels;
