@@ -79,7 +79,8 @@ Test(pipeline, an_explicit_uneven_split_equals_one_worker)
 Test(pipeline, asynchronous_schedule_measures_its_staleness)
 {
     const char *lookaheads[] = {"none",           "stash",    "nesterov", "nesterov-dc",
-                                "predict",        "predict-damped", "pipemare", "dc-asgd"};
+                                "predict",        "predict-damped", "pipemare", "dc-asgd",
+                                "nesterov-secant --pipeline.lookahead_warmup=2"};
     for (int k = 0; k < (int)(sizeof lookaheads / sizeof lookaheads[0]); k++) {
         char *dir = make_temp_dir();
         run_pipert_ok("launch --quiet --stages 4 --replicas 1 --out %s " MODEL " --train.steps=%d "
