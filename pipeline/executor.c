@@ -75,8 +75,9 @@ static pipert_result optimizer_settings(pt_stage_executor *ex, pt_optimizer_sett
         s->kind = PT_OPTIMIZER_NADAMW;
         s->beta1 = 0.99;
     }
-    if (is_async(ex) && ex->lookahead == PT_LOOKAHEAD_NESTEROV_SECANT && pt_executor_stashes_weights(ex))
-        s->momentum_shift = PT_SECANT_MOMENTUM_SHIFT; /* a stale stage (secant.h) */
+    const bool stale = pt_executor_stashes_weights(ex); /* every stage but the last */
+    if (is_async(ex) && ex->lookahead == PT_LOOKAHEAD_NESTEROV_SECANT && stale)
+        s->momentum_shift = PT_SECANT_MOMENTUM_SHIFT; /* secant.h */
     return PIPERT_OK;
 }
 

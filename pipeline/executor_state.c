@@ -263,8 +263,8 @@ static pipert_result save_secant(pt_stage_executor *ex, pt_checkpoint_writer *w,
     return PIPERT_OK;
 }
 
-/* A file without them (another look-ahead wrote it) starts the secant again: its first
- * PT_SECANT_WARMUP pairs after the resume are measured, not compensated. */
+/* A file without them (written before nesterov-secant kept state) starts the secant again:
+ * its warm-up pairs after the resume are measured, not compensated. */
 static pipert_result restore_secant(pt_stage_executor *ex, const pt_safetensors *st, json_t *root)
 {
     pt_secant *s = &ex->secant;
