@@ -16,6 +16,9 @@
  *             τ_s+1 versions kept per stage); its backward uses them again
  *   nesterov  stash, with NAdamW and β1 = 0.99
  *   nesterov-dc  nesterov on dc-asgd's compensated gradient, λ = 100 (the default)
+ *   nesterov-secant  nesterov-dc with a measured secant as the curvature and
+ *             half of a stale stage's raw-gradient step on its momentum
+ *             (train/secant.h)
  *   predict   forward and backward at ŵ = θ − τ·γ·u (u: Adam's direction, τ
  *             the measured staleness), stashed for the backward
  *   predict-damped  predict, its extrapolation damped by min(1, t/K) in

@@ -153,7 +153,8 @@ static const config_key schema[] = {
                "stash + DC-ASGD delay compensation, or none"),
     NUMBER_KEY(pipeline.lookahead_warmup, 0, AT_LEAST(0),
                "predict-damped and pipemare: steps K over which the damping (t/K) or the "
-               "per-stage step size (tau^-(1-t/K)) rises to 1; 0 = train.warmup_steps"),
+               "per-stage step size (tau^-(1-t/K)) rises to 1; 0 = train.warmup_steps. "
+               "nesterov-secant: secant pairs measured before it compensates; 0 = 20"),
     NUMBER_KEY(pipeline.dc_lambda, 0.0, AT_LEAST(0),
                "dc-asgd, nesterov-dc: lambda of the delay compensation g + "
                "lambda*g*g*(w_now - w_used)/sqrt(v); nesterov-secant: the scale s of "

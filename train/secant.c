@@ -16,7 +16,6 @@ pipert_result pt_secant_init(pt_secant *s, const pt_kernels *k, size_t n, long w
     const char *what[] = {"previous gradient", "previous stash", "secant numerator",
                           "secant denominator"};
     s->kernels = k;
-    s->n = n;
     s->warmup = warmup > 0 ? warmup : PT_SECANT_WARMUP;
     for (int i = 0; i < 4; i++) {
         pipert_result rc = k->alloc((void **)buffers[i], (n ? n : 1) * sizeof(float), what[i]);

@@ -35,7 +35,6 @@
 
 typedef struct pt_secant {
     const pt_kernels *kernels;
-    size_t n;
     float *prev_grad, *prev_used; /* the previous backward's raw gradient and stash [n] */
     float *num, *den;             /* running means of Δg·Δw and Δw² [n] */
     long pairs;                   /* backwards seen; the first sets prev_* only */
