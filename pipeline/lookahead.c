@@ -102,15 +102,18 @@ double pt_lookahead_lr_factor(const pt_stage_executor *ex, long step)
 }
 
 /* nesterov-secant: s = pipeline.dc_lambda, or the look-ahead's own. The step
- * size is the schedule's for the step the gradient goes into. A synchronous
- * step (pipeline.sync_steps) is not learned from: there the step between two
- * stashes used the previous microbatch's gradient, whose noise would bias the
- * secant (secant.h); the secant starts with the first asynchronous pairs. */
+ * size is the schedule's for the step the gradient goes into. A pair with a
+ * synchronous backward (pipeline.sync_steps) is not learned from: there the
+ * step between two stashes used the previous microbatch's gradient, whose
+ * noise would bias the secant (secant.h). That holds for the pair of the last
+ * synchronous and the first asynchronous microbatch too (the step between
+ * their forwards used the former's gradient), so the first asynchronous
+ * backward only starts the secant: it learns from the pair after it. */
 static pipert_result secant_compensate(pt_stage_executor *ex)
 {
     const pt_train_settings *t = &ex->config.train;
     const long step = ex->version + 1;
-    if (step <= ex->config.pipeline.sync_steps) ex->secant.pairs = 0;
+    if (step <= ex->config.pipeline.sync_steps + 1) ex->secant.pairs = 0;
     const double own = ex->config.pipeline.dc_lambda;
     const double lr = pt_lr_at(step, t->steps, t->lr, t->warmup_steps, t->min_lr_ratio);
     pt_gpt_slice *m = ex->model;

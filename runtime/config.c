@@ -161,7 +161,8 @@ static const config_key schema[] = {
                "g + s*kappa*(w_now - w_used); 0 = the look-ahead's own (2, 100, 2)"),
     NUMBER_KEY(pipeline.sync_steps, 0, AT_LEAST(0),
                "async-1f1b: the first N steps pass one microbatch at a time through every stage "
-               "(no staleness, a stage busy 1/S of the time), then the pipeline fills"),
+               "(no staleness, a stage busy 1/S of the time), then the pipeline fills; "
+               "refused with a flush schedule"),
     NUMBER_KEY(pipeline.microbatches, 4, AT_LEAST(1),
                "microbatches per optimizer step (gpipe, 1f1b); async-1f1b steps after each"),
     BOOL_KEY(pipeline.recompute, false,
@@ -708,6 +709,12 @@ pipert_result pt_config_validate(const pipert_config *cfg)
     if (m->n_embd % m->n_head != 0)
         return pt_fail(PIPERT_ERR_CONFIG, "model.n_embd: %d is not a multiple of model.n_head = %d",
                        m->n_embd, m->n_head);
+    const pt_pipeline_settings *p = &cfg->pipeline;
+    if (p->sync_steps > 0 && strcmp(p->schedule, "async-1f1b") != 0)
+        return pt_fail(PIPERT_ERR_CONFIG,
+                       "pipeline.sync_steps: %ld, but only pipeline.schedule=async-1f1b has "
+                       "synchronous steps to choose (%s has no others); leave it at 0",
+                       p->sync_steps, p->schedule);
     return PIPERT_OK;
 }
 

@@ -379,6 +379,8 @@ Test(cli, bad_configuration_is_reported_with_its_place)
     expect_clean_failure(&r, "n_head", "indivisible heads");
     r = run_pipert("train --out %s/out --model.n_layer=4000 --model.n_embd=8192 --model.n_head=64", dir);
     expect_clean_failure(&r, "GiB", "model too large");
+    r = run_pipert("train --out %s/out --pipeline.schedule=1f1b --pipeline.sync_steps=5", dir);
+    expect_clean_failure(&r, "pipeline.sync_steps", "synchronous steps of a flush schedule");
     r = run_pipert("train --out %s/empty --resume " SMALL_MODEL, dir);
     expect_clean_failure(&r, "no checkpoint", "resume without checkpoint");
     r = run_pipert("train --out %s/out --data.path=%s/missing.txt", dir, dir);

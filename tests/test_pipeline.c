@@ -3,7 +3,7 @@
  * same global batch (1e-5 relative per step, 20 steps, S = 2 and 4), also
  * with recomputation and with data-parallel replicas; the asynchronous
  * schedule trains with every look-ahead and measures the staleness S−1−s, its
- * synchronous first steps equal one worker's, and it validates while it runs (against the drained validation and one worker's, on
+ * synchronous first steps equal one worker's, nesterov-secant learns from its asynchronous pairs only, and it validates while it runs (against the drained validation and one worker's, on
  * weights that do not move); the run leaves a merged trace. */
 #include <criterion/criterion.h>
 #include <jansson.h>
@@ -100,6 +100,43 @@ Test(pipeline, asynchronous_schedule_measures_its_staleness)
         }
         remove_dir(dir);
     }
+}
+
+/* The pairs stage `stage`'s secant learned from, as its checkpoint of the last step says
+ * (the stage file's "pipeline" metadata, a JSON text inside the header). */
+static long secant_pairs_in_checkpoint(const char *dir, int stage)
+{
+    char path[512], *text;
+    size_t size;
+    snprintf(path, sizeof path, "%s/ckpt-%08d-stage-%d.safetensors", dir, STEPS, stage);
+    cr_assert_eq(pt_read_file(path, &text, &size), PIPERT_OK, "%s", path);
+    const char *at = memmem(text, size, "secant_pairs", strlen("secant_pairs"));
+    cr_assert_not_null(at, "%s holds no secant_pairs", path);
+    at += strcspn(at, "0123456789");
+    long pairs = strtol(at, NULL, 10);
+    free(text);
+    return pairs;
+}
+
+/* nesterov-secant learns from asynchronous pairs only: with pipeline.sync_steps = K its
+ * secant starts at the first asynchronous backward (K + 1), which only records its pair,
+ * because the step between the forwards of microbatches K − 1 and K used the gradient of
+ * K − 1 (train/secant.h). So after STEPS steps each stashing stage counts STEPS − K pairs
+ * (the pairs counter includes the first backward, which learns nothing); all STEPS if the
+ * synchronous steps were learned from, STEPS − K + 1 if the junction pair were. */
+Test(pipeline, secant_learns_from_asynchronous_pairs_only)
+{
+    enum { SYNC = 7 };
+    char *dir = make_temp_dir();
+    run_pipert_ok("launch --quiet --stages 3 --replicas 1 --out %s " MODEL " --train.steps=%d "
+                  "--train.batch_size=2 --pipeline.schedule=async-1f1b "
+                  "--pipeline.lookahead=nesterov-secant --pipeline.sync_steps=%d "
+                  "--train.checkpoint_every=%d",
+                  dir, STEPS, SYNC, STEPS);
+    for (int s = 0; s < 2; s++)
+        cr_expect_eq(secant_pairs_in_checkpoint(dir, s), STEPS - SYNC, "stage %d: %ld pairs", s,
+                     secant_pairs_in_checkpoint(dir, s));
+    remove_dir(dir);
 }
 
 /* pipeline.sync_steps: the asynchronous schedule's first steps pass one microbatch at a
