@@ -369,6 +369,22 @@ Test(wan, async_method_keeps_computing_while_the_link_is_down, .timeout = 300)
 
 /* ---- a site cut off for 20 s, elastic replicas ----------------------------------------- */
 
+/* Steps of SMALL_MODEL that one worker takes in about `seconds` on this machine and build
+ * (the rate of steps 21..200 of a timed run), at least `floor`. */
+static int steps_lasting(double seconds, int floor)
+{
+    enum { TIMED = 200, SKIPPED = 20 };
+    char *dir = make_temp_dir();
+    run_pipert_ok("train --quiet --out %s " SMALL_MODEL " --train.steps=%d --train.log_every=1 "
+                  "--train.val_every=0", dir, TIMED);
+    double elapsed[TIMED];
+    cr_assert_geq(read_metric_steps(dir, "metrics.jsonl", "elapsed_s", elapsed, TIMED), TIMED);
+    remove_dir(dir);
+    const double rate = (TIMED - SKIPPED) / (elapsed[TIMED - 1] - elapsed[SKIPPED - 1]);
+    const double steps = rate * seconds;
+    return steps > floor ? (int)(steps < 30000 ? steps : 30000) : floor;
+}
+
 /* Site 1's link goes down for 20 s under --min-replicas 1 and a heartbeat
  * timeout of 6 s: the coordinator (in site 0) takes replica 1 out, site 0
  * trains on alone meanwhile (allreduce, which would otherwise wait for the
@@ -380,10 +396,11 @@ Test(wan, a_cut_off_site_leaves_an_elastic_job_and_rejoins, .timeout = 600)
     require_test_bed();
     namespace_set before, added;
     list_namespaces(&before);
+    /* enough steps that the job is still running when site 1, back after 20 s, has restarted
+     * and rejoined (seconds): ~35 s of one worker alone, timed on this machine and build (a fixed
+     * 3000, ~46 s at 65 steps/s, ended before the rejoin on a faster machine) */
+    const int steps = steps_lasting(35.0, 3000);
     char *dir = make_temp_dir();
-    /* site 0 alone runs ~65 steps/s here: enough steps that the job is still running when
-     * site 1, back after 20 s, has restarted and rejoined (seconds) */
-    const int steps = 3000;
     char args[1024];
     snprintf(args, sizeof args,
              "--stages 1 --replicas 2 --sites 2 --min-replicas 1 --restarts 1 --heartbeat-timeout 6 "
