@@ -713,7 +713,7 @@ pipert_result pt_config_validate(const pipert_config *cfg)
     if (p->sync_steps > 0 && strcmp(p->schedule, "async-1f1b") != 0)
         return pt_fail(PIPERT_ERR_CONFIG,
                        "pipeline.sync_steps: %ld, but only pipeline.schedule=async-1f1b has "
-                       "synchronous steps to choose (%s has no others); leave it at 0",
+                       "steps to make synchronous (every step of %s is); leave it at 0",
                        p->sync_steps, p->schedule);
     return PIPERT_OK;
 }

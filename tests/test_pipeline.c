@@ -3,8 +3,10 @@
  * same global batch (1e-5 relative per step, 20 steps, S = 2 and 4), also
  * with recomputation and with data-parallel replicas; the asynchronous
  * schedule trains with every look-ahead and measures the staleness S−1−s, its
- * synchronous first steps equal one worker's, nesterov-secant learns from its asynchronous pairs only, and it validates while it runs (against the drained validation and one worker's, on
- * weights that do not move); the run leaves a merged trace. */
+ * synchronous first steps equal one worker's, nesterov-secant learns from its
+ * asynchronous pairs only, and it validates while it runs (against the drained
+ * validation and one worker's, on weights that do not move); the run leaves a
+ * merged trace. */
 #include <criterion/criterion.h>
 #include <jansson.h>
 #include <math.h>
@@ -133,9 +135,10 @@ Test(pipeline, secant_learns_from_asynchronous_pairs_only)
                   "--pipeline.lookahead=nesterov-secant --pipeline.sync_steps=%d "
                   "--train.checkpoint_every=%d",
                   dir, STEPS, SYNC, STEPS);
-    for (int s = 0; s < 2; s++)
-        cr_expect_eq(secant_pairs_in_checkpoint(dir, s), STEPS - SYNC, "stage %d: %ld pairs", s,
-                     secant_pairs_in_checkpoint(dir, s));
+    for (int s = 0; s < 2; s++) {
+        const long pairs = secant_pairs_in_checkpoint(dir, s);
+        cr_expect_eq(pairs, STEPS - SYNC, "stage %d: %ld pairs", s, pairs);
+    }
     remove_dir(dir);
 }
 

@@ -381,8 +381,9 @@ static int steps_lasting(double seconds, int floor)
     cr_assert_geq(read_metric_steps(dir, "metrics.jsonl", "elapsed_s", elapsed, TIMED), TIMED);
     remove_dir(dir);
     const double rate = (TIMED - SKIPPED) / (elapsed[TIMED - 1] - elapsed[SKIPPED - 1]);
-    const double steps = rate * seconds;
-    return steps > floor ? (int)(steps < 30000 ? steps : 30000) : floor;
+    const double steps = rate * seconds; /* NaN or infinite from a clock that did not move */
+    if (!isfinite(steps) || steps <= floor) return floor;
+    return steps < 30000 ? (int)steps : 30000;
 }
 
 /* Site 1's link goes down for 20 s under --min-replicas 1 and a heartbeat
