@@ -24,9 +24,10 @@
 #include "train/staleness.h"
 
 enum { STEPS = 24, WARMUP = 4, LAYERS = 4, WIDTH = 32, HEADS = 2, T = 32, B = 2 };
+/* The enum's sizes, as options */
 #define MODEL                                                                                      \
     "--model.n_layer=4 --model.n_embd=32 --model.n_head=2 --model.block_size=32 "                 \
-    "--train.batch_size=2 --train.warmup_steps=4 --train.val_every=0 --train.log_every=1" /* B, WARMUP */
+    "--train.batch_size=2 --train.warmup_steps=4 --train.val_every=0 --train.log_every=1"
 
 /* What the reference needs of a run: its stages' first blocks and the look-ahead. */
 typedef struct run_shape {
@@ -38,7 +39,8 @@ typedef struct run_shape {
 
 /* [begin, end) of stage s's parameters in the whole model's flat buffer: the tensors are laid
  * out in model order (embeddings, blocks, final norm and head), so each stage's are one range. */
-static void stage_range(const pt_gpt_slice *m, const run_shape *r, int s, size_t *begin, size_t *end)
+static void stage_range(const pt_gpt_slice *m, const run_shape *r, int s, size_t *begin,
+                        size_t *end)
 {
     char name[PT_TENSOR_NAME_MAX];
     snprintf(name, sizeof name, "h.%d.ln_1.weight", r->first_layer[s]);
@@ -102,7 +104,8 @@ static void serial_reference(const run_shape *r, double *losses)
     cr_assert_eq(pt_optimizer_init(&opt, &settings, pt_kernels_cpu(), m->n_params), PIPERT_OK);
     pt_param_region *regions = calloc((size_t)m->n_tensors, sizeof *regions);
     for (int i = 0; i < m->n_tensors; i++)
-        regions[i] = (pt_param_region){m->tensors[i].offset, m->tensors[i].numel, m->tensors[i].decay};
+        regions[i] = (pt_param_region){m->tensors[i].offset, m->tensors[i].numel,
+                                       m->tensors[i].decay};
     float *versions[LAYERS], *used = malloc(m->n_params * sizeof(float));
     for (int s = 0; s < r->stages; s++) versions[s] = malloc(m->n_params * sizeof(float));
     memcpy(versions[0], m->params, m->n_params * sizeof(float));
