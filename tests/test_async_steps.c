@@ -106,6 +106,7 @@ static void serial_reference(const run_shape *r, double *losses)
     for (int i = 0; i < m->n_tensors; i++)
         regions[i] = (pt_param_region){m->tensors[i].offset, m->tensors[i].numel,
                                        m->tensors[i].decay};
+    /* the ring of the last S versions (S ≤ LAYERS: a stage holds a block at least) */
     float *versions[LAYERS], *used = malloc(m->n_params * sizeof(float));
     for (int s = 0; s < r->stages; s++) versions[s] = malloc(m->n_params * sizeof(float));
     memcpy(versions[0], m->params, m->n_params * sizeof(float));
