@@ -847,9 +847,11 @@ Test(launch, stopped_worker_is_declared_dead)
     snprintf(err_path, sizeof err_path, "%s/launcher.err", dir);
     snprintf(command, sizeof command,
              "%s launch --grace 1 --replicas 1 --out %s " SMALL_MODEL
-             " --train.steps=1000000 --train.log_every=100 >/dev/null 2>%s & "
+             " --train.steps=1000000 --train.log_every=1 >/dev/null 2>%s & "
              "launcher=$!; "
-             "for i in $(seq 100); do [ -s %s/workers.pid ] && break; sleep 0.1; done; sleep 0.5; "
+             /* stopped once it trains (registered, heartbeating): stopped before it registers, a
+              * slow (sanitized, loaded) worker is caught by the 300 s registration timeout instead */
+             "for i in $(seq 1200); do [ -s %s/metrics.jsonl ] && break; sleep 0.1; done; "
              "kill -STOP $(cut -d' ' -f2 %s/workers.pid); date +%%s.%%N > %s/stopped_at; "
              "wait $launcher",
              pipert_bin(), dir, err_path, dir, dir, dir);
