@@ -39,18 +39,20 @@ typedef struct run_shape {
 
 /* [begin, end) of stage s's parameters in the whole model's flat buffer: the tensors are laid
  * out in model order (embeddings, blocks, final norm and head), so each stage's are one range. */
+static size_t block_offset(const pt_gpt_slice *m, int layer)
+{
+    char name[PT_TENSOR_NAME_MAX];
+    snprintf(name, sizeof name, "h.%d.ln_1.weight", layer);
+    const pt_gpt_tensor *t = pt_gpt_find(m, name);
+    cr_assert_not_null(t, "the whole model has no tensor %s", name);
+    return t->offset;
+}
+
 static void stage_range(const pt_gpt_slice *m, const run_shape *r, int s, size_t *begin,
                         size_t *end)
 {
-    char name[PT_TENSOR_NAME_MAX];
-    snprintf(name, sizeof name, "h.%d.ln_1.weight", r->first_layer[s]);
-    *begin = s == 0 ? 0 : pt_gpt_find(m, name)->offset;
-    if (s == r->stages - 1) {
-        *end = m->n_params;
-        return;
-    }
-    snprintf(name, sizeof name, "h.%d.ln_1.weight", r->first_layer[s + 1]);
-    *end = pt_gpt_find(m, name)->offset;
+    *begin = s == 0 ? 0 : block_offset(m, r->first_layer[s]);
+    *end = s == r->stages - 1 ? m->n_params : block_offset(m, r->first_layer[s + 1]);
 }
 
 /* Each stage's gradient clipped by its own norm, as the asynchronous schedule does. */
