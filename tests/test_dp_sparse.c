@@ -780,7 +780,9 @@ Test(sparse_launch, a_resumed_run_applies_the_exchanges_in_flight_at_their_steps
 
 /* Replica 1 stopped 30 ms of every 40 from outside (SIGSTOP/SIGCONT): with
  * dp.delay = -1 replica 0 keeps training and applies each average when it
- * comes, up to 16 steps later; the job ends. */
+ * comes, up to 16 steps later; the job ends. (The throttling starts once
+ * workers.pid lists both ranks: up to 120 s, for a sanitized build started
+ * beside other suites.) */
 Test(sparse_launch, a_throttled_replica_never_deadlocks_its_peer)
 {
     enum { N = 150 };
@@ -790,8 +792,8 @@ Test(sparse_launch, a_throttled_replica_never_deadlocks_its_peer)
              "%s launch --quiet --stages 1 --replicas 2 --out %s " MODEL
              " --train.steps=%d --train.batch_size=4 --dp.method=sparse --dp.delay=-1 "
              ">/dev/null 2>%s & launcher=$!; "
-             "for i in $(seq 200); do [ -f %s/workers.pid ] && [ $(wc -l < %s/workers.pid) -ge 2 ] "
-             "&& break; sleep 0.05; done; "
+             "for i in $(seq 2400); do [ -f %s/workers.pid ] && [ $(wc -l < %s/workers.pid) -ge 2 ] "
+             "&& break; kill -0 $launcher 2>/dev/null || break; sleep 0.05; done; "
              "slow=$(awk '$1 == 1 {print $2}' %s/workers.pid); "
              "while kill -0 $launcher 2>/dev/null; do "
              "kill -STOP $slow 2>/dev/null; sleep 0.03; kill -CONT $slow 2>/dev/null; sleep 0.01; "
