@@ -763,6 +763,43 @@ static char *dump_keys(const pipert_config *cfg, const char *prefix, size_t flag
     return text;
 }
 
+/* Whether a key's name is one of `names` or starts with one of them that ends in a dot. */
+static bool key_in(const char *name, const char *const *names)
+{
+    for (; names && *names; names++) {
+        const size_t n = strlen(*names);
+        const bool section = n > 0 && (*names)[n - 1] == '.';
+        if (section ? strncmp(name, *names, n) == 0 : strcmp(name, *names) == 0) return true;
+    }
+    return false;
+}
+
+int pt_config_describe_changes(const pipert_config *was, const pipert_config *now,
+                               const char *const *compared, const char *const *ignored, char *out,
+                               size_t capacity)
+{
+    int changes = 0;
+    size_t used = 0;
+    if (capacity) out[0] = '\0';
+    for (int i = 0; i < KEY_COUNT; i++) {
+        const config_key *key = &schema[i];
+        if (!key_in(key->name, compared) || key_in(key->name, ignored)) continue;
+        json_t *before = read_json(was, key), *after = read_json(now, key);
+        if (!json_equal(before, after)) {
+            char a[80], b[80];
+            format_json(before, a, sizeof a);
+            format_json(after, b, sizeof b);
+            if (used < capacity)
+                used += (size_t)snprintf(out + used, capacity - used, "%s%s %s -> %s",
+                                         changes ? ", " : "", key->name, a, b);
+            changes++;
+        }
+        json_decref(before);
+        json_decref(after);
+    }
+    return changes;
+}
+
 char *pipert_config_to_json(const pipert_config *cfg)
 {
     return cfg ? dump_keys(cfg, "", JSON_INDENT(2)) : NULL;

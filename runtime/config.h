@@ -118,6 +118,15 @@ void pt_config_defaults(pipert_config *cfg);
  * "checkpoint.safetensors metadata"). Errors read "SOURCE:LINE:COLUMN: ...". */
 pipert_result pt_config_merge_json(pipert_config *cfg, const char *text, const char *source);
 
+/* The keys whose values differ between `was` and `now`, among those named in
+ * `compared` and not in `ignored` (NULL-terminated lists; an entry ending in a
+ * dot names a section: "train."), written to out as "train.lr 0.001 -> 0.0005,
+ * pipeline.lookahead \"nesterov\" -> \"nesterov-dc\"" (cut to fit).
+ * Returns how many differ. */
+int pt_config_describe_changes(const pipert_config *was, const pipert_config *now,
+                               const char *const *compared, const char *const *ignored, char *out,
+                               size_t capacity);
+
 /* Checks relations between keys (n_embd divisible by n_head, ...). */
 pipert_result pt_config_validate(const pipert_config *cfg);
 

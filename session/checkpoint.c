@@ -357,6 +357,43 @@ static pipert_result restore(pipert_session *s, const pt_checkpoint *c, const in
     return pt_stage_executor_resume_at(s->executor, step);
 }
 
+/* What a resumed run's trajectory depends on: every section but the model
+ * (checked to match when the tensors load), the runtime and the network,
+ * less the keys that only say how often to log, validate, checkpoint or trace. */
+static const char *const trajectory_keys[] = {"train.", "data.", "pipeline.", "dp.", "plan.",
+                                              "seed", NULL};
+static const char *const cadence_keys[] = {"train.val_every",        "train.val_batches",
+                                           "train.log_every",        "train.checkpoint_every",
+                                           "train.keep_checkpoints", "pipeline.trace",
+                                           NULL};
+
+/* Warns, on the job's first worker, when this run's settings differ from
+ * those the checkpoint was written with (a default that changed between
+ * versions, a flag left out): the run goes on, but its continuation is not
+ * the one the checkpoint's run would have taken. */
+static void warn_of_changed_settings(const pipert_session *s, const pt_checkpoint *c)
+{
+    if (s->job.stage != 0 || s->job.replica != 0) return;
+    const pt_safetensors *file = c->parts[0];
+    const char *text = pt_safetensors_metadata(file, "config");
+    if (!text) return;
+    char source[PT_CONFIG_STRING_MAX + 64], changes[1024];
+    snprintf(source, sizeof source, "%s metadata \"config\"", pt_safetensors_path(file));
+    pipert_config saved;
+    pt_config_defaults(&saved);
+    if (pt_config_merge_json(&saved, text, source) != PIPERT_OK) {
+        pt_warn("%s; this run's settings are not compared with the checkpoint's",
+                pipert_last_error());
+        pt_error_clear();
+        return;
+    }
+    const int n = pt_config_describe_changes(&saved, &s->config, trajectory_keys, cadence_keys,
+                                             changes, sizeof changes);
+    if (n > 0)
+        pt_warn("resuming step %ld with %d setting%s other than the checkpoint's: %s", c->index.step,
+                n, n == 1 ? "" : "s", changes);
+}
+
 pipert_result pt_session_resume(pipert_session *s, long *step)
 {
     pt_checkpoint_index index;
@@ -373,6 +410,7 @@ pipert_result pt_session_resume(pipert_session *s, long *step)
         rc = pt_checkpoint_open(&c, s->out_dir, &index, from); /* takes the index over */
     }
     if (rc == PIPERT_OK) rc = restore(s, &c, bounds);
+    if (rc == PIPERT_OK) warn_of_changed_settings(s, &c);
     if (rc == PIPERT_OK)
         pt_info("resumed from the checkpoint of step %ld in %s (%d stage file%s%s)", *step,
                 s->out_dir, stages, stages == 1 ? "" : "s", from > 0 ? " of this replica" : "");

@@ -641,3 +641,34 @@ Test(config, wan_keys_are_checked)
     snprintf(cfg.wan.latency, sizeof cfg.wan.latency, "10ms");
     cr_expect_eq(pt_config_validate(&cfg), PIPERT_OK, "%s", pipert_last_error());
 }
+
+/* pt_config_describe_changes: the keys compared (a section by its dotted
+ * prefix, a top-level key by its whole name) less those ignored, each with
+ * both values as JSON, in schema order; cut to fit, still counting. */
+Test(config, changes_between_two_configurations_are_described)
+{
+    pipert_config was, now;
+    pt_config_defaults(&was);
+    pt_config_defaults(&now);
+    const char *const compared[] = {"train.", "pipeline.", "seed", NULL};
+    const char *const ignored[] = {"train.log_every", NULL};
+    char out[256];
+    cr_expect_eq(pt_config_describe_changes(&was, &now, compared, ignored, out, sizeof out), 0);
+    cr_expect_str_eq(out, "");
+
+    cr_assert_eq(pipert_config_set(&now, "train.lr=5e-4"), PIPERT_OK);
+    cr_assert_eq(pipert_config_set(&now, "pipeline.lookahead=nesterov"), PIPERT_OK);
+    cr_assert_eq(pipert_config_set(&now, "train.log_every=3"), PIPERT_OK); /* ignored */
+    cr_assert_eq(pipert_config_set(&now, "dp.method=sparse"), PIPERT_OK); /* not compared */
+    cr_assert_eq(pipert_config_set(&now, "seed=7"), PIPERT_OK);
+    cr_expect_eq(pt_config_describe_changes(&was, &now, compared, ignored, out, sizeof out), 3);
+    cr_expect_str_eq(out, "train.lr 0.001 -> 0.0005, pipeline.lookahead \"nesterov-dc\" -> "
+                          "\"nesterov\", seed 1337 -> 7");
+
+    const char *const prefix_only[] = {"pipe", NULL}; /* no dot: a whole name, matches nothing */
+    cr_expect_eq(pt_config_describe_changes(&was, &now, prefix_only, NULL, out, sizeof out), 0);
+
+    char small[20];
+    cr_expect_eq(pt_config_describe_changes(&was, &now, compared, ignored, small, sizeof small), 3);
+    cr_expect_str_eq(small, "train.lr 0.001 -> 0");
+}

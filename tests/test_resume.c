@@ -8,7 +8,8 @@
  * or truncated) is never used. Replicas that drift apart (dp.method=sparse)
  * checkpoint a file each, which pruning removes with the rest; an index
  * without them (format 1) resumes every replica from replica 0's files, and
- * says so. And, without processes: the cut of the
+ * says so. A resume with other settings than the checkpoint's names them.
+ * And, without processes: the cut of the
  * asynchronous schedule after every stage's N-th step is consistent, and the
  * resumed instruction lists (replay, then the rest) run without deadlock. */
 #include <criterion/criterion.h>
@@ -132,6 +133,40 @@ Test(resume, one_f_one_b_on_two_stages_resumes_with_the_same_losses)
     run_pipert_ok("launch --quiet --resume %s --out %s " MODEL " --train.steps=%d --train.checkpoint_every=%d",
            args, dir, STEPS, K);
     expect_losses(reference, dir, 1, SAME, "1f1b, 2 stages");
+    char *log = read_text(dir, "logs/rank-0.log");
+    cr_expect_null(strstr(log, "other than the checkpoint's"),
+                   "resumed with the checkpoint's own settings, yet: %s", log);
+    free(log);
+    remove_dir(reference);
+    remove_dir(dir);
+}
+
+/* A resume whose settings differ from those the checkpoint was written with
+ * (a default changed between versions, a flag left out) goes on, and the first
+ * worker's log names each setting that shapes the run, with both values; how
+ * often it logs is not one of them. */
+Test(resume, other_settings_than_the_checkpoints_are_named)
+{
+    const char *args = "--stages 2 --replicas 1 --train.batch_size=2 --pipeline.schedule=async-1f1b";
+    char *reference, *dir = run_and_cut(args, &reference);
+    run_pipert_ok("launch --quiet --resume %s --out %s " MODEL " --train.steps=%d "
+                  "--train.checkpoint_every=%d --train.lr=5e-4 --pipeline.lookahead=nesterov "
+                  "--train.log_every=2",
+                  args, dir, STEPS, K);
+    char *log = read_text(dir, "logs/rank-0.log");
+    const char *line = strstr(log, "resuming step 8 with 2 settings other than the checkpoint's: ");
+    cr_assert_not_null(line, "rank-0.log: %s", log);
+    const char *end = strchr(line, '\n');
+    const int length = end ? (int)(end - line) : (int)strlen(line);
+    char said[1024];
+    snprintf(said, sizeof said, "%.*s", length, line);
+    cr_expect(strstr(said, "train.lr 0.001 -> 0.0005"), "%s", said);
+    cr_expect(strstr(said, "pipeline.lookahead \"nesterov-dc\" -> \"nesterov\""), "%s", said);
+    cr_expect_null(strstr(said, "log_every"), "%s", said);
+    free(log);
+    log = read_text(dir, "logs/rank-1.log");
+    cr_expect_null(strstr(log, "other than the checkpoint's"), "said by stage 1 too: %s", log);
+    free(log);
     remove_dir(reference);
     remove_dir(dir);
 }
