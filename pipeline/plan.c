@@ -28,23 +28,26 @@ static pipert_result check_stages(int stages, int n_layer)
 }
 
 /* Can the blocks be cut into `stages` ranges, each costing at most `limit`?
- * Greedy from the front: each stage takes as many blocks as fit, leaving at
- * least one per stage after it (costs only grow with more blocks, so greedy
- * finds a split whenever one exists). The cut points go to bounds. */
+ * Greedy from the back: each stage, the last first, takes as many blocks as
+ * fit, leaving at least one per stage before it (costs only grow with more
+ * blocks, so greedy finds a split whenever one exists). The cut points go to
+ * bounds; each is the smallest of any split under the limit, so the front
+ * stages hold as few blocks as the limit allows: they are the ones the
+ * asynchronous pipeline runs most steps stale, where staleness costs the most
+ * quality (docs/STALENESS.md). */
 static bool fits_under(const pt_gpt_config *c, int T, int stages, double limit, int *bounds)
 {
     const int L = c->n_layer;
-    bounds[0] = 0;
-    for (int s = 0, first = 0; s < stages; s++) {
-        int last = L;
-        if (s < stages - 1) {
-            int max_last = L - (stages - s - 1);
-            last = first + 1;
-            while (last < max_last && pt_plan_stage_flops(c, T, first, last + 1) <= limit) last++;
+    bounds[stages] = L;
+    for (int s = stages - 1, last = L; s >= 0; s--) {
+        int first = 0;
+        if (s > 0) {
+            first = last - 1;
+            while (first > s && pt_plan_stage_flops(c, T, first - 1, last) <= limit) first--;
         }
         if (pt_plan_stage_flops(c, T, first, last) > limit) return false;
-        bounds[s + 1] = last;
-        first = last;
+        bounds[s] = first;
+        last = first;
     }
     return true;
 }

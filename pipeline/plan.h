@@ -18,8 +18,10 @@ typedef struct pt_stage_plan {
  * stage (forward and backward: 6 per weight, 12·C·T per block for attention). */
 double pt_plan_stage_flops(const pt_gpt_config *c, int T, int first, int last);
 
-/* The split that minimises the most expensive stage (ties: the earliest
- * boundaries). Every stage gets at least one block. */
+/* The split that minimises the most expensive stage; of those, the one with
+ * the fewest blocks on the front stages (every boundary as early as it can
+ * be: the asynchronous pipeline's first stages are its stalest). Every stage
+ * gets at least one block. */
 pipert_result pt_plan_balanced(const pt_gpt_config *c, int T, int stages, pt_stage_plan *out);
 
 /* An explicit split, "3,3,3,3": one count per stage, all ≥ 1, summing to L.

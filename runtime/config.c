@@ -214,7 +214,8 @@ static const config_key schema[] = {
                "pipert launch --sites N: one-way delay of the emulated links, e.g. 50ms; \"\" = 0"),
 
     STRING_KEY(plan.layers, "", NULL,
-               "blocks per stage, e.g. \"3,3,3,3\"; \"\" = balanced by compute"),
+               "blocks per stage, e.g. \"3,3,3,3\"; \"\" = balanced by compute (of equally "
+               "balanced splits, the one with the fewest blocks on the front stages)"),
 
     NUMBER_KEY(seed, 1337, AT_LEAST(0),
                "seed of every random stream (initial weights, data sampling)"),
