@@ -6,12 +6,15 @@
 # first) and their ratio B/A, then the mean of each and the median ratio.
 # Usage: scripts/bench-lookahead-throughput.sh [A] [B] [ROUNDS] [pipert options...]
 #   defaults: A = nesterov, B = nesterov-dc, ROUNDS = 8; PIPERT=path/to/pipert (./build/tools/pipert)
+#   KEY=section.key compares two values of another setting (default pipeline.lookahead) and
+#   STAGES=S another depth (default 2), e.g. two splits of 4 stages:
+#   KEY=plan.layers STAGES=4 scripts/bench-lookahead-throughput.sh 2,2,1,1 1,2,2,1 8
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/metrics.sh
 a=${1:-nesterov} b=${2:-nesterov-dc} rounds=${3:-8}
 shift $(($# < 3 ? $# : 3))
-pipert=${PIPERT:-./build/tools/pipert}
+pipert=${PIPERT:-./build/tools/pipert} key=${KEY:-pipeline.lookahead} stages=${STAGES:-2}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 common=(--train.steps=160 --train.log_every=20 --train.val_every=0 --train.val_batches=1
@@ -19,8 +22,8 @@ common=(--train.steps=160 --train.log_every=20 --train.val_every=0 --train.val_b
 
 run() {
   rm -rf "$work/$1"
-  "$pipert" launch --quiet --stages 2 --replicas 1 --out "$work/$1" --pipeline.schedule=async-1f1b \
-    --pipeline.trace=false --pipeline.lookahead="$1" "${common[@]}" 2>/dev/null
+  "$pipert" launch --quiet --stages "$stages" --replicas 1 --out "$work/$1" \
+    --pipeline.schedule=async-1f1b --pipeline.trace=false --"$key"="$1" "${common[@]}" 2>/dev/null
   steady_tokens_per_s "$work/$1/metrics.jsonl"
 }
 for ((i = 1; i <= rounds; i++)); do

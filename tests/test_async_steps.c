@@ -37,8 +37,7 @@ typedef struct run_shape {
     bool delayed;                /* false: the delay-free reference (must differ) */
 } run_shape;
 
-/* [begin, end) of stage s's parameters in the whole model's flat buffer: the tensors are laid
- * out in model order (embeddings, blocks, final norm and head), so each stage's are one range. */
+/* Where block `layer`'s tensors start in the whole model's flat buffer. */
 static size_t block_offset(const pt_gpt_slice *m, int layer)
 {
     char name[PT_TENSOR_NAME_MAX];
@@ -48,6 +47,8 @@ static size_t block_offset(const pt_gpt_slice *m, int layer)
     return t->offset;
 }
 
+/* [begin, end) of stage s's parameters in the whole model's flat buffer: the tensors are laid
+ * out in model order (embeddings, blocks, final norm and head), so each stage's are one range. */
 static void stage_range(const pt_gpt_slice *m, const run_shape *r, int s, size_t *begin,
                         size_t *end)
 {

@@ -851,7 +851,8 @@ Test(launch, stopped_worker_is_declared_dead)
              "launcher=$!; "
              /* stopped once it trains (registered, heartbeating): stopped before it registers, a
               * slow (sanitized, loaded) worker is caught by the 300 s registration timeout instead */
-             "for i in $(seq 1200); do [ -s %s/metrics.jsonl ] && break; sleep 0.1; done; "
+             "for i in $(seq 1200); do [ -s %s/metrics.jsonl ] && break; "
+             "kill -0 $launcher 2>/dev/null || break; sleep 0.1; done; "
              "kill -STOP $(cut -d' ' -f2 %s/workers.pid); date +%%s.%%N > %s/stopped_at; "
              "wait $launcher",
              pipert_bin(), dir, err_path, dir, dir, dir);
