@@ -73,6 +73,7 @@ const pt_coupling_method pt_dp_allreduce = {
     .name = "allreduce",
     .over_all_replicas = true, /* dense everywhere: a ring ordered by site */
     .replicas_identical = true, /* the same mean gradient everywhere, bitwise */
+    .host_gradients = true,     /* the ring reduces in host memory */
     .create = allreduce_create,
     .after_backward = allreduce_after_backward,
     .destroy = allreduce_destroy,

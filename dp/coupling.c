@@ -27,8 +27,13 @@ struct pt_coupling {
     double blocked_reported_s;          /* blocked.wall_s at the last take_metrics */
     /* elastic replicas */
     bool elastic, suspended;
-    float *scratch;     /* [n_params + 1]: after_backward's gradient and loss, elastic */
+    float *scratch;     /* [n_params + 1]: after_backward's gradient and loss (elastic, or
+                           kernels whose memory the host cannot read) */
     size_t scratch_n;
+    /* host copies of θ and the newest stash, for host_parameters and the site
+     * broadcast when the host cannot read the kernels' memory */
+    float *host_params, *host_stash;
+    size_t host_n;
     void **retired;     /* buffers a cut-short collective may still write: kept to the end */
     int n_retired;
 };
@@ -66,6 +71,7 @@ pipert_result pt_coupling_create(const pt_coupling_options *options, pt_coupling
     if (!c) return pt_fail(PIPERT_ERR_NOMEM, "coupling: out of memory");
     c->method = method;
     c->options = *options;
+    if (!c->options.kernels) c->options.kernels = pt_kernels_cpu();
     c->options.blocked = &c->blocked;
     c->method_options = c->options;
     c->by_sites = !method->over_all_replicas && options->sites > 1;
@@ -86,6 +92,8 @@ void pt_coupling_free(pt_coupling *c)
     if (!c) return;
     c->method->destroy(c->state);
     free(c->scratch);
+    if (c->host_params) c->options.kernels->free_host(c->host_params);
+    if (c->host_stash) c->options.kernels->free_host(c->host_stash);
     for (int i = 0; i < c->n_retired; i++) free(c->retired[i]);
     free(c->retired);
     free(c);
@@ -142,11 +150,59 @@ static pipert_result average_gradients(pt_coupling *c, pt_coupling_point *at)
     return c->runs_method ? method_call(c, c->method->after_backward, at) : PIPERT_OK;
 }
 
+/* ---- kernels whose memory the host cannot read ----------------------------- */
+
+static bool host_reads_kernel_memory(const pt_coupling *c)
+{
+    return c->options.kernels->host_accessible;
+}
+
+static pipert_result host_params_alloc(pt_coupling *c, size_t n)
+{
+    if (c->host_params && c->host_n == n) return PIPERT_OK;
+    const pt_kernels *k = c->options.kernels;
+    if (c->host_params) k->free_host(c->host_params);
+    if (c->host_stash) k->free_host(c->host_stash);
+    c->host_params = c->host_stash = NULL;
+    c->host_n = n;
+    PT_TRY(k->alloc_host((void **)&c->host_params, n * sizeof(float), "a host copy of θ"));
+    return k->alloc_host((void **)&c->host_stash, n * sizeof(float),
+                         "a host copy of the newest weight stash");
+}
+
+/* Runs `call` on a view of `at` whose θ and newest stash are host copies,
+ * and copies them back after it. */
+static pipert_result on_host_parameters(pt_coupling *c, pt_coupling_point *at,
+                                        pipert_result (*call)(pt_coupling *, pt_coupling_point *))
+{
+    const pt_kernels *k = c->options.kernels;
+    const size_t bytes = at->n_params * sizeof(float);
+    PT_TRY(host_params_alloc(c, at->n_params));
+    pt_coupling_point view = *at;
+    view.params = c->host_params;
+    view.newest_stash = at->newest_stash ? c->host_stash : NULL;
+    k->copy_to_host(view.params, at->params, bytes);
+    if (view.newest_stash) k->copy_to_host(view.newest_stash, at->newest_stash, bytes);
+    const pipert_result rc = call(c, &view);
+    k->copy_to_device(at->params, view.params, bytes);
+    if (view.newest_stash) k->copy_to_device(at->newest_stash, view.newest_stash, bytes);
+    return rc;
+}
+
+static pipert_result run_after_step(pt_coupling *c, pt_coupling_point *at)
+{
+    return method_call(c, c->method->after_step, at);
+}
+
 static pipert_result follow_step(pt_coupling *c, pt_coupling_point *at)
 {
-    if (c->runs_method) PT_TRY(method_call(c, c->method->after_step, at));
+    const bool host = host_reads_kernel_memory(c);
+    if (c->runs_method && c->method->after_step) {
+        if (host || !c->method->host_parameters) PT_TRY(run_after_step(c, at));
+        else PT_TRY(on_host_parameters(c, at, run_after_step));
+    }
     if (!c->by_sites || !c->options.site_replicas || !c->method->after_step) return PIPERT_OK;
-    return site_follow_leader(c, at);
+    return host ? site_follow_leader(c, at) : on_host_parameters(c, at, site_follow_leader);
 }
 
 /* ---- elastic replicas ------------------------------------------------------- */
@@ -190,10 +246,13 @@ static pipert_result cut_short(pt_coupling *c, const pt_coupling_point *at, cons
     return PIPERT_OK;
 }
 
-/* after_backward on a copy: a collective cut short may still write into its
- * buffer, which is then retired, never the model's gradient. */
-static pipert_result average_gradients_elastic(pt_coupling *c, pt_coupling_point *at)
+/* after_backward on a host copy of the gradient, copied back when it
+ * succeeded: elastic replicas, so that a collective cut short, which may still
+ * write into its buffer (then retired), never writes the model's gradient;
+ * and kernels whose memory the host cannot read. */
+static pipert_result average_gradients_copied(pt_coupling *c, pt_coupling_point *at)
 {
+    const pt_kernels *k = c->options.kernels;
     if (!c->scratch || c->scratch_n != at->n_params) {
         if (c->scratch) PT_TRY(retire(c, c->scratch));
         c->scratch = malloc((at->n_params + 1) * sizeof *c->scratch);
@@ -202,14 +261,14 @@ static pipert_result average_gradients_elastic(pt_coupling *c, pt_coupling_point
     }
     pt_coupling_point copy = *at;
     copy.grads = c->scratch;
-    memcpy(copy.grads, at->grads, at->n_params * sizeof *at->grads);
+    k->copy_to_host(copy.grads, at->grads, at->n_params * sizeof *at->grads);
     if (at->loss) {
         copy.loss = c->scratch + at->n_params;
         *copy.loss = *at->loss;
     }
     pipert_result rc = average_gradients(c, &copy);
     if (rc == PIPERT_OK) {
-        memcpy(at->grads, copy.grads, at->n_params * sizeof *at->grads);
+        k->copy_to_device(at->grads, copy.grads, at->n_params * sizeof *at->grads);
         if (at->loss) *at->loss = *copy.loss;
         return PIPERT_OK;
     }
@@ -219,11 +278,20 @@ static pipert_result average_gradients_elastic(pt_coupling *c, pt_coupling_point
     return cut_short(c, at, "gradient averaging");
 }
 
+/* Whether after_backward reads the gradient: the site's dense mean, or a
+ * method that averages gradients. */
+static bool reads_gradients(const pt_coupling *c)
+{
+    return (c->by_sites && c->options.site_replicas) ||
+           (c->runs_method && c->method->after_backward && c->method->host_gradients);
+}
+
 pipert_result pt_coupling_after_backward(pt_coupling *c, pt_coupling_point *at)
 {
     if (c->suspended) return PIPERT_OK;
-    if (!c->elastic) return average_gradients(c, at);
-    return average_gradients_elastic(c, at);
+    if (c->elastic || (!host_reads_kernel_memory(c) && reads_gradients(c)))
+        return average_gradients_copied(c, at);
+    return average_gradients(c, at);
 }
 
 pipert_result pt_coupling_after_step(pt_coupling *c, pt_coupling_point *at)

@@ -98,6 +98,14 @@ typedef struct pt_coupling_method {
      * replicas drift apart, each replica writes a file of its own
      * (session/checkpoint.c) and resumes from it. */
     bool replicas_identical;
+    /* Where the method reads the tensors it is shown. The kernels' memory may
+     * be out of the host's reach (cuda, cpu-guarded: kernels.h,
+     * host_accessible); a method either moves data with the table's copies
+     * itself (both false), or says what it reads and writes with the host, and
+     * the coupling hands it host copies of those and copies them back:
+     *   host_gradients  after_backward: at->grads (the mean of allreduce);
+     *   host_parameters after_step: at->params and at->newest_stash. */
+    bool host_gradients, host_parameters;
     pipert_result (*create)(const pt_coupling_options *options, void **state);
     pipert_result (*after_backward)(void *state, pt_coupling_point *at, pt_coupling_metrics *m);
     pipert_result (*after_step)(void *state, pt_coupling_point *at, pt_coupling_metrics *m);

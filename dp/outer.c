@@ -182,7 +182,7 @@ typedef struct outer_state {
     bool lost_buffer; /* out of memory retiring an exchange's buffers */
 } outer_state;
 
-static bool on_host(const outer_state *s) { return !strcmp(s->kernels->name, "cpu"); }
+static bool on_host(const outer_state *s) { return s->kernels->host_accessible; }
 
 /* ---- creation -------------------------------------------------------------- */
 

@@ -60,7 +60,8 @@
  * steps as an uninterrupted one, so with a fixed dp.delay it continues with
  * the same losses.
  *
- * θ is read and written in host memory: runtime.device=cuda is refused.
+ * θ is read and written in host memory (host_parameters: on a GPU the
+ * coupling hands after_step host copies of θ and the newest stash).
  * With one replica the method does nothing. */
 #include <math.h>
 #include <stdint.h>
@@ -123,11 +124,6 @@ static pipert_result sparse_create(const pt_coupling_options *options, void **ou
     const pt_dp_settings *dp = &options->config->dp;
     pt_codec codec;
     PT_TRY(pt_codec_init(&codec, dp->compress, dp->block > 0 ? (size_t)dp->block : 1));
-    if (strcmp(options->config->runtime.device, "cpu"))
-        return pt_fail(PIPERT_ERR_UNSUPPORTED,
-                       "dp.method=sparse reads and writes θ in host memory: runtime.device=%s is "
-                       "not supported yet",
-                       options->config->runtime.device);
     if (!(dp->fraction > 0 && dp->fraction <= 1))
         return pt_fail(PIPERT_ERR_CONFIG, "dp.fraction: must be in (0, 1], got %g", dp->fraction);
     /* P = ⌈1/p⌉, the tiny slack keeps p = 0.05 at 20, not 21 */
@@ -656,7 +652,7 @@ static pipert_result sparse_after_backward(void *state, pt_coupling_point *at,
     if (!s->agreed)
         return pt_fail(PIPERT_ERR_NOMEM, "dp sparse: no memory for the agreed values of %zu "
                                          "parameters", at->n_params);
-    memcpy(s->agreed, at->params, at->n_params * sizeof *s->agreed);
+    s->options.kernels->copy_to_host(s->agreed, at->params, at->n_params * sizeof *s->agreed);
     return PIPERT_OK;
 }
 
@@ -788,6 +784,7 @@ static void sparse_destroy(void *state)
 const pt_coupling_method pt_dp_sparse = {
     .name = "sparse",
     .create = sparse_create,
+    .host_parameters = true, /* the partition is gathered from θ and written back on the host */
     .after_backward = sparse_after_backward,
     .after_step = sparse_after_step,
     .save = pt_sparse_save,

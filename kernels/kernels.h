@@ -12,6 +12,7 @@
 #ifndef PT_KERNELS_H
 #define PT_KERNELS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -46,7 +47,11 @@ typedef struct pt_secant_coeffs {
 } pt_secant_coeffs;
 
 typedef struct pt_kernels {
-    const char *name; /* "cpu", "cuda" */
+    const char *name; /* "cpu", "cuda", "cpu-guarded" */
+    /* The host may read and write this table's buffers directly (cpu). false
+     * (cuda, cpu-guarded): only the table's own functions touch them, and
+     * code above the table moves data with copy_to_host / copy_to_device. */
+    bool host_accessible;
 
     /* ---- memory ---- */
     pipert_result (*alloc)(void **out, size_t bytes, const char *what); /* zero-filled */
@@ -56,6 +61,14 @@ typedef struct pt_kernels {
     void (*copy_to_host)(void *dst_host, const void *src, size_t bytes);
     void (*copy)(void *dst, const void *src, size_t bytes);
     void (*synchronize)(void);
+    /* Host memory for data on its way between this table's memory and the
+     * outside (the transport, files): zero-filled, and page-locked where that
+     * makes the table's copies faster (cuda). */
+    pipert_result (*alloc_host)(void **out, size_t bytes, const char *what);
+    void (*free_host)(void *ptr);
+    /* Compute threads of the host kernels (OpenMP and OpenBLAS together), or
+     * NULL when the table's work does not run on host threads (cuda). */
+    void (*set_threads)(int threads);
 
     /* ---- forward / backward ---- */
     /* out[N,C] = wte[tokens[n]] + wpe[n mod T] */
@@ -154,11 +167,20 @@ typedef struct pt_kernels {
 /* The CPU backend (C + OpenBLAS + OpenMP). */
 const pt_kernels *pt_kernels_cpu(void);
 
+/* The CPU kernels on guarded memory (kernels/guarded.c): buffers the host
+ * cannot read or write outside this table's calls, as on a GPU. For tests. */
+const pt_kernels *pt_kernels_cpu_guarded(void);
+
 /* The CUDA backend, or NULL with PIPERT_ERR_NO_DEVICE/UNSUPPORTED when this
  * build or this machine has none. */
 pipert_result pt_kernels_cuda(const pt_kernels **out);
 
 /* Threads the CPU kernels use (OpenMP and OpenBLAS together). */
 void pt_kernels_cpu_set_threads(int threads);
+
+/* The table of a runtime.device: "cpu", "cuda" (PIPERT_ERR_NO_DEVICE or
+ * UNSUPPORTED where there is none) or "cpu-guarded"; anything else is a
+ * PIPERT_ERR_CONFIG naming the key. */
+pipert_result pt_kernels_for_device(const char *device, const pt_kernels **out);
 
 #endif

@@ -181,9 +181,9 @@ static pipert_result executor_setup(pt_stage_executor *ex)
 {
     const pipert_config *cfg = ex->options.config;
     ex->config = *cfg;
-    ex->kernels = pt_kernels_cpu();
-    if (!strcmp(cfg->runtime.device, "cuda")) PT_TRY(pt_kernels_cuda(&ex->kernels));
-    else pt_kernels_cpu_set_threads(ex->options.threads);
+    ex->kernels = ex->options.kernels;
+    if (!ex->kernels) PT_TRY(pt_kernels_for_device(cfg->runtime.device, &ex->kernels));
+    if (ex->kernels->set_threads) ex->kernels->set_threads(ex->options.threads);
     PT_TRY(pt_schedule_parse_kind(cfg->pipeline.schedule, &ex->schedule_kind));
     /* One stage has no staleness to hide: it is 1F1B with a flush over
      * train.grad_accum microbatches, i.e. plain gradient accumulation. */
@@ -199,6 +199,7 @@ static pipert_result executor_setup(pt_stage_executor *ex)
     PT_TRY(build_model(ex));
     PT_TRY(pt_lookahead_setup(ex));
     PT_TRY(alloc_slot_tables(ex));
+    PT_TRY(pt_staging_setup(ex));
     PT_TRY(load_data(ex));
     PT_TRY(pt_eval_waves_setup(ex));
     const size_t N = (size_t)ex->B * ex->T;
@@ -264,6 +265,7 @@ void pt_stage_executor_free(pt_stage_executor *ex)
         if (ex->stash_targets) k->free(ex->stash_targets[i]);
     }
     finish_request(&ex->gradient_send);
+    if (k) pt_staging_free(ex);
     free(ex->slot_version);
     free(ex->slot_weights);
     free(ex->stash_input);
@@ -363,27 +365,31 @@ static pipert_result receive_tensor(pt_stage_executor *ex, int peer, uint16_t ki
                              .shape = {ex->B, ex->T, ex->C},
                              .require_checksum = 1};
     pt_request *request = NULL;
-    PT_TRY(pt_recv(ex->options.transport, peer, message_tag(direction, microbatch), &expect, dst,
-                   expected.nbytes, &request));
+    PT_TRY(pt_recv(ex->options.transport, peer, message_tag(direction, microbatch), &expect,
+                   pt_staging_incoming(ex, dst), expected.nbytes, &request));
     char what[96];
     snprintf(what, sizeof what, "stage %d: receiving %s of microbatch %ld from rank %d",
              ex->options.stage, kind == PT_KIND_ACTIVATION_GRAD ? "the gradient" : "activations",
              microbatch, peer);
     pipert_result rc = wait_request(ex, request, what);
     if (rc == PIPERT_OK) rc = check_sender(ex, pt_request_header(request), peer, microbatch, what);
+    if (rc == PIPERT_OK) pt_staging_arrived(ex, dst, expected.nbytes);
     pt_request_free(request);
     trace_span(ex, "recv", started, microbatch);
     return rc;
 }
 
+/* Sends an [N, C] tensor from src, through `staging` (staging.c; NULL: src
+ * is host memory already). */
 static pipert_result send_tensor(pt_stage_executor *ex, int peer, uint16_t kind,
                                  uint32_t direction, long microbatch, const float *src,
-                                 pt_request **request)
+                                 float *staging, pt_request **request)
 {
     const double started = pt_trace_now_us();
     pt_message_header header = activation_header(ex, kind, microbatch);
+    const float *outgoing = pt_staging_outgoing(ex, staging, src, header.nbytes);
     pipert_result rc = pt_send(ex->options.transport, peer, message_tag(direction, microbatch),
-                               &header, src, PT_SEND_CHECKSUM, request);
+                               &header, outgoing, PT_SEND_CHECKSUM, request);
     trace_span(ex, "send", started, microbatch);
     if (rc != PIPERT_OK)
         pt_error_prefix("stage %d: sending microbatch %ld to rank %d", ex->options.stage,
@@ -551,8 +557,11 @@ static pipert_result forward(pt_stage_executor *ex, long g, float loss_scale)
 
 static pipert_result send_activation(pt_stage_executor *ex, long g)
 {
+    const int slot = slot_of(ex, g);
     return send_tensor(ex, ex->options.next_rank, PT_KIND_ACTIVATION, TAG_ACTIVATION, g,
-                       pt_gpt_output(ex->model), &ex->activation_sends[slot_of(ex, g)]);
+                       pt_gpt_output(ex->model),
+                       ex->activation_staging ? ex->activation_staging[slot] : NULL,
+                       &ex->activation_sends[slot]);
 }
 
 static pipert_result recv_gradient(pt_stage_executor *ex, long g)
@@ -590,7 +599,7 @@ static pipert_result backward(pt_stage_executor *ex, long g, float loss_scale)
 static pipert_result send_gradient(pt_stage_executor *ex, long g)
 {
     return send_tensor(ex, ex->options.prev_rank, PT_KIND_ACTIVATION_GRAD, TAG_GRADIENT, g,
-                       ex->model->dresidual, &ex->gradient_send);
+                       ex->model->dresidual, ex->gradient_staging, &ex->gradient_send);
 }
 
 /* ---- the optimizer step -------------------------------------------------- */
@@ -808,7 +817,7 @@ pipert_result pt_executor_post_forward(pt_stage_executor *ex, bool wave, long id
                                        pt_request **request)
 {
     return send_tensor(ex, ex->options.next_rank, PT_KIND_ACTIVATION,
-                       wave ? TAG_EVAL_WAVE : TAG_EVAL, id, src, request);
+                       wave ? TAG_EVAL_WAVE : TAG_EVAL, id, src, NULL, request);
 }
 
 pipert_result pt_executor_complete_send(pt_stage_executor *ex, pt_request **request)
@@ -819,7 +828,8 @@ pipert_result pt_executor_complete_send(pt_stage_executor *ex, pt_request **requ
 pipert_result pt_executor_send_forward(pt_stage_executor *ex, bool wave, long id, const float *src)
 {
     pt_request *request = NULL;
-    PT_TRY(pt_executor_post_forward(ex, wave, id, src, &request));
+    PT_TRY(send_tensor(ex, ex->options.next_rank, PT_KIND_ACTIVATION, wave ? TAG_EVAL_WAVE : TAG_EVAL,
+                       id, src, pt_staging_sync(ex), &request));
     return complete_send(ex, &request);
 }
 

@@ -78,9 +78,10 @@ typedef struct pt_pipeline_step {
 
 typedef struct pt_stage_executor_options {
     const pipert_config *config;
+    const pt_kernels *kernels;   /* NULL: the table of config's runtime.device */
     int stage, stages, replica, replicas;
     int first_layer, last_layer; /* blocks [first, last) of this stage */
-    int threads;                 /* compute threads */
+    int threads;                 /* compute threads (of a table that runs on host threads) */
     pt_transport *transport;     /* connected to the neighbouring stages */
     int prev_rank, next_rank;    /* ranks of stages s−1 and s+1 of this replica (−1: none) */
     pt_group *stage_group;       /* the stages of this replica (NULL when stages == 1) */

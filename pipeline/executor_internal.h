@@ -62,6 +62,12 @@ struct pt_stage_executor {
     int32_t **stash_tokens, **stash_targets; /* recompute: stage 0 / last stage */
     pt_request **activation_sends; /* per slot */
     pt_request *gradient_send;
+    /* Host copies of what crosses to the neighbours when the host cannot read
+     * the table's memory (staging.c); NULL when it can. */
+    float **activation_staging; /* per slot: the activations being sent */
+    float *gradient_staging;    /* the gradient being sent */
+    float *sync_staging;        /* transfers that end before the call returns: every
+                                   receive lands here first; validation's sends */
 
     /* where the run is: the next instruction of the schedule */
     int cursor;
@@ -104,13 +110,31 @@ pipert_result pt_executor_build_schedule(const pt_stage_executor *ex, pt_schedul
 pipert_result pt_executor_host_batch(pt_stage_executor *ex, pipert_split split, long index);
 pipert_result pt_executor_receive(pt_stage_executor *ex, bool wave, long id, float *dst);
 pipert_result pt_executor_send_forward(pt_stage_executor *ex, bool wave, long id, const float *src);
-/* The same send, left to run: *request ends when the next stage took it. */
+/* A send left to run from a buffer of pt_staging_alloc: *request ends when the next stage took it. */
 pipert_result pt_executor_post_forward(pt_stage_executor *ex, bool wave, long id, const float *src,
                                        pt_request **request);
 /* Waits for a send posted so, and frees it. */
 pipert_result pt_executor_complete_send(pt_stage_executor *ex, pt_request **request);
 void pt_executor_trace_span(pt_stage_executor *ex, const char *category, double started_us,
                             long microbatch);
+
+/* staging.c: host buffers for what the transport reads and writes when the
+ * host cannot read the kernel table's memory. setup/free: the executor's own
+ * (activations per slot, the gradient, receives). outgoing: what to send for
+ * `src` (src itself, or `staging` filled from it; staging NULL: src). incoming:
+ * where a receive for dst lands; arrived: moves it to dst. alloc/release: a
+ * buffer the transport may send from (host memory, or the table's when the
+ * host can read it); copy_out fills one from the table's memory. */
+pipert_result pt_staging_setup(pt_stage_executor *ex);
+void pt_staging_free(pt_stage_executor *ex);
+const float *pt_staging_outgoing(pt_stage_executor *ex, float *staging, const float *src,
+                                 size_t bytes);
+float *pt_staging_incoming(pt_stage_executor *ex, float *dst);
+void pt_staging_arrived(pt_stage_executor *ex, float *dst, size_t bytes);
+float *pt_staging_sync(pt_stage_executor *ex); /* sync_staging: NULL when nothing is staged */
+pipert_result pt_staging_alloc(pt_stage_executor *ex, void **out, size_t bytes, const char *what);
+void pt_staging_release(pt_stage_executor *ex, void *buffer);
+void pt_staging_copy_out(pt_stage_executor *ex, void *dst, const void *src, size_t bytes);
 
 /* validation.c: sets the waves up (before the model's activation slots are allocated: they
  * need one more), runs them after each optimizer step, and frees them. */

@@ -106,7 +106,7 @@ static void drop_send(pt_stage_executor *ex, pt_wave_send *send)
         pt_request_cancel(send->request);
         pt_request_free(send->request);
     }
-    if (send->copy) ex->kernels->free(send->copy);
+    pt_staging_release(ex, send->copy);
     *send = (pt_wave_send){0};
 }
 
@@ -148,8 +148,8 @@ static pipert_result post_wave_output(pt_stage_executor *ex, long id)
     }
     const size_t bytes = (size_t)ex->B * ex->T * ex->C * sizeof(float);
     pt_wave_send send = {0};
-    PT_TRY(ex->kernels->alloc((void **)&send.copy, bytes, "a validation batch on its way"));
-    ex->kernels->copy(send.copy, pt_gpt_output(ex->model), bytes);
+    PT_TRY(pt_staging_alloc(ex, (void **)&send.copy, bytes, "a validation batch on its way"));
+    pt_staging_copy_out(ex, send.copy, pt_gpt_output(ex->model), bytes);
     pipert_result rc = pt_executor_post_forward(ex, true, id, send.copy, &send.request);
     if (rc != PIPERT_OK) {
         drop_send(ex, &send);

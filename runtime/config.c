@@ -130,7 +130,9 @@ static const config_key schema[] = {
                "read in order (sequence q of the run starts at token q*block_size)"),
 
     NUMBER_KEY(runtime.threads, 0, AT_LEAST(0), "compute threads; 0 = every core of this machine"),
-    STRING_KEY(runtime.device, "cpu", "cpu|cuda", "where the kernels run"),
+    STRING_KEY(runtime.device, "cpu", "cpu|cuda|cpu-guarded",
+               "where the kernels run; cpu-guarded: the CPU kernels on memory the host cannot "
+               "read outside them, as on a GPU (tests: any direct host access crashes)"),
     BOOL_KEY(runtime.authenticate_messages, false,
              "a MAC and a sequence number on every message between workers: forged, altered "
              "and replayed messages are refused (every worker of the job must agree)"),

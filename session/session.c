@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "runtime/clock.h"
+#include "runtime/memory.h"
 #include "runtime/topology.h"
 #include "pipeline/plan.h"
 #include "session/session_internal.h"
@@ -28,7 +29,7 @@ typedef struct session_call {
 static session_call enter(pipert_session *s)
 {
     session_call call = {pt_log_use_sink(&s->log_sink)};
-    if (s->threads > 0 && strcmp(s->config.runtime.device, "cuda")) pt_kernels_cpu_set_threads(s->threads);
+    if (s->threads > 0 && s->kernels && s->kernels->set_threads) s->kernels->set_threads(s->threads);
     return call;
 }
 
@@ -72,7 +73,7 @@ static pipert_result build_trace(pipert_session *s)
 static pipert_result build_coupling(pipert_session *s)
 {
     pt_coupling_options o = {.config = &s->config,
-                             .kernels = NULL,
+                             .kernels = s->kernels,
                              .replicas = s->job.replica_group,
                              .site_replicas = s->job.site_group,
                              .leaders = s->job.leaders_group,
@@ -83,11 +84,6 @@ static pipert_result build_coupling(pipert_session *s)
                              .should_stop = should_stop,
                              .membership_changed = pt_session_membership_changed,
                              .context = s};
-    /* Elastic replicas copy and broadcast θ, gradients and moments in host memory. */
-    if (s->job.elastic && strcmp(s->config.runtime.device, "cpu"))
-        return pt_fail(PIPERT_ERR_UNSUPPORTED, "elastic replicas (PIPERT_MIN_REPLICAS, launch "
-                                               "--min-replicas) need runtime.device=cpu, not %s",
-                       s->config.runtime.device);
     PT_TRY(pt_coupling_create(&o, &s->coupling));
     pt_coupling_set_elastic(s->coupling, s->job.elastic);
     return PIPERT_OK;
@@ -98,6 +94,7 @@ static pipert_result build_executor(pipert_session *s)
     const pt_job *job = &s->job;
     const int S = job->layout.stages;
     pt_stage_executor_options o = {.config = &s->config,
+                                   .kernels = s->kernels,
                                    .stage = job->stage,
                                    .stages = S,
                                    .replica = job->replica,
@@ -150,7 +147,8 @@ static pipert_result session_setup(pipert_session *s)
     /* metrics.jsonl, validation and checkpoints: the rank that has the loss */
     s->writes_outputs = s->job.replica == 0 && s->job.stage == s->job.layout.stages - 1;
     PT_TRY(pt_topology_compute_threads(s->config.runtime.threads, &s->threads));
-    if (strcmp(s->config.runtime.device, "cuda")) pt_kernels_cpu_set_threads(s->threads);
+    PT_TRY(pt_kernels_for_device(s->config.runtime.device, &s->kernels));
+    if (s->kernels->set_threads) s->kernels->set_threads(s->threads);
     PT_TRY(build_trace(s));
     PT_TRY(build_coupling(s));
     PT_TRY(build_executor(s));
@@ -331,6 +329,25 @@ static pipert_result report_step(pipert_session *s, const pt_pipeline_step *p, p
     return PIPERT_OK;
 }
 
+/* Replicas that must agree can be compared from their logs, and a GPU run
+ * with a CPU run of the same job. */
+static pipert_result log_parameter_checksum(const pipert_session *s, long step,
+                                            const pt_gpt_slice *slice)
+{
+    const size_t bytes = slice->n_params * sizeof(float);
+    const float *params = slice->params;
+    float *host = NULL;
+    if (!s->kernels->host_accessible) {
+        PT_TRY(pt_alloc((void **)&host, bytes, "a host copy of the parameters"));
+        s->kernels->copy_to_host(host, slice->params, bytes);
+        params = host;
+    }
+    pt_info("finished step %ld: parameters of stage %d, replica %d: checksum %016llx", step,
+            s->job.stage, s->job.replica, (unsigned long long)pt_checksum64(params, bytes));
+    pt_free(host);
+    return PIPERT_OK;
+}
+
 /* After the last step: validation through the pipeline, the last checkpoint,
  * the trace, and the job told. */
 static pipert_result finish_run(pipert_session *s, pipert_metrics *m)
@@ -338,10 +355,7 @@ static pipert_result finish_run(pipert_session *s, pipert_metrics *m)
     const long step = pt_stage_executor_version(s->executor);
     const pt_gpt_slice *slice = pt_stage_executor_model(s->executor);
     /* replicas that must agree can be compared from their logs */
-    if (!strcmp(s->config.runtime.device, "cpu"))
-        pt_info("finished step %ld: parameters of stage %d, replica %d: checksum %016llx", step,
-                s->job.stage, s->job.replica,
-                (unsigned long long)pt_checksum64(slice->params, slice->n_params * sizeof(float)));
+    PT_TRY(log_parameter_checksum(s, step, slice));
     PT_TRY(validate(s, step, m));
     PT_TRY(pt_session_save_checkpoint(s, step));
     if (s->trace) PT_TRY(pt_trace_write_rank_file(s->trace, s->out_dir));

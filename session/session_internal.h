@@ -22,6 +22,7 @@ struct pipert_session {
     char out_dir[PT_CONFIG_STRING_MAX];
     pt_log_sink log_sink;
     int threads;
+    const pt_kernels *kernels; /* of runtime.device: where the stage's tensors live */
 
     pt_job job;
     pt_coupling *coupling;

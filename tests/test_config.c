@@ -371,7 +371,7 @@ Test(config, out_of_range)
                       "1:12: train.optimizer: must be one of adamw|nadamw, got \"sgd\"");
     /* a prefix of a choice is not a choice */
     expect_file_error("{\"runtime\": {\"device\": \"cp\"}}",
-                      "1:14: runtime.device: must be one of cpu|cuda, got \"cp\"");
+                      "1:14: runtime.device: must be one of cpu|cuda|cpu-guarded, got \"cp\"");
     expect_file_error("{\"model\": {\"n_embd\": 3000000000}}",
                       "1:12: model.n_embd: must be in [1, 2147483647], got 3000000000");
 }
@@ -500,7 +500,7 @@ Test(config, validate_ranges)
     pt_config_defaults(&cfg);
     snprintf(cfg.runtime.device, sizeof cfg.runtime.device, "tpu");
     cr_expect_eq(pt_config_validate(&cfg), PIPERT_ERR_CONFIG);
-    cr_expect_str_eq(pipert_last_error(), "runtime.device: must be one of cpu|cuda, got \"tpu\"");
+    cr_expect_str_eq(pipert_last_error(), "runtime.device: must be one of cpu|cuda|cpu-guarded, got \"tpu\"");
 
     pt_config_defaults(&cfg);
     cfg.train.lr = INFINITY;

@@ -636,20 +636,6 @@ Test(sparse_coupling, one_replica_does_nothing)
     pt_coupling_free(c);
 }
 
-/* θ on a device is refused when the coupling is made. */
-Test(sparse_coupling, device_memory_is_refused_at_create)
-{
-    const sparse_setup u = {.fraction = 0.05, .rule = "ema", .delay = -1, .steps = 10};
-    pipert_config cfg = config_for(&u);
-    snprintf(cfg.runtime.device, sizeof cfg.runtime.device, "cuda");
-    pt_coupling *c = NULL;
-    pt_coupling_options o = {.config = &cfg};
-    cr_expect_eq(pt_coupling_create(&o, &c), PIPERT_ERR_UNSUPPORTED);
-    cr_expect(strstr(pipert_last_error(), "runtime.device=cuda"), "%s", pipert_last_error());
-    cr_expect_null(c);
-    pt_coupling_free(c);
-}
-
 /* ============================================================================
  * pipert launch
  * ========================================================================== */

@@ -23,6 +23,7 @@ static size_t cpu_attention_saved_floats(int B, int T, int C, int NH)
 
 static const pt_kernels cpu_kernels = {
     .name = "cpu",
+    .host_accessible = true,
 
     .alloc = pt_alloc,
     .free = pt_free,
@@ -31,6 +32,9 @@ static const pt_kernels cpu_kernels = {
     .copy_to_host = cpu_copy,
     .copy = cpu_copy,
     .synchronize = cpu_synchronize,
+    .alloc_host = pt_alloc,
+    .free_host = pt_free,
+    .set_threads = pt_kernels_cpu_set_threads,
 
     .encoder_forward = pt_cpu_encoder_forward,
     .encoder_backward = pt_cpu_encoder_backward,

@@ -189,6 +189,7 @@ extern "C" void pt_cuda_set_tf32(int enabled)
 
 static const pt_kernels cuda_kernels = {
     .name = "cuda",
+    .host_accessible = false,
 
     .alloc = pt_cuda_alloc,
     .free = pt_cuda_free,
@@ -197,6 +198,9 @@ static const pt_kernels cuda_kernels = {
     .copy_to_host = pt_cuda_copy_to_host,
     .copy = pt_cuda_copy,
     .synchronize = pt_cuda_synchronize,
+    .alloc_host = pt_cuda_pinned_alloc,
+    .free_host = pt_cuda_pinned_free,
+    .set_threads = NULL, /* the work runs on the device, not on host threads */
 
     .encoder_forward = pt_cuda_encoder_forward,
     .encoder_backward = pt_cuda_encoder_backward,

@@ -1,0 +1,145 @@
+/* Device memory out of the host's reach, checked on a machine without a GPU.
+ *
+ * runtime.device=cpu-guarded (kernels/guarded.c) runs the CPU kernels on
+ * memory that only the kernel table's own calls may touch, as a GPU's. So:
+ *   - the table itself: a read of its memory from the host faults (in a
+ *     child process, which must die of SIGSEGV), its copies and kernels work;
+ *   - jobs: every layout and coupling method, run on it, must end with the
+ *     same bits as on the plain CPU table (the math is the same; only where
+ *     the data may be read differs). A worker that sends, checksums, averages
+ *     or saves a tensor without the table's copies crashes instead, as it
+ *     would on a GPU: this is what caught "device pointers reach the host
+ *     transport" (stages and replicas on cuda) without a GPU.
+ * The sanitizer build of scripts/test.sh runs every command test on this
+ * table too (tests/pipert_on_device.sh). */
+#include <criterion/criterion.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "kernels/kernels.h"
+#include "tests/command.h"
+
+#define MODEL                                                                                      \
+    "--model.n_layer=4 --model.n_embd=32 --model.n_head=2 --model.block_size=32 "                 \
+    "--train.batch_size=4 --train.warmup_steps=2 --train.val_every=4 --train.val_batches=2 "      \
+    "--train.log_every=1 --pipeline.trace=false"
+enum { STEPS = 10, MAX_STEPS = 64 };
+
+/* ---- the table ------------------------------------------------------------- */
+
+/* How a child that reads `p` from the host ends: its signal, 0 if it read. */
+static int signal_of_host_read(const float *p)
+{
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        signal(SIGSEGV, SIG_DFL);
+        volatile float x = *(const volatile float *)p;
+        (void)x;
+        _exit(0);
+    }
+    int status;
+    cr_assert_eq(waitpid(pid, &status, 0), pid);
+    return WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+}
+
+Test(guard, host_reads_fault_and_the_table_works)
+{
+    const pt_kernels *k;
+    cr_assert_eq(pt_kernels_for_device("cpu-guarded", &k), PIPERT_OK, "%s", pipert_last_error());
+    cr_assert_not(k->host_accessible);
+    float *x;
+    cr_assert_eq(k->alloc((void **)&x, 1000 * sizeof *x, "test tensor"), PIPERT_OK);
+    float host[1000], back[1000];
+    for (int i = 0; i < 1000; i++) host[i] = (float)i;
+    k->copy_to_device(x, host, sizeof host);
+    cr_expect_eq(signal_of_host_read(x), SIGSEGV, "reading guarded memory from the host did not fault");
+    cr_expect_eq(signal_of_host_read(x + 999), SIGSEGV);
+    k->scale(x, 2.0f, 1000);
+    cr_expect_eq(k->sum(x, 1000), 2.0 * 999 * 1000 / 2);
+    k->copy_to_host(back, x, sizeof back);
+    for (int i = 0; i < 1000; i++) cr_assert_eq(back[i], 2.0f * (float)i, "element %d", i);
+    /* host staging memory of the table is ordinary host memory */
+    float *staging;
+    cr_assert_eq(k->alloc_host((void **)&staging, sizeof host, "staging"), PIPERT_OK);
+    cr_expect_eq(signal_of_host_read(staging), 0);
+    k->free_host(staging);
+    k->free(x);
+    cr_expect_eq(signal_of_host_read(x), SIGSEGV, "a freed tensor became readable");
+}
+
+Test(guard, unknown_device_is_named)
+{
+    const pt_kernels *k = (const pt_kernels *)1;
+    cr_assert_eq(pt_kernels_for_device("tpu", &k), PIPERT_ERR_CONFIG);
+    cr_expect_null(k);
+    cr_expect(strstr(pipert_last_error(), "runtime.device") && strstr(pipert_last_error(), "tpu"),
+              "%s", pipert_last_error());
+}
+
+/* ---- jobs: the same bits as on the CPU table --------------------------------- */
+
+/* Runs `layout` on both tables and compares each step's loss and every
+ * checkpoint file of the last step (parameters, moments, stashes, the
+ * coupling's state). */
+static void expect_same_job(const char *layout, int stages, int replicas, const char *what)
+{
+    char *cpu = make_temp_dir(), *guarded = make_temp_dir();
+    run_pipert_ok("launch --quiet %s --out %s " MODEL " --train.steps=%d --runtime.device=cpu",
+                  layout, cpu, STEPS);
+    run_pipert_ok("launch --quiet %s --out %s " MODEL " --train.steps=%d --runtime.device=cpu-guarded",
+                  layout, guarded, STEPS);
+    double a[MAX_STEPS] = {0}, b[MAX_STEPS] = {0};
+    cr_assert_eq(read_metric_steps(cpu, "metrics.jsonl", "loss", a, MAX_STEPS), STEPS, "%s", what);
+    cr_assert_eq(read_metric_steps(guarded, "metrics.jsonl", "loss", b, MAX_STEPS), STEPS, "%s", what);
+    for (int i = 0; i < STEPS; i++)
+        cr_expect_eq(a[i], b[i], "%s: step %d's loss: cpu %.9g, cpu-guarded %.9g", what, i + 1, a[i], b[i]);
+    double va[MAX_STEPS] = {0}, vb[MAX_STEPS] = {0};
+    cr_expect_eq(read_metric_steps(cpu, "metrics.jsonl", "val_loss", va, MAX_STEPS),
+                 read_metric_steps(guarded, "metrics.jsonl", "val_loss", vb, MAX_STEPS), "%s", what);
+    for (int i = 0; i < STEPS; i++)
+        cr_expect_eq(va[i], vb[i], "%s: validation at step %d: cpu %.9g, cpu-guarded %.9g", what,
+                     i + 1, va[i], vb[i]);
+    for (int s = 0; s < stages; s++)
+        for (int r = 0; r < replicas; r++) {
+            char name[96];
+            if (r == 0) snprintf(name, sizeof name, "ckpt-%08d-stage-%d.safetensors", STEPS, s);
+            else snprintf(name, sizeof name, "ckpt-%08d-stage-%d-replica-%d.safetensors", STEPS, s, r);
+            char path[700];
+            snprintf(path, sizeof path, "%s/%s", cpu, name);
+            if (r > 0 && access(path, F_OK) != 0) continue; /* allreduce: replica 0's files only */
+            expect_same_tensors(cpu, guarded, name, what);
+        }
+    remove_dir(cpu);
+    remove_dir(guarded);
+}
+
+Test(guard, asynchronous_pipeline, .timeout = 300)
+{
+    expect_same_job("--stages 3 --pipeline.schedule=async-1f1b", 3, 1, "3 stages, async-1f1b");
+}
+
+Test(guard, pipeline_with_flush_and_recompute, .timeout = 300)
+{
+    expect_same_job("--stages 2 --pipeline.schedule=1f1b --pipeline.microbatches=3 "
+                    "--pipeline.recompute=true",
+                    2, 1, "2 stages, 1f1b, recompute");
+}
+
+Test(guard, replicas_averaging_gradients, .timeout = 300)
+{
+    expect_same_job("--replicas 2 --dp.method=allreduce", 1, 2, "2 replicas, allreduce");
+}
+
+Test(guard, sparse_averaging_between_pipelines, .timeout = 300)
+{
+    expect_same_job("--stages 2 --replicas 2 --dp.method=sparse --dp.delay=2 --dp.compress=e3m0", 2, 2,
+                    "2 stages x 2 replicas, sparse e3m0");
+}
+
+Test(guard, streaming_diloco, .timeout = 300)
+{
+    expect_same_job("--replicas 2 --dp.method=streaming-diloco --dp.period=4 --dp.compress=int8", 1, 2,
+                    "2 replicas, streaming-diloco int8");
+}
