@@ -850,10 +850,10 @@ pipert_result pt_outer_regroup(void *state, const pt_coupling_options *options,
     /* Every member broadcasts, so every member must have θ̃: one that has not stepped yet
      * (a replica coming back, with the state it loaded) starts it now. */
     PT_TRY(get_ready(s, at));
-    if (!on_host(s))
-        return pt_fail(PIPERT_ERR_UNSUPPORTED, "dp %s: regrouping keeps θ̃ in host memory only",
-                       s->plan.method);
     const size_t bytes = s->n_params * sizeof(float);
     PT_TRY(pt_broadcast(options->replicas, s->outer, bytes, 0));
-    return pt_broadcast(options->replicas, s->momentum, bytes, 0);
+    PT_TRY(pt_broadcast(options->replicas, s->momentum, bytes, 0));
+    /* θ̃ lives on the host; validation reads the kernels' copy of it */
+    if (s->eval_copy) s->kernels->copy_to_device(s->eval_copy, s->outer, bytes);
+    return PIPERT_OK;
 }

@@ -1,6 +1,7 @@
 /* Which kernel table runs a runtime.device. */
 #include <string.h>
 
+#include "kernels/cuda/cuda.h"
 #include "kernels/kernels.h"
 #include "runtime/error.h"
 
@@ -14,4 +15,10 @@ pipert_result pt_kernels_for_device(const char *device, const pt_kernels **out)
         return pt_fail(PIPERT_ERR_CONFIG,
                        "runtime.device: unknown \"%s\" (expected cpu, cuda or cpu-guarded)", device);
     return PIPERT_OK;
+}
+
+pt_attention_sizer pt_kernels_attention_sizer(const char *device)
+{
+    if (!strcmp(device, "cuda")) return pt_cuda_attention_saved_floats;
+    return pt_kernels_cpu()->attention_saved_floats;
 }

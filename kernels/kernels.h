@@ -183,4 +183,10 @@ void pt_kernels_cpu_set_threads(int threads);
  * PIPERT_ERR_CONFIG naming the key. */
 pipert_result pt_kernels_for_device(const char *device, const pt_kernels **out);
 
+/* The attention_saved_floats of a runtime.device's table, as pure arithmetic
+ * (it starts nothing): for estimates of the memory a stage will take. An
+ * unknown device gets the CPU's. */
+typedef size_t (*pt_attention_sizer)(int B, int T, int C, int NH);
+pt_attention_sizer pt_kernels_attention_sizer(const char *device);
+
 #endif

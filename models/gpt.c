@@ -135,6 +135,7 @@ static size_t attention_saved_floats(const pt_gpt_slice *s)
 {
     const int NH = s->config.n_head, C = s->config.n_embd;
     if (s->kernels) return s->kernels->attention_saved_floats(s->B, s->T, C, NH);
+    if (s->attention_sizer) return s->attention_sizer(s->B, s->T, C, NH);
     return (size_t)s->B * NH * s->T * s->T;
 }
 
@@ -247,9 +248,10 @@ static void slice_release_tables(pt_gpt_slice *s)
 }
 
 void pt_gpt_slice_sizes(const pt_gpt_config *config, int first, int last, int B, int T,
-                        size_t *params, size_t *acts, size_t *grad_acts)
+                        pt_attention_sizer attention, size_t *params, size_t *acts,
+                        size_t *grad_acts)
 {
-    pt_gpt_slice s = {0};
+    pt_gpt_slice s = {.attention_sizer = attention};
     *params = *acts = *grad_acts = 0;
     if (check_slice_request(config, first, last, B, T) == PIPERT_OK &&
         slice_describe(&s, config, first, last, B, T) == PIPERT_OK) {

@@ -80,6 +80,7 @@ typedef struct pt_gpt_slice {
     bool has_head;        /* last == n_layer */
     int B, T;             /* activation shapes this slice was built for */
     const pt_kernels *kernels;
+    pt_attention_sizer attention_sizer; /* sizes without a backend (pt_gpt_slice_sizes) */
 
     /* parameters and gradients: one allocation each, same layout */
     float *params, *grads;
@@ -118,9 +119,11 @@ size_t pt_gpt_slice_bytes(const pt_gpt_config *config, int first, int last, int 
 
 /* The floats a slice holds: parameters (gradients as many), activations of
  * one microbatch, and the activation gradients; 0 each if the request is
- * invalid. */
+ * invalid. `attention`: what the backend's attention keeps
+ * (pt_kernels_attention_sizer; NULL: the CPU's). */
 void pt_gpt_slice_sizes(const pt_gpt_config *config, int first, int last, int B, int T,
-                        size_t *params, size_t *acts, size_t *grad_acts);
+                        pt_attention_sizer attention, size_t *params, size_t *acts,
+                        size_t *grad_acts);
 
 /* Allocates a slice for blocks [first, last) with activations for B×T. Fails
  * with PIPERT_ERR_NOMEM, naming the sizes, when it cannot fit in memory. */

@@ -3,6 +3,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "kernels/kernels.h"
 #include "runtime/error.h"
 
 static bool is_async(const pipert_config *config)
@@ -67,7 +68,9 @@ pipert_result pt_cost_stage(const pipert_config *config, const pt_stage_plan *pl
     if (config->pipeline.recompute) out->time.backward_s += out->time.forward_s;
 
     size_t params, acts, grad_acts;
-    pt_gpt_slice_sizes(&model, out->first, out->last, B, T, &params, &acts, &grad_acts);
+    pt_gpt_slice_sizes(&model, out->first, out->last, B, T,
+                       pt_kernels_attention_sizer(config->runtime.device), &params, &acts,
+                       &grad_acts);
     if (!params)
         return pt_fail(PIPERT_ERR_INVALID_ARG, "cost: stage %d (blocks [%d, %d)) is not a valid "
                        "slice of the model: %s", stage, out->first, out->last, pipert_last_error());
@@ -79,6 +82,15 @@ pipert_result pt_cost_stage(const pipert_config *config, const pt_stage_plan *pl
     out->bytes_activation_grads = 4.0 * (double)grad_acts;
     out->bytes_message = 4.0 * B * T * config->model.n_embd;
     return PIPERT_OK;
+}
+
+int pt_cost_in_flight(const pipert_config *config, int S, int s)
+{
+    const int M = config->pipeline.microbatches;
+    if (S == 1) return 1;
+    if (!strcmp(config->pipeline.schedule, "gpipe")) return M;
+    if (!strcmp(config->pipeline.schedule, "1f1b")) return S - s < M ? S - s : M;
+    return S - s;
 }
 
 double pt_cost_stage_memory(const pt_stage_cost *cost, int in_flight)

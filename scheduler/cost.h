@@ -88,6 +88,10 @@ typedef struct pt_stage_cost {
 pipert_result pt_cost_stage(const pipert_config *config, const pt_stage_plan *plan, int stage,
                             const pt_cost_device *device, pt_stage_cost *out);
 
+/* The microbatches stage s of S holds at once under the schedule (what the simulator finds
+ * for uniform stages: S − s for 1F1B and the asynchronous schedule, all M for GPipe). */
+int pt_cost_in_flight(const pipert_config *config, int S, int s);
+
 /* The device memory a stage needs with `in_flight` microbatches' activations. */
 double pt_cost_stage_memory(const pt_stage_cost *cost, int in_flight);
 

@@ -17,17 +17,6 @@ static pt_gpt_config model_of(const pipert_config *c)
 
 /* ---- the split: a dynamic programme over (stage, blocks) ----------------------- */
 
-/* The microbatches stage s holds at once under the schedule (what the simulator finds for
- * uniform stages: S − s for 1F1B and the asynchronous schedule, all M for GPipe). */
-static int in_flight_estimate(const pipert_config *config, int S, int s)
-{
-    const int M = config->pipeline.microbatches;
-    if (S == 1) return 1;
-    if (!strcmp(config->pipeline.schedule, "gpipe")) return M;
-    if (!strcmp(config->pipeline.schedule, "1f1b")) return S - s < M ? S - s : M;
-    return S - s;
-}
-
 /* Whether stage s of S holding blocks [k, l) fits in `memory` bytes (≤ 0: no limit). */
 static bool stage_fits(const pipert_config *config, int S, int s, int k, int l, double memory)
 {
@@ -38,7 +27,7 @@ static bool stage_fits(const pipert_config *config, int S, int s, int k, int l, 
     const pt_cost_device any = {1, 1, 0, 1, 0}; /* memory does not depend on the device's speed */
     pt_stage_cost cost;
     if (pt_cost_stage(config, &plan, s, &any, &cost) != PIPERT_OK) return false;
-    return pt_cost_stage_memory(&cost, in_flight_estimate(config, S, s)) <= memory;
+    return pt_cost_stage_memory(&cost, pt_cost_in_flight(config, S, s)) <= memory;
 }
 
 pipert_result pt_solver_split_within(const pipert_config *config, int S, const double *speed,

@@ -103,6 +103,18 @@ static pipert_result wait_for_switch(pipert_session *s, pt_membership_news *news
     return PIPERT_OK;
 }
 
+/* pt_broadcast of a tensor in the kernels' memory: through a host copy when
+ * the host cannot read it (host: NULL or a buffer of `bytes`). */
+static pipert_result broadcast_tensor(pipert_session *s, pt_group *g, float *tensor, size_t bytes,
+                                      float *host)
+{
+    if (!host) return pt_broadcast(g, tensor, bytes, 0);
+    s->kernels->copy_to_host(host, tensor, bytes);
+    PT_TRY(pt_broadcast(g, host, bytes, 0));
+    s->kernels->copy_to_device(tensor, host, bytes);
+    return PIPERT_OK;
+}
+
 /* A method that keeps replicas equal: replica 0 of the survivors gives its
  * parameters and optimizer moments to the others. */
 static pipert_result make_replicas_equal(pipert_session *s)
@@ -112,9 +124,14 @@ static pipert_result make_replicas_equal(pipert_session *s)
     pt_gpt_slice *model = pt_stage_executor_model(s->executor);
     pt_optimizer *opt = pt_stage_executor_optimizer(s->executor);
     const size_t bytes = model->n_params * sizeof(float);
-    PT_TRY(pt_broadcast(g, model->params, bytes, 0));
-    PT_TRY(pt_broadcast(g, opt->m, bytes, 0));
-    return pt_broadcast(g, opt->v, bytes, 0);
+    float *host = NULL;
+    if (!s->kernels->host_accessible)
+        PT_TRY(s->kernels->alloc_host((void **)&host, bytes, "a host copy for the broadcast"));
+    pipert_result rc = broadcast_tensor(s, g, model->params, bytes, host);
+    if (rc == PIPERT_OK) rc = broadcast_tensor(s, g, opt->m, bytes, host);
+    if (rc == PIPERT_OK) rc = broadcast_tensor(s, g, opt->v, bytes, host);
+    if (host) s->kernels->free_host(host);
+    return rc;
 }
 
 /* Replicas coming back: this stage's ranks of them connected, and given the donor's state.

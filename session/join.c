@@ -43,12 +43,12 @@
 /* How long a joiner waits for the survivors to connect and for its state. */
 #define JOIN_TIMEOUT_S 300.0
 
-/* The stage's parameters' checksum, which the logs of donor and joiner show (host memory
- * only: elastic replicas run on the CPU). */
+/* The stage's parameters' checksum, which the logs of donor and joiner show. */
 static unsigned long long params_checksum(pipert_session *s)
 {
-    const pt_gpt_slice *slice = pt_stage_executor_model(s->executor);
-    return (unsigned long long)pt_checksum64(slice->params, slice->n_params * sizeof(float));
+    unsigned long long checksum = 0;
+    (void)pt_session_params_checksum(s, &checksum);
+    return checksum;
 }
 
 /* ---- the donor's side ------------------------------------------------------------ */

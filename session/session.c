@@ -147,7 +147,9 @@ static pipert_result session_setup(pipert_session *s)
     /* metrics.jsonl, validation and checkpoints: the rank that has the loss */
     s->writes_outputs = s->job.replica == 0 && s->job.stage == s->job.layout.stages - 1;
     PT_TRY(pt_topology_compute_threads(s->config.runtime.threads, &s->threads));
-    PT_TRY(pt_kernels_for_device(s->config.runtime.device, &s->kernels));
+    int first, last;
+    PT_TRY(stage_blocks(s, &first, &last));
+    PT_TRY(pt_session_choose_kernels(s, first, last));
     if (s->kernels->set_threads) s->kernels->set_threads(s->threads);
     PT_TRY(build_trace(s));
     PT_TRY(build_coupling(s));
@@ -329,11 +331,9 @@ static pipert_result report_step(pipert_session *s, const pt_pipeline_step *p, p
     return PIPERT_OK;
 }
 
-/* Replicas that must agree can be compared from their logs, and a GPU run
- * with a CPU run of the same job. */
-static pipert_result log_parameter_checksum(const pipert_session *s, long step,
-                                            const pt_gpt_slice *slice)
+pipert_result pt_session_params_checksum(pipert_session *s, unsigned long long *out)
 {
+    const pt_gpt_slice *slice = pt_stage_executor_model(s->executor);
     const size_t bytes = slice->n_params * sizeof(float);
     const float *params = slice->params;
     float *host = NULL;
@@ -342,9 +342,19 @@ static pipert_result log_parameter_checksum(const pipert_session *s, long step,
         s->kernels->copy_to_host(host, slice->params, bytes);
         params = host;
     }
-    pt_info("finished step %ld: parameters of stage %d, replica %d: checksum %016llx", step,
-            s->job.stage, s->job.replica, (unsigned long long)pt_checksum64(params, bytes));
+    *out = (unsigned long long)pt_checksum64(params, bytes);
     pt_free(host);
+    return PIPERT_OK;
+}
+
+/* Replicas that must agree can be compared from their logs, and a GPU run
+ * with a CPU run of the same job. */
+static pipert_result log_parameter_checksum(pipert_session *s, long step)
+{
+    unsigned long long checksum;
+    PT_TRY(pt_session_params_checksum(s, &checksum));
+    pt_info("finished step %ld: parameters of stage %d, replica %d: checksum %016llx", step,
+            s->job.stage, s->job.replica, checksum);
     return PIPERT_OK;
 }
 
@@ -353,9 +363,8 @@ static pipert_result log_parameter_checksum(const pipert_session *s, long step,
 static pipert_result finish_run(pipert_session *s, pipert_metrics *m)
 {
     const long step = pt_stage_executor_version(s->executor);
-    const pt_gpt_slice *slice = pt_stage_executor_model(s->executor);
     /* replicas that must agree can be compared from their logs */
-    PT_TRY(log_parameter_checksum(s, step, slice));
+    PT_TRY(log_parameter_checksum(s, step));
     PT_TRY(validate(s, step, m));
     PT_TRY(pt_session_save_checkpoint(s, step));
     if (s->trace) PT_TRY(pt_trace_write_rank_file(s->trace, s->out_dir));

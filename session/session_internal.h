@@ -117,4 +117,14 @@ pipert_result pt_session_coordinator_vote(pipert_session *s, long step, bool *st
 /* A vote in flight is given up (before the job is left). */
 pipert_result pt_session_coordinator_vote_abandon(pipert_session *s);
 
+/* The checksum of this stage's parameters (session.c), read through a host copy where the
+ * host cannot read the kernels' memory: logs compare replicas, and GPU runs with CPU runs. */
+pipert_result pt_session_params_checksum(pipert_session *s, unsigned long long *out);
+
+/* device.c: the kernel table of runtime.device for this worker's stage (blocks [first,
+ * last)): on cuda its GPU and an arena sized from the stage's needs; and those needs, in
+ * bytes of device memory, by the cost model. */
+pipert_result pt_session_choose_kernels(pipert_session *s, int first, int last);
+pipert_result pt_session_stage_memory(const pipert_session *s, int first, int last, double *bytes);
+
 #endif

@@ -52,6 +52,26 @@ Test(cost, one_stage_does_the_models_flops)
  * microbatch in flight, S−s but none on the last stage, for the asynchronous
  * default look-ahead (four more where nesterov-secant stashes), none for 1F1B
  * with flush. */
+/* On cuda the activations are what the CUDA table keeps: attention saves B·NH·T + B·T·C floats
+ * per block (flash-style), not the B·NH·T·T probabilities (kernels/cuda/sizes.c). */
+Test(cost, activations_follow_the_device_attention)
+{
+    pipert_config cpu = config_with("{\"model\": {\"n_layer\": 4}}");
+    pipert_config cuda = config_with("{\"model\": {\"n_layer\": 4}, \"runtime\": {\"device\": \"cuda\"}}");
+    pt_stage_plan one;
+    const pt_gpt_config model = model_of(&cpu);
+    cr_assert_eq(pt_plan_balanced(&model, cpu.model.block_size, 1, &one), PIPERT_OK);
+    pt_stage_cost a, b;
+    cr_assert_eq(pt_cost_stage(&cpu, &one, 0, &device, &a), PIPERT_OK);
+    cr_assert_eq(pt_cost_stage(&cuda, &one, 0, &device, &b), PIPERT_OK);
+    const double B = cpu.train.batch_size, T = cpu.model.block_size, C = cpu.model.n_embd,
+                 NH = cpu.model.n_head;
+    const double per_block = 4.0 * (B * NH * T * T - (B * NH * T + B * T * C));
+    cr_expect_float_eq(a.bytes_activations - b.bytes_activations, 4 * per_block, 64.0 * 4 * 4,
+                       "cpu %g, cuda %g bytes", a.bytes_activations, b.bytes_activations);
+    cr_expect_eq(a.bytes_fixed, b.bytes_fixed);
+}
+
 Test(cost, stages_share_the_flops_and_keep_their_weight_copies)
 {
     const char *schedules[] = {"async-1f1b", "1f1b", "async-1f1b"};
@@ -79,7 +99,7 @@ Test(cost, stages_share_the_flops_and_keep_their_weight_copies)
                                part.bytes_fixed);
             size_t p, a, g;
             pt_gpt_slice_sizes(&model, part.first, part.last, c.train.batch_size,
-                               c.model.block_size, &p, &a, &g);
+                               c.model.block_size, NULL, &p, &a, &g);
             cr_expect_float_eq(part.bytes_activations, 4.0 * (double)a, 1e-6);
         }
         cr_expect_float_eq(flops, whole.flops, 1e-6 * whole.flops, "4 stages %g, one %g", flops,

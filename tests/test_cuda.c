@@ -184,7 +184,8 @@ Test(cuda, table_is_complete)
         (void (*)(void))k->attention_saved_floats, (void (*)(void))k->gelu_forward,
         (void (*)(void))k->gelu_backward, (void (*)(void))k->residual_forward,
         (void (*)(void))k->crossentropy_forward, (void (*)(void))k->crossentropy_forward_backward,
-        (void (*)(void))k->adam_update, (void (*)(void))k->delay_compensate,
+        (void (*)(void))k->adam_update, (void (*)(void))k->adam_extrapolate,
+        (void (*)(void))k->delay_compensate, (void (*)(void))k->alloc_host, (void (*)(void))k->free_host,
         (void (*)(void))k->secant_compensate, (void (*)(void))k->sum_squares, (void (*)(void))k->sum, (void (*)(void))k->scale,
     };
     for (size_t i = 0; i < sizeof entries / sizeof entries[0]; i++)
@@ -497,6 +498,27 @@ Test(cuda, adam_update_matches_cpu)
     expect_device_close(gpu, "adam param", d_param, param, n, FP32_TOL);
     expect_device_close(gpu, "adam m", d_m, m, n, FP32_TOL);
     expect_device_close(gpu, "adam v", d_v, v, n, FP32_TOL);
+    expect_no_cuda_error();
+}
+
+/* lookahead = predict's kernel (kernels.h), in place and out of place; steps = 0 is θ exactly. */
+Test(cuda, adam_extrapolate_matches_cpu)
+{
+    const pt_kernels *gpu = cuda_or_skip();
+    const size_t n = 100003;
+    float *param = random_floats(n, -1, 1), *m = random_floats(n, -0.1, 0.1);
+    float *v = random_floats(n, 0, 0.01), *out = random_floats(n, -1, 1);
+    float *d_param = upload(gpu, param, n * 4), *d_m = upload(gpu, m, n * 4),
+          *d_v = upload(gpu, v, n * 4), *d_out = upload(gpu, out, n * 4);
+    const pt_adam_coeffs c = {.decay = 0.999f, .bias2 = 0.2f, .eps = 1e-3f, .c_mom = 0.02f};
+    gpu->adam_extrapolate(d_out, d_param, d_m, d_v, n, &c, 0.0f);
+    expect_device_close(gpu, "zero steps", d_out, param, n, 0.0);
+    cpu()->adam_extrapolate(out, param, m, v, n, &c, 2.5f);
+    gpu->adam_extrapolate(d_out, d_param, d_m, d_v, n, &c, 2.5f);
+    expect_device_close(gpu, "predicted weights", d_out, out, n, FP32_TOL);
+    cpu()->adam_extrapolate(param, param, m, v, n, &c, 3.0f);
+    gpu->adam_extrapolate(d_param, d_param, d_m, d_v, n, &c, 3.0f);
+    expect_device_close(gpu, "predicted in place", d_param, param, n, FP32_TOL);
     expect_no_cuda_error();
 }
 

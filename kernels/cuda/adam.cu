@@ -7,6 +7,9 @@
  *   m ← β1·m + (1−β1)·g;  v ← β2·v + (1−β2)·g²;  d = √(v/bias2) + ε
  *   θ ← θ·decay − c_grad·g/d − c_mom·m/d
  *
+ * Weight prediction (lookahead = predict, kernels.h), m and v only read:
+ *   out = θ − (steps·(1 − decay)·θ + steps·c_mom·m/d)
+ *
  * And the delay compensation of lookahead = dc-asgd (kernels.h), v only read:
  *   g ← g + λ·g·g·(now − used)/d
  * and nesterov-secant's, with a running secant κ per element (kernels.h).
@@ -34,6 +37,28 @@ void pt_cuda_adam_update(float *param, const float *grad, float *m, float *v, si
                          const pt_adam_coeffs *coeffs)
 {
     PT_LAUNCH_ELEMENTWISE(adam_update_kernel, n, param, grad, m, v, n, *coeffs);
+}
+
+__global__ void adam_extrapolate_kernel(float *out, const float *param, const float *m,
+                                        const float *v, size_t n, float inv_bias2, float eps,
+                                        float shrink, float push)
+{
+    /* out[n], param[n], m[n], v[n]; out may be param */
+    PT_GRID_STRIDE_LOOP(i, n)
+    {
+        float d = sqrtf(v[i] * inv_bias2) + eps;
+        float p = param[i];
+        /* the correction summed first, as on the CPU: steps = 0 gives θ exactly */
+        out[i] = p - (shrink * p + push * m[i] / d);
+    }
+}
+
+void pt_cuda_adam_extrapolate(float *out, const float *param, const float *m, const float *v,
+                              size_t n, const pt_adam_coeffs *coeffs, float steps)
+{
+    const float shrink = steps * (1.0f - coeffs->decay), push = steps * coeffs->c_mom;
+    PT_LAUNCH_ELEMENTWISE(adam_extrapolate_kernel, n, out, param, m, v, n, 1.0f / coeffs->bias2,
+                          coeffs->eps, shrink, push);
 }
 
 __global__ void delay_compensate_kernel(float *grad, const float *now, const float *used,

@@ -362,11 +362,6 @@ pipert_result pt_cuda_attention_setup(void)
     return PIPERT_OK;
 }
 
-size_t pt_cuda_attention_saved_floats(int B, int T, int C, int NH)
-{
-    return (size_t)B * NH * T + (size_t)B * T * C;
-}
-
 template <int HS>
 static void forward_launch(float *out, float *att, const float *qkv, attention_shape s)
 {

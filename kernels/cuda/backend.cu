@@ -73,6 +73,29 @@ static pipert_result env_integer(const char *name, long long fallback, long long
 
 /* ---- starting and stopping ------------------------------------------------------------ */
 
+/* pt_cuda_configure's choice for the next start; the environment wins. */
+static struct {
+    int device;
+    size_t arena_bytes; /* 0: free memory less DEFAULT_RESERVE_BYTES */
+} configured;
+
+extern "C" void pt_cuda_configure(int device, size_t arena_bytes)
+{
+    std::lock_guard<std::mutex> guard(start_lock);
+    configured.device = device > 0 ? device : 0;
+    configured.arena_bytes = arena_bytes;
+}
+
+extern "C" int pt_cuda_device_count(void)
+{
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return count;
+}
+
 static pipert_result choose_device(void)
 {
     int count = 0;
@@ -86,7 +109,7 @@ static pipert_result choose_device(void)
     }
     if (count == 0) return pt_fail(PIPERT_ERR_NO_DEVICE, "no CUDA device: cudaGetDeviceCount found none");
     long long ordinal;
-    PT_TRY(env_integer("PIPERT_CUDA_DEVICE", 0, &ordinal));
+    PT_TRY(env_integer("PIPERT_CUDA_DEVICE", configured.device, &ordinal));
     if (ordinal >= count)
         return pt_fail(PIPERT_ERR_CONFIG, "PIPERT_CUDA_DEVICE=%lld: this machine has %d CUDA devices",
                        ordinal, count);
@@ -133,6 +156,7 @@ static pipert_result create_arena(void)
         return pt_fail(PIPERT_ERR_INTERNAL, "cudaMemGetInfo: %s", cudaGetErrorString(err));
     size_t fallback = free_bytes > 2 * DEFAULT_RESERVE_BYTES ? free_bytes - DEFAULT_RESERVE_BYTES
                                                              : free_bytes / 2;
+    if (configured.arena_bytes) fallback = configured.arena_bytes; /* what the caller needs */
     long long mib;
     PT_TRY(env_integer("PIPERT_CUDA_ARENA_MB", (long long)(fallback >> 20), &mib));
     if (mib < 1) return pt_fail(PIPERT_ERR_CONFIG, "PIPERT_CUDA_ARENA_MB=%lld: must be at least 1", mib);
@@ -218,7 +242,7 @@ static const pt_kernels cuda_kernels = {
     .crossentropy_forward_backward = pt_cuda_crossentropy_forward_backward,
 
     .adam_update = pt_cuda_adam_update,
-    .adam_extrapolate = NULL, /* weight prediction: not yet on CUDA (pipeline.lookahead=predict refuses) */
+    .adam_extrapolate = pt_cuda_adam_extrapolate,
     .delay_compensate = pt_cuda_delay_compensate,
     .secant_compensate = pt_cuda_secant_compensate,
     .sum_squares = pt_cuda_sum_squares,
@@ -248,6 +272,7 @@ extern "C" pipert_result pt_cuda_device_query(pt_cuda_device_info *out)
     out->total_bytes = pt_cuda.prop.totalGlobalMem;
     out->arena_bytes = pt_cuda.arena.capacity;
     out->arena_used_bytes = pt_cuda.arena.live_bytes;
+    out->arena_peak_bytes = pt_cuda.arena.peak;
     out->tf32 = pt_cuda.tf32;
     return PIPERT_OK;
 }

@@ -31,6 +31,7 @@ struct pt_cuda_arena {
     char *base;
     size_t capacity, top;       /* bytes; [0, top) is in use or freed-but-buried */
     size_t live_bytes;
+    size_t peak;                /* the highest top reached, scratch included */
     pt_cuda_arena_piece *pieces; /* allocation order */
     int n_pieces, pieces_capacity;
 };
@@ -156,7 +157,6 @@ void pt_cuda_attention_forward(float *out, float *att, const float *qkv, int B, 
                                int NH);
 void pt_cuda_attention_backward(float *dqkv, const float *dout, const float *qkv,
                                 const float *att, int B, int T, int C, int NH);
-size_t pt_cuda_attention_saved_floats(int B, int T, int C, int NH);
 
 /* elementwise.cu */
 void pt_cuda_gelu_forward(float *out, const float *inp, size_t n);
@@ -177,6 +177,8 @@ void pt_cuda_crossentropy_forward_backward(float *losses, float *logits, const i
 /* adam.cu */
 void pt_cuda_adam_update(float *param, const float *grad, float *m, float *v, size_t n,
                          const pt_adam_coeffs *coeffs);
+void pt_cuda_adam_extrapolate(float *out, const float *param, const float *m, const float *v,
+                              size_t n, const pt_adam_coeffs *coeffs, float steps);
 void pt_cuda_delay_compensate(float *grad, const float *now, const float *used, const float *v,
                               size_t n, const pt_adam_coeffs *coeffs, float lambda);
 void pt_cuda_secant_compensate(float *grad, const float *now, const float *used, float *prev_grad,

@@ -53,12 +53,23 @@ typedef struct pt_cuda_device_info {
     size_t total_bytes;      /* device memory */
     size_t arena_bytes;      /* the arena's size */
     size_t arena_used_bytes; /* its live pieces */
+    size_t arena_peak_bytes; /* the most of it ever in use (scratch included) */
     int tf32;                /* fp32 GEMMs may use TF32 */
 } pt_cuda_device_info;
 
 /* Starts the backend if needed (as pt_kernels_cuda does) and describes the
  * device. PIPERT_ERR_NO_DEVICE when there is none. */
 pipert_result pt_cuda_device_query(pt_cuda_device_info *out);
+
+/* How the backend starts the next time it starts (pt_kernels_cuda): on
+ * `device` (a cudaSetDevice ordinal), with an arena of `arena_bytes` (0: the
+ * device's free memory less 2 GiB). PIPERT_CUDA_DEVICE and PIPERT_CUDA_ARENA_MB
+ * win when set. A backend already started is not changed. */
+void pt_cuda_configure(int device, size_t arena_bytes);
+
+/* CUDA devices this process sees (0 without a driver or GPU, or in a build
+ * without CUDA). Starts nothing. */
+int pt_cuda_device_count(void);
 
 /* PIPERT_OK, or the first CUDA/cuBLAS error recorded since the backend
  * started, with its message (pipert_last_error). */
@@ -71,6 +82,10 @@ void pt_cuda_shutdown(void);
 
 /* Lets fp32 GEMMs use TF32 (overrides PIPERT_CUDA_TF32). */
 void pt_cuda_set_tf32(int enabled);
+
+/* Floats the CUDA attention saves for its backward (kernels.h,
+ * attention_saved_floats). Pure C: in every build. */
+size_t pt_cuda_attention_saved_floats(int B, int T, int C, int NH);
 
 /* Dense tensor-core peak in FLOP/s of a device, by the name CUDA reports
  * (H100 SXM and H200: 989e12 bf16; H100 PCIe: 756e12; A100: 312e12), for

@@ -43,10 +43,13 @@ pipert_result pt_cuda_arena_create(size_t capacity)
     cudaError_t err = cudaMalloc((void **)&a->base, capacity);
     if (err != cudaSuccess) {
         a->base = NULL;
+        cudaGetLastError();
+        size_t free_bytes = 0, total_bytes = 0;
+        cudaMemGetInfo(&free_bytes, &total_bytes);
         return pt_fail(PIPERT_ERR_NOMEM,
-                       "CUDA arena: cudaMalloc of %zu MiB failed: %s (set PIPERT_CUDA_ARENA_MB "
-                       "lower)",
-                       capacity >> 20, cudaGetErrorString(err));
+                       "CUDA device %d: the arena needs %zu MiB, %zu MiB of %zu are free: %s",
+                       pt_cuda.device, capacity >> 20, free_bytes >> 20, total_bytes >> 20,
+                       cudaGetErrorString(err));
     }
     a->capacity = capacity;
     return PIPERT_OK;
@@ -66,9 +69,11 @@ static pipert_result arena_take(void **out, size_t bytes, const char *what)
     size_t size = align_up(bytes > 0 ? bytes : 1);
     if (size > a->capacity - a->top)
         return pt_fail(PIPERT_ERR_NOMEM,
-                       "%s: %zu MiB do not fit in the CUDA arena (%zu of %zu MiB in use; set "
-                       "PIPERT_CUDA_ARENA_MB to change its size)",
-                       what, (size + (1 << 20) - 1) >> 20, a->top >> 20, a->capacity >> 20);
+                       "%s: %zu MiB do not fit in the CUDA arena of device %d (%zu of %zu MiB in "
+                       "use; the arena is sized from the stage's needs: set PIPERT_CUDA_ARENA_MB to "
+                       "change it)",
+                       what, (size + (1 << 20) - 1) >> 20, pt_cuda.device, a->top >> 20,
+                       a->capacity >> 20);
     if (a->n_pieces == a->pieces_capacity) {
         int capacity = a->pieces_capacity ? 2 * a->pieces_capacity : 64;
         pt_cuda_arena_piece *grown =
@@ -81,6 +86,7 @@ static pipert_result arena_take(void **out, size_t bytes, const char *what)
     *out = a->base + a->top;
     a->top += size;
     a->live_bytes += size;
+    if (a->top > a->peak) a->peak = a->top;
     return PIPERT_OK;
 }
 
@@ -122,6 +128,7 @@ void *pt_cuda_scratch(size_t bytes, const char *what)
     }
     void *p = a->base + a->top;
     a->top += size;
+    if (a->top > a->peak) a->peak = a->top;
     return p;
 }
 

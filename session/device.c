@@ -1,0 +1,78 @@
+/* Where a worker's tensors live: the kernel table of runtime.device and, on
+ * cuda, which GPU and how much of its memory the worker takes.
+ *
+ * GPUs. A worker knows its rank among the workers of its host under every
+ * launcher (runtime/comm/bootstrap.h: pipert launch, srun, mpirun); with G
+ * GPUs visible it takes GPU local_rank mod G, so that workers get one each
+ * when there are enough and share them round-robin otherwise (two workers on
+ * one GPU run side by side under MPS). PIPERT_CUDA_DEVICE, when set, wins; a
+ * worker whose local rank is unknown (an embedding program) takes GPU 0.
+ *
+ * Memory. The arena (kernels/cuda/memory.cu) is sized from what the stage
+ * needs, by the cost model `pipert plan` and `pipert simulate` use
+ * (scheduler/cost.h: parameters, gradients, moments, the weight versions of
+ * its look-ahead, the coupling's copies, the activations of the microbatches
+ * in flight and their gradients, one set more for validation while the
+ * asynchronous schedule runs), with headroom: a quarter more, and 512 MiB for
+ * scratch and what the model keeps beside its activations. So workers sharing
+ * a GPU each take what they need, not all free memory; one that does not fit
+ * fails naming the device, the bytes needed and the bytes free.
+ * PIPERT_CUDA_ARENA_MB, when set, wins. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cuda/cuda.h"
+#include "pipeline/plan.h"
+#include "runtime/log.h"
+#include "scheduler/cost.h"
+#include "session/session_internal.h"
+
+#define HEADROOM_FACTOR 1.25
+#define HEADROOM_BYTES ((double)(512u << 20))
+
+/* The GPU of this worker (above). */
+static int choose_gpu(const pipert_session *s)
+{
+    const int count = pt_cuda_device_count();
+    const int local = s->job.boot.local_rank;
+    return count > 0 && local >= 0 ? local % count : 0;
+}
+
+pipert_result pt_session_stage_memory(const pipert_session *s, int first, int last, double *bytes)
+{
+    const int S = s->job.layout.stages, stage = s->job.stage;
+    pt_stage_plan plan = {.stages = S};
+    plan.bounds[stage] = first;
+    plan.bounds[stage + 1] = last;
+    const pt_cost_device any = {1, 1, 0, 1, 0}; /* memory does not depend on the speed */
+    pt_stage_cost cost;
+    PT_TRY(pt_cost_stage(&s->config, &plan, stage, &any, &cost));
+    int in_flight = pt_cost_in_flight(&s->config, S, stage);
+    if (s->config.train.val_every > 0) in_flight++; /* validation's own activation set */
+    *bytes = pt_cost_stage_memory(&cost, in_flight);
+    return PIPERT_OK;
+}
+
+pipert_result pt_session_choose_kernels(pipert_session *s, int first, int last)
+{
+    if (strcmp(s->config.runtime.device, "cuda") != 0)
+        return pt_kernels_for_device(s->config.runtime.device, &s->kernels);
+    double needed;
+    PT_TRY(pt_session_stage_memory(s, first, last, &needed));
+    const double arena = needed * HEADROOM_FACTOR + HEADROOM_BYTES;
+    const int gpu = choose_gpu(s);
+    pt_cuda_configure(gpu, (size_t)arena);
+    pipert_result rc = pt_kernels_cuda(&s->kernels);
+    if (rc != PIPERT_OK) {
+        pt_error_prefix("rank %d (stage %d, replica %d) on GPU %d, needing %.0f MiB for its stage",
+                        s->job.rank, s->job.stage, s->job.replica, gpu, arena / (1 << 20));
+        return rc;
+    }
+    pt_cuda_device_info info;
+    PT_TRY(pt_cuda_device_query(&info));
+    pt_info("stage %d on GPU %d (%s) with an arena of %zu MiB (the stage needs %.0f MiB by the "
+            "cost model)", s->job.stage, info.ordinal, info.name, info.arena_bytes >> 20,
+            needed / (1 << 20));
+    return PIPERT_OK;
+}
