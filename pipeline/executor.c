@@ -373,9 +373,13 @@ static pipert_result receive_tensor(pt_stage_executor *ex, int peer, uint16_t ki
              microbatch, peer);
     pipert_result rc = wait_request(ex, request, what);
     if (rc == PIPERT_OK) rc = check_sender(ex, pt_request_header(request), peer, microbatch, what);
-    if (rc == PIPERT_OK) pt_staging_arrived(ex, dst, expected.nbytes);
     pt_request_free(request);
     trace_span(ex, "recv", started, microbatch);
+    if (rc == PIPERT_OK && dst != pt_staging_incoming(ex, dst)) {
+        const double copy_started = pt_trace_now_us();
+        pt_staging_arrived(ex, dst, expected.nbytes);
+        trace_span(ex, "copy", copy_started, microbatch); /* host staging to the device */
+    }
     return rc;
 }
 
@@ -385,9 +389,11 @@ static pipert_result send_tensor(pt_stage_executor *ex, int peer, uint16_t kind,
                                  uint32_t direction, long microbatch, const float *src,
                                  float *staging, pt_request **request)
 {
-    const double started = pt_trace_now_us();
     pt_message_header header = activation_header(ex, kind, microbatch);
+    const double copy_started = pt_trace_now_us();
     const float *outgoing = pt_staging_outgoing(ex, staging, src, header.nbytes);
+    if (outgoing != src) trace_span(ex, "copy", copy_started, microbatch); /* device to host staging */
+    const double started = pt_trace_now_us();
     pipert_result rc = pt_send(ex->options.transport, peer, message_tag(direction, microbatch),
                                &header, outgoing, PT_SEND_CHECKSUM, request);
     trace_span(ex, "send", started, microbatch);

@@ -76,3 +76,12 @@ pipert_result pt_session_choose_kernels(pipert_session *s, int first, int last)
             needed / (1 << 20));
     return PIPERT_OK;
 }
+
+void pt_session_report_device_memory(const pipert_session *s)
+{
+    if (strcmp(s->config.runtime.device, "cuda") != 0) return;
+    pt_cuda_device_info info;
+    if (pt_cuda_device_query(&info) != PIPERT_OK) return;
+    pt_info("stage %d: the CUDA arena's high-water mark was %zu MiB of its %zu MiB",
+            s->job.stage, info.arena_peak_bytes >> 20, info.arena_bytes >> 20);
+}

@@ -365,6 +365,7 @@ static pipert_result finish_run(pipert_session *s, pipert_metrics *m)
     const long step = pt_stage_executor_version(s->executor);
     /* replicas that must agree can be compared from their logs */
     PT_TRY(log_parameter_checksum(s, step));
+    pt_session_report_device_memory(s);
     PT_TRY(validate(s, step, m));
     PT_TRY(pt_session_save_checkpoint(s, step));
     if (s->trace) PT_TRY(pt_trace_write_rank_file(s->trace, s->out_dir));

@@ -126,5 +126,7 @@ pipert_result pt_session_params_checksum(pipert_session *s, unsigned long long *
  * bytes of device memory, by the cost model. */
 pipert_result pt_session_choose_kernels(pipert_session *s, int first, int last);
 pipert_result pt_session_stage_memory(const pipert_session *s, int first, int last, double *bytes);
+/* device.c: logs how much of its GPU memory the stage used at most (cuda; nothing elsewhere). */
+void pt_session_report_device_memory(const pipert_session *s);
 
 #endif

@@ -1,0 +1,162 @@
+#!/usr/bin/env bash
+# The prepared GPU check of multi-worker jobs (docs/CUDA.md, "Between workers"):
+# one call on a GPU machine, under 8 minutes, that prints a short table.
+#
+#   scripts/gpu-check.sh prepare   # here, on the CPU machine: a portable CUDA build, the
+#                                  # host libraries and UCX modules it needs, the corpus, and
+#                                  # every case's CPU reference run, all in build-gpu-carry/
+#   scripts/gpu-check.sh run       # on the GPU machine (device tool: carry ["build-gpu-carry"])
+#
+# Each case runs the default model for STEPS steps on runtime.device=cuda and compares its
+# per-step training loss and its final validation loss with the same run on the CPU backend,
+# computed beforehand by `prepare` with the same binary and data. Tolerances (relative, worst
+# step): the GPU and the CPU sum in other orders (cuBLAS's GEMM tiles against OpenBLAS's, the
+# kernels' fixed-order reductions against OpenMP's), about 1e-6 relative per reduction in fp32;
+# over 20 steps of Adam that grows to ~1e-5 in the loss. Flush schedules and dense averaging
+# (the same mathematical step as the CPU's) must stay within 1e-4; the asynchronous pipeline and
+# sparse averaging feed the difference back through stale weights and a 4-bit codec, whose
+# rounding of a value near a step of its grid flips with a 1e-6 change: within 1e-3.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+carry=build-gpu-carry
+STEPS=20
+MODEL="--train.steps=$STEPS --train.log_every=1 --train.val_every=0 --train.val_batches=4 --pipeline.trace=false"
+
+# name | launch arguments | tolerance
+CASES=(
+  "stages2-async|--stages 2|1e-3"
+  "stages4-async|--stages 4|1e-3"
+  "stages4-1f1b|--stages 4 --pipeline.schedule=1f1b|1e-4"
+  "replicas2-allreduce|--replicas 2|1e-4"
+  "stages2-replicas2-sparse-e3m0|--stages 2 --replicas 2 --dp.method=sparse --dp.compress=e3m0 --dp.delay=2|1e-3"
+  "stages2-replicas2-diloco|--stages 2 --replicas 2 --dp.method=diloco --dp.period=5|1e-3"
+  "stages3-predict|--stages 3 --pipeline.lookahead=predict|1e-3"
+)
+
+prepare() {
+  scripts/deps.sh
+  # -Dnative=false: the device's CPU may lack this one's instructions
+  scripts/build.sh build-gpu -Dnative=false -Dcuda=enabled -Dbuildtype=release
+  rm -rf "$carry"
+  mkdir -p "$carry"/{tools,tests,lib,ucx,ref}
+  cp build-gpu/tools/pipert "$carry/tools/"
+  cp build-gpu/tests/test_cuda build-gpu/tests/bench_cuda "$carry/tests/"
+  cp -L build-gpu/libpipert.so.0 "$carry/"
+  # host libraries a CUDA image lacks; glibc, libstdc++ and CUDA's stay the device's own
+  ldd "$carry/tools/pipert" "$carry/tests/test_cuda" | awk '/=> \// {print $3}' | sort -u |
+    grep -v -E '/(libc|libm|libstdc\+\+|libgcc_s|libpthread|libdl|librt|libresolv|libz|libcrypto|libffi|libudev|libcom_err|libkeyutils|libkrb5|libkrb5support|libk5crypto|libgssapi_krb5|libpcre2-8)\.so|/usr/local/cuda|libpipert|libcu|libnccl' |
+    xargs -I{} cp -L {} "$carry/lib/"
+  cp -L /usr/lib/x86_64-linux-gnu/ucx/*.so.0 "$carry/ucx/"
+  cp -r /usr/share/games/fortunes "$carry/corpus"
+  for c in "${CASES[@]}"; do
+    IFS='|' read -r name args tol <<<"$c"
+    echo "reference: $name"
+    # shellcheck disable=SC2086
+    "$carry/tools/pipert" launch --quiet $args $MODEL --data.path="$carry/corpus" \
+      --runtime.device=cpu --out "$carry/ref/$name.run" >/dev/null
+    cp "$carry/ref/$name.run/metrics.jsonl" "$carry/ref/$name.jsonl"
+    rm -rf "$carry/ref/$name.run"
+  done
+  du -sh "$carry"
+}
+
+# The worst relative difference of the per-step losses and of the final validation loss.
+compare() {
+  python3 - "$1" "$2" "$3" <<'PY'
+import json, sys
+def losses(path):
+    train, val = {}, None
+    for line in open(path):
+        o = json.loads(line)
+        if "val_loss" in o: val = o["val_loss"]
+        elif "loss" in o: train[o["step"]] = o["loss"]
+    return train, val
+(gt, gv), (rt, rv), tol = losses(sys.argv[1]), losses(sys.argv[2]), float(sys.argv[3])
+steps = sorted(rt)
+worst = max(abs(gt[s] - rt[s]) / abs(rt[s]) for s in steps) if set(steps) <= set(gt) else float("inf")
+vdiff = abs(gv - rv) / abs(rv) if gv is not None and rv is not None else float("inf")
+ok = worst <= tol and vdiff <= tol
+print(f"{len(gt):5d} {worst:10.2e} {vdiff:10.2e} {tol:8.0e}  {'ok' if ok else 'FAIL'}")
+PY
+}
+
+# From a trace: per rank, the share of its wall time in "copy" (device <-> host staging) and
+# "send" spans, and the mean step (to set against a one-process step).
+transfer_share() {
+  python3 - "$1" <<'PY'
+import json, sys, collections
+events = json.load(open(sys.argv[1]))
+events = events["traceEvents"] if isinstance(events, dict) else events
+by = collections.defaultdict(lambda: collections.Counter())
+span = collections.defaultdict(lambda: [float("inf"), 0.0])
+for e in events:
+    if e.get("ph") != "X": continue
+    name = e["name"].split(" ")[0]
+    by[e["pid"]][name] += e["dur"]
+    s = span[e["pid"]]
+    s[0] = min(s[0], e["ts"]); s[1] = max(s[1], e["ts"] + e["dur"])
+for pid in sorted(by):
+    wall = span[pid][1] - span[pid][0]
+    c = by[pid]
+    print(f"  rank {pid}: copy {100*c['copy']/wall:5.2f}%  send {100*c['send']/wall:5.2f}%  "
+          f"recv {100*c['recv']/wall:5.2f}%  forward+backward {100*(c['forward']+c['backward'])/wall:5.1f}%")
+PY
+}
+
+run() {
+  [ -d "$carry" ] || { echo "no $carry: run 'scripts/gpu-check.sh prepare' on the CPU machine and carry it" >&2; exit 2; }
+  out=${OUT:-/tmp/gpu-check}
+  mkdir -p "$out"
+  nccl=$(python3 -c 'import nvidia.nccl as n; print(n.__path__[0])' 2>/dev/null || true)
+  export LD_LIBRARY_PATH=$PWD/$carry:$PWD/$carry/lib:/usr/local/cuda/lib64${nccl:+:$nccl/lib}
+  export UCX_MODULE_DIR=$PWD/$carry/ucx PIPERT_LOG=warn
+  local pipert=$carry/tools/pipert
+  nvidia-smi -L || true
+  if ldd "$pipert" | grep 'not found'; then echo "missing libraries" >&2; exit 2; fi
+
+  echo "== test_cuda"
+  timeout 240 "$carry/tests/test_cuda" -j1 >"$out/test_cuda.log" 2>&1 && echo "test_cuda: pass" ||
+    { echo "test_cuda: FAIL"; grep -E "FAIL|CRASH" "$out/test_cuda.log" | head; }
+  tail -n 1 "$out/test_cuda.log"
+
+  echo "== cuda against cpu ($STEPS steps; worst relative difference of a step's loss, of the validation loss)"
+  printf '%-32s %5s %10s %10s %8s\n' case steps "train" "val" tol
+  for c in "${CASES[@]}"; do
+    IFS='|' read -r name args tol <<<"$c"
+    printf '%-32s ' "$name"
+    # shellcheck disable=SC2086
+    if timeout 120 "$pipert" launch --quiet $args $MODEL --data.path="$PWD/$carry/corpus" \
+        --runtime.device=cuda --out "$out/$name" >"$out/$name.err" 2>&1; then
+      compare "$out/$name/metrics.jsonl" "$carry/ref/$name.jsonl" "$tol"
+    else
+      echo "FAIL: $(tail -n 2 "$out/$name.err" | tr '\n' ' ')"
+    fi
+  done
+
+  echo "== the quickstart job on cuda (2 stages, 700 steps)"
+  timeout 180 "$pipert" launch --stages 2 --replicas 1 --runtime.device=cuda \
+    --data.path="$PWD/$carry/corpus" --out "$out/quickstart" 2>&1 | tail -n 2 || echo "quickstart: FAIL"
+
+  echo "== GPT-2 124M (T = 1024, B = 8), one process and 2 stages sharing the GPU: where the time goes"
+  export PIPERT_LOG=info # the workers' logs say their arena's size and high-water mark
+  gpt2="--model.n_layer=12 --model.n_embd=768 --model.n_head=12 --model.block_size=1024 --model.vocab_size=50257
+        --train.batch_size=8 --train.steps=12 --train.log_every=1 --train.val_every=0 --data.path=$PWD/$carry/corpus"
+  # shellcheck disable=SC2086
+  timeout 150 "$pipert" launch --quiet --stages 1 $gpt2 --runtime.device=cuda --out "$out/gpt2-one" >/dev/null 2>&1 &&
+    echo "  one process: $(python3 -c "import json,statistics as s;print('%.1f ms/step' % s.median([json.loads(l)['ms_per_step'] for l in open('$out/gpt2-one/metrics.jsonl') if 'ms_per_step' in l][4:]))")" ||
+    echo "  one process: FAIL"
+  # shellcheck disable=SC2086
+  timeout 150 "$pipert" launch --quiet --stages 2 $gpt2 --runtime.device=cuda --out "$out/gpt2-two" >/dev/null 2>&1 &&
+    { echo "  2 stages: $(python3 -c "import json,statistics as s;print('%.1f ms/step' % s.median([json.loads(l)['ms_per_step'] for l in open('$out/gpt2-two/metrics.jsonl') if 'ms_per_step' in l][4:]))")";
+      transfer_share "$out/gpt2-two/trace.json"; } ||
+    echo "  2 stages: FAIL"
+  echo "  device memory per rank: the cost model's need (what pipert simulate says) and the arena's high-water mark"
+  grep -h -E "by the cost model|high-water" "$out"/gpt2-*/logs/*.log 2>/dev/null | sed 's/^[0-9:.]* info  /  /'
+
+}
+
+case "${1:-}" in
+  prepare) prepare ;;
+  run) run ;;
+  *) echo "usage: scripts/gpu-check.sh prepare|run" >&2; exit 2 ;;
+esac
