@@ -6,6 +6,8 @@
 #                                  # host libraries and UCX modules it needs, the corpus, and
 #                                  # every case's CPU reference run, all in build-gpu-carry/
 #   scripts/gpu-check.sh run       # on the GPU machine (device tool: carry ["build-gpu-carry"])
+#   DEVICE=cpu-guarded scripts/gpu-check.sh run   # a dry run of the script on the CPU machine
+#                                  # (the cases must then match their references exactly)
 #
 # Each case runs the default model for STEPS steps on runtime.device=cuda and compares its
 # per-step training loss and its final validation loss with the same run on the CPU backend,
@@ -19,6 +21,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 carry=build-gpu-carry
+DEVICE=${DEVICE:-cuda}
 STEPS=20
 MODEL="--train.steps=$STEPS --train.log_every=1 --train.val_every=0 --train.val_batches=4 --pipeline.trace=false"
 
@@ -119,20 +122,21 @@ run() {
     { echo "test_cuda: FAIL"; grep -E "FAIL|CRASH" "$out/test_cuda.log" | head; }
   tail -n 1 "$out/test_cuda.log"
 
-  echo "== cuda against cpu ($STEPS steps; worst relative difference of a step's loss, of the validation loss)"
+  echo "== $DEVICE against cpu ($STEPS steps; worst relative difference of a step's loss, of the validation loss)"
   printf '%-32s %5s %10s %10s %8s\n' case steps "train" "val" tol
   for c in "${CASES[@]}"; do
     IFS='|' read -r name args tol <<<"$c"
     printf '%-32s ' "$name"
     # shellcheck disable=SC2086
     if timeout 120 "$pipert" launch --quiet $args $MODEL --data.path="$PWD/$carry/corpus" \
-        --runtime.device=cuda --out "$out/$name" >"$out/$name.err" 2>&1; then
+        --runtime.device="$DEVICE" --out "$out/$name" >"$out/$name.err" 2>&1; then
       compare "$out/$name/metrics.jsonl" "$carry/ref/$name.jsonl" "$tol"
     else
       echo "FAIL: $(tail -n 2 "$out/$name.err" | tr '\n' ' ')"
     fi
   done
 
+  if [ "$DEVICE" != cuda ]; then return; fi
   echo "== the quickstart job on cuda (2 stages, 700 steps)"
   timeout 180 "$pipert" launch --stages 2 --replicas 1 --runtime.device=cuda \
     --data.path="$PWD/$carry/corpus" --out "$out/quickstart" 2>&1 | tail -n 2 || echo "quickstart: FAIL"
