@@ -59,7 +59,9 @@ pipert_result pt_coupling_create(const pt_coupling_options *options, pt_coupling
 {
     *out = NULL;
     const char *name = options->config->dp.method;
-    const pt_coupling_method *method = find_method(name);
+    /* dp.nccl: allreduce on the GPUs (its create refuses any other method) */
+    const pt_coupling_method *method =
+        options->config->dp.nccl ? &pt_dp_allreduce_nccl : find_method(name);
     if (!method) {
         char known[256] = "";
         for (int i = 0; i < METHOD_COUNT; i++)

@@ -6,6 +6,7 @@
 
 extern const pt_coupling_method pt_dp_none;      /* dp/none.c */
 extern const pt_coupling_method pt_dp_allreduce; /* dp/allreduce.c */
+extern const pt_coupling_method pt_dp_allreduce_nccl; /* dp/allreduce_nccl.c: dp.nccl=true */
 extern const pt_coupling_method pt_dp_sparse;    /* dp/sparse.c */
 extern const pt_coupling_method pt_dp_diloco;    /* dp/diloco.c */
 extern const pt_coupling_method pt_dp_streaming_diloco; /* dp/streaming_diloco.c */

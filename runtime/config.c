@@ -208,6 +208,9 @@ static const config_key schema[] = {
                "co2: staleness gap penalty Lambda: dp.penalty_value, or computed each round"),
     NUMBER_KEY(dp.penalty_value, 1.0, AT_LEAST(1), "co2: the constant Lambda"),
     NUMBER_KEY(dp.clip, 0.1, ABOVE(0), "co2: outer momentum clip phi (element-wise)"),
+    BOOL_KEY(dp.nccl, false,
+             "allreduce on runtime.device=cuda: average the gradients with NCCL on the GPUs, "
+             "every replica on a GPU of its own, one site (not yet run on two GPUs)"),
 
     STRING_KEY(wan.bandwidth, "", NULL,
                "pipert launch --sites N: emulate the links between sites at this rate in each "

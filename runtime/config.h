@@ -86,6 +86,7 @@ typedef struct pt_dp_settings {
     char penalty[PT_CONFIG_STRING_MAX];  /* co2: constant | adaptive */
     double penalty_value;                /* co2: constant Λ */
     double clip;                         /* co2: φ */
+    bool nccl;                           /* allreduce on cuda: NCCL between the replicas' GPUs */
 } pt_dp_settings;
 
 /* Emulated wide-area links between the sites of a `pipert launch --sites N`

@@ -1,13 +1,11 @@
 #include "runtime/metrics.h"
 
 #include <errno.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-#include "runtime/clock.h"
 #include "runtime/fileio.h"
 
 /* Rewrites `path` keeping the lines whose step is ≤ keep_through_step. */
@@ -63,44 +61,4 @@ void pt_metrics_close(pt_metrics *m)
     if (m->file) fclose(m->file);
     free(m->path);
     memset(m, 0, sizeof *m);
-}
-
-void pt_progress_init(pt_progress *p, bool quiet)
-{
-    p->interactive = isatty(STDOUT_FILENO);
-    p->quiet = quiet;
-    p->line_open = false;
-    p->started = pt_now_s();
-}
-
-void pt_progress_update(pt_progress *p, const char *text, bool persist)
-{
-    if (p->quiet) return;
-    if (p->interactive) {
-        printf("\r\033[K%s", text);
-        p->line_open = true;
-    } else if (persist) {
-        printf("%s\n", text);
-    }
-    fflush(stdout);
-}
-
-void pt_progress_print(pt_progress *p, const char *fmt, ...)
-{
-    if (p->quiet) return;
-    if (p->line_open) printf("\r\033[K");
-    va_list ap;
-    va_start(ap, fmt);
-    vprintf(fmt, ap);
-    va_end(ap);
-    printf("\n");
-    p->line_open = false;
-    fflush(stdout);
-}
-
-void pt_progress_finish(pt_progress *p)
-{
-    if (p->line_open && !p->quiet) printf("\n");
-    p->line_open = false;
-    fflush(stdout);
 }

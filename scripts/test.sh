@@ -31,7 +31,13 @@ libdir=$(dirname "$(find "$stage" -name 'libpipert.so' | head -n 1)")
 PKG_CONFIG_PATH="$pcdir" PKG_CONFIG_SYSROOT_DIR="$stage" \
   cc "$stage/embed.c" -o "$stage/embed" $(PKG_CONFIG_PATH="$pcdir" PKG_CONFIG_SYSROOT_DIR="$stage" pkg-config --cflags --libs pipert)
 LD_LIBRARY_PATH="$libdir" "$stage/embed"
-echo "install check: ok"
+# libpipert exports include/pipert/pipert.h and nothing else
+exported=$(nm -D --defined-only "$libdir/libpipert.so" | awk '{print $3}')
+if echo "$exported" | grep -v '^pipert_'; then
+  echo "install check: libpipert exports the symbols above, which are not pipert_*" >&2
+  exit 1
+fi
+echo "install check: ok ($(echo "$exported" | wc -l) symbols exported, all pipert_*)"
 
 # The MPI example builds against the installed library too, and runs: 2 stages
 # x 2 replicas under mpirun for 2 steps.

@@ -84,6 +84,10 @@ static pipert_result build_coupling(pipert_session *s)
                              .should_stop = should_stop,
                              .membership_changed = pt_session_membership_changed,
                              .context = s};
+    if (s->job.elastic && s->config.dp.nccl)
+        return pt_fail(PIPERT_ERR_CONFIG, "dp.nccl=true with elastic replicas (--min-replicas): an "
+                                          "NCCL group does not survive a lost member; leave "
+                                          "dp.nccl off (the UCX all-reduce) for elastic jobs");
     PT_TRY(pt_coupling_create(&o, &s->coupling));
     pt_coupling_set_elastic(s->coupling, s->job.elastic);
     return PIPERT_OK;

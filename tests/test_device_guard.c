@@ -17,7 +17,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "dp/coupling.h"
 #include "kernels/kernels.h"
+#include "runtime/config.h"
 #include "tests/command.h"
 
 #define MODEL                                                                                      \
@@ -76,6 +78,39 @@ Test(guard, unknown_device_is_named)
     cr_expect_null(k);
     cr_expect(strstr(pipert_last_error(), "runtime.device") && strstr(pipert_last_error(), "tpu"),
               "%s", pipert_last_error());
+}
+
+/* dp.nccl (dp/allreduce_nccl.c) applies to allreduce on cuda in one site; anything else is
+ * refused by name when the coupling is made, before any NCCL call. */
+static pipert_result coupling_with(const char *method, const char *device, int sites)
+{
+    pipert_config *cfg;
+    cr_assert_eq(pipert_config_create(&cfg), PIPERT_OK);
+    char set[96];
+    snprintf(set, sizeof set, "dp.method=%s", method);
+    cr_assert_eq(pipert_config_set(cfg, set), PIPERT_OK);
+    snprintf(set, sizeof set, "runtime.device=%s", device);
+    cr_assert_eq(pipert_config_set(cfg, set), PIPERT_OK);
+    cr_assert_eq(pipert_config_set(cfg, "dp.nccl=true"), PIPERT_OK);
+    pt_coupling_options o = {.config = cfg, .sites = sites};
+    pt_coupling *c = NULL;
+    pipert_result rc = pt_coupling_create(&o, &c);
+    pt_coupling_free(c);
+    pipert_config_free(cfg);
+    return rc;
+}
+
+Test(guard, nccl_is_refused_where_it_cannot_run)
+{
+    cr_expect_eq(coupling_with("allreduce", "cpu-guarded", 1), PIPERT_ERR_CONFIG);
+    cr_expect(strstr(pipert_last_error(), "dp.nccl") && strstr(pipert_last_error(), "cpu-guarded"),
+              "%s", pipert_last_error());
+    cr_expect_eq(coupling_with("sparse", "cuda", 1), PIPERT_ERR_CONFIG);
+    cr_expect(strstr(pipert_last_error(), "dp.method=allreduce"), "%s", pipert_last_error());
+    cr_expect_eq(coupling_with("allreduce", "cuda", 2), PIPERT_ERR_CONFIG);
+    cr_expect(strstr(pipert_last_error(), "one site"), "%s", pipert_last_error());
+    /* one replica: nothing to average, no NCCL group, no device needed */
+    cr_expect_eq(coupling_with("allreduce", "cuda", 1), PIPERT_OK, "%s", pipert_last_error());
 }
 
 /* ---- jobs: the same bits as on the CPU table --------------------------------- */

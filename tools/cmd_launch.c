@@ -37,19 +37,19 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "runtime/comm/bootstrap.h"
 #include "runtime/clock.h"
-#include "runtime/config.h"
+#include "runtime/comm/bootstrap.h"
 #include "runtime/comm/coordinator.h"
 #include "runtime/comm/layout.h"
+#include "runtime/config.h"
 #include "runtime/fileio.h"
 #include "runtime/log.h"
-#include "runtime/metrics.h"
 #include "runtime/topology.h"
 #include "runtime/trace.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
 #include "tools/launch_plan.h"
+#include "tools/progress.h"
 #include "tools/wan/sites.h"
 
 #define EXIT_JOB_ABORTED 3 /* a worker that stopped because the job aborted (cmd_worker.c) */

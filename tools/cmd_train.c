@@ -8,9 +8,10 @@
 
 #include "pipert/pipert.h"
 #include "runtime/config.h"
-#include "runtime/metrics.h"
+#include "runtime/error.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
+#include "tools/progress.h"
 
 static volatile sig_atomic_t stop_requested;
 

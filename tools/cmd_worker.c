@@ -20,11 +20,11 @@
 #include "runtime/comm/bootstrap.h"
 #include "runtime/config.h"
 #include "runtime/log.h"
-#include "runtime/metrics.h"
 #include "runtime/units.h"
 #include "tools/cli.h"
-#include "tools/link_probe.h"
 #include "tools/commands.h"
+#include "tools/link_probe.h"
+#include "tools/progress.h"
 
 #define EXIT_RANK_FAILED 1
 #define EXIT_JOB_ABORTED 3

@@ -15,6 +15,14 @@
 extern "C" {
 #endif
 
+/* What libpipert exports: the functions of this header, nothing else (it is
+ * built with -fvisibility=hidden; internal pt_* functions stay inside). */
+#if defined(__GNUC__) || defined(__clang__)
+#define PIPERT_API __attribute__((visibility("default")))
+#else
+#define PIPERT_API
+#endif
+
 #define PIPERT_VERSION_MAJOR 0
 #define PIPERT_VERSION_MINOR 1
 #define PIPERT_VERSION_PATCH 0
@@ -40,13 +48,13 @@ typedef enum pipert_result {
 } pipert_result;
 
 /* A constant, human-readable name of a result ("invalid argument"). */
-const char *pipert_result_str(pipert_result result);
+PIPERT_API const char *pipert_result_str(pipert_result result);
 
 /* The message of the most recent failure on this thread ("" if none). */
-const char *pipert_last_error(void);
+PIPERT_API const char *pipert_last_error(void);
 
 /* "0.1.0" */
-const char *pipert_version(void);
+PIPERT_API const char *pipert_version(void);
 
 /* ---- configuration ------------------------------------------------------ */
 
@@ -54,20 +62,20 @@ const char *pipert_version(void);
 typedef struct pipert_config pipert_config;
 
 /* A configuration holding the defaults. */
-pipert_result pipert_config_create(pipert_config **out);
+PIPERT_API pipert_result pipert_config_create(pipert_config **out);
 
 /* Merges a JSON file into cfg. Unknown keys and wrongly typed values are
  * reported as "FILE:LINE:COLUMN: ..." */
-pipert_result pipert_config_load_file(pipert_config *cfg, const char *path);
+PIPERT_API pipert_result pipert_config_load_file(pipert_config *cfg, const char *path);
 
 /* Applies one "section.key=value" override (the value is JSON, or a bare
  * string). */
-pipert_result pipert_config_set(pipert_config *cfg, const char *assignment);
+PIPERT_API pipert_result pipert_config_set(pipert_config *cfg, const char *assignment);
 
 /* The whole configuration as a JSON text (caller frees with free()). */
-char *pipert_config_to_json(const pipert_config *cfg);
+PIPERT_API char *pipert_config_to_json(const pipert_config *cfg);
 
-void pipert_config_free(pipert_config *cfg);
+PIPERT_API void pipert_config_free(pipert_config *cfg);
 
 /* ---- training ----------------------------------------------------------- */
 
@@ -89,8 +97,9 @@ typedef struct pipert_train_summary {
 } pipert_train_summary;
 
 /* Trains one worker on the whole model as configured. */
-pipert_result pipert_train(const pipert_config *cfg, const pipert_train_options *options,
-                           pipert_train_summary *summary);
+PIPERT_API pipert_result pipert_train(const pipert_config *cfg,
+                                      const pipert_train_options *options,
+                                      pipert_train_summary *summary);
 
 /* ---- sessions: one worker of a (multi-worker) job -------------------------
  *
@@ -196,8 +205,9 @@ typedef struct pipert_metrics {
 /* Joins the job (the oob allgather, or the coordinator) and builds this
  * worker's stage; with options->resume, restores the newest checkpoint. On
  * failure *out is NULL. */
-pipert_result pipert_session_create(const pipert_config *cfg, const pipert_session_options *options,
-                                    pipert_session **out);
+PIPERT_API pipert_result pipert_session_create(const pipert_config *cfg,
+                                               const pipert_session_options *options,
+                                               pipert_session **out);
 
 /* One optimizer step of this worker's stage, with the validation and
  * checkpoint that fall due after it. After the last step the run is finished
@@ -206,41 +216,41 @@ pipert_result pipert_session_create(const pipert_config *cfg, const pipert_sessi
  * launcher) is gone, the ranks agree on a step; after it every rank writes
  * its part of that step's checkpoint and returns PIPERT_ERR_COORDINATOR_LOST
  * (then and at every later call): resume from that checkpoint. */
-pipert_result pipert_session_step(pipert_session *s, pipert_metrics *metrics);
+PIPERT_API pipert_result pipert_session_step(pipert_session *s, pipert_metrics *metrics);
 
 /* Steps until the run is finished. */
-pipert_result pipert_session_run(pipert_session *s);
+PIPERT_API pipert_result pipert_session_run(pipert_session *s);
 
 /* This worker's newest metrics (also between steps, from any thread). */
-pipert_result pipert_session_metrics(const pipert_session *s, pipert_metrics *metrics);
+PIPERT_API pipert_result pipert_session_metrics(const pipert_session *s, pipert_metrics *metrics);
 
 /* Writes a checkpoint of the current step now, collectively: every worker of
  * the job calls it after the same step (each stage of an asynchronous
  * pipeline after its own N-th step). Stage 0 of replica 0 makes it complete
  * by writing the step's index once every stage wrote its file (and every
  * replica its own, when dp.method lets replicas drift apart). */
-pipert_result pipert_session_checkpoint(pipert_session *s);
+PIPERT_API pipert_result pipert_session_checkpoint(pipert_session *s);
 
 /* Asks the session to stop: the call in progress (a step, even one waiting
  * inside a collective for a peer) returns PIPERT_ERR_INTERRUPTED within a
  * second, and so does every later one. Safe from any thread and from a
  * signal handler. */
-void pipert_session_stop(pipert_session *s);
+PIPERT_API void pipert_session_stop(pipert_session *s);
 
 /* Stops the session as pipert_session_stop does, and ends the whole job:
  * the call in progress (or the next) returns PIPERT_ERR_INTERRUPTED with
  * `reason`, and every other rank is told (through the coordinator; with an
  * out-of-band bootstrap they notice this rank leaving). Safe from any thread;
  * not from a signal handler (use pipert_session_stop there). */
-void pipert_session_abort(pipert_session *s, const char *reason);
+PIPERT_API void pipert_session_abort(pipert_session *s, const char *reason);
 
 /* The error that ended the job asynchronously (another rank failed, the
  * coordinator or a peer is gone), PIPERT_OK while none did; the message is
  * then pipert_last_error(). Safe from any thread. */
-pipert_result pipert_session_async_error(pipert_session *s);
+PIPERT_API pipert_result pipert_session_async_error(pipert_session *s);
 
 /* Leaves the job and frees the session (NULL is fine). */
-void pipert_session_destroy(pipert_session *s);
+PIPERT_API void pipert_session_destroy(pipert_session *s);
 
 #ifdef __cplusplus
 }

@@ -57,7 +57,7 @@ int pt_layout_replica(const pt_layout *l, int rank) { return rank / l->stages; }
 
 pipert_result pt_rank_layout(int rank, int world, int stages, int *stage, int *replica)
 {
-    pt_layout layout;
+    pt_layout layout = {0};
     PT_TRY(pt_layout_make(world, stages, &layout));
     if (rank < 0 || rank >= world)
         return pt_fail(PIPERT_ERR_INVALID_ARG, "rank %d is outside [0, %d)", rank, world);
