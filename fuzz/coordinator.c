@@ -18,6 +18,7 @@
 #include "fuzz/fuzz.h"
 #include "runtime/comm/coordinator.h"
 #include "runtime/comm/coordinator_protocol.h"
+#include "runtime/job_digest.h"
 
 #define SECRET "fuzzing-secret-0123456789"
 
@@ -64,7 +65,8 @@ static void register_rank(pt_coordinator *c, int fd, int rank, int world, pt_coo
     pt_auth_prove(&key, &(pt_auth_party){PT_COORD_WORKER_ROLE, rank, -1}, theirs, ours, proof);
     pt_auth_to_hex(proof, sizeof proof, hex);
     snprintf(line, sizeof line, "{\"type\": \"register\", \"rank\": %d, \"world\": %d, \"pid\": 1, "
-             "\"host\": \"fuzz\", \"address\": \"00\", \"proof\": \"%s\"}\n", rank, world, hex);
+             "\"host\": \"fuzz\", \"address\": \"00\", \"proof\": \"%s\", \"protocol\": %u, "
+             "\"digest\": \"%0*d\"}\n", rank, world, hex, PT_PROTOCOL_VERSION, PT_JOB_DIGEST_HEX - 1, 1);
     send_all(fd, line, strlen(line));
     json_t *welcome = answer(c, fd);
     FUZZ_CHECK(!strcmp(json_string_value(json_object_get(welcome, "type")), "welcome"));

@@ -11,6 +11,7 @@
 #include <stdio.h>
 
 #include "pipert/pipert.h"
+#include "runtime/job_digest.h"
 
 #define PT_CONFIG_STRING_MAX 1024
 
@@ -127,6 +128,13 @@ pipert_result pt_config_merge_json(pipert_config *cfg, const char *text, const c
 int pt_config_describe_changes(const pipert_config *was, const pipert_config *now,
                                const char *const *compared, const char *const *ignored, char *out,
                                size_t capacity);
+
+/* The identity every worker of one job must share (runtime/job_digest.h): this build's protocol
+ * version and a digest, in parts, of the settings that fix what the workers send each other,
+ * for a job of `stages` stages split at bounds[0..stages] (the first block of each stage, and
+ * n_layer; pt_stage_plan.bounds). What is in it, and why, is beside its lists in config.c. */
+void pt_config_job_digest(const pipert_config *cfg, int stages, const int *bounds,
+                          pt_job_identity *out);
 
 /* Checks relations between keys (n_embd divisible by n_head, ...). */
 pipert_result pt_config_validate(const pipert_config *cfg);

@@ -260,6 +260,7 @@ static pipert_result create_transport(pt_job *job, const char *secret, uint32_t 
     options.secret = secret;
     options.job = job_id;
     options.authenticate_messages = job->authenticate_messages;
+    options.identity = job->identity;
     return pt_transport_create(&options, &job->transport);
 }
 
@@ -350,6 +351,7 @@ static pipert_result join_launched(pt_job *job, int stages, const char *const *e
     if (job->boot.heartbeat_timeout_s > 0) options.dead_after_s = job->boot.heartbeat_timeout_s;
     options.outlive_coordinator = outlives_coordinator(job);
     options.join = job->joining;
+    options.identity = job->identity;
     if (job->joining && !job->elastic)
         return pt_fail(PIPERT_ERR_CONFIG, "rejoining (pipert worker --join) needs elastic replicas: "
                                           "PIPERT_MIN_REPLICAS below the replicas (launch "

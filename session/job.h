@@ -59,6 +59,8 @@ typedef struct pt_job {
     pt_group *world_group;        /* every rank, under pipert launch (world > 1): agreeing
                                    * on a stop when the coordinator is lost */
     bool authenticate_messages;   /* set before joining: a MAC on every transport message */
+    pt_job_identity identity;     /* set before joining: the build and settings every rank must
+                                   * match (runtime/job_digest.h), told the coordinator and peers */
     long dropped_logged;          /* coordinator lines dropped (sealed wrong) and logged so far */
     bool joining;                 /* set before joining: this process takes the place of a rank
                                    * of a replica that left (session/join.c); cleared once in */

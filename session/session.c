@@ -49,15 +49,20 @@ static bool should_stop(void *context)
 
 /* ---- building -------------------------------------------------------------- */
 
-static pipert_result stage_blocks(const pipert_session *s, int *first, int *last)
+/* The split of the model's blocks over `stages` stages: plan.layers, or the balanced one. */
+static pipert_result stage_plan(const pipert_session *s, int stages, pt_stage_plan *plan)
 {
     const pt_model_settings *m = &s->config.model;
-    const int stages = s->job.layout.stages;
     pt_gpt_config model = {m->n_layer, m->n_embd, m->n_head, m->block_size, m->vocab_size,
                            m->tie_weights};
+    if (s->config.plan.layers[0]) return pt_plan_parse(s->config.plan.layers, m->n_layer, stages, plan);
+    return pt_plan_balanced(&model, m->block_size, stages, plan);
+}
+
+static pipert_result stage_blocks(const pipert_session *s, int *first, int *last)
+{
     pt_stage_plan plan;
-    if (s->config.plan.layers[0]) PT_TRY(pt_plan_parse(s->config.plan.layers, m->n_layer, stages, &plan));
-    else PT_TRY(pt_plan_balanced(&model, m->block_size, stages, &plan));
+    PT_TRY(stage_plan(s, s->job.layout.stages, &plan));
     *first = plan.bounds[s->job.stage];
     *last = plan.bounds[s->job.stage + 1];
     return PIPERT_OK;
@@ -138,6 +143,20 @@ static void init_latest(pipert_session *s)
                                  .dp_method = pt_coupling_method_name(s->coupling)};
 }
 
+/* What every worker of the job must match (runtime/job_digest.h), before joining it: the
+ * coordinator and the peers refuse a worker whose build or settings differ. A split that
+ * cannot be made leaves the digest out: building the stage reports it, once in the job (so
+ * the job hears why). */
+static void job_identity(const pipert_session *s, pt_job_identity *identity)
+{
+    pt_stage_plan plan;
+    *identity = (pt_job_identity){.protocol = PT_PROTOCOL_VERSION};
+    if (stage_plan(s, s->options.stages, &plan) != PIPERT_OK) return;
+    pt_config_job_digest(&s->config, s->options.stages, plan.bounds, identity);
+    pt_debug("job digest %016llx (protocol version %u)", (unsigned long long)pt_job_digest(identity),
+             identity->protocol);
+}
+
 static pipert_result session_setup(pipert_session *s)
 {
     PT_TRY(pt_config_validate(&s->config));
@@ -145,6 +164,7 @@ static pipert_result session_setup(pipert_session *s)
     s->job.context = s;
     s->job.authenticate_messages = s->config.runtime.authenticate_messages;
     s->job.joining = s->options.join;
+    job_identity(s, &s->job.identity);
     PT_TRY(pt_job_join(&s->job, s->options.stages, s->options.site, s->options.oob,
                        (const char *const *)environ, s->options.alone));
     s->log_sink.rank = s->job.world > 1 ? s->job.rank : -1;

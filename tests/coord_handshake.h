@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "runtime/comm/auth.h"
+#include "runtime/job_digest.h"
 #include "runtime/comm/coordinator_protocol.h"
 
 /* What a raw registration sent, line by line, for a replay. */
@@ -88,8 +89,8 @@ static bool coord_register_raw(int fd, const char *secret, int rank, int world,
     pt_auth_to_hex(proof, sizeof proof, hex);
     snprintf(sent->registration, sizeof sent->registration,
              "{\"type\": \"register\", \"rank\": %d, \"world\": %d, \"host\": \"h\", \"pid\": 1, "
-             "\"address\": \"\", \"proof\": \"%s\"}\n",
-             rank, world, hex);
+             "\"address\": \"\", \"proof\": \"%s\", \"protocol\": %u}\n",
+             rank, world, hex, PT_PROTOCOL_VERSION);
     if (!coord_write_line(fd, sent->registration)) return false;
     return coord_read_line(fd, answer, capacity, 10);
 }

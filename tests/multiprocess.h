@@ -81,6 +81,8 @@ typedef struct job_spec {
     const char *stderr_path[MAX_RANKS];
     int expect_killed[MAX_RANKS]; /* this rank is killed on request: SIGKILL is its expected end */
     int authenticate_messages;    /* the transports' option of that name */
+    pt_job_identity identity[MAX_RANKS]; /* per-rank build and settings (zeros: this build's, no
+                                          * digest) */
 } job_spec;
 
 /* A record on the children-to-parent pipe; small enough to be written atomically. */
@@ -137,6 +139,7 @@ static inline void child_main(const job_spec *spec, int rank, int up_fd, int dow
     options.job = JOB_ID;
     options.connect_timeout_s = JOB_CONNECT_TIMEOUT_S;
     options.authenticate_messages = spec->authenticate_messages;
+    options.identity = spec->identity[rank];
     up_record mine = {.kind = 0, .rank = rank};
     pipert_result rc = pt_transport_create(&options, &ctx.t);
     if (rc == PIPERT_OK && strlen(pt_transport_address(ctx.t)) >= ADDRESS_MAX)

@@ -672,3 +672,106 @@ Test(config, changes_between_two_configurations_are_described)
     cr_expect_eq(pt_config_describe_changes(&was, &now, compared, ignored, small, sizeof small), 3);
     cr_expect_str_eq(small, "train.lr 0.001 -> 0");
 }
+
+/* ---- the job digest (pt_config_job_digest) -------------------------------- */
+
+static pt_job_identity digest_of(const pipert_config *cfg, int stages, const int *bounds)
+{
+    pt_job_identity identity;
+    pt_config_job_digest(cfg, stages, bounds, &identity);
+    return identity;
+}
+
+Test(config, job_digest_covers_what_workers_exchange_and_nothing_else)
+{
+    pipert_config base;
+    pt_config_defaults(&base);
+    const int bounds[] = {0, 6, 12}, other_bounds[] = {0, 5, 12};
+    const pt_job_identity reference = digest_of(&base, 2, bounds);
+    cr_expect_eq(reference.protocol, PT_PROTOCOL_VERSION);
+    cr_expect(pt_job_identity_has_digest(&reference));
+    pt_job_identity again = digest_of(&base, 2, bounds);
+    char why[256];
+    cr_expect(!pt_job_identity_mismatch(&again, &reference, why, sizeof why), "equal configs: %s", why);
+
+    /* each setting in it changes its own part, and only that one */
+    static const struct {
+        const char *assignment;
+        pt_job_digest_part part;
+    } included[] = {
+        {"model.n_layer=13", PT_DIGEST_MODEL},        {"model.n_embd=384", PT_DIGEST_MODEL},
+        {"model.n_head=4", PT_DIGEST_MODEL},          {"model.block_size=512", PT_DIGEST_MODEL},
+        {"model.vocab_size=512", PT_DIGEST_MODEL},    {"model.tie_weights=true", PT_DIGEST_MODEL},
+        {"train.batch_size=3", PT_DIGEST_BATCH},      {"train.grad_accum=2", PT_DIGEST_BATCH},
+        {"train.steps=7", PT_DIGEST_BATCH},           {"pipeline.schedule=1f1b", PT_DIGEST_SCHEDULE},
+        {"pipeline.microbatches=3", PT_DIGEST_SCHEDULE}, {"pipeline.sync_steps=5", PT_DIGEST_SCHEDULE},
+        {"dp.method=sparse", PT_DIGEST_DP},           {"dp.compress=int8", PT_DIGEST_DP},
+        {"dp.block=64", PT_DIGEST_DP},                {"dp.delay=2", PT_DIGEST_DP},
+        {"dp.fraction=0.25", PT_DIGEST_DP},           {"dp.partition_block=32", PT_DIGEST_DP},
+        {"dp.period=7", PT_DIGEST_DP},                {"dp.fragments=2", PT_DIGEST_DP},
+        {"dp.overlap=2", PT_DIGEST_DP},               {"runtime.authenticate_messages=true", PT_DIGEST_AUTH},
+    };
+    for (size_t i = 0; i < sizeof included / sizeof included[0]; i++) {
+        pipert_config cfg = base;
+        cr_assert_eq(pipert_config_set(&cfg, included[i].assignment), PIPERT_OK, "%s: %s",
+                     included[i].assignment, pipert_last_error());
+        const pt_job_identity changed = digest_of(&cfg, 2, bounds);
+        why[0] = '\0';
+        for (int part = 0; part < PT_DIGEST_PARTS; part++) {
+            const bool differs = changed.part[part] != reference.part[part];
+            cr_expect_eq(differs, part == (int)included[i].part, "%s: part %s",
+                         included[i].assignment, pt_job_digest_part_name(part));
+        }
+        cr_expect(pt_job_identity_mismatch(&changed, &reference, why, sizeof why) &&
+                      strstr(why, pt_job_digest_part_name(included[i].part)),
+                  "%s: %s", included[i].assignment, why);
+    }
+    const pt_job_identity split = digest_of(&base, 2, other_bounds);
+    cr_expect(pt_job_identity_mismatch(&split, &reference, why, sizeof why));
+    cr_expect(strstr(why, "(settings differ in: stage split)"), "%s", why);
+    const int three[] = {0, 4, 8, 12};
+    cr_expect_neq(digest_of(&base, 3, three).part[PT_DIGEST_SPLIT], reference.part[PT_DIGEST_SPLIT]);
+
+    /* what replicas may set apart, and how a run logs, validates, checkpoints, traces and where
+     * it writes, do not change it */
+    static const char *const excluded[] = {
+        "train.lr=0.01",          "train.warmup_steps=3",      "train.optimizer=nadamw",
+        "train.weight_decay=0.5", "train.val_every=5",         "train.val_batches=3",
+        "train.log_every=3",      "train.checkpoint_every=9",  "train.keep_checkpoints=2",
+        "data.path=elsewhere",    "runtime.threads=3",         "pipeline.lookahead=none",
+        "pipeline.trace=true",    "pipeline.recompute=true",   "dp.lambda=3",
+        "dp.outer_lr=0.5",        "seed=7",
+    };
+    for (size_t i = 0; i < sizeof excluded / sizeof excluded[0]; i++) {
+        pipert_config cfg = base;
+        cr_assert_eq(pipert_config_set(&cfg, excluded[i]), PIPERT_OK, "%s: %s", excluded[i],
+                     pipert_last_error());
+        const pt_job_identity same = digest_of(&cfg, 2, bounds);
+        cr_expect(!pt_job_identity_mismatch(&same, &reference, why, sizeof why), "%s: %s",
+                  excluded[i], why);
+    }
+}
+
+Test(config, job_identities_compare_by_protocol_then_digest)
+{
+    const pt_job_identity ours = {.protocol = 1, .part = {1, 2, 3, 4, 5, 6}};
+    pt_job_identity theirs = ours;
+    char why[256], hex[PT_JOB_DIGEST_HEX];
+    pt_job_digest_to_hex(&ours, hex);
+    cr_expect_eq(strlen(hex), 16 * PT_DIGEST_PARTS);
+    cr_expect(pt_job_digest_from_hex(hex, &theirs));
+    cr_expect(!memcmp(theirs.part, ours.part, sizeof ours.part));
+    cr_expect(!pt_job_digest_from_hex("0123", &theirs));
+    theirs.protocol = 2;
+    cr_expect(pt_job_identity_mismatch(&theirs, &ours, why, sizeof why));
+    cr_expect_str_eq(why, "protocol version 2 vs 1 (another build of pipert)");
+    const pt_job_identity undigested = {.protocol = 1};
+    cr_expect(!pt_job_identity_mismatch(&undigested, &ours, why, sizeof why),
+              "without a digest the settings are not compared");
+    theirs = ours;
+    theirs.part[PT_DIGEST_MODEL] = 7, theirs.part[PT_DIGEST_DP] = 8;
+    cr_expect(pt_job_identity_mismatch(&theirs, &ours, why, sizeof why));
+    cr_expect(strstr(why, "job digest ") && strstr(why, "(settings differ in: model shape, dp "
+                                                         "method/codec)"), "%s", why);
+    cr_expect_neq(pt_job_digest(&theirs), pt_job_digest(&ours));
+}

@@ -5,7 +5,8 @@
  * smoothly, its last checkpoint complete for two replicas (a resume with
  * --replicas 2 goes on from it); with --restarts the replica comes back,
  * takes a survivor's state and trains with the others to the end; without
- * --min-replicas, or below it, the job stops as before. */
+ * --min-replicas, or below it, the job stops as before. Joiners started by hand
+ * with other settings are refused by name, and the job goes on without them. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdbool.h>
@@ -400,6 +401,75 @@ Test(elastic, a_second_departure_below_min_replicas_stops_the_job, .timeout = 60
     char *out = read_named(dir, ".out");
     cr_expect_neq(status, 0, "the job exited 0 with one replica left:\n%s", out);
     cr_expect(strstr(out, "only 1 replica would remain (--min-replicas 2)"), "%s", out);
+    free(out);
+    remove_dir(dir);
+}
+
+/* ---- joiners that cannot join ---------------------------------------------- */
+
+/* One stage × 2 replicas, long enough for joiners to try while it runs (a step takes ~1 ms). */
+#define SMALL_JOB MODEL " --train.steps=30000 --train.checkpoint_every=0 --dp.method=sparse"
+
+/* The job's coordinator (host:port), as rank 0's log says it. */
+static void coordinator_of(const char *dir, char *out, size_t capacity)
+{
+    char *log = read_named(dir, "/logs/rank-0.log");
+    const char *at = strstr(log, "; coordinator ");
+    cr_assert(at, "rank 0 does not name its coordinator:\n%s", log);
+    cr_assert_eq(sscanf(at + strlen("; coordinator "), "%127[^ \n]", out), 1);
+    cr_assert_lt(strlen(out), capacity);
+    free(log);
+}
+
+/* `pipert worker --join` for rank 1, started by hand with the job's environment and its
+ * settings but for `differs` (a later option overrides an earlier one). */
+static run_result join_by_hand(const char *dir, const char *differs)
+{
+    char coordinator[128], env[1024];
+    coordinator_of(dir, coordinator, sizeof coordinator);
+    snprintf(env, sizeof env, "PIPERT_RANK=1 PIPERT_WORLD_SIZE=2 PIPERT_LOCAL_RANK=1 PIPERT_COORD=%s "
+             "PIPERT_SECRET_FILE=%s/job.secret PIPERT_MIN_REPLICAS=1", coordinator, dir);
+    return run_pipert_with(env, "worker --join --stages 1 --out %s " SMALL_JOB " %s", dir, differs);
+}
+
+/* A replica's worker is killed; joiners of its rank with other settings are refused by name,
+ * each within the heartbeat timeout (5 s), and the job goes on to the end without them. */
+Test(elastic, joiners_with_other_settings_are_refused_by_name, .timeout = 600)
+{
+    static const struct {
+        const char *option, *differs;
+    } joiners[] = {
+        {"--dp.compress=int8", "dp method/codec"},
+        {"--model.n_embd=64", "model shape"},
+        {"--train.batch_size=8", "batch size and steps"},
+        {"--pipeline.schedule=1f1b", "pipeline schedule"},
+        {"--runtime.authenticate_messages=true", "message authentication"},
+    };
+    char *dir = make_temp_dir();
+    char command[4096];
+    snprintf(command, sizeof command,
+             "PIPERT_LOG=info exec %s launch --quiet --stages 1 --replicas 2 --min-replicas 1 "
+             "--out %s " SMALL_JOB " >%s.out 2>&1", pipert_bin(), dir, dir);
+    pid_t job = start_shell(command);
+    kill_rank_at(job, dir, 200, 1);
+    cr_assert(launcher_says(dir, "replica 1 leaves the job", 30), "the departure is through");
+    for (size_t i = 0; i < sizeof joiners / sizeof joiners[0]; i++) {
+        const run_result r = join_by_hand(dir, joiners[i].option);
+        cr_expect_neq(r.status, 0, "%s: the joiner exited 0", joiners[i].option);
+        cr_expect_lt(r.seconds, 5.0, "%s: refused after %.1f s", joiners[i].option, r.seconds);
+        cr_expect(strstr(r.err, "refused rank 1: rank 1 (rejoining) is not of this job's build or "
+                                "settings") && strstr(r.err, joiners[i].differs),
+                  "%s: the joiner names the mismatch (%s):\n%s", joiners[i].option,
+                  joiners[i].differs, r.err);
+    }
+    cr_expect_eq(waitpid(job, NULL, WNOHANG), 0, "the job still runs after the joiners");
+    const int status = wait_job(job);
+    char *out = read_named(dir, ".out");
+    cr_expect_eq(status, 0, "the job exited %d:\n%s", status, out);
+    cr_expect(strstr(out, "coordinator: refused rank 1 from ") &&
+                  strstr(out, "(settings differ in: dp method/codec)"),
+              "the launcher's log names each refusal:\n%s", out);
+    cr_expect_eq(logged_step(dir), 30000, "replica 0 trained to the end");
     free(out);
     remove_dir(dir);
 }

@@ -297,6 +297,61 @@ Test(coordinator, duplicate_rank_aborts_the_job)
     pt_coordinator_free(c);
 }
 
+/* A client of rank `rank` whose registration says `identity` (runtime/job_digest.h). */
+static pipert_result connect_as(pt_coord_client **client, int port, int rank, int world,
+                                const pt_job_identity *identity)
+{
+    pt_coord_client_options o = PT_COORD_CLIENT_OPTIONS_INIT;
+    o.host = "127.0.0.1";
+    o.port = port;
+    o.secret = SECRET;
+    o.rank = rank;
+    o.world = world;
+    o.connect_timeout_s = 5;
+    o.heartbeat_interval_s = 0.2;
+    o.identity = *identity;
+    return pt_coord_client_connect(client, &o);
+}
+
+/* The first rank's protocol version and digest are the job's: a rank of another build, or with
+ * other settings, is refused naming itself and what differs (PIPERT_ERR_CONFIG), and since the
+ * job cannot start without it, the job aborts. */
+static void other_identity_is_refused(const pt_job_identity *theirs, const char *expected)
+{
+    pt_coordinator *c = start_coordinator(2, 0.2, 5.0);
+    capture cap;
+    capture_begin(&cap);
+    const pt_job_identity ours = {.part = {1, 2, 3, 4, 5, 6}};
+    pt_coord_client *first = NULL, *second = NULL;
+    cr_assert_eq(connect_as(&first, pt_coordinator_port(c), 0, 2, &ours), PIPERT_OK, "%s",
+                 pipert_last_error());
+    pipert_result rc = connect_as(&second, pt_coordinator_port(c), 1, 2, theirs);
+    char error[1024];
+    snprintf(error, sizeof error, "%s", pipert_last_error());
+    wait_for_abort(first, 3);
+    pt_coord_client_close(first);
+    pt_coordinator_free(c);
+    char *log = capture_end(&cap);
+    cr_expect_eq(rc, PIPERT_ERR_CONFIG, "%s", error);
+    cr_expect(strstr(error, "refused rank 1: rank 1 is not of this job's build or settings") &&
+                  strstr(error, expected),
+              "expected \"%s\" in: %s", expected, error);
+    cr_expect(strstr(log, "coordinator: refused rank 1") && strstr(log, expected), "%s", log);
+    free(log);
+}
+
+Test(coordinator, a_rank_of_another_protocol_version_is_refused_by_name)
+{
+    const pt_job_identity theirs = {.protocol = PT_PROTOCOL_VERSION + 1, .part = {1, 2, 3, 4, 5, 6}};
+    other_identity_is_refused(&theirs, "protocol version 2 vs 1");
+}
+
+Test(coordinator, a_rank_with_other_settings_is_refused_by_name)
+{
+    const pt_job_identity theirs = {.part = {9, 2, 3, 4, 5, 6}};
+    other_identity_is_refused(&theirs, "(settings differ in: model shape)");
+}
+
 Test(coordinator, ranks_that_never_register_abort_the_job)
 {
     pt_coordinator_options o = PT_COORDINATOR_OPTIONS_INIT;

@@ -451,6 +451,47 @@ Test(transport, wrong_secret_is_refused_and_logged)
     free(log);
 }
 
+/* ---- another build or other settings --------------------------------------- */
+
+/* Rank 1's settings differ from rank 0's in the dp method or codec, rank 2 is of another
+ * protocol version: each is refused on both sides, naming the peer and what differs. */
+static int mismatch_body(rank_context *ctx)
+{
+    if (ctx->rank == 0) {
+        pipert_result rc = pt_transport_wait_peer(ctx->t, 1, 20.0);
+        CHILD_CHECK(ctx, rc == PIPERT_ERR_CONFIG && strstr(pipert_last_error(), "rank 1") &&
+                             strstr(pipert_last_error(), "settings differ in: dp method/codec"),
+                    "rank 1 is refused for its dp settings, got %s", pipert_result_str(rc));
+        rc = pt_transport_wait_peer(ctx->t, 2, 20.0);
+        CHILD_CHECK(ctx, rc == PIPERT_ERR_CONFIG && strstr(pipert_last_error(), "rank 2") &&
+                             strstr(pipert_last_error(), "protocol version 2 vs 1"),
+                    "rank 2 is refused for its protocol, got %s", pipert_result_str(rc));
+        CHILD_CHECK(ctx, !pt_transport_peer_alive(ctx->t, 1) && !pt_transport_peer_alive(ctx->t, 2),
+                    "neither is a peer");
+        return 0;
+    }
+    pipert_result rc = pt_transport_connect(ctx->t, 0, ctx->addresses[0]);
+    const char *expected = ctx->rank == 1 ? "settings differ in: dp method/codec" : "protocol version 1 vs 2";
+    CHILD_CHECK(ctx, rc == PIPERT_ERR_CONFIG && strstr(pipert_last_error(), "rank 0") &&
+                         strstr(pipert_last_error(), expected),
+                "rank 0 is refused (%s), got %s", expected, pipert_result_str(rc));
+    CHILD_CHECK(ctx, !pt_transport_peer_alive(ctx->t, 0), "rank 0 must not count as connected");
+    return 0;
+}
+
+Test(transport, peers_of_other_builds_or_settings_are_refused_naming_them)
+{
+    job_spec spec = {.n = 3, .body = mismatch_body};
+    const pt_job_identity ours = {.part = {1, 2, 3, 4, 5, 6}};
+    spec.identity[0] = spec.identity[1] = spec.identity[2] = ours;
+    spec.identity[1].part[PT_DIGEST_DP] = 99;
+    spec.identity[2].protocol = PT_PROTOCOL_VERSION + 1;
+    char *log = run_job_reading_log(&spec);
+    cr_expect(strstr(log, "refused rank 1 (pid ") && strstr(log, "refused rank 2 (pid "),
+              "rank 0 logs both refusals, naming the ranks: %s", log);
+    free(log);
+}
+
 /* ---- strangers at UCX's listening sockets ------------------------------- */
 
 /* UCX 1.13 aborts on its TCP greeting followed by a header announcing 4 GiB. Rank 0 lets a

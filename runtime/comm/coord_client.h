@@ -23,6 +23,7 @@
 #include "runtime/comm/bootstrap.h"
 #include "runtime/comm/coordinator_protocol.h"
 #include "runtime/error.h"
+#include "runtime/job_digest.h"
 
 typedef struct pt_coord_client pt_coord_client;
 
@@ -46,6 +47,9 @@ typedef struct pt_coord_client_options {
     bool outlive_coordinator;    /* a lost coordinator is not an abort (for lost_grace_s) */
     double lost_grace_s;         /* the coordinator lost this long: the job aborts */
     bool join;                   /* rejoin: take this rank of a replica that left (elastic) */
+    /* What the registration says this worker is (runtime/job_digest.h): protocol 0 stands for
+     * this build's (another is for tests); no digest: the settings are not compared. */
+    pt_job_identity identity;
 } pt_coord_client_options;
 
 /* How long a worker may go on without its coordinator before the client
@@ -54,7 +58,7 @@ typedef struct pt_coord_client_options {
 
 #define PT_COORD_CLIENT_OPTIONS_INIT                                                               \
     {NULL, 0, NULL, 0, 0, "", PT_CONNECT_TIMEOUT_S, PT_HEARTBEAT_INTERVAL_S, PT_DEAD_AFTER_S,    \
-     NULL, NULL, false, PT_COORD_LOST_GRACE_S, false}
+     NULL, NULL, false, PT_COORD_LOST_GRACE_S, false, {0}}
 
 typedef struct pt_peer {
     int rank;
@@ -70,7 +74,8 @@ typedef struct pt_peer_table {
 
 /* Connects (retrying for connect_timeout_s), registers, waits for the
  * coordinator's answer, and starts the heartbeat thread. A refusal is
- * PIPERT_ERR_AUTH (wrong secret) or PIPERT_ERR_PEER with the coordinator's
+ * PIPERT_ERR_AUTH (wrong secret), PIPERT_ERR_CONFIG (another protocol version
+ * or job digest than the job's) or PIPERT_ERR_PEER with the coordinator's
  * reason; no coordinator in time is PIPERT_ERR_TIMEOUT. */
 pipert_result pt_coord_client_connect(pt_coord_client **out, const pt_coord_client_options *options);
 

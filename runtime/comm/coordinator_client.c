@@ -552,12 +552,14 @@ static pipert_result next_message(pt_coord_client *c, double deadline, json_t **
     }
 }
 
-/* A "refused" answer as an error (PIPERT_ERR_AUTH when it was for authentication). */
+/* A "refused" answer as an error (PIPERT_ERR_AUTH when it was for authentication,
+ * PIPERT_ERR_CONFIG for another build or other settings than the job's). */
 static pipert_result refused(pt_coord_client *c, json_t *m)
 {
     const char *reason = pt_coord_get_string(m, "reason");
     bool auth = json_is_true(json_object_get(m, "auth"));
-    return pt_fail(auth ? PIPERT_ERR_AUTH : PIPERT_ERR_PEER,
+    bool settings = json_is_true(json_object_get(m, "settings"));
+    return pt_fail(auth ? PIPERT_ERR_AUTH : settings ? PIPERT_ERR_CONFIG : PIPERT_ERR_PEER,
                    "the coordinator at %s refused rank %d: %s", c->where, c->rank,
                    reason ? reason : "no reason given");
 }
@@ -623,10 +625,18 @@ static pipert_result register_rank(pt_coord_client *c, const pt_coord_client_opt
     pt_auth_to_hex(proof, sizeof proof, hex);
     char host[PT_HOST_MAX] = "";
     gethostname(host, sizeof host - 1);
-    PT_TRY(client_send(c, json_pack("{s:s, s:i, s:i, s:s, s:i, s:s, s:s, s:b}", "type",
-                                    "register", "rank", o->rank, "world", o->world, "host", host,
-                                    "pid", (int)getpid(), "address", o->address ? o->address : "",
-                                    "proof", hex, "join", o->join)));
+    json_t *registration = json_pack("{s:s, s:i, s:i, s:s, s:i, s:s, s:s, s:b, s:I}", "type",
+                                     "register", "rank", o->rank, "world", o->world, "host", host,
+                                     "pid", (int)getpid(), "address", o->address ? o->address : "",
+                                     "proof", hex, "join", o->join, "protocol",
+                                     (json_int_t)(o->identity.protocol ? o->identity.protocol
+                                                                       : PT_PROTOCOL_VERSION));
+    if (registration && pt_job_identity_has_digest(&o->identity)) {
+        char digest[PT_JOB_DIGEST_HEX];
+        pt_job_digest_to_hex(&o->identity, digest);
+        json_object_set_new(registration, "digest", json_string(digest));
+    }
+    PT_TRY(client_send(c, registration));
     PT_TRY(expect_message(c, deadline, "welcome", &m));
     json_decref(m);
     pt_coord_seal_start(&c->seal, &key, ours, theirs);

@@ -17,6 +17,7 @@
 #include "runtime/comm/coordinator.h"
 #include "runtime/comm/coordinator_protocol.h"
 #include "runtime/comm/membership.h"
+#include "runtime/job_digest.h"
 
 typedef struct connection {
     int fd;
@@ -52,6 +53,8 @@ struct pt_coordinator {
     int n_conns, cap_conns;
     rank_state *ranks; /* [world] */
     pt_membership membership; /* which replicas are still in (membership.h) */
+    pt_job_identity identity; /* what every rank must match: the first registration's */
+    bool identity_known;      /* a rank registered: `identity` holds */
     pt_job_phase phase;
     int registered, done;
     int abort_rank;

@@ -5,7 +5,10 @@
  * Protocol: one JSON object per line ('\n'-terminated), each with a "type".
  *   worker → coordinator
  *     hello     {nonce}      must come first: the worker's challenge (hexadecimal)
- *     register  {rank, world, host, pid, address, proof[, join]}    after the challenge;
+ *     register  {rank, world, host, pid, address, proof, protocol[, digest][, join]}
+ *                             after the challenge; protocol: the build's PT_PROTOCOL_VERSION
+ *                             (absent: 0, a build from before it), digest: the job digest's
+ *                             parts in hexadecimal (runtime/job_digest.h; absent: not compared);
  *                             join: a restarted process takes the rank of a replica that
  *                             left (elastic jobs, membership.h "Joining")
  *     heartbeat {}                                           every interval
@@ -23,8 +26,9 @@
  *                             worker's nonce) and its own nonce, which the worker's proof
  *                             in "register" answers (runtime/comm/auth.h)
  *     welcome   {}            registration accepted
- *     refused   {reason, auth}  registration refused (auth: a wrong secret);
- *                             the connection closes
+ *     refused   {reason, auth, settings}  registration refused (auth: a wrong secret;
+ *                             settings: another protocol version or job digest than the
+ *                             first rank's); the connection closes
  *     table     {world, peers: [{rank, host, pid, address}, ...]}
  *                             (address: the data plane's, pt_transport_address: the
  *                             worker's UCX address in hexadecimal)
@@ -51,6 +55,12 @@
  * connection closes before it said "done", or when it reports an error. Every
  * rank is told {rank, reason}, once. A worker treats a closed or silent
  * coordinator connection as an abort too.
+ *
+ * What must match. The first rank to register sets the job's protocol version and job digest
+ * (the first that carries a digest, its digest): a rank that registers with another is refused,
+ * naming the rank and what differs (runtime/job_digest.h), and logged. A rank the job needs to
+ * start aborts it (it would wait for that rank forever); a rank rejoining an elastic job is
+ * refused alone, and the job goes on.
  *
  * Authentication. Both sides prove that they know the job's secret without
  * sending it: challenge and response with fresh nonces (runtime/comm/auth.h),

@@ -292,6 +292,41 @@ static bool read_registration(json_t *m, long *rank, long *world, long *pid, con
     return false;
 }
 
+/* The protocol version and job digest a registration carries (coordinator_protocol.h, "What must
+ * match"); false when its digest is malformed. */
+static bool read_identity(json_t *m, pt_job_identity *identity)
+{
+    long protocol = 0;
+    *identity = (pt_job_identity){0};
+    if (pt_coord_get_long(m, "protocol", &protocol) && protocol > 0 && protocol <= UINT32_MAX)
+        identity->protocol = (uint32_t)protocol;
+    const char *digest = pt_coord_get_string(m, "digest");
+    return !json_object_get(m, "digest") || (digest && pt_job_digest_from_hex(digest, identity));
+}
+
+/* A registration of another build or other settings than the job's (the first rank's) is refused,
+ * naming the rank and what differs; a rank the job needs to start aborts it, while one rejoining
+ * an elastic job is refused alone. True when refused. */
+static bool refuse_other_settings(pt_coordinator *c, connection *conn, long rank, bool joining,
+                                  const pt_job_identity *theirs)
+{
+    if (!c->identity_known || (!pt_job_identity_has_digest(&c->identity) &&
+                               theirs->protocol == c->identity.protocol)) {
+        c->identity = *theirs;
+        c->identity_known = true;
+    }
+    char mismatch[256], why[512];
+    if (!pt_job_identity_mismatch(theirs, &c->identity, mismatch, sizeof mismatch)) return false;
+    snprintf(why, sizeof why, "rank %ld%s is not of this job's build or settings (its vs the "
+             "job's): %s", rank, joining ? " (rejoining)" : "", mismatch);
+    pt_warn("coordinator: refused rank %ld from %s: %s", rank, conn->peer, why);
+    pt_coord_send(conn, json_pack("{s:s, s:s, s:b, s:b}", "type", "refused", "reason", why, "auth",
+                                 false, "settings", true));
+    conn->close_when_sent = true;
+    if (!joining && c->phase == PT_JOB_REGISTERING) abort_job_locked(c, -1, why);
+    return true;
+}
+
 /* hello {nonce}: the challenge answers it, with our proof and our nonce. */
 static void handle_hello(pt_coordinator *c, connection *conn, json_t *m)
 {
@@ -354,7 +389,17 @@ static void handle_register(pt_coordinator *c, connection *conn, json_t *m)
         abort_job_locked(c, -1, why); /* a misconfigured job would wait for ranks forever */
         return;
     }
-    if (json_is_true(json_object_get(m, "join"))) {
+    const bool joining = json_is_true(json_object_get(m, "join"));
+    pt_job_identity identity;
+    if (!read_identity(m, &identity)) {
+        snprintf(why, sizeof why, "rank %ld: a malformed job digest (%d hexadecimal digits "
+                 "expected)", rank, PT_JOB_DIGEST_HEX - 1);
+        pt_warn("coordinator: refused %s: %s", conn->peer, why);
+        pt_coord_refuse(conn, why, false);
+        return;
+    }
+    if (refuse_other_settings(c, conn, rank, joining, &identity)) return;
+    if (joining) {
         pt_coord_admit_joiner(c, conn, (int)rank, (int)pid, host, address);
         return;
     }

@@ -135,6 +135,8 @@ pipert_result pt_transport_create(const pt_transport_options *options, pt_transp
     if (!t) return pt_fail(PIPERT_ERR_NOMEM, "transport: no memory");
     t->rank = options->rank;
     t->job = options->job;
+    t->identity = options->identity;
+    if (!t->identity.protocol) t->identity.protocol = PT_PROTOCOL_VERSION;
     pipert_result keyed = pt_auth_derive_key(options->secret, PT_AUTH_USE_TRANSPORT, &t->key);
     if (keyed != PIPERT_OK) {
         free(t);

@@ -22,7 +22,11 @@
  * A peer whose proof is wrong is refused: logged with pt_warn, naming the
  * rank, pid and host it claims; a dialler that meets an impostor fails at
  * once (PIPERT_ERR_AUTH), one that is refused by its timeout. Messages after
- * the handshake are not authenticated.
+ * the handshake are not authenticated. The hellos also carry each side's protocol version
+ * and job digest (runtime/job_digest.h): a peer of another build or with other settings is
+ * refused on both sides, naming its rank and what differs, once its proof is checked (the
+ * dialler's connect fails with PIPERT_ERR_CONFIG, the other side's pt_transport_wait_peer for
+ * it too).
  *
  * Strangers. There is no sockaddr listener (ucp_listener): UCX 1.13's TCP
  * connection manager behind it aborts the process on the first bytes of a
@@ -89,6 +93,7 @@
 #include <stdint.h>
 
 #include "runtime/error.h"
+#include "runtime/job_digest.h"
 
 /* ---- the message header -------------------------------------------------- */
 
@@ -148,6 +153,10 @@ typedef struct pt_transport_options {
      * without one, or with a wrong or used one, is refused naming the peer. Both sides must
      * agree (transport_mac.c). */
     int authenticate_messages;
+    /* What every peer's hello must match (runtime/job_digest.h): protocol 0 stands for this
+     * build's (PT_PROTOCOL_VERSION; another value is for tests); without a digest the settings
+     * are not compared. */
+    pt_job_identity identity;
 } pt_transport_options;
 
 #define PT_TRANSPORT_MAX_RANKS (1 << 20)
@@ -155,7 +164,7 @@ typedef struct pt_transport_options {
 #define PT_TRANSPORT_OPTIONS_INIT                                                                  \
     {                                                                                              \
         .rank = -1, .secret = NULL, .job = 0, .connect_timeout_s = 30.0,                           \
-        .authenticate_messages = 0                                                                 \
+        .authenticate_messages = 0, .identity = {0}                                                \
     }
 
 /* Creates the ucp context and worker, and starts the progress thread. */
@@ -179,12 +188,14 @@ const char *pt_transport_address(const pt_transport *t);
  * (PIPERT_ERR_TRANSPORT), proves it does not know the secret (PIPERT_ERR_AUTH),
  * the address is malformed (PIPERT_ERR_INVALID_ARG) or
  * the connect timeout passed (PIPERT_ERR_TIMEOUT: also what a peer that refused
- * our hello, for another secret or job, leads to; it logs why). Peers that
+ * our hello, for another secret or job, leads to; it logs why), or the peer is of another
+ * protocol version or job digest (PIPERT_ERR_CONFIG, naming what differs). Peers that
  * connect to us need no call: the progress thread answers them. */
 pipert_result pt_transport_connect(pt_transport *t, int peer_rank, const char *address);
 
 /* Waits until `peer_rank` is connected in either direction (PIPERT_OK), is
- * known dead (PIPERT_ERR_PEER) or timeout_s passed (PIPERT_ERR_TIMEOUT). */
+ * known dead (PIPERT_ERR_PEER), was refused for another protocol version or job
+ * digest (PIPERT_ERR_CONFIG) or timeout_s passed (PIPERT_ERR_TIMEOUT). */
 pipert_result pt_transport_wait_peer(pt_transport *t, int peer_rank, double timeout_s);
 
 /* The usual bootstrap for a group of n_ranks processes that all know every

@@ -13,8 +13,12 @@
  *   REFUSED  in place of CONFIRM when A's proof is wrong: D's connect fails at once
  *            (PIPERT_ERR_AUTH), A logs the refusal; neither side proved anything to the other.
  * The secret never travels, and a recorded hello is worthless later: it answers a nonce that is
- * never drawn again. A hello that fails a check is logged with the rank, pid and host it
- * claims; the handshake of a dialler whose proof is wrong is closed, so it learns of the
+ * never drawn again. Each hello also carries its sender's protocol version and job digest
+ * (runtime/job_digest.h): the dialler compares the answer's once its proof is checked, and a
+ * dialler that differs sends REFUSED, fails its connect (PIPERT_ERR_CONFIG) and logs an error
+ * naming the rank and what differs; the answerer, comparing the dial's, logs the same on the
+ * REFUSED (or on a CONFIRM that should not have come) and fails its waits for that rank. A
+ * hello that fails a check is logged with the rank, pid and host it claims; the handshake of a dialler whose proof is wrong is closed, so it learns of the
  * refusal from its connect timeout. */
 #include "runtime/comm/transport_internal.h"
 
@@ -35,7 +39,8 @@
 #include "runtime/log.h"
 
 #define HELLO_MAGIC 0x4c485450u /* "PTHL" */
-#define HELLO_VERSION 5u /* 5: control records and direct-read answers carry a seal */
+#define HELLO_VERSION 6u /* 6: the protocol version and job digest; 5: control records and
+                          * direct-read answers carry a seal */
 
 /* ---- peers (under pt_transport_state_lock) ------------------------------- */
 
@@ -57,6 +62,14 @@ peer *pt_transport_peer_slot_locked(pt_transport *t, int rank)
 peer_state pt_transport_peer_state_locked(const pt_transport *t, int rank)
 {
     return rank >= 0 && rank < t->peer_capacity ? t->peers[rank].state : PEER_UNKNOWN;
+}
+
+/* Whether a process of `rank` was refused for another build or settings; why into `why`. */
+int pt_transport_peer_mismatch_locked(const pt_transport *t, int rank, char *why, size_t capacity)
+{
+    if (rank < 0 || rank >= t->peer_capacity || !t->peers[rank].mismatch[0]) return 0;
+    snprintf(why, capacity, "%s", t->peers[rank].mismatch);
+    return 1;
 }
 
 /* ---- connections --------------------------------------------------------- */
@@ -349,6 +362,7 @@ static int connection_register(connection *c)
     peer_state before = p ? p->state : PEER_DEAD;
     if (p && (before == PEER_UNKNOWN || before == PEER_ALIVE)) {
         p->state = PEER_ALIVE;
+        p->mismatch[0] = '\0';
         if (!p->conn) p->conn = c;
         snprintf(p->who, sizeof p->who, "%s", c->who);
         pthread_cond_broadcast(&pt_transport_state_changed);
@@ -425,6 +439,8 @@ static void fill_hello(const pt_transport *t, hello *h, hello_stage stage)
     h->job = t->job;
     h->rank = t->rank;
     h->stage = stage;
+    h->protocol = t->identity.protocol;
+    memcpy(h->digest, t->identity.part, sizeof h->digest);
     h->pid = (int32_t)getpid();
     h->probe_address = (uint64_t)(uintptr_t)&t->probe_word;
     h->probe_word = t->probe_word;
@@ -517,9 +533,11 @@ static void describe_sender(const hello *h, int rank, char *out, size_t capacity
 static int hello_acceptable(const pt_transport *t, const hello *h, int tag_rank, char *why,
                             size_t capacity)
 {
-    if (h->magic != HELLO_MAGIC || h->version != HELLO_VERSION)
-        snprintf(why, capacity, "not a pipert hello (magic 0x%08x, version %u)", h->magic,
-                 h->version);
+    if (h->magic != HELLO_MAGIC)
+        snprintf(why, capacity, "not a pipert hello (magic 0x%08x)", h->magic);
+    else if (h->version != HELLO_VERSION)
+        snprintf(why, capacity, "hello version %u, this build's is %u (another build of pipert)",
+                 h->version, HELLO_VERSION);
     else if (h->stage < HELLO_DIAL || h->stage > HELLO_REFUSED)
         snprintf(why, capacity, "a hello of unknown stage %u", h->stage);
     else if (h->job != t->job)
@@ -532,6 +550,38 @@ static int hello_acceptable(const pt_transport *t, const hello *h, int tag_rank,
     else
         return 1;
     return 0;
+}
+
+/* Whether the sender of `h` is of another build or job settings (runtime/job_digest.h); if
+ * so, why. */
+static int hello_mismatch(const pt_transport *t, const hello *h, char *why, size_t capacity)
+{
+    pt_job_identity theirs = {.protocol = h->protocol};
+    memcpy(theirs.part, h->digest, sizeof theirs.part);
+    return pt_job_identity_mismatch(&theirs, &t->identity, why, capacity);
+}
+
+/* `rank` was refused for another build or settings: logged as an error, and noted so that a
+ * wait for it fails at once (pt_transport_wait_peer), until a process of it connects. */
+static void note_mismatch(pt_transport *t, int rank, const char *who, const char *why)
+{
+    pt_error("transport: refused %s: %s", who, why);
+    pthread_mutex_lock(&pt_transport_state_lock);
+    peer *p = pt_transport_peer_slot_locked(t, rank);
+    if (p && p->state == PEER_UNKNOWN) {
+        snprintf(p->mismatch, sizeof p->mismatch, "%s", why);
+        pthread_cond_broadcast(&pt_transport_state_changed);
+    }
+    pthread_mutex_unlock(&pt_transport_state_lock);
+}
+
+/* The answerer's side of a mismatch: its handshake fails and the endpoint closes. */
+static void refuse_mismatch(connection *c, const char *why)
+{
+    note_mismatch(c->t, c->rank, c->who, why);
+    connection_finish(c, PIPERT_ERR_CONFIG, "refused %s: %s", c->who, why);
+    c->state = CONN_FAILED;
+    pt_transport_connection_close(c);
 }
 
 /* Our live connection with `rank` (being made or made), if any. */
@@ -612,13 +662,31 @@ static void refuse_answer(connection *c)
     c->deadline = pt_now_s() + 1.0;
 }
 
-/* The answer to our dial: its proof checked, ours sent, the connection made. */
+/* The dialler's side of a mismatch: the answerer hears REFUSED (it compares our dial itself
+ * and logs why), our caller fails now, and the endpoint closes once the refusal is out. */
+static void refuse_answer_mismatch(connection *c, const char *why)
+{
+    fill_hello(c->t, &c->confirm_out, HELLO_REFUSED);
+    c->confirm_out.refused_settings = 1;
+    send_hello(c, &c->confirm_out);
+    note_mismatch(c->t, c->rank, c->who, why);
+    connection_finish(c, PIPERT_ERR_CONFIG, "refused %s: %s", c->who, why);
+    c->deadline = pt_now_s() + 1.0;
+}
+
+/* The answer to our dial: its proof checked, then its build and settings, ours sent, the
+ * connection made. */
 static void answer_arrived(pt_transport *t, connection *c, const hello *h, const char *who)
 {
     snprintf(c->who, sizeof c->who, "%s", who);
     pt_auth_party them = answerer(c->rank, t->rank);
     if (!pt_auth_verify(&t->key, &them, c->nonce, h->nonce, h->proof)) {
         refuse_answer(c);
+        return;
+    }
+    char why[TEXT_CAPACITY];
+    if (hello_mismatch(t, h, why, sizeof why)) {
+        refuse_answer_mismatch(c, why);
         return;
     }
     c->hello_in = *h;
@@ -635,7 +703,21 @@ static void confirm_arrived(pt_transport *t, connection *c, const hello *h)
         connection_refuse(c, "its proof of the job's secret is wrong");
         return;
     }
+    char why[TEXT_CAPACITY];
+    if (hello_mismatch(t, &c->hello_in, why, sizeof why)) { /* it should have refused us */
+        refuse_mismatch(c, why);
+        return;
+    }
     connection_established(c);
+}
+
+/* A dialler refused our answer, and its hello shows another build or settings (`why`): the
+ * dial (`known`, NULL once its endpoint closed) fails, and so do waits for the rank. */
+static void refused_for_mismatch(pt_transport *t, connection *known, const hello *h,
+                                 const char *who, const char *why)
+{
+    if (known) refuse_mismatch(known, why);
+    else note_mismatch(t, h->rank, who, why);
 }
 
 static void hello_arrived(pt_transport *t, const hello *h, int tag_rank)
@@ -659,6 +741,9 @@ static void hello_arrived(pt_transport *t, const hello *h, int tag_rank)
         answer_arrived(t, known, h, who);
     else if (h->stage == HELLO_CONFIRM && unproven_dial)
         confirm_arrived(t, known, h);
+    else if (h->stage == HELLO_REFUSED && h->refused_settings &&
+             hello_mismatch(t, h, why, sizeof why))
+        refused_for_mismatch(t, unproven_dial ? known : NULL, h, who, why);
     else if (h->stage == HELLO_REFUSED && unproven_dial)
         connection_refuse(known, "it refused our proof: it does not share this job's secret");
     else if (h->stage == HELLO_REFUSED) /* its endpoint closed first: the handshake is gone */
@@ -842,7 +927,9 @@ pipert_result pt_transport_wait_peer(pt_transport *t, int peer_rank, double time
     pt_transport_deadline_after(timeout_s < 0 ? 0 : timeout_s, &deadline);
     pthread_mutex_lock(&pt_transport_state_lock);
     peer_state state;
-    while ((state = pt_transport_peer_state_locked(t, peer_rank)) == PEER_UNKNOWN)
+    char mismatch[TEXT_CAPACITY] = "";
+    while ((state = pt_transport_peer_state_locked(t, peer_rank)) == PEER_UNKNOWN &&
+           !pt_transport_peer_mismatch_locked(t, peer_rank, mismatch, sizeof mismatch))
         if (pt_transport_wait_on_state(&deadline) == ETIMEDOUT) break;
     state = pt_transport_peer_state_locked(t, peer_rank);
     char reason[TEXT_CAPACITY] = "";
@@ -850,6 +937,8 @@ pipert_result pt_transport_wait_peer(pt_transport *t, int peer_rank, double time
         snprintf(reason, sizeof reason, "%s", t->peers[peer_rank].reason);
     pthread_mutex_unlock(&pt_transport_state_lock);
     if (state == PEER_ALIVE) return PIPERT_OK;
+    if (state == PEER_UNKNOWN && mismatch[0])
+        return pt_fail(PIPERT_ERR_CONFIG, "transport: rank %d was refused: %s", peer_rank, mismatch);
     if (state == PEER_UNKNOWN)
         return pt_fail(PIPERT_ERR_TIMEOUT,
                        "transport: rank %d did not connect to rank %d within %.1f s", peer_rank,

@@ -94,6 +94,8 @@ typedef struct peer {
     int reads_us;     /* it said it can read ours: send it descriptors in place of payloads */
     char who[WHO_CAPACITY];
     char reason[REASON_CAPACITY]; /* why it is DEAD or LEFT */
+    char mismatch[TEXT_CAPACITY]; /* not "": a process of this rank was refused for another
+                                   * protocol version or job digest (until one connects) */
 } peer;
 
 /* The handshake's messages, in order (transport_connect.c). */
@@ -110,6 +112,10 @@ typedef struct hello {
     uint32_t magic, version, job;
     int32_t rank;
     uint32_t stage; /* hello_stage */
+    /* The sender's build and settings (runtime/job_digest.h): the other side refuses a peer
+     * that differs. REFUSED: refused_settings 1 for a refusal of those (0: of the proof). */
+    uint32_t protocol, refused_settings;
+    uint64_t digest[PT_DIGEST_PARTS];
     uint8_t nonce[PT_AUTH_NONCE_BYTES]; /* DIAL, ANSWER: the sender's challenge */
     uint8_t proof[PT_AUTH_PROOF_BYTES]; /* ANSWER, CONFIRM: the sender's proof */
     /* For same-host direct reads: who we are, and a word the peer may try to read back. */
@@ -250,6 +256,7 @@ typedef struct command {
 struct pt_transport {
     int rank;
     uint32_t job;
+    pt_job_identity identity; /* what every peer's hello must match */
     pt_auth_key key; /* from the job's secret (auth.h); the secret itself is not kept */
     double connect_timeout_s;
     char host[64];
@@ -351,6 +358,8 @@ void pt_transport_poll_while_waiting(pt_request *r, double seconds);
 /* transport_connect.c: peers (under pt_transport_state_lock), connections (under ucx_lock). */
 peer *pt_transport_peer_slot_locked(pt_transport *t, int rank);
 peer_state pt_transport_peer_state_locked(const pt_transport *t, int rank);
+/* Whether a process of `rank` was refused for another build or settings; why into `why`. */
+int pt_transport_peer_mismatch_locked(const pt_transport *t, int rank, char *why, size_t capacity);
 void pt_transport_connection_close(connection *c);
 void pt_transport_send_control(connection *c, uint32_t word);
 void pt_transport_start_connect(pt_transport *t, connection *c);
