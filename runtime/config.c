@@ -827,7 +827,7 @@ static const char *const digested_keys[PT_DIGEST_PARTS][16] = {
     [PT_DIGEST_SCHEDULE] = {"pipeline.schedule", "pipeline.microbatches", "pipeline.sync_steps"},
     /* what the replicas exchange, how it is encoded, and when */
     [PT_DIGEST_DP] = {"dp.method", "dp.compress", "dp.block", "dp.delay", "dp.fraction",
-                      "dp.partition_block", "dp.period", "dp.fragments", "dp.overlap"},
+                      "dp.partition_block", "dp.period", "dp.fragments", "dp.overlap", "dp.nccl"},
     /* whether every message carries a MAC */
     [PT_DIGEST_AUTH] = {"runtime.authenticate_messages"},
 };

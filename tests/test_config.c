@@ -93,7 +93,7 @@ static const char *const all_keys[] = {
     "data.val_fraction", "data.sampling", "dp.method", "dp.compress", "dp.block", "dp.delay",
     "dp.fraction", "dp.partition_block", "dp.rule", "dp.lambda", "dp.ema_warmup_steps", "dp.period", "dp.outer_lr",
     "dp.outer_momentum", "dp.fragments", "dp.overlap", "dp.alpha", "dp.penalty", "dp.penalty_value",
-    "dp.clip", "runtime.threads", "runtime.device", "runtime.authenticate_messages",
+    "dp.clip", "dp.nccl", "runtime.threads", "runtime.device", "runtime.authenticate_messages",
     "runtime.coordinator_check_steps", "pipeline.schedule",
     "pipeline.lookahead", "pipeline.lookahead_warmup", "pipeline.dc_lambda", "pipeline.sync_steps",
     "pipeline.microbatches", "pipeline.recompute", "pipeline.trace",
@@ -710,6 +710,7 @@ Test(config, job_digest_covers_what_workers_exchange_and_nothing_else)
         {"dp.fraction=0.25", PT_DIGEST_DP},           {"dp.partition_block=32", PT_DIGEST_DP},
         {"dp.period=7", PT_DIGEST_DP},                {"dp.fragments=2", PT_DIGEST_DP},
         {"dp.overlap=2", PT_DIGEST_DP},               {"runtime.authenticate_messages=true", PT_DIGEST_AUTH},
+        {"dp.nccl=true", PT_DIGEST_DP},
     };
     for (size_t i = 0; i < sizeof included / sizeof included[0]; i++) {
         pipert_config cfg = base;
