@@ -809,29 +809,53 @@ Test(sparse_launch, a_throttled_replica_never_deadlocks_its_peer)
     remove_dir(dir);
 }
 
-/* Two `pipert worker`s under Open MPI's variables, rank 0 with p = 0.05 and
- * rank 1 with p = 0.1: neither trains on, and the coordinator's line names
- * the rank that failed and, in its reason, the replica that sent the other
- * size. */
-Test(sparse_launch, replicas_with_different_fractions_fail_naming_each_other)
+/* Two `pipert worker`s under Open MPI's variables, rank 1 with `rank1_setting` added; their
+ * stderr into *rank0 and *rank1 (free them) and the directory into *dir (remove_dir it). */
+static void two_workers(const char *rank1_setting, char **dir, char **rank0, char **rank1)
 {
-    char *dir = make_temp_dir(), command[4096];
+    char command[4096];
+    *dir = make_temp_dir();
     const int port = 20000 + (int)(getpid() % 20000);
     snprintf(command, sizeof command,
              "export PIPERT_SECRET=0123456789abcdef0123456789abcdef PIPERT_COORD=127.0.0.1:%d "
              "OMPI_COMM_WORLD_SIZE=2 OMPI_COMM_WORLD_LOCAL_SIZE=2; "
-             "for r in 0 1; do f=0.05; [ $r = 1 ] && f=0.1; "
+             "for r in 0 1; do extra=; [ $r = 1 ] && extra=%s; "
              "OMPI_COMM_WORLD_RANK=$r OMPI_COMM_WORLD_LOCAL_RANK=$r timeout 60 %s worker --quiet --out %s " MODEL " --train.steps=20 "
-             "--train.batch_size=2 --dp.method=sparse --dp.fraction=$f "
+             "--train.batch_size=2 --dp.method=sparse --dp.fraction=0.05 $extra "
              "2>%s/rank-$r.err & done; wait",
-             port, pipert_bin(), dir, dir);
+             port, rank1_setting, pipert_bin(), *dir, *dir);
     cr_assert_eq(system(command), 0);
-    char path[600], *rank0, *rank1;
+    char path[600];
     size_t size;
-    snprintf(path, sizeof path, "%s/rank-0.err", dir);
-    cr_assert_eq(pt_read_file(path, &rank0, &size), PIPERT_OK);
-    snprintf(path, sizeof path, "%s/rank-1.err", dir);
-    cr_assert_eq(pt_read_file(path, &rank1, &size), PIPERT_OK);
+    snprintf(path, sizeof path, "%s/rank-0.err", *dir);
+    cr_assert_eq(pt_read_file(path, rank0, &size), PIPERT_OK);
+    snprintf(path, sizeof path, "%s/rank-1.err", *dir);
+    cr_assert_eq(pt_read_file(path, rank1, &size), PIPERT_OK);
+}
+
+/* Rank 1 with p = 0.1: the coordinator refuses it when it registers, naming it and the group
+ * of settings that differs (the job digest, runtime/job_digest.h); neither trains. */
+Test(sparse_launch, replicas_with_different_fractions_are_refused_by_name)
+{
+    char *dir, *rank0, *rank1;
+    two_workers("--dp.fraction=0.1", &dir, &rank0, &rank1);
+    cr_expect(strstr(rank0, "rank 1 is not of this job's build or settings") &&
+                  strstr(rank0, "dp method/codec"),
+              "the coordinator does not name rank 1 and its dp settings:\n%s", rank0);
+    cr_expect_not(strstr(rank0, "done: 20 steps"), "rank 0 trained to the end:\n%s", rank0);
+    cr_expect_not(strstr(rank1, "done: 20 steps"), "rank 1 trained to the end:\n%s", rank1);
+    free(rank0);
+    free(rank1);
+    remove_dir(dir);
+}
+
+/* Rank 1 with another seed (not in the job digest: replicas may draw other data) draws other
+ * partitions: the exchange's descriptors differ, neither trains on, and the coordinator's line
+ * names the rank that failed and, in its reason, the replica that sent the other draw. */
+Test(sparse_launch, replicas_with_different_partitions_fail_naming_each_other)
+{
+    char *dir, *rank0, *rank1;
+    two_workers("--seed=7", &dir, &rank0, &rank1);
     /* Either may notice first; the other may then stop on the job's abort
      * before it reports its own view. The coordinator (rank 0) names the
      * rank that failed, and its reason names the other replica. */
