@@ -362,6 +362,10 @@ peer_state pt_transport_peer_state_locked(const pt_transport *t, int rank);
 int pt_transport_peer_mismatch_locked(const pt_transport *t, int rank, char *why, size_t capacity);
 void pt_transport_connection_close(connection *c);
 void pt_transport_send_control(connection *c, uint32_t word);
+/* transport_control.c: keeps one receive of a control word posted on c. */
+void pt_transport_post_control_receive(connection *c);
+/* transport_connect.c: `rank` failed (departed: it said goodbye) for `reason`. */
+void pt_transport_peer_fail(pt_transport *t, int rank, int departed, const char *reason);
 void pt_transport_start_connect(pt_transport *t, connection *c);
 void pt_transport_drop_connections(pt_transport *t, int rank, const char *reason);
 void pt_transport_maintain_connections(pt_transport *t);
