@@ -53,8 +53,9 @@ static pipert_result make_group(nccl_state *s)
     PT_TRY(pt_broadcast(replicas, &id, sizeof id, 0));
     pipert_result rc = pt_nccl_group_create(&id, pt_group_size(replicas), index, &s->group);
     if (rc != PIPERT_OK)
-        pt_error_prefix("dp.nccl: replica %d joining the NCCL group of %d (each replica needs a GPU "
-                        "of its own)", s->options.replica, pt_group_size(replicas));
+        pt_error_prefix("dp.nccl: replica %d joining the NCCL group of %d (each replica needs a "
+                        "GPU of its own)",
+                        s->options.replica, pt_group_size(replicas));
     return rc;
 }
 

@@ -113,15 +113,17 @@ static pipert_result g_alloc(void **out, size_t bytes, const char *what)
     *out = NULL;
     pthread_mutex_lock(&arena.lock);
     pipert_result rc = reserve_locked();
-    const size_t rounded = (bytes + arena.page - 1) / arena.page * arena.page;
+    /* whole pages, at least one (a zero-byte allocation still gets an address of its own) */
+    const size_t rounded = bytes ? (bytes + arena.page - 1) / arena.page * arena.page : arena.page;
     if (rc == PIPERT_OK && (rounded < bytes || rounded > ARENA_BYTES - arena.top))
         rc = pt_fail(PIPERT_ERR_NOMEM,
-                     "cpu-guarded: %s needs %zu bytes; %zu of the %zu GiB arena are used", what, bytes,
+                     "cpu-guarded: %s needs %zu bytes; %zu of the %zu GiB arena are used", what,
+                     bytes,
                      arena.top, ARENA_BYTES >> 30);
     char *start = arena.base + arena.top;
-    if (rc == PIPERT_OK) rc = remember_locked((uintptr_t)start, rounded ? rounded : arena.page, what);
+    if (rc == PIPERT_OK) rc = remember_locked((uintptr_t)start, rounded, what);
     if (rc == PIPERT_OK) {
-        arena.top += rounded ? rounded : arena.page; /* fresh pages: zero-filled */
+        arena.top += rounded; /* fresh pages: zero-filled */
         if (arena.inside) mprotect(arena.base, protected_bytes(), PROT_READ | PROT_WRITE);
         *out = start;
     }
@@ -144,8 +146,14 @@ static void g_free(void *ptr)
 
 static void g_zero(void *p, size_t n) { GUARDED(cpu->zero(p, n)); }
 static void g_copy(void *d, const void *s, size_t n) { GUARDED(cpu->copy(d, s, n)); }
-static void g_copy_to_device(void *d, const void *s, size_t n) { GUARDED(cpu->copy_to_device(d, s, n)); }
-static void g_copy_to_host(void *d, const void *s, size_t n) { GUARDED(cpu->copy_to_host(d, s, n)); }
+static void g_copy_to_device(void *d, const void *s, size_t n)
+{
+    GUARDED(cpu->copy_to_device(d, s, n));
+}
+static void g_copy_to_host(void *d, const void *s, size_t n)
+{
+    GUARDED(cpu->copy_to_host(d, s, n));
+}
 static void g_synchronize(void) {}
 
 static void g_encoder_forward(float *o, const int32_t *t, const float *wte, const float *wpe,
@@ -187,7 +195,10 @@ static void g_attention_backward(float *dq, const float *d, const float *q, cons
 {
     GUARDED(cpu->attention_backward(dq, d, q, a, B, T, C, NH));
 }
-static void g_gelu_forward(float *o, const float *i, size_t n) { GUARDED(cpu->gelu_forward(o, i, n)); }
+static void g_gelu_forward(float *o, const float *i, size_t n)
+{
+    GUARDED(cpu->gelu_forward(o, i, n));
+}
 static void g_gelu_backward(float *di, const float *i, const float *d, size_t n)
 {
     GUARDED(cpu->gelu_backward(di, i, d, n));
