@@ -8,6 +8,7 @@
 #include <jansson.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -64,6 +65,63 @@ static inline pid_t start_shell(const char *command)
         _exit(127);
     }
     return pid;
+}
+
+/* Prints to stderr what process `pid` is doing: its threads' innermost frames, from gdb when
+ * this machine has it (scripts/deps.sh installs it), else its state from /proc. */
+static inline void show_stacks(pid_t pid, const char *who)
+{
+    char command[512];
+    fprintf(stderr, "---- %s (pid %d) ----\n", who, (int)pid);
+    snprintf(command, sizeof command,
+             "if command -v gdb >/dev/null; then gdb -p %d -batch -nx -ex 'thread apply all bt 10' "
+             "2>/dev/null | grep -E '^(Thread|#)' >&2; else grep -E '^(State|Threads)' "
+             "/proc/%d/status >&2; fi",
+             (int)pid, (int)pid);
+    if (system(command) != 0) fprintf(stderr, "(no stacks for pid %d)\n", (int)pid);
+}
+
+/* Waits up to `seconds` for a job started with start_shell. A job still running then is
+ * shown (the launcher's and each worker's stacks, the workers from `pids_file`'s
+ * "RANK PID" lines, the last lines of the files `logs` (a shell pattern) and `log_file`),
+ * killed, and fails the test: a hang says where it hangs, long before Criterion's timeout
+ * would say only that it did. The exit status otherwise (128 + the signal when one ended it). */
+static inline int wait_job_within(pid_t job, double seconds, const char *pids_file,
+                                  const char *logs, const char *log_file)
+{
+    int status;
+    for (const double until = pt_now_s() + seconds; pt_now_s() < until; usleep(50000)) {
+        const pid_t done = waitpid(job, &status, WNOHANG);
+        cr_assert_neq(done, -1, "waiting for the job (pid %d)", (int)job);
+        if (done == job) return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    }
+    fprintf(stderr, "==== the job did not end within %.0f s: where it is ====\n", seconds);
+    show_stacks(job, "the launcher");
+    char *pids = NULL, *log = NULL;
+    size_t size;
+    pid_t workers[256];
+    int n = 0;
+    if (pt_read_file(pids_file, &pids, &size) == PIPERT_OK)
+        for (char *line = strtok(pids, "\n"); line && n < 256; line = strtok(NULL, "\n")) {
+            int rank, pid;
+            if (sscanf(line, "%d %d", &rank, &pid) != 2 || kill(pid, 0) != 0) continue;
+            char who[32];
+            snprintf(who, sizeof who, "rank %d", rank);
+            show_stacks(pid, who);
+            workers[n++] = pid;
+        }
+    kill(job, SIGKILL);
+    for (int i = 0; i < n; i++) kill(workers[i], SIGKILL);
+    waitpid(job, &status, 0);
+    char command[700];
+    snprintf(command, sizeof command, "tail -n 12 %s >&2", logs);
+    if (system(command) != 0) fprintf(stderr, "(no logs %s)\n", logs);
+    if (pt_read_file(log_file, &log, &size) != PIPERT_OK) log = NULL;
+    cr_assert_fail("the job did not end within %.0f s (stacks above); %s:\n%s", seconds, log_file,
+                   log ? log : "(unreadable)");
+    free(pids);
+    free(log);
+    return -1;
 }
 
 /* Runs `ENV pipert ARGS` (env: "" or "NAME=value ..."). */

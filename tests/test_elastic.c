@@ -8,6 +8,7 @@
  * --min-replicas, or below it, the job stops as before. Joiners started by hand
  * with other settings are refused by name, and the job goes on without them. */
 #include <criterion/criterion.h>
+#include <jansson.h>
 #include <math.h>
 #include <stdbool.h>
 #include <signal.h>
@@ -24,6 +25,8 @@
     "--train.batch_size=4 --train.warmup_steps=1 --train.val_every=0 --train.val_batches=2 "     \
     "--runtime.threads=1 --train.log_every=10 --train.checkpoint_every=100"
 enum { STEPS = 1500, KILL_AT = 400, KILLED_RANK = 3 /* stage 1 of replica 1 */ };
+/* A job of these takes seconds in a release build and under 2 minutes sanitized on 2 busy cores. */
+#define JOB_LIMIT_S 400.0
 
 /* Starts `pipert launch` of 2 stages × 3 replicas in dir as a child; `elastic`: its options
  * (after MODEL's, so they may override them). */
@@ -83,11 +86,14 @@ static long kill_worker_at(pid_t job, const char *dir, long step)
     return kill_rank_at(job, dir, step, KILLED_RANK);
 }
 
-static int wait_job(pid_t job)
+/* The job's exit status; a job that hangs is shown and killed after JOB_LIMIT_S. */
+static int wait_job(pid_t job, const char *dir)
 {
-    int status;
-    cr_assert_eq(waitpid(job, &status, 0), job);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    char pids[600], logs[600], out[600];
+    snprintf(pids, sizeof pids, "%s/workers.pid", dir);
+    snprintf(logs, sizeof logs, "%s/logs/rank-*.log", dir);
+    snprintf(out, sizeof out, "%s.out", dir);
+    return wait_job_within(job, JOB_LIMIT_S, pids, logs, out);
 }
 
 static char *read_named(const char *dir, const char *suffix)
@@ -97,6 +103,38 @@ static char *read_named(const char *dir, const char *suffix)
     snprintf(path, sizeof path, "%s%s", dir, suffix);
     cr_assert_eq(pt_read_file(path, &text, &size), PIPERT_OK, "%s", pipert_last_error());
     return text;
+}
+
+/* Rank `rank`'s entry in the launcher's DIR/status.json (json_decref the root: *root). */
+static json_t *status_of_rank(const char *dir, int rank, json_t **root)
+{
+    char path[600];
+    snprintf(path, sizeof path, "%s/status.json", dir);
+    json_error_t error;
+    *root = json_load_file(path, 0, &error);
+    cr_assert(*root, "%s: %s", path, error.text);
+    json_t *rank_entry = json_array_get(json_object_get(*root, "ranks"), (size_t)rank);
+    cr_assert(json_is_object(rank_entry), "%s: no rank %d", path, rank);
+    return rank_entry;
+}
+
+/* What status.json says of the job's end and of rank `rank`: its processes started and how the
+ * latest ended. */
+static void expect_status(const char *dir, const char *phase, long departures, long joins,
+                          int rank, int starts, const char *last_exit)
+{
+    json_t *root;
+    json_t *r = status_of_rank(dir, rank, &root);
+    cr_expect_str_eq(json_string_value(json_object_get(root, "phase")), phase, "status.json's phase");
+    cr_expect_eq(json_integer_value(json_object_get(root, "departures")), departures,
+                 "status.json's departures");
+    cr_expect_eq(json_integer_value(json_object_get(root, "joins")), joins, "status.json's joins");
+    cr_expect_eq(json_integer_value(json_object_get(r, "starts")), starts,
+                 "rank %d's processes started", rank);
+    const char *how = json_string_value(json_object_get(r, "last_exit"));
+    cr_expect(how && !strcmp(how, last_exit), "rank %d's last exit: %s, expected %s", rank,
+              how ? how : "(none)", last_exit);
+    json_decref(root);
 }
 
 /* The mean loss over the logged steps in (from, to]. */
@@ -131,12 +169,15 @@ static void survivors_finish(const char *method, bool replicas_equal, const char
     snprintf(elastic, sizeof elastic, "--min-replicas 2 %s", options);
     pid_t job = start_job(dir, method, elastic);
     const long killed_at = kill_worker_at(job, dir, KILL_AT);
-    const int status = wait_job(job);
+    const int status = wait_job(job, dir);
     char *out = read_named(dir, ".out");
     cr_expect_eq(status, 0, "dp.method=%s: the job exited %d after rank %d was killed:\n%s", method,
                  status, KILLED_RANK, out);
     cr_expect(strstr(out, "rank 3 (replica 1) left the job"), "the launcher names the departure:\n%s",
               out);
+    /* the killed rank, and its replica's other worker, which stops as the job tells it */
+    expect_status(dir, "finished", 1, 0, KILLED_RANK, 1, "signal 9");
+    expect_status(dir, "finished", 1, 0, KILLED_RANK - 1, 1, "exit 3");
     /* replica 0's last stage logged every step to the end */
     double *losses = malloc(STEPS * sizeof *losses);
     for (int i = 0; i < STEPS; i++) losses[i] = NAN;
@@ -211,10 +252,11 @@ static void replica_rejoins(const char *method, bool replicas_equal, const char 
     snprintf(elastic, sizeof elastic, "--min-replicas 2 --restarts 1 %s", options);
     pid_t job = start_job(dir, method, elastic);
     const long killed_at = kill_worker_at(job, dir, KILL_AT);
-    const int status = wait_job(job);
+    const int status = wait_job(job, dir);
     char *out = read_named(dir, ".out");
     cr_expect_eq(status, 0, "dp.method=%s: the job exited %d:\n%s", method, status, out);
     cr_expect(strstr(out, "replica 1 rejoins the job"), "the coordinator logs the join:\n%s", out);
+    for (int rank = 2; rank < 4; rank++) expect_status(dir, "finished", 1, 1, rank, 2, "exit 0");
     const char *second = strstr(out, "leaves the job");
     cr_expect(second && !strstr(second + 1, "leaves the job"),
               "one departure, the killed replica's:\n%s", out);
@@ -309,7 +351,7 @@ Test(elastic, two_replicas_rejoin_in_one_switch, .timeout = 900)
     const bool both = launcher_says(dir, "replica 1 rejoins the job", 90) &&
                       launcher_says(dir, "replica 2 rejoins the job", 90);
     for (int k = 0; k < 2; k++) kill(survivors[k], SIGCONT);
-    const int status = wait_job(job);
+    const int status = wait_job(job, dir);
     char *out = read_named(dir, ".out");
     cr_assert(both, "the replicas did not both register again while the survivors waited:\n%s",
               out);
@@ -343,7 +385,7 @@ Test(elastic, metrics_go_on_when_the_first_replica_leaves, .timeout = 900)
     char *dir = make_temp_dir();
     pid_t job = start_job(dir, "sparse", "--min-replicas 2");
     const long killed_at = kill_rank_at(job, dir, KILL_AT, 1);
-    const int status = wait_job(job);
+    const int status = wait_job(job, dir);
     char *out = read_named(dir, ".out");
     cr_expect_eq(status, 0, "the job exited %d:\n%s", status, out);
     double *losses = malloc(STEPS * sizeof *losses);
@@ -371,7 +413,7 @@ static void job_stops(const char *elastic, const char *expected)
     char *dir = make_temp_dir();
     pid_t job = start_job(dir, "sparse", elastic);
     kill_worker_at(job, dir, 100);
-    const int status = wait_job(job);
+    const int status = wait_job(job, dir);
     char *out = read_named(dir, ".out");
     cr_expect_neq(status, 0, "the job exited 0 after rank %d was killed (%s)", KILLED_RANK, elastic);
     cr_expect(strstr(out, expected), "expected \"%s\" in:\n%s", expected, out);
@@ -397,7 +439,7 @@ Test(elastic, a_second_departure_below_min_replicas_stops_the_job, .timeout = 60
     kill_worker_at(job, dir, 100);
     usleep(1500000); /* the departure is through: replica 1 is out */
     cr_assert_eq(kill(worker_pid(dir, 5), SIGKILL), 0, "stage 1 of replica 2");
-    const int status = wait_job(job);
+    const int status = wait_job(job, dir);
     char *out = read_named(dir, ".out");
     cr_expect_neq(status, 0, "the job exited 0 with one replica left:\n%s", out);
     cr_expect(strstr(out, "only 1 replica would remain (--min-replicas 2)"), "%s", out);
@@ -463,7 +505,7 @@ Test(elastic, joiners_with_other_settings_are_refused_by_name, .timeout = 600)
                   joiners[i].differs, r.err);
     }
     cr_expect_eq(waitpid(job, NULL, WNOHANG), 0, "the job still runs after the joiners");
-    const int status = wait_job(job);
+    const int status = wait_job(job, dir);
     char *out = read_named(dir, ".out");
     cr_expect_eq(status, 0, "the job exited %d:\n%s", status, out);
     cr_expect(strstr(out, "coordinator: refused rank 1 from ") &&
