@@ -49,12 +49,14 @@
 #include "tools/cli.h"
 #include "tools/commands.h"
 #include "tools/launch_plan.h"
+#include "tools/launch_status.h"
 #include "tools/progress.h"
 #include "tools/wan/sites.h"
 
 #define EXIT_JOB_ABORTED 3 /* a worker that stopped because the job aborted (cmd_worker.c) */
 #define POLL_MS 100
 #define LOG_TAIL_LINES 4
+#define STATUS_PERIOD_S 0.5 /* DIR/status.json rewritten this often */
 
 extern char **environ;
 
@@ -74,6 +76,7 @@ typedef struct worker_process {
     int wait_status;
     bool signalled_by_launcher;
     int starts;    /* processes started for this rank: more than one after --restarts */
+    int exits;     /* of them, those that ended (wait_status: the latest's) */
     char log_path[PATH_MAX + 64];
 } worker_process;
 
@@ -398,6 +401,7 @@ static void reap_workers(job *j)
             if (w->pid != pid || !w->running) continue;
             w->running = false;
             w->wait_status = status;
+            w->exits++;
             j->running--;
             char why[1024];
             bool failed = describe_exit(j, w, why, sizeof why);
@@ -491,11 +495,37 @@ static void show_progress(job *j, pt_progress *progress, const pt_job_status *s,
     pt_progress_update(progress, line, logged_step);
 }
 
+/* DIR/status.json from the coordinator's view of the job and the launcher's of its processes. */
+static void write_status(job *j, const pt_job_status *status, double started)
+{
+    pt_rank_status *ranks = calloc((size_t)j->world, sizeof *ranks);
+    pt_launch_rank *processes = calloc((size_t)j->world, sizeof *processes);
+    if (ranks && processes) {
+        pt_coordinator_rank_statuses(j->coordinator, ranks);
+        for (int r = 0; r < j->world; r++) {
+            const worker_process *w = &j->workers[r];
+            processes[r] = (pt_launch_rank){w->stage,  w->replica, w->site,
+                                            w->pid,    w->running, w->starts,
+                                            w->exits, w->wait_status};
+        }
+        char path[PATH_MAX + 16];
+        snprintf(path, sizeof path, "%s/status.json", j->out_dir);
+        const pt_launch_snapshot snapshot = {pt_now_s() - started, j->restarts_left, status, ranks,
+                                             processes};
+        if (pt_launch_status_write(path, &snapshot) != PIPERT_OK)
+            pt_warn("pipert launch: status.json not written: %s", pipert_last_error());
+    }
+    free(ranks);
+    free(processes);
+}
+
 static void watch(job *j)
 {
     pt_progress progress;
     pt_progress_init(&progress, j->quiet);
     long shown_step = 0, shown_val_step = -1;
+    const double started = pt_now_s();
+    double status_at = 0;
     while (j->running > 0) {
         if (pt_coordinator_poll(j->coordinator, POLL_MS) != PIPERT_OK)
             pt_coordinator_abort(j->coordinator, -1, "%s", pipert_last_error());
@@ -507,6 +537,10 @@ static void watch(job *j)
         pt_coordinator_status(j->coordinator, &status);
         enforce_shutdown(j, &status, now);
         show_progress(j, &progress, &status, &shown_step, &shown_val_step);
+        if (now - status_at >= STATUS_PERIOD_S) {
+            write_status(j, &status, started);
+            status_at = now;
+        }
     }
     /* What the workers said last (their "done") was sent before they exited
      * but may still be on its way: in a socket, or an emulated link's latency
@@ -518,6 +552,7 @@ static void watch(job *j)
         pt_coordinator_poll(j->coordinator, POLL_MS);
         pt_coordinator_status(j->coordinator, &status);
     } while (status.phase == PT_JOB_RUNNING && pt_now_s() < deadline);
+    write_status(j, &status, started);
     pt_progress_finish(&progress);
 }
 

@@ -95,6 +95,28 @@ static int probe_links(pipert_config *cfg, const char *out_dir)
     return EXIT_RANK_FAILED;
 }
 
+static char last_error[2048];
+
+/* The exit status of a worker that stopped with `rc`, its error in last_error. A rank the job
+ * told to stop (another rank failed, or its replica left an elastic job) exits
+ * EXIT_JOB_ABORTED whichever error it met first (a receive its peer's death cut short), and
+ * says the job's reason first; so does a joiner whose replica could not get back in (the job
+ * ended first, a partner died while joining). */
+static int exit_status(pipert_session *s, pipert_result rc, bool join)
+{
+    char symptom[1024];
+    snprintf(symptom, sizeof symptom, "%s", pipert_last_error());
+    snprintf(last_error, sizeof last_error, "%s", symptom);
+    if (rc == PIPERT_ERR_COORDINATOR_LOST) return EXIT_COORDINATOR_LOST;
+    const bool told = rc == PIPERT_ERR_PEER || rc == PIPERT_ERR_INTERRUPTED ||
+                      rc == PIPERT_ERR_TRANSPORT || rc == PIPERT_ERR_TIMEOUT;
+    if (join && !s && rc == PIPERT_ERR_PEER) return EXIT_JOB_ABORTED;
+    if (!told || !s || pipert_session_async_error(s) == PIPERT_OK) return EXIT_RANK_FAILED;
+    if (strcmp(pipert_last_error(), symptom) != 0)
+        snprintf(last_error, sizeof last_error, "%s (here: %s)", pipert_last_error(), symptom);
+    return EXIT_JOB_ABORTED;
+}
+
 int pt_cmd_worker(int argc, char **argv)
 {
     const char *out_dir = NULL, *stages_text = "1";
@@ -153,14 +175,9 @@ int pt_cmd_worker(int argc, char **argv)
     }
     int status = 0;
     if (rc != PIPERT_OK) {
-        char message[1024];
-        snprintf(message, sizeof message, "%s", pipert_last_error());
-        const bool aborted = s && pipert_session_async_error(s) != PIPERT_OK;
-        if (m.rank >= 0) fprintf(stderr, "pipert worker [rank %d]: error: %s\n", m.rank, message);
-        else fprintf(stderr, "pipert worker: error: %s\n", message);
-        status = rc == PIPERT_ERR_COORDINATOR_LOST     ? EXIT_COORDINATOR_LOST
-                 : rc == PIPERT_ERR_PEER && aborted ? EXIT_JOB_ABORTED
-                                                    : EXIT_RANK_FAILED;
+        status = exit_status(s, rc, join);
+        if (m.rank >= 0) fprintf(stderr, "pipert worker [rank %d]: error: %s\n", m.rank, last_error);
+        else fprintf(stderr, "pipert worker: error: %s\n", last_error);
     } else if (!quiet) {
         if (m.stage == m.stages - 1) printf("rank %d done: %ld steps, final loss %.4f\n", m.rank, m.step, (double)m.loss);
         else printf("rank %d done: %ld steps\n", m.rank, m.step);

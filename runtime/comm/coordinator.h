@@ -69,6 +69,20 @@ typedef struct pt_job_status {
     char abort_reason[512];
 } pt_job_status;
 
+/* One rank as the coordinator sees it now (pipert launch's status.json). */
+typedef enum pt_rank_state {
+    PT_RANK_REGISTERING, /* not registered yet */
+    PT_RANK_TRAINING,    /* registered, its replica in the job */
+    PT_RANK_LEFT,        /* its replica left the job */
+    PT_RANK_JOINING,     /* registered again (pipert worker --join); its replica not back yet */
+    PT_RANK_DONE,        /* said it finished */
+} pt_rank_state;
+
+typedef struct pt_rank_status {
+    pt_rank_state state;
+    long step; /* its latest reported step; -1: none yet */
+} pt_rank_status;
+
 /* Listens (SO_REUSEADDR) on bind_host:port. */
 pipert_result pt_coordinator_create(pt_coordinator **out, const pt_coordinator_options *options);
 /* Stops the serving thread if one runs, closes every connection. NULL is fine. */
@@ -109,6 +123,12 @@ void pt_coordinator_rank_failed(pt_coordinator *c, int rank, const char *fmt, ..
 bool pt_coordinator_rank_left(pt_coordinator *c, int rank);
 
 void pt_coordinator_status(pt_coordinator *c, pt_job_status *status);
+
+/* Each rank's state and latest step (ranks: room for the world's). */
+void pt_coordinator_rank_statuses(pt_coordinator *c, pt_rank_status *ranks);
+
+/* The state's name in status.json: "registering", "training", "left", "joining", "done". */
+const char *pt_rank_state_name(pt_rank_state state);
 
 /* The reason rank `rank` failed, as it reported it or as the coordinator saw
  * it ("connection closed before done", "no heartbeat for 5.0 s"); false if it

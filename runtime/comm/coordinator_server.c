@@ -204,8 +204,8 @@ static void rank_failed_locked(pt_coordinator *c, int rank, const char *reason)
     }
     c->ranks[rank].failed = true;
     copy_text(c->ranks[rank].failure, sizeof c->ranks[rank].failure, reason);
-    pt_warn("replica %d leaves the job: rank %d %s; %d replica%s go on (membership epoch %ld)",
-            replica, rank, reason, m->live, m->live == 1 ? "" : "s", m->epoch);
+    pt_warn("replica %d leaves the job: rank %d: %s; %d replica%s on (membership epoch %ld)",
+            replica, rank, reason, m->live, m->live == 1 ? " goes" : "s go", m->epoch);
     pt_coord_broadcast(c, json_pack("{s:s, s:I, s:i, s:i, s:s}", "type", "leave", "epoch",
                            (json_int_t)m->epoch, "replica", replica, "rank", rank, "reason", reason));
     pthread_cond_broadcast(&c->changed);
@@ -926,6 +926,27 @@ void pt_coordinator_status(pt_coordinator *c, pt_job_status *s)
     if (measured) s->compute /= measured, s->wait_pipeline /= measured, s->wait_coupling /= measured;
     else s->compute = NAN;
     pthread_mutex_unlock(&c->lock);
+}
+
+void pt_coordinator_rank_statuses(pt_coordinator *c, pt_rank_status *ranks)
+{
+    pthread_mutex_lock(&c->lock);
+    for (int r = 0; r < c->options.world; r++) {
+        const rank_state *rs = &c->ranks[r];
+        pt_rank_state state = !rs->registered          ? PT_RANK_REGISTERING
+                              : rs->joining            ? PT_RANK_JOINING
+                              : pt_coord_rank_left(c, r) ? PT_RANK_LEFT
+                              : rs->done               ? PT_RANK_DONE
+                                                       : PT_RANK_TRAINING;
+        ranks[r] = (pt_rank_status){state, rs->has_progress ? rs->progress.step : -1};
+    }
+    pthread_mutex_unlock(&c->lock);
+}
+
+const char *pt_rank_state_name(pt_rank_state state)
+{
+    static const char *const names[] = {"registering", "training", "left", "joining", "done"};
+    return state >= 0 && state <= PT_RANK_DONE ? names[state] : "unknown";
 }
 
 bool pt_coordinator_rank_failure(pt_coordinator *c, int rank, char *reason, size_t cap)
