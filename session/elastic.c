@@ -162,7 +162,7 @@ pipert_result pt_session_switch_groups(pipert_session *s, const pt_membership_ne
 {
     bool joins = false;
     PT_TRY(admit_joiners(s, news, &joins));
-    PT_TRY(pt_job_regroup(&s->job, news->switch_sequence));
+    PT_TRY(pt_job_regroup(&s->job, news->switch_epoch, news->switch_sequence));
     const pt_coupling_options groups = {.replicas = s->job.replica_group,
                                         .site_replicas = s->job.site_group,
                                         .leaders = s->job.leaders_group,

@@ -43,6 +43,30 @@ static pipert_result connect_peers(pt_job *job, bool along_replicas)
     return rc;
 }
 
+/* A group of this job is stale once the membership moved past the epoch it was formed at (the
+ * others regroup without whoever still waits in it), or when the job told this rank to stop:
+ * its blocking collectives then stop waiting (collectives.h). A joiner's groups wait on until
+ * it is in (its own switch forms them afresh). */
+static bool group_interrupted(void *context)
+{
+    pt_job *job = context;
+    /* a joiner's replica is out of the job until it is back: only the job's abort counts */
+    if (job->joining) return job->client && pt_coord_client_aborted(job->client);
+    if (pt_job_aborted(job)) return true;
+    if (!job->elastic) return false;
+    pt_membership_news news;
+    pt_job_membership(job, &news);
+    return news.epoch > job->groups_epoch;
+}
+
+static pt_group_options group_options(pt_job *job)
+{
+    pt_group_options options = PT_GROUP_OPTIONS_INIT;
+    options.interrupted = group_interrupted;
+    options.context = job;
+    return options;
+}
+
 /* The ranks along one axis of the (stage, replica) grid through this rank, their
  * collectives numbered from first_sequence. */
 static pipert_result make_group(pt_job *job, bool along_stages, uint32_t id,
@@ -55,7 +79,7 @@ static pipert_result make_group(pt_job *job, bool along_stages, uint32_t id,
     if (!ranks) return pt_fail(PIPERT_ERR_NOMEM, "group: out of memory");
     for (int i = 0; i < n; i++)
         ranks[i] = along_stages ? pt_layout_rank(l, i, job->replica) : pt_layout_rank(l, job->stage, i);
-    pt_group_options options = PT_GROUP_OPTIONS_INIT;
+    pt_group_options options = group_options(job);
     options.id = id;
     options.first_sequence = first_sequence;
     pipert_result rc = pt_group_create(job->transport, ranks, n, &options, out);
@@ -135,7 +159,7 @@ static pipert_result build_replica_groups(pt_job *job, const bool *left, uint32_
         order_by_site(job, sites, replicas, n, ranks, &site_first, &site_count, leaders, &n_leaders);
         job->sites = n_leaders;
     }
-    pt_group_options options = PT_GROUP_OPTIONS_INIT;
+    pt_group_options options = group_options(job);
     options.first_sequence = first_sequence;
     options.id = REPLICA_GROUP_ID;
     if (rc == PIPERT_OK && n > 1)
@@ -225,7 +249,7 @@ static pipert_result make_world_group(pt_job *job, const bool *left, uint32_t fi
     for (int i = 0; rc == PIPERT_OK && i < n * S; i++)
         ranks[i] = pt_layout_rank(&job->layout, pt_layout_stage(&survivors, ranks[i]),
                                   live[pt_layout_replica(&survivors, ranks[i])]);
-    pt_group_options options = PT_GROUP_OPTIONS_INIT;
+    pt_group_options options = group_options(job);
     options.id = WORLD_GROUP_ID;
     options.first_sequence = first_sequence;
     if (rc == PIPERT_OK && n * S > 1)
@@ -237,6 +261,9 @@ static pipert_result make_world_group(pt_job *job, const bool *left, uint32_t fi
 
 static pipert_result connect_groups(pt_job *job)
 {
+    pt_membership_news news;
+    pt_job_membership(job, &news);
+    job->groups_epoch = news.epoch;
     if (job->joining) {
         /* Its replica's pipeline now; the replicas of its stage dial it at the switch. */
         PT_TRY(connect_peers(job, false));
@@ -590,8 +617,9 @@ static pipert_result retire(pt_job *job, pt_group **g)
     return PIPERT_OK;
 }
 
-pipert_result pt_job_regroup(pt_job *job, uint32_t first_sequence)
+pipert_result pt_job_regroup(pt_job *job, long epoch, uint32_t first_sequence)
 {
+    job->groups_epoch = epoch;
     const int R = job->layout.replicas;
     bool *left = job->replica_left;
     int live = 0;

@@ -50,6 +50,7 @@ typedef struct pt_job {
     pt_group *site_group;         /* the replicas of this stage in this site (more than one) */
     pt_group *leaders_group;      /* sites > 1, on each site's first replica: the leaders */
     bool elastic;                 /* replicas may leave (PIPERT_MIN_REPLICAS below the replicas) */
+    long groups_epoch;            /* the membership epoch the groups were formed at */
     int *replica_sites;           /* [replicas]: each replica's site (replicas > 1) */
     bool *replica_left;           /* [replicas]: left the job, as of the last regroup */
     long *admitted;               /* [replicas]: the join epoch of each replica's processes this
@@ -91,8 +92,9 @@ pipert_result pt_job_acknowledge(pt_job *job, long epoch, long step);
 /* A joiner: its stage is built; the coordinator may let its replica back in. */
 pipert_result pt_job_ready_to_join(pt_job *job);
 /* Replaces this stage's replica, site and leaders groups by groups of the
- * replicas still in the job; their collectives start at first_sequence. */
-pipert_result pt_job_regroup(pt_job *job, uint32_t first_sequence);
+ * replicas still in the job as of membership epoch `epoch`; their collectives
+ * start at first_sequence. */
+pipert_result pt_job_regroup(pt_job *job, long epoch, uint32_t first_sequence);
 /* Replicas coming back (runtime/comm/membership.h, "Joining"; session/join.c).
  * back[r]: the coordinator says replica r is in, with processes newer than
  * those this rank knows (it came back, perhaps before the switch of its

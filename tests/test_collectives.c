@@ -574,6 +574,54 @@ static int abandon_allgather_body(rank_context *ctx)
 
 Test(collectives, abandoned_allgather_frees_itself) { run_ranks(3, abandon_allgather_body, -1); }
 
+/* A member whose peers went on without it (an elastic job's regroup) waits in a broadcast from
+ * a root that never sends: its group's interrupted() turns true 0.3 s in, and the broadcast
+ * returns PIPERT_ERR_INTERRUPTED soon after, naming the collective; the buffer is not written.
+ * Without the callback the wait would last until the root's transport closed. */
+static double interrupt_at; /* when the group turns interrupted (pt_now_s) */
+
+static bool interrupt_when_due(void *context)
+{
+    (void)context;
+    return pt_now_s() >= interrupt_at;
+}
+
+static int interrupted_broadcast_body(rank_context *ctx)
+{
+    pt_group *signal = whole_group(ctx, 7);
+    CHILD_CHECK(ctx, signal, "group");
+    int ranks[MAX_RANKS];
+    for (int r = 0; r < ctx->n; r++) ranks[r] = r;
+    pt_group_options options = PT_GROUP_OPTIONS_INIT;
+    options.id = 9;
+    options.interrupted = interrupt_when_due;
+    pt_group *g = NULL;
+    CHILD_CHECK(ctx, pt_group_create(ctx->t, ranks, ctx->n, &options, &g) == PIPERT_OK, "group");
+    CHILD_CHECK(ctx, pt_barrier(signal) == PIPERT_OK, "signal");
+    if (ctx->rank == 1) {
+        float buffer[64];
+        for (int i = 0; i < 64; i++) buffer[i] = -1.0f;
+        interrupt_at = pt_now_s() + 0.3;
+        const pipert_result rc = pt_broadcast(g, buffer, sizeof buffer, 0);
+        const double late = pt_now_s() - interrupt_at;
+        CHILD_CHECK(ctx, rc == PIPERT_ERR_INTERRUPTED, "the broadcast ended with %s: %s",
+                    pipert_result_str(rc), pipert_last_error());
+        CHILD_CHECK(ctx, strstr(pipert_last_error(), "broadcast") != NULL,
+                    "the error names the collective: %s", pipert_last_error());
+        CHILD_CHECK(ctx, late >= 0 && late < 5.0, "it ended %.2f s after being interrupted", late);
+        CHILD_CHECK(ctx, buffer[0] == -1.0f && buffer[63] == -1.0f, "the buffer was written");
+    }
+    CHILD_CHECK(ctx, pt_barrier(signal) == PIPERT_OK, "the end");
+    pt_group_destroy(g);
+    pt_group_destroy(signal);
+    return 0;
+}
+
+Test(collectives, a_broadcast_from_a_root_that_never_sends_is_interrupted)
+{
+    run_ranks(2, interrupted_broadcast_body, -1);
+}
+
 /* Bytes of a ring all-reduce, counted step by step from its definition:
  * reduce-scatter step s sends chunk i − s, all-gather step s chunk i + 1 − s. */
 static int allreduce_bytes_body(rank_context *ctx)

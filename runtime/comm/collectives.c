@@ -13,6 +13,8 @@
 
 #include "runtime/safetensors.h"
 
+#define INTERRUPT_POLL_S 0.1 /* how often a blocking collective asks its group to go on waiting */
+
 pipert_result pt_group_create(pt_transport *t, const int *ranks, int n_ranks,
                               const pt_group_options *options, pt_group **out)
 {
@@ -51,6 +53,8 @@ pipert_result pt_group_create(pt_transport *t, const int *ranks, int n_ranks,
     g->ranks = copy;
     g->id = options->id;
     g->checksum = options->checksum;
+    g->interrupted = options->interrupted;
+    g->context = options->context;
     atomic_init(&g->sequence, options->first_sequence);
     *out = g;
     return PIPERT_OK;
@@ -128,13 +132,32 @@ pipert_result pt_collective_post_recv(const collective *c, int from, void *data,
 }
 
 /* Waits for and frees requests[0..n) (NULL entries skipped); returns the first failure. */
+/* One request's end, or PIPERT_ERR_INTERRUPTED once the group says so. */
+static pipert_result wait_one(const collective *c, pt_request *request)
+{
+    const pt_group *g = c->g;
+    if (!g->interrupted) return pt_request_wait(request, -1.0);
+    for (;;) {
+        pipert_result result;
+        if (pt_request_test(request, &result)) return pt_request_wait(request, -1.0);
+        if (g->interrupted(g->context))
+            return pt_fail(PIPERT_ERR_INTERRUPTED, "interrupted: the job's replicas changed, or it "
+                                                   "stopped, while waiting for the group");
+        pipert_result rc = pt_request_wait(request, INTERRUPT_POLL_S);
+        if (rc != PIPERT_ERR_TIMEOUT || pt_request_test(request, &result)) return rc;
+    }
+}
+
+/* Waits for every request and frees it (pt_request_free cancels a receive that is still
+ * pending, after an interruption). */
 static pipert_result wait_all(const collective *c, pt_request **requests, int n)
 {
     pipert_result first = PIPERT_OK;
     char message[MESSAGE_CAPACITY] = "";
     for (int i = 0; i < n; i++) {
         if (!requests[i]) continue;
-        pipert_result rc = pt_request_wait(requests[i], -1.0);
+        pipert_result rc = first == PIPERT_ERR_INTERRUPTED ? PIPERT_ERR_INTERRUPTED
+                                                            : wait_one(c, requests[i]);
         if (rc != PIPERT_OK && first == PIPERT_OK) {
             first = rc;
             snprintf(message, sizeof message, "%s", pipert_last_error());

@@ -22,6 +22,7 @@
 #define PT_COLLECTIVES_H
 
 #include <stddef.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "runtime/comm/transport.h"
@@ -35,11 +36,18 @@ typedef struct pt_group_options {
      * replaces one of the same id and members starts past every message the
      * old one may still have on the wire (runtime/comm/membership.h). */
     uint32_t first_sequence;
+    /* Asked every 0.1 s while a blocking barrier, broadcast or all-gather waits: true ends the
+     * wait with PIPERT_ERR_INTERRUPTED (its receives cancelled, its sends run to their end, so
+     * the caller's buffers are free again). An elastic job's groups are interrupted once their
+     * membership is stale: a member whose peers regrouped without it does not wait for them.
+     * NULL: never. */
+    bool (*interrupted)(void *context);
+    void *context;
 } pt_group_options;
 
 #define PT_GROUP_OPTIONS_INIT                                                                      \
     {                                                                                              \
-        .id = 0, .checksum = 0, .first_sequence = 0                                                \
+        .id = 0, .checksum = 0, .first_sequence = 0, .interrupted = NULL, .context = NULL          \
     }
 
 /* ranks[0..n_ranks) are transport ranks, distinct, and include this process's

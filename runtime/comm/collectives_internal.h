@@ -20,6 +20,8 @@ struct pt_group {
     uint32_t id;
     int checksum;
     atomic_uint sequence; /* of the next collective */
+    bool (*interrupted)(void *context);
+    void *context;
 };
 
 /* One collective's identity: its tag (group id | sequence) and its name for
