@@ -45,13 +45,14 @@ static pipert_result connect_peers(pt_job *job, bool along_replicas)
 
 /* A group of this job is stale once the membership moved past the epoch it was formed at (the
  * others regroup without whoever still waits in it), or when the job told this rank to stop:
- * its blocking collectives then stop waiting (collectives.h). A joiner's groups wait on until
- * it is in (its own switch forms them afresh). */
+ * its blocking collectives then stop waiting (collectives.h). */
 static bool group_interrupted(void *context)
 {
     pt_job *job = context;
-    /* a joiner's replica is out of the job until it is back: only the job's abort counts */
-    if (job->joining) return job->client && pt_coord_client_aborted(job->client);
+    if (job->client && pt_coord_client_aborted(job->client)) return true;
+    /* a joiner's replica is out of the job until its switch: the groups it starts with (its
+     * own replica's) wait on until then */
+    if (job->joining && !job->regrouped) return false;
     if (pt_job_aborted(job)) return true;
     if (!job->elastic) return false;
     pt_membership_news news;
@@ -604,6 +605,11 @@ pipert_result pt_job_ready_to_join(pt_job *job)
     return pt_coord_client_send_ready(job->client);
 }
 
+pipert_result pt_job_joined(pt_job *job)
+{
+    return pt_coord_client_send_joined(job->client);
+}
+
 /* Groups that were replaced stay alive until the job ends: an abandoned
  * collective may still use its group until the transport closes. */
 static pipert_result retire(pt_job *job, pt_group **g)
@@ -620,11 +626,14 @@ static pipert_result retire(pt_job *job, pt_group **g)
 pipert_result pt_job_regroup(pt_job *job, long epoch, uint32_t first_sequence)
 {
     job->groups_epoch = epoch;
+    job->regrouped = true;
     const int R = job->layout.replicas;
     bool *left = job->replica_left;
     int live = 0;
     for (int r = 0; r < R; r++) {
-        left[r] = pt_coord_client_replica_left(job->client, r, NULL, 0);
+        /* out as of this switch: it left, or it came back after (its own switch lets it in) */
+        left[r] = pt_coord_client_replica_left(job->client, r, NULL, 0) ||
+                  pt_coord_client_join_epoch(job->client, r) > epoch;
         live += !left[r];
     }
     pipert_result rc = retire(job, &job->replica_group);

@@ -51,6 +51,7 @@ typedef struct pt_job {
     pt_group *leaders_group;      /* sites > 1, on each site's first replica: the leaders */
     bool elastic;                 /* replicas may leave (PIPERT_MIN_REPLICAS below the replicas) */
     long groups_epoch;            /* the membership epoch the groups were formed at */
+    bool regrouped;               /* formed at a switch (a joiner: its own) */
     int *replica_sites;           /* [replicas]: each replica's site (replicas > 1) */
     bool *replica_left;           /* [replicas]: left the job, as of the last regroup */
     long *admitted;               /* [replicas]: the join epoch of each replica's processes this
@@ -91,6 +92,8 @@ void pt_job_membership(pt_job *job, pt_membership_news *news);
 pipert_result pt_job_acknowledge(pt_job *job, long epoch, long step);
 /* A joiner: its stage is built; the coordinator may let its replica back in. */
 pipert_result pt_job_ready_to_join(pt_job *job);
+/* A joiner took its state at a switch and trains: the coordinator counts it in. */
+pipert_result pt_job_joined(pt_job *job);
 /* Replaces this stage's replica, site and leaders groups by groups of the
  * replicas still in the job as of membership epoch `epoch`; their collectives
  * start at first_sequence. */

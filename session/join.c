@@ -316,6 +316,7 @@ pipert_result pt_session_join_running(pipert_session *s, long *step)
     *step = news.switch_step;
     s->elastic.acked_epoch = news.switch_epoch;
     PT_TRY(pt_session_switch_groups(s, &news));
+    PT_TRY(pt_job_joined(&s->job));
     s->elastic.joined_at = news.switch_step;
     pt_trace_span(s->trace, "rejoining (waiting to be let in, taking the state)", started_us,
                   pt_trace_clock_us(s->trace), -1, -1, -1);

@@ -108,8 +108,9 @@ Test(membership, a_replica_that_left_joins_again_through_a_switch)
     cr_expect(pt_membership_rank_live(&m, 2) && pt_membership_rank_live(&m, 3));
     cr_expect(pt_membership_replica_joining(&m, 1));
     cr_expect(!pt_membership_replica_joins(&m, 1), "it is in already");
-    /* the joiner's own ranks have nothing to acknowledge: the other four complete it */
-    cr_expect(!pt_membership_acknowledge(&m, 2, 2, 99, 99999));
+    /* the joiner's own ranks have nothing to acknowledge (they wait for their state): the
+     * other four complete it */
+    cr_expect(!pt_membership_acknowledge(&m, 2, 2, 0, 0));
     const long steps[] = {30, 31, 0, 0, 29, 33};
     for (int rank = 0; rank < 6; rank++) {
         if (rank == 2 || rank == 3) continue;
@@ -122,7 +123,55 @@ Test(membership, a_replica_that_left_joins_again_through_a_switch)
     cr_expect_eq(m.switch_donor, 0, "the first replica that stayed gives the state");
     cr_expect(m.switch_joiners[1] && !m.switch_joiners[0] && !m.switch_joiners[2],
               "the switch lets replica 1 in, and only it");
-    cr_expect(!pt_membership_replica_joining(&m, 1), "switched in");
+    cr_expect(pt_membership_replica_joining(&m, 1), "let in, but joining until it took its state");
+    cr_expect(!pt_membership_joiner_in(&m, 0), "rank 0 never joined");
+    cr_expect(!pt_membership_joiner_in(&m, 2));
+    cr_expect(!pt_membership_joiner_in(&m, 2), "a repeat counts once");
+    cr_expect(pt_membership_replica_joining(&m, 1), "one of its two ranks took its state");
+    cr_expect(!pt_membership_joiner_in(&m, 3), "the switch of epoch 2 was announced already");
+    cr_expect(!pt_membership_replica_joining(&m, 1), "in");
+    pt_membership_free(&m);
+}
+
+/* The churn bed's deadlock: a change before the survivors reach a join's switch supersedes it,
+ * so the joiners, waiting for their state, never acknowledge; the next switch must not wait
+ * for them, and must let them in again (with a donor). Acknowledgements its ranks sent while
+ * their replica was still joining count once it is in. */
+Test(membership, a_switch_superseded_before_its_joiners_took_their_state_lets_them_in_again)
+{
+    pt_membership m = six_ranks(1);
+    cr_assert_eq(pt_membership_rank_failed(&m, 1), PT_DEPARTURE_LEFT); /* replica 0: epoch 1 */
+    for (int rank = 2; rank < 6; rank++) pt_membership_acknowledge(&m, rank, 1, 10, 1);
+    cr_assert(pt_membership_replica_joins(&m, 0)); /* epoch 2 */
+    for (int rank = 2; rank < 6; rank++) pt_membership_acknowledge(&m, rank, 2, 20, 2);
+    cr_assert_eq(m.switch_epoch, 2);
+    cr_expect(m.switch_joiners[0] && m.switch_donor == 1);
+    /* replica 1 dies before step T: epoch 3, which replica 2 alone acknowledges */
+    cr_assert_eq(pt_membership_rank_failed(&m, 3), PT_DEPARTURE_LEFT);
+    cr_expect(!pt_membership_acknowledge(&m, 0, 3, 21, 3), "the joiners do not count");
+    cr_expect(!pt_membership_acknowledge(&m, 4, 3, 22, 3));
+    cr_expect(pt_membership_acknowledge(&m, 5, 3, 22, 3), "replica 2's two ranks complete it");
+    cr_expect_eq(m.switch_epoch, 3);
+    cr_expect(m.switch_joiners[0], "replica 0 is let in again");
+    cr_expect_eq(m.switch_donor, 2, "by the replica that stayed");
+    /* replica 0 takes its state at that switch; replica 1 comes back (epoch 4) before replica
+     * 0's ranks both said so: rank 0 trains on and acknowledges epoch 4, which replica 2's
+     * ranks complete; the switch names replica 0 again (the survivors admitted it already) */
+    cr_assert(pt_membership_replica_joins(&m, 1)); /* epoch 4 */
+    cr_expect(!pt_membership_joiner_in(&m, 0));
+    cr_expect(!pt_membership_acknowledge(&m, 0, 4, 30, 4), "kept for when replica 0 is in");
+    cr_expect(!pt_membership_acknowledge(&m, 4, 4, 29, 4));
+    cr_expect(pt_membership_acknowledge(&m, 5, 4, 29, 4));
+    cr_expect(m.switch_joiners[0] && m.switch_joiners[1] && m.switch_donor == 2);
+    cr_expect_eq(m.switch_step, 30 + pt_membership_margin(2), "rank 0's step counts");
+    cr_expect(!pt_membership_joiner_in(&m, 1), "epoch 4 switched already");
+    cr_expect(!pt_membership_replica_joining(&m, 0), "replica 0 is in");
+    /* the next change waits for replica 0's acknowledgements too */
+    cr_assert_eq(pt_membership_rank_failed(&m, 5), PT_DEPARTURE_LEFT); /* replica 2: epoch 5 */
+    cr_expect(!pt_membership_acknowledge(&m, 0, 5, 31, 5));
+    cr_expect(pt_membership_acknowledge(&m, 1, 5, 31, 5), "replica 1 is joining: replica 0 alone");
+    cr_expect_eq(m.switch_donor, 0, "replica 0 gives replica 1 its state");
+    cr_expect(m.switch_joiners[1] && !m.switch_joiners[0]);
     pt_membership_free(&m);
 }
 

@@ -92,6 +92,8 @@ pipert_result pt_coord_client_send_progress(pt_coord_client *c, const pt_rank_pr
 pipert_result pt_coord_client_send_done(pt_coord_client *c);
 /* A rejoining worker (join) built its stage and can take its state. */
 pipert_result pt_coord_client_send_ready(pt_coord_client *c);
+/* A joiner took its state and trains (membership.h: its replica is in once all its ranks said so). */
+pipert_result pt_coord_client_send_joined(pt_coord_client *c);
 /* Elastic replicas (runtime/comm/membership.h): what this worker heard. */
 typedef struct pt_membership_news {
     long epoch;                /* membership changes heard of: departures and joins */

@@ -806,6 +806,12 @@ pipert_result pt_coord_client_send_ready(pt_coord_client *c)
     return send_unless_lost(c, json_pack("{s:s}", "type", "ready"));
 }
 
+pipert_result pt_coord_client_send_joined(pt_coord_client *c)
+{
+    PT_TRY(pt_coord_client_check(c));
+    return send_unless_lost(c, json_pack("{s:s}", "type", "joined"));
+}
+
 void pt_coord_client_membership(pt_coord_client *c, pt_membership_news *news)
 {
     pthread_mutex_lock(&c->lock);

@@ -148,11 +148,10 @@ static void finish_if_done(pt_coordinator *c)
     pthread_cond_broadcast(&c->changed);
 }
 
-/* The last acknowledgement of a departure announces the switch. */
-static void acknowledged(pt_coordinator *c, int rank, long epoch, long step, uint32_t sequence)
+/* The switch the membership just set, to every rank. */
+static void announce_switch(pt_coordinator *c)
 {
     pt_membership *ms = &c->membership;
-    if (!pt_membership_acknowledge(ms, rank, epoch, step, sequence)) return;
     pt_info("coordinator: every survivor heard of membership change %ld; new coupling groups "
             "after step %ld%s", ms->switch_epoch, ms->switch_step,
             ms->switch_donor >= 0 ? ", where the replicas that came back take their state" : "");
@@ -163,6 +162,20 @@ static void acknowledged(pt_coordinator *c, int rank, long epoch, long step, uin
                            (json_int_t)ms->switch_epoch, "step", (json_int_t)ms->switch_step,
                            "sequence", (json_int_t)ms->switch_sequence, "donor",
                            ms->switch_donor, "joiners", joiners));
+}
+
+/* The last acknowledgement of a departure announces the switch. */
+static void acknowledged(pt_coordinator *c, int rank, long epoch, long step, uint32_t sequence)
+{
+    if (pt_membership_acknowledge(&c->membership, rank, epoch, step, sequence)) announce_switch(c);
+}
+
+/* joined: a rank of a replica coming back took its state; the last one may complete the newest
+ * epoch's acknowledgements (the others acknowledged while it was still joining). */
+static void handle_joined(pt_coordinator *c, int rank)
+{
+    pt_debug("coordinator: rank %d took its state and trains", rank);
+    if (pt_membership_joiner_in(&c->membership, rank)) announce_switch(c);
 }
 
 /* A rank that is done trains no more: it counts as having acknowledged. */
@@ -501,6 +514,7 @@ static void handle_message(pt_coordinator *c, connection *conn, const char *line
         else if (!strcmp(type, "done")) handle_done(c, s, conn->rank);
         else if (!strcmp(type, "ack")) handle_ack(c, conn->rank, m);
         else if (!strcmp(type, "ready")) pt_coord_joiner_ready(c, conn->rank);
+        else if (!strcmp(type, "joined")) handle_joined(c, conn->rank);
         else if (!strcmp(type, "error")) {
             const char *reason = pt_coord_get_string(m, "reason");
             rank_failed_locked(c, conn->rank, reason ? reason : "failed (no reason given)");

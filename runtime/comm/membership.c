@@ -21,7 +21,10 @@ pipert_result pt_membership_init(pt_membership *m, int world, int stages, int mi
     m->joining = calloc((size_t)replicas, sizeof *m->joining);
     m->switch_joiners = calloc((size_t)replicas, sizeof *m->switch_joiners);
     m->acked_epoch = calloc((size_t)world, sizeof *m->acked_epoch);
-    if (!m->left || !m->joining || !m->switch_joiners || !m->acked_epoch) {
+    m->let_in_at = calloc((size_t)replicas, sizeof *m->let_in_at);
+    m->took_state = calloc((size_t)world, sizeof *m->took_state);
+    if (!m->left || !m->joining || !m->switch_joiners || !m->acked_epoch || !m->let_in_at ||
+        !m->took_state) {
         pt_membership_free(m);
         return pt_fail(PIPERT_ERR_NOMEM, "membership: out of memory");
     }
@@ -41,6 +44,10 @@ void pt_membership_free(pt_membership *m)
     free(m->joining);
     free(m->switch_joiners);
     free(m->acked_epoch);
+    free(m->let_in_at);
+    free(m->took_state);
+    m->let_in_at = NULL;
+    m->took_state = NULL;
     m->left = NULL;
     m->joining = NULL;
     m->switch_joiners = NULL;
@@ -67,13 +74,21 @@ static void start_epoch(pt_membership *m)
     m->max_sequence = 0;
 }
 
+/* A replica's processes are new (it left, or it comes back): nothing of a join holds. */
+static void forget_join(pt_membership *m, int replica)
+{
+    m->joining[replica] = false;
+    m->let_in_at[replica] = 0;
+    for (int r = replica * m->stages; r < (replica + 1) * m->stages; r++) m->took_state[r] = false;
+}
+
 pt_departure pt_membership_rank_failed(pt_membership *m, int rank)
 {
     const int replica = pt_membership_replica_of(m, rank);
     if (m->left[replica]) return PT_DEPARTURE_IGNORED;
     if (m->live - 1 < m->min_replicas) return PT_DEPARTURE_ABORT;
     m->left[replica] = true;
-    m->joining[replica] = false;
+    forget_join(m, replica);
     m->live--;
     m->last_left = replica;
     m->departures++;
@@ -98,6 +113,7 @@ bool pt_membership_replica_joins(pt_membership *m, int replica)
 {
     if (replica < 0 || replica >= m->replicas || !m->left[replica] || donor(m) < 0) return false;
     m->left[replica] = false;
+    forget_join(m, replica);
     m->joining[replica] = true;
     m->live++;
     m->joins++;
@@ -113,24 +129,51 @@ static int acknowledging_ranks(const pt_membership *m)
     return n * m->stages;
 }
 
-bool pt_membership_acknowledge(pt_membership *m, int rank, long epoch, long step,
-                               uint32_t sequence)
+/* Every acknowledging rank acknowledged the newest epoch: the switch. */
+static bool name_switch(pt_membership *m)
 {
-    if (!pt_membership_rank_live(m, rank) || m->joining[pt_membership_replica_of(m, rank)] ||
-        epoch != m->epoch || m->acked_epoch[rank] == epoch || m->switch_epoch == epoch)
-        return false; /* (a joiner that is done acknowledges an epoch switched already) */
-    m->acked_epoch[rank] = epoch;
-    if (step > m->max_step) m->max_step = step;
-    if (sequence > m->max_sequence) m->max_sequence = sequence;
-    if (++m->acks < acknowledging_ranks(m)) return false;
-    m->switch_epoch = epoch;
+    m->switch_epoch = m->epoch;
     m->switch_step = m->max_step + m->margin;
     m->switch_sequence = m->max_sequence + PT_MEMBERSHIP_SEQUENCE_GAP;
     const int giver = donor(m);
     m->switch_donor = -1;
     for (int r = 0; r < m->replicas; r++) {
         m->switch_joiners[r] = m->joining[r];
-        if (m->joining[r]) m->switch_donor = giver, m->joining[r] = false;
+        if (!m->joining[r]) continue;
+        m->switch_donor = giver;
+        m->let_in_at[r] = m->epoch;
     }
     return true;
+}
+
+bool pt_membership_acknowledge(pt_membership *m, int rank, long epoch, long step,
+                               uint32_t sequence)
+{
+    if (!pt_membership_rank_live(m, rank) || epoch != m->epoch || m->acked_epoch[rank] == epoch ||
+        m->switch_epoch == epoch)
+        return false; /* (a joiner that is done acknowledges an epoch switched already) */
+    m->acked_epoch[rank] = epoch;
+    if (step > m->max_step) m->max_step = step;
+    if (sequence > m->max_sequence) m->max_sequence = sequence;
+    /* a rank of a joining replica that trains already (it took its state, and says so next)
+     * is counted once its replica is in */
+    if (m->joining[pt_membership_replica_of(m, rank)]) return false;
+    if (++m->acks < acknowledging_ranks(m)) return false;
+    return name_switch(m);
+}
+
+bool pt_membership_joiner_in(pt_membership *m, int rank)
+{
+    if (rank < 0 || rank >= m->world) return false;
+    const int replica = pt_membership_replica_of(m, rank);
+    if (!m->joining[replica] || m->let_in_at[replica] == 0 || m->took_state[rank]) return false;
+    m->took_state[rank] = true;
+    const int first = replica * m->stages;
+    for (int r = first; r < first + m->stages; r++)
+        if (!m->took_state[r]) return false;
+    forget_join(m, replica);
+    if (m->switch_epoch == m->epoch) return false; /* the newest epoch switched already */
+    for (int r = first; r < first + m->stages; r++) m->acks += m->acked_epoch[r] == m->epoch;
+    if (m->acks < acknowledging_ranks(m)) return false;
+    return name_switch(m);
 }

@@ -31,13 +31,18 @@
  * their stages built, said they are ready). That
  * is an epoch like a departure: the replica counts as live again, but as
  * joining — its ranks do not acknowledge (they have not trained); the others
- * do, and the switch is computed the same way. At the switch the replica is
- * in, and the first live replica that was not joining is its donor: after
- * step T each of the donor's stages sends its state (parameters, optimizer,
+ * do, and the switch is computed the same way. The switch lets the replica in,
+ * and the first live replica that is not joining is its donor: after step T
+ * each of the donor's stages sends its state (parameters, optimizer,
  * coupling, pipeline: session/join.c) to the joiner's rank of that stage,
  * which starts from there at step T + 1 in the new groups. Replicas that come
  * back before one switch are let in together (switch_joiners); they connect to
  * each other as the survivors connect to them, the lower replica dialling.
+ * A replica stays joining until each of its ranks says it took its state
+ * (pt_membership_joiner_in): a change that comes before the survivors reach T
+ * supersedes the switch, the joiners wait for the next one, and that one
+ * lets them in again, so they are never counted on to acknowledge an epoch
+ * while they wait for a state (which deadlocked the churn bed).
  *
  * Pure bookkeeping, no I/O: the coordinator calls it under its lock. */
 #ifndef PT_MEMBERSHIP_H
@@ -71,6 +76,8 @@ typedef struct pt_membership {
     uint32_t switch_sequence;
     int switch_donor; /* the replica whose state the joiners of that switch take; -1: none */
     bool *switch_joiners; /* [replicas]: the replicas that switch lets in */
+    long *let_in_at;      /* [replicas]: the newest switch that let a joining replica in (0: none) */
+    bool *took_state;     /* [world]: a rank of a joining replica said it took its state */
 } pt_membership;
 
 /* The margin both sides use: twice the pipeline's depth, plus 2. */
@@ -103,9 +110,16 @@ bool pt_membership_replica_joining(const pt_membership *m, int replica);
 /* A live rank acknowledges `epoch` at `step` with its groups' next sequence.
  * True when this completes the newest epoch's acknowledgements: the switch
  * (switch_epoch, switch_step, switch_sequence, switch_donor) is then set and
- * the joining replicas are in. An old epoch's acknowledgement, a repeated
- * one or one from a rank that left or is joining is ignored. */
+ * lets the joining replicas in. An old epoch's acknowledgement, a repeated
+ * one or one from a rank that left is ignored; one from a rank of a joining
+ * replica is kept for when the replica is in. */
 bool pt_membership_acknowledge(pt_membership *m, int rank, long epoch, long step,
                                uint32_t sequence);
+
+/* A rank of a joining replica that a switch let in took its state: once every rank of it
+ * did, the replica is in (it acknowledges from then on; what its ranks acknowledged of the
+ * newest epoch meanwhile counts). True when that completes the newest epoch's
+ * acknowledgements (the switch is then set, as by pt_membership_acknowledge). */
+bool pt_membership_joiner_in(pt_membership *m, int rank);
 
 #endif
