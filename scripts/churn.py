@@ -41,6 +41,7 @@ FREEZE_EXTRA_S = (1.0, 6.0)
 POLL_S = 0.25
 STALL_LIMIT_S = 60.0       # the target: every untouched replica steps at least this often
 RECOVERY_S = HEARTBEAT_S + 30.0  # a fault lifted this close to the job's end may not heal first
+DEADLOCK_S = 240.0         # no replica stepping this long: the job is stopped, its stacks shown
 LOSS_LIMIT = 0.02          # the target: within 2% of the undisturbed run at equal tokens
 KINDS = ("kill", "freeze", "link")
 STEPS_FACTOR = 1.8         # the churned job's steps: this many times the undisturbed rate's
@@ -146,6 +147,7 @@ class Driver:
         self.namespace = None
         self.status = None
         self.churn_seconds = 0.0  # from the first step to the last fault's chance
+        self.deadlock = None      # seconds without a step when the driver stopped the job
 
     # ---- reading the job --------------------------------------------------------------
     def now(self):
@@ -325,6 +327,26 @@ class Driver:
         self.lift_faults()
 
     # ---- the run ----------------------------------------------------------------------
+    def stuck_for(self):
+        """Seconds since any replica last stepped (0 before the first step)."""
+        seen = [rep.stepped_at for rep in self.replicas if rep.stepped_at is not None]
+        return self.now() - max(seen) if seen else 0.0
+
+    def stop_deadlocked(self):
+        """Shows each worker's stacks and the launcher's, then stops the job (SIGINT)."""
+        self.deadlock = round(self.stuck_for(), 1)
+        print("churn: deadlock: no replica stepped for %.0f s; the workers' stacks:" %
+              self.deadlock, flush=True)
+        for r in (self.status or {}).get("ranks", []):
+            if not r.get("running"):
+                continue
+            print("---- rank %d (pid %d, %s, step %d)" % (r["rank"], r["pid"], r["state"],
+                                                         r["step"]), flush=True)
+            subprocess.run("gdb -p %d -batch -nx -ex 'thread apply all bt 12' 2>/dev/null | "
+                           "grep -E '^#' | grep -v -E 'libc|libuc|clone|start_thread'" % r["pid"],
+                           shell=True)
+        self.launcher.send_signal(signal.SIGINT)
+
     def run(self, minutes, gap):
         counts = {k: 0 for k in KINDS}
         until = minutes * 60.0
@@ -333,6 +355,9 @@ class Driver:
             self.observe()
             self.lift_faults()
             now = self.now()
+            if self.deadlock is None and self.stuck_for() > DEADLOCK_S:
+                self.lift_all()
+                self.stop_deadlocked()
             running = self.status and self.status.get("phase") == "running" and \
                 self.first_step_at is not None
             if running and next_at is None:
@@ -403,13 +428,14 @@ def churn_method(args, method, rng):
               "events": [e.row() for e in driver.events],
               "unexpected_exits": driver.unexpected,
               "longest_stall_s": round(driver.longest_stall, 2),
+              "deadlock_s": driver.deadlock,
               "longest_stall_at": driver.longest_stall_at,
               "nan": any(not math.isfinite(m.get("loss", 0.0)) for m in lines) or
               any(not math.isfinite(v["val_loss"]) for v in vals),
               "tokens": lines[-1]["tokens"] if lines else None,
               "final_val_loss": vals[-1]["val_loss"] if vals else None,
               "tokens_per_replica_step": lines[0]["tokens"] / REPLICAS if lines else None}
-    if args.reference and lines:
+    if args.reference and lines and status == 0:
         reference_run(args, method, result, val_every)
     return result
 
@@ -443,6 +469,8 @@ def summarize(r):
 
 def misses(s, r, args):
     why = []
+    if r["deadlock_s"] is not None:
+        why.append("deadlock: no replica stepped for %.0f s (stacks above)" % r["deadlock_s"])
     if s["exit"] != 0:
         why.append("the job exited %d" % s["exit"])
     injected = sum(s[k] - s[k + "_cut_by_end"] for k in KINDS)

@@ -12,7 +12,8 @@
  * own step n, starts a non-blocking sum over the world group (every rank) of
  * a flag "I have lost the coordinator", and completes it after its own step
  * n + K. The sum is the same on every rank, so every rank decides the same:
- * if it is not zero, all stop after step n + K. The wait at n + K normally
+ * if it is not zero (elastic replicas: if it is every rank's), all stop after
+ * step n + K. The wait at n + K normally
  * finds the vote done: a rank at its step n + K is at most S − 1 steps ahead
  * of the slowest stage of its replica (the stages of an asynchronous
  * pipeline) and a step ahead of its stage's other replicas (their coupling),
@@ -41,7 +42,13 @@ static long vote_period(const pipert_session *s)
 static bool noticed_loss(pipert_session *s, long step)
 {
     char why[512];
-    if (!pt_job_coordinator_lost(&s->job, why, sizeof why)) return false;
+    if (!pt_job_coordinator_lost(&s->job, why, sizeof why)) {
+        if (s->loss_logged)
+            pt_warn("the coordinator is heard again after step %ld (a link that came back): "
+                    "training goes on as before", step);
+        s->loss_logged = false;
+        return false;
+    }
     if (!s->loss_logged)
         pt_warn("coordinator lost after step %ld: %s; training goes on until the workers agree "
                 "on a step to stop at (they vote every %ld steps)",
@@ -78,7 +85,12 @@ static pipert_result finish_vote(pipert_session *s, bool *lost)
                                                    "coordinator");
         }
     }
-    *lost = *s->loss_vote_value > 0;
+    /* An elastic job stops only when every rank lost the coordinator: a rank that alone lost
+     * it is cut off (a site's link down for about the heartbeat timeout), and the coordinator,
+     * alive for the others, takes its replica out instead (the churn bed: a 5 s outage made
+     * every replica checkpoint and exit). */
+    const float needed = s->job.elastic ? (float)pt_group_size(s->job.world_group) : 1.0f;
+    *lost = *s->loss_vote_value >= needed;
     free(s->loss_vote_value);
     s->loss_vote_value = NULL;
     return PIPERT_OK;

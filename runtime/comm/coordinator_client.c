@@ -136,6 +136,19 @@ static void client_lost(pt_coord_client *c, const char *why)
     pthread_mutex_unlock(&c->lock);
 }
 
+/* The coordinator, silent past the heartbeat timeout, speaks again: it was a link down (a site
+ * cut off for about the timeout), not its death. The loss is taken back: progress and "done"
+ * go out again, the grace stops running, and this rank votes that the coordinator lives (the
+ * session logs it: session/coordinator_loss.c). */
+static void client_heard_again(pt_coord_client *c)
+{
+    if (!atomic_load(&c->lost)) return;
+    pthread_mutex_lock(&c->lock);
+    atomic_store(&c->lost, false);
+    pthread_cond_broadcast(&c->changed);
+    pthread_mutex_unlock(&c->lock);
+}
+
 static void free_table(pt_peer_table *t)
 {
     for (int r = 0; t->peers && r < t->world; r++) free(t->peers[r].address);
@@ -421,6 +434,7 @@ static bool client_talk(pt_coord_client *c)
             client_lost(c, why);
             return false;
         }
+        if (ready > 0 && fds[0].revents) client_heard_again(c);
         now = pt_now_s();
         if (now - last_sent_at(c) >= c->heartbeat_interval_s &&
             client_send(c, json_pack("{s:s}", "type", "heartbeat")) != PIPERT_OK) {
