@@ -622,6 +622,50 @@ Test(collectives, a_broadcast_from_a_root_that_never_sends_is_interrupted)
     run_ranks(2, interrupted_broadcast_body, -1);
 }
 
+/* The other side: a member gave the broadcast up (interrupted at once), then the root sends it
+ * 1 MiB (taken by a direct read on this host: the send ends only when the member takes it). The
+ * root, interrupted 0.3 s later, returns instead of waiting for that send for good; its request
+ * is freed when the transport closes. */
+static int abandoned_send_body(rank_context *ctx)
+{
+    pt_group *signal = whole_group(ctx, 7);
+    CHILD_CHECK(ctx, signal, "group");
+    int ranks[MAX_RANKS];
+    for (int r = 0; r < ctx->n; r++) ranks[r] = r;
+    pt_group_options options = PT_GROUP_OPTIONS_INIT;
+    options.id = 9;
+    options.interrupted = interrupt_when_due;
+    pt_group *g = NULL;
+    CHILD_CHECK(ctx, pt_group_create(ctx->t, ranks, ctx->n, &options, &g) == PIPERT_OK, "group");
+    enum { N = 1 << 18 };
+    static float buffer[N];
+    if (ctx->rank == 1) {
+        interrupt_at = pt_now_s();
+        CHILD_CHECK(ctx, pt_broadcast(g, buffer, sizeof buffer, 0) == PIPERT_ERR_INTERRUPTED,
+                    "member 1 gives up at once: %s", pipert_last_error());
+    }
+    CHILD_CHECK(ctx, pt_barrier(signal) == PIPERT_OK, "member 1 gave up");
+    if (ctx->rank == 0) {
+        interrupt_at = pt_now_s() + 0.3;
+        const pipert_result rc = pt_broadcast(g, buffer, sizeof buffer, 0);
+        const double late = pt_now_s() - interrupt_at;
+        CHILD_CHECK(ctx, rc == PIPERT_ERR_INTERRUPTED, "the root's broadcast ended with %s: %s",
+                    pipert_result_str(rc), pipert_last_error());
+        CHILD_CHECK(ctx, late < 5.0, "the root returned %.2f s after being interrupted", late);
+    }
+    CHILD_CHECK(ctx, pt_barrier(signal) == PIPERT_OK, "the end");
+    pt_transport_destroy(ctx->t); /* the abandoned send ends here */
+    ctx->t = NULL;
+    pt_group_destroy(g);
+    pt_group_destroy(signal);
+    return 0;
+}
+
+Test(collectives, a_root_whose_member_gave_up_does_not_wait_for_its_send)
+{
+    run_ranks(2, abandoned_send_body, -1);
+}
+
 /* Bytes of a ring all-reduce, counted step by step from its definition:
  * reduce-scatter step s sends chunk i − s, all-gather step s chunk i + 1 − s. */
 static int allreduce_bytes_body(rank_context *ctx)

@@ -149,8 +149,9 @@ static pipert_result wait_one(const collective *c, pt_request *request)
     }
 }
 
-/* Waits for every request and frees it (pt_request_free cancels a receive that is still
- * pending, after an interruption). */
+/* Waits for every request and frees it. After an interruption the rest are abandoned: a
+ * pending receive is cancelled, and a pending send is left to end on its own (a peer that gave
+ * the collective up too never takes it; waiting for it here would hang this member instead). */
 static pipert_result wait_all(const collective *c, pt_request **requests, int n)
 {
     pipert_result first = PIPERT_OK;
@@ -163,7 +164,8 @@ static pipert_result wait_all(const collective *c, pt_request **requests, int n)
             first = rc;
             snprintf(message, sizeof message, "%s", pipert_last_error());
         }
-        pt_request_free(requests[i]);
+        if (rc == PIPERT_ERR_INTERRUPTED) pt_request_abandon(requests[i]);
+        else pt_request_free(requests[i]);
         requests[i] = NULL;
     }
     if (first != PIPERT_OK) return pt_fail(first, "%s: %s", c->name, message);

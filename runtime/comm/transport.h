@@ -334,4 +334,12 @@ void pt_request_cancel(pt_request *request);
  * still be read. */
 void pt_request_free(pt_request *request);
 
+/* Releases a request without waiting: a pending receive is cancelled, and a
+ * request still pending is freed when it ends (a send, when its peer takes it
+ * or fails, or the transport closes). A pending send's payload must stay
+ * readable until then: for a peer that will never take it (it gave the
+ * collective up), nothing reads it, but its memory must not be unmapped while
+ * the transport lives (on the same host the peer reads it directly). */
+void pt_request_abandon(pt_request *request);
+
 #endif

@@ -215,6 +215,25 @@ void pt_request_cancel(pt_request *request)
         pt_transport_request_command_done(request);
 }
 
+void pt_request_abandon(pt_request *request)
+{
+    if (!request) return;
+    pt_request_cancel(request);
+    pthread_mutex_lock(&pt_transport_state_lock);
+    if (request->state != REQUEST_DONE || request->commands > 0) {
+        /* pt_transport_complete_request frees it when it ends, or the last of its queued
+         * commands when it has run */
+        if (request->state != REQUEST_DONE)
+            request->free_requested = 1;
+        else
+            request->free_when_idle = 1;
+        pthread_mutex_unlock(&pt_transport_state_lock);
+        return;
+    }
+    pthread_mutex_unlock(&pt_transport_state_lock);
+    free(request);
+}
+
 void pt_request_free(pt_request *request)
 {
     if (!request) return;
