@@ -13,8 +13,9 @@
 
 /* What the coordinator and the workers say to each other, and how (the coordinator's lines, the
  * transport's hellos, headers and control words): raise it whenever a change makes an older
- * build misunderstand a newer one. */
-#define PT_PROTOCOL_VERSION 1u
+ * build misunderstand a newer one. 2: a joiner says "joined" once it took its state (an older
+ * joiner would stay joining for good). */
+#define PT_PROTOCOL_VERSION 2u
 
 /* The groups of settings digested apart (pt_job_digest_part_name names them). */
 typedef enum pt_job_digest_part {

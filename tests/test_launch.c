@@ -343,7 +343,10 @@ static void other_identity_is_refused(const pt_job_identity *theirs, const char 
 Test(coordinator, a_rank_of_another_protocol_version_is_refused_by_name)
 {
     const pt_job_identity theirs = {.protocol = PT_PROTOCOL_VERSION + 1, .part = {1, 2, 3, 4, 5, 6}};
-    other_identity_is_refused(&theirs, "protocol version 2 vs 1");
+    char expected[64];
+    snprintf(expected, sizeof expected, "protocol version %u vs %u", PT_PROTOCOL_VERSION + 1,
+             PT_PROTOCOL_VERSION);
+    other_identity_is_refused(&theirs, expected);
 }
 
 Test(coordinator, a_rank_with_other_settings_is_refused_by_name)

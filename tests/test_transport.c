@@ -463,15 +463,21 @@ static int mismatch_body(rank_context *ctx)
                              strstr(pipert_last_error(), "settings differ in: dp method/codec"),
                     "rank 1 is refused for its dp settings, got %s", pipert_result_str(rc));
         rc = pt_transport_wait_peer(ctx->t, 2, 20.0);
+        char theirs_vs_ours[64];
+        snprintf(theirs_vs_ours, sizeof theirs_vs_ours, "protocol version %u vs %u",
+                 PT_PROTOCOL_VERSION + 1, PT_PROTOCOL_VERSION);
         CHILD_CHECK(ctx, rc == PIPERT_ERR_CONFIG && strstr(pipert_last_error(), "rank 2") &&
-                             strstr(pipert_last_error(), "protocol version 2 vs 1"),
+                             strstr(pipert_last_error(), theirs_vs_ours),
                     "rank 2 is refused for its protocol, got %s", pipert_result_str(rc));
         CHILD_CHECK(ctx, !pt_transport_peer_alive(ctx->t, 1) && !pt_transport_peer_alive(ctx->t, 2),
                     "neither is a peer");
         return 0;
     }
     pipert_result rc = pt_transport_connect(ctx->t, 0, ctx->addresses[0]);
-    const char *expected = ctx->rank == 1 ? "settings differ in: dp method/codec" : "protocol version 1 vs 2";
+    char ours_vs_theirs[64];
+    snprintf(ours_vs_theirs, sizeof ours_vs_theirs, "protocol version %u vs %u", PT_PROTOCOL_VERSION,
+             PT_PROTOCOL_VERSION + 1);
+    const char *expected = ctx->rank == 1 ? "settings differ in: dp method/codec" : ours_vs_theirs;
     CHILD_CHECK(ctx, rc == PIPERT_ERR_CONFIG && strstr(pipert_last_error(), "rank 0") &&
                          strstr(pipert_last_error(), expected),
                 "rank 0 is refused (%s), got %s", expected, pipert_result_str(rc));
