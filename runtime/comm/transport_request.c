@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -215,23 +216,26 @@ void pt_request_cancel(pt_request *request)
         pt_transport_request_command_done(request);
 }
 
+/* Under the state lock: a request that has not ended, or has commands still queued, is freed
+ * when it ends (pt_transport_complete_request) or its last command has run; true then. */
+static bool free_when_idle_locked(pt_request *request)
+{
+    if (request->state == REQUEST_DONE && request->commands == 0) return false;
+    if (request->state != REQUEST_DONE)
+        request->free_requested = 1;
+    else
+        request->free_when_idle = 1;
+    return true;
+}
+
 void pt_request_abandon(pt_request *request)
 {
     if (!request) return;
     pt_request_cancel(request);
     pthread_mutex_lock(&pt_transport_state_lock);
-    if (request->state != REQUEST_DONE || request->commands > 0) {
-        /* pt_transport_complete_request frees it when it ends, or the last of its queued
-         * commands when it has run */
-        if (request->state != REQUEST_DONE)
-            request->free_requested = 1;
-        else
-            request->free_when_idle = 1;
-        pthread_mutex_unlock(&pt_transport_state_lock);
-        return;
-    }
+    const bool later = free_when_idle_locked(request);
     pthread_mutex_unlock(&pt_transport_state_lock);
-    free(request);
+    if (!later) free(request);
 }
 
 void pt_request_free(pt_request *request)
@@ -239,14 +243,8 @@ void pt_request_free(pt_request *request)
     if (!request) return;
     pt_request_cancel(request);
     pthread_mutex_lock(&pt_transport_state_lock);
-    if (pt_transport_holding_ucx_lock &&
-        (request->state != REQUEST_DONE || request->commands > 0)) {
-        /* From a callback, where waiting would wait for ourselves: pt_transport_complete_request
-         * frees it when it is done, or the last of its queued commands when it has run. */
-        if (request->state != REQUEST_DONE)
-            request->free_requested = 1;
-        else
-            request->free_when_idle = 1;
+    /* From a callback, where waiting would wait for ourselves: freed later instead. */
+    if (pt_transport_holding_ucx_lock && free_when_idle_locked(request)) {
         pthread_mutex_unlock(&pt_transport_state_lock);
         return;
     }
