@@ -1,12 +1,14 @@
 /* DIR/status.json (launch_status.h). */
+#include <errno.h>
 #include <jansson.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
+#include <string.h>
 #include <sys/wait.h>
 #include <time.h>
 
 #include "runtime/error.h"
-#include "runtime/fileio.h"
 #include "tools/launch_status.h"
 
 static const char *phase_name(pt_job_phase phase)
@@ -36,6 +38,25 @@ static json_t *rank_json(int rank, const pt_rank_status *r, const pt_launch_rank
     return j;
 }
 
+/* A new version of path (temporary name, then rename), without fsync: the file says what is
+ * true now and is rewritten in half a second, and an fsync on a slow disk would stall the
+ * launcher's loop, and with it the coordinator's reading of heartbeats. */
+static pipert_result replace_file(const char *path, const json_t *root)
+{
+    char temporary[PATH_MAX + 8];
+    snprintf(temporary, sizeof temporary, "%s.tmp", path);
+    FILE *f = fopen(temporary, "w");
+    if (!f) return pt_fail(PIPERT_ERR_IO, "%s: %s", temporary, strerror(errno));
+    const int dumped = json_dumpf(root, f, JSON_COMPACT);
+    const int closed = fclose(f);
+    if (dumped != 0 || closed != 0 || rename(temporary, path) != 0) {
+        const int error = errno;
+        remove(temporary);
+        return pt_fail(PIPERT_ERR_IO, "%s: %s", path, strerror(error));
+    }
+    return PIPERT_OK;
+}
+
 pipert_result pt_launch_status_write(const char *path, const pt_launch_snapshot *s)
 {
     const pt_job_status *job = s->job;
@@ -61,7 +82,7 @@ pipert_result pt_launch_status_write(const char *path, const pt_launch_snapshot 
     for (int r = 0; r < job->world; r++)
         json_array_append_new(ranks, rank_json(r, &s->ranks[r], &s->processes[r]));
     json_object_set_new(root, "ranks", ranks);
-    const pipert_result rc = pt_write_json_atomic(path, root, JSON_COMPACT);
+    const pipert_result rc = replace_file(path, root);
     json_decref(root);
     return rc;
 }

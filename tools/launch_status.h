@@ -29,7 +29,7 @@ typedef struct pt_launch_snapshot {
     const pt_launch_rank *processes; /* [job->world] */
 } pt_launch_snapshot;
 
-/* Writes path (temporary name, then rename). */
+/* Writes path (temporary name, then rename; not fsynced: rewritten twice a second). */
 pipert_result pt_launch_status_write(const char *path, const pt_launch_snapshot *s);
 
 #endif
