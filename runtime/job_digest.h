@@ -14,8 +14,9 @@
 /* What the coordinator and the workers say to each other, and how (the coordinator's lines, the
  * transport's hellos, headers and control words): raise it whenever a change makes an older
  * build misunderstand a newer one. 2: a joiner says "joined" once it took its state (an older
- * joiner would stay joining for good). */
-#define PT_PROTOCOL_VERSION 2u
+ * joiner would stay joining for good). 3: "joined" names the switch whose state it took, and a
+ * joiner trains only once the coordinator says its replica is in. */
+#define PT_PROTOCOL_VERSION 3u
 
 /* The groups of settings digested apart (pt_job_digest_part_name names them). */
 typedef enum pt_job_digest_part {

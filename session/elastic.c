@@ -135,24 +135,24 @@ static pipert_result make_replicas_equal(pipert_session *s)
 }
 
 /* Replicas coming back: this stage's ranks of them connected, and given the donor's state.
- * A joiner lost meanwhile is a departure the next switch settles. *joins: any came. */
-static pipert_result admit_joiners(pipert_session *s, const pt_membership_news *news, bool *joins)
+ * A joiner lost meanwhile is a departure the next switch settles. */
+static pipert_result admit_joiners(pipert_session *s, const pt_membership_news *news)
 {
-    const int R = s->job.layout.replicas;
-    bool *back = calloc((size_t)R, sizeof *back);
-    if (!back) return pt_fail(PIPERT_ERR_NOMEM, "session: out of memory");
-    pt_job_replicas_back(&s->job, back);
-    *joins = s->job.joining;
-    for (int r = 0; r < R; r++) *joins |= back[r];
-    pipert_result rc = pt_job_admit_joiners(&s->job, back);
-    for (int r = 0; rc == PIPERT_OK && r < R; r++)
-        if (back[r] && s->job.replica == news->switch_donor)
+    const int W = s->job.world;
+    bool *joiners = calloc((size_t)W, sizeof *joiners), *fresh = calloc((size_t)W, sizeof *fresh);
+    pipert_result rc = joiners && fresh ? PIPERT_OK
+                                        : pt_fail(PIPERT_ERR_NOMEM, "session: out of memory");
+    if (rc == PIPERT_OK) rc = pt_job_switch_joiners(&s->job, news->switch_epoch, joiners, fresh);
+    if (rc == PIPERT_OK) rc = pt_job_admit_joiners(&s->job, fresh);
+    for (int r = 0; rc == PIPERT_OK && r < s->job.layout.replicas; r++)
+        if (joiners[r] && s->job.replica == news->switch_donor)
             rc = pt_session_send_state(s, pt_layout_rank(&s->job.layout, s->job.stage, r),
                                        news->switch_epoch);
-    free(back);
+    free(joiners);
+    free(fresh);
     if (rc != PIPERT_OK && pt_session_departures_since(s, news->switch_epoch)) {
-        pt_warn("a replica coming back was lost while joining (%s); the next switch goes on "
-                "without it", pipert_last_error());
+        pt_warn("a replica coming back was lost while joining, or a newer change came (%s); the "
+                "next switch goes on without it", pipert_last_error());
         return PIPERT_OK;
     }
     return rc;
@@ -160,8 +160,7 @@ static pipert_result admit_joiners(pipert_session *s, const pt_membership_news *
 
 pipert_result pt_session_switch_groups(pipert_session *s, const pt_membership_news *news)
 {
-    bool joins = false;
-    PT_TRY(admit_joiners(s, news, &joins));
+    PT_TRY(admit_joiners(s, news));
     PT_TRY(pt_job_regroup(&s->job, news->switch_epoch, news->switch_sequence));
     const pt_coupling_options groups = {.replicas = s->job.replica_group,
                                         .site_replicas = s->job.site_group,
@@ -173,7 +172,7 @@ pipert_result pt_session_switch_groups(pipert_session *s, const pt_membership_ne
                                   .step = pt_stage_executor_version(s->executor)};
     pipert_result rc = pt_coupling_regroup(s->coupling, &groups, &at);
     if (rc == PIPERT_OK) rc = make_replicas_equal(s);
-    if (rc == PIPERT_OK && joins) rc = pt_job_settle_joiners(&s->job);
+    if (rc == PIPERT_OK) rc = pt_job_settle_joiners(&s->job);
     /* A member lost during the switch's collectives: its departure comes next, and its
      * switch regroups again (the coupling stays suspended until then). */
     if (rc != PIPERT_OK && !pt_session_departures_since(s, news->switch_epoch)) return rc;

@@ -267,6 +267,7 @@ static pipert_result connect_groups(pt_job *job)
     job->groups_epoch = news.epoch;
     if (job->joining) {
         /* Its replica's pipeline now; the replicas of its stage dial it at the switch. */
+        job->listening = true;
         PT_TRY(connect_peers(job, false));
         PT_TRY(make_group(job, true, STAGE_GROUP_ID, 0, &job->stage_group));
         job->replica_sites = calloc((size_t)job->layout.replicas, sizeof *job->replica_sites);
@@ -605,9 +606,14 @@ pipert_result pt_job_ready_to_join(pt_job *job)
     return pt_coord_client_send_ready(job->client);
 }
 
-pipert_result pt_job_joined(pt_job *job)
+pipert_result pt_job_joined(pt_job *job, long epoch)
 {
-    return pt_coord_client_send_joined(job->client);
+    return pt_coord_client_send_joined(job->client, epoch);
+}
+
+bool pt_job_replica_in(pt_job *job, long epoch)
+{
+    return pt_coord_client_in_epoch(job->client, job->replica) >= epoch;
 }
 
 /* Groups that were replaced stay alive until the job ends: an abandoned
@@ -656,11 +662,27 @@ pipert_result pt_job_regroup(pt_job *job, long epoch, uint32_t first_sequence)
 
 /* ---- replicas coming back ------------------------------------------------------ */
 
-void pt_job_replicas_back(pt_job *job, bool *back)
+/* Whether `replica` has processes newer than those this rank connected to (or made room
+ * for), that are in the groups of switch `epoch` (a later join has its own switch). */
+static bool renewed(pt_job *job, int replica, long epoch)
 {
-    for (int r = 0; r < job->layout.replicas; r++)
-        back[r] = r != job->replica && !pt_coord_client_replica_left(job->client, r, NULL, 0) &&
-                  pt_coord_client_join_epoch(job->client, r) > job->admitted[r];
+    const long joined = pt_coord_client_join_epoch(job->client, replica);
+    return replica != job->replica && !pt_coord_client_replica_left(job->client, replica, NULL, 0) &&
+           joined > job->admitted[replica] && joined <= epoch;
+}
+
+pipert_result pt_job_switch_joiners(pt_job *job, long epoch, bool *joiners, bool *fresh)
+{
+    const long listed = pt_coord_client_switch_joiners(job->client, joiners);
+    if (listed != epoch)
+        return pt_fail(PIPERT_ERR_INTERNAL, "switch %ld came while this rank switched at %ld",
+                       listed, epoch);
+    for (int r = 0; r < job->layout.replicas; r++) {
+        joiners[r] = joiners[r] && r != job->replica &&
+                     !pt_coord_client_replica_left(job->client, r, NULL, 0);
+        fresh[r] = renewed(job, r, epoch);
+    }
+    return PIPERT_OK;
 }
 
 /* The new process of `rank` at the address the coordinator gave. */
@@ -677,19 +699,20 @@ static pipert_result readdress(pt_job *job, int rank)
     return pt_transport_forget_peer(job->transport, rank);
 }
 
-pipert_result pt_job_admit_joiners(pt_job *job, const bool *back)
+pipert_result pt_job_admit_joiners(pt_job *job, const bool *fresh)
 {
     bool any = false;
     for (int r = 0; r < job->layout.replicas; r++)
-        if (back[r]) {
+        if (fresh[r]) {
             PT_TRY(readdress(job, pt_layout_rank(&job->layout, job->stage, r)));
             job->admitted[r] = pt_coord_client_join_epoch(job->client, r);
             any = true;
         }
     if (!any) return PIPERT_OK;
     PT_TRY(pt_transport_listen_again(job->transport));
+    job->listening = true;
     for (int r = 0; r < job->layout.replicas; r++) {
-        if (!back[r]) continue;
+        if (!fresh[r]) continue;
         const int rank = pt_layout_rank(&job->layout, job->stage, r);
         pipert_result rc = pt_transport_connect(job->transport, rank, job->addresses[rank]);
         if (rc != PIPERT_OK) {
@@ -700,14 +723,33 @@ pipert_result pt_job_admit_joiners(pt_job *job, const bool *back)
     return PIPERT_OK;
 }
 
+pipert_result pt_job_make_room(pt_job *job)
+{
+    for (int r = 0; r < job->layout.replicas; r++) {
+        const long joined = pt_coord_client_join_epoch(job->client, r);
+        if (r == job->replica || joined <= job->admitted[r]) continue;
+        const int rank = pt_layout_rank(&job->layout, job->stage, r);
+        char *address = pt_coord_client_peer_address(job->client, rank);
+        if (!address) return pt_fail(PIPERT_ERR_NOMEM, "job: out of memory");
+        free(job->addresses[rank]);
+        job->addresses[rank] = address;
+        /* A peer that is alive now is taken for the new process, which may have dialled
+         * already: only a dead one's place is cleared (a connection is refused from a rank
+         * the transport saw fail until then). */
+        if (!pt_transport_peer_alive(job->transport, rank))
+            PT_TRY(pt_transport_forget_peer(job->transport, rank));
+        job->admitted[r] = joined;
+    }
+    return PIPERT_OK;
+}
+
 /* Replicas that come back in the same switch dial each other as survivors dial them: the
- * lower replica dials the higher. */
-static pipert_result dial_fellow_joiners(pt_job *job)
+ * lower replica dials the higher (pt_job_make_room gave each its new address). */
+static pipert_result dial_fellow_joiners(pt_job *job, const bool *joiners)
 {
     for (int r = job->replica + 1; r < job->layout.replicas; r++) {
-        if (!pt_coord_client_switch_joiner(job->client, r)) continue;
         const int rank = pt_layout_rank(&job->layout, job->stage, r);
-        PT_TRY(readdress(job, rank));
+        if (!joiners[r] || pt_transport_peer_alive(job->transport, rank)) continue;
         pipert_result rc = pt_transport_connect(job->transport, rank, job->addresses[rank]);
         if (rc != PIPERT_OK) {
             pt_error_prefix("connecting to rank %d (replica %d, coming back with this one)", rank,
@@ -718,32 +760,43 @@ static pipert_result dial_fellow_joiners(pt_job *job)
     return PIPERT_OK;
 }
 
-pipert_result pt_job_await_replicas(pt_job *job, double timeout_s)
+pipert_result pt_job_await_replicas(pt_job *job, long epoch, double timeout_s)
 {
     const double until = pt_now_s() + timeout_s;
-    for (int r = 0; r < job->layout.replicas; r++)
-        job->admitted[r] = pt_coord_client_join_epoch(job->client, r);
-    PT_TRY(dial_fellow_joiners(job));
-    for (int r = 0; r < job->layout.replicas; r++) {
-        if (r == job->replica || pt_coord_client_replica_left(job->client, r, NULL, 0)) continue;
+    const int R = job->layout.replicas;
+    bool *joiners = calloc((size_t)job->world, sizeof *joiners);
+    if (!joiners) return pt_fail(PIPERT_ERR_NOMEM, "job: out of memory");
+    pipert_result rc = PIPERT_OK;
+    if (pt_coord_client_switch_joiners(job->client, joiners) != epoch) rc = PIPERT_ERR_TIMEOUT;
+    if (rc == PIPERT_OK) rc = pt_job_make_room(job);
+    if (rc == PIPERT_OK) rc = dial_fellow_joiners(job, joiners);
+    for (int r = 0; rc == PIPERT_OK && r < R; r++) {
+        if (r == job->replica || pt_coord_client_replica_left(job->client, r, NULL, 0) ||
+            pt_coord_client_join_epoch(job->client, r) > epoch)
+            continue; /* out of this switch's groups */
+        if (r > job->replica && joiners[r]) continue; /* dialled */
         const int rank = pt_layout_rank(&job->layout, job->stage, r);
-        if (r > job->replica && pt_coord_client_switch_joiner(job->client, r)) continue; /* dialled */
-        pipert_result rc;
-        while ((rc = pt_transport_wait_peer(job->transport, rank, 0.5)) == PIPERT_ERR_TIMEOUT) {
-            PT_TRY(pt_job_check(job));
-            if (asked_to_stop(job))
-                return pt_fail(PIPERT_ERR_INTERRUPTED, "stopped while waiting for the replicas");
-            if (pt_coord_client_replica_left(job->client, r, NULL, 0))
-                return pt_fail(PIPERT_ERR_PEER, "replica %d (rank %d) left the job while this "
-                                                "replica waited for it to connect", r, rank);
-            if (pt_now_s() > until) break;
-        }
-        if (rc != PIPERT_OK) {
-            pt_error_prefix("waiting for rank %d (replica %d) to connect", rank, r);
-            return rc;
+        while ((rc = pt_transport_wait_peer(job->transport, rank, 0.1)) == PIPERT_ERR_TIMEOUT) {
+            pt_membership_news news;
+            pt_job_membership(job, &news);
+            if (news.epoch > epoch) break; /* superseded: PIPERT_ERR_TIMEOUT */
+            rc = pt_job_check(job);
+            if (rc == PIPERT_OK && asked_to_stop(job))
+                rc = pt_fail(PIPERT_ERR_INTERRUPTED, "stopped while waiting for the replicas");
+            if (rc == PIPERT_OK && pt_coord_client_replica_left(job->client, r, NULL, 0))
+                rc = pt_fail(PIPERT_ERR_PEER, "replica %d (rank %d) left the job while this "
+                                              "replica waited for it to connect", r, rank);
+            if (rc != PIPERT_OK) break;
+            if (pt_now_s() > until) {
+                rc = pt_fail(PIPERT_ERR_TIMEOUT, "rank %d (replica %d) did not connect within "
+                                                 "%.0f s", rank, r, timeout_s);
+                pt_error_prefix("waiting for rank %d (replica %d) to connect", rank, r);
+                break;
+            }
         }
     }
-    return PIPERT_OK;
+    free(joiners);
+    return rc;
 }
 
 pipert_result pt_job_take_sites(pt_job *job, const int *sites)
@@ -755,9 +808,12 @@ pipert_result pt_job_take_sites(pt_job *job, const int *sites)
 pipert_result pt_job_settle_joiners(pt_job *job)
 {
     /* Every member passed pt_job_admit_joiners or pt_job_await_replicas: all are connected
-     * both ways, and nobody dials any more. */
+     * both ways, and nobody dials any more. Every member of the switch waits here, joiners
+     * or not, so that none waits for one that did not come. */
     if (job->replica_group) PT_TRY(pt_barrier(job->replica_group));
     job->joining = false;
+    if (!job->listening) return PIPERT_OK;
+    job->listening = false;
     return pt_transport_stop_listening(job->transport);
 }
 

@@ -55,7 +55,9 @@ typedef struct pt_job {
     int *replica_sites;           /* [replicas]: each replica's site (replicas > 1) */
     bool *replica_left;           /* [replicas]: left the job, as of the last regroup */
     long *admitted;               /* [replicas]: the join epoch of each replica's processes this
-                                   * rank is connected to (0: the first ones) */
+                                   * rank is connected to or made room for (0: the first ones) */
+    bool listening;               /* UCX's listeners take new connections (a joiner until it is
+                                   * in, a survivor between admitting joiners and settling) */
     pt_group **retired;           /* groups replaced after replicas left (kept until leaving) */
     int n_retired;
     pt_group *world_group;        /* every rank, under pipert launch (world > 1): agreeing
@@ -92,28 +94,36 @@ void pt_job_membership(pt_job *job, pt_membership_news *news);
 pipert_result pt_job_acknowledge(pt_job *job, long epoch, long step);
 /* A joiner: its stage is built; the coordinator may let its replica back in. */
 pipert_result pt_job_ready_to_join(pt_job *job);
-/* A joiner took its state at a switch and trains: the coordinator counts it in. */
-pipert_result pt_job_joined(pt_job *job);
+/* A joiner took the state of switch `epoch`; it trains once its replica is in. */
+pipert_result pt_job_joined(pt_job *job, long epoch);
+/* Whether the coordinator said that every rank of this replica took the state of switch
+ * `epoch` or a newer one (its replica is in). */
+bool pt_job_replica_in(pt_job *job, long epoch);
 /* Replaces this stage's replica, site and leaders groups by groups of the
  * replicas still in the job as of membership epoch `epoch`; their collectives
  * start at first_sequence. */
 pipert_result pt_job_regroup(pt_job *job, long epoch, uint32_t first_sequence);
-/* Replicas coming back (runtime/comm/membership.h, "Joining"; session/join.c).
- * back[r]: the coordinator says replica r is in, with processes newer than
- * those this rank knows (it came back, perhaps before the switch of its
- * departure). */
-void pt_job_replicas_back(pt_job *job, bool *back);
-/* A survivor, at the switch: connects to this stage's rank of each replica
- * back (its new address; UCX's sockets open again until settled). */
-pipert_result pt_job_admit_joiners(pt_job *job, const bool *back);
-/* A joiner: connects to this stage's rank of each higher replica that the
- * same switch lets in, then waits until every other replica's has connected
- * to it. */
-pipert_result pt_job_await_replicas(pt_job *job, double timeout_s);
+/* Replicas coming back (runtime/comm/membership.h, "Joining"; session/join.c), at switch
+ * `epoch`: joiners[r], the replicas it lets in (the coordinator's word: they take the donor's
+ * state, also when a superseded switch let them in before); fresh[r], the replicas of its
+ * groups with newer processes than those this rank is connected to (this one excluded). Both
+ * [world]. */
+pipert_result pt_job_switch_joiners(pt_job *job, long epoch, bool *joiners, bool *fresh);
+/* A survivor, at the switch: connects to this stage's rank of each fresh replica
+ * (its new address; UCX's sockets open again until settled). */
+pipert_result pt_job_admit_joiners(pt_job *job, const bool *fresh);
+/* A joiner, while it waits: takes the new address of this stage's rank of every replica
+ * that came back since, and clears the place of its old process if that failed (so that the
+ * new one may connect). */
+pipert_result pt_job_make_room(pt_job *job);
+/* A joiner at switch `epoch`: connects to this stage's rank of each higher replica that
+ * the switch lets in, then waits until every other replica's has connected to it.
+ * PIPERT_ERR_TIMEOUT without a message when a newer change superseded the switch. */
+pipert_result pt_job_await_replicas(pt_job *job, long epoch, double timeout_s);
 /* A joiner: every replica's site, as the survivors' census found them. */
 pipert_result pt_job_take_sites(pt_job *job, const int *sites);
-/* After the regroup, on survivors and joiners alike: a barrier of the new
- * replica group, then no new connections any more. */
+/* After the regroup, on every member of the switch: a barrier of the new replica group,
+ * then no new connections any more. */
 pipert_result pt_job_settle_joiners(pt_job *job);
 
 /* Whether this rank lost the coordinator (pipert launch: the launcher died);

@@ -19,8 +19,13 @@
  * then forms the same new groups as everyone else, and trains from T + 1.
  *
  * A second membership change before the switch supersedes it: the donor
- * sends at a switch only if it switches there, and the joiner waits for the
- * state of the newest switch it hears of (the tag carries the epoch). */
+ * sends at a switch only if it switches there (and gives up a send the
+ * joiner no longer waits for), and the joiner waits for the state of the
+ * newest switch that lets its replica in (the tag carries the epoch). Each of
+ * the joiner's ranks says which switch's state it took ("joined"), and none
+ * trains until the coordinator says every rank of its replica took that
+ * switch's ("in"): a rank whose switch was superseded after it took the state
+ * (its replica's other stages got none) takes the next one's instead. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -68,15 +73,52 @@ static pipert_result serialize_state(pipert_session *s, void **bytes, size_t *si
     return rc;
 }
 
-static pipert_result send_and_wait(pipert_session *s, int rank, uint32_t tag, uint16_t kind,
-                                   pt_dtype dtype, const void *data, int64_t count)
+/* Whether a newer membership change than `epoch` makes this wait pointless. */
+static bool superseded(pipert_session *s, long epoch)
+{
+    pt_membership_news news;
+    pt_job_membership(&s->job, &news);
+    return news.epoch > epoch;
+}
+
+static void free_payload(pt_request *request, pipert_result result, void *payload)
+{
+    (void)request;
+    (void)result;
+    free(payload);
+}
+
+/* Sends `payload` (malloc'd; the send owns it) to the joiner `rank` as the state of switch
+ * `epoch`. A newer change gives the send up: the joiner waits for the newer switch's state,
+ * and the payload is freed once the transport is done with it. */
+static pipert_result send_state_part(pipert_session *s, int rank, long epoch, uint16_t kind,
+                                     pt_dtype dtype, void *payload, int64_t count)
 {
     pt_message_header h = {.kind = kind, .dtype = (uint16_t)dtype, .ndim = 1, .shape = {count},
                            .nbytes = (uint64_t)count * pt_dtype_size(dtype),
                            .replica = s->job.replica, .stage = s->job.stage};
     pt_request *request;
-    PT_TRY(pt_send(s->job.transport, rank, tag, &h, data, PT_SEND_CHECKSUM, &request));
-    pipert_result rc = pt_request_wait(request, -1);
+    pipert_result rc = pt_send(s->job.transport, rank, (uint32_t)epoch, &h, payload,
+                               PT_SEND_CHECKSUM, &request);
+    if (rc != PIPERT_OK) {
+        free(payload);
+        return rc;
+    }
+    pt_request_on_complete(request, free_payload, payload);
+    const double until = pt_now_s() + JOIN_TIMEOUT_S;
+    while ((rc = pt_request_wait(request, WAIT_SLICE_S)) == PIPERT_ERR_TIMEOUT) {
+        if (superseded(s, epoch))
+            rc = pt_fail(PIPERT_ERR_PEER, "a newer membership change superseded switch %ld",
+                         epoch);
+        else if (pt_now_s() > until)
+            rc = pt_fail(PIPERT_ERR_TIMEOUT, "rank %d took nothing of it for %.0f s", rank,
+                         JOIN_TIMEOUT_S);
+        else if (atomic_load(&s->stop_requested) || pt_job_aborted(&s->job))
+            rc = pt_fail(PIPERT_ERR_INTERRUPTED, "stopped while rank %d took it", rank);
+        else continue;
+        pt_request_abandon(request);
+        return rc;
+    }
     pt_request_free(request);
     return rc;
 }
@@ -96,11 +138,14 @@ pipert_result pt_session_send_state(pipert_session *s, int rank, long epoch)
                                        (int64_t)size, R};
         memcpy(header, fixed, sizeof fixed);
         for (int r = 0; r < R; r++) header[HEADER_FIXED + r] = s->job.replica_sites[r];
-        rc = send_and_wait(s, rank, (uint32_t)epoch, KIND_STATE_HEADER, PT_DTYPE_I64, header,
-                           HEADER_FIXED + R);
+        rc = send_state_part(s, rank, epoch, KIND_STATE_HEADER, PT_DTYPE_I64, header,
+                             HEADER_FIXED + R);
+        header = NULL;
     }
-    if (rc == PIPERT_OK)
-        rc = send_and_wait(s, rank, (uint32_t)epoch, KIND_STATE, PT_DTYPE_U8, bytes, (int64_t)size);
+    if (rc == PIPERT_OK) {
+        rc = send_state_part(s, rank, epoch, KIND_STATE, PT_DTYPE_U8, bytes, (int64_t)size);
+        bytes = NULL;
+    }
     if (rc == PIPERT_OK)
         pt_info("gave rank %d (coming back) the state of stage %d after step %ld: %.1f MB in "
                 "%.2f s (%.2f s to serialize), parameters' checksum %016llx",
@@ -126,14 +171,6 @@ static void received_state_free(received_state *st)
     free(st->sites);
     free(st->bytes);
     *st = (received_state){0};
-}
-
-/* Whether a newer membership change than `epoch` makes this wait pointless. */
-static bool superseded(pipert_session *s, long epoch)
-{
-    pt_membership_news news;
-    pt_job_membership(&s->job, &news);
-    return news.epoch > epoch;
 }
 
 /* Waits for a receive in slices; PIPERT_ERR_TIMEOUT when the epoch was superseded. */
@@ -252,6 +289,22 @@ static pipert_result restore_state(pipert_session *s, const pt_safetensors *st, 
     return rc;
 }
 
+/* Whether the newest switch is `epoch` and lets this replica in. */
+static bool lets_this_replica_in(pipert_session *s, long epoch)
+{
+    bool *joiners = calloc((size_t)s->job.world, sizeof *joiners);
+    const bool in = joiners && pt_coord_client_switch_joiners(s->job.client, joiners) == epoch &&
+                    joiners[s->job.replica];
+    free(joiners);
+    return in;
+}
+
+static void pause_briefly(void)
+{
+    struct timespec pause = {0, 10 * 1000 * 1000};
+    nanosleep(&pause, NULL);
+}
+
 /* Waits for the switch that lets this replica in (the newest change, at or after its join). */
 static pipert_result wait_for_switch(pipert_session *s, pt_membership_news *news)
 {
@@ -263,13 +316,14 @@ static pipert_result wait_for_switch(pipert_session *s, pt_membership_news *news
         pt_job_membership(&s->job, news);
         const long joined = pt_coord_client_join_epoch(s->job.client, s->job.replica);
         if (joined > 0 && news->switch_epoch >= joined && news->switch_epoch == news->epoch &&
-            news->switch_donor >= 0)
+            news->switch_donor >= 0 && lets_this_replica_in(s, news->switch_epoch))
             return PIPERT_OK;
         if (pt_now_s() > until)
             return pt_fail(PIPERT_ERR_TIMEOUT, "replica %d was not let back in within %.0f s",
                            s->job.replica, JOIN_TIMEOUT_S);
-        struct timespec pause = {0, 10 * 1000 * 1000};
-        nanosleep(&pause, NULL);
+        /* replicas coming back meanwhile may dial this one at the switch */
+        PT_TRY(pt_job_make_room(&s->job));
+        pause_briefly();
     }
 }
 
@@ -285,6 +339,52 @@ static pipert_result take_state(pipert_session *s, const received_state *state)
     return rc;
 }
 
+/* At the switch `news` announced: connects to the survivors, takes the donor's state, and
+ * tells the coordinator so. */
+static pipert_result take_switch(pipert_session *s, const pt_membership_news *news)
+{
+    PT_TRY(pt_job_await_replicas(&s->job, news->switch_epoch, JOIN_TIMEOUT_S));
+    const int donor = pt_layout_rank(&s->job.layout, s->job.stage, news->switch_donor);
+    received_state state = {0};
+    const double waited = pt_now_s();
+    PT_TRY(receive_state(s, donor, news->switch_epoch, &state));
+    const double received = pt_now_s();
+    const size_t size = state.size;
+    pipert_result rc = take_state(s, &state);
+    received_state_free(&state);
+    PT_TRY(rc);
+    pt_info("stage %d: received the state of switch %ld (%.1f MB) %.2f s after the survivors "
+            "connected, restored it in %.2f s",
+            s->job.stage, news->switch_epoch, size / 1e6, received - waited,
+            pt_now_s() - received);
+    return pt_job_joined(&s->job, news->switch_epoch);
+}
+
+/* After taking the state of switch `epoch`: PIPERT_OK once the coordinator says every rank of
+ * this replica took it; PIPERT_ERR_TIMEOUT (no message) when a newer switch lets this replica
+ * in again instead. */
+static pipert_result wait_until_in(pipert_session *s, long epoch)
+{
+    const double until = pt_now_s() + JOIN_TIMEOUT_S;
+    for (;;) {
+        if (pt_job_replica_in(&s->job, epoch)) return PIPERT_OK;
+        PT_TRY(pt_job_check(&s->job));
+        if (atomic_load(&s->stop_requested))
+            return pt_fail(PIPERT_ERR_INTERRUPTED, "stopped while waiting for this replica's "
+                                                   "other stages to take their state");
+        pt_membership_news news;
+        pt_job_membership(&s->job, &news);
+        if (news.switch_epoch > epoch && lets_this_replica_in(s, news.switch_epoch))
+            return PIPERT_ERR_TIMEOUT;
+        if (pt_now_s() > until)
+            return pt_fail(PIPERT_ERR_TIMEOUT, "replica %d's other stages did not take the state "
+                                               "of switch %ld within %.0f s",
+                           s->job.replica, epoch, JOIN_TIMEOUT_S);
+        PT_TRY(pt_job_make_room(&s->job));
+        pause_briefly();
+    }
+}
+
 pipert_result pt_session_join_running(pipert_session *s, long *step)
 {
     const double started = pt_now_s(), started_us = pt_trace_clock_us(s->trace);
@@ -296,27 +396,22 @@ pipert_result pt_session_join_running(pipert_session *s, long *step)
             return pt_fail(PIPERT_ERR_PEER, "the job ends at step %ld, before replica %d could "
                                             "rejoin (after step %ld)",
                            s->config.train.steps, s->job.replica, news.switch_step);
-        PT_TRY(pt_job_await_replicas(&s->job, JOIN_TIMEOUT_S));
-        const int donor = pt_layout_rank(&s->job.layout, s->job.stage, news.switch_donor);
-        received_state state = {0};
-        const double waited = pt_now_s();
-        pipert_result rc = receive_state(s, donor, news.switch_epoch, &state);
-        if (rc == PIPERT_ERR_TIMEOUT && superseded(s, news.switch_epoch)) continue;
-        PT_TRY(rc);
-        const double received = pt_now_s();
-        const size_t size = state.size;
-        rc = take_state(s, &state);
-        received_state_free(&state);
-        PT_TRY(rc);
-        pt_info("stage %d: received its state (%.1f MB) %.2f s after the survivors connected, "
-                "restored it in %.2f s",
-                s->job.stage, size / 1e6, received - waited, pt_now_s() - received);
-        break;
+        s->elastic.taking_switch = news.switch_epoch;
+        pipert_result rc = take_switch(s, &news);
+        if (rc == PIPERT_OK) rc = wait_until_in(s, news.switch_epoch);
+        s->elastic.taking_switch = 0;
+        if (rc == PIPERT_OK) break;
+        if (!superseded(s, news.switch_epoch) || atomic_load(&s->stop_requested) ||
+            pt_job_aborted(&s->job))
+            return rc;
+        pt_info("a newer membership change superseded switch %ld (%s): replica %d waits for "
+                "the next one", news.switch_epoch,
+                rc == PIPERT_ERR_TIMEOUT ? "it lets this replica in again" : pipert_last_error(),
+                s->job.replica);
     }
     *step = news.switch_step;
     s->elastic.acked_epoch = news.switch_epoch;
     PT_TRY(pt_session_switch_groups(s, &news));
-    PT_TRY(pt_job_joined(&s->job));
     s->elastic.joined_at = news.switch_step;
     pt_trace_span(s->trace, "rejoining (waiting to be let in, taking the state)", started_us,
                   pt_trace_clock_us(s->trace), -1, -1, -1);

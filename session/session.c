@@ -41,10 +41,21 @@ static void forward_log_line(void *user, pt_log_level level, const char *line)
     s->options.log(s->options.log_user, (pipert_log_level)level, line);
 }
 
+/* A joiner taking a switch's state (its pipeline replays its in-flight forwards with its
+ * replica's other stages) stops when a newer change supersedes the switch: another stage of
+ * its replica may wait for the newer one's state instead (session/join.c). */
+static bool join_superseded(pipert_session *s)
+{
+    if (!s->elastic.taking_switch) return false;
+    pt_membership_news news;
+    pt_job_membership(&s->job, &news);
+    return news.epoch > s->elastic.taking_switch;
+}
+
 static bool should_stop(void *context)
 {
     pipert_session *s = context;
-    return atomic_load(&s->stop_requested) || pt_job_aborted(&s->job);
+    return atomic_load(&s->stop_requested) || pt_job_aborted(&s->job) || join_superseded(s);
 }
 
 /* ---- building -------------------------------------------------------------- */

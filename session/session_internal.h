@@ -55,6 +55,8 @@ struct pipert_session {
         long regrouped_epoch; /* the departure the coupling's groups reflect */
         int absent;           /* replicas out of the job now */
         long joined_at;       /* a joiner: the step its state is of (0: started with the job) */
+        long taking_switch;   /* a joiner: the switch whose state it takes now (0: none); a
+                               * newer change stops its waits (session.c should_stop) */
         double paused_us;     /* trace clock when the coupling paused */
         double tokens_lost;   /* the batches the replicas that left did not train */
         void **kept;          /* buffers of abandoned collectives, freed after leaving the job */

@@ -124,11 +124,14 @@ Test(membership, a_replica_that_left_joins_again_through_a_switch)
     cr_expect(m.switch_joiners[1] && !m.switch_joiners[0] && !m.switch_joiners[2],
               "the switch lets replica 1 in, and only it");
     cr_expect(pt_membership_replica_joining(&m, 1), "let in, but joining until it took its state");
-    cr_expect(!pt_membership_joiner_in(&m, 0), "rank 0 never joined");
-    cr_expect(!pt_membership_joiner_in(&m, 2));
-    cr_expect(!pt_membership_joiner_in(&m, 2), "a repeat counts once");
+    cr_expect_eq(pt_membership_joiner_in(&m, 0, 2), PT_JOINED_STALE, "rank 0 never joined");
+    cr_expect_eq(pt_membership_joiner_in(&m, 2, 2), PT_JOINED_WAIT);
+    cr_expect_eq(pt_membership_joiner_in(&m, 2, 2), PT_JOINED_WAIT, "a repeat counts once");
     cr_expect(pt_membership_replica_joining(&m, 1), "one of its two ranks took its state");
-    cr_expect(!pt_membership_joiner_in(&m, 3), "the switch of epoch 2 was announced already");
+    cr_expect_eq(pt_membership_joiner_in(&m, 3, 1), PT_JOINED_STALE, "no switch 1 let it in");
+    cr_expect(pt_membership_replica_joining(&m, 1));
+    cr_expect_eq(pt_membership_joiner_in(&m, 3, 2), PT_JOINED_IN,
+                 "in; the switch of epoch 2 was announced already");
     cr_expect(!pt_membership_replica_joining(&m, 1), "in");
     pt_membership_free(&m);
 }
@@ -154,24 +157,33 @@ Test(membership, a_switch_superseded_before_its_joiners_took_their_state_lets_th
     cr_expect_eq(m.switch_epoch, 3);
     cr_expect(m.switch_joiners[0], "replica 0 is let in again");
     cr_expect_eq(m.switch_donor, 2, "by the replica that stayed");
-    /* replica 0 takes its state at that switch; replica 1 comes back (epoch 4) before replica
-     * 0's ranks both said so: rank 0 trains on and acknowledges epoch 4, which replica 2's
-     * ranks complete; the switch names replica 0 again (the survivors admitted it already) */
+    /* rank 0 takes that switch's state; replica 1 comes back (epoch 4) before rank 1 took it,
+     * and the next switch, which replica 2's ranks complete, lets replica 0 in again: the
+     * state rank 0 took is stale, and both ranks take the new switch's */
+    cr_expect_eq(pt_membership_joiner_in(&m, 0, 3), PT_JOINED_WAIT);
     cr_assert(pt_membership_replica_joins(&m, 1)); /* epoch 4 */
-    cr_expect(!pt_membership_joiner_in(&m, 0));
-    cr_expect(!pt_membership_acknowledge(&m, 0, 4, 30, 4), "kept for when replica 0 is in");
     cr_expect(!pt_membership_acknowledge(&m, 4, 4, 29, 4));
-    cr_expect(pt_membership_acknowledge(&m, 5, 4, 29, 4));
+    cr_expect(pt_membership_acknowledge(&m, 5, 4, 29, 4), "the joiners do not count");
     cr_expect(m.switch_joiners[0] && m.switch_joiners[1] && m.switch_donor == 2);
-    cr_expect_eq(m.switch_step, 30 + pt_membership_margin(2), "rank 0's step counts");
-    cr_expect(!pt_membership_joiner_in(&m, 1), "epoch 4 switched already");
+    cr_expect_eq(m.switch_step, 29 + pt_membership_margin(2));
+    cr_expect_eq(pt_membership_joiner_in(&m, 1, 3), PT_JOINED_STALE, "switch 3 was superseded");
+    cr_expect_eq(pt_membership_joiner_in(&m, 0, 3), PT_JOINED_STALE);
+    cr_expect(pt_membership_replica_joining(&m, 0), "not in on a superseded switch's state");
+    cr_expect_eq(pt_membership_joiner_in(&m, 0, 4), PT_JOINED_WAIT, "rank 0 takes it again");
+    cr_expect_eq(pt_membership_joiner_in(&m, 1, 4), PT_JOINED_IN);
     cr_expect(!pt_membership_replica_joining(&m, 0), "replica 0 is in");
-    /* the next change waits for replica 0's acknowledgements too */
-    cr_assert_eq(pt_membership_rank_failed(&m, 5), PT_DEPARTURE_LEFT); /* replica 2: epoch 5 */
-    cr_expect(!pt_membership_acknowledge(&m, 0, 5, 31, 5));
-    cr_expect(pt_membership_acknowledge(&m, 1, 5, 31, 5), "replica 1 is joining: replica 0 alone");
+    cr_expect_eq(pt_membership_joiner_in(&m, 2, 4), PT_JOINED_WAIT, "replica 1 waits for rank 3");
+    /* replica 2 dies: replica 0 alone acknowledges (replica 1 is joining), and the switch
+     * lets replica 1 in again with replica 0 as its donor */
+    cr_assert_eq(pt_membership_rank_failed(&m, 5), PT_DEPARTURE_LEFT); /* epoch 5 */
+    cr_expect(!pt_membership_acknowledge(&m, 0, 5, 40, 5));
+    cr_expect(pt_membership_acknowledge(&m, 1, 5, 41, 5), "replica 1 is joining: replica 0 alone");
     cr_expect_eq(m.switch_donor, 0, "replica 0 gives replica 1 its state");
     cr_expect(m.switch_joiners[1] && !m.switch_joiners[0]);
+    cr_expect_eq(pt_membership_joiner_in(&m, 3, 4), PT_JOINED_STALE);
+    cr_expect_eq(pt_membership_joiner_in(&m, 3, 5), PT_JOINED_WAIT,
+                 "rank 2's state of switch 4 does not count");
+    cr_expect_eq(pt_membership_joiner_in(&m, 2, 5), PT_JOINED_IN);
     pt_membership_free(&m);
 }
 

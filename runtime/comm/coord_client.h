@@ -92,8 +92,9 @@ pipert_result pt_coord_client_send_progress(pt_coord_client *c, const pt_rank_pr
 pipert_result pt_coord_client_send_done(pt_coord_client *c);
 /* A rejoining worker (join) built its stage and can take its state. */
 pipert_result pt_coord_client_send_ready(pt_coord_client *c);
-/* A joiner took its state and trains (membership.h: its replica is in once all its ranks said so). */
-pipert_result pt_coord_client_send_joined(pt_coord_client *c);
+/* A joiner took the state of switch `epoch` (membership.h: its replica is in once all its ranks
+ * took that switch's, and the coordinator says so: pt_coord_client_in_epoch). */
+pipert_result pt_coord_client_send_joined(pt_coord_client *c, long epoch);
 /* Elastic replicas (runtime/comm/membership.h): what this worker heard. */
 typedef struct pt_membership_news {
     long epoch;                /* membership changes heard of: departures and joins */
@@ -110,8 +111,13 @@ void pt_coord_client_membership(pt_coord_client *c, pt_membership_news *news);
 long pt_coord_client_dropped_lines(pt_coord_client *c, char *why, size_t cap);
 /* The membership epoch in which `replica` last came back (0: never). */
 long pt_coord_client_join_epoch(pt_coord_client *c, int replica);
-/* Whether the newest switch lets `replica` in (it came back since the switch before). */
-bool pt_coord_client_switch_joiner(pt_coord_client *c, int replica);
+/* The replicas the newest switch lets in (joiners: [world]; they came back since the switch
+ * before, or a switch that let them in was superseded before they took its state), and that
+ * switch's epoch (0: none yet). */
+long pt_coord_client_switch_joiners(pt_coord_client *c, bool *joiners);
+/* The switch whose state every rank of `replica` took, as the coordinator said last ("in"; 0:
+ * none): a joiner of that switch trains from there. */
+long pt_coord_client_in_epoch(pt_coord_client *c, int replica);
 /* A rank's data-plane address as the coordinator said last (a replica that
  * came back has new ones); malloc'd, NULL before the table. */
 char *pt_coord_client_peer_address(pt_coord_client *c, int rank);

@@ -58,6 +58,8 @@ struct pt_coord_client {
     bool *left;                 /* [world]: replicas that left (a replica index is below world) */
     long *join_epoch;           /* [world]: the epoch each replica last came back in (0: never) */
     bool *switch_joiners;       /* [world]: the replicas the newest switch lets in */
+    long *in_epoch;             /* [world]: the switch whose state each replica's ranks all
+                                 * took last, as "in" said (0: none) */
     char (*left_reason)[512];   /* [world]: why, as the coordinator said it */
     pthread_t thread;
     bool thread_started;
@@ -296,6 +298,21 @@ static void client_heard_switch(pt_coord_client *c, json_t *m)
     pthread_mutex_unlock(&c->lock);
 }
 
+/* in {replica, epoch}: every rank of a replica that came back took the state of switch `epoch`. */
+static void client_heard_in(pt_coord_client *c, json_t *m)
+{
+    long replica, epoch;
+    if (!pt_coord_get_long(m, "replica", &replica) || !pt_coord_get_long(m, "epoch", &epoch) ||
+        replica < 0 || replica >= c->world) {
+        client_abort(c, -1, "the coordinator sent a malformed 'in'");
+        return;
+    }
+    pthread_mutex_lock(&c->lock);
+    if (epoch > c->in_epoch[replica]) c->in_epoch[replica] = epoch;
+    pthread_cond_broadcast(&c->changed);
+    pthread_mutex_unlock(&c->lock);
+}
+
 static void client_handle_message(pt_coord_client *c, json_t *m)
 {
     const char *type = pt_coord_get_string(m, "type");
@@ -323,6 +340,8 @@ static void client_handle_message(pt_coord_client *c, json_t *m)
         client_heard_switch(c, m);
     } else if (!strcmp(type, "join")) {
         client_heard_join(c, m);
+    } else if (!strcmp(type, "in")) {
+        client_heard_in(c, m);
     } else if (!strcmp(type, "finished")) {
         pthread_mutex_lock(&c->lock);
         c->finished = true;
@@ -690,9 +709,13 @@ pipert_result pt_coord_client_connect(pt_coord_client **out, const pt_coord_clie
         c->left_reason = calloc((size_t)o->world, sizeof *c->left_reason);
         c->join_epoch = calloc((size_t)o->world, sizeof *c->join_epoch);
         c->switch_joiners = calloc((size_t)o->world, sizeof *c->switch_joiners);
+        c->in_epoch = calloc((size_t)o->world, sizeof *c->in_epoch);
     }
-    if (!c || !c->left || !c->left_reason || !c->join_epoch || !c->switch_joiners) {
-        if (c) free(c->left), free(c->left_reason), free(c->join_epoch), free(c->switch_joiners);
+    if (!c || !c->left || !c->left_reason || !c->join_epoch || !c->switch_joiners ||
+        !c->in_epoch) {
+        if (c)
+            free(c->left), free(c->left_reason), free(c->join_epoch), free(c->switch_joiners),
+                free(c->in_epoch);
         free(c);
         return pt_fail(PIPERT_ERR_NOMEM, "coordinator client: out of memory");
     }
@@ -820,10 +843,11 @@ pipert_result pt_coord_client_send_ready(pt_coord_client *c)
     return send_unless_lost(c, json_pack("{s:s}", "type", "ready"));
 }
 
-pipert_result pt_coord_client_send_joined(pt_coord_client *c)
+pipert_result pt_coord_client_send_joined(pt_coord_client *c, long epoch)
 {
     PT_TRY(pt_coord_client_check(c));
-    return send_unless_lost(c, json_pack("{s:s}", "type", "joined"));
+    return send_unless_lost(c, json_pack("{s:s, s:I}", "type", "joined", "epoch",
+                                         (json_int_t)epoch));
 }
 
 void pt_coord_client_membership(pt_coord_client *c, pt_membership_news *news)
@@ -851,13 +875,22 @@ long pt_coord_client_join_epoch(pt_coord_client *c, int replica)
     return epoch;
 }
 
-bool pt_coord_client_switch_joiner(pt_coord_client *c, int replica)
+long pt_coord_client_switch_joiners(pt_coord_client *c, bool *joiners)
 {
-    if (replica < 0 || replica >= c->world) return false;
     pthread_mutex_lock(&c->lock);
-    const bool joiner = c->switch_joiners[replica];
+    memcpy(joiners, c->switch_joiners, (size_t)c->world * sizeof *joiners);
+    const long epoch = c->membership.switch_epoch;
     pthread_mutex_unlock(&c->lock);
-    return joiner;
+    return epoch;
+}
+
+long pt_coord_client_in_epoch(pt_coord_client *c, int replica)
+{
+    if (replica < 0 || replica >= c->world) return 0;
+    pthread_mutex_lock(&c->lock);
+    const long epoch = c->in_epoch[replica];
+    pthread_mutex_unlock(&c->lock);
+    return epoch;
 }
 
 char *pt_coord_client_peer_address(pt_coord_client *c, int rank)
@@ -910,6 +943,7 @@ void pt_coord_client_close(pt_coord_client *c)
     free(c->left_reason);
     free(c->join_epoch);
     free(c->switch_joiners);
+    free(c->in_epoch);
     pt_coord_buffer_free(&c->in);
     pthread_mutex_destroy(&c->send_lock);
     pthread_mutex_destroy(&c->lock);

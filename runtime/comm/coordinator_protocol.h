@@ -21,6 +21,8 @@
  *     ready     {}            a rank registered with join: it has built its stage and can
  *                             take its state; once every rank of its replica said so, the
  *                             replica is back ("join")
+     joined    {epoch}         a rank of a replica that came back took the state of switch
+                             `epoch`; it trains once told its replica is in ("in")
  *   coordinator → worker
  *     challenge {nonce, proof}  the answer to hello: the coordinator's proof (over the
  *                             worker's nonce) and its own nonce, which the worker's proof
@@ -48,7 +50,11 @@
  *                             collectives start at `sequence`; the replicas listed in
  *                             `joiners` came back and take replica `donor`'s state then (-1:
  *                             none came)
- *     finished  {}            every rank is done
+ *     in        {replica, epoch}  every rank of `replica` took the state of switch `epoch`,
+                             the switch that let it in last: its ranks train from there (a
+                             newer switch that lists it again supersedes that state: they
+                             take that one's instead)
+     finished  {}            every rank is done
  *
  * Failure detection. A registered rank is declared dead, and the job aborted
  * (or, in an elastic job, its replica out: membership.h), when it sends nothing (heartbeats included) for dead_after_s, when its

@@ -148,6 +148,8 @@ static void finish_if_done(pt_coordinator *c)
     pthread_cond_broadcast(&c->changed);
 }
 
+static void rank_failed_locked(pt_coordinator *c, int rank, const char *reason);
+
 /* The switch the membership just set, to every rank. */
 static void announce_switch(pt_coordinator *c)
 {
@@ -170,12 +172,31 @@ static void acknowledged(pt_coordinator *c, int rank, long epoch, long step, uin
     if (pt_membership_acknowledge(&c->membership, rank, epoch, step, sequence)) announce_switch(c);
 }
 
-/* joined: a rank of a replica coming back took its state; the last one may complete the newest
- * epoch's acknowledgements (the others acknowledged while it was still joining). */
-static void handle_joined(pt_coordinator *c, int rank)
+/* joined {epoch}: a rank of a replica coming back took the state of switch `epoch`. When that
+ * was the last of its replica's for the switch that let it in last, the replica is in: its
+ * ranks hear it ("in") and start training; that may complete the newest epoch's
+ * acknowledgements (the others acknowledged while it was still joining). */
+static void handle_joined(pt_coordinator *c, int rank, json_t *m)
 {
-    pt_debug("coordinator: rank %d took its state and trains", rank);
-    if (pt_membership_joiner_in(&c->membership, rank)) announce_switch(c);
+    long epoch;
+    if (!pt_coord_get_long(m, "epoch", &epoch)) {
+        rank_failed_locked(c, rank, "sent a malformed 'joined'");
+        return;
+    }
+    const pt_joined joined = pt_membership_joiner_in(&c->membership, rank, epoch);
+    if (joined == PT_JOINED_STALE) {
+        pt_debug("coordinator: rank %d took the state of switch %ld, which a newer one "
+                 "superseded: it takes the newer one's", rank, epoch);
+        return;
+    }
+    pt_debug("coordinator: rank %d took the state of switch %ld", rank, epoch);
+    if (joined == PT_JOINED_WAIT) return;
+    const int replica = pt_membership_replica_of(&c->membership, rank);
+    pt_info("coordinator: replica %d is in the job again (every rank took the state of switch "
+            "%ld)", replica, epoch);
+    pt_coord_broadcast(c, json_pack("{s:s, s:i, s:I}", "type", "in", "replica", replica, "epoch",
+                                     (json_int_t)epoch));
+    if (joined == PT_JOINED_IN_SWITCH) announce_switch(c);
 }
 
 /* A rank that is done trains no more: it counts as having acknowledged. */
@@ -514,7 +535,7 @@ static void handle_message(pt_coordinator *c, connection *conn, const char *line
         else if (!strcmp(type, "done")) handle_done(c, s, conn->rank);
         else if (!strcmp(type, "ack")) handle_ack(c, conn->rank, m);
         else if (!strcmp(type, "ready")) pt_coord_joiner_ready(c, conn->rank);
-        else if (!strcmp(type, "joined")) handle_joined(c, conn->rank);
+        else if (!strcmp(type, "joined")) handle_joined(c, conn->rank, m);
         else if (!strcmp(type, "error")) {
             const char *reason = pt_coord_get_string(m, "reason");
             rank_failed_locked(c, conn->rank, reason ? reason : "failed (no reason given)");

@@ -79,7 +79,7 @@ static void forget_join(pt_membership *m, int replica)
 {
     m->joining[replica] = false;
     m->let_in_at[replica] = 0;
-    for (int r = replica * m->stages; r < (replica + 1) * m->stages; r++) m->took_state[r] = false;
+    for (int r = replica * m->stages; r < (replica + 1) * m->stages; r++) m->took_state[r] = 0;
 }
 
 pt_departure pt_membership_rank_failed(pt_membership *m, int rank)
@@ -162,18 +162,20 @@ bool pt_membership_acknowledge(pt_membership *m, int rank, long epoch, long step
     return name_switch(m);
 }
 
-bool pt_membership_joiner_in(pt_membership *m, int rank)
+pt_joined pt_membership_joiner_in(pt_membership *m, int rank, long epoch)
 {
-    if (rank < 0 || rank >= m->world) return false;
+    if (rank < 0 || rank >= m->world) return PT_JOINED_STALE;
     const int replica = pt_membership_replica_of(m, rank);
-    if (!m->joining[replica] || m->let_in_at[replica] == 0 || m->took_state[rank]) return false;
-    m->took_state[rank] = true;
+    if (!m->joining[replica] || m->let_in_at[replica] == 0 || epoch != m->let_in_at[replica])
+        return PT_JOINED_STALE;
+    m->took_state[rank] = epoch;
     const int first = replica * m->stages;
     for (int r = first; r < first + m->stages; r++)
-        if (!m->took_state[r]) return false;
+        if (m->took_state[r] != epoch) return PT_JOINED_WAIT;
     forget_join(m, replica);
-    if (m->switch_epoch == m->epoch) return false; /* the newest epoch switched already */
+    if (m->switch_epoch == m->epoch) return PT_JOINED_IN; /* the newest epoch switched already */
     for (int r = first; r < first + m->stages; r++) m->acks += m->acked_epoch[r] == m->epoch;
-    if (m->acks < acknowledging_ranks(m)) return false;
-    return name_switch(m);
+    if (m->acks < acknowledging_ranks(m)) return PT_JOINED_IN;
+    name_switch(m);
+    return PT_JOINED_IN_SWITCH;
 }

@@ -38,11 +38,16 @@
  * which starts from there at step T + 1 in the new groups. Replicas that come
  * back before one switch are let in together (switch_joiners); they connect to
  * each other as the survivors connect to them, the lower replica dialling.
- * A replica stays joining until each of its ranks says it took its state
- * (pt_membership_joiner_in): a change that comes before the survivors reach T
- * supersedes the switch, the joiners wait for the next one, and that one
- * lets them in again, so they are never counted on to acknowledge an epoch
- * while they wait for a state (which deadlocked the churn bed).
+ * A replica stays joining until each of its ranks says it took the state of
+ * the switch that let it in last (pt_membership_joiner_in); the coordinator
+ * then tells them it is in, and only then do they train. A change that comes
+ * before the survivors reach T supersedes the switch: the joiners wait for the
+ * next one, which lets them in again (the survivors send the state to every
+ * replica a switch lists), and a rank that took the superseded switch's state
+ * takes the new one's instead. So the joiners are never counted on to
+ * acknowledge an epoch while they wait for a state (which deadlocked the churn
+ * bed), and no rank of a replica trains from one switch's state while another
+ * waits for the next's (which would stall its pipeline).
  *
  * Pure bookkeeping, no I/O: the coordinator calls it under its lock. */
 #ifndef PT_MEMBERSHIP_H
@@ -77,7 +82,8 @@ typedef struct pt_membership {
     int switch_donor; /* the replica whose state the joiners of that switch take; -1: none */
     bool *switch_joiners; /* [replicas]: the replicas that switch lets in */
     long *let_in_at;      /* [replicas]: the newest switch that let a joining replica in (0: none) */
-    bool *took_state;     /* [world]: a rank of a joining replica said it took its state */
+    long *took_state;     /* [world]: the switch whose state a rank of a joining replica
+                           * said it took (0: none) */
 } pt_membership;
 
 /* The margin both sides use: twice the pipeline's depth, plus 2. */
@@ -116,10 +122,17 @@ bool pt_membership_replica_joining(const pt_membership *m, int replica);
 bool pt_membership_acknowledge(pt_membership *m, int rank, long epoch, long step,
                                uint32_t sequence);
 
-/* A rank of a joining replica that a switch let in took its state: once every rank of it
- * did, the replica is in (it acknowledges from then on; what its ranks acknowledged of the
- * newest epoch meanwhile counts). True when that completes the newest epoch's
- * acknowledgements (the switch is then set, as by pt_membership_acknowledge). */
-bool pt_membership_joiner_in(pt_membership *m, int rank);
+typedef enum pt_joined {
+    PT_JOINED_STALE,     /* not the state of the switch that let its replica in last: ignored */
+    PT_JOINED_WAIT,      /* its replica waits for its other ranks */
+    PT_JOINED_IN,        /* that was the last: the replica is in */
+    PT_JOINED_IN_SWITCH, /* in, and that completed the newest epoch's acknowledgements: the
+                          * switch is set, as by pt_membership_acknowledge */
+} pt_joined;
+
+/* A rank of a joining replica took the state of switch `epoch`. Once every rank of it took
+ * the state of the switch that let it in last, the replica is in: it acknowledges from then
+ * on, and what its ranks acknowledged of the newest epoch meanwhile counts. */
+pt_joined pt_membership_joiner_in(pt_membership *m, int rank, long epoch);
 
 #endif
