@@ -406,7 +406,7 @@ pipert_result pt_session_join_running(pipert_session *s, long *step)
             return rc;
         pt_info("a newer membership change superseded switch %ld (%s): replica %d waits for "
                 "the next one", news.switch_epoch,
-                rc == PIPERT_ERR_TIMEOUT ? "it lets this replica in again" : pipert_last_error(),
+                rc == PIPERT_ERR_TIMEOUT ? "before this replica was in" : pipert_last_error(),
                 s->job.replica);
     }
     *step = news.switch_step;
