@@ -161,6 +161,7 @@ static pipert_result admit_joiners(pipert_session *s, const pt_membership_news *
 pipert_result pt_session_switch_groups(pipert_session *s, const pt_membership_news *news)
 {
     PT_TRY(admit_joiners(s, news));
+    PT_TRY(pt_job_check(&s->job)); /* this replica may have left meanwhile */
     PT_TRY(pt_job_regroup(&s->job, news->switch_epoch, news->switch_sequence));
     const pt_coupling_options groups = {.replicas = s->job.replica_group,
                                         .site_replicas = s->job.site_group,

@@ -298,7 +298,9 @@ static pipert_result place(pt_job *job, int stages)
     PT_TRY(pt_layout_make(job->world, stages, &job->layout));
     job->replica_left = calloc((size_t)job->layout.replicas, sizeof *job->replica_left);
     job->admitted = calloc((size_t)job->layout.replicas, sizeof *job->admitted);
-    if (!job->replica_left || !job->admitted) return pt_fail(PIPERT_ERR_NOMEM, "job: out of memory");
+    job->room_made = calloc((size_t)job->layout.replicas, sizeof *job->room_made);
+    if (!job->replica_left || !job->admitted || !job->room_made)
+        return pt_fail(PIPERT_ERR_NOMEM, "job: out of memory");
     job->stage = pt_layout_stage(&job->layout, job->rank);
     job->replica = pt_layout_replica(&job->layout, job->rank);
     return PIPERT_OK;
@@ -326,12 +328,17 @@ static pipert_result bind_cores(const pt_job *job)
     return rc;
 }
 
-static pipert_result start_coordinator(pt_job *job, const char *secret)
+/* Under SLURM, Open MPI and PMI rank 0 hosts the coordinator; PIPERT_MIN_REPLICAS makes its
+ * job elastic as pipert launch --min-replicas does. */
+static pipert_result start_coordinator(pt_job *job, const char *secret,
+                                       const char *const *envp)
 {
     pt_coordinator_options options = PT_COORDINATOR_OPTIONS_INIT;
     options.port = job->boot.coord_port;
     options.world = job->world;
     options.secret = secret;
+    options.stages = job->layout.stages;
+    options.min_replicas = job->min_replicas;
     if (job->boot.heartbeat_timeout_s > 0) options.dead_after_s = job->boot.heartbeat_timeout_s;
     PT_TRY(pt_coordinator_create(&job->coordinator, &options));
     pt_info("coordinator listening on port %d (workers reach it at %s:%d)", job->boot.coord_port,
@@ -353,22 +360,57 @@ static pipert_result wait_for_table(pt_job *job, const pt_peer_table **peers)
     }
 }
 
+/* PIPERT_MIN_REPLICAS (pipert launch --min-replicas sets it): below the replicas, a failed
+ * replica leaves and the others go on. */
+static pipert_result read_min_replicas(pt_job *job, const char *const *envp)
+{
+    const char *text = pt_env_lookup(envp, "PIPERT_MIN_REPLICAS");
+    if (!text) return PIPERT_OK;
+    char *end;
+    const long min = strtol(text, &end, 10);
+    if (end == text || *end || min < 1 || min > job->layout.replicas)
+        return pt_fail(PIPERT_ERR_CONFIG, "PIPERT_MIN_REPLICAS=%s: not a number of replicas in "
+                                          "1..%d", text, job->layout.replicas);
+    job->min_replicas = (int)min;
+    job->elastic = min < job->layout.replicas;
+    return PIPERT_OK;
+}
+
+/* On the coordinator client's thread: `replica` came back with new processes. This stage's
+ * may dial this rank as soon as the switch that lets it in comes, which is after its join:
+ * a joiner must have cleared its old process's place by then (a connection is refused from a
+ * rank the transport saw fail, and one cut off may still look alive), also while its main
+ * thread restores a state for seconds. Members dial the joiners at the switch themselves. */
+static void make_room_at_once(void *context, int replica, long epoch)
+{
+    pt_job *job = context;
+    if (replica == job->replica) return;
+    const int rank = pt_layout_rank(&job->layout, job->stage, replica);
+    if (pt_transport_drop_peer(job->transport, rank, "its replica left the job and a new "
+                                                     "process takes its place") == PIPERT_OK &&
+        pt_transport_forget_peer(job->transport, rank) == PIPERT_OK)
+        atomic_store(&job->room_made[replica], epoch);
+}
+
 static pipert_result join_launched(pt_job *job, int stages, const char *const *envp)
 {
-    PT_TRY(pt_bootstrap_from_env(&job->boot, envp));
+    if (job->replacement_world > 0)
+        PT_TRY(pt_bootstrap_replacement(&job->boot, envp, job->replacement_rank,
+                                        job->replacement_world));
+    else
+        PT_TRY(pt_bootstrap_from_env(&job->boot, envp));
     job->rank = job->boot.rank;
     job->world = job->boot.world_size;
     if (job->site < 0) job->site = job->boot.site;
     PT_TRY(place(job, stages));
-    const char *min_replicas = pt_env_lookup(envp, "PIPERT_MIN_REPLICAS");
-    job->elastic = min_replicas && atoi(min_replicas) < job->layout.replicas;
+    PT_TRY(read_min_replicas(job, envp));
     PT_TRY(bind_cores(job));
     pt_info("rank %d of %d (stage %d, replica %d) under %s; coordinator %s:%d%s", job->rank,
             job->world, job->stage, job->replica, pt_launcher_name(job->boot.launcher),
             job->boot.coord_host, job->boot.coord_port, job->boot.hosts_coordinator ? " (here)" : "");
     char secret[PT_SECRET_MAX + 1];
     PT_TRY(pt_bootstrap_read_secret(&job->boot, secret));
-    if (job->boot.hosts_coordinator) PT_TRY(start_coordinator(job, secret));
+    if (job->boot.hosts_coordinator) PT_TRY(start_coordinator(job, secret, envp));
     PT_TRY(create_transport(job, secret, (uint32_t)job->boot.coord_port));
     pt_coord_client_options options = PT_COORD_CLIENT_OPTIONS_INIT;
     options.host = job->boot.coord_host;
@@ -381,6 +423,8 @@ static pipert_result join_launched(pt_job *job, int stages, const char *const *e
     options.outlive_coordinator = outlives_coordinator(job);
     options.join = job->joining;
     options.identity = job->identity;
+    options.on_join = make_room_at_once;
+    options.on_join_context = job;
     if (job->joining && !job->elastic)
         return pt_fail(PIPERT_ERR_CONFIG, "rejoining (pipert worker --join) needs elastic replicas: "
                                           "PIPERT_MIN_REPLICAS below the replicas (launch "
@@ -500,14 +544,16 @@ pipert_result pt_job_join(pt_job *job, int stages, int site, const pipert_oob *o
 {
     job->site = site;
     job->sites = 1;
-    if (job->joining && (oob || alone || !envp || !launched(envp)))
+    const bool replacement = job->joining && job->replacement_world > 0;
+    if (job->joining && (oob || alone || !envp || (!launched(envp) && !replacement)))
         return pt_fail(PIPERT_ERR_INVALID_ARG, "rejoining a job (--join) needs a launcher's "
-                                               "environment with a coordinator (pipert launch)");
+                                               "environment with a coordinator (pipert launch), "
+                                               "or --rank and --world with PIPERT_COORD");
     if (oob) {
         job->mode = PT_JOB_OOB;
         return join_oob(job, stages, oob);
     }
-    if (!alone && envp && launched(envp)) {
+    if (!alone && envp && (launched(envp) || replacement)) {
         job->mode = PT_JOB_LAUNCHER;
         return join_launched(job, stages, envp);
     }
@@ -518,10 +564,29 @@ pipert_result pt_job_join(pt_job *job, int stages, int site, const pipert_oob *o
     return place(job, stages);
 }
 
+/* Under SLURM, Open MPI and PMI rank 0 hosts the coordinator. When its replica left an
+ * elastic job the other replicas go on, and need it still: it serves until they finish or the
+ * job aborts (or this process is asked to stop). */
+static void serve_the_others(pt_job *job)
+{
+    if (!job->coordinator || !job->elastic) return;
+    pt_job_status status;
+    pt_coordinator_status(job->coordinator, &status);
+    if (status.phase != PT_JOB_RUNNING) return;
+    pt_warn("this rank's replica is out of the job; it serves the job's coordinator until the "
+            "other replicas finish");
+    while (status.phase == PT_JOB_RUNNING && !asked_to_stop(job)) {
+        pt_coordinator_wait(job->coordinator, 0.5);
+        pt_coordinator_status(job->coordinator, &status);
+    }
+    pt_job_log_progress(job);
+}
+
 void pt_job_leave(pt_job *job)
 {
     /* The transport goes first: it fails what is still pending, so nothing
      * writes into a buffer after its owner has freed it. */
+    pt_coord_client_stop_join_callback(job->client);
     pt_transport_destroy(job->transport);
     job->transport = NULL;
     pt_group_destroy(job->replica_group);
@@ -540,9 +605,12 @@ void pt_job_leave(pt_job *job)
     job->replica_left = NULL;
     free(job->admitted);
     job->admitted = NULL;
+    free((void *)job->room_made);
+    job->room_made = NULL;
     job->world_group = NULL;
     pt_coord_client_close(job->client);
     job->client = NULL;
+    serve_the_others(job);
     pt_coordinator_free(job->coordinator);
     job->coordinator = NULL;
     if (job->addresses)
@@ -729,15 +797,14 @@ pipert_result pt_job_make_room(pt_job *job)
         const long joined = pt_coord_client_join_epoch(job->client, r);
         if (r == job->replica || joined <= job->admitted[r]) continue;
         const int rank = pt_layout_rank(&job->layout, job->stage, r);
-        char *address = pt_coord_client_peer_address(job->client, rank);
-        if (!address) return pt_fail(PIPERT_ERR_NOMEM, "job: out of memory");
-        free(job->addresses[rank]);
-        job->addresses[rank] = address;
-        /* A peer that is alive now is taken for the new process, which may have dialled
-         * already: only a dead one's place is cleared (a connection is refused from a rank
-         * the transport saw fail until then). */
-        if (!pt_transport_peer_alive(job->transport, rank))
-            PT_TRY(pt_transport_forget_peer(job->transport, rank));
+        if (atomic_load(&job->room_made[r]) < joined) {
+            PT_TRY(readdress(job, rank)); /* the client's thread could not */
+        } else { /* the new process may have connected since: only its address */
+            char *address = pt_coord_client_peer_address(job->client, rank);
+            if (!address) return pt_fail(PIPERT_ERR_NOMEM, "job: out of memory");
+            free(job->addresses[rank]);
+            job->addresses[rank] = address;
+        }
         job->admitted[r] = joined;
     }
     return PIPERT_OK;

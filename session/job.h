@@ -21,6 +21,7 @@
 #ifndef PT_SESSION_JOB_H
 #define PT_SESSION_JOB_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 
@@ -50,12 +51,15 @@ typedef struct pt_job {
     pt_group *site_group;         /* the replicas of this stage in this site (more than one) */
     pt_group *leaders_group;      /* sites > 1, on each site's first replica: the leaders */
     bool elastic;                 /* replicas may leave (PIPERT_MIN_REPLICAS below the replicas) */
+    int min_replicas;             /* PIPERT_MIN_REPLICAS (0: unset) */
     long groups_epoch;            /* the membership epoch the groups were formed at */
     bool regrouped;               /* formed at a switch (a joiner: its own) */
     int *replica_sites;           /* [replicas]: each replica's site (replicas > 1) */
     bool *replica_left;           /* [replicas]: left the job, as of the last regroup */
     long *admitted;               /* [replicas]: the join epoch of each replica's processes this
                                    * rank is connected to or made room for (0: the first ones) */
+    _Atomic long *room_made;      /* [replicas]: the join epoch whose old process the client's
+                                   * thread dropped as soon as it heard of the join */
     bool listening;               /* UCX's listeners take new connections (a joiner until it is
                                    * in, a survivor between admitting joiners and settling) */
     pt_group **retired;           /* groups replaced after replicas left (kept until leaving) */
@@ -68,6 +72,9 @@ typedef struct pt_job {
     long dropped_logged;          /* coordinator lines dropped (sealed wrong) and logged so far */
     bool joining;                 /* set before joining: this process takes the place of a rank
                                    * of a replica that left (session/join.c); cleared once in */
+    int replacement_rank;         /* set before joining, with joining: the rank a process started
+                                   * apart from the job takes (replacement_world > 0) */
+    int replacement_world;
     bool (*should_stop)(void *context); /* asked while joining */
     void *context;
 } pt_job;
@@ -113,8 +120,7 @@ pipert_result pt_job_switch_joiners(pt_job *job, long epoch, bool *joiners, bool
  * (its new address; UCX's sockets open again until settled). */
 pipert_result pt_job_admit_joiners(pt_job *job, const bool *fresh);
 /* A joiner, while it waits: takes the new address of this stage's rank of every replica
- * that came back since, and clears the place of its old process if that failed (so that the
- * new one may connect). */
+ * that came back since, and drops its old process (so that the new one may connect). */
 pipert_result pt_job_make_room(pt_job *job);
 /* A joiner at switch `epoch`: connects to this stage's rank of each higher replica that
  * the switch lets in, then waits until every other replica's has connected to it.

@@ -44,7 +44,7 @@
 #define KIND_STATE (PT_KIND_FIRST_FREE + 21)
 /* Header fields before the sites: magic, epoch, step, bytes, replicas. */
 #define HEADER_FIXED 5
-#define WAIT_SLICE_S 0.25
+#define WAIT_SLICE_S 0.1
 /* How long a joiner waits for the survivors to connect and for its state. */
 #define JOIN_TIMEOUT_S 300.0
 
@@ -185,6 +185,7 @@ static pipert_result wait_receive(pipert_session *s, pt_request *request, long e
         if (atomic_load(&s->stop_requested))
             return pt_fail(PIPERT_ERR_INTERRUPTED, "stopped while waiting for %s", what);
         if (superseded(s, epoch)) return PIPERT_ERR_TIMEOUT;
+        PT_TRY(pt_job_make_room(&s->job));
         if (pt_now_s() > until)
             return pt_fail(PIPERT_ERR_TIMEOUT, "no %s within %.0f s", what, JOIN_TIMEOUT_S);
     }

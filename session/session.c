@@ -175,6 +175,10 @@ static pipert_result session_setup(pipert_session *s)
     s->job.context = s;
     s->job.authenticate_messages = s->config.runtime.authenticate_messages;
     s->job.joining = s->options.join;
+    if (s->options.join && s->options.join_world > 0) {
+        s->job.replacement_rank = s->options.join_rank;
+        s->job.replacement_world = s->options.join_world;
+    }
     job_identity(s, &s->job.identity);
     PT_TRY(pt_job_join(&s->job, s->options.stages, s->options.site, s->options.oob,
                        (const char *const *)environ, s->options.alone));

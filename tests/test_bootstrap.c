@@ -247,6 +247,53 @@ Test(bootstrap, open_mpi)
                  MENTIONS("OMPI_COMM_WORLD_LOCAL_SIZE=9", "OMPI_COMM_WORLD_SIZE=8"));
 }
 
+/* ---- a replacement started apart from the job (pipert worker --join --rank --world) ---- */
+
+Test(bootstrap, a_replacement_takes_the_rank_it_is_given)
+{
+    pt_bootstrap b;
+    /* started by another mpirun of one process: its rank and size are not the job's */
+    cr_assert_eq(pt_bootstrap_replacement(&b, ENV("OMPI_COMM_WORLD_RANK=0", "OMPI_COMM_WORLD_SIZE=1",
+                                                  "OMPI_COMM_WORLD_LOCAL_RANK=0",
+                                                  "PIPERT_COORD=a:29500", "PIPERT_SECRET=" SECRET),
+                                          3, 6),
+                 PIPERT_OK, "%s", pipert_last_error());
+    cr_expect_eq(b.launcher, PT_LAUNCHER_REPLACEMENT);
+    cr_expect_eq(b.rank, 3);
+    cr_expect_eq(b.world_size, 6);
+    cr_expect_eq(b.local_rank, 0);
+    cr_expect_str_eq(b.coord_host, "a");
+    cr_expect_eq(b.coord_port, 29500);
+    cr_expect(!b.hosts_coordinator, "rank 0 of the job hosts it, not a replacement");
+    /* by hand: PIPERT_LOCAL_RANK first, else a launcher's, else 0 */
+    cr_assert_eq(pt_bootstrap_replacement(&b, ENV("PIPERT_LOCAL_RANK=2", "SLURM_LOCALID=1",
+                                                  "PIPERT_COORD=a:1", "PIPERT_SECRET=" SECRET),
+                                          5, 6),
+                 PIPERT_OK, "%s", pipert_last_error());
+    cr_expect_eq(b.local_rank, 2);
+    cr_assert_eq(pt_bootstrap_replacement(&b, ENV("SLURM_LOCALID=1", "PIPERT_COORD=a:1",
+                                                  "PIPERT_SECRET=" SECRET),
+                                          5, 6),
+                 PIPERT_OK);
+    cr_expect_eq(b.local_rank, 1);
+    cr_assert_eq(pt_bootstrap_replacement(&b, ENV("PIPERT_COORD=a:1", "PIPERT_SECRET=" SECRET), 1, 2),
+                 PIPERT_OK);
+    cr_expect_eq(b.local_rank, 0);
+
+    cr_expect_eq(pt_bootstrap_replacement(&b, ENV("PIPERT_COORD=a:1", "PIPERT_SECRET=" SECRET), 0, 6),
+                 PIPERT_ERR_CONFIG, "rank 0 hosts the coordinator");
+    cr_expect(strstr(pipert_last_error(), "rank 0 hosts the coordinator"), "%s", pipert_last_error());
+    cr_expect_eq(pt_bootstrap_replacement(&b, ENV("PIPERT_COORD=a:1", "PIPERT_SECRET=" SECRET), 6, 6),
+                 PIPERT_ERR_CONFIG);
+    cr_expect_eq(pt_bootstrap_replacement(&b, ENV("PIPERT_SECRET=" SECRET), 3, 6), PIPERT_ERR_CONFIG);
+    cr_expect(strstr(pipert_last_error(), "PIPERT_COORD is not set"), "%s", pipert_last_error());
+    cr_expect_eq(pt_bootstrap_replacement(&b, ENV("PIPERT_COORD=a:1", "PIPERT_LOCAL_RANK=x",
+                                                  "PIPERT_SECRET=" SECRET),
+                                          3, 6),
+                 PIPERT_ERR_CONFIG);
+    cr_expect(strstr(pipert_last_error(), "PIPERT_LOCAL_RANK"), "%s", pipert_last_error());
+}
+
 Test(bootstrap, pmi)
 {
     pt_bootstrap b;

@@ -119,7 +119,7 @@ static int exit_status(pipert_session *s, pipert_result rc, bool join)
 
 int pt_cmd_worker(int argc, char **argv)
 {
-    const char *out_dir = NULL, *stages_text = "1";
+    const char *out_dir = NULL, *stages_text = "1", *rank_text = NULL, *world_text = NULL;
     bool quiet = false, resume = false, probe = false, join = false;
     const pt_cli_flag flags[] = {
         {"--out", "DIR", "the job's directory: the last stage of replica 0 writes metrics.jsonl "
@@ -130,6 +130,11 @@ int pt_cmd_worker(int argc, char **argv)
         {"--join", NULL, "take this rank's place in a running elastic job whose replica left: "
                          "its state comes from a live replica (pipert launch --restarts does this)",
          NULL, &join},
+        {"--rank", "R", "with --join, under SLURM, Open MPI or PMI: the rank this replacement "
+                        "takes when something else than the job's launcher starts it (by hand, "
+                        "another srun or mpirun); PIPERT_COORD names the coordinator",
+         &rank_text, NULL},
+        {"--world", "W", "with --rank: the job's world size", &world_text, NULL},
         {"--quiet", NULL, "no progress lines", NULL, &quiet},
         {"--probe", NULL, "measure the links between the job's sites instead of training "
                           "(one worker per site; writes DIR/probe-rank-R.json)", NULL, &probe},
@@ -149,10 +154,18 @@ int pt_cmd_worker(int argc, char **argv)
     options.resume = resume;
     options.join = join;
     options.log_level = PIPERT_LOG_DEBUG; /* stderr, at PIPERT_LOG's level */
-    if (!out_dir ||
-        pt_cli_parse_int("--stages", stages_text, 1, PT_MAX_WORLD, 1, &options.stages) != PIPERT_OK) {
+    const char *misuse = !out_dir ? "--out DIR is required"
+                         : (rank_text || world_text) && !(rank_text && world_text && join)
+                             ? "--rank and --world go together, with --join"
+                             : NULL;
+    if (misuse ||
+        pt_cli_parse_int("--stages", stages_text, 1, PT_MAX_WORLD, 1, &options.stages) != PIPERT_OK ||
+        (rank_text && (pt_cli_parse_int("--rank", rank_text, 1, PT_MAX_WORLD, 1,
+                                        &options.join_rank) != PIPERT_OK ||
+                       pt_cli_parse_int("--world", world_text, 2, PT_MAX_WORLD, 2,
+                                        &options.join_world) != PIPERT_OK))) {
         pipert_config_free(cfg);
-        fprintf(stderr, "pipert worker: %s\n", !out_dir ? "--out DIR is required" : pipert_last_error());
+        fprintf(stderr, "pipert worker: %s\n", misuse ? misuse : pipert_last_error());
         return 2;
     }
     if (probe) return probe_links(cfg, out_dir);
@@ -164,7 +177,10 @@ int pt_cmd_worker(int argc, char **argv)
      * alone, which is pipert train's business. */
     pt_bootstrap boot;
     extern char **environ;
-    pipert_result rc = pt_bootstrap_from_env(&boot, (const char *const *)environ);
+    pipert_result rc = options.join_world > 0
+                           ? pt_bootstrap_replacement(&boot, (const char *const *)environ,
+                                                      options.join_rank, options.join_world)
+                           : pt_bootstrap_from_env(&boot, (const char *const *)environ);
     if (rc == PIPERT_OK) rc = pipert_session_create(cfg, &options, &s);
     if (rc == PIPERT_OK) {
         running_session = s;

@@ -176,11 +176,15 @@ typedef struct pipert_session_options {
     int site;              /* this worker's site; −1: PIPERT_SITE from the environment, else 0 */
     int join;              /* take the place of this rank in a running elastic job whose replica
                             * left (pipert worker --join): the state comes from a live replica */
+    int join_rank;         /* with join and join_world: the rank this process takes, when what
+                            * started it is not the job's launcher (a replacement started by hand,
+                            * or by another srun or mpirun); PIPERT_COORD names the coordinator */
+    int join_world;        /* the job's world size then (0: the launcher's environment says) */
 } pipert_session_options;
 
 #define PIPERT_SESSION_OPTIONS_INIT                                                                \
     {sizeof(pipert_session_options), NULL, 1, 0, NULL, 0, NULL, NULL, NULL, NULL, PIPERT_LOG_INFO, \
-     -1, 0}
+     -1, 0, 0, 0}
 
 /* Where this worker is and what its last step did. Fields a worker does not
  * have are NaN (loss on any stage but the last) or 0. */

@@ -238,6 +238,7 @@ const char *pt_launcher_name(pt_launcher_kind kind)
     case PT_LAUNCHER_OPEN_MPI: return "Open MPI";
     case PT_LAUNCHER_SLURM: return "SLURM";
     case PT_LAUNCHER_PMI: return "PMI";
+    case PT_LAUNCHER_REPLACEMENT: return "a replacement started apart from the job";
     }
     return "?";
 }
@@ -465,6 +466,41 @@ pipert_result pt_bootstrap_from_env(pt_bootstrap *b, const char *const *envp)
                        "OMPI_COMM_WORLD_RANK (Open MPI), SLURM_PROCID (srun), PMI_RANK (MPICH) is "
                        "set; start workers with pipert launch, srun or mpirun (docs/RUNNING.md)");
     }
+    PT_TRY(read_secret_source(b, envp));
+    PT_TRY(read_cores(b, envp));
+    PT_TRY(read_heartbeat_timeout(b, envp));
+    return read_site(b, envp);
+}
+
+/* The local rank of a replacement: PIPERT_LOCAL_RANK, else its launcher's, else 0. */
+static pipert_result replacement_local_rank(pt_bootstrap *b, const char *const *envp)
+{
+    static const char *const variables[] = {"PIPERT_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK",
+                                            "SLURM_LOCALID", "MPI_LOCALRANKID", "PMI_LOCAL_RANK"};
+    for (size_t i = 0; i < sizeof variables / sizeof variables[0]; i++) {
+        bool present;
+        PT_TRY(env_int(envp, variables[i], 0, PT_MAX_WORLD, &b->local_rank, &present));
+        if (present) return PIPERT_OK;
+    }
+    b->local_rank = 0;
+    return PIPERT_OK;
+}
+
+pipert_result pt_bootstrap_replacement(pt_bootstrap *b, const char *const *envp, int rank,
+                                       int world)
+{
+    memset(b, 0, sizeof *b);
+    if (world < 2 || world > PT_MAX_WORLD || rank < 1 || rank >= world)
+        return pt_fail(PIPERT_ERR_CONFIG, "a replacement for rank %d of a job of %d ranks: it "
+                                          "must take a rank in 1..%d (rank 0 hosts the "
+                                          "coordinator)", rank, world, world - 1);
+    b->launcher = PT_LAUNCHER_REPLACEMENT;
+    b->rank = rank;
+    b->world_size = world;
+    b->local_size = -1;
+    PT_TRY(replacement_local_rank(b, envp));
+    PT_TRY(read_coord(b, envp, "a replacement reaches the running job's coordinator there (rank "
+                               "0's log names its address)"));
     PT_TRY(read_secret_source(b, envp));
     PT_TRY(read_cores(b, envp));
     PT_TRY(read_heartbeat_timeout(b, envp));

@@ -68,6 +68,7 @@ typedef enum pt_launcher_kind {
     PT_LAUNCHER_OPEN_MPI,
     PT_LAUNCHER_SLURM,
     PT_LAUNCHER_PMI,
+    PT_LAUNCHER_REPLACEMENT, /* a process started apart from the job to take a rank of it */
 } pt_launcher_kind;
 
 typedef struct pt_bootstrap {
@@ -91,7 +92,15 @@ typedef struct pt_bootstrap {
  * value is not a number, or values are inconsistent (rank ≥ world size, ...). */
 pipert_result pt_bootstrap_from_env(pt_bootstrap *b, const char *const *envp);
 
-/* "pipert launch", "Open MPI", "SLURM", "PMI". */
+/* A replacement for `rank` of a running job of `world` ranks whose coordinator runs in rank 0
+ * (SLURM, Open MPI, PMI), started apart from it (pipert worker --join --rank R --world W: by
+ * hand, or by another srun or mpirun). PIPERT_COORD gives the coordinator (required), the
+ * secret and the optional variables as above; the local rank is PIPERT_LOCAL_RANK, else what a
+ * launcher's variables say, else 0. Rank 0 cannot be replaced: it hosts the coordinator. */
+pipert_result pt_bootstrap_replacement(pt_bootstrap *b, const char *const *envp, int rank,
+                                       int world);
+
+/* "pipert launch", "Open MPI", "SLURM", "PMI", "a replacement". */
 const char *pt_launcher_name(pt_launcher_kind kind);
 
 /* The value of NAME in envp, or NULL. */

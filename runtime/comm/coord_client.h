@@ -47,6 +47,10 @@ typedef struct pt_coord_client_options {
     bool outlive_coordinator;    /* a lost coordinator is not an abort (for lost_grace_s) */
     double lost_grace_s;         /* the coordinator lost this long: the job aborts */
     bool join;                   /* rejoin: take this rank of a replica that left (elastic) */
+    /* Called on the client's thread, as soon as it heard that `replica` came back with new
+     * processes (before the switch that lets it in); may be NULL. */
+    void (*on_join)(void *context, int replica, long epoch);
+    void *on_join_context;
     /* What the registration says this worker is (runtime/job_digest.h): protocol 0 stands for
      * this build's (another is for tests); no digest: the settings are not compared. */
     pt_job_identity identity;
@@ -58,7 +62,7 @@ typedef struct pt_coord_client_options {
 
 #define PT_COORD_CLIENT_OPTIONS_INIT                                                               \
     {NULL, 0, NULL, 0, 0, "", PT_CONNECT_TIMEOUT_S, PT_HEARTBEAT_INTERVAL_S, PT_DEAD_AFTER_S,    \
-     NULL, NULL, false, PT_COORD_LOST_GRACE_S, false, {0}}
+     NULL, NULL, false, PT_COORD_LOST_GRACE_S, false, NULL, NULL, {0}}
 
 typedef struct pt_peer {
     int rank;
@@ -118,6 +122,8 @@ long pt_coord_client_switch_joiners(pt_coord_client *c, bool *joiners);
 /* The switch whose state every rank of `replica` took, as the coordinator said last ("in"; 0:
  * none): a joiner of that switch trains from there. */
 long pt_coord_client_in_epoch(pt_coord_client *c, int replica);
+/* No on_join call after this returns (one under way has ended). */
+void pt_coord_client_stop_join_callback(pt_coord_client *c);
 /* A rank's data-plane address as the coordinator said last (a replica that
  * came back has new ones); malloc'd, NULL before the table. */
 char *pt_coord_client_peer_address(pt_coord_client *c, int rank);

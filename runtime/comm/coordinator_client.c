@@ -37,6 +37,9 @@ struct pt_coord_client {
     bool outlive_coordinator;
     pt_abort_callback on_abort;
     void *on_abort_context;
+    void (*on_join)(void *context, int replica, long epoch); /* under callback_lock */
+    void *on_join_context;
+    pthread_mutex_t callback_lock;
     pt_coord_buffer in;
     pt_coord_seal seal; /* lines after "welcome" (coordinator_seal.c); under send_lock to send */
     long dropped;       /* under lock: received lines the seal refused, and the last one's why */
@@ -248,6 +251,17 @@ static void client_heard_join(pt_coord_client *c, json_t *m)
     if (epoch > c->membership.epoch) c->membership.epoch = epoch;
     pthread_cond_broadcast(&c->changed);
     pthread_mutex_unlock(&c->lock);
+    pthread_mutex_lock(&c->callback_lock);
+    if (c->on_join) c->on_join(c->on_join_context, (int)replica, epoch);
+    pthread_mutex_unlock(&c->callback_lock);
+}
+
+void pt_coord_client_stop_join_callback(pt_coord_client *c)
+{
+    if (!c) return;
+    pthread_mutex_lock(&c->callback_lock);
+    c->on_join = NULL;
+    pthread_mutex_unlock(&c->callback_lock);
 }
 
 /* Whether `joiners` (NULL: none) is an array of distinct replicas below `world`; if so they
@@ -731,10 +745,13 @@ pipert_result pt_coord_client_connect(pt_coord_client **out, const pt_coord_clie
     c->lost_grace_s = o->lost_grace_s > 0 ? o->lost_grace_s : PT_COORD_LOST_GRACE_S;
     c->on_abort = o->on_abort;
     c->on_abort_context = o->on_abort_context;
+    c->on_join = o->on_join;
+    c->on_join_context = o->on_join_context;
     snprintf(c->where, sizeof c->where, strchr(o->host, ':') ? "[%s]:%d" : "%s:%d", o->host,
              o->port);
     pthread_mutex_init(&c->send_lock, NULL);
     pthread_mutex_init(&c->lock, NULL);
+    pthread_mutex_init(&c->callback_lock, NULL);
     pthread_condattr_t attr;
     pthread_condattr_init(&attr);
     pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
@@ -947,6 +964,7 @@ void pt_coord_client_close(pt_coord_client *c)
     pt_coord_buffer_free(&c->in);
     pthread_mutex_destroy(&c->send_lock);
     pthread_mutex_destroy(&c->lock);
+    pthread_mutex_destroy(&c->callback_lock);
     pthread_cond_destroy(&c->changed);
     free(c);
 }
