@@ -380,11 +380,13 @@ static pipert_result read_min_replicas(pt_job *job, const char *const *envp)
  * may dial this rank as soon as the switch that lets it in comes, which is after its join:
  * a joiner must have cleared its old process's place by then (a connection is refused from a
  * rank the transport saw fail, and one cut off may still look alive), also while its main
- * thread restores a state for seconds. Members dial the joiners at the switch themselves. */
+ * thread restores a state for seconds. Members dial the joiners at the switch themselves,
+ * and their main thread may still be in a collective with the old process: only a joiner
+ * (which has none with other replicas) does it here. */
 static void make_room_at_once(void *context, int replica, long epoch)
 {
     pt_job *job = context;
-    if (replica == job->replica) return;
+    if (replica == job->replica || !atomic_load(&job->makes_room)) return;
     const int rank = pt_layout_rank(&job->layout, job->stage, replica);
     if (pt_transport_drop_peer(job->transport, rank, "its replica left the job and a new "
                                                      "process takes its place") == PIPERT_OK &&
@@ -425,6 +427,7 @@ static pipert_result join_launched(pt_job *job, int stages, const char *const *e
     options.identity = job->identity;
     options.on_join = make_room_at_once;
     options.on_join_context = job;
+    atomic_store(&job->makes_room, job->joining);
     if (job->joining && !job->elastic)
         return pt_fail(PIPERT_ERR_CONFIG, "rejoining (pipert worker --join) needs elastic replicas: "
                                           "PIPERT_MIN_REPLICAS below the replicas (launch "
@@ -879,6 +882,7 @@ pipert_result pt_job_settle_joiners(pt_job *job)
      * or not, so that none waits for one that did not come. */
     if (job->replica_group) PT_TRY(pt_barrier(job->replica_group));
     job->joining = false;
+    atomic_store(&job->makes_room, false);
     if (!job->listening) return PIPERT_OK;
     job->listening = false;
     return pt_transport_stop_listening(job->transport);

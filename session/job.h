@@ -60,6 +60,7 @@ typedef struct pt_job {
                                    * rank is connected to or made room for (0: the first ones) */
     _Atomic long *room_made;      /* [replicas]: the join epoch whose old process the client's
                                    * thread dropped as soon as it heard of the join */
+    atomic_bool makes_room;       /* a joiner until it is in: the client's thread does that */
     bool listening;               /* UCX's listeners take new connections (a joiner until it is
                                    * in, a survivor between admitting joiners and settling) */
     pt_group **retired;           /* groups replaced after replicas left (kept until leaving) */

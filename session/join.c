@@ -272,7 +272,8 @@ static pipert_result restore_state(pipert_session *s, const pt_safetensors *st, 
     index.parts = calloc((size_t)S, sizeof *index.parts);
     pipert_result rc = bounds && index.parts ? PIPERT_OK
                                              : pt_fail(PIPERT_ERR_NOMEM, "join: out of memory");
-    if (rc == PIPERT_OK) rc = pt_session_stage_bounds(s, bounds);
+    /* not asked of the other stages: one of them may wait for a newer switch's state */
+    if (rc == PIPERT_OK) rc = pt_session_planned_bounds(s, bounds);
     if (rc == PIPERT_OK) rc = describe_donor(s, st, &index, bounds);
     char why[256] = "";
     const pt_resume_kind kind = rc == PIPERT_OK ? pt_stage_executor_plan_resume(

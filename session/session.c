@@ -70,6 +70,14 @@ static pipert_result stage_plan(const pipert_session *s, int stages, pt_stage_pl
     return pt_plan_balanced(&model, m->block_size, stages, plan);
 }
 
+pipert_result pt_session_planned_bounds(const pipert_session *s, int *bounds)
+{
+    pt_stage_plan plan;
+    PT_TRY(stage_plan(s, s->job.layout.stages, &plan));
+    memcpy(bounds, plan.bounds, (size_t)(s->job.layout.stages + 1) * sizeof *bounds);
+    return PIPERT_OK;
+}
+
 static pipert_result stage_blocks(const pipert_session *s, int *first, int *last)
 {
     pt_stage_plan plan;

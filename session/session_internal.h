@@ -96,6 +96,9 @@ pipert_result pt_session_send_state(pipert_session *s, int rank, long epoch);
 pipert_result pt_session_join_running(pipert_session *s, long *step);
 /* Every stage's blocks in this run (checkpoint.c): bounds[s], bounds[s+1]. */
 pipert_result pt_session_stage_bounds(pipert_session *s, int *bounds);
+/* The same as this job's settings make it (plan.layers or the balanced split; the job digest
+ * makes every rank's the same), without asking the other stages. */
+pipert_result pt_session_planned_bounds(const pipert_session *s, int *bounds);
 
 /* metrics.jsonl and metrics-stage-N.jsonl (outputs.c). */
 pipert_result pt_session_open_outputs(pipert_session *s, long resumed_step);

@@ -189,6 +189,30 @@ static inline void run_pipert_ok_info(const char *fmt, ...)
     va_end(ap);
 }
 
+/* The text of the file `dir` + `suffix` ("DIR.out", "DIR/metrics.jsonl"); malloc'd. (Not
+ * inlined: gcc 12 then takes the result for a pointer to the local that received it.) */
+__attribute__((noinline, unused)) static char *read_named(const char *dir, const char *suffix)
+{
+    char path[600], *text = NULL;
+    size_t size;
+    snprintf(path, sizeof path, "%s%s", dir, suffix);
+    cr_assert_eq(pt_read_file(path, &text, &size), PIPERT_OK, "%s", pipert_last_error());
+    return text;
+}
+
+/* The newest step in DIR/metrics.jsonl (0: none yet, or no file). */
+static inline long logged_step(const char *dir)
+{
+    char path[600], *text;
+    size_t size;
+    snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
+    if (pt_read_file(path, &text, &size) != PIPERT_OK) return 0;
+    long step = 0;
+    for (const char *at = text; (at = strstr(at, "\"step\":")); at += 7) step = strtol(at + 7, NULL, 10);
+    free(text);
+    return step;
+}
+
 /* values[step − 1] = the number `field` of each line of DIR/FILE (metrics
  * JSON lines) that has it, for steps 1..n; returns how many lines had it. */
 static inline int read_metric_steps(const char *dir, const char *file, const char *field,

@@ -40,19 +40,6 @@ static pid_t start_job(const char *dir, const char *method, const char *elastic)
     return start_shell(command);
 }
 
-/* The newest step in dir/metrics.jsonl (0: none yet). */
-static long logged_step(const char *dir)
-{
-    char path[600], *text;
-    size_t size;
-    snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
-    if (pt_read_file(path, &text, &size) != PIPERT_OK) return 0;
-    long step = 0;
-    for (const char *at = text; (at = strstr(at, "\"step\":")); at += 7) step = strtol(at + 7, NULL, 10);
-    free(text);
-    return step;
-}
-
 /* The pid of a rank, from dir/workers.pid. */
 static pid_t worker_pid(const char *dir, int rank)
 {
@@ -94,15 +81,6 @@ static int wait_job(pid_t job, const char *dir)
     snprintf(logs, sizeof logs, "%s/logs/rank-*.log", dir);
     snprintf(out, sizeof out, "%s.out", dir);
     return wait_job_within(job, JOB_LIMIT_S, pids, logs, out);
-}
-
-static char *read_named(const char *dir, const char *suffix)
-{
-    char path[600], *text = NULL;
-    size_t size;
-    snprintf(path, sizeof path, "%s%s", dir, suffix);
-    cr_assert_eq(pt_read_file(path, &text, &size), PIPERT_OK, "%s", pipert_last_error());
-    return text;
 }
 
 /* Rank `rank`'s entry in the launcher's DIR/status.json (json_decref the root: *root). */

@@ -1,11 +1,12 @@
-/* Elastic replicas under a launcher that is not pipert's: a real `mpirun -np 6` (Open MPI,
- * --enable-recovery so that one process's death does not end the others) of `pipert worker`,
- * 2 stages × 3 replicas, PIPERT_MIN_REPLICAS=2, the coordinator in rank 0. A worker is killed
- * with SIGKILL from outside, mid-run: its replica leaves and the others go on, as under
- * pipert launch; replacements started by hand (`pipert worker --join --rank R --world 6`, the
- * way an operator or another scheduler would) take its ranks and rejoin from a survivor's
- * state. When the replica of rank 0 leaves, rank 0 keeps serving the coordinator until the
- * others finish. */
+/* Elastic replicas under launchers that are not pipert's: a real `mpirun -np 6` (Open MPI,
+ * --enable-recovery so that one process's death does not end the others) and a real
+ * `srun -n 6` (--kill-on-bad-exit=0; the test skips itself unless a SLURM answers here:
+ * scripts/slurm-one-node.sh start) of `pipert worker`, 2 stages × 3 replicas,
+ * PIPERT_MIN_REPLICAS=2, the coordinator in rank 0. A worker is killed with SIGKILL from
+ * outside, mid-run: its replica leaves and the others go on, as under pipert launch;
+ * replacements started by hand (`pipert worker --join --rank R --world 6`, the way an operator
+ * or another scheduler would) take its ranks and rejoin from a survivor's state. When the
+ * replica of rank 0 leaves, rank 0 keeps serving the coordinator until the others finish. */
 #include <criterion/criterion.h>
 #include <dirent.h>
 #include <netinet/in.h>
@@ -24,14 +25,17 @@
     "--train.batch_size=4 --train.warmup_steps=1 --train.val_every=0 --train.val_batches=2 "     \
     "--runtime.threads=1 --train.log_every=10 --train.checkpoint_every=500 --dp.method=sparse"
 enum { STEPS = 1500, KILL_AT = 400, WORLD = 6 };
-#define SECRET "elastic-under-mpirun-0123456789"
+#define SECRET "elastic-under-launchers-0123456789"
 #define JOB_LIMIT_S 400.0
 
-typedef struct mpi_job {
+typedef enum launcher { OPEN_MPI, SLURM } launcher;
+
+typedef struct launched_job {
+    launcher by;
     char *dir;
     char coord[64]; /* 127.0.0.1:port */
-    pid_t mpirun;
-} mpi_job;
+    pid_t launcher; /* mpirun or srun */
+} launched_job;
 
 /* Skips the test unless Open MPI's mpirun was found when the build was configured. */
 static const char *require_open_mpi(void)
@@ -49,6 +53,17 @@ static const char *require_open_mpi(void)
     return mpirun;
 }
 
+/* Skips the test unless srun was found when the build was configured and a SLURM answers. */
+static const char *require_slurm(void)
+{
+    const char *srun = getenv("SRUN");
+    if (!srun || access(srun, X_OK) != 0)
+        cr_skip_test("srun was not found when the build was configured");
+    if (system("sinfo -h -o %T 2>/dev/null | grep -qE '^(idle|mixed|allocated)'") != 0)
+        cr_skip_test("no SLURM node takes jobs here (scripts/slurm-one-node.sh start)");
+    return srun;
+}
+
 /* A port nobody listens on now (the kernel's pick for a socket bound to port 0). */
 static int free_port(void)
 {
@@ -62,26 +77,40 @@ static int free_port(void)
 }
 
 /* The environment every worker of the job gets, as shell assignments. */
-static void job_env(const mpi_job *j, char *env, size_t cap)
+static void job_env(const launched_job *j, char *env, size_t cap)
 {
     snprintf(env, cap, "PIPERT_COORD=%s PIPERT_SECRET=%s PIPERT_MIN_REPLICAS=2 PIPERT_LOG=info",
              j->coord, SECRET);
 }
 
-static mpi_job start_job(void)
+/* The job's command under its launcher, which writes DIR.out. */
+static void launch_command(const launched_job *j, char *command, size_t cap)
 {
-    const char *mpirun = require_open_mpi();
-    mpi_job j = {.dir = make_temp_dir()};
+    char env[512], worker[1024];
+    job_env(j, env, sizeof env);
+    snprintf(worker, sizeof worker, "%s worker --stages 2 --out %s --train.steps=%d " MODEL,
+             pipert_bin(), j->dir, STEPS);
+    if (j->by == OPEN_MPI)
+        snprintf(command, cap,
+                 "%s exec '%s' %s --enable-recovery -x PIPERT_COORD -x PIPERT_SECRET "
+                 "-x PIPERT_MIN_REPLICAS -x PIPERT_LOG -np %d %s >%s.out 2>&1",
+                 env, require_open_mpi(),
+                 geteuid() == 0 ? "--oversubscribe --allow-run-as-root" : "--oversubscribe", WORLD,
+                 worker, j->dir);
+    else
+        snprintf(command, cap,
+                 "%s exec '%s' --overcommit --kill-on-bad-exit=0 --export=ALL -n %d %s "
+                 ">%s.out 2>&1",
+                 env, require_slurm(), WORLD, worker, j->dir);
+}
+
+static launched_job start_job(launcher by)
+{
+    launched_job j = {.by = by, .dir = make_temp_dir()};
     snprintf(j.coord, sizeof j.coord, "127.0.0.1:%d", free_port());
-    char env[512], command[4096];
-    job_env(&j, env, sizeof env);
-    snprintf(command, sizeof command,
-             "%s exec '%s' %s --enable-recovery -x PIPERT_COORD -x PIPERT_SECRET "
-             "-x PIPERT_MIN_REPLICAS -x PIPERT_LOG -np %d %s worker --stages 2 --out %s "
-             "--train.steps=%d " MODEL " >%s.out 2>&1",
-             env, mpirun, geteuid() == 0 ? "--oversubscribe --allow-run-as-root" : "--oversubscribe",
-             WORLD, pipert_bin(), j.dir, STEPS, j.dir);
-    j.mpirun = start_shell(command);
+    char command[4096];
+    launch_command(&j, command, sizeof command);
+    j.launcher = start_shell(command);
     return j;
 }
 
@@ -103,11 +132,12 @@ static bool environment_has(pid_t pid, const char *const *entries, int n)
 
 /* The pid of this job's `pipert` process that mpirun started as `rank`: the one whose
  * environment has this job's coordinator and that rank. */
-static pid_t rank_pid(const mpi_job *j, int rank)
+static pid_t rank_pid(const launched_job *j, int rank)
 {
     char coord[96], rank_entry[64];
     snprintf(coord, sizeof coord, "PIPERT_COORD=%s", j->coord);
-    snprintf(rank_entry, sizeof rank_entry, "OMPI_COMM_WORLD_RANK=%d", rank);
+    snprintf(rank_entry, sizeof rank_entry, "%s=%d",
+             j->by == OPEN_MPI ? "OMPI_COMM_WORLD_RANK" : "SLURM_PROCID", rank);
     const char *const entries[] = {coord, rank_entry};
     DIR *proc = opendir("/proc");
     cr_assert_not_null(proc);
@@ -127,24 +157,11 @@ static pid_t rank_pid(const mpi_job *j, int rank)
     return found;
 }
 
-/* The newest step in dir/metrics.jsonl (0: none yet). */
-static long logged_step(const char *dir)
-{
-    char path[600], *text;
-    size_t size;
-    snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
-    if (pt_read_file(path, &text, &size) != PIPERT_OK) return 0;
-    long step = 0;
-    for (const char *at = text; (at = strstr(at, "\"step\":")); at += 7) step = strtol(at + 7, NULL, 10);
-    free(text);
-    return step;
-}
-
 /* Waits for step `step` in the metrics, then kills `rank` with SIGKILL. */
-static void kill_rank_at(const mpi_job *j, long step, int rank)
+static void kill_rank_at(const launched_job *j, long step, int rank)
 {
     for (int i = 0; i < 6000 && logged_step(j->dir) < step; i++) {
-        cr_assert_eq(waitpid(j->mpirun, NULL, WNOHANG), 0, "the job ended before step %ld", step);
+        cr_assert_eq(waitpid(j->launcher, NULL, WNOHANG), 0, "the job ended before step %ld", step);
         usleep(50000);
     }
     cr_assert_geq(logged_step(j->dir), step, "the job did not reach step %ld in time", step);
@@ -152,7 +169,7 @@ static void kill_rank_at(const mpi_job *j, long step, int rank)
 }
 
 /* `pipert worker --join --rank R --world 6`, started by hand; its output in DIR.join-R. */
-static pid_t start_replacement(const mpi_job *j, int rank)
+static pid_t start_replacement(const launched_job *j, int rank)
 {
     char env[512], command[4096];
     job_env(j, env, sizeof env);
@@ -161,15 +178,6 @@ static pid_t start_replacement(const mpi_job *j, int rank)
              "--train.steps=%d " MODEL " >%s.join-%d 2>&1",
              env, pipert_bin(), rank, WORLD, j->dir, STEPS, j->dir, rank);
     return start_shell(command);
-}
-
-static char *read_named(const char *dir, const char *suffix)
-{
-    char path[700], *text = NULL;
-    size_t size;
-    snprintf(path, sizeof path, "%s%s", dir, suffix);
-    cr_assert_eq(pt_read_file(path, &text, &size), PIPERT_OK, "%s", pipert_last_error());
-    return text;
 }
 
 /* The parameters' checksum a log line of `rank` that says `marker` gives ("[rank N] ...marker...
@@ -198,18 +206,21 @@ static const char *last_metrics_line(char *metrics)
     return last ? last : "(none)";
 }
 
-Test(elastic_mpi, a_killed_rank_leaves_and_replacements_started_by_hand_rejoin, .timeout = 900)
+/* A worker of replica 1 killed: the replica leaves, replacements for its two ranks started by
+ * hand rejoin, and the job ends with three replicas. `exit_status`: the launcher's, expected
+ * (srun's is the killed task's signal). */
+static void replacements_rejoin(launcher by, int exit_status)
 {
-    mpi_job j = start_job();
+    launched_job j = start_job(by);
     kill_rank_at(&j, KILL_AT, 3); /* stage 1 of replica 1 */
     /* rank 2, told its replica left, exits; the replacements take both ranks */
     const pid_t replacements[] = {start_replacement(&j, 2), start_replacement(&j, 3)};
     char out_path[700];
     snprintf(out_path, sizeof out_path, "%s.out", j.dir);
-    const int status = wait_job_within(j.mpirun, JOB_LIMIT_S, "/dev/null", "/dev/null", out_path);
+    const int status = wait_job_within(j.launcher, JOB_LIMIT_S, "/dev/null", "/dev/null", out_path);
     char *out = read_named(j.dir, ".out");
-    cr_expect_eq(status, 0, "mpirun exited %d:\n%s", status, out);
-    cr_expect(strstr(out, "replica 1 leaves the job: rank 3"), "the departure:\n%s", out);
+    cr_expect_eq(status, exit_status, "the launcher exited %d:\n%s", status, out);
+    cr_expect(strstr(out, "replica 1 leaves the job: rank "), "the departure:\n%s", out);
     cr_expect(strstr(out, "replica 1 rejoins the job"), "the coordinator logs the join:\n%s", out);
     for (int i = 0; i < 2; i++) {
         char suffix[32];
@@ -233,13 +244,25 @@ Test(elastic_mpi, a_killed_rank_leaves_and_replacements_started_by_hand_rejoin, 
     remove_dir(j.dir);
 }
 
-Test(elastic_mpi, rank_0_serves_the_others_when_its_replica_leaves, .timeout = 900)
+Test(elastic_launchers, mpirun_a_killed_rank_leaves_and_replacements_started_by_hand_rejoin,
+     .timeout = 900)
 {
-    mpi_job j = start_job();
+    replacements_rejoin(OPEN_MPI, 0);
+}
+
+Test(elastic_launchers, srun_a_killed_rank_leaves_and_replacements_started_by_hand_rejoin,
+     .timeout = 900)
+{
+    replacements_rejoin(SLURM, 128 + SIGKILL);
+}
+
+Test(elastic_launchers, mpirun_rank_0_serves_the_others_when_its_replica_leaves, .timeout = 900)
+{
+    launched_job j = start_job(OPEN_MPI);
     kill_rank_at(&j, KILL_AT, 1); /* stage 1 of replica 0: rank 0 hosts the coordinator */
     char out_path[700];
     snprintf(out_path, sizeof out_path, "%s.out", j.dir);
-    wait_job_within(j.mpirun, JOB_LIMIT_S, "/dev/null", "/dev/null", out_path);
+    wait_job_within(j.launcher, JOB_LIMIT_S, "/dev/null", "/dev/null", out_path);
     char *out = read_named(j.dir, ".out");
     cr_expect(strstr(out, "replica 0 leaves the job: rank "), "the departure:\n%s", out);
     cr_expect(strstr(out, "serves the job's coordinator until the other replicas finish"),
@@ -256,7 +279,7 @@ Test(elastic_mpi, rank_0_serves_the_others_when_its_replica_leaves, .timeout = 9
 
 /* --rank and --world belong to a replacement: together, with --join; rank 0 (the coordinator's
  * host) cannot be replaced. Nothing of the job is needed to refuse them. */
-Test(elastic_mpi, replacement_flags_are_checked)
+Test(elastic_launchers, replacement_flags_are_checked)
 {
     run_result r = run_pipert("worker --out /nonexistent --rank 2 --world 6");
     cr_expect_eq(r.status, 2, "%s", r.err);
