@@ -14,6 +14,7 @@ packages=(
   openmpi-bin libopenmpi-dev  # the embedding example (examples/) and the mpirun tests
   python3 iproute2         # benchmark scripts (tables; network namespaces and tc for emulated sites)
   gdb                      # a test whose job hangs prints the workers' stacks (tests/command.h)
+  slurm-wlm munge          # a one-node SLURM for the srun tests (scripts/slurm-one-node.sh)
   gnuplot-nox              # pipert plot
   libsodium-dev            # authentication: the job secret proved by challenge and response
   clang libclang-rt-dev libomp-dev  # libFuzzer harnesses (scripts/fuzz.sh, fuzz/): clang, its

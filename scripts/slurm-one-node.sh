@@ -20,6 +20,9 @@ stop() {
 start() {
   [ "$(id -u)" = 0 ] || { echo "slurm-one-node.sh: needs root" >&2; exit 77; }
   command -v slurmctld >/dev/null || { echo "slurm-one-node.sh: slurm-wlm is not installed (scripts/deps.sh)" >&2; exit 77; }
+  if [ -f /etc/slurm/slurm.conf ] && ! grep -q '^ClusterName=pipert$' /etc/slurm/slurm.conf; then
+    echo "slurm-one-node.sh: /etc/slurm/slurm.conf is another SLURM's: left alone" >&2; exit 77
+  fi
   stop
   mkdir -p /etc/slurm /var/spool/slurmctld /var/spool/slurmd /var/log/slurm /run/munge
   chown munge:munge /run/munge

@@ -5,6 +5,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh
 scripts/build.sh build
+# The srun tests need a SLURM: a one-node one on this machine (they skip themselves without it).
+if [ "$(id -u)" = 0 ]; then
+  scripts/slurm-one-node.sh start || echo "test: no one-node SLURM here; the srun tests skip themselves"
+fi
 meson test -C build --print-errorlogs
 # The sanitizer build's command tests run every job on runtime.device=cpu-guarded: tensors the
 # host cannot read outside kernel calls, so host code touching "device" memory crashes as on a GPU.

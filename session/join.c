@@ -191,14 +191,24 @@ static pipert_result wait_receive(pipert_session *s, pt_request *request, long e
     }
 }
 
+/* Receives into *buffer (malloc'd). A receive that fails or is given up may have matched a
+ * message already, whose rest may never come (its sender left mid-message) or still be on its
+ * way: then the request is abandoned rather than waited for, and frees the buffer when (if
+ * ever) it ends; *buffer is then NULL. */
 static pipert_result receive(pipert_session *s, int donor, long epoch, uint16_t kind, pt_dtype dtype,
-                             void *buffer, size_t capacity, const char *what)
+                             void **buffer, size_t capacity, const char *what)
 {
     const pt_recv_expect expect = {.kind = kind, .dtype = dtype, .ndim = -1, .require_checksum = 1};
     pt_request *request;
-    PT_TRY(pt_recv(s->job.transport, donor, (uint32_t)epoch, &expect, buffer, capacity, &request));
-    pipert_result rc = wait_receive(s, request, epoch, what);
-    pt_request_free(request);
+    PT_TRY(pt_recv(s->job.transport, donor, (uint32_t)epoch, &expect, *buffer, capacity, &request));
+    const pipert_result rc = wait_receive(s, request, epoch, what);
+    if (rc == PIPERT_OK) {
+        pt_request_free(request);
+        return rc;
+    }
+    pt_request_on_complete(request, free_payload, *buffer);
+    *buffer = NULL;
+    pt_request_abandon(request);
     return rc;
 }
 
@@ -207,7 +217,7 @@ static pipert_result receive_state(pipert_session *s, int donor, long epoch, rec
     const int R = s->job.layout.replicas;
     int64_t *header = calloc((size_t)(HEADER_FIXED + R), sizeof *header);
     if (!header) return pt_fail(PIPERT_ERR_NOMEM, "join: out of memory");
-    pipert_result rc = receive(s, donor, epoch, KIND_STATE_HEADER, PT_DTYPE_I64, header,
+    pipert_result rc = receive(s, donor, epoch, KIND_STATE_HEADER, PT_DTYPE_I64, (void **)&header,
                                (HEADER_FIXED + R) * sizeof *header, "the state's header");
     if (rc == PIPERT_OK && (header[0] != STATE_MAGIC || header[1] != epoch || header[4] != R ||
                             header[3] <= 0 || header[2] < 0))
@@ -226,7 +236,7 @@ static pipert_result receive_state(pipert_session *s, int donor, long epoch, rec
     }
     free(header);
     if (rc == PIPERT_OK)
-        rc = receive(s, donor, epoch, KIND_STATE, PT_DTYPE_U8, out->bytes, out->size, "the state");
+        rc = receive(s, donor, epoch, KIND_STATE, PT_DTYPE_U8, &out->bytes, out->size, "the state");
     if (rc != PIPERT_OK) received_state_free(out);
     return rc;
 }
