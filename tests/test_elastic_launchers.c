@@ -281,7 +281,8 @@ Test(elastic_launchers, mpirun_rank_0_serves_the_others_when_its_replica_leaves,
 }
 
 /* --rank and --world belong to a replacement: together, with --join; rank 0 (the coordinator's
- * host) cannot be replaced. Nothing of the job is needed to refuse them. */
+ * host) cannot be replaced; PIPERT_MIN_REPLICAS must be a number of the job's replicas. Nothing
+ * of the job is needed to refuse them. */
 Test(elastic_launchers, replacement_flags_are_checked)
 {
     run_result r = run_pipert("worker --out /nonexistent --rank 2 --world 6");
@@ -293,4 +294,15 @@ Test(elastic_launchers, replacement_flags_are_checked)
                         "worker --out /nonexistent --join --rank 0 --world 6 --stages 2");
     cr_expect_neq(r.status, 0, "%s", r.err);
     cr_expect(strstr(r.err, "--rank") || strstr(r.err, "rank 0 hosts the coordinator"), "%s", r.err);
+    /* a job's PIPERT_MIN_REPLICAS that is no number of its replicas is named, before connecting */
+    const char *const bad[] = {"x", "0", "4"};
+    for (int i = 0; i < 3; i++) {
+        char env[256];
+        snprintf(env, sizeof env,
+                 "PIPERT_COORD=127.0.0.1:1 PIPERT_SECRET=" SECRET " PIPERT_MIN_REPLICAS=%s", bad[i]);
+        r = run_pipert_with(env, "worker --out /nonexistent --join --rank 2 --world 6 --stages 2");
+        cr_expect_eq(r.status, 1, "PIPERT_MIN_REPLICAS=%s: %s", bad[i], r.err);
+        cr_expect(strstr(r.err, "PIPERT_MIN_REPLICAS=") && strstr(r.err, "1..3"),
+                  "PIPERT_MIN_REPLICAS=%s: %s", bad[i], r.err);
+    }
 }
