@@ -590,29 +590,47 @@ static char *build_header(const pt_safetensors_writer *w, const writer_tensor **
     return grown;
 }
 
+pipert_result pt_safetensors_writer_pieces(const pt_safetensors_writer *w,
+                                           pt_safetensors_pieces *out)
+{
+    *out = (pt_safetensors_pieces){0};
+    const writer_tensor **layout = malloc((w->count ? w->count : 1) * sizeof *layout);
+    size_t header_length = 0;
+    char *header = layout ? build_header(w, layout, &header_length) : NULL;
+    unsigned char *head = header ? malloc(HEADER_LENGTH_BYTES + header_length) : NULL;
+    out->piece = head ? malloc((w->count + 1) * sizeof *out->piece) : NULL;
+    if (!out->piece) {
+        free(head);
+        free(header);
+        free(layout);
+        return pt_fail(PIPERT_ERR_NOMEM, "safetensors: cannot build the header");
+    }
+    for (int i = 0; i < HEADER_LENGTH_BYTES; i++)
+        head[i] = (unsigned char)((uint64_t)header_length >> (8 * i));
+    memcpy(head + HEADER_LENGTH_BYTES, header, header_length);
+    out->head = head;
+    out->piece[out->count++] = (pt_safetensors_piece){head, HEADER_LENGTH_BYTES + header_length};
+    out->total = HEADER_LENGTH_BYTES + header_length;
+    for (size_t i = 0; i < w->count; i++) {
+        if (!layout[i]->nbytes) continue;
+        out->piece[out->count++] = (pt_safetensors_piece){layout[i]->data, layout[i]->nbytes};
+        out->total += layout[i]->nbytes;
+    }
+    free(header);
+    free(layout);
+    return PIPERT_OK;
+}
+
+void pt_safetensors_pieces_free(pt_safetensors_pieces *p)
+{
+    free(p->head);
+    free(p->piece);
+    *p = (pt_safetensors_pieces){0};
+}
+
 static int write_all(FILE *stream, const void *data, size_t size)
 {
     return size == 0 || fwrite(data, 1, size, stream) == size;
-}
-
-static pipert_result write_file(const char *path, const char *header, size_t header_length,
-                                const writer_tensor *const *layout, size_t count)
-{
-    pt_atomic_file file;
-    PT_TRY(pt_atomic_open(&file, path));
-    unsigned char length_bytes[HEADER_LENGTH_BYTES];
-    for (int i = 0; i < HEADER_LENGTH_BYTES; i++)
-        length_bytes[i] = (unsigned char)((uint64_t)header_length >> (8 * i));
-    int ok = write_all(file.stream, length_bytes, sizeof length_bytes) &&
-             write_all(file.stream, header, header_length);
-    for (size_t i = 0; i < count && ok; i++)
-        ok = write_all(file.stream, layout[i]->data, layout[i]->nbytes);
-    if (!ok) {
-        pipert_result rc = pt_write_error(path, "fwrite", errno);
-        pt_atomic_abort(&file);
-        return rc;
-    }
-    return pt_atomic_commit(&file);
 }
 
 pipert_result pt_safetensors_writer_serialize(const pt_safetensors_writer *w, void **bytes,
@@ -620,44 +638,36 @@ pipert_result pt_safetensors_writer_serialize(const pt_safetensors_writer *w, vo
 {
     *bytes = NULL;
     *size = 0;
-    const writer_tensor **layout = malloc((w->count ? w->count : 1) * sizeof *layout);
-    size_t header_length = 0;
-    char *header = layout ? build_header(w, layout, &header_length) : NULL;
-    size_t total = HEADER_LENGTH_BYTES + header_length;
-    for (size_t i = 0; header && i < w->count; i++) total += layout[i]->nbytes;
-    unsigned char *out = NULL;
-    if (header && pt_alloc((void **)&out, total, "safetensors: the serialized file") != PIPERT_OK)
-        out = NULL;
-    if (out) {
-        for (int i = 0; i < HEADER_LENGTH_BYTES; i++)
-            out[i] = (unsigned char)((uint64_t)header_length >> (8 * i));
-        size_t at = HEADER_LENGTH_BYTES;
-        memcpy(out + at, header, header_length);
-        at += header_length;
-        for (size_t i = 0; i < w->count; i++) {
-            if (layout[i]->nbytes) memcpy(out + at, layout[i]->data, layout[i]->nbytes);
-            at += layout[i]->nbytes;
-        }
+    pt_safetensors_pieces pieces;
+    PT_TRY(pt_safetensors_writer_pieces(w, &pieces));
+    unsigned char *out;
+    pipert_result rc = pt_alloc((void **)&out, pieces.total, "safetensors: the serialized file");
+    for (size_t i = 0, at = 0; rc == PIPERT_OK && i < pieces.count; i++) {
+        memcpy(out + at, pieces.piece[i].data, pieces.piece[i].nbytes);
+        at += pieces.piece[i].nbytes;
     }
-    free(header);
-    free(layout);
-    if (!out) return pt_fail(PIPERT_ERR_NOMEM, "safetensors: no memory for %zu bytes", total);
-    *bytes = out;
-    *size = total;
-    return PIPERT_OK;
+    if (rc == PIPERT_OK) {
+        *bytes = out;
+        *size = pieces.total;
+    }
+    pt_safetensors_pieces_free(&pieces);
+    return rc;
 }
 
 pipert_result pt_safetensors_writer_write(const pt_safetensors_writer *w, const char *path)
 {
-    const writer_tensor **layout = malloc((w->count ? w->count : 1) * sizeof *layout);
-    size_t header_length = 0;
-    char *header = layout ? build_header(w, layout, &header_length) : NULL;
-    if (!header) {
-        free(layout);
+    pt_safetensors_pieces pieces;
+    if (pt_safetensors_writer_pieces(w, &pieces) != PIPERT_OK)
         return pt_fail(PIPERT_ERR_NOMEM, "%s: cannot build the safetensors header", path);
-    }
-    pipert_result rc = write_file(path, header, header_length, layout, w->count);
-    free(header);
-    free(layout);
+    pt_atomic_file file;
+    pipert_result rc = pt_atomic_open(&file, path);
+    int ok = 1;
+    for (size_t i = 0; rc == PIPERT_OK && ok && i < pieces.count; i++)
+        ok = write_all(file.stream, pieces.piece[i].data, pieces.piece[i].nbytes);
+    if (rc == PIPERT_OK && !ok) {
+        rc = pt_write_error(path, "fwrite", errno);
+        pt_atomic_abort(&file);
+    } else if (rc == PIPERT_OK) rc = pt_atomic_commit(&file);
+    pt_safetensors_pieces_free(&pieces);
     return rc;
 }

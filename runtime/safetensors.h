@@ -125,4 +125,23 @@ pipert_result pt_safetensors_writer_serialize(const pt_safetensors_writer *w, vo
                                               size_t *size);
 void pt_safetensors_writer_free(pt_safetensors_writer *w);
 
+/* The same bytes as pieces in file order, without assembling them: piece[0] is the 8-byte
+ * header length and the header (owned by the pieces), then each non-empty tensor's data where
+ * the writer references it (so it must stay valid and unchanged until the pieces are used). */
+typedef struct pt_safetensors_piece {
+    const void *data;
+    size_t nbytes;
+} pt_safetensors_piece;
+
+typedef struct pt_safetensors_pieces {
+    pt_safetensors_piece *piece; /* [count] */
+    size_t count;
+    size_t total; /* the file's size: the sum of the pieces' nbytes */
+    unsigned char *head; /* piece[0]'s bytes */
+} pt_safetensors_pieces;
+
+pipert_result pt_safetensors_writer_pieces(const pt_safetensors_writer *w,
+                                           pt_safetensors_pieces *out);
+void pt_safetensors_pieces_free(pt_safetensors_pieces *p);
+
 #endif

@@ -21,13 +21,18 @@ rejoins with a survivor's state; then also:
                        start-up, registration, the survivors' switch, the
                        transfer of its stage's state and the restore);
   join stall           the longest gap between two logged steps around the
-                       join (the survivors wait at the switch for the transfer).
+                       join (the survivors wait at the switch for the transfer),
+                       and what it lost: that gap less the median step;
+  donor send           the longest a donor (replica 0's rank of a stage) took to
+                       give a joiner its stage's state, as it logs it;
+  joiner take          the longest a joiner's stage took from the survivors
+                       connecting to its state restored, as it logs it.
 On a machine with fewer cores than workers the survivors speed up when a
 replica's processes stop: read the ratio as what this machine gave.
 
 Usage: scripts/bench-elastic.py [--build DIR] [--steps N] [--kill K]
        [--reps R] [--methods sparse,allreduce] [--replicas R] [--restarts]
-       [-- extra launch args]
+       [--no-reference] [-- extra launch args]
 """
 import argparse
 import json
@@ -54,6 +59,8 @@ def parse():
     p.add_argument("--methods", default="sparse,allreduce")
     p.add_argument("--replicas", type=int, default=3)
     p.add_argument("--restarts", action="store_true")
+    p.add_argument("--no-reference", action="store_true",
+                   help="skip the uninterrupted runs (no tok/s kept): half the time")
     p.add_argument("extra", nargs="*")
     return p.parse_args()
 
@@ -151,6 +158,7 @@ def watch(args, method, kill, job, out_dir):
                       stall=max(around), step=before)
         if args.restarts:
             result.update(rejoin(out_dir, seen, killed_at))
+            result["join_lost"] = result["join_stall"] - before
     shutil.rmtree(out_dir)
     return result
 
@@ -166,7 +174,27 @@ def rejoin(out_dir, seen, killed_at):
     times = sorted(seen.values())
     near = [b - a for a, b in zip(times, times[1:]) if abs(b - back[0]) < 3 or abs(a - back[0]) < 3]
     return {"back": back[0] - killed_at, "start_to_back": back[0] - starts[-1],
-            "join_stall": max(near) if near else float("nan")}
+            "join_stall": max(near) if near else float("nan"),
+            "donor_send": logged_seconds(out_dir, DONOR_SENT),
+            "joiner_take": logged_seconds(out_dir, JOINER_TOOK)}
+
+
+# "gave rank 2 (coming back) the state of stage 0 after step 9: 812.3 MB in 0.41 s ..."
+DONOR_SENT = re.compile(r"gave rank \d+ \(coming back\).*? MB in ([\d.]+) s")
+# "stage 0: received the state of switch 3 (812.3 MB) 0.38 s after the survivors connected,
+# restored it in 0.44 s"
+JOINER_TOOK = re.compile(r"received the state of switch .*? ([\d.]+) s after the survivors "
+                         r"connected, restored it in ([\d.]+) s")
+
+
+def logged_seconds(out_dir, pattern):
+    """The largest sum of the seconds `pattern` captures in any rank's log (nan if none)."""
+    found = []
+    logs = os.path.join(out_dir, "logs")
+    for name in os.listdir(logs):
+        with open(os.path.join(logs, name)) as f:
+            found += [sum(float(g) for g in m.groups()) for m in pattern.finditer(f.read())]
+    return max(found) if found else float("nan")
 
 
 def main():
@@ -176,20 +204,23 @@ def main():
     print(f"# bench-elastic: 2 stages x {args.replicas} replicas, {args.steps} steps, rank 3 killed at step "
           f"{args.kill}; {args.reps} runs each, interleaved; extra: {' '.join(args.extra) or '-'}")
     print("method     death->next step  death->regrouped  stall (median step)  tok/s kept"
-          + ("  death->back  start->back  join stall" if args.restarts else ""))
+          + ("  death->back  start->back  join stall (lost)  donor send  joiner take"
+               if args.restarts else ""))
     for method in args.methods.split(","):
         rows = []
         for _ in range(args.reps):
-            base = run(args, method, kill=False)
+            base = None if args.no_reference else run(args, method, kill=False)
             hit = run(args, method, kill=True)
-            rows.append((hit, hit["tokens_per_s"] / base["tokens_per_s"]))
+            rows.append((hit, hit["tokens_per_s"] / base["tokens_per_s"] if base else float("nan")))
         med = lambda key: statistics.median(r[0][key] for r in rows)
         kept = statistics.median(r[1] for r in rows)
         line = (f"{method:10} {1e3 * med('next_step'):13.0f} ms {1e3 * med('regrouped'):13.0f} ms "
                 f"{1e3 * med('stall'):8.0f} ms ({1e3 * med('step'):.1f} ms) {100 * kept:9.1f}%")
         if args.restarts:
             line += (f" {med('back'):10.2f} s {med('start_to_back'):10.2f} s "
-                     f"{1e3 * med('join_stall'):8.0f} ms")
+                     f"{1e3 * med('join_stall'):8.0f} ms ({1e3 * med('join_lost'):.0f} ms) "
+                     f"{med('donor_send'):9.2f} s "
+                     f"{med('joiner_take'):10.2f} s")
         print(line)
 
 

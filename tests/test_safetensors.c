@@ -256,6 +256,40 @@ Test(safetensors, serialized_bytes_are_the_file_and_open_in_memory)
     free(bytes);
 }
 
+/* As pieces (a donor sends its state so): the header, then the caller's own tensor data in file
+ * order, an empty tensor left out, adding up to the serialized bytes. */
+Test(safetensors, pieces_are_the_file_in_place)
+{
+    float a[3] = {1.f, -2.f, 0.5f};
+    int64_t b[2] = {7, -9};
+    float none[1];
+    pt_safetensors_writer *w;
+    cr_assert_eq(pt_safetensors_writer_create(&w), PIPERT_OK);
+    cr_assert_eq(pt_safetensors_writer_add(w, "a", PT_DTYPE_F32, a, 1, (int64_t[]){3}), PIPERT_OK);
+    cr_assert_eq(pt_safetensors_writer_add(w, "b", PT_DTYPE_I64, b, 1, (int64_t[]){2}), PIPERT_OK);
+    cr_assert_eq(pt_safetensors_writer_add(w, "c", PT_DTYPE_F32, none, 1, (int64_t[]){0}), PIPERT_OK);
+    void *bytes;
+    size_t size;
+    cr_assert_eq(pt_safetensors_writer_serialize(w, &bytes, &size), PIPERT_OK);
+    pt_safetensors_pieces p;
+    cr_assert_eq(pt_safetensors_writer_pieces(w, &p), PIPERT_OK);
+    cr_assert_eq(p.count, 3, "%zu pieces: the header, b (8-byte elements first), a", p.count);
+    cr_expect_eq(p.piece[1].data, (const void *)b);
+    cr_expect_eq(p.piece[2].data, (const void *)a);
+    cr_expect_eq(p.piece[0].data, (const void *)p.head);
+    cr_assert_eq(p.total, size);
+    size_t at = 0;
+    for (size_t i = 0; i < p.count; i++) {
+        cr_expect_eq(memcmp((const char *)bytes + at, p.piece[i].data, p.piece[i].nbytes), 0,
+                     "piece %zu differs from the file's bytes", i);
+        at += p.piece[i].nbytes;
+    }
+    cr_expect_eq(at, size);
+    pt_safetensors_pieces_free(&p);
+    pt_safetensors_writer_free(w);
+    free(bytes);
+}
+
 Test(safetensors, empty_file_round_trips)
 {
     pt_safetensors_writer *w;

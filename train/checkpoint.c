@@ -93,24 +93,38 @@ static const pt_tensor_entry *find_in_sources(const tensor_sources *from, const 
 
 /* Reads tensors named prefix + model name into a host buffer laid out like
  * the parameters. */
+/* The entry (and its file) that holds the slice's tensor t under prefix, shape checked. */
+static pipert_result find_slice_tensor(const tensor_sources *from, const char *prefix,
+                                       const pt_gpt_tensor *t, const pt_tensor_entry **entry,
+                                       const pt_safetensors **file, bool *tied)
+{
+    char name[PT_TENSOR_NAME_MAX + 32];
+    snprintf(name, sizeof name, "%s%s", prefix, t->name);
+    const pt_tensor_entry *e = find_in_sources(from, name, file);
+    *tied = !e && from->model_file && !strcmp(t->name, "lm_head.weight");
+    /* A tied checkpoint (GPT-2 from Hugging Face): the head starts as wte. */
+    if (*tied) e = find_in_sources(from, "wte.weight", file);
+    if (!e) return pt_fail(PIPERT_ERR_NOT_FOUND, "%s: tensor %s is missing", from->what, name);
+    PT_TRY(check_shape(*file, e, t));
+    *entry = e;
+    return PIPERT_OK;
+}
+
+/* Every tensor is found and checked before any is read: a refused file leaves dst as it was. */
 static pipert_result read_slice_tensors(const pt_gpt_slice *slice, const tensor_sources *from,
                                         const char *prefix, float *host)
 {
-    char name[PT_TENSOR_NAME_MAX + 32];
+    const pt_tensor_entry *e;
+    const pt_safetensors *file = NULL;
+    bool tied;
+    for (int i = 0; i < slice->n_tensors; i++)
+        PT_TRY(find_slice_tensor(from, prefix, &slice->tensors[i], &e, &file, &tied));
     for (int i = 0; i < slice->n_tensors; i++) {
         const pt_gpt_tensor *t = &slice->tensors[i];
-        snprintf(name, sizeof name, "%s%s", prefix, t->name);
-        const pt_safetensors *file = NULL;
-        const pt_tensor_entry *e = find_in_sources(from, name, &file);
-        if (!e && from->model_file && !strcmp(t->name, "lm_head.weight")) {
-            /* A tied checkpoint (GPT-2 from Hugging Face): the head starts as wte. */
-            e = find_in_sources(from, "wte.weight", &file);
-            if (e) pt_info("%s: no lm_head.weight; the head starts as a copy of wte.weight",
-                           pt_safetensors_path(file));
-        }
-        if (!e)
-            return pt_fail(PIPERT_ERR_NOT_FOUND, "%s: tensor %s is missing", from->what, name);
-        PT_TRY(check_shape(file, e, t));
+        PT_TRY(find_slice_tensor(from, prefix, t, &e, &file, &tied));
+        if (tied)
+            pt_info("%s: no lm_head.weight; the head starts as a copy of wte.weight",
+                    pt_safetensors_path(file));
         PT_TRY(pt_safetensors_read_f32(file, e, host + t->offset, t->numel));
     }
     return PIPERT_OK;
@@ -119,6 +133,8 @@ static pipert_result read_slice_tensors(const pt_gpt_slice *slice, const tensor_
 static pipert_result load_into(const pt_gpt_slice *slice, const tensor_sources *from,
                                const char *prefix, float *device_dst)
 {
+    /* straight into the buffer where the host can write it: no staging copy in fresh memory */
+    if (slice->kernels->host_accessible) return read_slice_tensors(slice, from, prefix, device_dst);
     float *host;
     PT_TRY(pt_alloc((void **)&host, slice->n_params * sizeof(float), "checkpoint tensors"));
     pipert_result rc = read_slice_tensors(slice, from, prefix, host);
@@ -185,13 +201,22 @@ pipert_result pt_model_settings_from_file(const pt_safetensors *st, pipert_confi
 
 /* ---- writing a stage's file -------------------------------------------------- */
 
+/* A buffer laid out like the slice's parameters that a writer's tensors point into: a host
+ * copy it owns, or the buffer itself. */
+typedef struct held_buffer {
+    const float *data;
+    float *copy; /* owned, or NULL */
+} held_buffer;
+
 struct pt_checkpoint_writer {
     pt_safetensors_writer *tensors;
     long step;
     int stage, replica;
     const pt_gpt_slice *slice;
-    float **host; /* copies the writer references, freed with it */
-    int n_host, host_capacity;
+    bool in_place; /* slice buffers referenced where the host can read them, not copied */
+    held_buffer *held; /* the slice buffers the writer's tensors point into */
+    int n_held, held_capacity;
+    size_t copied; /* bytes of the copies */
 };
 
 static char *optimizer_state_json(const pt_optimizer *opt)
@@ -235,32 +260,38 @@ static pipert_result set_metadata(pt_checkpoint_writer *w, int stages, const pt_
     return rc;
 }
 
+/* The i-th of the parameters and moments: referenced when in_place holds it, else copied. */
 pipert_result pt_checkpoint_writer_add_slice_buffer(pt_checkpoint_writer *w,
                                                     const float *device_buffer, const char *prefix)
 {
-    if (w->n_host == w->host_capacity) {
-        int capacity = w->host_capacity ? 2 * w->host_capacity : 4;
-        float **grown = realloc(w->host, (size_t)capacity * sizeof *grown);
+    if (w->n_held == w->held_capacity) {
+        int capacity = w->held_capacity ? 2 * w->held_capacity : 4;
+        held_buffer *grown = realloc(w->held, (size_t)capacity * sizeof *grown);
         if (!grown) return pt_fail(PIPERT_ERR_NOMEM, "checkpoint: out of memory");
-        w->host = grown;
-        w->host_capacity = capacity;
+        w->held = grown;
+        w->held_capacity = capacity;
     }
-    const size_t bytes = w->slice->n_params * sizeof(float);
-    float *host;
-    PT_TRY(pt_alloc((void **)&host, bytes, "checkpoint staging buffer"));
-    w->host[w->n_host++] = host;
-    w->slice->kernels->copy_to_host(host, device_buffer, bytes);
-    return pt_gpt_add_to_writer(w->tensors, w->slice, host, prefix);
+    held_buffer h = {.data = device_buffer};
+    if (!w->in_place || !w->slice->kernels->host_accessible) {
+        const size_t bytes = w->slice->n_params * sizeof(float);
+        PT_TRY(pt_alloc((void **)&h.copy, bytes, "checkpoint staging buffer"));
+        w->slice->kernels->copy_to_host(h.copy, device_buffer, bytes);
+        h.data = h.copy;
+        w->copied += bytes;
+    }
+    w->held[w->n_held++] = h;
+    return pt_gpt_add_to_writer(w->tensors, w->slice, h.data, prefix);
 }
 
-pipert_result pt_checkpoint_writer_create(pt_checkpoint_writer **out, long step, int stage,
-                                          int stages, int replica, const pt_gpt_slice *slice,
-                                          const pt_optimizer *opt, const pipert_config *cfg)
+static pipert_result create_writer(pt_checkpoint_writer **out, long step, int stage, int stages,
+                                   int replica, const pt_gpt_slice *slice, const pt_optimizer *opt,
+                                   const pipert_config *cfg, bool in_place)
 {
     *out = NULL;
     pt_checkpoint_writer *w = calloc(1, sizeof *w);
     if (!w) return pt_fail(PIPERT_ERR_NOMEM, "checkpoint: out of memory");
-    *w = (pt_checkpoint_writer){.step = step, .stage = stage, .replica = replica, .slice = slice};
+    *w = (pt_checkpoint_writer){.step = step, .stage = stage, .replica = replica, .slice = slice,
+                                .in_place = in_place};
     pipert_result rc = pt_safetensors_writer_create(&w->tensors);
     if (rc == PIPERT_OK) rc = pt_checkpoint_writer_add_slice_buffer(w, slice->params, "");
     if (rc == PIPERT_OK) rc = pt_checkpoint_writer_add_slice_buffer(w, opt->m, "optimizer.m.");
@@ -273,6 +304,37 @@ pipert_result pt_checkpoint_writer_create(pt_checkpoint_writer **out, long step,
     *out = w;
     return PIPERT_OK;
 }
+
+pipert_result pt_checkpoint_writer_create(pt_checkpoint_writer **out, long step, int stage,
+                                          int stages, int replica, const pt_gpt_slice *slice,
+                                          const pt_optimizer *opt, const pipert_config *cfg)
+{
+    return create_writer(out, step, stage, stages, replica, slice, opt, cfg, false);
+}
+
+pipert_result pt_checkpoint_writer_create_in_place(pt_checkpoint_writer **out, long step,
+                                                   int stage, int stages,
+                                                   const pt_gpt_slice *slice,
+                                                   const pt_optimizer *opt,
+                                                   const pipert_config *cfg)
+{
+    return create_writer(out, step, stage, stages, 0, slice, opt, cfg, true);
+}
+
+static bool within(const void *p, const float *buffer, size_t count)
+{
+    const char *at = p, *first = (const char *)buffer;
+    return buffer && at >= first && at < first + count * sizeof *buffer;
+}
+
+bool pt_checkpoint_writer_holds(const pt_checkpoint_writer *w, const void *data)
+{
+    for (int i = 0; i < w->n_held; i++)
+        if (within(data, w->held[i].data, w->slice->n_params)) return true;
+    return false;
+}
+
+size_t pt_checkpoint_writer_copied_bytes(const pt_checkpoint_writer *w) { return w->copied; }
 
 pt_safetensors_writer *pt_checkpoint_writer_tensors(pt_checkpoint_writer *w) { return w->tensors; }
 
@@ -310,8 +372,8 @@ void pt_checkpoint_writer_free(pt_checkpoint_writer *w)
 {
     if (!w) return;
     pt_safetensors_writer_free(w->tensors);
-    for (int i = 0; i < w->n_host; i++) pt_free(w->host[i]);
-    free(w->host);
+    for (int i = 0; i < w->n_held; i++) pt_free(w->held[i].copy);
+    free(w->held);
     free(w);
 }
 

@@ -175,12 +175,32 @@ pipert_result pt_checkpoint_writer_create(pt_checkpoint_writer **out, long step,
                                           int stages, int replica, const pt_gpt_slice *slice,
                                           const pt_optimizer *opt, const pipert_config *cfg);
 
+/* The same, but the slice's buffers (the parameters, the optimizer moments and those added with
+ * pt_checkpoint_writer_add_slice_buffer, which must then live as long as the model) are
+ * referenced in place where the host can read the kernels' memory (kernels->host_accessible),
+ * not copied: they must stay unchanged until the writer's bytes are used (a joiner's state,
+ * sent while training waits). */
+pipert_result pt_checkpoint_writer_create_in_place(pt_checkpoint_writer **out, long step,
+                                                   int stage, int stages,
+                                                   const pt_gpt_slice *slice,
+                                                   const pt_optimizer *opt,
+                                                   const pipert_config *cfg);
+
+/* Whether `data` lies in a slice buffer the writer holds: its own copies, or the buffers it
+ * references in place; not the tensors others added (a coupling's, which may be freed or moved
+ * once training goes on). */
+bool pt_checkpoint_writer_holds(const pt_checkpoint_writer *w, const void *data);
+
+/* Bytes of the host copies the writer took. */
+size_t pt_checkpoint_writer_copied_bytes(const pt_checkpoint_writer *w);
+
 /* The underlying writer, for tensors and metadata of other layers (their
  * data must outlive pt_checkpoint_writer_write). */
 pt_safetensors_writer *pt_checkpoint_writer_tensors(pt_checkpoint_writer *w);
 
 /* Adds a buffer laid out like the slice's parameters (backend memory: a
- * stashed weight version) under prefix + each tensor's name, copied now. */
+ * stashed weight version) under prefix + each tensor's name, copied now
+ * (referenced, by a writer made in place). */
 pipert_result pt_checkpoint_writer_add_slice_buffer(pt_checkpoint_writer *w,
                                                     const float *device_buffer,
                                                     const char *prefix);
