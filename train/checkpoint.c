@@ -91,8 +91,6 @@ static const pt_tensor_entry *find_in_sources(const tensor_sources *from, const 
     return NULL;
 }
 
-/* Reads tensors named prefix + model name into a host buffer laid out like
- * the parameters. */
 /* The entry (and its file) that holds the slice's tensor t under prefix, shape checked. */
 static pipert_result find_slice_tensor(const tensor_sources *from, const char *prefix,
                                        const pt_gpt_tensor *t, const pt_tensor_entry **entry,
@@ -110,7 +108,8 @@ static pipert_result find_slice_tensor(const tensor_sources *from, const char *p
     return PIPERT_OK;
 }
 
-/* Every tensor is found and checked before any is read: a refused file leaves dst as it was. */
+/* Reads the tensors named prefix + model name into a buffer laid out like the parameters. Every
+ * tensor is found and checked before any is read: a refused file leaves the buffer as it was. */
 static pipert_result read_slice_tensors(const pt_gpt_slice *slice, const tensor_sources *from,
                                         const char *prefix, float *host)
 {
@@ -260,7 +259,6 @@ static pipert_result set_metadata(pt_checkpoint_writer *w, int stages, const pt_
     return rc;
 }
 
-/* The i-th of the parameters and moments: referenced when in_place holds it, else copied. */
 pipert_result pt_checkpoint_writer_add_slice_buffer(pt_checkpoint_writer *w,
                                                     const float *device_buffer, const char *prefix)
 {
