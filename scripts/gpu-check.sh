@@ -34,6 +34,9 @@ CASES=(
   "stages2-replicas2-sparse-e3m0|--stages 2 --replicas 2 --dp.method=sparse --dp.compress=e3m0 --dp.delay=2|1e-3"
   "stages2-replicas2-diloco|--stages 2 --replicas 2 --dp.method=diloco --dp.period=5|1e-3"
   "stages3-predict|--stages 3 --pipeline.lookahead=predict|1e-3"
+  "stages2-replicas2-streaming-int8|--stages 2 --replicas 2 --dp.method=streaming-diloco --dp.period=5 --dp.compress=int8|1e-3"
+  "replicas2-co2-e2m1|--replicas 2 --dp.method=co2 --dp.period=5 --dp.compress=e2m1|1e-3"
+  "replicas2-sparse-onebit|--replicas 2 --dp.method=sparse --dp.compress=onebit --dp.delay=2|1e-3"
 )
 
 prepare() {
@@ -43,8 +46,9 @@ prepare() {
   rm -rf "$carry"
   mkdir -p "$carry"/{tools,tests,lib,ucx,ref}
   cp build-gpu/tools/pipert "$carry/tools/"
-  cp build-gpu/tests/test_cuda build-gpu/tests/bench_cuda "$carry/tests/"
+  cp build-gpu/tests/test_cuda "$carry/tests/"
   cp -L build-gpu/libpipert.so.0 "$carry/"
+  strip "$carry/tools/pipert" "$carry/tests/test_cuda" "$carry/libpipert.so.0" # under 64 MiB with the tree
   # host libraries a CUDA image lacks; glibc, libstdc++ and CUDA's stay the device's own
   ldd "$carry/tools/pipert" "$carry/tests/test_cuda" | awk '/=> \// {print $3}' | sort -u |
     grep -v -E '/(libc|libm|libstdc\+\+|libgcc_s|libpthread|libdl|librt|libresolv|libz|libcrypto|libffi|libudev|libcom_err|libkeyutils|libkrb5|libkrb5support|libk5crypto|libgssapi_krb5|libpcre2-8)\.so|/usr/local/cuda|libpipert|libcu|libnccl' |
@@ -106,57 +110,118 @@ for pid in sorted(by):
 PY
 }
 
+# Seconds left of the check's budget (BUDGET, default 420), at most $1: each part's timeout, so
+# that the whole call ends in time and prints what it did.
+left() {
+  local rest=$((deadline - SECONDS))
+  ((rest < 5)) && rest=1 # (timeout 0 would mean none)
+  echo $((rest < $1 ? rest : $1))
+}
+
+# A failed job's last words: the launcher's, then each rank's first error and last line.
+why() {
+  tail -n 2 "$1.err" | tr '\n' ' '
+  echo
+  for log in "$1"/logs/rank-*.log; do
+    [ -f "$log" ] || continue
+    echo "    $(basename "$log"): $(grep -m1 -E 'error|fault|SIG|fail' "$log" | cut -c1-200) | $(tail -n 1 "$log" | cut -c1-160)"
+  done
+}
+
+# The checksum a rank's log gives on the line saying `marker` ("... checksum HEX").
+logged_checksum() {
+  grep -h -m1 "$2" "$1" 2>/dev/null | sed -n 's/.*checksum \([0-9a-f]*\).*/\1/p'
+}
+
 run() {
   [ -d "$carry" ] || { echo "no $carry: run 'scripts/gpu-check.sh prepare' on the CPU machine and carry it" >&2; exit 2; }
   out=${OUT:-/tmp/gpu-check}
+  deadline=$((SECONDS + ${BUDGET:-420}))
   mkdir -p "$out"
   nccl=$(python3 -c 'import nvidia.nccl as n; print(n.__path__[0])' 2>/dev/null || true)
   export LD_LIBRARY_PATH=$PWD/$carry:$PWD/$carry/lib:/usr/local/cuda/lib64${nccl:+:$nccl/lib}
   export UCX_MODULE_DIR=$PWD/$carry/ucx PIPERT_LOG=warn
-  local pipert=$carry/tools/pipert
+  local pipert=$carry/tools/pipert corpus=$PWD/$carry/corpus
   nvidia-smi -L || true
   if ldd "$pipert" | grep 'not found'; then echo "missing libraries" >&2; exit 2; fi
-
-  echo "== test_cuda"
-  timeout 240 "$carry/tests/test_cuda" -j1 >"$out/test_cuda.log" 2>&1 && echo "test_cuda: pass" ||
-    { echo "test_cuda: FAIL"; grep -E "FAIL|CRASH" "$out/test_cuda.log" | head; }
-  tail -n 1 "$out/test_cuda.log"
+  jobs=$out/jobs
+  mkdir -p "$jobs"
+  # every job's logs and metrics (not its checkpoints) come back as one file
+  trap 'tar -C "$jobs" --exclude="*.safetensors" -czf "$out/jobs.tar.gz" . 2>/dev/null || true' EXIT
 
   echo "== $DEVICE against cpu ($STEPS steps; worst relative difference of a step's loss, of the validation loss)"
-  printf '%-32s %5s %10s %10s %8s\n' case steps "train" "val" tol
+  printf '%-34s %5s %10s %10s %8s\n' case steps "train" "val" tol
   for c in "${CASES[@]}"; do
     IFS='|' read -r name args tol <<<"$c"
-    printf '%-32s ' "$name"
+    printf '%-34s ' "$name"
     # shellcheck disable=SC2086
-    if timeout 120 "$pipert" launch --quiet $args $MODEL --data.path="$PWD/$carry/corpus" \
-        --runtime.device="$DEVICE" --out "$out/$name" >"$out/$name.err" 2>&1; then
-      compare "$out/$name/metrics.jsonl" "$carry/ref/$name.jsonl" "$tol"
+    if timeout "$(left 90)" "$pipert" launch --quiet $args $MODEL --data.path="$corpus" \
+        --runtime.device="$DEVICE" --out "$jobs/$name" >"$jobs/$name.err" 2>&1; then
+      compare "$jobs/$name/metrics.jsonl" "$carry/ref/$name.jsonl" "$tol"
     else
-      echo "FAIL: $(tail -n 2 "$out/$name.err" | tr '\n' ' ')"
+      echo "FAIL: $(why "$jobs/$name")"
     fi
   done
 
+  echo "== checkpoint and resume on $DEVICE: 2 stages, $STEPS steps with a checkpoint at 10; resumed from it"
+  # (as tests/test_resume.c: a copy of the run without its last checkpoint is a run that died after step 10)
+  # shellcheck disable=SC2086
+  if timeout "$(left 60)" "$pipert" launch --quiet --stages 2 $MODEL --train.checkpoint_every=10 \
+      --data.path="$corpus" --runtime.device="$DEVICE" --out "$jobs/resume-whole" >"$jobs/resume.err" 2>&1 &&
+    cp -r "$jobs/resume-whole" "$jobs/resume" && rm "$jobs/resume/ckpt-00000020"* &&
+    timeout "$(left 60)" "$pipert" launch --quiet --stages 2 $MODEL --resume \
+      --data.path="$corpus" --runtime.device="$DEVICE" --out "$jobs/resume" >>"$jobs/resume.err" 2>&1; then
+    printf '%-34s ' "resumed-vs-uninterrupted"
+    compare "$jobs/resume/metrics.jsonl" "$jobs/resume-whole/metrics.jsonl" 1e-5
+  else
+    echo "resume: FAIL: $(why "$jobs/resume")"
+  fi
+
+  echo "== elastic on $DEVICE: 2 stages x 2 replicas (allreduce), rank 3 killed at step 15, --restarts 1"
+  # shellcheck disable=SC2086
+  if PIPERT_LOG=info PIPERT_TEST_DIE_AT_STEP=15 PIPERT_TEST_DIE_RANK=3 timeout "$(left 90)" "$pipert" launch \
+      --stages 2 --replicas 2 --min-replicas 1 --restarts 1 $MODEL --train.steps=150 --train.log_every=10 \
+      --data.path="$corpus" --runtime.device="$DEVICE" --out "$jobs/elastic" >"$jobs/elastic.err" 2>&1; then
+    for stage in 0 1; do
+      local got gave
+      got=$(logged_checksum "$jobs/elastic/logs/rank-$((2 + stage)).log" "is back in the job")
+      gave=$(logged_checksum "$jobs/elastic/logs/rank-$stage.log" "gave rank")
+      echo "  stage $stage: the joiner took checksum ${got:-none}, the donor gave ${gave:-none}:" \
+        "$([ -n "$got" ] && [ "$got" = "$gave" ] && echo ok || echo FAIL)"
+    done
+    grep -c "rejoins the job" "$jobs/elastic.err" | sed 's/^/  joins the launcher logged: /'
+  else
+    echo "elastic: FAIL: $(why "$jobs/elastic")"
+  fi
+
   if [ "$DEVICE" != cuda ]; then return; fi
   echo "== the quickstart job on cuda (2 stages, 700 steps)"
-  timeout 180 "$pipert" launch --stages 2 --replicas 1 --runtime.device=cuda \
-    --data.path="$PWD/$carry/corpus" --out "$out/quickstart" 2>&1 | tail -n 2 || echo "quickstart: FAIL"
+  timeout "$(left 120)" "$pipert" launch --stages 2 --replicas 1 --runtime.device=cuda \
+    --data.path="$corpus" --out "$jobs/quickstart" 2>&1 | tail -n 2 || echo "quickstart: FAIL"
 
   echo "== GPT-2 124M (T = 1024, B = 8), one process and 2 stages sharing the GPU: where the time goes"
   export PIPERT_LOG=info # the workers' logs say their arena's size and high-water mark
   gpt2="--model.n_layer=12 --model.n_embd=768 --model.n_head=12 --model.block_size=1024 --model.vocab_size=50257
-        --train.batch_size=8 --train.steps=12 --train.log_every=1 --train.val_every=0 --data.path=$PWD/$carry/corpus"
+        --train.batch_size=8 --train.steps=12 --train.log_every=1 --train.val_every=0 --data.path=$corpus"
+  median_step='import json,statistics as s,sys;print("%.1f ms/step" % s.median([json.loads(l)["ms_per_step"] for l in open(sys.argv[1]) if "ms_per_step" in l][4:]))'
   # shellcheck disable=SC2086
-  timeout 150 "$pipert" launch --quiet --stages 1 $gpt2 --runtime.device=cuda --out "$out/gpt2-one" >/dev/null 2>&1 &&
-    echo "  one process: $(python3 -c "import json,statistics as s;print('%.1f ms/step' % s.median([json.loads(l)['ms_per_step'] for l in open('$out/gpt2-one/metrics.jsonl') if 'ms_per_step' in l][4:]))")" ||
-    echo "  one process: FAIL"
+  timeout "$(left 90)" "$pipert" launch --quiet --stages 1 $gpt2 --runtime.device=cuda --out "$jobs/gpt2-one" \
+    >"$jobs/gpt2-one.err" 2>&1 && echo "  one process: $(python3 -c "$median_step" "$jobs/gpt2-one/metrics.jsonl")" ||
+    echo "  one process: FAIL: $(why "$jobs/gpt2-one")"
   # shellcheck disable=SC2086
-  timeout 150 "$pipert" launch --quiet --stages 2 $gpt2 --runtime.device=cuda --out "$out/gpt2-two" >/dev/null 2>&1 &&
-    { echo "  2 stages: $(python3 -c "import json,statistics as s;print('%.1f ms/step' % s.median([json.loads(l)['ms_per_step'] for l in open('$out/gpt2-two/metrics.jsonl') if 'ms_per_step' in l][4:]))")";
-      transfer_share "$out/gpt2-two/trace.json"; } ||
-    echo "  2 stages: FAIL"
+  timeout "$(left 90)" "$pipert" launch --quiet --stages 2 $gpt2 --runtime.device=cuda --out "$jobs/gpt2-two" \
+    >"$jobs/gpt2-two.err" 2>&1 &&
+    { echo "  2 stages: $(python3 -c "$median_step" "$jobs/gpt2-two/metrics.jsonl")"
+      transfer_share "$jobs/gpt2-two/trace.json"; } ||
+    echo "  2 stages: FAIL: $(why "$jobs/gpt2-two")"
   echo "  device memory per rank: the cost model's need (what pipert simulate says) and the arena's high-water mark"
-  grep -h -E "by the cost model|high-water" "$out"/gpt2-*/logs/*.log 2>/dev/null | sed 's/^[0-9:.]* info  /  /'
+  grep -h -E "by the cost model|high-water" "$jobs"/gpt2-*/logs/*.log 2>/dev/null | sed 's/^[0-9:.]* info  /  /'
 
+  echo "== test_cuda"
+  timeout "$(left 150)" "$carry/tests/test_cuda" -j1 >"$jobs/test_cuda.log" 2>&1 && echo "test_cuda: pass" ||
+    { echo "test_cuda: FAIL"; grep -E "FAIL|CRASH" "$jobs/test_cuda.log" | head; }
+  tail -n 1 "$jobs/test_cuda.log"
+  echo "== $((SECONDS)) s"
 }
 
 case "${1:-}" in
