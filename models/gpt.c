@@ -291,9 +291,11 @@ pipert_result pt_gpt_slice_create(pt_gpt_slice **out, const pt_gpt_config *confi
     if (rc == PIPERT_OK && !strcmp(kernels->name, "cpu")) rc = pt_memory_check_fits(bytes, what);
     if (rc == PIPERT_OK) rc = kernels->alloc((void **)&s->params, s->n_params * sizeof(float), what);
     if (rc == PIPERT_OK) rc = kernels->alloc((void **)&s->grads, s->n_params * sizeof(float), what);
-    if (rc == PIPERT_OK) rc = kernels->alloc((void **)&s->acts, s->n_acts * sizeof(float), what);
     if (rc == PIPERT_OK)
         rc = kernels->alloc((void **)&s->grad_acts, s->n_grad_acts * sizeof(float), what);
+    /* last: pt_gpt_set_activation_slots frees and replaces it, and an arena that hands out
+     * memory bottom up (cuda's) reuses what is freed at its top */
+    if (rc == PIPERT_OK) rc = kernels->alloc((void **)&s->acts, s->n_acts * sizeof(float), what);
     if (rc != PIPERT_OK) {
         pt_gpt_slice_free(s);
         return rc;
@@ -543,11 +545,10 @@ pipert_result pt_gpt_set_activation_slots(pt_gpt_slice *s, int slots)
     snprintf(what, sizeof what, "activations of %d microbatches in flight (blocks [%d, %d))", slots,
              s->first, s->last);
     if (!strcmp(s->kernels->name, "cpu")) PT_TRY(pt_memory_check_fits(floats, what));
-    float *acts;
-    PT_TRY(s->kernels->alloc((void **)&acts, floats, what));
-    s->kernels->copy(acts, s->acts, s->n_acts * sizeof(float));
+    /* the old set goes first: the new one takes its place rather than coming on top of it */
     s->kernels->free(s->acts);
-    s->acts = acts;
+    s->acts = NULL;
+    PT_TRY(s->kernels->alloc((void **)&s->acts, floats, what));
     s->act_slots = slots;
     pt_gpt_use_activation_slot(s, 0);
     return PIPERT_OK;

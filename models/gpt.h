@@ -164,8 +164,9 @@ const float *pt_gpt_backward(pt_gpt_slice *slice, const float *dout);
 void pt_gpt_zero_grads(pt_gpt_slice *slice);
 
 /* Activation slots: a pipeline stage keeps the activations of several
- * microbatches in flight (1F1B keeps up to S−s). Grows the activation memory
- * to `slots` sets (slot 0 is the current one, kept); call once, before use. */
+ * microbatches in flight (1F1B keeps up to S−s). Replaces the activation
+ * memory with `slots` sets (what it held is not kept); call once, before the
+ * first forward. */
 pipert_result pt_gpt_set_activation_slots(pt_gpt_slice *slice, int slots);
 /* Points every activation pointer (input, tokens, targets, logits, …) at the
  * set of `slot`. */

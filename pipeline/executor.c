@@ -338,6 +338,19 @@ static void trace_span(pt_stage_executor *ex, const char *category, double start
                   ex->version, ex->version);
 }
 
+/* A forward's or backward's span. On a table that runs asynchronously (cuda) the host only
+ * queues the kernels, and the copy or receive after them would wait for the device and carry
+ * its time; when tracing, the span ends once the device finished its work instead, so that
+ * the trace shows compute as compute and copies as copies. The copy that follows waits for
+ * the same work anyway: only a receive's wait can overlap less. */
+static void trace_compute_span(pt_stage_executor *ex, const char *category, double started_us,
+                               long microbatch)
+{
+    if (!ex->options.trace) return;
+    ex->kernels->synchronize();
+    trace_span(ex, category, started_us, microbatch);
+}
+
 /* The transport checked kind, dtype, shape, size and checksum; the pipeline
  * also wants the message to come from the right replica, stage and
  * microbatch. */
@@ -557,7 +570,7 @@ static pipert_result forward(pt_stage_executor *ex, long g, float loss_scale)
                                                           : NULL); /* restored, stashed */
     run_forward(ex, loss_scale, !ex->replaying);
     pt_gpt_use_params(ex->model, NULL);
-    trace_span(ex, "forward", started, g);
+    trace_compute_span(ex, "forward", started, g);
     return PIPERT_OK;
 }
 
@@ -598,7 +611,7 @@ static pipert_result backward(pt_stage_executor *ex, long g, float loss_scale)
     /* The look-aheads' τ is that of the asynchronous steps: a synchronous one (0) says nothing of it. */
     if (g >= ex->config.pipeline.sync_steps)
         ex->staleness_estimate += 0.05 * (staleness - ex->staleness_estimate);
-    trace_span(ex, "backward", started, g);
+    trace_compute_span(ex, "backward", started, g);
     return PIPERT_OK;
 }
 

@@ -87,26 +87,40 @@ print(f"{len(gt):5d} {worst:10.2e} {vdiff:10.2e} {tol:8.0e}  {'ok' if ok else 'F
 PY
 }
 
-# From a trace: per rank, the share of its wall time in "copy" (device <-> host staging) and
-# "send" spans, and the mean step (to set against a one-process step).
+# From a 2-stage job's trace, what moving tensors between the stages costs a step: the
+# staging copies (device to host before a send, host to device after a receive; compute spans
+# end when the device finished, so a copy span is the copy) and each transfer, from the start
+# of the send to the end of its receive, or from the start of the receive when it began later
+# (the wait for the other stage's compute before that is not the transfer's). Medians over the
+# steps after the first 4, set against a one-process step of the same model ($2 ms).
 transfer_share() {
-  python3 - "$1" <<'PY'
-import json, sys, collections
+  python3 - "$1" "$2" <<'PY'
+import json, sys, statistics as st
 events = json.load(open(sys.argv[1]))
 events = events["traceEvents"] if isinstance(events, dict) else events
-by = collections.defaultdict(lambda: collections.Counter())
-span = collections.defaultdict(lambda: [float("inf"), 0.0])
+one_step_ms = float(sys.argv[2].split()[0])
+spans = {}
 for e in events:
-    if e.get("ph") != "X": continue
-    name = e["name"].split(" ")[0]
-    by[e["pid"]][name] += e["dur"]
-    s = span[e["pid"]]
-    s[0] = min(s[0], e["ts"]); s[1] = max(s[1], e["ts"] + e["dur"])
-for pid in sorted(by):
-    wall = span[pid][1] - span[pid][0]
-    c = by[pid]
-    print(f"  rank {pid}: copy {100*c['copy']/wall:5.2f}%  send {100*c['send']/wall:5.2f}%  "
-          f"recv {100*c['recv']/wall:5.2f}%  forward+backward {100*(c['forward']+c['backward'])/wall:5.1f}%")
+    if e.get("ph") != "X" or e["args"].get("step", 0) < 4: continue
+    key = (e["name"].split(" ")[0], e["pid"], e["args"].get("microbatch"))
+    spans.setdefault(key, []).append((e["ts"], e["ts"] + e["dur"]))
+def med(values): return st.median(values) / 1000 if values else float("nan")
+copies = {pid: med([b - a for (n, p, _), v in spans.items() if n == "copy" and p == pid for a, b in v])
+          for pid in (0, 1)}
+transfer = {}
+for sender, receiver, what in ((0, 1, "activations"), (1, 0, "gradients")):
+    lat = []
+    for (n, p, mb), v in spans.items():
+        if n == "send" and p == sender and ("recv", receiver, mb) in spans:
+            (s0, _), (r0, r1) = v[0], spans[("recv", receiver, mb)][0]
+            lat.append(r1 - max(s0, r0))
+    transfer[what] = med(lat)
+# a step moves one microbatch's activations forward and its gradient back: two copies at each end
+total = 2 * copies[0] + 2 * copies[1] + transfer["activations"] + transfer["gradients"]
+print(f"  copy: rank 0 {copies[0]:.2f} ms, rank 1 {copies[1]:.2f} ms a copy (median); transfer: "
+      f"activations {transfer['activations']:.2f} ms, gradients {transfer['gradients']:.2f} ms")
+print(f"  moving tensors between the stages: {total:.2f} ms a step = {100 * total / one_step_ms:.1f}% "
+      f"of a one-process step ({one_step_ms:.1f} ms; target at most 5%)")
 PY
 }
 
@@ -212,8 +226,16 @@ run() {
   timeout "$(left 90)" "$pipert" launch --quiet --stages 2 $gpt2 --runtime.device=cuda --out "$jobs/gpt2-two" \
     >"$jobs/gpt2-two.err" 2>&1 &&
     { echo "  2 stages: $(python3 -c "$median_step" "$jobs/gpt2-two/metrics.jsonl")"
-      transfer_share "$jobs/gpt2-two/trace.json"; } ||
+      transfer_share "$jobs/gpt2-two/trace.json" "$(python3 -c "$median_step" "$jobs/gpt2-one/metrics.jsonl")"; } ||
     echo "  2 stages: FAIL: $(why "$jobs/gpt2-two")"
+  echo "  2 replicas sharing the GPU, each dp.method's step against none's (host copies of what they exchange):"
+  for method in none allreduce sparse diloco; do
+    # shellcheck disable=SC2086
+    timeout "$(left 90)" "$pipert" launch --quiet --replicas 2 --dp.method=$method $gpt2 --runtime.device=cuda \
+      --out "$jobs/gpt2-dp-$method" >"$jobs/gpt2-dp-$method.err" 2>&1 &&
+      echo "    $method: $(python3 -c "$median_step" "$jobs/gpt2-dp-$method/metrics.jsonl")" ||
+      echo "    $method: FAIL: $(why "$jobs/gpt2-dp-$method")"
+  done
   echo "  device memory per rank: the cost model's need (what pipert simulate says) and the arena's high-water mark"
   grep -h -E "by the cost model|high-water" "$jobs"/gpt2-*/logs/*.log 2>/dev/null | sed 's/^[0-9:.]* info  /  /'
 

@@ -805,3 +805,26 @@ Test(cuda, training_step_matches_cpu)
     pt_gpt_slice_free(on_gpu.slice), pt_gpt_slice_free(on_cpu.slice);
     expect_no_cuda_error();
 }
+
+/* A pipeline stage's activation sets take the place of the slice's first one: the arena's
+ * high-water mark is the model's parameters, gradients and activation gradients and three
+ * sets, not four (the first one stays buried otherwise: the arena reuses only its top). */
+Test(cuda, activation_slots_take_the_place_of_the_first_set)
+{
+    const pt_kernels *gpu = cuda_or_skip();
+    const pt_gpt_config config = {.n_layer = 2, .n_embd = 64, .n_head = 4, .block_size = 64,
+                                  .vocab_size = 256, .tie_weights = true};
+    pt_cuda_device_info before, after;
+    cr_assert_eq(pt_cuda_device_query(&before), PIPERT_OK);
+    pt_gpt_slice *s = NULL;
+    cr_assert_eq(pt_gpt_slice_create(&s, &config, 0, 2, 4, 64, gpu), PIPERT_OK, "%s",
+                 pipert_last_error());
+    cr_assert_eq(pt_gpt_set_activation_slots(s, 3), PIPERT_OK, "%s", pipert_last_error());
+    cr_assert_eq(pt_cuda_device_query(&after), PIPERT_OK);
+    const size_t needed = sizeof(float) * (2 * s->n_params + s->n_grad_acts + 3 * s->n_acts);
+    const size_t peak = after.arena_peak_bytes - before.arena_used_bytes;
+    cr_expect_leq(peak, needed + 4 * 256, "the arena peaked at %zu bytes for the %zu needed",
+                  peak, needed);
+    pt_gpt_slice_free(s);
+    expect_no_cuda_error();
+}
