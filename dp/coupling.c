@@ -28,7 +28,8 @@ struct pt_coupling {
     /* elastic replicas */
     bool elastic, suspended;
     float *scratch;     /* [n_params + 1]: after_backward's gradient and loss (elastic, or
-                           kernels whose memory the host cannot read) */
+                           kernels whose memory the host cannot read); the table's
+                           alloc_host (page-locked on cuda: the copies run at full speed) */
     size_t scratch_n;
     /* host copies of θ and the newest stash, for host_parameters and the site
      * broadcast when the host cannot read the kernels' memory */
@@ -93,10 +94,10 @@ void pt_coupling_free(pt_coupling *c)
 {
     if (!c) return;
     c->method->destroy(c->state);
-    free(c->scratch);
+    if (c->scratch) c->options.kernels->free_host(c->scratch);
     if (c->host_params) c->options.kernels->free_host(c->host_params);
     if (c->host_stash) c->options.kernels->free_host(c->host_stash);
-    for (int i = 0; i < c->n_retired; i++) free(c->retired[i]);
+    for (int i = 0; i < c->n_retired; i++) c->options.kernels->free_host(c->retired[i]);
     free(c->retired);
     free(c);
 }
@@ -159,6 +160,13 @@ static bool host_reads_kernel_memory(const pt_coupling *c)
     return c->options.kernels->host_accessible;
 }
 
+/* Whether the method has replicas to exchange with: alone (no group), a method does nothing
+ * with θ or the gradient, and nothing need be copied for it. */
+static bool method_has_peers(const pt_coupling *c)
+{
+    return c->runs_method && c->method_options.replicas;
+}
+
 static pipert_result host_params_alloc(pt_coupling *c, size_t n)
 {
     if (c->host_params && c->host_n == n) return PIPERT_OK;
@@ -200,7 +208,7 @@ static pipert_result follow_step(pt_coupling *c, pt_coupling_point *at)
 {
     const bool host = host_reads_kernel_memory(c);
     if (c->runs_method && c->method->after_step) {
-        if (host || !c->method->host_parameters) PT_TRY(run_after_step(c, at));
+        if (host || !c->method->host_parameters || !method_has_peers(c)) PT_TRY(run_after_step(c, at));
         else PT_TRY(on_host_parameters(c, at, run_after_step));
     }
     if (!c->by_sites || !c->options.site_replicas || !c->method->after_step) return PIPERT_OK;
@@ -257,9 +265,10 @@ static pipert_result average_gradients_copied(pt_coupling *c, pt_coupling_point 
     const pt_kernels *k = c->options.kernels;
     if (!c->scratch || c->scratch_n != at->n_params) {
         if (c->scratch) PT_TRY(retire(c, c->scratch));
-        c->scratch = malloc((at->n_params + 1) * sizeof *c->scratch);
+        c->scratch = NULL;
+        PT_TRY(k->alloc_host((void **)&c->scratch, (at->n_params + 1) * sizeof *c->scratch,
+                             "the coupling's host copy of the gradient"));
         c->scratch_n = at->n_params;
-        if (!c->scratch) return pt_fail(PIPERT_ERR_NOMEM, "coupling: no room for a gradient copy");
     }
     pt_coupling_point copy = *at;
     copy.grads = c->scratch;
@@ -280,18 +289,18 @@ static pipert_result average_gradients_copied(pt_coupling *c, pt_coupling_point 
     return cut_short(c, at, "gradient averaging");
 }
 
-/* Whether after_backward reads the gradient: the site's dense mean, or a
- * method that averages gradients. */
+/* Whether after_backward reads the gradient on the host: the site's dense mean, or a method
+ * that averages gradients there with other replicas. */
 static bool reads_gradients(const pt_coupling *c)
 {
     return (c->by_sites && c->options.site_replicas) ||
-           (c->runs_method && c->method->after_backward && c->method->host_gradients);
+           (method_has_peers(c) && c->method->after_backward && c->method->host_gradients);
 }
 
 pipert_result pt_coupling_after_backward(pt_coupling *c, pt_coupling_point *at)
 {
     if (c->suspended) return PIPERT_OK;
-    if (c->elastic || (!host_reads_kernel_memory(c) && reads_gradients(c)))
+    if (reads_gradients(c) && (c->elastic || !host_reads_kernel_memory(c)))
         return average_gradients_copied(c, at);
     return average_gradients(c, at);
 }

@@ -104,7 +104,9 @@ typedef struct pt_coupling_method {
      * itself (both false), or says what it reads and writes with the host, and
      * the coupling hands it host copies of those and copies them back:
      *   host_gradients  after_backward: at->grads (the mean of allreduce);
-     *   host_parameters after_step: at->params and at->newest_stash. */
+     *   host_parameters after_step: at->params and at->newest_stash.
+     * A method without replicas to exchange with (options.replicas NULL) must leave both
+     * alone: it is then handed the kernels' memory, uncopied. */
     bool host_gradients, host_parameters;
     pipert_result (*create)(const pt_coupling_options *options, void **state);
     pipert_result (*after_backward)(void *state, pt_coupling_point *at, pt_coupling_metrics *m);

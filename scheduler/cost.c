@@ -35,7 +35,12 @@ static int weight_versions(const pipert_config *config, int stages, int stage)
 static int coupling_copies(const pipert_config *config)
 {
     const char *method = config->dp.method;
-    return !strcmp(method, "allreduce") || !strcmp(method, "none") ? 0 : 2;
+    if (!strcmp(method, "allreduce") || !strcmp(method, "none")) return 0;
+    const bool outer = strcmp(method, "sparse") != 0;
+    /* a GPU's: both copies are in host memory, and only the outer methods keep one of θ̃
+     * on the device, for validation (dp/outer.c) */
+    if (!strcmp(config->runtime.device, "cuda")) return outer ? 1 : 0;
+    return 2;
 }
 
 static pt_gpt_config model_of(const pipert_config *config)

@@ -25,7 +25,9 @@
  *                the flush schedules none
  *   coupling     4·P·k: the method's own copies (sparse: its EMA and the
  *                agreed values, k = 2; diloco, streaming-diloco and co2: the
- *                outer parameters and momentum, k = 2; allreduce, none: 0)
+ *                outer parameters and momentum, k = 2; allreduce, none: 0);
+ *                on cuda these live in host memory, and the device holds only
+ *                the outer methods' copy of θ̃ for validation (k = 1; sparse 0)
  *   activations  4·(acts · in flight + activation gradients), acts of one
  *                microbatch as models/gpt.c lays them out; how many are in
  *                flight comes from the simulation (1F1B: S−s)

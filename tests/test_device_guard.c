@@ -113,6 +113,62 @@ Test(guard, nccl_is_refused_where_it_cannot_run)
     cr_expect_eq(coupling_with("allreduce", "cuda", 1), PIPERT_OK, "%s", pipert_last_error());
 }
 
+/* A stage without replicas to exchange with: the coupling must not copy θ, the stash or the
+ * gradient between the device and the host every step for methods that do nothing alone (on
+ * an H200 those copies were a fifth of a GPT-2 pipeline step). The guarded table, its copies
+ * counted. */
+static pt_kernels counted;
+static size_t copied_bytes;
+static void count_to_host(void *dst, const void *src, size_t bytes)
+{
+    copied_bytes += bytes;
+    pt_kernels_cpu_guarded()->copy_to_host(dst, src, bytes);
+}
+static void count_to_device(void *dst, const void *src, size_t bytes)
+{
+    copied_bytes += bytes;
+    pt_kernels_cpu_guarded()->copy_to_device(dst, src, bytes);
+}
+
+Test(guard, a_coupling_without_replicas_copies_nothing)
+{
+    counted = *pt_kernels_cpu_guarded();
+    counted.copy_to_host = count_to_host;
+    counted.copy_to_device = count_to_device;
+    enum { n = 4096 };
+    float *params, *grads, *stash;
+    cr_assert_eq(counted.alloc((void **)&params, n * sizeof(float), "θ"), PIPERT_OK);
+    cr_assert_eq(counted.alloc((void **)&grads, n * sizeof(float), "gradient"), PIPERT_OK);
+    cr_assert_eq(counted.alloc((void **)&stash, n * sizeof(float), "stash"), PIPERT_OK);
+    const char *methods[] = {"allreduce", "sparse", "none"};
+    for (int i = 0; i < 3; i++) {
+        pipert_config *cfg;
+        cr_assert_eq(pipert_config_create(&cfg), PIPERT_OK);
+        char set[64];
+        snprintf(set, sizeof set, "dp.method=%s", methods[i]);
+        cr_assert_eq(pipert_config_set(cfg, set), PIPERT_OK);
+        pt_coupling_options o = {.config = cfg, .kernels = &counted, .sites = 1};
+        pt_coupling *c = NULL;
+        cr_assert_eq(pt_coupling_create(&o, &c), PIPERT_OK, "%s", pipert_last_error());
+        for (int elastic = 0; elastic < 2; elastic++) {
+            pt_coupling_set_elastic(c, elastic);
+            copied_bytes = 0;
+            pt_coupling_point at = {.params = params, .grads = grads, .n_params = n, .step = 1};
+            cr_expect_eq(pt_coupling_after_backward(c, &at), PIPERT_OK, "%s", pipert_last_error());
+            at.grads = NULL;
+            at.newest_stash = stash;
+            cr_expect_eq(pt_coupling_after_step(c, &at), PIPERT_OK, "%s", pipert_last_error());
+            cr_expect_eq(copied_bytes, 0, "dp.method=%s%s, alone: %zu bytes copied", methods[i],
+                         elastic ? " (elastic)" : "", copied_bytes);
+        }
+        pt_coupling_free(c);
+        pipert_config_free(cfg);
+    }
+    counted.free(stash);
+    counted.free(grads);
+    counted.free(params);
+}
+
 /* ---- jobs: the same bits as on the CPU table --------------------------------- */
 
 /* Runs `layout` on both tables and compares each step's loss and every
