@@ -385,7 +385,16 @@ static pipert_result receive_tensor(pt_stage_executor *ex, int peer, uint16_t ki
              ex->options.stage, kind == PT_KIND_ACTIVATION_GRAD ? "the gradient" : "activations",
              microbatch, peer);
     pipert_result rc = wait_request(ex, request, what);
-    if (rc == PIPERT_OK) rc = check_sender(ex, pt_request_header(request), peer, microbatch, what);
+    if (rc != PIPERT_OK) {
+        /* A receive that failed may never end: UCX cannot cancel a receive matched to a
+         * message whose sender died partway through it (freeing it would wait for good, as a
+         * 20-minute churn run found). Abandoned, it is freed when it ends, at the latest when
+         * the session destroys the transport, which it does before freeing the buffers. */
+        pt_request_abandon(request);
+        trace_span(ex, "recv", started, microbatch);
+        return rc;
+    }
+    rc = check_sender(ex, pt_request_header(request), peer, microbatch, what);
     pt_request_free(request);
     trace_span(ex, "recv", started, microbatch);
     if (rc == PIPERT_OK && dst != pt_staging_incoming(ex, dst)) {
