@@ -252,6 +252,9 @@ run() {
 
 case "${1:-}" in
   prepare) prepare ;;
-  run) run ;;
+  run) # the table on stdout and in $OUT/gpu-check.log; a failed check makes the exit status 1
+    mkdir -p "${OUT:-/tmp/gpu-check}"
+    run 2>&1 | tee "${OUT:-/tmp/gpu-check}/gpu-check.log"
+    if grep -q FAIL "${OUT:-/tmp/gpu-check}/gpu-check.log"; then echo "gpu-check: a check failed (above)" >&2; exit 1; fi ;;
   *) echo "usage: scripts/gpu-check.sh prepare|run" >&2; exit 2 ;;
 esac
