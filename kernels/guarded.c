@@ -15,9 +15,19 @@
  * pages go back to the kernel (MADV_DONTNEED) but its addresses stay
  * reserved (outside the table's calls a stale pointer into it faults). Calls may come from
  * several threads; the arena is open while any call is inside (a count under
- * a mutex), and closed again when the last one leaves. */
+ * a mutex), and closed again when the last one leaves.
+ *
+ * Peers. CUDA IPC lets a worker copy from another's device memory on the same
+ * host; this table stands in for it so that the protocol runs between real
+ * processes here: a place in the arena is named by the pid and the address,
+ * and peer_copy reads it through /proc/PID/mem, which (unlike
+ * process_vm_readv) reads pages a process keeps PROT_NONE, as a debugger
+ * does. So a peer's guarded tensors are reached through this table's
+ * peer_copy only, as a GPU's are through CUDA IPC only. */
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -251,6 +261,68 @@ static double g_sum(const float *x, size_t n)
 }
 static void g_scale(float *x, float f, size_t n) { GUARDED(cpu->scale(x, f, n)); }
 
+/* ---- memory other processes copy from ---------------------------------------- */
+
+#define PEER_MAGIC 0x44524750u /* "PGRD" */
+
+typedef struct guarded_peer_memory {
+    uint32_t magic;
+    int32_t pid;
+    uint64_t address;
+} guarded_peer_memory;
+
+_Static_assert(sizeof(guarded_peer_memory) <= PT_PEER_MEMORY_BYTES, "fits a pt_peer_memory");
+
+static pipert_result g_peer_export(const void *ptr, pt_peer_memory *out)
+{
+    pthread_mutex_lock(&arena.lock);
+    const bool inside = arena.base && (const char *)ptr >= arena.base &&
+                        (const char *)ptr < arena.base + arena.top;
+    pthread_mutex_unlock(&arena.lock);
+    if (!inside)
+        return pt_fail(PIPERT_ERR_INVALID_ARG,
+                       "cpu-guarded: %p is not in this table's memory: nothing to export", ptr);
+    const guarded_peer_memory m = {PEER_MAGIC, (int32_t)getpid(), (uint64_t)(uintptr_t)ptr};
+    memset(out, 0, sizeof *out);
+    memcpy(out->bytes, &m, sizeof m);
+    return PIPERT_OK;
+}
+
+/* Reads `bytes` at `address` of process `pid` into dst (open: called between enter and leave).
+ * Returns 0 or an errno. The file is opened for each copy: a cached one could outlive its
+ * process and, its pid reused, read another's. */
+static int read_peer_memory(pid_t pid, uint64_t address, void *dst, size_t bytes)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/mem", (int)pid);
+    const int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return errno;
+    int error = 0;
+    for (size_t done = 0; done < bytes && !error;) {
+        const ssize_t got = pread(fd, (char *)dst + done, bytes - done, (off_t)(address + done));
+        if (got < 0 && errno != EINTR) error = errno;
+        else if (got == 0) error = EFAULT;
+        else if (got > 0) done += (size_t)got;
+    }
+    close(fd);
+    return error;
+}
+
+static pipert_result g_peer_copy(void *dst, const pt_peer_memory *src, size_t bytes)
+{
+    guarded_peer_memory m;
+    memcpy(&m, src->bytes, sizeof m);
+    if (m.magic != PEER_MAGIC || m.pid <= 0)
+        return pt_fail(PIPERT_ERR_PEER, "cpu-guarded: the peer memory to copy from is not a "
+                                        "cpu-guarded table's");
+    int error;
+    GUARDED(error = read_peer_memory((pid_t)m.pid, m.address, dst, bytes));
+    if (error)
+        return pt_fail(PIPERT_ERR_PEER, "cpu-guarded: copying %zu bytes from process %d: %s", bytes,
+                       (int)m.pid, strerror(error));
+    return PIPERT_OK;
+}
+
 static pt_kernels guarded = {
     .name = "cpu-guarded",
     .host_accessible = false,
@@ -263,6 +335,8 @@ static pt_kernels guarded = {
     .synchronize = g_synchronize,
     .alloc_host = pt_alloc,
     .free_host = pt_free,
+    .peer_export = g_peer_export,
+    .peer_copy = g_peer_copy,
     .set_threads = pt_kernels_cpu_set_threads,
     .encoder_forward = g_encoder_forward,
     .encoder_backward = g_encoder_backward,

@@ -17,6 +17,7 @@
 #include <stdint.h>
 
 #include "pipert/pipert.h"
+#include "runtime/peer_memory.h"
 
 /* How a weight matrix is stored. Hugging Face GPT-2 Conv1D weights are [C, OC]
  * (y = x·W + b); the language-model head is [V, C] (y = x·Wᵀ). */
@@ -66,6 +67,15 @@ typedef struct pt_kernels {
      * makes the table's copies faster (cuda). */
     pipert_result (*alloc_host)(void **out, size_t bytes, const char *what);
     void (*free_host)(void *ptr);
+    /* Memory other processes of this host copy from (runtime/peer_memory.h).
+     * OPTIONAL: NULL where the host reads the memory anyway (cpu).
+     * peer_export: names `ptr` (a buffer of this table, or a place in one) for
+     * a process whose table is of the same kind. peer_copy: copies `bytes`
+     * from what a peer exported into `dst` (this table's memory), after the
+     * work already enqueued on this table, and returns when `dst` holds them
+     * and the peer's memory is no longer read; it may run on any thread. */
+    pipert_result (*peer_export)(const void *ptr, pt_peer_memory *out);
+    pipert_result (*peer_copy)(void *dst, const pt_peer_memory *src, size_t bytes);
     /* Compute threads of the host kernels (OpenMP and OpenBLAS together), or
      * NULL when the table's work does not run on host threads (cuda). */
     void (*set_threads)(int threads);

@@ -100,11 +100,12 @@ static pipert_result alloc_slot_tables(pt_stage_executor *ex)
     ex->slot_version = calloc(S, sizeof *ex->slot_version);
     ex->slot_weights = calloc(S, sizeof *ex->slot_weights);
     ex->stash_input = calloc(S, sizeof *ex->stash_input);
+    ex->send_copies = calloc(S, sizeof *ex->send_copies);
     ex->stash_tokens = calloc(S, sizeof *ex->stash_tokens);
     ex->stash_targets = calloc(S, sizeof *ex->stash_targets);
     ex->activation_sends = calloc(S, sizeof *ex->activation_sends);
-    if (!ex->slot_version || !ex->slot_weights || !ex->stash_input || !ex->stash_tokens ||
-        !ex->stash_targets || !ex->activation_sends)
+    if (!ex->slot_version || !ex->slot_weights || !ex->stash_input || !ex->send_copies ||
+        !ex->stash_tokens || !ex->stash_targets || !ex->activation_sends)
         return pt_fail(PIPERT_ERR_NOMEM, "executor tables: out of memory");
     const pt_kernels *k = ex->kernels;
     for (size_t i = 0; i < S; i++) {
@@ -117,6 +118,9 @@ static pipert_result alloc_slot_tables(pt_stage_executor *ex)
         else PT_TRY(k->alloc((void **)&ex->stash_tokens[i], N * sizeof(int32_t), "stashed tokens"));
         if (is_last_stage(ex))
             PT_TRY(k->alloc((void **)&ex->stash_targets[i], N * sizeof(int32_t), "stashed targets"));
+        else
+            PT_TRY(k->alloc((void **)&ex->send_copies[i], N * ex->C * sizeof(float),
+                            "activations being sent (recompute)"));
     }
     return PIPERT_OK;
 }
@@ -261,6 +265,7 @@ void pt_stage_executor_free(pt_stage_executor *ex)
         if (!k) continue;
         if (ex->slot_weights) k->free(ex->slot_weights[i]);
         if (ex->stash_input) k->free(ex->stash_input[i]);
+        if (ex->send_copies) k->free(ex->send_copies[i]);
         if (ex->stash_tokens) k->free(ex->stash_tokens[i]);
         if (ex->stash_targets) k->free(ex->stash_targets[i]);
     }
@@ -269,6 +274,7 @@ void pt_stage_executor_free(pt_stage_executor *ex)
     free(ex->slot_version);
     free(ex->slot_weights);
     free(ex->stash_input);
+    free(ex->send_copies);
     free(ex->stash_tokens);
     free(ex->stash_targets);
     free(ex->activation_sends);
@@ -378,8 +384,10 @@ static pipert_result receive_tensor(pt_stage_executor *ex, int peer, uint16_t ki
                              .shape = {ex->B, ex->T, ex->C},
                              .require_checksum = 1};
     pt_request *request = NULL;
-    PT_TRY(pt_recv(ex->options.transport, peer, message_tag(direction, microbatch), &expect,
-                   pt_staging_incoming(ex, dst), expected.nbytes, &request));
+    float *incoming = pt_staging_incoming(ex, dst);
+    /* A peer of this host may put it on the device itself (staging.c). */
+    PT_TRY(pt_recv_device(ex->options.transport, peer, message_tag(direction, microbatch), &expect,
+                          incoming, incoming != dst ? dst : NULL, expected.nbytes, &request));
     char what[96];
     snprintf(what, sizeof what, "stage %d: receiving %s of microbatch %ld from rank %d",
              ex->options.stage, kind == PT_KIND_ACTIVATION_GRAD ? "the gradient" : "activations",
@@ -395,9 +403,10 @@ static pipert_result receive_tensor(pt_stage_executor *ex, int peer, uint16_t ki
         return rc;
     }
     rc = check_sender(ex, pt_request_header(request), peer, microbatch, what);
+    const bool on_device = pt_request_on_device(request);
     pt_request_free(request);
     trace_span(ex, "recv", started, microbatch);
-    if (rc == PIPERT_OK && dst != pt_staging_incoming(ex, dst)) {
+    if (rc == PIPERT_OK && incoming != dst && !on_device) {
         const double copy_started = pt_trace_now_us();
         pt_staging_arrived(ex, dst, expected.nbytes);
         trace_span(ex, "copy", copy_started, microbatch); /* host staging to the device */
@@ -406,19 +415,26 @@ static pipert_result receive_tensor(pt_stage_executor *ex, int peer, uint16_t ki
 }
 
 /* Sends an [N, C] tensor from src, through `staging` (staging.c; NULL: src
- * is host memory already). */
+ * is host memory already), or device to device to a peer of this host that copies it. */
 static pipert_result send_tensor(pt_stage_executor *ex, int peer, uint16_t kind,
                                  uint32_t direction, long microbatch, const float *src,
                                  float *staging, pt_request **request)
 {
     pt_message_header header = activation_header(ex, kind, microbatch);
-    const double copy_started = pt_trace_now_us();
-    const float *outgoing = pt_staging_outgoing(ex, staging, src, header.nbytes);
-    if (outgoing != src) trace_span(ex, "copy", copy_started, microbatch); /* device to host staging */
-    const double started = pt_trace_now_us();
-    pipert_result rc = pt_send(ex->options.transport, peer, message_tag(direction, microbatch),
-                               &header, outgoing, PT_SEND_CHECKSUM, request);
-    trace_span(ex, "send", started, microbatch);
+    const uint32_t tag = message_tag(direction, microbatch);
+    pipert_result rc;
+    if (staging && pt_staging_device_to(ex, peer, header.nbytes)) {
+        const double started = pt_trace_now_us();
+        rc = pt_staging_send_device(ex, peer, tag, &header, src, request);
+        trace_span(ex, "send", started, microbatch);
+    } else {
+        const double copy_started = pt_trace_now_us();
+        const float *outgoing = pt_staging_outgoing(ex, staging, src, header.nbytes);
+        if (outgoing != src) trace_span(ex, "copy", copy_started, microbatch); /* to host staging */
+        const double started = pt_trace_now_us();
+        rc = pt_send(ex->options.transport, peer, tag, &header, outgoing, PT_SEND_CHECKSUM, request);
+        trace_span(ex, "send", started, microbatch);
+    }
     if (rc != PIPERT_OK)
         pt_error_prefix("stage %d: sending microbatch %ld to rank %d", ex->options.stage,
                         microbatch, peer);
@@ -524,14 +540,14 @@ static void restore_stashed_inputs(pt_stage_executor *ex, long g)
     if (is_last_stage(ex)) ex->kernels->copy(m->targets, ex->stash_targets[slot], N * sizeof(int32_t));
 }
 
-/* Before microbatch g writes its activation set, the send that still reads
- * from it must be done: its own slot's previous send, or, with recompute
- * (one set shared by every microbatch), every send. */
+/* Before microbatch g writes its activation set (or, with recompute, its slot's send copy),
+ * the send that still reads from it must be done: its slot's previous send. Only that one: a
+ * send to a peer that reads it from here (direct reads, device payloads) ends when the peer
+ * took it, and waiting for later microbatches' sends would make this stage wait for the next
+ * one, which may itself wait for this one in a collective (a checkpoint's gather). */
 static pipert_result release_activations(pt_stage_executor *ex, long g)
 {
-    if (!ex->config.pipeline.recompute) return complete_send(ex, &ex->activation_sends[slot_of(ex, g)]);
-    for (int i = 0; i < ex->slots; i++) PT_TRY(complete_send(ex, &ex->activation_sends[i]));
-    return PIPERT_OK;
+    return complete_send(ex, &ex->activation_sends[slot_of(ex, g)]);
 }
 
 /* The weights microbatch g's forward uses, recorded for its backward. */
@@ -586,8 +602,13 @@ static pipert_result forward(pt_stage_executor *ex, long g, float loss_scale)
 static pipert_result send_activation(pt_stage_executor *ex, long g)
 {
     const int slot = slot_of(ex, g);
-    return send_tensor(ex, ex->options.next_rank, PT_KIND_ACTIVATION, TAG_ACTIVATION, g,
-                       pt_gpt_output(ex->model),
+    const float *output = pt_gpt_output(ex->model);
+    if (ex->config.pipeline.recompute) { /* the activation set is every microbatch's */
+        ex->kernels->copy(ex->send_copies[slot], output,
+                          (size_t)ex->B * ex->T * ex->C * sizeof(float));
+        output = ex->send_copies[slot];
+    }
+    return send_tensor(ex, ex->options.next_rank, PT_KIND_ACTIVATION, TAG_ACTIVATION, g, output,
                        ex->activation_staging ? ex->activation_staging[slot] : NULL,
                        &ex->activation_sends[slot]);
 }
@@ -603,7 +624,6 @@ static pipert_result backward(pt_stage_executor *ex, long g, float loss_scale)
     const double started = pt_trace_now_us();
     const int slot = slot_of(ex, g);
     PT_TRY(complete_send(ex, &ex->gradient_send)); /* dresidual is about to be overwritten */
-    if (ex->config.pipeline.recompute) PT_TRY(release_activations(ex, g));
     use_activations_of(ex, g);
     pt_gpt_use_params(ex->model, stashes_weights(ex) ? ex->slot_weights[slot] : NULL);
     if (ex->config.pipeline.recompute) {

@@ -59,6 +59,9 @@ struct pt_stage_executor {
     long *slot_version; /* weight version each slot's forward used */
     float **slot_weights; /* stashed/predicted weights per slot, or NULL (use θ) */
     float **stash_input;  /* recompute: the slot's input [N, C] (stage > 0) */
+    float **send_copies;  /* recompute: the slot's output [N, C] being sent (not the last stage):
+                           * the one activation set is overwritten while a peer may still read
+                           * the send (direct reads, device payloads) */
     int32_t **stash_tokens, **stash_targets; /* recompute: stage 0 / last stage */
     pt_request **activation_sends; /* per slot */
     pt_request *gradient_send;
@@ -66,6 +69,8 @@ struct pt_stage_executor {
      * the table's memory (staging.c); NULL when it can. */
     float **activation_staging; /* per slot: the activations being sent */
     float *gradient_staging;    /* the gradient being sent */
+    bool device_sends_told[2];  /* logged that tensors to the previous [0] / next [1] stage go
+                                 * device to device */
     float *sync_staging;        /* transfers that end before the call returns: every
                                    receive lands here first; validation's sends */
 
@@ -131,6 +136,11 @@ const float *pt_staging_outgoing(pt_stage_executor *ex, float *staging, const fl
                                  size_t bytes);
 float *pt_staging_incoming(pt_stage_executor *ex, float *dst);
 void pt_staging_arrived(pt_stage_executor *ex, float *dst, size_t bytes);
+/* Whether a tensor of `bytes` to `peer` goes device to device, and sending it so. */
+bool pt_staging_device_to(pt_stage_executor *ex, int peer, size_t bytes);
+pipert_result pt_staging_send_device(pt_stage_executor *ex, int peer, uint32_t tag,
+                                     const pt_message_header *header, const float *src,
+                                     pt_request **request);
 float *pt_staging_sync(pt_stage_executor *ex); /* sync_staging: NULL when nothing is staged */
 pipert_result pt_staging_alloc(pt_stage_executor *ex, void **out, size_t bytes, const char *what);
 void pt_staging_release(pt_stage_executor *ex, void *buffer);

@@ -10,10 +10,17 @@
  * validation's sends, which are waited for) and goes to the device with
  * copy_to_device before the receive returns. The host buffers
  * come from the table's alloc_host (page-locked on cuda, so the copies are
- * DMA at full speed). */
+ * DMA at full speed).
+ *
+ * Between processes of one host that copy from each other's device memory
+ * (CUDA IPC; runtime/comm/transport.h, "Device payloads") neither copy is
+ * made: a send names the device tensor itself (after the device finished
+ * writing it), and a receive lands in its device buffer unless the message
+ * came as bytes (the peer had not heard the offer yet). */
 #include <stdlib.h>
 
 #include "pipeline/executor_internal.h"
+#include "runtime/log.h"
 
 static bool staged(const pt_stage_executor *ex) { return !ex->kernels->host_accessible; }
 
@@ -34,6 +41,26 @@ void pt_staging_copy_out(pt_stage_executor *ex, void *dst, const void *src, size
 {
     if (staged(ex)) ex->kernels->copy_to_host(dst, src, bytes);
     else ex->kernels->copy(dst, src, bytes);
+}
+
+bool pt_staging_device_to(pt_stage_executor *ex, int peer, size_t bytes)
+{
+    return staged(ex) && bytes > PT_TRANSPORT_INLINE_BYTES &&
+           pt_transport_peer_copies_device_memory(ex->options.transport, peer);
+}
+
+pipert_result pt_staging_send_device(pt_stage_executor *ex, int peer, uint32_t tag,
+                                     const pt_message_header *header, const float *src,
+                                     pt_request **request)
+{
+    const int next = peer == ex->options.next_rank;
+    if (!ex->device_sends_told[next]) {
+        ex->device_sends_told[next] = true;
+        pt_info("stage %d: tensors to rank %d (the %s stage) go device to device (%s)",
+                ex->options.stage, peer, next ? "next" : "previous", ex->kernels->name);
+    }
+    ex->kernels->synchronize(); /* the peer copies what the kernels wrote, not what they will */
+    return pt_send_device(ex->options.transport, peer, tag, header, src, request);
 }
 
 pipert_result pt_staging_setup(pt_stage_executor *ex)

@@ -16,8 +16,10 @@
  * build misunderstand a newer one. 2: a joiner says "joined" once it took its state (an older
  * joiner would stay joining for good). 3: "joined" names the switch whose state it took, and a
  * joiner trains only once the coordinator says its replica is in. 4: a donor sends a joiner its
- * state as a checkpoint file's pieces, a message each (the state's header lists their sizes). */
-#define PT_PROTOCOL_VERSION 4u
+ * state as a checkpoint file's pieces, a message each (the state's header lists their sizes).
+ * 5: device payloads between processes of one host (a header flag, a control word offering
+ * them, a device descriptor in place of the payload: runtime/comm/transport_device.c). */
+#define PT_PROTOCOL_VERSION 5u
 
 /* The groups of settings digested apart (pt_job_digest_part_name names them). */
 typedef enum pt_job_digest_part {

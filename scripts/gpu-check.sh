@@ -105,8 +105,9 @@ for e in events:
     key = (e["name"].split(" ")[0], e["pid"], e["args"].get("microbatch"))
     spans.setdefault(key, []).append((e["ts"], e["ts"] + e["dur"]))
 def med(values): return st.median(values) / 1000 if values else float("nan")
-copies = {pid: med([b - a for (n, p, _), v in spans.items() if n == "copy" and p == pid for a, b in v])
-          for pid in (0, 1)}
+# no copy spans: the tensors went device to device (CUDA IPC), no staging copies were made
+copies = {pid: med([b - a for (n, p, _), v in spans.items() if n == "copy" and p == pid for a, b in v]
+                   or [0.0]) for pid in (0, 1)}
 transfer = {}
 for sender, receiver, what in ((0, 1, "activations"), (1, 0, "gradients")):
     lat = []
@@ -230,7 +231,9 @@ run() {
   timeout "$(left 90)" "$pipert" launch --quiet --stages 2 $gpt2 --runtime.device=cuda --out "$jobs/gpt2-two" \
     >"$jobs/gpt2-two.err" 2>&1 &&
     { echo "  2 stages: $(python3 -c "$median_step" "$jobs/gpt2-two/metrics.jsonl")"
-      transfer_share "$jobs/gpt2-two/trace.json" "$(python3 -c "$median_step" "$jobs/gpt2-one/metrics.jsonl")"; } ||
+      transfer_share "$jobs/gpt2-two/trace.json" "$(python3 -c "$median_step" "$jobs/gpt2-one/metrics.jsonl")"
+      grep -h "go device to device" "$jobs"/gpt2-two/logs/*.log | sed 's/^[0-9:.]* info  /  /' ||
+        echo "  the tensors between the stages went through host copies (no CUDA IPC)"; } ||
     echo "  2 stages: FAIL: $(why "$jobs/gpt2-two")"
   echo "  2 replicas sharing the GPU, each dp.method's step against none's (host copies of what they exchange):"
   for method in none allreduce sparse diloco; do

@@ -17,7 +17,12 @@
  * scratch and what the model keeps beside its activations. So workers sharing
  * a GPU each take what they need, not all free memory; one that does not fit
  * fails naming the device, the bytes needed and the bytes free.
- * PIPERT_CUDA_ARENA_MB, when set, wins. */
+ * PIPERT_CUDA_ARENA_MB, when set, wins.
+ *
+ * Between workers of one host, tensors go device to device: the transport
+ * gets the table's peer functions (CUDA IPC; cpu-guarded's stand-in), and
+ * peers that can copy from each other's memory do (runtime/comm/transport.h,
+ * "Device payloads"). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -75,6 +80,15 @@ pipert_result pt_session_choose_kernels(pipert_session *s, int first, int last)
             "cost model)", s->job.stage, info.ordinal, info.name, info.arena_bytes >> 20,
             needed / (1 << 20));
     return PIPERT_OK;
+}
+
+void pt_session_share_device_memory(pipert_session *s)
+{
+    const pt_kernels *k = s->kernels;
+    if (!s->job.transport || k->host_accessible || !k->peer_export || !k->peer_copy) return;
+    s->device_memory = (pt_device_memory){
+        .kind = k->name, .export_memory = k->peer_export, .copy_from_peer = k->peer_copy};
+    pt_transport_use_device_memory(s->job.transport, &s->device_memory);
 }
 
 void pt_session_report_device_memory(const pipert_session *s)

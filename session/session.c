@@ -198,6 +198,7 @@ static pipert_result session_setup(pipert_session *s)
     PT_TRY(stage_blocks(s, &first, &last));
     PT_TRY(pt_session_choose_kernels(s, first, last));
     if (s->kernels->set_threads) s->kernels->set_threads(s->threads);
+    pt_session_share_device_memory(s);
     PT_TRY(build_trace(s));
     PT_TRY(build_coupling(s));
     PT_TRY(build_executor(s));

@@ -23,6 +23,7 @@ struct pipert_session {
     pt_log_sink log_sink;
     int threads;
     const pt_kernels *kernels; /* of runtime.device: where the stage's tensors live */
+    pt_device_memory device_memory; /* its peer functions, handed to the transport (device.c) */
 
     pt_job job;
     pt_coupling *coupling;
@@ -131,6 +132,9 @@ pipert_result pt_session_params_checksum(pipert_session *s, unsigned long long *
  * bytes of device memory, by the cost model. */
 pipert_result pt_session_choose_kernels(pipert_session *s, int first, int last);
 pipert_result pt_session_stage_memory(const pipert_session *s, int first, int last, double *bytes);
+/* device.c: hands the transport the table's functions for memory peers of this host copy from
+ * (none for a table the host reads, or without a transport). */
+void pt_session_share_device_memory(pipert_session *s);
 /* device.c: logs how much of its GPU memory the stage used at most (cuda; nothing elsewhere). */
 void pt_session_report_device_memory(const pipert_session *s);
 

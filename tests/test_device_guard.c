@@ -171,6 +171,19 @@ Test(guard, a_coupling_without_replicas_copies_nothing)
 
 /* ---- jobs: the same bits as on the CPU table --------------------------------- */
 
+/* Between the stages of a pipeline on one host, tensors went device to device (the table's
+ * peer_copy: runtime/comm/transport_device.c), both ways, not through host copies. */
+static void expect_device_to_device(const char *dir, const char *what)
+{
+    char *first = read_named(dir, "/logs/rank-0.log"), *second = read_named(dir, "/logs/rank-1.log");
+    cr_expect(strstr(first, "tensors to rank 1 (the next stage) go device to device"),
+              "%s: rank 0's activations went through the host:\n%s", what, first);
+    cr_expect(strstr(second, "tensors to rank 0 (the previous stage) go device to device"),
+              "%s: rank 1's gradients went through the host:\n%s", what, second);
+    free(first);
+    free(second);
+}
+
 /* Runs `layout` on both tables and compares each step's loss and every
  * checkpoint file of the last step (parameters, moments, stashes, the
  * coupling's state). */
@@ -179,8 +192,10 @@ static void expect_same_job(const char *layout, int stages, int replicas, const 
     char *cpu = make_temp_dir(), *guarded = make_temp_dir();
     run_pipert_ok("launch --quiet %s --out %s " MODEL " --train.steps=%d --runtime.device=cpu",
                   layout, cpu, STEPS);
-    run_pipert_ok("launch --quiet %s --out %s " MODEL " --train.steps=%d --runtime.device=cpu-guarded",
-                  layout, guarded, STEPS);
+    run_pipert_ok_info("launch --quiet %s --out %s " MODEL
+                       " --train.steps=%d --runtime.device=cpu-guarded",
+                       layout, guarded, STEPS);
+    if (stages > 1) expect_device_to_device(guarded, what);
     double a[MAX_STEPS] = {0}, b[MAX_STEPS] = {0};
     cr_assert_eq(read_metric_steps(cpu, "metrics.jsonl", "loss", a, MAX_STEPS), STEPS, "%s", what);
     cr_assert_eq(read_metric_steps(guarded, "metrics.jsonl", "loss", b, MAX_STEPS), STEPS, "%s", what);

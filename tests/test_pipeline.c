@@ -252,6 +252,31 @@ Test(pipeline, asynchronous_validation_of_large_activations_does_not_wait_for_th
     remove_dir(alone);
 }
 
+/* Recomputation in the asynchronous schedule with activations of 128 KiB, across a checkpoint:
+ * every microbatch shares one activation set, and a stage once waited, before each backward,
+ * for every activation send still in flight; such a send ends only when the next stage read it,
+ * which the last stage does only after the checkpoint's gather, which waits for this stage:
+ * stalled for good (3 stages; found on cpu-guarded). The run ends, with the losses of the same
+ * run without recomputation. */
+Test(pipeline, asynchronous_recomputation_of_large_activations_passes_a_checkpoint,
+     .timeout = 240)
+{
+    char *recomputed = make_temp_dir(), *kept = make_temp_dir();
+    const char *job = " --model.n_layer=3 --model.n_embd=64 --model.n_head=2 "
+                      "--model.block_size=64 --train.batch_size=8 --train.warmup_steps=1 "
+                      "--train.log_every=1 --train.steps=12 --train.val_every=0 "
+                      "--train.checkpoint_every=4 --pipeline.schedule=async-1f1b";
+    run_pipert_ok("launch --quiet --stages 3 --out %s --pipeline.recompute=true %s", recomputed, job);
+    run_pipert_ok("launch --quiet --stages 3 --out %s %s", kept, job);
+    double a[12], b[12];
+    cr_assert_eq(read_metric_steps(recomputed, "metrics.jsonl", "loss", a, 12), 12);
+    cr_assert_eq(read_metric_steps(kept, "metrics.jsonl", "loss", b, 12), 12);
+    for (int i = 0; i < 12; i++)
+        cr_expect_eq(a[i], b[i], "step %d: recomputed %.9g, kept %.9g", i + 1, a[i], b[i]);
+    remove_dir(recomputed);
+    remove_dir(kept);
+}
+
 /* The launcher merges every rank's trace into DIR/trace.json: forward and
  * backward spans on every rank, in the Chrome trace format. */
 Test(pipeline, a_run_leaves_one_merged_trace)

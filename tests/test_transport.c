@@ -213,6 +213,8 @@ enum {
     BAD_SRC_RANK,
     BAD_NBYTES_VS_SHAPE,
     BAD_NO_CHECKSUM,
+    BAD_UNKNOWN_FLAGS,
+    BAD_DEVICE_TO_HOST,
     N_BAD
 };
 
@@ -235,6 +237,12 @@ static bad_case bad_cases[N_BAD] = {
         {"nbytes against shape", "nbytes", 8000, {PT_KIND_ACTIVATION, -1, -1, {0}}, 1 << 16},
     [BAD_NO_CHECKSUM] =
         {"missing checksum", "checksum", 64, {PT_KIND_ACTIVATION, -1, -1, {0}, 1}, 64},
+    [BAD_UNKNOWN_FLAGS] = {"unknown flags", "flags", 64, {PT_KIND_ACTIVATION, -1, -1, {0}}, 64},
+    /* a device payload (its bytes sent as if they were the descriptor's place) to a receive
+     * that takes bytes only: refused by the header, the payload drained */
+    [BAD_DEVICE_TO_HOST] =
+        {"device payload to a host receive", "flags", 65536, {PT_KIND_ACTIVATION, -1, -1, {0}},
+         65536},
 };
 
 /* The header each case sends (rank 1 to rank 0). */
@@ -276,6 +284,12 @@ static pt_message_header bad_header(int which, const void *payload)
         break;
     case BAD_NO_CHECKSUM:
         h.checksum = 0;
+        break;
+    case BAD_UNKNOWN_FLAGS:
+        h.flags = 0x80u;
+        break;
+    case BAD_DEVICE_TO_HOST:
+        h.flags = PT_MESSAGE_DEVICE_PAYLOAD, h.checksum = 0;
         break;
     }
     return h;

@@ -167,6 +167,7 @@ static void context_destroy(void)
 {
     if (pt_cuda.compute) cudaStreamSynchronize(pt_cuda.compute);
     if (pt_cuda.copy) cudaStreamSynchronize(pt_cuda.copy);
+    pt_cuda_peer_close();
     pt_cuda_arena_destroy();
     if (pt_cuda.cublas) cublasDestroy(pt_cuda.cublas);
     if (pt_cuda.host_partials) cudaFreeHost(pt_cuda.host_partials);
@@ -224,6 +225,8 @@ static const pt_kernels cuda_kernels = {
     .synchronize = pt_cuda_synchronize,
     .alloc_host = pt_cuda_pinned_alloc,
     .free_host = pt_cuda_pinned_free,
+    .peer_export = pt_cuda_peer_export,
+    .peer_copy = pt_cuda_peer_copy,
     .set_threads = NULL, /* the work runs on the device, not on host threads */
 
     .encoder_forward = pt_cuda_encoder_forward,

@@ -98,6 +98,13 @@ void pt_cuda_copy_to_host(void *dst_host, const void *src, size_t bytes);
 void pt_cuda_copy(void *dst, const void *src, size_t bytes);
 void pt_cuda_synchronize(void);
 
+/* ---- memory peers copy from (peer.cu) -------------------------------------- */
+
+extern "C" pipert_result pt_cuda_peer_export(const void *ptr, pt_peer_memory *out);
+extern "C" pipert_result pt_cuda_peer_copy(void *dst, const pt_peer_memory *src, size_t bytes);
+/* Closes the peers' arenas this process opened (before the context goes). */
+extern "C" void pt_cuda_peer_close(void);
+
 /* ---- launch helpers ---------------------------------------------------------- */
 
 #define PT_CUDA_THREADS 256

@@ -66,7 +66,21 @@ int pt_message_header_acceptable(const pt_message_header *h, const pt_header_che
         return snprintf(why, capacity, "nbytes: %llu exceeds the %zu bytes this receive allows",
                         (unsigned long long)h->nbytes, check->capacity),
                0;
-    if (e->require_checksum && h->checksum == 0 && h->nbytes > 0)
+    if (h->flags & ~(uint32_t)PT_MESSAGE_KNOWN_FLAGS)
+        return snprintf(why, capacity, "flags: 0x%x has bits this build does not know", h->flags),
+               0;
+    const int device = (h->flags & PT_MESSAGE_DEVICE_PAYLOAD) != 0;
+    if (device && !check->takes_device)
+        return snprintf(why, capacity, "flags: a payload in the sender's device memory, and this "
+                                       "receive takes bytes"),
+               0;
+    if (device && h->nbytes <= PT_TRANSPORT_INLINE_BYTES)
+        return snprintf(why, capacity, "flags: a device payload of %llu bytes (more than %d go "
+                                       "as device payloads)",
+                        (unsigned long long)h->nbytes, PT_TRANSPORT_INLINE_BYTES),
+               0;
+    /* A device payload's bytes never reach a host: nothing can hash them. */
+    if (e->require_checksum && h->checksum == 0 && h->nbytes > 0 && !device)
         return snprintf(why, capacity, "checksum: none, and this receive requires one"), 0;
     return 1;
 }

@@ -65,9 +65,24 @@
  *     PIPERT_ERR_PEER. Acknowledgements use kind 0, internally.
  * A refused message completes the request with PIPERT_ERR_PEER and a message
  * naming the peer's rank and the offending field (magic, version, job,
- * src_rank, kind, dtype, shape, nbytes, checksum); an inline payload may
+ * src_rank, kind, dtype, shape, nbytes, flags, checksum); an inline payload may
  * already have been written to the first min(capacity, 4096) bytes of the
  * buffer, which is why the buffer is only to be trusted after success.
+ *
+ * Device payloads. Tensors in device memory (a GPU's; runtime.device=cpu-guarded's on any
+ * machine) between two processes of one host go device to device: once the session hands the
+ * transport its kernel table's peer functions (pt_transport_use_device_memory), a side that
+ * can read a peer's memory (direct reads, above) tells it "I copy device memory of kind K from
+ * you" (a control word); a sender whose kind is K may then pt_send_device a device buffer of
+ * more than PT_TRANSPORT_INLINE_BYTES: its header (flag PT_MESSAGE_DEVICE_PAYLOAD, no
+ * checksum) and, as the payload part, a descriptor naming the memory (runtime/peer_memory.h:
+ * a CUDA IPC handle and offset). The receiver, posted with pt_recv_device (a host buffer and a
+ * device buffer), copies it into the device buffer with the table's peer_copy and answers as
+ * for a direct read: only the answer completes the send, so the sender keeps the buffer
+ * untouched until then. A message that came as bytes (the offer not yet heard, another
+ * host) lands in the host buffer instead; pt_request_on_device says which. Off under
+ * authenticate_messages (a MAC covers the payload's bytes, which the host never sees) and
+ * where direct reads are off (UCX_TLS without cma).
  *
  * Tags are 64 bits: kind (8) | source rank (23) | part (1: header or
  * payload) | user tag (32), so messages between a pair with different kinds
@@ -94,6 +109,7 @@
 
 #include "runtime/error.h"
 #include "runtime/job_digest.h"
+#include "runtime/peer_memory.h"
 
 /* ---- the message header -------------------------------------------------- */
 
@@ -110,7 +126,8 @@ typedef struct pt_message_header {
     uint32_t job;         /* the job id: receivers refuse other jobs' messages */
     int32_t replica, stage, microbatch, src_rank;
     int64_t step, weight_version;
-    int32_t ndim; /* 0..PT_MESSAGE_MAX_DIMS */
+    int32_t ndim;   /* 0..PT_MESSAGE_MAX_DIMS */
+    uint32_t flags; /* PT_MESSAGE_* below (was padding: zero from older builds) */
     int64_t shape[PT_MESSAGE_MAX_DIMS];
     uint64_t nbytes;   /* prod(shape) * dtype size */
     uint64_t checksum; /* pt_checksum64 of the payload, or 0 for none */
@@ -130,6 +147,11 @@ typedef enum pt_message_kind {
     PT_KIND_FIRST_FREE = 16,
     PT_KIND_MAX = 255
 } pt_message_kind;
+
+/* Header flags. DEVICE_PAYLOAD: the payload stays in the sender's device memory and comes as
+ * a device descriptor (Device payloads, above): no checksum, since the bytes never reach a
+ * host. */
+enum { PT_MESSAGE_DEVICE_PAYLOAD = 1u, PT_MESSAGE_KNOWN_FLAGS = PT_MESSAGE_DEVICE_PAYLOAD };
 
 /* Payloads up to this many bytes travel in the header's message. */
 #define PT_TRANSPORT_INLINE_BYTES 4096
@@ -292,6 +314,44 @@ pipert_result pt_transport_seal_control(pt_transport *t, int rank, uint32_t word
                                         pt_control_record *out);
 pipert_result pt_transport_send_control_raw(pt_transport *t, int rank,
                                             const pt_control_record *record);
+
+/* ---- device payloads (Device payloads, above) ---------------------------- */
+
+/* A kernel table's functions for memory peers copy from (kernels/kernels.h), and its kind:
+ * two processes copy from each other only if their kinds are equal. */
+typedef struct pt_device_memory {
+    const char *kind; /* the table's name: "cuda", "cpu-guarded" */
+    pipert_result (*export_memory)(const void *device, pt_peer_memory *out);
+    pipert_result (*copy_from_peer)(void *device_dst, const pt_peer_memory *src, size_t bytes);
+} pt_device_memory;
+
+/* From now on this transport copies device payloads from peers that send them, and sends its
+ * own to peers that copy them: it tells each peer whose memory it can read (and every such
+ * peer that connects later) that it copies device memory of d->kind. `d` must outlive the
+ * transport. Does nothing under authenticate_messages or where direct reads are off. */
+void pt_transport_use_device_memory(pt_transport *t, const pt_device_memory *d);
+
+/* 1 if `rank` said it copies device memory of this transport's kind from us (and is alive):
+ * pt_send_device may send it device buffers. */
+int pt_transport_peer_copies_device_memory(pt_transport *t, int rank);
+
+/* pt_send for a payload in device memory, to a peer that copies it (PIPERT_ERR_INVALID_ARG for
+ * a live peer that does not, or a payload of at most PT_TRANSPORT_INLINE_BYTES: stage those
+ * through the host; a peer that failed or left fails the request as pt_send's does). The device work that wrote the payload must have finished (synchronize first); the
+ * payload stays untouched until the request completes. */
+pipert_result pt_send_device(pt_transport *t, int dst_rank, uint32_t user_tag,
+                             const pt_message_header *header, const void *device_payload,
+                             pt_request **out);
+
+/* pt_recv into `host_buffer`, or, for a device payload (from a peer this transport told it
+ * copies device memory), into `device_buffer`: both of `capacity` bytes. Without device memory
+ * in use (pt_transport_use_device_memory) it is pt_recv into host_buffer. */
+pipert_result pt_recv_device(pt_transport *t, int src_rank, uint32_t user_tag,
+                             const pt_recv_expect *expect, void *host_buffer, void *device_buffer,
+                             size_t capacity, pt_request **out);
+
+/* 1 if a completed pt_recv_device's payload is in its device buffer, 0 if in its host one. */
+int pt_request_on_device(const pt_request *request);
 
 /* Receives one message of expect->kind and user_tag from src_rank into
  * `buffer` (capacity bytes). On success pt_request_header() describes it. */

@@ -126,6 +126,8 @@ static void on_control_received(connection *c, ucs_status_t status)
         c->bye_acked = 1;
     } else if (in->word == CONTROL_DIRECT_OK) {
         pt_transport_peer_reads_us(c);
+    } else if ((in->word & CONTROL_DEVICE_MASK) == CONTROL_DEVICE_OK) {
+        pt_transport_peer_copies_device(c, in->word);
     } else {
         pt_warn("transport: %s sent an unknown control word 0x%08x", c->who, in->word);
     }

@@ -134,7 +134,9 @@ void pt_transport_offer_direct_reads(connection *c, const hello *h)
     peer *p = pt_transport_peer_slot_locked(c->t, c->rank);
     if (p) p->read_pid = (pid_t)h->pid;
     pthread_mutex_unlock(&pt_transport_state_lock);
-    if (p) pt_transport_send_control(c, CONTROL_DIRECT_OK);
+    if (!p) return;
+    pt_transport_send_control(c, CONTROL_DIRECT_OK);
+    pt_transport_offer_device_copies(c);
 }
 
 /* The peer can read our memory: large payloads to it go as descriptors from now on. */
@@ -178,7 +180,7 @@ static void ack_arrived(pt_request *r, ucs_status_t status, const ucp_tag_recv_i
 
 /* A direct send waits for the receiver's answer under (KIND_INTERNAL, peer, ack id); posted
  * before the descriptor leaves, so it is never unexpected. */
-static void post_ack_receive(pt_request *r)
+void pt_transport_post_ack_receive(pt_request *r)
 {
     r->ops_pending++;
     pt_transport_post_part_receive(
@@ -194,7 +196,7 @@ void pt_transport_send_direct(pt_transport *t, pt_request *r, ucp_ep_h ep)
                                         .ack_id = t->next_ack_id++,
                                         .address = (uint64_t)(uintptr_t)r->payload,
                                         .nbytes = r->header.nbytes};
-    post_ack_receive(r);
+    pt_transport_post_ack_receive(r);
     if (!r->failed) { /* no descriptor goes out unless its answer can be received */
         pt_transport_send_part(r, ep, &r->header, sizeof r->header, 0, PART_HEADER);
         pt_transport_send_part(r, ep, &r->descriptor, sizeof r->descriptor, 0, PART_PAYLOAD);

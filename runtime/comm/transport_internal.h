@@ -5,6 +5,7 @@
  *   transport_connect.c    connections: endpoints, the hello handshake, control words on
  *                          their stream, the peer table, and connecting
  *   transport_direct.c     same-host direct reads (process_vm_readv) in place of UCX's cma
+ *   transport_device.c     same-host device payloads: copies from a peer's device memory
  *   transport_send_recv.c  messages: the checksum, sending, and receiving with the header
  *                          checked before the payload is trusted
  *   transport_request.c    a request's life: completion, test, wait, callbacks, free
@@ -65,6 +66,9 @@
 #define CONTROL_BYE 0x45594221u
 #define CONTROL_BYE_ACK 0x4b434121u
 #define CONTROL_DIRECT_OK 0x4b4f5244u /* "I can read your memory" */
+/* "I copy device memory of kind K from you": the high half, and K's 16-bit hash below it. */
+#define CONTROL_DEVICE_OK 0x56440000u
+#define CONTROL_DEVICE_MASK 0xffff0000u
 /* Payloads of at least this many bytes go by direct read where the peer can
  * (transport_direct.c). */
 #define DIRECT_MIN_BYTES (64u << 10)
@@ -92,6 +96,8 @@ typedef struct peer {
     connection *conn; /* the endpoint we send on while ALIVE */
     pid_t read_pid;   /* > 0: its memory is readable from here (direct reads), at this pid */
     int reads_us;     /* it said it can read ours: send it descriptors in place of payloads */
+    uint32_t copies_our_device; /* its CONTROL_DEVICE_OK word: the kind of device memory it
+                                 * copies from us (0: none) */
     char who[WHO_CAPACITY];
     char reason[REASON_CAPACITY]; /* why it is DEAD or LEFT */
     char mismatch[TEXT_CAPACITY]; /* not "": a process of this rank was refused for another
@@ -138,6 +144,13 @@ typedef struct direct_descriptor {
     uint32_t magic, ack_id;
     uint64_t address, nbytes;
 } direct_descriptor;
+
+/* Sent in place of a device payload to a peer that copies it (transport_device.c). */
+typedef struct device_descriptor {
+    uint32_t magic, ack_id;
+    uint64_t nbytes;
+    pt_peer_memory memory;
+} device_descriptor;
 
 /* The receiver's answer to a descriptor; it completes the send. */
 enum { ACK_READ = 0, ACK_REFUSED = 1, ACK_FAILED = 2 };
@@ -222,6 +235,11 @@ struct pt_request {
     ucp_tag_recv_info_t info;
     const void *payload; /* send */
     void *buffer;        /* receive */
+    /* Device payloads (transport_device.c). Send: the payload is device memory. Receive: where
+     * a device payload goes (NULL: this receive takes bytes only), and whether it went there. */
+    int device_payload;
+    void *device_buffer;
+    int on_device;
     size_t capacity;
     pt_recv_expect expect;
     void *op;    /* receive: the UCX operation in flight; direct send: the ack's receive */
@@ -233,6 +251,7 @@ struct pt_request {
     /* Direct reads. Send: the descriptor sent and the ack received. Receive: the descriptor
      * received. Discard: room for a descriptor to refuse. */
     direct_descriptor descriptor;
+    device_descriptor device;
     direct_ack ack;
     int ops_pending; /* send: header and payload parts (and a direct send's ack) in flight */
     int failed;      /* a failure was recorded in result/message */
@@ -271,6 +290,10 @@ struct pt_transport {
     uint64_t probe_word;
     uint8_t boot_id[16];
     uint32_t next_ack_id;
+    /* Device payloads: the table's peer functions once pt_transport_use_device_memory, and the
+     * CONTROL_DEVICE_OK word of their kind (set under ucx_lock). */
+    const pt_device_memory *device;
+    uint32_t device_word;
 
     ucp_context_h context;
     ucp_worker_h worker;
@@ -405,9 +428,18 @@ void pt_transport_init_direct_reads(pt_transport *t);
 void pt_transport_offer_direct_reads(connection *c, const hello *h);
 void pt_transport_peer_reads_us(connection *c);
 void pt_transport_send_direct(pt_transport *t, pt_request *r, ucp_ep_h ep);
+/* A direct or device send waits for its answer (ack id r->descriptor.ack_id). */
+void pt_transport_post_ack_receive(pt_request *r);
 void pt_transport_acknowledge(pt_transport *t, int rank, uint32_t ack_id, int32_t status);
 int pt_transport_is_descriptor(const direct_descriptor *d, size_t length);
 void pt_transport_read_directly(pt_request *r);
+
+/* transport_device.c: same-host device payloads. */
+void pt_transport_offer_device_copies(connection *c);
+void pt_transport_peer_copies_device(connection *c, uint32_t word);
+void pt_transport_send_device_descriptor(pt_transport *t, pt_request *r, ucp_ep_h ep);
+int pt_transport_is_device_descriptor(const device_descriptor *d, size_t length);
+void pt_transport_copy_from_peer(pt_request *r);
 
 /* transport_send_recv.c: messages. */
 void pt_transport_send_part(pt_request *r, ucp_ep_h ep, const void *buffer, size_t count, int iov,
@@ -416,6 +448,14 @@ void pt_transport_send_part_finished(pt_request *r, ucs_status_t status);
 void pt_transport_post_part_receive(pt_request *r, ucp_tag_t tag, void *buffer, size_t count,
                                     int iov, arrival_fn arrived);
 void pt_transport_post_send(pt_transport *t, pt_request *r);
+pipert_result pt_transport_wire_header(pt_transport *t, const pt_message_header *header,
+                                       pt_message_header *wire);
+pipert_result pt_transport_submit_send(pt_transport *t, int dst_rank, uint32_t user_tag,
+                                       const pt_message_header *header, const void *payload,
+                                       const pt_peer_memory *device, pt_request **out);
+pipert_result pt_transport_submit_receive(pt_transport *t, int src_rank, uint32_t user_tag,
+                                          const pt_recv_expect *expect, void *buffer,
+                                          void *device_buffer, size_t capacity, pt_request **out);
 void pt_transport_post_receive(pt_transport *t, pt_request *r);
 void pt_transport_finish_receive(pt_request *r);
 void pt_transport_cancel_receives_from(pt_transport *t, int rank, pipert_result code,

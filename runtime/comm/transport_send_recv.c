@@ -124,7 +124,9 @@ void pt_transport_post_send(pt_transport *t, pt_request *r)
      * early. */
     r->ops_pending = 1;
     uint64_t nbytes = r->header.nbytes;
-    if (nbytes > 0 && nbytes <= PT_TRANSPORT_INLINE_BYTES) {
+    if (r->device_payload) {
+        pt_transport_send_device_descriptor(t, r, c->ep);
+    } else if (nbytes > 0 && nbytes <= PT_TRANSPORT_INLINE_BYTES) {
         r->iov[0] = (ucp_dt_iov_t){&r->header, sizeof r->header};
         r->iov[1] = (ucp_dt_iov_t){(void *)r->payload, (size_t)nbytes};
         pt_transport_send_part(r, c->ep, r->iov, 2, 1, PART_HEADER);
@@ -244,9 +246,9 @@ static void discard_payload(pt_request *r)
     d->kind = r->kind;
     d->user_tag = r->user_tag;
     pt_transport_in_flight_add(r->t, d);
-    /* Room for a descriptor only: it is answered (so its sender's send ends); a real payload is
-     * longer and truncated away. */
-    recv_part(d, &d->descriptor, sizeof d->descriptor, 0, PART_PAYLOAD);
+    /* Room for a descriptor only (either kind): it is answered (so its sender's send ends); a
+     * real payload is longer and truncated away. */
+    recv_part(d, &d->device, sizeof d->device, 0, PART_PAYLOAD);
 }
 
 void pt_transport_finish_receive(pt_request *r)
@@ -285,7 +287,8 @@ static void header_arrived(pt_request *r, ucs_status_t status, const ucp_tag_rec
                                   info->length);
         return;
     }
-    const pt_header_check check = {r->t->job, r->peer, r->capacity, &r->expect};
+    const pt_header_check check = {r->t->job, r->peer, r->capacity, &r->expect,
+                                   r->device_buffer != NULL && r->t->device != NULL};
     if (!pt_message_header_acceptable(&r->header, &check, why, sizeof why)) {
         if (r->header.nbytes > PT_TRANSPORT_INLINE_BYTES) discard_payload(r);
         pt_transport_fail_request(r, PIPERT_ERR_PEER, "%s: refused: %s", what, why);
@@ -314,8 +317,12 @@ static void header_arrived(pt_request *r, ucs_status_t status, const ucp_tag_rec
 static void payload_arrived(pt_request *r, ucs_status_t status, const ucp_tag_recv_info_t *info)
 {
     if (r->type == REQUEST_DISCARD) {
+        if (status == UCS_OK && info->length == sizeof r->descriptor)
+            memcpy(&r->descriptor, &r->device, sizeof r->descriptor);
         if (status == UCS_OK && pt_transport_is_descriptor(&r->descriptor, info->length))
             pt_transport_acknowledge(r->t, r->peer, r->descriptor.ack_id, ACK_REFUSED);
+        if (status == UCS_OK && pt_transport_is_device_descriptor(&r->device, info->length))
+            pt_transport_acknowledge(r->t, r->peer, r->device.ack_id, ACK_REFUSED);
         pt_transport_complete_request(r);
         return;
     }
@@ -328,6 +335,21 @@ static void payload_arrived(pt_request *r, ucs_status_t status, const ucp_tag_re
             pt_transport_read_directly(r);
             return;
         }
+    }
+    if (info->length == sizeof r->device) {
+        memcpy(&r->device, r->buffer, sizeof r->device);
+        if (pt_transport_is_device_descriptor(&r->device, info->length)) {
+            pt_transport_copy_from_peer(r);
+            return;
+        }
+    }
+    if (r->header.flags & PT_MESSAGE_DEVICE_PAYLOAD) {
+        char what[96];
+        pt_transport_describe_request(r, what, sizeof what);
+        pt_transport_fail_request(r, PIPERT_ERR_PEER,
+                                  "%s: flags: a device payload, but %zu bytes came in place of "
+                                  "its descriptor", what, info->length);
+        return;
     }
     if (info->length != r->header.nbytes) {
         char what[96];
@@ -424,8 +446,11 @@ void pt_transport_bytes_sent(pt_transport *t, uint64_t *local, uint64_t *remote)
     *remote = atomic_load(&t->bytes_remote);
 }
 
-pipert_result pt_send_raw(pt_transport *t, int dst_rank, uint32_t user_tag,
-                          const pt_message_header *header, const void *payload, pt_request **out)
+/* Submits a send of `header` exactly as given, its payload in host memory or (device) in
+ * device memory. */
+pipert_result pt_transport_submit_send(pt_transport *t, int dst_rank, uint32_t user_tag,
+                                       const pt_message_header *header, const void *payload,
+                                       const pt_peer_memory *device, pt_request **out)
 {
     *out = NULL;
     PT_TRY(check_peer_argument(t, dst_rank, "pt_send"));
@@ -437,15 +462,23 @@ pipert_result pt_send_raw(pt_transport *t, int dst_rank, uint32_t user_tag,
     PT_TRY(new_request(t, REQUEST_SEND, dst_rank, user_tag, header->kind, &r));
     r->header = *header;
     r->payload = payload;
+    if (device) {
+        r->device_payload = 1;
+        r->device.memory = *device;
+    }
     count_sent(t, dst_rank, header->nbytes);
     return pt_transport_submit(t, r, out);
 }
 
-pipert_result pt_send(pt_transport *t, int dst_rank, uint32_t user_tag,
-                      const pt_message_header *header, const void *payload, unsigned flags,
-                      pt_request **out)
+pipert_result pt_send_raw(pt_transport *t, int dst_rank, uint32_t user_tag,
+                          const pt_message_header *header, const void *payload, pt_request **out)
 {
-    *out = NULL;
+    return pt_transport_submit_send(t, dst_rank, user_tag, header, payload, NULL, out);
+}
+
+pipert_result pt_transport_wire_header(pt_transport *t, const pt_message_header *header,
+                                       pt_message_header *wire)
+{
     if (header->dtype >= PT_DTYPE_COUNT)
         return pt_fail(PIPERT_ERR_INVALID_ARG, "pt_send: dtype %u is not a dtype", header->dtype);
     if (header->ndim < 0 || header->ndim > PT_MESSAGE_MAX_DIMS)
@@ -464,22 +497,31 @@ pipert_result pt_send(pt_transport *t, int dst_rank, uint32_t user_tag,
                        (unsigned long long)header->nbytes,
                        (unsigned long long)(numel * pt_dtype_size(header->dtype)));
     /* A fresh header (padding zeroed), with the fields the transport owns. */
+    memset(wire, 0, sizeof *wire);
+    wire->magic = PT_MESSAGE_MAGIC;
+    wire->version = PT_MESSAGE_VERSION;
+    wire->kind = header->kind;
+    wire->dtype = header->dtype;
+    wire->job = t->job;
+    wire->replica = header->replica;
+    wire->stage = header->stage;
+    wire->microbatch = header->microbatch;
+    wire->src_rank = t->rank;
+    wire->step = header->step;
+    wire->weight_version = header->weight_version;
+    wire->ndim = header->ndim;
+    for (int d = 0; d < header->ndim; d++) wire->shape[d] = header->shape[d];
+    wire->nbytes = header->nbytes;
+    return PIPERT_OK;
+}
+
+pipert_result pt_send(pt_transport *t, int dst_rank, uint32_t user_tag,
+                      const pt_message_header *header, const void *payload, unsigned flags,
+                      pt_request **out)
+{
+    *out = NULL;
     pt_message_header wire;
-    memset(&wire, 0, sizeof wire);
-    wire.magic = PT_MESSAGE_MAGIC;
-    wire.version = PT_MESSAGE_VERSION;
-    wire.kind = header->kind;
-    wire.dtype = header->dtype;
-    wire.job = t->job;
-    wire.replica = header->replica;
-    wire.stage = header->stage;
-    wire.microbatch = header->microbatch;
-    wire.src_rank = t->rank;
-    wire.step = header->step;
-    wire.weight_version = header->weight_version;
-    wire.ndim = header->ndim;
-    for (int d = 0; d < header->ndim; d++) wire.shape[d] = header->shape[d];
-    wire.nbytes = header->nbytes;
+    PT_TRY(pt_transport_wire_header(t, header, &wire));
     wire.checksum =
         (flags & PT_SEND_CHECKSUM) && header->nbytes ? pt_checksum64(payload, header->nbytes) : 0;
     PT_TRY(check_peer_argument(t, dst_rank, "pt_send"));
@@ -489,6 +531,13 @@ pipert_result pt_send(pt_transport *t, int dst_rank, uint32_t user_tag,
 
 pipert_result pt_recv(pt_transport *t, int src_rank, uint32_t user_tag,
                       const pt_recv_expect *expect, void *buffer, size_t capacity, pt_request **out)
+{
+    return pt_transport_submit_receive(t, src_rank, user_tag, expect, buffer, NULL, capacity, out);
+}
+
+pipert_result pt_transport_submit_receive(pt_transport *t, int src_rank, uint32_t user_tag,
+                                          const pt_recv_expect *expect, void *buffer,
+                                          void *device_buffer, size_t capacity, pt_request **out)
 {
     *out = NULL;
     PT_TRY(check_peer_argument(t, src_rank, "pt_recv"));
@@ -502,6 +551,7 @@ pipert_result pt_recv(pt_transport *t, int src_rank, uint32_t user_tag,
     PT_TRY(new_request(t, REQUEST_RECV, src_rank, user_tag, expect->kind, &r));
     r->expect = *expect;
     r->buffer = buffer;
+    r->device_buffer = device_buffer;
     r->capacity = capacity;
     return pt_transport_submit(t, r, out);
 }
