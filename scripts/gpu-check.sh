@@ -235,6 +235,13 @@ run() {
       grep -h "go device to device" "$jobs"/gpt2-two/logs/*.log | sed 's/^[0-9:.]* info  /  /' ||
         echo "  the tensors between the stages went through host copies (no CUDA IPC)"; } ||
     echo "  2 stages: FAIL: $(why "$jobs/gpt2-two")"
+  # the same through host copies (as before CUDA IPC), to hold the two paths side by side
+  # shellcheck disable=SC2086
+  PIPERT_DEVICE_PAYLOADS=0 timeout "$(left 90)" "$pipert" launch --quiet --stages 2 $gpt2 --runtime.device=cuda \
+    --out "$jobs/gpt2-two-staged" >"$jobs/gpt2-two-staged.err" 2>&1 &&
+    { echo "  2 stages through host copies (PIPERT_DEVICE_PAYLOADS=0): $(python3 -c "$median_step" "$jobs/gpt2-two-staged/metrics.jsonl")"
+      transfer_share "$jobs/gpt2-two-staged/trace.json" "$(python3 -c "$median_step" "$jobs/gpt2-one/metrics.jsonl")"; } ||
+    echo "  2 stages through host copies: FAIL: $(why "$jobs/gpt2-two-staged")"
   echo "  2 replicas sharing the GPU, each dp.method's step against none's (host copies of what they exchange):"
   for method in none allreduce sparse diloco; do
     # shellcheck disable=SC2086

@@ -22,7 +22,7 @@
  * Between workers of one host, tensors go device to device: the transport
  * gets the table's peer functions (CUDA IPC; cpu-guarded's stand-in), and
  * peers that can copy from each other's memory do (runtime/comm/transport.h,
- * "Device payloads"). */
+ * "Device payloads"); PIPERT_DEVICE_PAYLOADS=0 keeps them to host copies. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -86,6 +86,14 @@ void pt_session_share_device_memory(pipert_session *s)
 {
     const pt_kernels *k = s->kernels;
     if (!s->job.transport || k->host_accessible || !k->peer_export || !k->peer_copy) return;
+    /* PIPERT_DEVICE_PAYLOADS=0: through host copies, as before (to compare, or where CUDA IPC
+     * is not allowed between the workers' processes). */
+    const char *wanted = getenv("PIPERT_DEVICE_PAYLOADS");
+    if (wanted && !strcmp(wanted, "0")) {
+        pt_info("stage %d: tensors to other workers go through host copies (PIPERT_DEVICE_PAYLOADS=0)",
+                s->job.stage);
+        return;
+    }
     s->device_memory = (pt_device_memory){
         .kind = k->name, .export_memory = k->peer_export, .copy_from_peer = k->peer_copy};
     pt_transport_use_device_memory(s->job.transport, &s->device_memory);

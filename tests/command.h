@@ -180,6 +180,15 @@ static inline void run_pipert_ok(const char *fmt, ...)
     va_end(ap);
 }
 
+/* run_pipert_ok with `env` ("NAME=value ...") before the command. */
+static inline void run_pipert_ok_with(const char *env, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    run_pipert_ok_env(env, fmt, ap);
+    va_end(ap);
+}
+
 /* run_pipert_ok with info-level logs (the tests run with PIPERT_LOG=warn). */
 static inline void run_pipert_ok_info(const char *fmt, ...)
 {

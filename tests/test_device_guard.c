@@ -221,6 +221,28 @@ static void expect_same_job(const char *layout, int stages, int replicas, const 
     remove_dir(guarded);
 }
 
+/* PIPERT_DEVICE_PAYLOADS=0: the same job through host copies, with the same bits. */
+Test(guard, device_payloads_can_be_turned_off, .timeout = 300)
+{
+    char *direct = make_temp_dir(), *staged = make_temp_dir();
+    const char *job = "launch --quiet --stages 2 --out %s " MODEL
+                      " --train.steps=%d --runtime.device=cpu-guarded";
+    run_pipert_ok_info(job, direct, STEPS);
+    run_pipert_ok_with("PIPERT_LOG=info PIPERT_DEVICE_PAYLOADS=0", job, staged, STEPS);
+    char *log = read_named(staged, "/logs/rank-0.log");
+    cr_expect(!strstr(log, "go device to device") &&
+                  strstr(log, "go through host copies (PIPERT_DEVICE_PAYLOADS=0)"),
+              "rank 0 with PIPERT_DEVICE_PAYLOADS=0:\n%s", log);
+    free(log);
+    double a[MAX_STEPS] = {0}, b[MAX_STEPS] = {0};
+    cr_assert_eq(read_metric_steps(direct, "metrics.jsonl", "loss", a, MAX_STEPS), STEPS);
+    cr_assert_eq(read_metric_steps(staged, "metrics.jsonl", "loss", b, MAX_STEPS), STEPS);
+    for (int i = 0; i < STEPS; i++)
+        cr_expect_eq(a[i], b[i], "step %d: device to device %.9g, host copies %.9g", i + 1, a[i], b[i]);
+    remove_dir(direct);
+    remove_dir(staged);
+}
+
 Test(guard, asynchronous_pipeline, .timeout = 300)
 {
     expect_same_job("--stages 3 --pipeline.schedule=async-1f1b", 3, 1, "3 stages, async-1f1b");
