@@ -5,7 +5,9 @@ A 2-site job (emulated links: 100 Mbit/s, 50 ms one way), 2 stages x 3 replicas,
 (--min-replicas 1) with restarts, runs while this driver, for --minutes, at random:
   kill    SIGKILL to one worker (the launcher starts its replica again: --restarts);
   freeze  SIGSTOP to one worker for longer than the heartbeat timeout, then SIGCONT;
-  link    the inter-site link of site 1 down for 5-30 s (ip link set wan0 down in its namespace).
+  link    the inter-site link of site 1 down for 5-30 s (ip link set wan0 down in its namespace);
+  coordinator  SIGKILL to the coordinator's process (DIR/coordinator.pid; the launcher starts it
+          again and the workers register with the new one: runtime/comm/coordinator_recover.c).
 It never takes more replicas out than --min-replicas allows, and never two faults at one replica.
 It reads the launcher's DIR/status.json (each rank's state, step, pid, exits) four times a second
 and reports, per method: the faults injected by kind and survived, the steps and tokens each cost
@@ -43,7 +45,7 @@ STALL_LIMIT_S = 60.0       # the target: every untouched replica steps at least 
 RECOVERY_S = HEARTBEAT_S + 30.0  # a fault lifted this close to the job's end may not heal first
 DEADLOCK_S = 240.0         # no replica stepping this long: the job is stopped, its stacks shown
 LOSS_LIMIT = 0.02          # the target: within 2% of the undisturbed run at equal tokens
-KINDS = ("kill", "freeze", "link")
+KINDS = ("kill", "freeze", "link", "coordinator")
 STEPS_FACTOR = 1.0         # the churned job's steps: this many times the undisturbed rate's
 LAST_FAULT_AT = 0.85       # no fault after this share of the steps: the last ones recover
 
@@ -144,6 +146,8 @@ class Driver:
         self.started = time.monotonic()
         self.first_step_at = None
         self.link_down = None  # the link Event in progress
+        self.coordinator = None  # the coordinator's kill not yet recovered from (an Event)
+        self.coordinator_new_at = None  # when a new coordinator's pid appeared
         self.namespace = None
         self.status = None
         self.churn_seconds = 0.0  # from the first step to the last fault's chance
@@ -185,6 +189,7 @@ class Driver:
                         self.first_step_at = now
             rep.training = training
             self.note_recovery(rep, ranks, now)
+        self.note_coordinator(status, now)
         # a replica no fault touches must step on: its stall so far counts too
         for rep in self.replicas:
             if rep.fault is None and rep.training and rep.stepped_at is not None and \
@@ -243,6 +248,28 @@ class Driver:
         if now - e.ends_at >= HEARTBEAT_S + 1.0:
             rep.fault = None
 
+    def coordinator_pid(self):
+        try:
+            with open(os.path.join(self.out, "coordinator.pid")) as f:
+                return int(f.read())
+        except (OSError, ValueError):
+            return None
+
+    def note_coordinator(self, status, now):
+        """A coordinator's kill is recovered from once a new one runs and every replica no fault
+        touches trains at a step past the one it was killed at."""
+        e = self.coordinator
+        if e is None:
+            return
+        pid = self.coordinator_pid()
+        if pid and pid != e.pid and self.coordinator_new_at is None:
+            self.coordinator_new_at = now
+        steps = [rep.reported for rep in self.untouched_training()]
+        if self.coordinator_new_at is not None and status.get("phase") == "running" and steps \
+                and min(steps) > e.step_before:
+            e.back_at, e.back_step = now, min(steps)
+            self.coordinator = None
+
     # ---- injecting --------------------------------------------------------------------
     def untouched_training(self):
         return [rep for rep in self.replicas if rep.fault is None and rep.training]
@@ -254,9 +281,16 @@ class Driver:
 
     def inject(self, counts):
         """One fault of the kind least injected so far that can be injected now."""
-        if self.args.one_at_a_time and any(rep.fault for rep in self.replicas):
+        if self.args.one_at_a_time and (any(rep.fault for rep in self.replicas) or
+                                        self.coordinator):
             return None
         for kind in sorted(KINDS, key=lambda k: (counts[k], self.rng.random())):
+            if kind == "coordinator":
+                if self.coordinator is None and self.untouched_training():
+                    e = self.kill_coordinator()
+                    if e:
+                        return e
+                continue
             if kind == "link":
                 rep = self.replicas[1]  # site 1 holds replica 1 (replica r: site r mod 2)
                 if self.link_down is None and self.can_take_out(rep) and self.site1_namespace():
@@ -285,6 +319,21 @@ class Driver:
             self.killed_pids.add(pid)
         e.pids = dict(rep.pids)
         rep.fault = e
+        self.events.append(e)
+        return e
+
+    def kill_coordinator(self):
+        pid = self.coordinator_pid()
+        if not pid:
+            return None
+        step = min(rep.reported for rep in self.untouched_training())
+        e = Event("coordinator", None, None, self.now(), step)
+        e.pid = pid
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return None
+        self.coordinator, self.coordinator_new_at = e, None
         self.events.append(e)
         return e
 

@@ -57,6 +57,17 @@ static bool noticed_loss(pipert_session *s, long step)
     return true;
 }
 
+/* Says once each time, in this rank's log, that it registered again with a coordinator
+ * started again (under pipert launch: coord_client.h, reconnect_s). */
+static void noticed_return(pipert_session *s, long step)
+{
+    const long n = pt_job_coordinator_reconnections(&s->job);
+    if (n == s->reconnections_logged) return;
+    s->reconnections_logged = n;
+    pt_info("the coordinator was started again; this rank registered with it again (by step %ld; "
+            "%ld time%s in all) and trains on", step, n, n == 1 ? "" : "s");
+}
+
 /* The vote started K steps ago, in slices so that a stop or an abort ends the wait.
  * Elastic replicas: a vote that replicas leaving cut short decides nothing (the
  * survivors vote again over their new world group). */
@@ -106,6 +117,7 @@ static bool regrouping(const pipert_session *s)
 pipert_result pt_session_coordinator_vote(pipert_session *s, long step, bool *stop)
 {
     *stop = false;
+    noticed_return(s, step);
     if (!s->job.world_group) return PIPERT_OK;
     const bool lost = noticed_loss(s, step);
     const long k = vote_period(s);

@@ -423,6 +423,8 @@ static pipert_result join_launched(pt_job *job, int stages, const char *const *e
     options.address = pt_transport_address(job->transport);
     if (job->boot.heartbeat_timeout_s > 0) options.dead_after_s = job->boot.heartbeat_timeout_s;
     options.outlive_coordinator = outlives_coordinator(job);
+    options.reconnect_s = job->boot.coord_reconnect_s;
+    options.stages = stages;
     options.join = job->joining;
     options.identity = job->identity;
     options.on_join = make_room_at_once;
@@ -886,6 +888,11 @@ pipert_result pt_job_settle_joiners(pt_job *job)
     if (!job->listening) return PIPERT_OK;
     job->listening = false;
     return pt_transport_stop_listening(job->transport);
+}
+
+long pt_job_coordinator_reconnections(pt_job *job)
+{
+    return job->client ? pt_coord_client_reconnections(job->client) : 0;
 }
 
 bool pt_job_coordinator_lost(pt_job *job, char *why, size_t cap)

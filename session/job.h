@@ -136,6 +136,8 @@ pipert_result pt_job_settle_joiners(pt_job *job);
 /* Whether this rank lost the coordinator (pipert launch: the launcher died);
  * `why` (may be NULL) says how it was noticed. */
 bool pt_job_coordinator_lost(pt_job *job, char *why, size_t cap);
+/* How often this worker registered again with a coordinator started again. */
+long pt_job_coordinator_reconnections(pt_job *job);
 
 /* This rank's progress, for the coordinator's job-wide line. */
 pipert_result pt_job_report_progress(pt_job *job, const pt_rank_progress *progress);

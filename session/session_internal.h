@@ -69,6 +69,7 @@ struct pipert_session {
     long loss_vote_step;
     long loss_vote_groups;          /* elastic.regrouped_epoch when it started */
     bool loss_logged;
+    long reconnections_logged; /* registrations with a coordinator started again, logged */
     long stopped_at;          /* > 0: stopped after this step, the coordinator lost */
 };
 

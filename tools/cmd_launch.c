@@ -1,7 +1,9 @@
 /* pipert launch: a job of stages × replicas workers on this machine.
  *
  * The launcher generates the job's secret (DIR/job.secret, mode 0600), runs
- * the coordinator (runtime/comm/coordinator.h) on 127.0.0.1, and starts one
+ * the coordinator (runtime/comm/coordinator.h) on 127.0.0.1, in a process of
+ * its own that it starts again if it dies (tools/coordinator_process.h; its
+ * pid in DIR/coordinator.pid), and starts one
  * `pipert worker` process per rank — this very executable again
  * (/proc/self/exe), with the same configuration arguments — with the
  * environment of runtime/comm/bootstrap.h. Rank r is stage r mod S of replica
@@ -18,7 +20,7 @@
  * worker the same way (exit 128 + signal). Workers run in process groups of
  * their own (a terminal's Ctrl-C reaches only the launcher, which stops them
  * in order). A launcher killed outright (kill -9) takes the coordinator with
- * it, not the workers: they notice, agree on a step, checkpoint it and exit
+ * it (and its listening socket), not the workers: they notice, agree on a step, checkpoint it and exit
  * with status 4 (session/coordinator_loss.c); `pipert launch --resume`
  * continues. Between emulated sites the launcher also carries the links
  * (tools/wan), so there the workers get PR_SET_PDEATHSIG and die with it.
@@ -48,12 +50,16 @@
 #include "runtime/trace.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
+#include "tools/coordinator_process.h"
 #include "tools/launch_plan.h"
 #include "tools/launch_status.h"
 #include "tools/progress.h"
 #include "tools/wan/sites.h"
 
 #define EXIT_JOB_ABORTED 3 /* a worker that stopped because the job aborted (cmd_worker.c) */
+/* A worker whose coordinator's connection closed registers again for this long (at least; a
+ * coordinator started again takes well under a second), before it counts as lost. */
+#define RECONNECT_S 30.0
 #define POLL_MS 100
 #define LOG_TAIL_LINES 4
 #define STATUS_PERIOD_S 0.5 /* DIR/status.json rewritten this often */
@@ -95,7 +101,7 @@ typedef struct job {
     double heartbeat_timeout_s; /* --heartbeat-timeout */
     int min_replicas;           /* --min-replicas: fewer and the job stops (0: all) */
     int restarts_left;          /* --restarts: replicas that left may start again this often */
-    pt_coordinator *coordinator;
+    pt_coordinator_process *coordinator;
     worker_process *workers; /* [world] */
     int running;
     /* passed to every worker: --config FILE and --section.key=value */
@@ -166,11 +172,15 @@ static pipert_result start_coordinator(job *j)
 {
     pt_coordinator_options options = PT_COORDINATOR_OPTIONS_INIT;
     options.world = j->world;
-    options.secret = j->secret;
     options.dead_after_s = j->heartbeat_timeout_s;
     options.stages = j->stages;
     options.min_replicas = j->min_replicas;
-    return pt_wan_sites_create_coordinator(&j->wan, &options, &j->coordinator);
+    int fd, port;
+    PT_TRY(pt_wan_sites_coordinator_listen(&j->wan, &fd, &port));
+    char pid_path[PATH_MAX + 32];
+    snprintf(pid_path, sizeof pid_path, "%s/coordinator.pid", j->out_dir);
+    return pt_coordinator_process_start(&j->coordinator, &options, fd, port, j->secret_path,
+                                        pid_path);
 }
 
 static void format_cores(const worker_process *w, char *text, size_t cap)
@@ -185,7 +195,7 @@ static void print_mapping(const job *j)
            "%s:%d; job directory %s\n",
            j->world, j->world == 1 ? "" : "s", j->stages, j->stages == 1 ? "" : "s", j->replicas,
            j->replicas == 1 ? "" : "s", j->host, j->cores, pt_wan_sites_coordinator_host(&j->wan),
-           pt_coordinator_port(j->coordinator), j->out_dir);
+           pt_coordinator_process_port(j->coordinator), j->out_dir);
     pt_wan_sites_print(&j->wan);
     if (j->world > j->cores)
         printf("  (more workers than cores: %d workers share each core)\n",
@@ -220,13 +230,14 @@ static bool is_launcher_variable(const job *j, const char *entry)
                                             "PIPERT_LOCAL_RANK=", "PIPERT_COORD=",
                                             "PIPERT_COORD_PORT=", "PIPERT_SECRET=",
                                             "PIPERT_SECRET_FILE=", "PIPERT_CORES=", "PIPERT_SITE=",
-                                            "PIPERT_HEARTBEAT_TIMEOUT=", "PIPERT_MIN_REPLICAS="};
+                                            "PIPERT_HEARTBEAT_TIMEOUT=", "PIPERT_MIN_REPLICAS=",
+                                            "PIPERT_COORD_RECONNECT="};
     static const char *const ucx[] = {"UCX_TLS=", "UCX_NET_DEVICES="};
     return has_prefix(entry, bootstrap, sizeof bootstrap / sizeof bootstrap[0]) ||
            (j->wan.testbed && has_prefix(entry, ucx, sizeof ucx / sizeof ucx[0]));
 }
 
-#define WORKER_VARIABLES 11
+#define WORKER_VARIABLES 12
 
 /* The environment of worker w: ours, without what the launcher sets, plus
  * w's. Strings in `storage` [WORKER_VARIABLES][PATH_MAX + 64]. */
@@ -245,13 +256,15 @@ static char **worker_environment(const job *j, const worker_process *w, char sto
     snprintf(storage[count++], sizeof storage[0], "PIPERT_LOCAL_RANK=%d", w->rank);
     snprintf(storage[count++], sizeof storage[0], "PIPERT_COORD=%s:%d",
              pt_wan_sites_coordinator_host(&j->wan),
-             pt_coordinator_port(j->coordinator));
+             pt_coordinator_process_port(j->coordinator));
     snprintf(storage[count++], sizeof storage[0], "PIPERT_SECRET_FILE=%s", j->secret_path);
     snprintf(storage[count++], sizeof storage[0], "PIPERT_CORES=%d,%d", w->cores_first,
              w->cores_count);
     snprintf(storage[count++], sizeof storage[0], "PIPERT_SITE=%d", w->site);
     snprintf(storage[count++], sizeof storage[0], "PIPERT_HEARTBEAT_TIMEOUT=%g",
              j->heartbeat_timeout_s);
+    snprintf(storage[count++], sizeof storage[0], "PIPERT_COORD_RECONNECT=%g",
+             fmax(RECONNECT_S, 2 * j->heartbeat_timeout_s));
     if (j->min_replicas > 0)
         snprintf(storage[count++], sizeof storage[0], "PIPERT_MIN_REPLICAS=%d", j->min_replicas);
     if (j->wan.testbed) {
@@ -367,8 +380,8 @@ static bool describe_exit(job *j, const worker_process *w, char *text, size_t ca
 {
     const int s = w->wait_status;
     char reported[512];
-    const bool has_report = pt_coordinator_rank_failure(j->coordinator, w->rank, reported,
-                                                        sizeof reported);
+    const bool has_report = pt_coordinator_process_rank_failure(j->coordinator, w->rank, reported,
+                                                                sizeof reported);
     if (WIFSIGNALED(s)) {
         const char *name = sigabbrev_np(WTERMSIG(s));
         if (!w->signalled_by_launcher) {
@@ -393,9 +406,7 @@ static void reap_workers(job *j)
         int status;
         pid_t pid = waitpid(-1, &status, WNOHANG);
         if (pid <= 0) return;
-        /* What the worker said last (its error, its "done") was sent before
-         * it exited: read it before judging the exit. */
-        pt_coordinator_poll(j->coordinator, 0);
+        if (pt_coordinator_process_reaped(j->coordinator, pid, status)) continue;
         for (int r = 0; r < j->world; r++) {
             worker_process *w = &j->workers[r];
             if (w->pid != pid || !w->running) continue;
@@ -404,15 +415,12 @@ static void reap_workers(job *j)
             w->exits++;
             j->running--;
             char why[1024];
-            bool failed = describe_exit(j, w, why, sizeof why);
+            describe_exit(j, w, why, sizeof why);
             pt_debug("rank %d (pid %d): %s", r, (int)pid, why);
-            /* The coordinator may have seen its connection drop already; the
-             * exit status says more, but the first word stands. A worker whose
-             * replica left the job (elastic) ends as it may. */
-            if (pt_coordinator_rank_left(j->coordinator, r)) continue;
-            if (failed) pt_coordinator_rank_failed(j->coordinator, r, "%s", why);
-            else if (WIFEXITED(status) && WEXITSTATUS(status) == EXIT_JOB_ABORTED)
-                pt_coordinator_abort(j->coordinator, -1, "%s", why);
+            /* The coordinator judges the exit (coordinator_process.c): it has what the worker
+             * said last (its error, its "done"), sent before it exited. */
+            pt_coordinator_process_rank_exited(j->coordinator, r, status,
+                                               w->signalled_by_launcher, why);
         }
     }
 }
@@ -422,10 +430,10 @@ static void reap_workers(job *j)
 static void restart_left_replicas(job *j)
 {
     pt_job_status status;
-    pt_coordinator_status(j->coordinator, &status);
+    pt_coordinator_process_status(j->coordinator, &status);
     for (int q = 0; q < j->replicas && j->restarts_left > 0 && status.phase == PT_JOB_RUNNING; q++) {
         worker_process *ranks = &j->workers[q * j->stages];
-        if (!pt_coordinator_rank_left(j->coordinator, ranks[0].rank)) continue;
+        if (!pt_coordinator_process_rank_left(j->coordinator, ranks[0].rank)) continue;
         bool running = false;
         for (int s = 0; s < j->stages; s++) running |= ranks[s].running;
         if (running) continue;
@@ -433,6 +441,7 @@ static void restart_left_replicas(job *j)
         pt_warn("pipert launch: replica %d left the job; starting it again to rejoin (%d restart%s "
                 "left)", q, j->restarts_left, j->restarts_left == 1 ? "" : "s");
         for (int s = 0; s < j->stages; s++) {
+            pt_coordinator_process_rank_started(j->coordinator, ranks[s].rank);
             if (start_worker(j, &ranks[s]) == PIPERT_OK) continue;
             pt_warn("pipert launch: rank %d not started again: %s", ranks[s].rank,
                     pipert_last_error());
@@ -466,8 +475,10 @@ static void handle_launcher_signal(job *j, double now)
     if (launcher_signal_count == j->signals_handled) return;
     j->signals_handled = launcher_signal_count;
     if (j->signals_handled == 1) {
-        pt_coordinator_abort(j->coordinator, -1, "pipert launch received SIG%s",
-                             sigabbrev_np(launcher_signal));
+        char reason[64];
+        snprintf(reason, sizeof reason, "pipert launch received SIG%s",
+                 sigabbrev_np(launcher_signal));
+        pt_coordinator_process_abort(j->coordinator, reason);
         signal_running(j, SIGTERM);
         j->term_at = now;
         j->terminated = true;
@@ -501,7 +512,7 @@ static void write_status(job *j, const pt_job_status *status, double started)
     pt_rank_status *ranks = calloc((size_t)j->world, sizeof *ranks);
     pt_launch_rank *processes = calloc((size_t)j->world, sizeof *processes);
     if (ranks && processes) {
-        pt_coordinator_rank_statuses(j->coordinator, ranks);
+        pt_coordinator_process_rank_statuses(j->coordinator, ranks);
         for (int r = 0; r < j->world; r++) {
             const worker_process *w = &j->workers[r];
             processes[r] = (pt_launch_rank){w->stage,  w->replica, w->site,
@@ -527,14 +538,14 @@ static void watch(job *j)
     const double started = pt_now_s();
     double status_at = 0;
     while (j->running > 0) {
-        if (pt_coordinator_poll(j->coordinator, POLL_MS) != PIPERT_OK)
-            pt_coordinator_abort(j->coordinator, -1, "%s", pipert_last_error());
+        if (pt_coordinator_process_poll(j->coordinator, POLL_MS) != PIPERT_OK)
+            pt_coordinator_process_abort(j->coordinator, pipert_last_error());
         const double now = pt_now_s();
         reap_workers(j);
         restart_left_replicas(j);
         handle_launcher_signal(j, now);
         pt_job_status status;
-        pt_coordinator_status(j->coordinator, &status);
+        pt_coordinator_process_status(j->coordinator, &status);
         enforce_shutdown(j, &status, now);
         show_progress(j, &progress, &status, &shown_step, &shown_val_step);
         if (now - status_at >= STATUS_PERIOD_S) {
@@ -549,8 +560,9 @@ static void watch(job *j)
     const double deadline = pt_now_s() + j->heartbeat_timeout_s;
     pt_job_status status;
     do {
-        pt_coordinator_poll(j->coordinator, POLL_MS);
-        pt_coordinator_status(j->coordinator, &status);
+        reap_workers(j); /* the coordinator, should it die now */
+        pt_coordinator_process_poll(j->coordinator, POLL_MS);
+        pt_coordinator_process_status(j->coordinator, &status);
     } while (status.phase == PT_JOB_RUNNING && pt_now_s() < deadline);
     write_status(j, &status, started);
     pt_progress_finish(&progress);
@@ -605,7 +617,7 @@ static void merge_traces(const job *j)
 static int report(job *j)
 {
     pt_job_status status;
-    pt_coordinator_status(j->coordinator, &status);
+    pt_coordinator_process_status(j->coordinator, &status);
     if (launcher_signal_count) {
         fprintf(stderr, "pipert launch: stopped by SIG%s; every worker has exited\n",
                 sigabbrev_np(launcher_signal));
@@ -620,7 +632,7 @@ static int report(job *j)
     for (int r = 0; r < j->world; r++) {
         char why[1024];
         if (r == status.abort_rank || !describe_exit(j, &j->workers[r], why, sizeof why)) continue;
-        if (status.phase == PT_JOB_FINISHED && pt_coordinator_rank_left(j->coordinator, r)) {
+        if (status.phase == PT_JOB_FINISHED && pt_coordinator_process_rank_left(j->coordinator, r)) {
             fprintf(stderr, "pipert launch: rank %d (replica %d) left the job: %s\n", r,
                     r / j->stages, why);
             continue;
@@ -715,7 +727,7 @@ static pipert_result run_job(job *j, const pipert_config *cfg, const char *out_d
     for (int r = 0; r < j->world; r++) {
         pipert_result rc = start_worker(j, &j->workers[r]);
         if (rc != PIPERT_OK) {
-            pt_coordinator_abort(j->coordinator, -1, "%s", pipert_last_error());
+            pt_coordinator_process_abort(j->coordinator, pipert_last_error());
             return rc;
         }
     }
@@ -724,7 +736,7 @@ static pipert_result run_job(job *j, const pipert_config *cfg, const char *out_d
 
 static void free_job(job *j)
 {
-    pt_coordinator_free(j->coordinator);
+    pt_coordinator_process_free(j->coordinator);
     pt_wan_sites_free(&j->wan); /* after every worker has exited */
     if (j->secret_path[0]) unlink(j->secret_path);
     free(j->workers);

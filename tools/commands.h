@@ -9,6 +9,7 @@ int pt_cmd_bench(int argc, char **argv);
 int pt_cmd_probe(int argc, char **argv);
 int pt_cmd_launch(int argc, char **argv);
 int pt_cmd_worker(int argc, char **argv);
+int pt_cmd_coordinator(int argc, char **argv);
 int pt_cmd_trace(int argc, char **argv);
 int pt_cmd_plot(int argc, char **argv);
 int pt_cmd_simulate(int argc, char **argv);

@@ -430,18 +430,24 @@ static pipert_result read_site(pt_bootstrap *b, const char *const *envp)
     return PIPERT_OK;
 }
 
-static pipert_result read_heartbeat_timeout(pt_bootstrap *b, const char *const *envp)
+/* Seconds in [1, 3600] from `name` (0 when unset). */
+static pipert_result read_seconds(const char *const *envp, const char *name, double *seconds)
 {
-    const char *text = pt_env_lookup(envp, "PIPERT_HEARTBEAT_TIMEOUT");
-    b->heartbeat_timeout_s = 0;
+    const char *text = pt_env_lookup(envp, name);
+    *seconds = 0;
     if (!text) return PIPERT_OK;
     char *end;
     double value = strtod(text, &end);
     if (end == text || *end || !(value >= 1 && value <= 3600))
-        return pt_fail(PIPERT_ERR_CONFIG,
-                       "PIPERT_HEARTBEAT_TIMEOUT='%s': expected seconds in [1, 3600]", text);
-    b->heartbeat_timeout_s = value;
+        return pt_fail(PIPERT_ERR_CONFIG, "%s='%s': expected seconds in [1, 3600]", name, text);
+    *seconds = value;
     return PIPERT_OK;
+}
+
+static pipert_result read_heartbeat_timeout(pt_bootstrap *b, const char *const *envp)
+{
+    PT_TRY(read_seconds(envp, "PIPERT_HEARTBEAT_TIMEOUT", &b->heartbeat_timeout_s));
+    return read_seconds(envp, "PIPERT_COORD_RECONNECT", &b->coord_reconnect_s);
 }
 
 pipert_result pt_bootstrap_from_env(pt_bootstrap *b, const char *const *envp)

@@ -43,6 +43,10 @@
  * coordinator for a worker) is given before the job is aborted: longer where
  * links may drop for a while (pipert launch sets 30 between emulated sites).
  *
+ * PIPERT_COORD_RECONNECT=S (optional; pipert launch sets it, as it starts a
+ * coordinator again when one dies) is how long a worker whose coordinator
+ * connection closed tries to register again before the coordinator is lost.
+ *
  * Everything here is a pure function of an environment array
  * ("NAME=value" strings, NULL-terminated, like `environ`), except
  * pt_bootstrap_read_secret and the secret-file helpers, which touch files.
@@ -85,6 +89,7 @@ typedef struct pt_bootstrap {
     int cores_first, cores_count;  /* PIPERT_CORES; cores_count 0 when unset */
     int site;                      /* PIPERT_SITE; 0 when unset */
     double heartbeat_timeout_s;    /* PIPERT_HEARTBEAT_TIMEOUT; 0 when unset (the default) */
+    double coord_reconnect_s;      /* PIPERT_COORD_RECONNECT; 0 when unset */
 } pt_bootstrap;
 
 /* Fills *b from envp. Fails with PIPERT_ERR_CONFIG and a message naming the

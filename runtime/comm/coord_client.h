@@ -7,6 +7,12 @@
  * dead_after_s) aborts the job, unless outlive_coordinator is set (under
  * pipert launch, whose launcher is the coordinator): then the workers may
  * still finish what they are doing without it (session/coordinator_loss.c).
+ * With reconnect_s (pipert launch, which starts a coordinator again when it dies) a
+ * connection that closes is not yet a loss: the client connects again and registers
+ * again with what it knows of the job (coordinator_recover.c), for reconnect_s at
+ * most; meanwhile what the worker sends is dropped (its acknowledgement of a
+ * membership change goes with the new registration). A silent coordinator is not
+ * reconnected to: a link that comes back brings its word.
  * The loss is a condition of its own, pt_coord_client_coordinator_lost();
  * from then on progress, "done" and errors are not sent (there is no one to
  * tell). A safety net: a worker that has not closed its client lost_grace_s
@@ -54,6 +60,10 @@ typedef struct pt_coord_client_options {
     /* What the registration says this worker is (runtime/job_digest.h): protocol 0 stands for
      * this build's (another is for tests); no digest: the settings are not compared. */
     pt_job_identity identity;
+    /* The connection closed: connect and register again for this long before the coordinator
+     * counts as lost (0: at once). Not for a joiner until its replica is in. */
+    double reconnect_s;
+    int stages; /* ranks of a replica: which replica is this rank's (0: not known) */
 } pt_coord_client_options;
 
 /* How long a worker may go on without its coordinator before the client
@@ -62,7 +72,7 @@ typedef struct pt_coord_client_options {
 
 #define PT_COORD_CLIENT_OPTIONS_INIT                                                               \
     {NULL, 0, NULL, 0, 0, "", PT_CONNECT_TIMEOUT_S, PT_HEARTBEAT_INTERVAL_S, PT_DEAD_AFTER_S,    \
-     NULL, NULL, false, PT_COORD_LOST_GRACE_S, false, NULL, NULL, {0}}
+     NULL, NULL, false, PT_COORD_LOST_GRACE_S, false, NULL, NULL, {0}, 0, 0}
 
 typedef struct pt_peer {
     int rank;
@@ -136,6 +146,9 @@ pipert_result pt_coord_client_send_ack(pt_coord_client *c, long epoch, long step
 
 /* This worker failed: the job aborts, naming this rank and `reason`. */
 pipert_result pt_coord_client_send_error(pt_coord_client *c, const char *reason);
+
+/* How often the client registered again with a coordinator started again. */
+long pt_coord_client_reconnections(pt_coord_client *c);
 
 /* Whether the job aborted (a cheap read, for the step loop). */
 bool pt_coord_client_aborted(pt_coord_client *c);

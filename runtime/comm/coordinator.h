@@ -35,11 +35,20 @@ typedef struct pt_coordinator_options {
     int stages;
     int min_replicas;
     long switch_margin;
+    /* A socket already listening (pt_coordinator_listen), served instead of bind_host:port
+     * (-1: none); the coordinator owns it from create on. A launcher keeps one, so that a
+     * coordinator started again is found where the last one was. */
+    int listen_fd;
+    /* Started again while the job runs (coordinator_recover.c): no table goes out; the
+     * workers register again with what they know, and the job is rebuilt from it. Ranks
+     * not back within recover_timeout_s (0: twice dead_after_s) have failed. */
+    bool recover;
+    double recover_timeout_s;
 } pt_coordinator_options;
 
 #define PT_COORDINATOR_OPTIONS_INIT                                                                \
     {NULL, 0, 0, NULL, PT_HEARTBEAT_INTERVAL_S, PT_DEAD_AFTER_S, PT_REGISTER_TIMEOUT_S, 1, 0,     \
-     PT_SWITCH_MARGIN_STEPS}
+     PT_SWITCH_MARGIN_STEPS, -1, false, 0}
 
 typedef enum pt_job_phase {
     PT_JOB_REGISTERING, /* waiting for every rank to register */
@@ -83,7 +92,11 @@ typedef struct pt_rank_status {
     long step; /* its latest reported step; -1: none yet */
 } pt_rank_status;
 
-/* Listens (SO_REUSEADDR) on bind_host:port. */
+/* A listening socket (SO_REUSEADDR, close-on-exec) on host:port (NULL host: every
+ * interface; port 0: any free one, *bound says which). */
+pipert_result pt_coordinator_listen(const char *host, int port, int *fd, int *bound);
+
+/* Listens (SO_REUSEADDR) on bind_host:port, or serves options->listen_fd. */
 pipert_result pt_coordinator_create(pt_coordinator **out, const pt_coordinator_options *options);
 /* Stops the serving thread if one runs, closes every connection. NULL is fine. */
 void pt_coordinator_free(pt_coordinator *c);
@@ -118,6 +131,16 @@ void pt_coordinator_abort(pt_coordinator *c, int rank, const char *fmt, ...)
  * coordinator sees it die itself. */
 void pt_coordinator_rank_failed(pt_coordinator *c, int rank, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+
+/* Rank `rank` finished (the launcher saw it exit 0): what its "done" says, for a
+ * coordinator started again after the rank said it to the one before. */
+void pt_coordinator_rank_done(pt_coordinator *c, int rank);
+
+/* Reads what `rank` sent and has not been handled yet (its last words before it exited). */
+void pt_coordinator_drain(pt_coordinator *c, int rank);
+
+/* Whether the coordinator, started again, is still rebuilding the job (coordinator_recover.c). */
+bool pt_coordinator_recovering(pt_coordinator *c);
 
 /* Whether rank's replica left the job. */
 bool pt_coordinator_rank_left(pt_coordinator *c, int rank);

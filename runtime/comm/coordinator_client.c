@@ -32,7 +32,20 @@
 struct pt_coord_client {
     int fd;
     int rank, world;
+    int replica; /* -1: not known (no stages given) */
     char where[PT_HOST_MAX + 16]; /* "host:port" */
+    /* what registering (again) takes */
+    char *host, *address;
+    int port;
+    pt_auth_key key;
+    pt_job_identity identity;
+    bool join;
+    double connect_timeout_s, reconnect_s;
+    atomic_bool reconnecting; /* the connection closed: the thread registers again */
+    long reconnections;       /* under lock */
+    bool acked;               /* under lock: the last acknowledgement sent (view's "ack") */
+    long progress_step, progress_total; /* under lock: the last progress sent (-1: none) */
+    long ack_epoch, ack_step, ack_sequence;
     double heartbeat_interval_s, dead_after_s, lost_grace_s;
     bool outlive_coordinator;
     pt_abort_callback on_abort;
@@ -71,10 +84,17 @@ struct pt_coord_client {
 
 /* ---- sending ------------------------------------------------------------- */
 
-static pipert_result client_send(pt_coord_client *c, json_t *message)
+/* Sends a line; while the client reconnects, only the registration's own (handshake) go
+ * out, the rest are dropped. */
+static pipert_result send_line(pt_coord_client *c, json_t *message, bool handshake)
 {
     size_t length;
     pthread_mutex_lock(&c->send_lock);
+    if (!handshake && atomic_load(&c->reconnecting)) {
+        pthread_mutex_unlock(&c->send_lock);
+        json_decref(message);
+        return PIPERT_OK;
+    }
     char *line = pt_coord_seal_message(&c->seal, message, &length);
     if (!line) {
         pthread_mutex_unlock(&c->send_lock);
@@ -97,6 +117,11 @@ static pipert_result client_send(pt_coord_client *c, json_t *message)
         return pt_fail(PIPERT_ERR_TRANSPORT, "cannot send to the coordinator at %s: %s", c->where,
                        strerror(saved));
     return PIPERT_OK;
+}
+
+static pipert_result client_send(pt_coord_client *c, json_t *message)
+{
+    return send_line(c, message, false);
 }
 
 /* ---- receiving ----------------------------------------------------------- */
@@ -443,6 +468,111 @@ static void wait_out_the_grace(pt_coord_client *c)
     give_up_after_the_grace(c);
 }
 
+/* ---- registering again ------------------------------------------------------ */
+
+/* (connecting, below) */
+static int try_connect(const char *host, int port, double timeout_s, int *error, bool *resolved);
+static void prepare_socket(pt_coord_client *c);
+static pipert_result register_rank(pt_coord_client *c, json_t *resume);
+
+/* What this worker knows of the job, for a coordinator started again (coordinator_protocol.h,
+ * "resume"). */
+static json_t *view_of_the_job(pt_coord_client *c)
+{
+    pthread_mutex_lock(&c->lock);
+    const pt_membership_news *n = &c->membership;
+    json_t *left = json_array(), *in = json_array(), *joiners = json_array();
+    for (int q = 0; q < c->world; q++) {
+        if (c->left[q]) json_array_append_new(left, json_integer(q));
+        if (c->switch_joiners[q]) json_array_append_new(joiners, json_integer(q));
+        if (c->in_epoch[q]) json_array_append_new(in, json_pack("[i, I]", q, (json_int_t)c->in_epoch[q]));
+    }
+    json_t *view = json_pack("{s:I, s:I, s:I, s:o, s:o, s:{s:I, s:I, s:I, s:i, s:o}}", "epoch",
+                             (json_int_t)n->epoch, "departures", (json_int_t)n->departures, "joins",
+                             (json_int_t)n->joins, "left", left, "in", in, "switch", "epoch",
+                             (json_int_t)n->switch_epoch, "step", (json_int_t)n->switch_step,
+                             "sequence", (json_int_t)n->switch_sequence, "donor", n->switch_donor,
+                             "joiners", joiners);
+    if (view && c->acked)
+        json_object_set_new(view, "ack", json_pack("{s:I, s:I, s:I}", "epoch",
+                                                   (json_int_t)c->ack_epoch, "step",
+                                                   (json_int_t)c->ack_step, "sequence",
+                                                   (json_int_t)c->ack_sequence));
+    if (view && c->progress_step >= 0)
+        json_object_set_new(view, "progress", json_pack("{s:I, s:I}", "step",
+                                                        (json_int_t)c->progress_step, "total",
+                                                        (json_int_t)c->progress_total));
+    pthread_mutex_unlock(&c->lock);
+    return view;
+}
+
+/* Whether this client may register again: a joiner only once its replica is in. */
+static bool may_register_again(pt_coord_client *c)
+{
+    if (c->reconnect_s <= 0 || atomic_load(&c->aborted)) return false;
+    if (!c->join) return true;
+    pthread_mutex_lock(&c->lock);
+    const bool in = c->replica >= 0 && c->in_epoch[c->replica] > 0;
+    pthread_mutex_unlock(&c->lock);
+    return in;
+}
+
+/* One try: connect, register again with the view. False when it did not work (yet); *refused
+ * when the coordinator answered no (then trying again is pointless). */
+static bool try_register_again(pt_coord_client *c, bool *refused)
+{
+    int error = 0;
+    bool resolved = true;
+    int fd = try_connect(c->host, c->port, 1.0, &error, &resolved);
+    /* The launcher keeps the coordinator's socket listening while it starts a new one, so a
+     * connection is always taken then; one refused means the launcher is gone too. */
+    *refused = fd < 0;
+    if (fd < 0) return false;
+    pthread_mutex_lock(&c->send_lock);
+    c->fd = fd;
+    c->seal = (pt_coord_seal){0};
+    pthread_mutex_unlock(&c->send_lock);
+    c->in.length = 0;
+    prepare_socket(c);
+    pipert_result rc = register_rank(c, view_of_the_job(c));
+    if (rc == PIPERT_OK) return true;
+    *refused = rc == PIPERT_ERR_AUTH || rc == PIPERT_ERR_CONFIG ||
+               strstr(pipert_last_error(), "refused") != NULL;
+    pthread_mutex_lock(&c->send_lock);
+    close(c->fd);
+    c->fd = -1;
+    pthread_mutex_unlock(&c->send_lock);
+    return false;
+}
+
+/* The coordinator's connection broke: with reconnect_s, registers again with a coordinator
+ * started again (coordinator_recover.c) at the same address, trying for reconnect_s; false
+ * when it may not, the client is closing, or no coordinator took it. */
+static bool register_again(pt_coord_client *c)
+{
+    if (!may_register_again(c)) return false;
+    pthread_mutex_lock(&c->send_lock);
+    atomic_store(&c->reconnecting, true);
+    close(c->fd);
+    c->fd = -1;
+    pthread_mutex_unlock(&c->send_lock);
+    const double deadline = pt_now_s() + c->reconnect_s;
+    bool registered = false, refused = false;
+    struct pollfd stop = {.fd = c->stop_pipe[0], .events = POLLIN};
+    while (!registered && !refused && pt_now_s() < deadline) {
+        registered = try_register_again(c, &refused);
+        if (!registered && poll(&stop, 1, 200) != 0) break; /* closing */
+    }
+    if (!registered) return false;
+    c->last_heard = pt_now_s();
+    pthread_mutex_lock(&c->lock);
+    c->reconnections++;
+    pthread_mutex_unlock(&c->lock);
+    atomic_store(&c->reconnecting, false);
+    client_handle_buffered(c);
+    return true;
+}
+
 /* Heartbeats and messages until the client closes, the job aborts, or the coordinator
  * is lost (false). */
 static bool client_talk(pt_coord_client *c)
@@ -464,6 +594,7 @@ static bool client_talk(pt_coord_client *c)
             bool expected = c->done_sent || c->finished;
             pthread_mutex_unlock(&c->lock);
             if (expected) return true;
+            if (register_again(c)) continue;
             client_lost(c, why);
             return false;
         }
@@ -471,7 +602,9 @@ static bool client_talk(pt_coord_client *c)
         now = pt_now_s();
         if (now - last_sent_at(c) >= c->heartbeat_interval_s &&
             client_send(c, json_pack("{s:s}", "type", "heartbeat")) != PIPERT_OK) {
-            client_lost(c, pipert_last_error());
+            snprintf(why, sizeof why, "%s", pipert_last_error());
+            if (register_again(c)) continue;
+            client_lost(c, why);
             return false;
         }
         if (now - c->last_heard > c->dead_after_s && !atomic_load(&c->lost)) {
@@ -649,55 +782,68 @@ static bool coordinator_proved(json_t *challenge, const pt_auth_key *key,
 /* hello {nonce} → challenge {nonce, proof}: the coordinator proves itself first; then our
  * registration carries our proof, and "welcome" or "refused" answers it
  * (coordinator_protocol.h). The secret itself is never sent. */
-static pipert_result register_rank(pt_coord_client *c, const pt_coord_client_options *o)
+static pipert_result register_rank(pt_coord_client *c, json_t *resume)
 {
-    pt_auth_key key;
     uint8_t ours[PT_AUTH_NONCE_BYTES], theirs[PT_AUTH_NONCE_BYTES];
     char hex[PT_AUTH_HEX_CAPACITY];
-    PT_TRY(pt_auth_derive_key(o->secret, PT_AUTH_USE_COORDINATOR, &key));
-    PT_TRY(pt_auth_new_nonce(ours));
+    pipert_result rc = pt_auth_new_nonce(ours);
     pt_auth_to_hex(ours, sizeof ours, hex);
-    PT_TRY(client_send(c, json_pack("{s:s, s:s}", "type", "hello", "nonce", hex)));
-    const double deadline = pt_now_s() + fmax(o->connect_timeout_s, 10.0);
-    json_t *m;
-    PT_TRY(expect_message(c, deadline, "challenge", &m));
-    bool proved = coordinator_proved(m, &key, ours, theirs);
+    if (rc == PIPERT_OK)
+        rc = send_line(c, json_pack("{s:s, s:s}", "type", "hello", "nonce", hex), true);
+    const double deadline = pt_now_s() + fmax(c->connect_timeout_s, 10.0);
+    json_t *m = NULL;
+    if (rc == PIPERT_OK) rc = expect_message(c, deadline, "challenge", &m);
+    if (rc != PIPERT_OK) {
+        json_decref(resume);
+        return rc;
+    }
+    bool proved = coordinator_proved(m, &c->key, ours, theirs);
     json_decref(m);
-    if (!proved)
+    if (!proved) {
+        json_decref(resume);
         return pt_fail(PIPERT_ERR_AUTH, "the coordinator at %s did not prove that it knows the job's "
                                         "secret; rank %d does not register with it",
-                       c->where, o->rank);
+                       c->where, c->rank);
+    }
     uint8_t proof[PT_AUTH_PROOF_BYTES];
-    pt_auth_prove(&key, &(pt_auth_party){PT_COORD_WORKER_ROLE, o->rank, -1}, theirs, ours, proof);
+    pt_auth_prove(&c->key, &(pt_auth_party){PT_COORD_WORKER_ROLE, c->rank, -1}, theirs, ours,
+                  proof);
     pt_auth_to_hex(proof, sizeof proof, hex);
     char host[PT_HOST_MAX] = "";
     gethostname(host, sizeof host - 1);
     json_t *registration = json_pack("{s:s, s:i, s:i, s:s, s:i, s:s, s:s, s:b, s:I}", "type",
-                                     "register", "rank", o->rank, "world", o->world, "host", host,
-                                     "pid", (int)getpid(), "address", o->address ? o->address : "",
-                                     "proof", hex, "join", o->join, "protocol",
-                                     (json_int_t)(o->identity.protocol ? o->identity.protocol
+                                     "register", "rank", c->rank, "world", c->world, "host", host,
+                                     "pid", (int)getpid(), "address", c->address, "proof", hex,
+                                     "join", c->join, "protocol",
+                                     (json_int_t)(c->identity.protocol ? c->identity.protocol
                                                                        : PT_PROTOCOL_VERSION));
-    if (registration && pt_job_identity_has_digest(&o->identity)) {
+    if (registration && pt_job_identity_has_digest(&c->identity)) {
         char digest[PT_JOB_DIGEST_HEX];
-        pt_job_digest_to_hex(&o->identity, digest);
+        pt_job_digest_to_hex(&c->identity, digest);
         json_object_set_new(registration, "digest", json_string(digest));
     }
-    PT_TRY(client_send(c, registration));
+    if (registration && resume) json_object_set_new(registration, "resume", resume);
+    else json_decref(resume);
+    PT_TRY(send_line(c, registration, true));
     PT_TRY(expect_message(c, deadline, "welcome", &m));
     json_decref(m);
-    pt_coord_seal_start(&c->seal, &key, ours, theirs);
+    pt_coord_seal_start(&c->seal, &c->key, ours, theirs);
     return PIPERT_OK;
+}
+
+static void prepare_socket(pt_coord_client *c)
+{
+    pt_coord_set_no_delay(c->fd);
+    /* A coordinator that stops reading must not block a worker forever. */
+    struct timeval timeout = {.tv_sec = (time_t)ceil(c->dead_after_s)};
+    setsockopt(c->fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof timeout);
 }
 
 static pipert_result client_setup(pt_coord_client *c, const pt_coord_client_options *o)
 {
     PT_TRY(connect_with_retry(c, o));
-    pt_coord_set_no_delay(c->fd);
-    /* A coordinator that stops reading must not block a worker forever. */
-    struct timeval timeout = {.tv_sec = (time_t)ceil(o->dead_after_s)};
-    setsockopt(c->fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof timeout);
-    PT_TRY(register_rank(c, o));
+    prepare_socket(c);
+    PT_TRY(register_rank(c, NULL));
     c->last_heard = pt_now_s();
     /* What came with the welcome: the table, when this rank registered last. */
     client_handle_buffered(c);
@@ -747,6 +893,15 @@ pipert_result pt_coord_client_connect(pt_coord_client **out, const pt_coord_clie
     c->on_abort_context = o->on_abort_context;
     c->on_join = o->on_join;
     c->on_join_context = o->on_join_context;
+    c->replica = o->stages > 0 ? o->rank / o->stages : -1;
+    c->progress_step = -1;
+    c->port = o->port;
+    c->identity = o->identity;
+    c->join = o->join;
+    c->connect_timeout_s = o->connect_timeout_s;
+    c->reconnect_s = o->reconnect_s;
+    c->host = strdup(o->host);
+    c->address = strdup(o->address ? o->address : "");
     snprintf(c->where, sizeof c->where, strchr(o->host, ':') ? "[%s]:%d" : "%s:%d", o->host,
              o->port);
     pthread_mutex_init(&c->send_lock, NULL);
@@ -757,7 +912,11 @@ pipert_result pt_coord_client_connect(pt_coord_client **out, const pt_coord_clie
     pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
     pthread_cond_init(&c->changed, &attr);
     pthread_condattr_destroy(&attr);
-    pipert_result rc = client_setup(c, o);
+    pipert_result rc = c->host && c->address ? PIPERT_OK
+                                             : pt_fail(PIPERT_ERR_NOMEM, "coordinator client: "
+                                                                         "out of memory");
+    if (rc == PIPERT_OK) rc = pt_auth_derive_key(o->secret, PT_AUTH_USE_COORDINATOR, &c->key);
+    if (rc == PIPERT_OK) rc = client_setup(c, o);
     if (rc != PIPERT_OK) {
         pt_coord_client_close(c);
         return rc;
@@ -779,6 +938,14 @@ pipert_result pt_coord_client_check(pt_coord_client *c)
 }
 
 bool pt_coord_client_aborted(pt_coord_client *c) { return atomic_load(&c->aborted); }
+
+long pt_coord_client_reconnections(pt_coord_client *c)
+{
+    pthread_mutex_lock(&c->lock);
+    const long n = c->reconnections;
+    pthread_mutex_unlock(&c->lock);
+    return n;
+}
 
 bool pt_coord_client_coordinator_lost(pt_coord_client *c, char *why, size_t cap)
 {
@@ -820,7 +987,9 @@ pipert_result pt_coord_client_wait_table(pt_coord_client *c, double timeout_s,
 static pipert_result send_unless_lost(pt_coord_client *c, json_t *message)
 {
     pipert_result rc = client_send(c, message);
-    if (rc == PIPERT_OK || !c->outlive_coordinator || rc == PIPERT_ERR_NOMEM) return rc;
+    if (rc == PIPERT_OK || rc == PIPERT_ERR_NOMEM) return rc;
+    if (c->reconnect_s > 0) return PIPERT_OK; /* the thread notices, and registers again */
+    if (!c->outlive_coordinator) return rc;
     client_lost(c, pipert_last_error());
     return PIPERT_OK;
 }
@@ -829,6 +998,10 @@ pipert_result pt_coord_client_send_progress(pt_coord_client *c, const pt_rank_pr
 {
     PT_TRY(pt_coord_client_check(c));
     if (atomic_load(&c->lost)) return PIPERT_OK;
+    pthread_mutex_lock(&c->lock);
+    c->progress_step = p->step;
+    c->progress_total = p->total_steps;
+    pthread_mutex_unlock(&c->lock);
     json_t *m = json_pack("{s:s, s:I, s:I, s:f}", "type", "progress", "step",
                           (json_int_t)p->step, "total", (json_int_t)p->total_steps,
                           "tokens_per_s", p->tokens_per_s);
@@ -933,6 +1106,16 @@ bool pt_coord_client_replica_left(pt_coord_client *c, int replica, char *reason,
 pipert_result pt_coord_client_send_ack(pt_coord_client *c, long epoch, long step, uint32_t sequence)
 {
     PT_TRY(pt_coord_client_check(c));
+    pthread_mutex_lock(&c->lock);
+    c->acked = true;
+    c->ack_epoch = epoch;
+    c->ack_step = step;
+    c->ack_sequence = sequence;
+    pthread_mutex_unlock(&c->lock);
+    if (c->reconnect_s > 0) /* lost with the connection, it goes with the registration again */
+        return send_unless_lost(c, json_pack("{s:s, s:I, s:I, s:I}", "type", "ack", "epoch",
+                                             (json_int_t)epoch, "step", (json_int_t)step,
+                                             "sequence", (json_int_t)sequence));
     return client_send(c, json_pack("{s:s, s:I, s:I, s:I}", "type", "ack", "epoch",
                                     (json_int_t)epoch, "step", (json_int_t)step, "sequence",
                                     (json_int_t)sequence));
@@ -961,6 +1144,8 @@ void pt_coord_client_close(pt_coord_client *c)
     free(c->join_epoch);
     free(c->switch_joiners);
     free(c->in_epoch);
+    free(c->host);
+    free(c->address);
     pt_coord_buffer_free(&c->in);
     pthread_mutex_destroy(&c->send_lock);
     pthread_mutex_destroy(&c->lock);

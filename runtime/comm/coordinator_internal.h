@@ -3,6 +3,8 @@
  *   coordinator_server.c  the loop: connections, registration, heartbeats, progress,
  *                         departures and switches, aborting and finishing
  *   coordinator_join.c    replicas coming back (membership.h, "Joining")
+ *   coordinator_recover.c a coordinator started again rebuilding the job from what the
+ *                         workers know when they register again
  * Everything here runs under the coordinator's lock. */
 #ifndef PT_COMM_COORDINATOR_INTERNAL_H
 #define PT_COMM_COORDINATOR_INTERNAL_H
@@ -45,6 +47,15 @@ typedef struct rank_state {
     connection *conn; /* NULL once closed */
 } rank_state;
 
+/* A coordinator started again (coordinator_recover.c), until the job is rebuilt. */
+typedef struct coord_recovery {
+    bool on;
+    double deadline;     /* ranks not back by then have failed */
+    json_t **views;      /* [world]: what each rank that registered again knows ("resume") */
+    bool *finished;      /* [world]: the launcher saw the rank exit 0 */
+    char (*failed)[512]; /* [world]: the launcher saw it fail, and why ("": it did not) */
+} coord_recovery;
+
 struct pt_coordinator {
     pt_coordinator_options options;
     pt_auth_key key; /* from the job's secret (auth.h); the secret itself is not kept */
@@ -55,6 +66,7 @@ struct pt_coordinator {
     pt_membership membership; /* which replicas are still in (membership.h) */
     pt_job_identity identity; /* what every rank must match: the first registration's */
     bool identity_known;      /* a rank registered: `identity` holds */
+    coord_recovery recovery;
     pt_job_phase phase;
     int registered, done;
     int abort_rank;
@@ -96,6 +108,26 @@ void pt_coord_joiner_ready(pt_coordinator *c, int rank);
 /* A rank that registered to rejoin ended before its replica was back: the rank may register
  * again (a later restart). */
 void pt_coord_joiner_failed(pt_coordinator *c, int rank, const char *reason);
+
+/* coordinator_server.c, for coordinator_recover.c */
+void pt_coord_rank_failed(pt_coordinator *c, int rank, const char *reason);
+void pt_coord_rank_done(pt_coordinator *c, int rank);
+void pt_coord_announce_switch(pt_coordinator *c);
+void pt_coord_acknowledged(pt_coordinator *c, int rank, long epoch, long step, uint32_t sequence);
+void pt_coord_finish_if_done(pt_coordinator *c);
+
+/* coordinator_recover.c */
+pipert_result pt_coord_recovery_init(pt_coordinator *c);
+void pt_coord_recovery_free(pt_coordinator *c);
+/* register {..., resume: VIEW}: a worker whose coordinator went away registers again with
+ * what it knows of the job (coordinator_protocol.h); taken over: `view`. */
+void pt_coord_register_again(pt_coordinator *c, connection *conn, int rank, int pid,
+                             const char *host, const char *address, json_t *view);
+/* The launcher's word that `rank` ended (done, or failed for `reason`) while the job is
+ * being rebuilt: kept for then (true), or false when the coordinator is not recovering. */
+bool pt_coord_recovery_note_exit(pt_coordinator *c, int rank, bool done, const char *reason);
+/* Rebuilds the job once every rank is accounted for, or the deadline passed. */
+void pt_coord_recovery_check(pt_coordinator *c, double now);
 
 #pragma GCC visibility pop
 

@@ -17,6 +17,7 @@ static const char *join_refusal(const pt_coordinator *c, int rank)
 {
     const pt_membership *m = &c->membership;
     if (c->phase != PT_JOB_RUNNING) return "the job is not running";
+    if (c->recovery.on) return "the coordinator was started again and is taking the job over";
     if (!pt_membership_elastic(m)) return "the job's replicas are not elastic (--min-replicas)";
     if (!pt_coord_rank_left(c, rank)) return "its replica is in the job";
     if (c->ranks[rank].joining) return "it is rejoining already";

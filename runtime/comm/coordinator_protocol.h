@@ -10,7 +10,14 @@
  *                             (absent: 0, a build from before it), digest: the job digest's
  *                             parts in hexadecimal (runtime/job_digest.h; absent: not compared);
  *                             join: a restarted process takes the rank of a replica that
- *                             left (elastic jobs, membership.h "Joining")
+ *                             left (elastic jobs, membership.h "Joining"); resume: a worker
+ *                             whose coordinator's connection closed registers again (with
+ *                             a coordinator started again, or over a new connection), with
+ *                             what it knows of the job: {epoch, departures, joins, left:
+ *                             [replica...], in: [[replica, epoch]...], switch: {epoch, step,
+ *                             sequence, donor, joiners}, ack: {epoch, step, sequence},
+ *                             progress: {step, total}}
+ *                             (coordinator_recover.c)
  *     heartbeat {}                                           every interval
  *     progress  {step, total, loss, tokens_per_s[, val_loss][, compute, wait_pipeline,
  *                wait_coupling, bytes_wan]}
@@ -60,7 +67,8 @@
  * (or, in an elastic job, its replica out: membership.h), when it sends nothing (heartbeats included) for dead_after_s, when its
  * connection closes before it said "done", or when it reports an error. Every
  * rank is told {rank, reason}, once. A worker treats a closed or silent
- * coordinator connection as an abort too.
+ * coordinator connection as an abort too (under pipert launch: as the coordinator's loss,
+ * after trying to register again: coord_client.h).
  *
  * What must match. The first rank to register sets the job's protocol version and job digest
  * (the first that carries a digest, its digest): a rank that registers with another is refused,

@@ -137,7 +137,7 @@ bool pt_coord_rank_left(const pt_coordinator *c, int rank)
 }
 
 /* Every live rank said done. */
-static void finish_if_done(pt_coordinator *c)
+void pt_coord_finish_if_done(pt_coordinator *c)
 {
     int done = 0;
     for (int r = 0; r < c->options.world; r++)
@@ -151,7 +151,7 @@ static void finish_if_done(pt_coordinator *c)
 static void rank_failed_locked(pt_coordinator *c, int rank, const char *reason);
 
 /* The switch the membership just set, to every rank. */
-static void announce_switch(pt_coordinator *c)
+void pt_coord_announce_switch(pt_coordinator *c)
 {
     pt_membership *ms = &c->membership;
     pt_info("coordinator: every survivor heard of membership change %ld; new coupling groups "
@@ -167,9 +167,9 @@ static void announce_switch(pt_coordinator *c)
 }
 
 /* The last acknowledgement of a departure announces the switch. */
-static void acknowledged(pt_coordinator *c, int rank, long epoch, long step, uint32_t sequence)
+void pt_coord_acknowledged(pt_coordinator *c, int rank, long epoch, long step, uint32_t sequence)
 {
-    if (pt_membership_acknowledge(&c->membership, rank, epoch, step, sequence)) announce_switch(c);
+    if (pt_membership_acknowledge(&c->membership, rank, epoch, step, sequence)) pt_coord_announce_switch(c);
 }
 
 /* joined {epoch}: a rank of a replica coming back took the state of switch `epoch`. When that
@@ -196,7 +196,7 @@ static void handle_joined(pt_coordinator *c, int rank, json_t *m)
             "%ld)", replica, epoch);
     pt_coord_broadcast(c, json_pack("{s:s, s:i, s:I}", "type", "in", "replica", replica, "epoch",
                                      (json_int_t)epoch));
-    if (joined == PT_JOINED_IN_SWITCH) announce_switch(c);
+    if (joined == PT_JOINED_IN_SWITCH) pt_coord_announce_switch(c);
 }
 
 /* A rank that is done trains no more: it counts as having acknowledged. */
@@ -204,7 +204,7 @@ void pt_coord_done_ranks_acknowledge(pt_coordinator *c)
 {
     for (int r = 0; r < c->options.world; r++)
         if (c->ranks[r].done && !pt_coord_rank_left(c, r))
-            acknowledged(c, r, c->membership.epoch, c->ranks[r].progress.step, 0);
+            pt_coord_acknowledged(c, r, c->membership.epoch, c->ranks[r].progress.step, 0);
 }
 
 /* A running elastic job loses the failed rank's replica (membership.h);
@@ -244,7 +244,7 @@ static void rank_failed_locked(pt_coordinator *c, int rank, const char *reason)
                            (json_int_t)m->epoch, "replica", replica, "rank", rank, "reason", reason));
     pthread_cond_broadcast(&c->changed);
     pt_coord_done_ranks_acknowledge(c);
-    finish_if_done(c);
+    pt_coord_finish_if_done(c);
 }
 
 /* Formats a reason and hands it to act under the lock (the public forms below). */
@@ -266,12 +266,58 @@ void pt_coordinator_abort(pt_coordinator *c, int rank, const char *fmt, ...)
     va_end(ap);
 }
 
+static void read_input(pt_coordinator *c, connection *conn);
+
+/* The launcher's word that `rank` failed: what the rank said last (its error, sent before it
+ * exited) is read first, so its own reason stands; while the job is being rebuilt the word is
+ * kept for then. */
+static void launcher_says_failed(pt_coordinator *c, int rank, const char *reason)
+{
+    if (rank >= 0 && c->ranks[rank].conn) read_input(c, c->ranks[rank].conn);
+    if (rank >= 0 && pt_coord_recovery_note_exit(c, rank, false, reason)) return;
+    rank_failed_locked(c, rank, reason);
+}
+
 void pt_coordinator_rank_failed(pt_coordinator *c, int rank, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    with_reason(c, rank, rank_failed_locked, fmt, ap);
+    with_reason(c, rank, launcher_says_failed, fmt, ap);
     va_end(ap);
+}
+
+void pt_coord_rank_failed(pt_coordinator *c, int rank, const char *reason)
+{
+    rank_failed_locked(c, rank, reason);
+}
+
+static void handle_done(pt_coordinator *c, rank_state *s, int rank);
+
+void pt_coord_rank_done(pt_coordinator *c, int rank) { handle_done(c, &c->ranks[rank], rank); }
+
+void pt_coordinator_rank_done(pt_coordinator *c, int rank)
+{
+    pthread_mutex_lock(&c->lock);
+    if (rank >= 0 && rank < c->options.world && !pt_coord_recovery_note_exit(c, rank, true, "") &&
+        c->phase == PT_JOB_RUNNING && !pt_coord_rank_left(c, rank))
+        handle_done(c, &c->ranks[rank], rank);
+    pthread_mutex_unlock(&c->lock);
+}
+
+void pt_coordinator_drain(pt_coordinator *c, int rank)
+{
+    pthread_mutex_lock(&c->lock);
+    if (rank >= 0 && rank < c->options.world && c->ranks[rank].conn)
+        read_input(c, c->ranks[rank].conn);
+    pthread_mutex_unlock(&c->lock);
+}
+
+bool pt_coordinator_recovering(pt_coordinator *c)
+{
+    pthread_mutex_lock(&c->lock);
+    const bool on = c->recovery.on;
+    pthread_mutex_unlock(&c->lock);
+    return on;
 }
 
 bool pt_coordinator_rank_left(pt_coordinator *c, int rank)
@@ -289,7 +335,8 @@ json_t *pt_coord_table_message(const pt_coordinator *c)
     for (int r = 0; r < c->options.world; r++) {
         const rank_state *s = &c->ranks[r];
         json_array_append_new(peers, json_pack("{s:i, s:s, s:i, s:s}", "rank", r, "host", s->host,
-                                               "pid", s->pid, "address", s->address));
+                                               "pid", s->pid, "address",
+                                               s->address ? s->address : ""));
     }
     return json_pack("{s:s, s:i, s:o}", "type", "table", "world", c->options.world, "peers", peers);
 }
@@ -433,6 +480,18 @@ static void handle_register(pt_coordinator *c, connection *conn, json_t *m)
         return;
     }
     if (refuse_other_settings(c, conn, rank, joining, &identity)) return;
+    json_t *view = json_object_get(m, "resume");
+    if (view) {
+        pt_coord_register_again(c, conn, (int)rank, (int)pid, host, address, json_incref(view));
+        return;
+    }
+    if (c->recovery.on && !joining) {
+        snprintf(why, sizeof why, "rank %ld registered as if the job were starting, but it runs "
+                 "(this coordinator was started again to take it over)", rank);
+        pt_warn("coordinator: refused %s: %s", conn->peer, why);
+        pt_coord_refuse(conn, why, false);
+        return;
+    }
     if (joining) {
         pt_coord_admit_joiner(c, conn, (int)rank, (int)pid, host, address);
         return;
@@ -491,7 +550,7 @@ static void handle_done(pt_coordinator *c, rank_state *s, int rank)
     c->done++;
     pt_debug("coordinator: rank %d is done", rank);
     if (c->membership.epoch > 0) pt_coord_done_ranks_acknowledge(c);
-    finish_if_done(c);
+    pt_coord_finish_if_done(c);
 }
 
 /* ack {epoch, step, sequence}: a survivor heard of a departure (membership.h). */
@@ -503,7 +562,7 @@ static void handle_ack(pt_coordinator *c, int rank, json_t *m)
         rank_failed_locked(c, rank, "sent a malformed acknowledgement");
         return;
     }
-    acknowledged(c, rank, epoch, step, (uint32_t)sequence);
+    pt_coord_acknowledged(c, rank, epoch, step, (uint32_t)sequence);
 }
 
 static void handle_message(pt_coordinator *c, connection *conn, const char *line, size_t length)
@@ -703,6 +762,7 @@ static void check_deadlines(pt_coordinator *c, double now)
             rank_failed_locked(c, conn->rank, reason);
         }
     }
+    pt_coord_recovery_check(c, now);
     if (c->phase == PT_JOB_REGISTERING && now - c->created_at > o->register_timeout_s) {
         char missing[256] = "";
         size_t used = 0;
@@ -789,7 +849,7 @@ pipert_result pt_coordinator_start(pt_coordinator *c)
 
 /* ---- setup --------------------------------------------------------------- */
 
-static pipert_result listen_on(pt_coordinator *c, const char *host, int port)
+pipert_result pt_coordinator_listen(const char *host, int port, int *listen_fd, int *bound_port)
 {
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
                              .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
@@ -814,9 +874,10 @@ static pipert_result listen_on(pt_coordinator *c, const char *host, int port)
             struct sockaddr_storage bound;
             socklen_t length = sizeof bound;
             getsockname(fd, (struct sockaddr *)&bound, &length);
-            c->port = ntohs(bound.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&bound)->sin6_port
-                                                        : ((struct sockaddr_in *)&bound)->sin_port);
-            c->listen_fd = fd;
+            *bound_port = ntohs(bound.ss_family == AF_INET6
+                                    ? ((struct sockaddr_in6 *)&bound)->sin6_port
+                                    : ((struct sockaddr_in *)&bound)->sin_port);
+            *listen_fd = fd;
             freeaddrinfo(list);
             return PIPERT_OK;
         }
@@ -829,6 +890,22 @@ static pipert_result listen_on(pt_coordinator *c, const char *host, int port)
                    saved == EADDRINUSE ? " (another job? choose another port: PIPERT_COORD_PORT or "
                                          "PIPERT_COORD)"
                                        : "");
+}
+
+/* The socket the caller gave (c->listen_fd), or a new one on bind_host:port. */
+static pipert_result serve_socket(pt_coordinator *c, const pt_coordinator_options *o)
+{
+    if (c->listen_fd < 0) return pt_coordinator_listen(o->bind_host, o->port, &c->listen_fd, &c->port);
+    struct sockaddr_storage bound;
+    socklen_t length = sizeof bound;
+    int flags = fcntl(c->listen_fd, F_GETFL);
+    if (getsockname(c->listen_fd, (struct sockaddr *)&bound, &length) != 0 || flags < 0 ||
+        fcntl(c->listen_fd, F_SETFL, flags | O_NONBLOCK) != 0)
+        return pt_fail(PIPERT_ERR_INVALID_ARG, "coordinator: socket %d: %s", c->listen_fd,
+                       strerror(errno));
+    c->port = ntohs(bound.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&bound)->sin6_port
+                                                : ((struct sockaddr_in *)&bound)->sin_port);
+    return PIPERT_OK;
 }
 
 static pipert_result check_options(const pt_coordinator_options *o)
@@ -855,10 +932,12 @@ static pipert_result check_options(const pt_coordinator_options *o)
 pipert_result pt_coordinator_create(pt_coordinator **out, const pt_coordinator_options *options)
 {
     *out = NULL;
-    PT_TRY(check_options(options));
-    pt_coordinator *c = calloc(1, sizeof *c);
+    pipert_result checked = check_options(options);
+    pt_coordinator *c = checked == PIPERT_OK ? calloc(1, sizeof *c) : NULL;
     if (c) c->ranks = calloc((size_t)options->world, sizeof *c->ranks);
     if (!c || !c->ranks) {
+        if (options->listen_fd >= 0) close(options->listen_fd);
+        if (checked != PIPERT_OK) return checked;
         free(c);
         return pt_fail(PIPERT_ERR_NOMEM, "coordinator: out of memory");
     }
@@ -866,7 +945,8 @@ pipert_result pt_coordinator_create(pt_coordinator **out, const pt_coordinator_o
     pipert_result keyed = pt_auth_derive_key(options->secret, PT_AUTH_USE_COORDINATOR, &c->key);
     c->options.secret = NULL; /* the caller's; not kept */
     c->options.bind_host = NULL; /* only needed here */
-    c->listen_fd = -1;
+    c->listen_fd = options->listen_fd; /* ours from here on */
+    c->options.listen_fd = -1;
     c->abort_rank = -1;
     c->val_step = -1;
     c->val_loss = NAN;
@@ -885,7 +965,11 @@ pipert_result pt_coordinator_create(pt_coordinator **out, const pt_coordinator_o
                                 options->switch_margin > 0
                                     ? options->switch_margin
                                     : pt_membership_margin(options->stages));
-    if (rc == PIPERT_OK) rc = listen_on(c, options->bind_host, options->port);
+    if (rc == PIPERT_OK) rc = serve_socket(c, options);
+    if (rc == PIPERT_OK && options->recover) {
+        c->phase = PT_JOB_RUNNING; /* the workers have their table */
+        rc = pt_coord_recovery_init(c);
+    }
     if (rc != PIPERT_OK) {
         pt_coordinator_free(c);
         return rc;
@@ -909,6 +993,7 @@ void pt_coordinator_free(pt_coordinator *c)
     for (int r = 0; r < c->options.world; r++) free(c->ranks[r].address);
     free(c->ranks);
     pt_membership_free(&c->membership);
+    pt_coord_recovery_free(c);
     if (c->listen_fd >= 0) close(c->listen_fd);
     pthread_mutex_destroy(&c->lock);
     pthread_cond_destroy(&c->changed);

@@ -57,11 +57,12 @@ void pt_coordinator_rank_statuses(pt_coordinator *c, pt_rank_status *ranks)
     pthread_mutex_lock(&c->lock);
     for (int r = 0; r < c->options.world; r++) {
         const rank_state *rs = &c->ranks[r];
-        pt_rank_state state = !rs->registered          ? PT_RANK_REGISTERING
-                              : rs->joining            ? PT_RANK_JOINING
+        /* (a coordinator started again knows a rank of a replica that left only as left) */
+        pt_rank_state state = rs->joining                ? PT_RANK_JOINING
                               : pt_coord_rank_left(c, r) ? PT_RANK_LEFT
-                              : rs->done               ? PT_RANK_DONE
-                                                       : PT_RANK_TRAINING;
+                              : !rs->registered          ? PT_RANK_REGISTERING
+                              : rs->done                 ? PT_RANK_DONE
+                                                         : PT_RANK_TRAINING;
         ranks[r] = (pt_rank_status){state, rs->has_progress ? rs->progress.step : -1};
     }
     pthread_mutex_unlock(&c->lock);

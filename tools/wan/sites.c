@@ -89,14 +89,13 @@ const char *pt_wan_sites_coordinator_host(const pt_wan_sites *s)
     return s->testbed ? pt_testbed_address(s->testbed, 0) : "127.0.0.1";
 }
 
-pipert_result pt_wan_sites_create_coordinator(const pt_wan_sites *s, pt_coordinator_options *options,
-                                              pt_coordinator **out)
+pipert_result pt_wan_sites_coordinator_listen(const pt_wan_sites *s, int *fd, int *port)
 {
-    options->bind_host = pt_wan_sites_coordinator_host(s);
-    if (!s->testbed) return pt_coordinator_create(out, options);
+    const char *host = pt_wan_sites_coordinator_host(s);
+    if (!s->testbed) return pt_coordinator_listen(host, 0, fd, port);
     /* Its socket is made inside site 0's namespace, and stays there. */
     PT_TRY(pt_testbed_enter(s->testbed, 0));
-    pipert_result rc = pt_coordinator_create(out, options);
+    pipert_result rc = pt_coordinator_listen(host, 0, fd, port);
     pipert_result back = pt_testbed_leave(s->testbed);
     return rc != PIPERT_OK ? rc : back;
 }

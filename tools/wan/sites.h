@@ -42,8 +42,8 @@ pipert_result pt_wan_sites_join_cpu_limit(const pt_wan_sites *s, int site, pid_t
 /* The coordinator, listening where the workers reach it: 127.0.0.1, or
  * inside site 0 (the other sites reach it over their links). */
 const char *pt_wan_sites_coordinator_host(const pt_wan_sites *s);
-pipert_result pt_wan_sites_create_coordinator(const pt_wan_sites *s, pt_coordinator_options *options,
-                                              pt_coordinator **out);
+/* The coordinator's listening socket (close-on-exec), where the workers reach it. */
+pipert_result pt_wan_sites_coordinator_listen(const pt_wan_sites *s, int *fd, int *port);
 
 /* Site i's address, or `host` without emulation. */
 const char *pt_wan_sites_host(const pt_wan_sites *s, int site, const char *host);

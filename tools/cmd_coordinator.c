@@ -1,0 +1,129 @@
+/* pipert coordinator: the job's coordinator in a process of its own, started by `pipert
+ * launch` (tools/coordinator_process.h) — not a command for users. It serves the listening
+ * socket it finds at fd 3 and talks to its launcher over fd 4: snapshots of the job out,
+ * the launcher's words (a worker exited, stop) in. With --recover it was started again while
+ * the job runs and takes it over from the workers (runtime/comm/coordinator_recover.c). It
+ * ends when the launcher's socket closes. */
+#include <errno.h>
+#include <jansson.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "runtime/clock.h"
+#include "runtime/comm/bootstrap.h"
+#include "runtime/comm/coordinator.h"
+#include "runtime/comm/coordinator_protocol.h"
+#include "runtime/log.h"
+#include "tools/cli.h"
+#include "tools/commands.h"
+#include "tools/coordinator_process.h"
+
+#define LISTEN_FD 3
+#define CONTROL_FD 4
+#define SLICE_MS 50
+#define RESEND_S 1.0 /* an unchanged snapshot goes again this often */
+
+static pipert_result parse(int argc, char **argv, pt_coordinator_options *o, char *secret_file,
+                           size_t cap)
+{
+    for (int i = 0; i < argc; i++) {
+        const char *flag = argv[i], *value = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(flag, "--recover")) {
+            o->recover = true;
+            continue;
+        }
+        if (!value) return pt_fail(PIPERT_ERR_CONFIG, "%s needs a value", flag);
+        i++;
+        if (!strcmp(flag, "--secret-file")) snprintf(secret_file, cap, "%s", value);
+        else if (!strcmp(flag, "--heartbeat-timeout")) o->dead_after_s = atof(value);
+        else if (!strcmp(flag, "--world")) {
+            PT_TRY(pt_cli_parse_int(flag, value, 1, PT_MAX_WORLD, 0, &o->world));
+        } else if (!strcmp(flag, "--stages")) {
+            PT_TRY(pt_cli_parse_int(flag, value, 1, PT_MAX_WORLD, 1, &o->stages));
+        } else if (!strcmp(flag, "--min-replicas")) {
+            PT_TRY(pt_cli_parse_int(flag, value, 0, PT_MAX_WORLD, 0, &o->min_replicas));
+        } else return pt_fail(PIPERT_ERR_CONFIG, "unknown option %s", flag);
+    }
+    if (!*secret_file || o->world < 1)
+        return pt_fail(PIPERT_ERR_CONFIG, "--world and --secret-file are required (this command "
+                                          "is started by pipert launch)");
+    return PIPERT_OK;
+}
+
+/* Sends the snapshot when it changed, or RESEND_S after the last; false when the launcher is
+ * gone. */
+static bool send_snapshot(pt_coordinator *c, char **last, double *sent_at)
+{
+    json_t *m = pt_coordinator_process_snapshot(c);
+    char *text = m ? json_dumps(m, JSON_COMPACT) : NULL;
+    json_decref(m);
+    if (!text) return true;
+    const double now = pt_now_s();
+    if (*last && !strcmp(*last, text) && now - *sent_at < RESEND_S) {
+        free(text);
+        return true;
+    }
+    free(*last);
+    *last = text;
+    *sent_at = now;
+    const size_t length = strlen(text);
+    bool ok = send(CONTROL_FD, text, length, MSG_NOSIGNAL) == (ssize_t)length &&
+              send(CONTROL_FD, "\n", 1, MSG_NOSIGNAL) == 1;
+    return ok;
+}
+
+/* The launcher's lines; false once its socket closed. */
+static bool read_launcher(pt_coordinator *c, pt_coord_buffer *in)
+{
+    char chunk[65536];
+    ssize_t n = recv(CONTROL_FD, chunk, sizeof chunk, MSG_DONTWAIT);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) return true;
+    if (n <= 0 || !pt_coord_buffer_append(in, chunk, (size_t)n)) return false;
+    char *newline;
+    while ((newline = pt_coord_find_newline(in))) {
+        const size_t length = (size_t)(newline - in->data);
+        pt_coordinator_process_handle(c, in->data, length);
+        pt_coord_buffer_consume(in, length + 1);
+    }
+    return true;
+}
+
+static void serve(pt_coordinator *c)
+{
+    pt_coord_buffer in = {0};
+    char *last = NULL;
+    double sent_at = 0;
+    for (bool open = true; open;) {
+        struct pollfd fd = {.fd = CONTROL_FD, .events = POLLIN};
+        if (poll(&fd, 1, SLICE_MS) > 0) open = read_launcher(c, &in);
+        if (open) open = send_snapshot(c, &last, &sent_at);
+    }
+    free(last);
+    pt_coord_buffer_free(&in);
+}
+
+int pt_cmd_coordinator(int argc, char **argv)
+{
+    pt_coordinator_options options = PT_COORDINATOR_OPTIONS_INIT;
+    options.listen_fd = LISTEN_FD;
+    pt_bootstrap boot = {0};
+    char secret[PT_SECRET_MAX + 1];
+    pt_coordinator *c = NULL;
+    pipert_result rc = parse(argc, argv, &options, boot.secret_file, sizeof boot.secret_file);
+    if (rc == PIPERT_OK) rc = pt_bootstrap_read_secret(&boot, secret);
+    options.secret = secret;
+    if (rc == PIPERT_OK) rc = pt_coordinator_create(&c, &options);
+    else close(LISTEN_FD);
+    if (rc == PIPERT_OK) rc = pt_coordinator_start(c);
+    if (rc != PIPERT_OK) {
+        pt_coordinator_free(c);
+        return pt_cmd_report_failure("coordinator");
+    }
+    serve(c);
+    pt_coordinator_free(c);
+    return 0;
+}
