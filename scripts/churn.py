@@ -48,6 +48,9 @@ LOSS_LIMIT = 0.02          # the target: within 2% of the undisturbed run at equ
 KINDS = ("kill", "freeze", "link", "coordinator")
 STEPS_FACTOR = 1.0         # the churned job's steps: this many times the undisturbed rate's
 LAST_FAULT_AT = 0.85       # no fault after this share of the steps: the last ones recover
+# a coordinator is killed only once it has served this long: one killed every second never
+# lives to see a worker fall silent (a freeze), and the bed would test nothing else
+COORDINATOR_LIFE_S = 2 * HEARTBEAT_S
 
 
 def pipert_command(build, out, method, steps, val_every, elastic):
@@ -147,7 +150,8 @@ class Driver:
         self.first_step_at = None
         self.link_down = None  # the link Event in progress
         self.coordinator = None  # the coordinator's kill not yet recovered from (an Event)
-        self.coordinator_new_at = None  # when a new coordinator's pid appeared
+        self.coordinator_new_at = 0.0   # when the newest coordinator's pid appeared
+        self.coordinator_steps = None   # the untouched replicas' steps then
         self.namespace = None
         self.status = None
         self.churn_seconds = 0.0  # from the first step to the last fault's chance
@@ -241,8 +245,9 @@ class Driver:
             renewed = all(r["pid"] != e.pids.get(r["rank"]) for r in ranks)
             if not renewed or rep.reported < 0:
                 return
-        elif e.kind != "link" or rep.stepped_at <= e.ends_at:
-            return  # a kill or a freeze past the heartbeat takes the replica out first
+        elif e.kind == "kill" or rep.stepped_at <= e.ends_at:
+            return  # a kill takes the replica out first; so does a freeze past the heartbeat,
+            # unless no coordinator lived through the silence (it was killed meanwhile)
         if e.back_at is None:
             e.back_at, e.back_step = now, rep.reported
         if now - e.ends_at >= HEARTBEAT_S + 1.0:
@@ -262,11 +267,11 @@ class Driver:
         if e is None:
             return
         pid = self.coordinator_pid()
-        if pid and pid != e.pid and self.coordinator_new_at is None:
-            self.coordinator_new_at = now
         steps = [rep.reported for rep in self.untouched_training()]
-        if self.coordinator_new_at is not None and status.get("phase") == "running" and steps \
-                and min(steps) > e.step_before:
+        if pid and pid != e.pid and self.coordinator_steps is None and steps:
+            self.coordinator_new_at, self.coordinator_steps = now, min(steps)
+        if self.coordinator_steps is not None and status.get("phase") == "running" and steps \
+                and min(steps) > max(e.step_before, self.coordinator_steps):
             e.back_at, e.back_step = now, min(steps)
             self.coordinator = None
 
@@ -286,7 +291,8 @@ class Driver:
             return None
         for kind in sorted(KINDS, key=lambda k: (counts[k], self.rng.random())):
             if kind == "coordinator":
-                if self.coordinator is None and self.untouched_training():
+                if self.coordinator is None and self.untouched_training() and \
+                        self.now() - self.coordinator_new_at >= COORDINATOR_LIFE_S:
                     e = self.kill_coordinator()
                     if e:
                         return e
@@ -333,7 +339,7 @@ class Driver:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             return None
-        self.coordinator, self.coordinator_new_at = e, None
+        self.coordinator, self.coordinator_steps = e, None
         self.events.append(e)
         return e
 

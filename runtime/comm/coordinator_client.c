@@ -506,15 +506,38 @@ static json_t *view_of_the_job(pt_coord_client *c)
     return view;
 }
 
-/* Whether this client may register again: a joiner only once its replica is in. */
-static bool may_register_again(pt_coord_client *c)
+/* A joiner whose replica is not in yet (it has no place a coordinator started again could
+ * give back). */
+static bool still_joining(pt_coord_client *c)
 {
-    if (c->reconnect_s <= 0 || atomic_load(&c->aborted)) return false;
-    if (!c->join) return true;
+    if (!c->join) return false;
     pthread_mutex_lock(&c->lock);
     const bool in = c->replica >= 0 && c->in_epoch[c->replica] > 0;
     pthread_mutex_unlock(&c->lock);
-    return in;
+    return !in;
+}
+
+/* Whether this client may register again: a joiner only once its replica is in. */
+static bool may_register_again(pt_coord_client *c)
+{
+    return c->reconnect_s > 0 && !atomic_load(&c->aborted) && !still_joining(c);
+}
+
+/* The connection broke and no coordinator took this worker again: it has lost its
+ * coordinator (false: the thread stops talking), or, a joiner under a launcher that starts
+ * coordinators again, it gives up (the job aborts for it; its replica, not back, leaves
+ * again, and the launcher may start it once more). */
+static bool coordinator_gone(pt_coord_client *c, const char *why)
+{
+    if (c->reconnect_s > 0 && still_joining(c)) {
+        char reason[500];
+        snprintf(reason, sizeof reason, "the coordinator went away while this rank was rejoining "
+                 "(%.400s)", why);
+        client_abort(c, -1, reason);
+        return true;
+    }
+    client_lost(c, why);
+    return false;
 }
 
 /* One try: connect, register again with the view. False when it did not work (yet); *refused
@@ -525,8 +548,9 @@ static bool try_register_again(pt_coord_client *c, bool *refused)
     bool resolved = true;
     int fd = try_connect(c->host, c->port, 1.0, &error, &resolved);
     /* The launcher keeps the coordinator's socket listening while it starts a new one, so a
-     * connection is always taken then; one refused means the launcher is gone too. */
-    *refused = fd < 0;
+     * connection is always taken then; one refused means the launcher is gone too. Anything
+     * else (a link down between sites) may pass: try again. */
+    *refused = fd < 0 && error == ECONNREFUSED;
     if (fd < 0) return false;
     pthread_mutex_lock(&c->send_lock);
     c->fd = fd;
@@ -595,8 +619,7 @@ static bool client_talk(pt_coord_client *c)
             pthread_mutex_unlock(&c->lock);
             if (expected) return true;
             if (register_again(c)) continue;
-            client_lost(c, why);
-            return false;
+            return coordinator_gone(c, why);
         }
         if (ready > 0 && fds[0].revents) client_heard_again(c);
         now = pt_now_s();
@@ -604,8 +627,7 @@ static bool client_talk(pt_coord_client *c)
             client_send(c, json_pack("{s:s}", "type", "heartbeat")) != PIPERT_OK) {
             snprintf(why, sizeof why, "%s", pipert_last_error());
             if (register_again(c)) continue;
-            client_lost(c, why);
-            return false;
+            return coordinator_gone(c, why);
         }
         if (now - c->last_heard > c->dead_after_s && !atomic_load(&c->lost)) {
             snprintf(why, sizeof why, "no word from the coordinator at %s for %.1f s", c->where,

@@ -122,15 +122,17 @@ static bool view_ok(const pt_coordinator *c, json_t *view)
 /* ---- registering again --------------------------------------------------- */
 
 /* A rank of a running job whose connection broke while this coordinator lived (a reset, not
- * a restart): if its replica is still in, the new connection replaces the old one. */
+ * a restart), or that comes back after the job was rebuilt without it (cut off for longer):
+ * the new connection replaces the old one; if its replica left meanwhile, it hears so (and
+ * leaves, as a worker whose coordinator said so while it was cut off). */
 static void reconnected(pt_coordinator *c, connection *conn, int rank, int pid)
 {
     rank_state *s = &c->ranks[rank];
-    char why[256];
-    if (!s->registered || pt_coord_rank_left(c, rank) || s->pid != pid || s->done) {
-        snprintf(why, sizeof why, "rank %d registered again, but %s", rank,
-                 pt_coord_rank_left(c, rank) ? "its replica left the job"
-                                             : "this coordinator does not know its process");
+    const bool left = pt_coord_rank_left(c, rank);
+    if (!left && (!s->registered || s->pid != pid || s->done)) {
+        char why[256];
+        snprintf(why, sizeof why, "rank %d registered again, but this coordinator does not know "
+                 "its process", rank);
         pt_warn("coordinator: refused %s: %s", conn->peer, why);
         pt_coord_refuse(conn, why, false);
         return;
@@ -141,8 +143,14 @@ static void reconnected(pt_coordinator *c, connection *conn, int rank, int pid)
     }
     s->conn = conn;
     conn->rank = rank;
-    pt_info("coordinator: rank %d connected again from %s", rank, conn->peer);
+    pt_info("coordinator: rank %d connected again from %s%s", rank, conn->peer,
+            left ? "; its replica left the job meanwhile" : "");
     pt_coord_welcome(c, conn);
+    if (left)
+        pt_coord_send(conn, json_pack("{s:s, s:I, s:i, s:i, s:s}", "type", "leave", "epoch",
+                                      (json_int_t)c->membership.epoch, "replica",
+                                      pt_membership_replica_of(&c->membership, rank), "rank", rank,
+                                      "reason", "left the job while it was out of reach"));
 }
 
 void pt_coord_register_again(pt_coordinator *c, connection *conn, int rank, int pid,
