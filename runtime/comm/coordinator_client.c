@@ -473,7 +473,7 @@ static void wait_out_the_grace(pt_coord_client *c)
 /* (connecting, below) */
 static int try_connect(const char *host, int port, double timeout_s, int *error, bool *resolved);
 static void prepare_socket(pt_coord_client *c);
-static pipert_result register_rank(pt_coord_client *c, json_t *resume);
+static pipert_result register_rank(pt_coord_client *c, json_t *resume, double answer_s);
 
 /* What this worker knows of the job, for a coordinator started again (coordinator_protocol.h,
  * "resume"). */
@@ -558,7 +558,9 @@ static bool try_register_again(pt_coord_client *c, bool *refused)
     pthread_mutex_unlock(&c->send_lock);
     c->in.length = 0;
     prepare_socket(c);
-    pipert_result rc = register_rank(c, view_of_the_job(c));
+    /* a coordinator started again answers within a second; one that does not is tried again
+     * (while it rebuilds the job, which waits twice the heartbeat timeout for this worker) */
+    pipert_result rc = register_rank(c, view_of_the_job(c), fmin(c->dead_after_s, 5.0));
     if (rc == PIPERT_OK) return true;
     *refused = rc == PIPERT_ERR_AUTH || rc == PIPERT_ERR_CONFIG ||
                strstr(pipert_last_error(), "refused") != NULL;
@@ -804,7 +806,7 @@ static bool coordinator_proved(json_t *challenge, const pt_auth_key *key,
 /* hello {nonce} → challenge {nonce, proof}: the coordinator proves itself first; then our
  * registration carries our proof, and "welcome" or "refused" answers it
  * (coordinator_protocol.h). The secret itself is never sent. */
-static pipert_result register_rank(pt_coord_client *c, json_t *resume)
+static pipert_result register_rank(pt_coord_client *c, json_t *resume, double answer_s)
 {
     uint8_t ours[PT_AUTH_NONCE_BYTES], theirs[PT_AUTH_NONCE_BYTES];
     char hex[PT_AUTH_HEX_CAPACITY];
@@ -812,7 +814,7 @@ static pipert_result register_rank(pt_coord_client *c, json_t *resume)
     pt_auth_to_hex(ours, sizeof ours, hex);
     if (rc == PIPERT_OK)
         rc = send_line(c, json_pack("{s:s, s:s}", "type", "hello", "nonce", hex), true);
-    const double deadline = pt_now_s() + fmax(c->connect_timeout_s, 10.0);
+    const double deadline = pt_now_s() + answer_s;
     json_t *m = NULL;
     if (rc == PIPERT_OK) rc = expect_message(c, deadline, "challenge", &m);
     if (rc != PIPERT_OK) {
@@ -865,7 +867,7 @@ static pipert_result client_setup(pt_coord_client *c, const pt_coord_client_opti
 {
     PT_TRY(connect_with_retry(c, o));
     prepare_socket(c);
-    PT_TRY(register_rank(c, NULL));
+    PT_TRY(register_rank(c, NULL, fmax(c->connect_timeout_s, 10.0)));
     c->last_heard = pt_now_s();
     /* What came with the welcome: the table, when this rank registered last. */
     client_handle_buffered(c);

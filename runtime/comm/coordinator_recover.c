@@ -165,9 +165,17 @@ void pt_coord_register_again(pt_coordinator *c, connection *conn, int rank, int 
         pt_coord_refuse(conn, copy ? "malformed resume view" : "coordinator out of memory", false);
     } else if (!r->on) {
         reconnected(c, conn, rank, pid);
-    } else if (s->registered) {
-        pt_coord_refuse(conn, "registered again twice", false);
+    } else if (s->registered && s->pid != pid) {
+        pt_coord_refuse(conn, "another process registered again for this rank", false);
     } else {
+        if (s->registered) { /* its first try timed out before our answer: this one counts */
+            free(s->address);
+            c->registered--;
+            if (s->conn) {
+                s->conn->rank = -1; /* dropped at the sweep, without failing the rank */
+                s->conn->broken = true;
+            }
+        }
         *s = (rank_state){.registered = true, .pid = pid, .address = copy, .conn = conn};
         json_t *progress = json_object_get(view, "progress");
         if (progress) { /* its step until it reports the next */
