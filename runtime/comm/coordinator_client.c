@@ -1012,7 +1012,10 @@ static pipert_result send_unless_lost(pt_coord_client *c, json_t *message)
 {
     pipert_result rc = client_send(c, message);
     if (rc == PIPERT_OK || rc == PIPERT_ERR_NOMEM) return rc;
-    if (c->reconnect_s > 0) return PIPERT_OK; /* the thread notices, and registers again */
+    if (c->reconnect_s > 0) { /* the thread notices, and registers again */
+        pt_error_clear();
+        return PIPERT_OK;
+    }
     if (!c->outlive_coordinator) return rc;
     client_lost(c, pipert_last_error());
     return PIPERT_OK;

@@ -203,7 +203,8 @@ bool pt_coord_recovery_note_exit(pt_coordinator *c, int rank, bool done, const c
     coord_recovery *r = &c->recovery;
     if (!r->on) return false;
     if (done) r->finished[rank] = true;
-    else snprintf(r->failed[rank], sizeof r->failed[rank], "%s", *reason ? reason : "failed");
+    else if (!r->failed[rank][0]) /* the first word stands */
+        snprintf(r->failed[rank], sizeof r->failed[rank], "%s", *reason ? reason : "failed");
     return true;
 }
 
@@ -243,6 +244,15 @@ static void restore_membership(pt_membership *m, json_t *view)
     m->switch_step = view_long(sw, "step");
     m->switch_sequence = (uint32_t)view_long(sw, "sequence");
     m->switch_donor = sw && json_object_get(sw, "donor") ? (int)view_long(sw, "donor") : -1;
+    /* no acknowledgement counted yet (the workers' come next), nothing joining */
+    m->acks = 0;
+    m->max_step = 0;
+    m->max_sequence = 0;
+    for (int r = 0; r < m->world; r++) m->acked_epoch[r] = m->took_state[r] = 0;
+    for (int q = 0; q < m->replicas; q++) {
+        m->joining[q] = false;
+        m->let_in_at[q] = 0;
+    }
 }
 
 /* What rank r's view misses of the membership, sent to it now. */

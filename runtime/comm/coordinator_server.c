@@ -211,6 +211,9 @@ void pt_coord_done_ranks_acknowledge(pt_coordinator *c)
  * otherwise, or when too few replicas would remain, the job aborts. */
 static void rank_failed_locked(pt_coordinator *c, int rank, const char *reason)
 {
+    /* while the job is rebuilt, the membership is not known yet: acted upon then */
+    if (rank >= 0 && c->phase == PT_JOB_RUNNING && pt_coord_recovery_note_exit(c, rank, false, reason))
+        return;
     if (rank < 0 || c->phase != PT_JOB_RUNNING) {
         abort_job_locked(c, rank, reason);
         return;
@@ -274,7 +277,6 @@ static void read_input(pt_coordinator *c, connection *conn);
 static void launcher_says_failed(pt_coordinator *c, int rank, const char *reason)
 {
     if (rank >= 0 && c->ranks[rank].conn) read_input(c, c->ranks[rank].conn);
-    if (rank >= 0 && pt_coord_recovery_note_exit(c, rank, false, reason)) return;
     rank_failed_locked(c, rank, reason);
 }
 
