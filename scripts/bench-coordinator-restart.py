@@ -58,12 +58,20 @@ def seconds_of_day_utc():
     return now.hour * 3600 + now.minute * 60 + now.second + now.microsecond / 1e6
 
 
+def wait_or_end(p, seconds):
+    """Sleeps `seconds`, or until the job ends."""
+    try:
+        p.wait(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        pass
+
+
 def killed_run(args, out):
     started = time.monotonic()
     p = launch(args, out)
     kills = []
     pid_file = os.path.join(out, "coordinator.pid")
-    time.sleep(args.every)
+    wait_or_end(p, args.every)
     while len(kills) < args.kills and p.poll() is None:
         try:
             with open(pid_file) as f:
@@ -71,7 +79,7 @@ def killed_run(args, out):
             kills.append(seconds_of_day_utc())
         except (OSError, ValueError):
             pass
-        time.sleep(args.every)
+        wait_or_end(p, args.every)
     status = p.wait()
     return status, time.monotonic() - started, kills
 
