@@ -110,7 +110,7 @@ static pid_t kill_the_coordinator_again_and_again(const char *dir, const char *o
 
 static int launcher_status(pid_t launcher, const char *dir)
 {
-    char pids[700], logs[700], out[700];
+    char pids[512], logs[512], out[512];
     snprintf(pids, sizeof pids, "%s/workers.pid", dir);
     snprintf(logs, sizeof logs, "%s/logs/rank-*.log", dir);
     snprintf(out, sizeof out, "%s/launch.out", dir);
