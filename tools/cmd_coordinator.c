@@ -22,8 +22,6 @@
 #include "tools/commands.h"
 #include "tools/coordinator_process.h"
 
-#define LISTEN_FD 3
-#define CONTROL_FD 4
 #define SLICE_MS 50
 #define RESEND_S 1.0 /* an unchanged snapshot goes again this often */
 
@@ -71,8 +69,8 @@ static bool send_snapshot(pt_coordinator *c, char **last, double *sent_at)
     *last = text;
     *sent_at = now;
     const size_t length = strlen(text);
-    bool ok = send(CONTROL_FD, text, length, MSG_NOSIGNAL) == (ssize_t)length &&
-              send(CONTROL_FD, "\n", 1, MSG_NOSIGNAL) == 1;
+    bool ok = send(PT_COORDINATOR_CONTROL_FD, text, length, MSG_NOSIGNAL) == (ssize_t)length &&
+              send(PT_COORDINATOR_CONTROL_FD, "\n", 1, MSG_NOSIGNAL) == 1;
     return ok;
 }
 
@@ -80,7 +78,7 @@ static bool send_snapshot(pt_coordinator *c, char **last, double *sent_at)
 static bool read_launcher(pt_coordinator *c, pt_coord_buffer *in)
 {
     char chunk[65536];
-    ssize_t n = recv(CONTROL_FD, chunk, sizeof chunk, MSG_DONTWAIT);
+    ssize_t n = recv(PT_COORDINATOR_CONTROL_FD, chunk, sizeof chunk, MSG_DONTWAIT);
     if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) return true;
     if (n <= 0 || !pt_coord_buffer_append(in, chunk, (size_t)n)) return false;
     char *newline;
@@ -98,7 +96,7 @@ static void serve(pt_coordinator *c)
     char *last = NULL;
     double sent_at = 0;
     for (bool open = true; open;) {
-        struct pollfd fd = {.fd = CONTROL_FD, .events = POLLIN};
+        struct pollfd fd = {.fd = PT_COORDINATOR_CONTROL_FD, .events = POLLIN};
         if (poll(&fd, 1, SLICE_MS) > 0) open = read_launcher(c, &in);
         if (open) open = send_snapshot(c, &last, &sent_at);
     }
@@ -109,7 +107,7 @@ static void serve(pt_coordinator *c)
 int pt_cmd_coordinator(int argc, char **argv)
 {
     pt_coordinator_options options = PT_COORDINATOR_OPTIONS_INIT;
-    options.listen_fd = LISTEN_FD;
+    options.listen_fd = PT_COORDINATOR_LISTEN_FD;
     pt_bootstrap boot = {0};
     char secret[PT_SECRET_MAX + 1];
     pt_coordinator *c = NULL;
@@ -117,7 +115,7 @@ int pt_cmd_coordinator(int argc, char **argv)
     if (rc == PIPERT_OK) rc = pt_bootstrap_read_secret(&boot, secret);
     options.secret = secret;
     if (rc == PIPERT_OK) rc = pt_coordinator_create(&c, &options);
-    else close(LISTEN_FD);
+    else close(PT_COORDINATOR_LISTEN_FD);
     if (rc == PIPERT_OK) rc = pt_coordinator_start(c);
     if (rc != PIPERT_OK) {
         pt_coordinator_free(c);

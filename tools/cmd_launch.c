@@ -54,9 +54,9 @@
 #include "tools/launch_plan.h"
 #include "tools/launch_status.h"
 #include "tools/progress.h"
+#include "tools/worker_exit.h"
 #include "tools/wan/sites.h"
 
-#define EXIT_JOB_ABORTED 3 /* a worker that stopped because the job aborted (cmd_worker.c) */
 /* A worker whose coordinator's connection closed registers again for this long (at least; a
  * coordinator started again takes well under a second), before it counts as lost. */
 #define RECONNECT_S 30.0
@@ -390,14 +390,14 @@ static bool describe_exit(job *j, const worker_process *w, char *text, size_t ca
         }
         snprintf(text, cap, "%s%sstopped by the launcher with SIG%s", has_report ? reported : "",
                  has_report ? "; then " : "", name ? name : "?");
-        return has_report;
+        return pt_worker_exit_failed(-1, WTERMSIG(s), true, has_report);
     }
     const int code = WEXITSTATUS(s);
     if (has_report) snprintf(text, cap, "%s", reported);
     else if (code == 0) snprintf(text, cap, "finished");
     else if (code == EXIT_JOB_ABORTED) snprintf(text, cap, "stopped: the job aborted");
     else snprintf(text, cap, "exited with status %d", code);
-    return has_report || (code != 0 && code != EXIT_JOB_ABORTED && !w->signalled_by_launcher);
+    return pt_worker_exit_failed(code, 0, w->signalled_by_launcher, has_report);
 }
 
 static void reap_workers(job *j)

@@ -25,10 +25,8 @@
 #include "tools/commands.h"
 #include "tools/link_probe.h"
 #include "tools/progress.h"
+#include "tools/worker_exit.h"
 
-#define EXIT_RANK_FAILED 1
-#define EXIT_JOB_ABORTED 3
-#define EXIT_COORDINATOR_LOST 4
 
 static pipert_session *volatile running_session;
 

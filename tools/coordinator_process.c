@@ -19,10 +19,8 @@
 #include "runtime/comm/coordinator_protocol.h"
 #include "runtime/fileio.h"
 #include "runtime/log.h"
+#include "tools/worker_exit.h"
 
-#define EXIT_JOB_ABORTED 3 /* a worker that stopped because the job aborted (cmd_worker.c) */
-#define LISTEN_FD 3        /* where the coordinator process finds its sockets */
-#define CONTROL_FD 4
 
 struct pt_coordinator_process {
     pt_coordinator_options options;
@@ -98,9 +96,7 @@ static void rank_exited(pt_coordinator *c, json_t *m)
     }
     if (pt_coordinator_rank_left(c, (int)rank)) return; /* a worker whose replica left ends as it may */
     const bool reported = pt_coordinator_rank_failure(c, (int)rank, NULL, 0);
-    const bool failed = signal ? !by_launcher || reported
-                               : reported || (code != 0 && code != EXIT_JOB_ABORTED && !by_launcher);
-    if (failed) pt_coordinator_rank_failed(c, (int)rank, "%s", why);
+    if (pt_worker_exit_failed((int)code, (int)signal, by_launcher, reported)) pt_coordinator_rank_failed(c, (int)rank, "%s", why);
     else if (code == EXIT_JOB_ABORTED) pt_coordinator_abort(c, -1, "%s", why);
     else if (code == 0) pt_coordinator_rank_done(c, (int)rank);
 }
@@ -131,7 +127,7 @@ static void write_line(pt_coordinator_process *p, const char *line)
     }
 }
 
-/* In the child, between fork and exec: the sockets at LISTEN_FD and CONTROL_FD, dying with the
+/* In the child, between fork and exec: the sockets at PT_COORDINATOR_LISTEN_FD and PT_COORDINATOR_CONTROL_FD, dying with the
  * launcher. Returns only on failure. */
 static void exec_coordinator(const pt_coordinator_process *p, int control, pid_t launcher)
 {
@@ -139,8 +135,8 @@ static void exec_coordinator(const pt_coordinator_process *p, int control, pid_t
     if (getppid() != launcher) _exit(127);
     /* out of the way first: either may be at 3 or 4 already (and close-on-exec) */
     const int listen_copy = fcntl(p->listen_fd, F_DUPFD, 10), control_copy = fcntl(control, F_DUPFD, 10);
-    if (listen_copy < 0 || control_copy < 0 || dup2(listen_copy, LISTEN_FD) < 0 ||
-        dup2(control_copy, CONTROL_FD) < 0)
+    if (listen_copy < 0 || control_copy < 0 || dup2(listen_copy, PT_COORDINATOR_LISTEN_FD) < 0 ||
+        dup2(control_copy, PT_COORDINATOR_CONTROL_FD) < 0)
         _exit(127);
     close(listen_copy);
     close(control_copy);
@@ -246,7 +242,6 @@ void pt_coordinator_process_free(pt_coordinator_process *p)
 }
 
 int pt_coordinator_process_port(const pt_coordinator_process *p) { return p->port; }
-int pt_coordinator_process_starts(const pt_coordinator_process *p) { return p->starts; }
 
 static void gave_up(pt_coordinator_process *p, int status);
 

@@ -27,6 +27,10 @@
 
 typedef struct pt_coordinator_process pt_coordinator_process;
 
+/* Where `pipert coordinator` finds its listening socket and its launcher's. */
+#define PT_COORDINATOR_LISTEN_FD 3
+#define PT_COORDINATOR_CONTROL_FD 4
+
 /* Starts `pipert coordinator` serving listen_fd (taken over; bound to `port`) for a job of
  * `options`; the
  * secret is read from secret_path; the process's pid goes to pid_path at every start. */
@@ -38,8 +42,6 @@ pipert_result pt_coordinator_process_start(pt_coordinator_process **out,
 void pt_coordinator_process_free(pt_coordinator_process *p);
 
 int pt_coordinator_process_port(const pt_coordinator_process *p);
-/* The coordinator processes started so far (1 + restarts). */
-int pt_coordinator_process_starts(const pt_coordinator_process *p);
 
 /* Reads snapshots for up to timeout_ms; starts the coordinator again if it died. */
 pipert_result pt_coordinator_process_poll(pt_coordinator_process *p, int timeout_ms);

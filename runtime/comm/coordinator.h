@@ -128,7 +128,8 @@ void pt_coordinator_abort(pt_coordinator *c, int rank, const char *fmt, ...)
 
 /* Rank `rank` failed (the launcher saw it exit): in an elastic job its
  * replica leaves (membership.h), otherwise the job aborts, as when the
- * coordinator sees it die itself. */
+ * coordinator sees it die itself. The first word stands: pt_coordinator_drain
+ * first, so that what the rank reported before it exited does. */
 void pt_coordinator_rank_failed(pt_coordinator *c, int rank, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 

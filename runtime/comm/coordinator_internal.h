@@ -50,7 +50,7 @@ typedef struct rank_state {
 /* A coordinator started again (coordinator_recover.c), until the job is rebuilt. */
 typedef struct coord_recovery {
     bool on;
-    double deadline;     /* ranks not back by then have failed */
+    double started_at, deadline; /* ranks not back by the deadline have failed */
     json_t **views;      /* [world]: what each rank that registered again knows ("resume") */
     bool *finished;      /* [world]: the launcher saw the rank exit 0 */
     char (*failed)[512]; /* [world]: the launcher saw it fail, and why ("": it did not) */

@@ -42,7 +42,8 @@ pipert_result pt_coord_recovery_init(pt_coordinator *c)
         return pt_fail(PIPERT_ERR_NOMEM, "coordinator: out of memory");
     const double timeout = c->options.recover_timeout_s > 0 ? c->options.recover_timeout_s
                                                              : 2 * c->options.dead_after_s;
-    r->deadline = pt_now_s() + timeout;
+    r->started_at = pt_now_s();
+    r->deadline = r->started_at + timeout;
     r->on = true;
     pt_info("coordinator: started again to take the running job over; waiting up to %.0f s for "
             "the workers to register again", timeout);
@@ -343,9 +344,7 @@ void pt_coord_recovery_check(pt_coordinator *c, double now)
     if (!r->on) return;
     const int newest = newest_view(c);
     if (!all_accounted_for(c, newest >= 0 ? r->views[newest] : NULL) && now < r->deadline) return;
-    const double timeout = c->options.recover_timeout_s > 0 ? c->options.recover_timeout_s
-                                                             : 2 * c->options.dead_after_s;
-    rebuild(c, newest, now - (r->deadline - timeout));
+    rebuild(c, newest, now - r->started_at);
     /* the views are not needed any more */
     for (int i = 0; i < c->options.world; i++) {
         json_decref(r->views[i]);

@@ -271,20 +271,13 @@ void pt_coordinator_abort(pt_coordinator *c, int rank, const char *fmt, ...)
 
 static void read_input(pt_coordinator *c, connection *conn);
 
-/* The launcher's word that `rank` failed: what the rank said last (its error, sent before it
- * exited) is read first, so its own reason stands; while the job is being rebuilt the word is
- * kept for then. */
-static void launcher_says_failed(pt_coordinator *c, int rank, const char *reason)
-{
-    if (rank >= 0 && c->ranks[rank].conn) read_input(c, c->ranks[rank].conn);
-    rank_failed_locked(c, rank, reason);
-}
-
+/* The launcher's word (pt_coordinator_drain first reads what the rank said last, so that its own
+ * reason stands; while the job is being rebuilt the word is kept for then). */
 void pt_coordinator_rank_failed(pt_coordinator *c, int rank, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    with_reason(c, rank, launcher_says_failed, fmt, ap);
+    with_reason(c, rank, rank_failed_locked, fmt, ap);
     va_end(ap);
 }
 
