@@ -60,10 +60,12 @@ static bool coord_read_line(int fd, char *line, size_t capacity, double timeout_
 }
 
 /* hello → challenge → register for `rank` of `world`, proving with `secret` (NULL: a proof of
- * random bytes); *answer gets the coordinator's last line ("welcome" or "refused" JSON). False
- * when the coordinator's challenge is missing or its proof is wrong. */
-static bool coord_register_raw(int fd, const char *secret, int rank, int world,
-                               coord_transcript *sent, char *answer, size_t capacity)
+ * random bytes), the registration carrying `extra` fields too (", \"resume\": {...}"; "" for
+ * none); *answer gets the coordinator's last line ("welcome" or "refused" JSON). False when the
+ * coordinator's challenge is missing or its proof is wrong. */
+static bool coord_register_raw_with(int fd, const char *secret, int rank, int world,
+                                    const char *extra, coord_transcript *sent, char *answer,
+                                    size_t capacity)
 {
     pt_auth_key key;
     uint8_t ours[PT_AUTH_NONCE_BYTES], theirs[PT_AUTH_NONCE_BYTES], proof[PT_AUTH_PROOF_BYTES];
@@ -89,10 +91,16 @@ static bool coord_register_raw(int fd, const char *secret, int rank, int world,
     pt_auth_to_hex(proof, sizeof proof, hex);
     snprintf(sent->registration, sizeof sent->registration,
              "{\"type\": \"register\", \"rank\": %d, \"world\": %d, \"host\": \"h\", \"pid\": 1, "
-             "\"address\": \"\", \"proof\": \"%s\", \"protocol\": %u}\n",
-             rank, world, hex, PT_PROTOCOL_VERSION);
+             "\"address\": \"\", \"proof\": \"%s\", \"protocol\": %u%s}\n",
+             rank, world, hex, PT_PROTOCOL_VERSION, extra);
     if (!coord_write_line(fd, sent->registration)) return false;
     return coord_read_line(fd, answer, capacity, 10);
+}
+
+static bool coord_register_raw(int fd, const char *secret, int rank, int world,
+                               coord_transcript *sent, char *answer, size_t capacity)
+{
+    return coord_register_raw_with(fd, secret, rank, world, "", sent, answer, capacity);
 }
 
 #endif

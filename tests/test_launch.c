@@ -409,6 +409,65 @@ Test(coordinator, dropped_connection_aborts_every_rank)
 }
 
 /* A rank that registers and then says nothing (hung, stopped, unreachable). */
+/* A coordinator started again (recover) takes a worker's registration with its view of the job
+ * ("resume": coordinator_recover.c); a view that does not fit the job is refused, saying so and
+ * naming the peer in its log, and neither takes the rank nor ends the job. */
+Test(coordinator, a_coordinator_started_again_refuses_a_malformed_view_of_the_job)
+{
+    pt_coordinator_options o = PT_COORDINATOR_OPTIONS_INIT;
+    o.bind_host = "127.0.0.1";
+    o.world = 2;
+    o.stages = 1;
+    o.min_replicas = 1;
+    o.secret = SECRET;
+    o.recover = true;
+    o.recover_timeout_s = 60;
+    pt_coordinator *c;
+    cr_assert_eq(pt_coordinator_create(&c, &o), PIPERT_OK, "%s", pipert_last_error());
+    cr_assert_eq(pt_coordinator_start(c), PIPERT_OK, "%s", pipert_last_error());
+    const char *malformed[] = {
+        ", \"resume\": [1]",                                      /* not an object */
+        ", \"resume\": {\"epoch\": -1}",                            /* a negative epoch */
+        ", \"resume\": {\"epoch\": 0, \"left\": [2]}",              /* replica 2 of 2 */
+        ", \"resume\": {\"epoch\": 0, \"in\": [[0]]}",              /* a pair without its epoch */
+        ", \"resume\": {\"epoch\": 0, \"switch\": {\"joiners\": [5]}}", /* replica 5 */
+    };
+    coord_transcript sent;
+    char answer[512];
+    for (size_t i = 0; i < sizeof malformed / sizeof malformed[0]; i++) {
+        capture cap;
+        capture_begin(&cap);
+        int fd = coord_dial(pt_coordinator_port(c));
+        cr_assert(coord_register_raw_with(fd, SECRET, 0, 2, malformed[i], &sent, answer,
+                                          sizeof answer));
+        close(fd);
+        char *log = capture_end(&cap);
+        cr_expect(strstr(answer, "refused") && strstr(answer, "malformed resume view"),
+                  "%s got: %s", malformed[i], answer);
+        cr_expect(strstr(log, "rank 0 registered again with a malformed view of the job") &&
+                      strstr(log, "127.0.0.1:"),
+                  "not logged with the peer: %s", log);
+        free(log);
+    }
+    pt_rank_status ranks[2];
+    pt_coordinator_rank_statuses(c, ranks);
+    cr_expect_eq(ranks[0].state, PT_RANK_REGISTERING, "a malformed view took rank 0");
+    int fd = coord_dial(pt_coordinator_port(c));
+    cr_assert(coord_register_raw_with(fd, SECRET, 0, 2,
+                                      ", \"resume\": {\"epoch\": 0, \"left\": [], "
+                                      "\"progress\": {\"step\": 7, \"total\": 9}}",
+                                      &sent, answer, sizeof answer));
+    cr_expect(strstr(answer, "welcome"), "a well-formed view got: %s", answer);
+    pt_coordinator_rank_statuses(c, ranks);
+    cr_expect_eq(ranks[0].step, 7, "the view's step is the rank's until it reports the next");
+    pt_job_status status;
+    pt_coordinator_status(c, &status);
+    cr_expect_eq(status.phase, PT_JOB_RUNNING);
+    cr_expect(pt_coordinator_recovering(c), "rebuilt before rank 1 was back");
+    close(fd);
+    pt_coordinator_free(c);
+}
+
 /* A registration recorded on the wire and sent again on a new connection is refused (its
  * proof answers another challenge), and it neither takes the rank nor aborts the job. */
 Test(coordinator, replayed_registration_is_refused)
