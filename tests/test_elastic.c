@@ -5,7 +5,8 @@
  * smoothly, its last checkpoint complete for two replicas (a resume with
  * --replicas 2 goes on from it); with --restarts the replica comes back,
  * takes a survivor's state and trains with the others to the end; without
- * --min-replicas, or below it, the job stops as before. Joiners started by hand
+ * --min-replicas, or below it, the job stops as before. A replica that leaves again at once
+ * is started again later each time. Joiners started by hand
  * with other settings are refused by name, and the job goes on without them. */
 #include <criterion/criterion.h>
 #include <jansson.h>
@@ -351,6 +352,64 @@ Test(elastic, two_replicas_rejoin_in_one_switch, .timeout = 900)
     const char *last = strrchr(metrics, '{');
     cr_expect(last && strstr(last, "\"replicas\":3") && strstr(last, "\"joins\":2"),
               "the last metrics line: %s", last ? last : "(none)");
+    free(metrics);
+    free(out);
+    remove_dir(dir);
+}
+
+/* Replica 1's restarted processes are killed as soon as they appear, for RELAPSE_S (a replica
+ * whose site is cut off, or whose host cannot start it, leaves again at once). The launcher
+ * must wait before each next start, twice as long each time (0.5, 1, 2, 4 s), not spend its
+ * restarts in a loop; once left alone the replica comes back. The survivors are stopped
+ * (a heartbeat timeout long enough) until it registered, so that the job still runs then. */
+Test(elastic, a_replica_that_leaves_again_at_once_starts_again_later_each_time, .timeout = 900)
+{
+    enum { RELAPSE_S = 6 };
+    char *dir = make_temp_dir();
+    pid_t job = start_job(dir, "sparse", "--min-replicas 1 --restarts 100 --heartbeat-timeout 120");
+    for (int i = 0; i < 6000 && logged_step(dir) < KILL_AT; i++) usleep(50000);
+    cr_assert_geq(logged_step(dir), KILL_AT, "the job did not reach step %d", KILL_AT);
+    const int survivors[] = {0, 1, 4, 5};
+    pid_t stopped[4];
+    for (int k = 0; k < 4; k++) {
+        stopped[k] = worker_pid(dir, survivors[k]);
+        cr_assert_eq(kill(stopped[k], SIGSTOP), 0);
+    }
+    pid_t last[2] = {worker_pid(dir, 2), worker_pid(dir, 3)};
+    cr_assert_eq(kill(last[1], SIGKILL), 0, "stage 1 of replica 1");
+    int killed = 0;
+    for (int i = 0; i < RELAPSE_S * 50; i++, usleep(20000))
+        for (int stage = 0; stage < 2; stage++) {
+            const pid_t pid = worker_pid(dir, 2 + stage);
+            if (pid == last[stage]) continue;
+            last[stage] = pid;
+            killed += kill(pid, SIGKILL) == 0;
+        }
+    /* left alone, it comes back while the job still runs */
+    const bool back = launcher_says(dir, "replica 1 rejoins the job", 90);
+    for (int k = 0; k < 4; k++) kill(stopped[k], SIGCONT);
+    const int status = wait_job(job, dir);
+    char *out = read_named(dir, ".out");
+    cr_expect(back, "the replica did not come back:\n%s", out);
+    cr_expect_eq(status, 0, "the job exited %d:\n%s", status, out);
+    cr_expect_geq(killed, 4, "only %d restarted processes were there to kill in %d s:\n%s", killed,
+                  RELAPSE_S, out);
+    json_t *root;
+    const long starts = json_integer_value(json_object_get(status_of_rank(dir, 3, &root), "starts"));
+    json_decref(root);
+    /* started with the job, again at once, then after 0.5, 1, 2 (and 4, past RELAPSE_S) s */
+    cr_expect(starts >= 4 && starts <= 6, "rank 3 was started %ld times (in a loop?):\n%s", starts,
+              out);
+    for (const char *delay = "0.5", *next; delay; delay = next) {
+        char said[64];
+        snprintf(said, sizeof said, "starts again in %s s", delay);
+        cr_expect(strstr(out, said), "the launcher does not say \"%s\":\n%s", said, out);
+        next = !strcmp(delay, "0.5") ? "1.0" : !strcmp(delay, "1.0") ? "2.0" : NULL;
+    }
+    char *metrics = read_named(dir, "/metrics.jsonl");
+    const char *line = strrchr(metrics, '{');
+    cr_expect(line && strstr(line, "\"replicas\":3"), "the last metrics line: %s",
+              line ? line : "(none)");
     free(metrics);
     free(out);
     remove_dir(dir);

@@ -63,6 +63,12 @@
 #define POLL_MS 100
 #define LOG_TAIL_LINES 4
 #define STATUS_PERIOD_S 0.5 /* DIR/status.json rewritten this often */
+/* --restarts: a replica that leaves again within RESTART_QUICK_S of a start (its site cut off,
+ * a host that cannot start it) waits before the next, twice as long each time up to
+ * RESTART_DELAY_MAX_S, instead of spending its restarts in a loop. */
+#define RESTART_QUICK_S 10.0
+#define RESTART_DELAY_FIRST_S 0.5
+#define RESTART_DELAY_MAX_S 8.0
 
 extern char **environ;
 
@@ -86,6 +92,13 @@ typedef struct worker_process {
     char log_path[PATH_MAX + 64];
 } worker_process;
 
+/* --restarts: when a replica was last started, and how long it waits before the next start. */
+typedef struct replica_restarts {
+    double started_at; /* 0: with the job */
+    double left_at;    /* when the launcher saw its last worker gone; 0 while it runs */
+    double delay_s;
+} replica_restarts;
+
 typedef struct job {
     int stages, replicas, world;
     int sites; /* --sites: replica r is in site r mod sites (or as the plan says) */
@@ -101,6 +114,7 @@ typedef struct job {
     double heartbeat_timeout_s; /* --heartbeat-timeout */
     int min_replicas;           /* --min-replicas: fewer and the job stops (0: all) */
     int restarts_left;          /* --restarts: replicas that left may start again this often */
+    replica_restarts *restarts; /* [replicas] */
     pt_coordinator_process *coordinator;
     worker_process *workers; /* [world] */
     int running;
@@ -141,7 +155,8 @@ static pipert_result plan_workers(job *j)
     j->cores = pt_topology_cores(topology);
     pt_topology_free(topology);
     j->workers = calloc((size_t)j->world, sizeof *j->workers);
-    if (!j->workers) return pt_fail(PIPERT_ERR_NOMEM, "out of memory");
+    j->restarts = calloc((size_t)j->replicas, sizeof *j->restarts);
+    if (!j->workers || !j->restarts) return pt_fail(PIPERT_ERR_NOMEM, "out of memory");
     for (int r = 0; r < j->world; r++) {
         worker_process *w = &j->workers[r];
         w->rank = r;
@@ -425,9 +440,30 @@ static void reap_workers(job *j)
     }
 }
 
+/* Whether replica q, whose workers are all gone, may start again now: at once, unless it left
+ * within RESTART_QUICK_S of its last start (then after the doubled delay). */
+static bool restart_due(job *j, int q, double now)
+{
+    replica_restarts *r = &j->restarts[q];
+    if (r->left_at == 0) {
+        r->left_at = now;
+        const double lived = now - r->started_at;
+        r->delay_s = r->started_at == 0 || lived >= RESTART_QUICK_S ? 0
+                     : r->delay_s == 0                            ? RESTART_DELAY_FIRST_S
+                                        : fmin(2 * r->delay_s, RESTART_DELAY_MAX_S);
+        if (r->delay_s > 0)
+            pt_warn("pipert launch: replica %d left again %.1f s after it was started; it starts "
+                    "again in %.1f s", q, lived, r->delay_s);
+    }
+    if (now < r->left_at + r->delay_s) return false;
+    r->started_at = now;
+    r->left_at = 0;
+    return true;
+}
+
 /* --restarts: a replica that left the job starts again, joining it (pipert worker --join),
  * once every worker of it has exited, while restarts remain and the job runs. */
-static void restart_left_replicas(job *j)
+static void restart_left_replicas(job *j, double now)
 {
     pt_job_status status;
     pt_coordinator_process_status(j->coordinator, &status);
@@ -436,7 +472,7 @@ static void restart_left_replicas(job *j)
         if (!pt_coordinator_process_rank_left(j->coordinator, ranks[0].rank)) continue;
         bool running = false;
         for (int s = 0; s < j->stages; s++) running |= ranks[s].running;
-        if (running) continue;
+        if (running || !restart_due(j, q, now)) continue;
         j->restarts_left--;
         pt_warn("pipert launch: replica %d left the job; starting it again to rejoin (%d restart%s "
                 "left)", q, j->restarts_left, j->restarts_left == 1 ? "" : "s");
@@ -542,7 +578,7 @@ static void watch(job *j)
             pt_coordinator_process_abort(j->coordinator, pipert_last_error());
         const double now = pt_now_s();
         reap_workers(j);
-        restart_left_replicas(j);
+        restart_left_replicas(j, now);
         handle_launcher_signal(j, now);
         pt_job_status status;
         pt_coordinator_process_status(j->coordinator, &status);
@@ -740,6 +776,7 @@ static void free_job(job *j)
     pt_wan_sites_free(&j->wan); /* after every worker has exited */
     if (j->secret_path[0]) unlink(j->secret_path);
     free(j->workers);
+    free(j->restarts);
     free(j->config_args);
     if (j->has_plan) pt_launch_plan_free(&j->plan);
 }

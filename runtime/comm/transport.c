@@ -47,6 +47,10 @@ static pipert_result open_ucx(pt_transport *t)
     ucp_config_release(config);
     if (status != UCS_OK) {
         t->context = NULL;
+        if (status == UCS_ERR_NO_DEVICE) /* e.g. UCX_TLS=tcp on a host whose links are all down */
+            return pt_fail(PIPERT_ERR_TRANSPORT, "transport: ucp_init: UCX found no device it may "
+                           "use (UCX_TLS=%s): is this host's network interface down?",
+                           getenv("UCX_TLS") ? getenv("UCX_TLS") : "(not set)");
         return pt_transport_ucx_fail(status, "ucp_init");
     }
     ucp_worker_params_t worker_params = {
