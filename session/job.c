@@ -223,14 +223,15 @@ static pipert_result mark_remote_stages(pt_job *job)
     return rc;
 }
 
-/* Under pipert launch the coordinator lives in the launcher, and the workers
- * can outlive it: they agree on when to stop over a group of every rank
- * (session/coordinator_loss.c). Its ring only uses connections the job has
- * (pt_layout_world_ring). Elsewhere rank 0 hosts the coordinator: its loss
- * is rank 0's death, which the transport reports. */
+/* Under pipert launch, and with a standalone coordinator (PIPERT_COORD_STANDALONE), the
+ * coordinator is a process apart from the workers, and they can outlive it: they agree on
+ * when to stop over a group of every rank (session/coordinator_loss.c). Its ring only uses
+ * connections the job has (pt_layout_world_ring). Elsewhere rank 0 hosts the coordinator: its
+ * loss is rank 0's death, which the transport reports. */
 static bool outlives_coordinator(const pt_job *job)
 {
-    return job->mode == PT_JOB_LAUNCHER && job->boot.launcher == PT_LAUNCHER_PIPERT && job->world > 1;
+    return job->mode == PT_JOB_LAUNCHER && job->world > 1 &&
+           (job->boot.launcher == PT_LAUNCHER_PIPERT || job->boot.coord_standalone);
 }
 
 /* Over the replicas still in the job (left: NULL, all): the ring of a job of

@@ -283,6 +283,13 @@ Test(bootstrap, a_replacement_takes_the_rank_it_is_given)
     cr_expect_eq(pt_bootstrap_replacement(&b, ENV("PIPERT_COORD=a:1", "PIPERT_SECRET=" SECRET), 0, 6),
                  PIPERT_ERR_CONFIG, "rank 0 hosts the coordinator");
     cr_expect(strstr(pipert_last_error(), "rank 0 hosts the coordinator"), "%s", pipert_last_error());
+    /* with a standalone coordinator rank 0 is a worker like the others, and may be replaced */
+    cr_assert_eq(pt_bootstrap_replacement(&b, ENV("PIPERT_COORD=a:1", "PIPERT_SECRET=" SECRET,
+                                                  "PIPERT_COORD_STANDALONE=1"),
+                                          0, 6),
+                 PIPERT_OK, "%s", pipert_last_error());
+    cr_expect(b.coord_standalone && !b.hosts_coordinator && b.rank == 0);
+    cr_expect_eq(b.coord_reconnect_s, PT_STANDALONE_RECONNECT_S, "it registers again for 30 s");
     cr_expect_eq(pt_bootstrap_replacement(&b, ENV("PIPERT_COORD=a:1", "PIPERT_SECRET=" SECRET), 6, 6),
                  PIPERT_ERR_CONFIG);
     cr_expect_eq(pt_bootstrap_replacement(&b, ENV("PIPERT_SECRET=" SECRET), 3, 6), PIPERT_ERR_CONFIG);
@@ -292,6 +299,36 @@ Test(bootstrap, a_replacement_takes_the_rank_it_is_given)
                                           3, 6),
                  PIPERT_ERR_CONFIG);
     cr_expect(strstr(pipert_last_error(), "PIPERT_LOCAL_RANK"), "%s", pipert_last_error());
+}
+
+/* PIPERT_COORD_STANDALONE=1: rank 0 does not host the coordinator; the workers register again
+ * with it when it is started again (twice the heartbeat timeout, at least 30 s, unless
+ * PIPERT_COORD_RECONNECT says); anything but 0 or 1 is named. */
+Test(bootstrap, a_standalone_coordinator)
+{
+    pt_bootstrap b;
+    cr_assert_eq(bootstrap(&b, ENV("OMPI_COMM_WORLD_RANK=0", "OMPI_COMM_WORLD_SIZE=4",
+                                   "OMPI_COMM_WORLD_LOCAL_RANK=0", "PIPERT_COORD=h:7", "PIPERT_SECRET=" SECRET)),
+                 PIPERT_OK, "%s", pipert_last_error());
+    cr_expect(b.hosts_coordinator && !b.coord_standalone && b.coord_reconnect_s == 0);
+    cr_assert_eq(bootstrap(&b, ENV("OMPI_COMM_WORLD_RANK=0", "OMPI_COMM_WORLD_SIZE=4",
+                                   "OMPI_COMM_WORLD_LOCAL_RANK=0", "PIPERT_COORD=h:7", "PIPERT_SECRET=" SECRET,
+                                   "PIPERT_COORD_STANDALONE=1", "PIPERT_HEARTBEAT_TIMEOUT=20")),
+                 PIPERT_OK, "%s", pipert_last_error());
+    cr_expect(!b.hosts_coordinator && b.coord_standalone);
+    cr_expect_eq(b.coord_reconnect_s, 40.0, "twice the heartbeat timeout");
+    cr_assert_eq(bootstrap(&b, ENV("SLURM_PROCID=0", "SLURM_NTASKS=2", "SLURM_LOCALID=0",
+                                   "SLURM_JOB_NODELIST=n1", "PIPERT_SECRET=" SECRET,
+                                   "PIPERT_COORD_STANDALONE=1", "PIPERT_COORD_RECONNECT=9")),
+                 PIPERT_OK, "%s", pipert_last_error());
+    cr_expect(!b.hosts_coordinator);
+    cr_expect_eq(b.coord_reconnect_s, 9.0);
+    cr_expect_eq(bootstrap(&b, ENV("OMPI_COMM_WORLD_RANK=0", "OMPI_COMM_WORLD_SIZE=4",
+                                   "OMPI_COMM_WORLD_LOCAL_RANK=0", "PIPERT_COORD=h:7", "PIPERT_SECRET=" SECRET,
+                                   "PIPERT_COORD_STANDALONE=yes")),
+                 PIPERT_ERR_CONFIG);
+    cr_expect(strstr(pipert_last_error(), "PIPERT_COORD_STANDALONE='yes'"), "%s",
+              pipert_last_error());
 }
 
 Test(bootstrap, pmi)

@@ -6,7 +6,9 @@
  * outside, mid-run: its replica leaves and the others go on, as under pipert launch;
  * replacements started by hand (`pipert worker --join --rank R --world 6`, the way an operator
  * or another scheduler would) take its ranks and rejoin from a survivor's state. When the
- * replica of rank 0 leaves, rank 0 keeps serving the coordinator until the others finish. */
+ * replica of rank 0 leaves, rank 0 keeps serving the coordinator until the others finish.
+ * With a standalone coordinator (`pipert coordinator --listen`) the coordinator is killed and
+ * started again, and rank 0 is replaced like any other. */
 #include <criterion/criterion.h>
 #include <dirent.h>
 #include <netinet/in.h>
@@ -15,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -39,6 +42,7 @@ typedef struct launched_job {
     char *dir;
     char coord[64]; /* 127.0.0.1:port */
     pid_t launcher; /* mpirun or srun */
+    bool standalone; /* the coordinator is pipert coordinator --listen, not rank 0 */
 } launched_job;
 
 /* Skips the test unless Open MPI's mpirun was found when the build was configured. */
@@ -86,8 +90,8 @@ static int free_port(void)
 /* The environment every worker of the job gets, as shell assignments. */
 static void job_env(const launched_job *j, char *env, size_t cap)
 {
-    snprintf(env, cap, "PIPERT_COORD=%s PIPERT_SECRET=%s PIPERT_MIN_REPLICAS=2 PIPERT_LOG=info",
-             j->coord, SECRET);
+    snprintf(env, cap, "PIPERT_COORD=%s PIPERT_SECRET=%s PIPERT_MIN_REPLICAS=2 PIPERT_LOG=info%s",
+             j->coord, SECRET, j->standalone ? " PIPERT_COORD_STANDALONE=1" : "");
 }
 
 /* The job's command under its launcher, which writes DIR.out. */
@@ -100,8 +104,8 @@ static void launch_command(const launched_job *j, char *command, size_t cap)
     if (j->by == OPEN_MPI)
         snprintf(command, cap,
                  "%s exec '%s' %s --enable-recovery -x PIPERT_COORD -x PIPERT_SECRET "
-                 "-x PIPERT_MIN_REPLICAS -x PIPERT_LOG -np %d %s >%s.out 2>&1",
-                 env, require_open_mpi(),
+                 "-x PIPERT_MIN_REPLICAS -x PIPERT_LOG %s -np %d %s >%s.out 2>&1",
+                 env, require_open_mpi(), j->standalone ? "-x PIPERT_COORD_STANDALONE" : "",
                  geteuid() == 0 ? "--oversubscribe --allow-run-as-root" : "--oversubscribe", WORLD,
                  worker, j->dir);
     else
@@ -111,9 +115,9 @@ static void launch_command(const launched_job *j, char *command, size_t cap)
                  env, require_slurm(), WORLD, worker, j->dir);
 }
 
-static launched_job start_job(launcher by)
+static launched_job start_job(launcher by, bool standalone)
 {
-    launched_job j = {.by = by, .dir = make_temp_dir()};
+    launched_job j = {.by = by, .dir = make_temp_dir(), .standalone = standalone};
     snprintf(j.coord, sizeof j.coord, "127.0.0.1:%d", free_port());
     char command[4096];
     launch_command(&j, command, sizeof command);
@@ -226,7 +230,7 @@ static const char *last_metrics_line(char *metrics)
  * (srun's is the killed task's signal). */
 static void replacements_rejoin(launcher by, int exit_status)
 {
-    launched_job j = start_job(by);
+    launched_job j = start_job(by, false);
     kill_rank_at(&j, KILL_AT, 3); /* stage 1 of replica 1 */
     /* rank 2, told its replica left, exits; the replacements take both ranks */
     const pid_t replacements[] = {start_replacement(&j, 2), start_replacement(&j, 3)};
@@ -273,7 +277,7 @@ Test(elastic_launchers, srun_a_killed_rank_leaves_and_replacements_started_by_ha
 
 Test(elastic_launchers, mpirun_rank_0_serves_the_others_when_its_replica_leaves, .timeout = 900)
 {
-    launched_job j = start_job(OPEN_MPI);
+    launched_job j = start_job(OPEN_MPI, false);
     kill_rank_at(&j, KILL_AT, 1); /* stage 1 of replica 0: rank 0 hosts the coordinator */
     char out_path[700];
     snprintf(out_path, sizeof out_path, "%s.out", j.dir);
@@ -290,6 +294,131 @@ Test(elastic_launchers, mpirun_rank_0_serves_the_others_when_its_replica_leaves,
     free(metrics);
     free(out);
     remove_dir(j.dir);
+}
+
+/* The checksum on the line of `text` that says `marker` ("... checksum X"); 0: none. */
+static unsigned long long checksum_on_line_of(const char *text, const char *marker)
+{
+    const char *at = strstr(text, marker), *end = at ? strchr(at, '\n') : NULL;
+    const char *sum = at ? strstr(at, "checksum ") : NULL;
+    return sum && (!end || sum < end) ? strtoull(sum + strlen("checksum "), NULL, 16) : 0;
+}
+
+/* How often `text` says `what`. */
+static int times_said(const char *text, const char *what)
+{
+    int n = 0;
+    for (const char *at = strstr(text, what); at; at = strstr(at + 1, what)) n++;
+    return n;
+}
+
+/* Waits until the file `path` says `what` `times` times (within 120 s). */
+static void wait_until_said(const char *path, const char *what, int times)
+{
+    for (int i = 0; i < 2400; i++, usleep(50000)) {
+        char *text;
+        size_t size;
+        if (pt_read_file(path, &text, &size) != PIPERT_OK) continue;
+        const int n = times_said(text, what);
+        free(text);
+        if (n >= times) return;
+    }
+    cr_assert_fail("%s did not say \"%s\" %d times within 120 s", path, what, times);
+}
+
+/* The pid a file holds (pipert coordinator --pid-file). */
+static pid_t pid_in(const char *path)
+{
+    char *text;
+    size_t size;
+    cr_assert_eq(pt_read_file(path, &text, &size), PIPERT_OK, "%s", pipert_last_error());
+    const pid_t pid = (pid_t)strtol(text, NULL, 10);
+    free(text);
+    cr_assert_gt(pid, 0, "%s holds no pid", path);
+    return pid;
+}
+
+/* A standalone coordinator (pipert coordinator --listen; the workers have
+ * PIPERT_COORD_STANDALONE=1), started beside the job as a user would. Killed twice with
+ * SIGKILL, it is started again on its socket and takes the job over from the workers, which
+ * train on; then rank 1 is killed, which takes replica 0 out, rank 0 with it, and replacements
+ * for ranks 0 and 1 started by hand rejoin: with the coordinator apart, no rank is special. */
+static void standalone_coordinator(launcher by, int exit_status)
+{
+    char *dir = make_temp_dir();
+    char secret[700], pid_file[700], coord_out[700], command[4096], job_command[4096];
+    snprintf(secret, sizeof secret, "%s.secret", dir);
+    snprintf(pid_file, sizeof pid_file, "%s.coordinator.pid", dir);
+    snprintf(coord_out, sizeof coord_out, "%s.coord", dir);
+    FILE *f = fopen(secret, "w");
+    cr_assert(f && fputs(SECRET "\n", f) >= 0 && fclose(f) == 0 && chmod(secret, 0600) == 0);
+    launched_job j = {.by = by, .dir = dir, .standalone = true};
+    snprintf(j.coord, sizeof j.coord, "127.0.0.1:%d", free_port());
+    launch_command(&j, job_command, sizeof job_command); /* skips the test if it cannot run */
+    snprintf(command, sizeof command,
+             "PIPERT_LOG=info exec %s coordinator --listen %s --world %d --stages 2 "
+             "--min-replicas 2 --secret-file %s --pid-file %s >%s 2>&1",
+             pipert_bin(), j.coord, WORLD, secret, pid_file, coord_out);
+    const pid_t coordinator = start_shell(command);
+    j.launcher = start_shell(job_command);
+    for (int k = 1; k <= 2; k++) {
+        for (int i = 0; i < 6000 && logged_step(dir) < k * KILL_AT; i++) usleep(50000);
+        cr_assert_geq(logged_step(dir), k * KILL_AT, "the job did not reach step %d", k * KILL_AT);
+        cr_assert_eq(kill(pid_in(pid_file), SIGKILL), 0, "the coordinator");
+        wait_until_said(coord_out, "took the running job over", k);
+    }
+    kill_rank_at(&j, 3 * KILL_AT, 1); /* stage 1 of replica 0 */
+    const pid_t replacements[] = {start_replacement(&j, 0), start_replacement(&j, 1)};
+    char out_path[700];
+    snprintf(out_path, sizeof out_path, "%s.out", dir);
+    const int status = wait_job_within(j.launcher, JOB_LIMIT_S, "/dev/null", "/dev/null", out_path);
+    const int coordinator_status = wait_job_within(coordinator, 60, "/dev/null", "/dev/null",
+                                                   coord_out);
+    char *out = read_named(dir, ".out"), *coord = read_named(dir, ".coord");
+    cr_expect_eq(status, exit_status, "the launcher exited %d:\n%s", status, out);
+    cr_expect_eq(coordinator_status, 0, "pipert coordinator exited %d:\n%s", coordinator_status,
+                 coord);
+    cr_expect_eq(times_said(coord, "was killed by SIGKILL; starting it again"), 2, "%s", coord);
+    cr_expect(strstr(coord, "replica 0 leaves the job: rank ") &&
+                  strstr(coord, "replica 0 rejoins the job"),
+              "the departure and the join:\n%s", coord);
+    cr_expect(!strstr(out, "serves the job's coordinator"), "rank 0 hosts nothing:\n%s", out);
+    for (int i = 0; i < 2; i++) {
+        char suffix[32], gave[64];
+        snprintf(suffix, sizeof suffix, ".join-%d", i);
+        snprintf(gave, sizeof gave, "gave rank %d (coming back)", i);
+        const int joined = wait_job_within(replacements[i], 60, "/dev/null", "/dev/null", out_path);
+        char *log = read_named(dir, suffix);
+        cr_expect_eq(joined, 0, "the replacement for rank %d exited %d:\n%s", i, joined, log);
+        const unsigned long long donor = checksum_on_line_of(out, gave);
+        cr_expect(donor != 0 && checksum_on_line_of(log, "is back in the job") == donor,
+                  "stage %d of the replacement does not start from the donor's state:\n%s\n%s",
+                  i, log, out);
+        free(log);
+    }
+    char *metrics = read_named(dir, "/metrics.jsonl");
+    const char *last = last_metrics_line(metrics);
+    cr_expect(reached_the_last_step(last) && strstr(last, "\"replicas\":3") &&
+                  strstr(last, "\"joins\":1"),
+              "the last metrics line: %s", last);
+    free(metrics);
+    free(coord);
+    free(out);
+    unlink(secret);
+    unlink(pid_file);
+    remove_dir(dir);
+}
+
+Test(elastic_launchers, mpirun_a_standalone_coordinator_killed_twice_and_rank_0_replaced,
+     .timeout = 900)
+{
+    standalone_coordinator(OPEN_MPI, 0);
+}
+
+Test(elastic_launchers, srun_a_standalone_coordinator_killed_twice_and_rank_0_replaced,
+     .timeout = 900)
+{
+    standalone_coordinator(SLURM, 128 + SIGKILL);
 }
 
 /* --rank and --world belong to a replacement: together, with --join; rank 0 (the coordinator's
@@ -317,4 +446,26 @@ Test(elastic_launchers, replacement_flags_are_checked)
         cr_expect(strstr(r.err, "PIPERT_MIN_REPLICAS=") && strstr(r.err, "1..3"),
                   "PIPERT_MIN_REPLICAS=%s: %s", bad[i], r.err);
     }
+}
+
+/* pipert coordinator --listen names what it lacks or cannot use, and exits 1, before it listens:
+ * no --secret-file, a secret file others may read, an address that is not HOST:PORT. */
+Test(elastic_launchers, a_standalone_coordinator_names_bad_options)
+{
+    run_result r = run_pipert("coordinator --listen 127.0.0.1:0 --world 4 --stages 2");
+    cr_expect_eq(r.status, 1, "%s", r.err);
+    cr_expect(strstr(r.err, "--secret-file"), "%s", r.err);
+    char *dir = make_temp_dir();
+    char path[600];
+    snprintf(path, sizeof path, "%s/secret", dir);
+    FILE *f = fopen(path, "w");
+    cr_assert(f && fputs(SECRET "\n", f) >= 0 && fclose(f) == 0 && chmod(path, 0644) == 0);
+    r = run_pipert("coordinator --listen 127.0.0.1:0 --world 4 --secret-file %s", path);
+    cr_expect_eq(r.status, 1, "%s", r.err);
+    cr_expect(strstr(r.err, path) && strstr(r.err, "chmod 600"), "%s", r.err);
+    cr_assert_eq(chmod(path, 0600), 0);
+    r = run_pipert("coordinator --listen nowhere --world 4 --secret-file %s", path);
+    cr_expect_eq(r.status, 1, "%s", r.err);
+    cr_expect(strstr(r.err, "--listen"), "%s", r.err);
+    remove_dir(dir);
 }

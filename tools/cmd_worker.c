@@ -158,7 +158,7 @@ int pt_cmd_worker(int argc, char **argv)
                              : NULL;
     if (misuse ||
         pt_cli_parse_int("--stages", stages_text, 1, PT_MAX_WORLD, 1, &options.stages) != PIPERT_OK ||
-        (rank_text && (pt_cli_parse_int("--rank", rank_text, 1, PT_MAX_WORLD, 1,
+        (rank_text && (pt_cli_parse_int("--rank", rank_text, 0, PT_MAX_WORLD, 0,
                                         &options.join_rank) != PIPERT_OK ||
                        pt_cli_parse_int("--world", world_text, 2, PT_MAX_WORLD, 2,
                                         &options.join_world) != PIPERT_OK))) {

@@ -175,8 +175,8 @@ static pipert_result spawn(pt_coordinator_process *p)
     p->starts++;
     char text[32];
     snprintf(text, sizeof text, "%d\n", (int)pid);
-    if (pt_write_file_atomic(p->pid_path, text, strlen(text)) != PIPERT_OK)
-        pt_warn("pipert launch: %s", pipert_last_error());
+    if (p->pid_path[0] && pt_write_file_atomic(p->pid_path, text, strlen(text)) != PIPERT_OK)
+        pt_warn("coordinator: %s", pipert_last_error());
     for (int r = 0; r < p->options.world; r++) /* what the one before may not have heard */
         if (p->exits[r]) write_line(p, p->exits[r]);
     return PIPERT_OK;
@@ -254,8 +254,8 @@ static void start_again(pt_coordinator_process *p, const char *how)
     const pid_t old = p->pid;
     p->pid = 0;
     if (p->status.phase == PT_JOB_FINISHED || p->status.phase == PT_JOB_ABORTED) return;
-    pt_warn("pipert launch: the coordinator (pid %d) %s; starting it again (the workers register "
-            "with the new one and train on)", (int)old, how);
+    pt_warn("the coordinator (pid %d) %s; starting it again (the workers register with the new "
+            "one and train on)", (int)old, how);
     if (spawn(p) != PIPERT_OK) gave_up(p, -1);
 }
 

@@ -1,5 +1,6 @@
 /* pipert launch's coordinator, in a process of its own (`pipert coordinator`, started by the
- * launcher and started again when it dies).
+ * launcher and started again when it dies). `pipert coordinator --listen` (a standalone
+ * coordinator for srun and mpirun jobs) plays the launcher's part the same way.
  *
  * The coordinator is on the control path only; running it apart from the launcher means a
  * fault in it, or a kill, costs the job nothing: the launcher holds the listening socket,
@@ -33,7 +34,8 @@ typedef struct pt_coordinator_process pt_coordinator_process;
 
 /* Starts `pipert coordinator` serving listen_fd (taken over; bound to `port`) for a job of
  * `options`; the
- * secret is read from secret_path; the process's pid goes to pid_path at every start. */
+ * secret is read from secret_path; the process's pid goes to pid_path ("": nowhere) at every
+ * start. */
 pipert_result pt_coordinator_process_start(pt_coordinator_process **out,
                                            const pt_coordinator_options *options, int listen_fd,
                                            int port, const char *secret_path,

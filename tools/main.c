@@ -18,7 +18,7 @@ static const subcommand commands[] = {
     {"probe", pt_cmd_probe, "measure this machine's fp32 GEMM peak and print its topology"},
     {"launch", pt_cmd_launch, "start stages x replicas workers on this machine, with a coordinator"},
     {"worker", pt_cmd_worker, "one worker of a job (started by launch, srun or mpirun)"},
-    {"coordinator", pt_cmd_coordinator, "a job's coordinator (started by launch, again if it dies)"},
+    {"coordinator", pt_cmd_coordinator, "a job's coordinator: launch starts it; --listen: for srun/mpirun"},
     {"plot", pt_cmd_plot, "PNG pictures of runs: loss against tokens and wall time, bytes between sites"},
     {"plan", pt_cmd_plan, "choose stages, replicas, split and sites for a cluster; write a plan file"},
     {"simulate", pt_cmd_simulate, "predict a job of S stages x R replicas: step time, bubble, memory, bytes"},

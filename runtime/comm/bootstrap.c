@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -301,7 +302,7 @@ static pipert_result from_open_mpi(pt_bootstrap *b, const char *const *envp)
     const rank_variables v = {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
                               "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", true};
     PT_TRY(read_ranks(b, envp, &v));
-    b->hosts_coordinator = b->rank == 0;
+    b->hosts_coordinator = b->rank == 0 && !b->coord_standalone;
     return read_coord(b, envp,
                       "under Open MPI give the coordinator's address, where rank 0 runs: "
                       "mpirun -x PIPERT_COORD=host:port ... (see docs/RUNNING.md)");
@@ -317,7 +318,7 @@ static pipert_result from_pmi(pt_bootstrap *b, const char *const *envp)
                                                                      : NULL;
     const rank_variables v = {"PMI_RANK", "PMI_SIZE", local, local ? local_size : NULL, true};
     PT_TRY(read_ranks(b, envp, &v));
-    b->hosts_coordinator = b->rank == 0;
+    b->hosts_coordinator = b->rank == 0 && !b->coord_standalone;
     return read_coord(b, envp,
                       "under PMI (MPICH, Intel MPI) give the coordinator's address, where rank 0 "
                       "runs: mpiexec -genv PIPERT_COORD host:port ... (see docs/RUNNING.md)");
@@ -358,7 +359,7 @@ static pipert_result from_slurm(pt_bootstrap *b, const char *const *envp)
 {
     const rank_variables v = {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", NULL, true};
     PT_TRY(read_ranks(b, envp, &v));
-    b->hosts_coordinator = b->rank == 0;
+    b->hosts_coordinator = b->rank == 0 && !b->coord_standalone;
     return slurm_coord(b, envp);
 }
 
@@ -444,16 +445,33 @@ static pipert_result read_seconds(const char *const *envp, const char *name, dou
     return PIPERT_OK;
 }
 
+/* PIPERT_COORD_STANDALONE=1: the coordinator is `pipert coordinator --listen`, a process of
+ * its own (started again when it dies), not rank 0's. */
+static pipert_result read_standalone(pt_bootstrap *b, const char *const *envp)
+{
+    const char *text = pt_env_lookup(envp, "PIPERT_COORD_STANDALONE");
+    if (text && strcmp(text, "0") && strcmp(text, "1"))
+        return pt_fail(PIPERT_ERR_CONFIG, "PIPERT_COORD_STANDALONE='%s': expected 1 (the "
+                                          "coordinator is pipert coordinator --listen) or 0", text);
+    b->coord_standalone = text && !strcmp(text, "1");
+    return PIPERT_OK;
+}
+
 static pipert_result read_heartbeat_timeout(pt_bootstrap *b, const char *const *envp)
 {
     PT_TRY(read_seconds(envp, "PIPERT_HEARTBEAT_TIMEOUT", &b->heartbeat_timeout_s));
-    return read_seconds(envp, "PIPERT_COORD_RECONNECT", &b->coord_reconnect_s);
+    PT_TRY(read_seconds(envp, "PIPERT_COORD_RECONNECT", &b->coord_reconnect_s));
+    /* a standalone coordinator that dies is started again on the same socket: register again */
+    if (b->coord_standalone && b->coord_reconnect_s == 0)
+        b->coord_reconnect_s = fmax(PT_STANDALONE_RECONNECT_S, 2 * b->heartbeat_timeout_s);
+    return PIPERT_OK;
 }
 
 pipert_result pt_bootstrap_from_env(pt_bootstrap *b, const char *const *envp)
 {
     memset(b, 0, sizeof *b);
     b->local_size = -1;
+    PT_TRY(read_standalone(b, envp));
     if (pt_env_lookup(envp, "PIPERT_RANK")) {
         b->launcher = PT_LAUNCHER_PIPERT;
         PT_TRY(from_pipert_launch(b, envp));
@@ -496,10 +514,14 @@ pipert_result pt_bootstrap_replacement(pt_bootstrap *b, const char *const *envp,
                                        int world)
 {
     memset(b, 0, sizeof *b);
-    if (world < 2 || world > PT_MAX_WORLD || rank < 1 || rank >= world)
+    PT_TRY(read_standalone(b, envp));
+    const int lowest = b->coord_standalone ? 0 : 1;
+    if (world < 2 || world > PT_MAX_WORLD || rank < lowest || rank >= world)
         return pt_fail(PIPERT_ERR_CONFIG, "a replacement for rank %d of a job of %d ranks: it "
-                                          "must take a rank in 1..%d (rank 0 hosts the "
-                                          "coordinator)", rank, world, world - 1);
+                                          "must take a rank in %d..%d%s", rank, world, lowest,
+                       world - 1, lowest ? " (rank 0 hosts the coordinator; with a standalone "
+                                           "one, PIPERT_COORD_STANDALONE=1, it may be replaced)"
+                                         : "");
     b->launcher = PT_LAUNCHER_REPLACEMENT;
     b->rank = rank;
     b->world_size = world;

@@ -65,6 +65,9 @@
 #define PT_SECRET_MIN 16         /* shortest accepted secret */
 #define PT_SECRET_BYTES 32       /* random bytes in a generated secret (64 hex digits) */
 #define PT_SLURM_BASE_PORT 29500 /* default coordinator port under SLURM, plus job id mod 1000 */
+/* With PIPERT_COORD_STANDALONE=1 and no PIPERT_COORD_RECONNECT, a worker whose coordinator
+ * connection closed registers again for this long (at least twice the heartbeat timeout). */
+#define PT_STANDALONE_RECONNECT_S 30.0
 #define PT_MAX_WORLD 65536       /* ranks in a job */
 
 typedef enum pt_launcher_kind {
@@ -83,7 +86,9 @@ typedef struct pt_bootstrap {
     int local_size;                /* workers on this host; -1 unknown */
     char coord_host[PT_HOST_MAX];  /* where the coordinator listens */
     int coord_port;                /* [1, 65535] */
-    bool hosts_coordinator;        /* this process runs the coordinator (rank 0, not under pipert launch) */
+    bool hosts_coordinator;        /* this process runs the coordinator (rank 0, not under pipert
+                                      launch nor with a standalone one) */
+    bool coord_standalone;         /* PIPERT_COORD_STANDALONE=1: pipert coordinator --listen */
     char secret[PT_SECRET_MAX + 1]; /* PIPERT_SECRET, or "" */
     char secret_file[4096];        /* PIPERT_SECRET_FILE, or "" */
     int cores_first, cores_count;  /* PIPERT_CORES; cores_count 0 when unset */
@@ -98,10 +103,11 @@ typedef struct pt_bootstrap {
 pipert_result pt_bootstrap_from_env(pt_bootstrap *b, const char *const *envp);
 
 /* A replacement for `rank` of a running job of `world` ranks whose coordinator runs in rank 0
- * (SLURM, Open MPI, PMI), started apart from it (pipert worker --join --rank R --world W: by
- * hand, or by another srun or mpirun). PIPERT_COORD gives the coordinator (required), the
- * secret and the optional variables as above; the local rank is PIPERT_LOCAL_RANK, else what a
- * launcher's variables say, else 0. Rank 0 cannot be replaced: it hosts the coordinator. */
+ * (SLURM, Open MPI, PMI) or on its own (PIPERT_COORD_STANDALONE=1), started apart from it
+ * (pipert worker --join --rank R --world W: by hand, or by another srun or mpirun).
+ * PIPERT_COORD gives the coordinator (required), the secret and the optional variables as
+ * above; the local rank is PIPERT_LOCAL_RANK, else what a launcher's variables say, else 0.
+ * Rank 0 can be replaced only with a standalone coordinator (else it hosts it). */
 pipert_result pt_bootstrap_replacement(pt_bootstrap *b, const char *const *envp, int rank,
                                        int world);
 
