@@ -479,6 +479,45 @@ static pipert_result check_descriptors(const outer_state *s, const exchange *e)
     return PIPERT_OK;
 }
 
+static bool retire(outer_state *s, void *buffer)
+{
+    void **grown = realloc(s->retired, (size_t)(s->n_retired + 1) * sizeof *grown);
+    if (!grown) return false;
+    s->retired = grown;
+    s->retired[s->n_retired++] = buffer;
+    return true;
+}
+
+/* The exchange's collectives were abandoned while its buffers were theirs: a late message may
+ * still land in them (a replica frozen mid-exchange sends once it runs again), so they are
+ * retired, freed with the method, and fresh ones take their place. */
+static void retire_exchange_buffers(outer_state *s)
+{
+    const size_t largest = largest_fragment(s) * sizeof(float);
+    float *buffer = NULL, *descriptors = calloc((size_t)s->replicas * DESCRIPTOR_FIELDS,
+                                                sizeof *descriptors);
+    if (pt_alloc((void **)&buffer, largest ? largest : 1, "outer exchange buffer") == PIPERT_OK &&
+        retire(s, s->buffer))
+        s->buffer = buffer;
+    else pt_free(buffer), s->lost_buffer = true;
+    if (descriptors && retire(s, s->descriptors)) s->descriptors = descriptors;
+    else free(descriptors), s->lost_buffer = true;
+}
+
+/* Abandons what the exchange has in flight, retiring its buffers. */
+static void abandon_exchange(outer_state *s)
+{
+    exchange *e = &s->pending;
+    if (e->descriptor_handle) pt_allreduce_abandon(e->descriptor_handle);
+    if (e->payload_handle) pt_allreduce_abandon(e->payload_handle);
+    if (e->compressed_handle) pt_exchange_abandon(e->compressed_handle);
+    e->descriptor_handle = NULL;
+    e->payload_handle = NULL;
+    e->compressed_handle = NULL;
+    e->live = false;
+    retire_exchange_buffers(s);
+}
+
 /* Δ_r = θ̃ − θ for the slot's parameters, into the buffer, and its reduce
  * (with its descriptor) started. */
 static pipert_result post(outer_state *s, const pt_coupling_point *at, int slot,
@@ -521,9 +560,7 @@ static pipert_result post(outer_state *s, const pt_coupling_point *at, int slot,
         if (rc == PIPERT_OK) payload_bytes = (double)pt_exchange_bytes_sent(s->pending.compressed_handle);
     }
     if (rc != PIPERT_OK) {
-        pt_allreduce_abandon(s->pending.descriptor_handle);
-        s->pending.descriptor_handle = NULL;
-        s->pending.live = false;
+        abandon_exchange(s);
         return rc;
     }
     m->bytes_sent += ring_bytes(s, (size_t)s->replicas * DESCRIPTOR_FIELDS) + payload_bytes;
@@ -541,14 +578,6 @@ static pipert_result wait_payload(outer_state *s, const char *what)
     return rc;
 }
 
-static void abandon_payload(exchange *e)
-{
-    if (e->payload_handle) pt_allreduce_abandon(e->payload_handle);
-    if (e->compressed_handle) pt_exchange_abandon(e->compressed_handle);
-    e->payload_handle = NULL;
-    e->compressed_handle = NULL;
-}
-
 /* Whether every replica runs the same kind of payload collective (the same
  * codec): then waiting for it ends, in its result or in a shape error. */
 static bool same_codec_everywhere(const outer_state *s)
@@ -563,8 +592,9 @@ static bool same_codec_everywhere(const outer_state *s)
  * failure or a stop nothing is applied and nothing stays pending. After a
  * disagreement the payload is still waited for when every replica runs the
  * same collective, so the buffer is ours again; otherwise (another codec, or
- * no descriptors) it is abandoned and stays the transport's until the job
- * is left, as after a stop. The descriptors' message wins. */
+ * no descriptors: replicas left meanwhile) it is abandoned and its buffers
+ * retired, since a late message may still land in them. The descriptors'
+ * message wins. */
 static pipert_result finish(outer_state *s)
 {
     exchange *e = &s->pending;
@@ -579,11 +609,11 @@ static pipert_result finish(outer_state *s)
     char mismatch[512] = "";
     if (rc != PIPERT_OK) snprintf(mismatch, sizeof mismatch, "%s", pipert_last_error());
     if (rc != PIPERT_OK && !(described && same_codec_everywhere(s))) {
-        abandon_payload(e);
-        e->live = false;
+        abandon_exchange(s);
         return pt_fail(rc, "%s", mismatch);
     }
     const pipert_result payload = wait_payload(s, what);
+    if (payload != PIPERT_OK) retire_exchange_buffers(s); /* its wait abandoned it */
     if (rc != PIPERT_OK) pt_fail(rc, "%s", mismatch);
     else rc = payload;
     if (rc != PIPERT_OK) {
@@ -800,35 +830,15 @@ pipert_result pt_outer_load(void *state, const pt_safetensors *st, const char *p
 
 /* ---- elastic replicas ---------------------------------------------------------- */
 
-static bool retire(outer_state *s, void *buffer)
-{
-    void **grown = realloc(s->retired, (size_t)(s->n_retired + 1) * sizeof *grown);
-    if (!grown) return false;
-    s->retired = grown;
-    s->retired[s->n_retired++] = buffer;
-    return true;
-}
-
 /* Replicas left: the exchange in flight is dropped on every survivor (some
  * may have had its mean, others not: the regroup makes θ̃ equal again). Its
  * buffers are retired, not reused. */
 void pt_outer_suspend(void *state)
 {
     outer_state *s = state;
-    exchange *e = &s->pending;
-    if (e->descriptor_handle) pt_allreduce_abandon(e->descriptor_handle);
-    abandon_payload(e);
-    const bool in_flight = e->live && !e->arrived && s->options.replicas;
-    *e = (exchange){0};
-    if (!in_flight) return;
-    const size_t largest = largest_fragment(s) * sizeof(float);
-    float *buffer = NULL;
-    if (pt_alloc((void **)&buffer, largest ? largest : 1, "outer exchange buffer") == PIPERT_OK &&
-        retire(s, s->buffer))
-        s->buffer = buffer;
-    else pt_free(buffer), s->lost_buffer = true;
-    if (retire(s, s->descriptors)) s->descriptors = NULL;
-    else s->lost_buffer = true;
+    const bool in_flight = s->pending.live && !s->pending.arrived && s->options.replicas;
+    if (in_flight) abandon_exchange(s);
+    s->pending = (exchange){0};
 }
 
 /* The survivors' group; θ̃ and v from its first member, so that all agree. */
