@@ -657,6 +657,83 @@ Test(outer_engine, a_replica_with_other_fragments_is_named)
     expect_disagreement(&a, &b, "posted at step");
 }
 
+/* ---- replicas leaving mid-exchange ------------------------------------------------ */
+
+/* Replica 0 gives its exchange up (replicas left, says its membership callback) and regroups
+ * alone; replica 1 posts its part only afterwards. Its message still lands in replica 0's
+ * abandoned collective, whose buffers must then be retired, not freed: replica 0 fills every
+ * small chunk malloc hands it now (the freed buffer's among them, were it freed) with a pattern
+ * and checks that nothing wrote into it. (The heap corruption the churn bed found: 'malloc():
+ * unaligned tcache chunk detected', streaming-diloco.) */
+static volatile bool replicas_left;
+
+static bool left_now(void *context)
+{
+    (void)context;
+    return replicas_left;
+}
+
+enum { PATTERN_SIZES = 64, PATTERN_COPIES = 4 };
+
+static int late_message_body(rank_context *ctx)
+{
+    static const test_setup t = {.method = "diloco", .period = 4, .steps = 4, .outer_lr = 0.7,
+                                 .outer_momentum = 0.9};
+    pt_group *g = pair_group(ctx);
+    CHILD_CHECK(ctx, g != NULL, "no group");
+    pipert_config cfg;
+    make_config(&cfg, &t);
+    pt_gpt_slice *m = make_model(&cfg);
+    pt_coupling *c = NULL;
+    const pt_coupling_options o = {.config = &cfg, .replicas = g, .replica = ctx->rank,
+                                   .membership_changed = left_now};
+    CHILD_CHECK(ctx, m && pt_coupling_create(&o, &c) == PIPERT_OK, "setting up");
+    pt_coupling_set_elastic(c, true);
+    replicas_left = ctx->rank == 0;
+    for (long step = 1; step <= t.steps; step++) {
+        pt_coupling_point at = point_of(m, step);
+        CHILD_CHECK(ctx, pt_coupling_after_backward(c, &at) == PIPERT_OK, "%s", pipert_last_error());
+        for (size_t i = 0; i < m->n_params; i++) m->params[i] += increment(ctx->rank, step, i);
+        if (ctx->rank == 1 && step == t.period) usleep(1000000); /* after replica 0 gave up */
+        CHILD_CHECK(ctx, pt_coupling_after_step(c, &at) == PIPERT_OK, "%s", pipert_last_error());
+    }
+    if (ctx->rank == 0) {
+        pt_coupling_suspend(c);
+        const pt_coupling_options alone = {.config = &cfg, .replica = 0};
+        pt_coupling_point at = point_of(m, t.steps);
+        CHILD_CHECK(ctx, pt_coupling_regroup(c, &alone, &at) == PIPERT_OK, "%s",
+                    pipert_last_error());
+        float *chunks[PATTERN_SIZES][PATTERN_COPIES];
+        for (int k = 0; k < PATTERN_SIZES; k++)
+            for (int j = 0; j < PATTERN_COPIES; j++) {
+                chunks[k][j] = malloc((size_t)(k + 1) * 2 * sizeof(float));
+                for (int i = 0; i < (k + 1) * 2; i++) chunks[k][j][i] = 1.0f;
+            }
+        usleep(3000000); /* replica 1's message arrives meanwhile */
+        int changed = 0;
+        for (int k = 0; k < PATTERN_SIZES; k++)
+            for (int j = 0; j < PATTERN_COPIES; j++) {
+                for (int i = 0; i < (k + 1) * 2; i++) changed += chunks[k][j][i] != 1.0f;
+                free(chunks[k][j]);
+            }
+        CHILD_CHECK(ctx, changed == 0, "a late message wrote %d floats into memory the "
+                                       "abandoned exchange had freed", changed);
+    }
+    pt_transport_destroy(ctx->t); /* as a session: the transport goes first */
+    ctx->t = NULL;
+    pt_group_destroy(g);
+    pt_coupling_free(c);
+    pt_gpt_slice_free(m);
+    return 0;
+}
+
+Test(outer_elastic, a_late_message_lands_in_the_retired_buffers_of_an_abandoned_exchange,
+     .timeout = 60)
+{
+    job_spec spec = {.n = 2, .body = late_message_body, .mesh = 1};
+    RUN_JOB(spec);
+}
+
 /* ---- checkpoints -------------------------------------------------------------- */
 
 /* Runs steps [first, last] of one replica alone. */
