@@ -449,7 +449,8 @@ Test(elastic_launchers, replacement_flags_are_checked)
 }
 
 /* pipert coordinator --listen names what it lacks or cannot use, and exits 1, before it listens:
- * no --secret-file, a secret file others may read, an address that is not HOST:PORT. */
+ * no --secret-file, a secret file others may read, an address that is not HOST:PORT, a heartbeat
+ * timeout that is no number of seconds. */
 Test(elastic_launchers, a_standalone_coordinator_names_bad_options)
 {
     run_result r = run_pipert("coordinator --listen 127.0.0.1:0 --world 4 --stages 2");
@@ -467,5 +468,9 @@ Test(elastic_launchers, a_standalone_coordinator_names_bad_options)
     r = run_pipert("coordinator --listen nowhere --world 4 --secret-file %s", path);
     cr_expect_eq(r.status, 1, "%s", r.err);
     cr_expect(strstr(r.err, "--listen"), "%s", r.err);
+    r = run_pipert("coordinator --listen 127.0.0.1:0 --world 4 --heartbeat-timeout soon "
+                   "--secret-file %s", path);
+    cr_expect_eq(r.status, 1, "%s", r.err);
+    cr_expect(strstr(r.err, "--heartbeat-timeout 'soon'"), "%s", r.err);
     remove_dir(dir);
 }

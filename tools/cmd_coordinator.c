@@ -55,7 +55,13 @@ static pipert_result parse(int argc, char **argv, pt_coordinator_options *o, cha
         else if (!strcmp(flag, "--listen")) snprintf(alone->listen, sizeof alone->listen, "%s", value);
         else if (!strcmp(flag, "--pid-file"))
             snprintf(alone->pid_file, sizeof alone->pid_file, "%s", value);
-        else if (!strcmp(flag, "--heartbeat-timeout")) o->dead_after_s = atof(value);
+        else if (!strcmp(flag, "--heartbeat-timeout")) {
+            char *end;
+            o->dead_after_s = strtod(value, &end);
+            if (end == value || *end || !(o->dead_after_s >= 1 && o->dead_after_s <= 3600))
+                return pt_fail(PIPERT_ERR_CONFIG, "--heartbeat-timeout '%s': expected seconds in "
+                                                  "[1, 3600]", value);
+        }
         else if (!strcmp(flag, "--world")) {
             PT_TRY(pt_cli_parse_int(flag, value, 1, PT_MAX_WORLD, 0, &o->world));
         } else if (!strcmp(flag, "--stages")) {
