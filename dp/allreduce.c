@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dp/codec.h"
 #include "dp/methods.h"
 #include "dp/wait.h"
 
@@ -20,7 +21,9 @@ typedef struct allreduce_state {
 static pipert_result allreduce_create(const pt_coupling_options *options, void **out)
 {
     const char *compress = options->config->dp.compress;
-    if (strcmp(compress, "none") != 0)
+    pt_codec codec;
+    PT_TRY(pt_codec_init(&codec, compress, 1));
+    if (codec.kind != PT_CODEC_NONE)
         return pt_fail(PIPERT_ERR_CONFIG,
                        "dp.method=allreduce with dp.compress=%s: the dense all-reduce is the "
                        "uncompressed reference; compressed exchanges are sparse, diloco, "
@@ -69,11 +72,19 @@ static pipert_result allreduce_regroup(void *state, const pt_coupling_options *o
     return PIPERT_OK;
 }
 
+/* The whole gradient, every step, applied at once. */
+void pt_dp_allreduce_traffic(const pipert_config *config, pt_coupling_traffic *out)
+{
+    (void)config;
+    *out = (pt_coupling_traffic){.every = 1, .lag = 0, .share = 1};
+}
+
 const pt_coupling_method pt_dp_allreduce = {
     .name = "allreduce",
     .over_all_replicas = true, /* dense everywhere: a ring ordered by site */
     .replicas_identical = true, /* the same mean gradient everywhere, bitwise */
     .host_gradients = true,     /* the ring reduces in host memory */
+    .traffic = pt_dp_allreduce_traffic,
     .create = allreduce_create,
     .after_backward = allreduce_after_backward,
     .destroy = allreduce_destroy,

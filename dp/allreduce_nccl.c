@@ -29,10 +29,11 @@ typedef struct nccl_state {
 static pipert_result check_applies(const pt_coupling_options *options)
 {
     const pipert_config *c = options->config;
-    if (strcmp(c->dp.method, "allreduce") != 0)
+    if (pt_coupling_method_named(c->dp.method) != &pt_dp_allreduce)
         return pt_fail(PIPERT_ERR_CONFIG, "dp.nccl=true averages gradients densely: it needs "
                                           "dp.method=allreduce, not %s", c->dp.method);
-    if (strcmp(c->runtime.device, "cuda") != 0)
+    const pt_device_traits *device = pt_device_named(c->runtime.device);
+    if (!device || !device->gpu)
         return pt_fail(PIPERT_ERR_CONFIG, "dp.nccl=true needs runtime.device=cuda, not %s",
                        c->runtime.device);
     if (options->sites > 1)
@@ -119,6 +120,7 @@ const pt_coupling_method pt_dp_allreduce_nccl = {
     .over_all_replicas = true,
     .replicas_identical = true,
     .host_gradients = false, /* the gradient stays on the GPU */
+    .traffic = pt_dp_allreduce_traffic,
     .create = nccl_create,
     .after_backward = nccl_after_backward,
     .destroy = nccl_destroy,

@@ -29,14 +29,11 @@
 #include "dp/methods.h"
 #include "dp/outer.h"
 
-static pipert_result co2_create(const pt_coupling_options *options, void **state)
+/* CO2's plan; `adaptive`: dp.penalty=adaptive (Λ measured each round). */
+static pt_outer_plan co2_plan(const pipert_config *config, bool adaptive)
 {
-    const pt_dp_settings *dp = &options->config->dp;
-    const bool adaptive = !strcmp(dp->penalty, "adaptive");
-    if (!adaptive && strcmp(dp->penalty, "constant"))
-        return pt_fail(PIPERT_ERR_CONFIG, "dp.penalty: unknown \"%s\" (expected constant or adaptive)",
-                       dp->penalty);
-    const pt_outer_plan plan = {
+    const pt_dp_settings *dp = &config->dp;
+    return (pt_outer_plan){
         .method = "co2",
         .rule = {.lr = dp->outer_lr, .momentum = dp->outer_momentum, .nesterov = false,
                  .clip = dp->clip},
@@ -47,11 +44,28 @@ static pipert_result co2_create(const pt_coupling_options *options, void **state
         .penalty = adaptive ? 0 : dp->penalty_value,
         .evaluate_outer = false,
     };
+}
+
+static pipert_result co2_create(const pt_coupling_options *options, void **state)
+{
+    const char *penalty = options->config->dp.penalty;
+    const bool adaptive = !strcmp(penalty, "adaptive");
+    if (!adaptive && strcmp(penalty, "constant"))
+        return pt_fail(PIPERT_ERR_CONFIG, "dp.penalty: unknown \"%s\" (expected constant or adaptive)",
+                       penalty);
+    const pt_outer_plan plan = co2_plan(options->config, adaptive);
     return pt_outer_create(options, &plan, state);
+}
+
+static void co2_traffic(const pipert_config *config, pt_coupling_traffic *out)
+{
+    const pt_outer_plan plan = co2_plan(config, false); /* Λ does not change what is sent */
+    pt_outer_traffic(&plan, out);
 }
 
 const pt_coupling_method pt_dp_co2 = {
     .name = "co2",
     .create = co2_create,
+    .traffic = co2_traffic,
     PT_OUTER_CALLS,
 };

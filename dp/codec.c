@@ -179,6 +179,12 @@ size_t pt_codec_encoded_bytes(const pt_codec *codec, size_t n)
     return sizeof(float) * scale_count(codec, n) + code_bytes(&formats[codec->kind], n);
 }
 
+double pt_codec_bits_per_element(const pt_codec *codec)
+{
+    const format *f = &formats[codec->kind];
+    return f->bits + (f->rule == SCALE_ABSMAX ? 32.0 / (double)codec->block : 0);
+}
+
 /* What element i sends: x + e with error feedback, else x. */
 static inline float carried(const float *x, const float *error, size_t i)
 {

@@ -80,6 +80,10 @@ const char *pt_codec_name(const pt_codec *codec);
  * ⌈n/block⌉ scales (int8, e3m0, e2m1), 1 (onebit, n > 0) or 0 (none). */
 size_t pt_codec_encoded_bytes(const pt_codec *codec, size_t n);
 
+/* Bits a long vector costs per element, scales included: the code's bits, plus a 32-bit scale
+ * per block (int8, e3m0, e2m1); onebit's one scale and none's nothing add no bits per element. */
+double pt_codec_bits_per_element(const pt_codec *codec);
+
 /* Encodes x[0..n) into out[0..pt_codec_encoded_bytes(n)). error: the error
  * feedback buffer [n] (read and updated), or NULL for none. A NaN or an
  * infinity in x (or in x + error) is refused with PIPERT_ERR_INVALID_ARG

@@ -49,27 +49,54 @@ static const pt_coupling_method *const methods[] = {
 };
 #define METHOD_COUNT (int)(sizeof methods / sizeof methods[0])
 
+/* Methods a program added (pt_coupling_add_method). */
+static const pt_coupling_method *added[PT_COUPLING_ADDED_MAX];
+static int added_count;
+
+static const pt_coupling_method *known_method(int i)
+{
+    return i < METHOD_COUNT ? methods[i] : added[i - METHOD_COUNT];
+}
+
 static const pt_coupling_method *find_method(const char *name)
 {
-    for (int i = 0; i < METHOD_COUNT; i++)
-        if (!strcmp(methods[i]->name, name)) return methods[i];
+    for (int i = 0; i < METHOD_COUNT + added_count; i++)
+        if (!strcmp(known_method(i)->name, name)) return known_method(i);
     return NULL;
+}
+
+const pt_coupling_method *pt_coupling_method_named(const char *name)
+{
+    const pt_coupling_method *method = find_method(name);
+    if (method) return method;
+    char known[256] = "";
+    for (int i = 0; i < METHOD_COUNT + added_count; i++)
+        snprintf(known + strlen(known), sizeof known - strlen(known), "%s%s", i ? ", " : "",
+                 known_method(i)->name);
+    pt_fail(PIPERT_ERR_CONFIG, "dp.method: unknown \"%s\" (known: %s)", name, known);
+    return NULL;
+}
+
+pipert_result pt_coupling_add_method(const pt_coupling_method *method)
+{
+    if (find_method(method->name))
+        return pt_fail(PIPERT_ERR_CONFIG, "dp.method: a method called \"%s\" is known already",
+                       method->name);
+    if (added_count == PT_COUPLING_ADDED_MAX)
+        return pt_fail(PIPERT_ERR_UNSUPPORTED, "dp.method: at most %d methods can be added",
+                       PT_COUPLING_ADDED_MAX);
+    added[added_count++] = method;
+    return PIPERT_OK;
 }
 
 pipert_result pt_coupling_create(const pt_coupling_options *options, pt_coupling **out)
 {
     *out = NULL;
-    const char *name = options->config->dp.method;
     /* dp.nccl: allreduce on the GPUs (its create refuses any other method) */
-    const pt_coupling_method *method =
-        options->config->dp.nccl ? &pt_dp_allreduce_nccl : find_method(name);
-    if (!method) {
-        char known[256] = "";
-        for (int i = 0; i < METHOD_COUNT; i++)
-            snprintf(known + strlen(known), sizeof known - strlen(known), "%s%s", i ? ", " : "",
-                     methods[i]->name);
-        return pt_fail(PIPERT_ERR_CONFIG, "dp.method: unknown \"%s\" (known: %s)", name, known);
-    }
+    const pt_coupling_method *method = options->config->dp.nccl
+                                           ? &pt_dp_allreduce_nccl
+                                           : pt_coupling_method_named(options->config->dp.method);
+    if (!method) return PIPERT_ERR_CONFIG; /* its message is set */
     pt_coupling *c = calloc(1, sizeof *c);
     if (!c) return pt_fail(PIPERT_ERR_NOMEM, "coupling: out of memory");
     c->method = method;

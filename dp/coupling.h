@@ -22,7 +22,8 @@
  * over all replicas, in a ring ordered by site. It reports what it sent and how long the step waited for it, and saves
  * and restores its own state in checkpoints. Adding a method is a new file in
  * dp/ and one line in the method table (coupling.c); it never touches the
- * executor.
+ * executor, nor the cost model, which prices it from its row (traffic,
+ * param_copies, host_share below).
  */
 #ifndef PT_COUPLING_H
 #define PT_COUPLING_H
@@ -86,7 +87,17 @@ typedef struct pt_coupling_options {
     pt_coupling_blocked *blocked;
 } pt_coupling_options;
 
-/* One method: its calls get the state its create returned. */
+/* What a method sends under a configuration, for the cost model (scheduler/cost.c): a
+ * collective every `every` optimizer steps (0: it never sends), applied `lag` steps after it
+ * was posted, carrying `share` of the stage's parameters. */
+typedef struct pt_coupling_traffic {
+    int every, lag;
+    double share;
+} pt_coupling_traffic;
+
+/* One method: its calls get the state its create returned. Beside its calls it states the
+ * facts the rest of pipert asks of a method (the executor, checkpoints, the cost model), so
+ * that a new method is a new file and a line in the table, `pipert plan` included. */
 typedef struct pt_coupling_method {
     const char *name;
     /* Runs over every replica even across sites (a dense method); false: the
@@ -108,6 +119,16 @@ typedef struct pt_coupling_method {
      * A method without replicas to exchange with (options.replicas NULL) must leave both
      * alone: it is then handed the kernels' memory, uncopied. */
     bool host_gradients, host_parameters;
+    /* What the cost model charges it:
+     *   traffic       its exchanges under `config` (NULL: it sends nothing);
+     *   param_copies  parameter-sized buffers of its own (θ̃, momentum, an average),
+     *                 device_param_copies of them in a GPU's memory (the rest are host
+     *                 memory there; on a CPU all are);
+     *   host_share    the share of a stage's elements the host works through each step,
+     *                 priced at the device's sparse_cpu_s_per_element (NULL: none). */
+    void (*traffic)(const pipert_config *config, pt_coupling_traffic *out);
+    int param_copies, device_param_copies;
+    double (*host_share)(const pipert_config *config);
     pipert_result (*create)(const pt_coupling_options *options, void **state);
     pipert_result (*after_backward)(void *state, pt_coupling_point *at, pt_coupling_metrics *m);
     pipert_result (*after_step)(void *state, pt_coupling_point *at, pt_coupling_metrics *m);
@@ -133,6 +154,17 @@ typedef struct pt_coupling_method {
 } pt_coupling_method;
 
 typedef struct pt_coupling pt_coupling;
+
+/* The method called `name` (dp.method): the library's, or one added with
+ * pt_coupling_add_method. NULL, with a PIPERT_ERR_CONFIG naming the known ones, if none is. */
+const pt_coupling_method *pt_coupling_method_named(const char *name);
+
+/* Makes `method` known by its name beside the library's, for a program that links the
+ * library's parts (an experiment, a test): call it before any session or plan looks the
+ * name up; it is not synchronized. PIPERT_ERR_CONFIG if the name is taken,
+ * PIPERT_ERR_UNSUPPORTED past PT_COUPLING_ADDED_MAX. */
+#define PT_COUPLING_ADDED_MAX 8
+pipert_result pt_coupling_add_method(const pt_coupling_method *method);
 
 /* The method config->dp.method names; an unknown name is a PIPERT_ERR_CONFIG
  * listing the known ones. */

@@ -12,10 +12,10 @@
 #include "dp/methods.h"
 #include "dp/outer.h"
 
-static pipert_result diloco_create(const pt_coupling_options *options, void **state)
+static pt_outer_plan diloco_plan(const pipert_config *config)
 {
-    const pt_dp_settings *dp = &options->config->dp;
-    const pt_outer_plan plan = {
+    const pt_dp_settings *dp = &config->dp;
+    return (pt_outer_plan){
         .method = "diloco",
         .rule = {.lr = dp->outer_lr, .momentum = dp->outer_momentum, .nesterov = true},
         .period = dp->period,
@@ -25,11 +25,23 @@ static pipert_result diloco_create(const pt_coupling_options *options, void **st
         .penalty = 1,
         .evaluate_outer = true,
     };
+}
+
+static pipert_result diloco_create(const pt_coupling_options *options, void **state)
+{
+    const pt_outer_plan plan = diloco_plan(options->config);
     return pt_outer_create(options, &plan, state);
+}
+
+static void diloco_traffic(const pipert_config *config, pt_coupling_traffic *out)
+{
+    const pt_outer_plan plan = diloco_plan(config);
+    pt_outer_traffic(&plan, out);
 }
 
 const pt_coupling_method pt_dp_diloco = {
     .name = "diloco",
     .create = diloco_create,
+    .traffic = diloco_traffic,
     PT_OUTER_CALLS,
 };

@@ -12,4 +12,7 @@ extern const pt_coupling_method pt_dp_diloco;    /* dp/diloco.c */
 extern const pt_coupling_method pt_dp_streaming_diloco; /* dp/streaming_diloco.c */
 extern const pt_coupling_method pt_dp_co2;       /* dp/co2.c */
 
+/* allreduce's traffic, on the host's ring or on NCCL's */
+void pt_dp_allreduce_traffic(const pipert_config *config, pt_coupling_traffic *out);
+
 #endif

@@ -3,14 +3,16 @@
  * says what a coupling costs (scripts/bench-wan-methods.sh measures every
  * method's throughput against it on the same processes, cores and links). */
 #include <stdlib.h>
-#include <string.h>
 
+#include "dp/codec.h"
 #include "dp/methods.h"
 
 static pipert_result none_create(const pt_coupling_options *options, void **out)
 {
     const char *compress = options->config->dp.compress;
-    if (strcmp(compress, "none") != 0)
+    pt_codec codec;
+    PT_TRY(pt_codec_init(&codec, compress, 1));
+    if (codec.kind != PT_CODEC_NONE)
         return pt_fail(PIPERT_ERR_CONFIG,
                        "dp.method=none with dp.compress=%s: nothing is sent, so nothing is "
                        "compressed; leave dp.compress at none", compress);

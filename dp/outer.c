@@ -86,6 +86,15 @@ double pt_outer_adaptive_penalty(double gap_norm, double fresh_norm)
 
 int pt_outer_slots(int block_fragments) { return block_fragments <= 1 ? 1 : block_fragments + 1; }
 
+void pt_outer_traffic(const pt_outer_plan *plan, pt_coupling_traffic *out)
+{
+    const int slots = pt_outer_slots(plan->block_fragments);
+    const long period = plan->period > 0 ? plan->period : 1;
+    *out = (pt_coupling_traffic){.every = period / slots > 0 ? (int)(period / slots) : 1,
+                                 .lag = (int)plan->delay,
+                                 .share = 1.0 / slots};
+}
+
 int pt_outer_slot_of(const char *tensor_name, int block_fragments)
 {
     if (block_fragments <= 1) return 0;

@@ -103,7 +103,14 @@ pipert_result pt_outer_regroup(void *state, const pt_coupling_options *options,
                                const pt_coupling_point *at);
 
 /* The calls of a method built on the engine, for its pt_coupling_method. */
+/* What a plan sends (pt_coupling_method.traffic): a fragment every period/slots steps,
+ * applied `delay` steps later. */
+void pt_outer_traffic(const pt_outer_plan *plan, pt_coupling_traffic *out);
+
+/* The calls and the costs the three methods share: θ̃ and its momentum, in host memory, and
+ * on a GPU a device copy of θ̃ for validation. */
 #define PT_OUTER_CALLS                                                                             \
+    .param_copies = 2, .device_param_copies = 1,                                                   \
     .after_backward = pt_outer_after_backward, .after_step = pt_outer_after_step,                  \
     .eval_params = pt_outer_eval_params, .save = pt_outer_save, .load = pt_outer_load,             \
     .destroy = pt_outer_destroy, .suspend = pt_outer_suspend, .regroup = pt_outer_regroup

@@ -781,10 +781,26 @@ static void sparse_destroy(void *state)
     free(s);
 }
 
+/* A fraction of every tensor each step, applied dp.delay steps later (−1: when it is
+ * complete, which the cost model takes as the most it lets be in flight). */
+static void sparse_traffic(const pipert_config *config, pt_coupling_traffic *out)
+{
+    const pt_dp_settings *dp = &config->dp;
+    *out = (pt_coupling_traffic){
+        .every = 1, .lag = dp->delay >= 0 ? (int)dp->delay : MAX_IN_FLIGHT, .share = dp->fraction};
+}
+
+/* The host gathers, averages and scatters its fraction of the stage every step. */
+static double sparse_host_share(const pipert_config *config) { return config->dp.fraction; }
+
 const pt_coupling_method pt_dp_sparse = {
     .name = "sparse",
     .create = sparse_create,
     .host_parameters = true, /* the partition is gathered from θ and written back on the host */
+    .traffic = sparse_traffic,
+    .param_copies = 2, /* the partition map and the EMA, in host memory (a codec adds one) */
+    .device_param_copies = 0,
+    .host_share = sparse_host_share,
     .after_backward = sparse_after_backward,
     .after_step = sparse_after_step,
     .save = pt_sparse_save,

@@ -24,24 +24,36 @@ static int block_fragments(const pipert_config *config)
     return P > 1 ? P : 1;
 }
 
-static pipert_result streaming_diloco_create(const pt_coupling_options *options, void **state)
+static pt_outer_plan streaming_diloco_plan(const pipert_config *config)
 {
-    const pt_dp_settings *dp = &options->config->dp;
-    const pt_outer_plan plan = {
+    const pt_dp_settings *dp = &config->dp;
+    return (pt_outer_plan){
         .method = "streaming-diloco",
         .rule = {.lr = dp->outer_lr, .momentum = dp->outer_momentum, .nesterov = true},
         .period = dp->period,
-        .block_fragments = block_fragments(options->config),
+        .block_fragments = block_fragments(config),
         .delay = dp->overlap,
         .alpha = dp->alpha,
         .penalty = 1,
         .evaluate_outer = true,
     };
+}
+
+static pipert_result streaming_diloco_create(const pt_coupling_options *options, void **state)
+{
+    const pt_outer_plan plan = streaming_diloco_plan(options->config);
     return pt_outer_create(options, &plan, state);
+}
+
+static void streaming_diloco_traffic(const pipert_config *config, pt_coupling_traffic *out)
+{
+    const pt_outer_plan plan = streaming_diloco_plan(config);
+    pt_outer_traffic(&plan, out);
 }
 
 const pt_coupling_method pt_dp_streaming_diloco = {
     .name = "streaming-diloco",
     .create = streaming_diloco_create,
+    .traffic = streaming_diloco_traffic,
     PT_OUTER_CALLS,
 };

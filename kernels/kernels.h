@@ -199,4 +199,15 @@ pipert_result pt_kernels_for_device(const char *device, const pt_kernels **out);
 typedef size_t (*pt_attention_sizer)(int B, int T, int C, int NH);
 pt_attention_sizer pt_kernels_attention_sizer(const char *device);
 
+/* A runtime.device as estimates see it, without starting it (kernels/device.c's table). */
+typedef struct pt_device_traits {
+    const char *name;
+    bool gpu; /* tensors live in a GPU's memory, apart from the host's */
+    pt_attention_sizer attention_sizer;
+    pipert_result (*kernels)(const pt_kernels **out);
+} pt_device_traits;
+
+/* The device called `name`; NULL with a PIPERT_ERR_CONFIG naming the known ones. */
+const pt_device_traits *pt_device_named(const char *name);
+
 #endif

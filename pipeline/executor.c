@@ -26,31 +26,6 @@
 
 
 
-static const char *const lookahead_names[] = {
-    [PT_LOOKAHEAD_NONE] = "none",
-    [PT_LOOKAHEAD_STASH] = "stash",
-    [PT_LOOKAHEAD_NESTEROV] = "nesterov",
-    [PT_LOOKAHEAD_PREDICT] = "predict",
-    [PT_LOOKAHEAD_PREDICT_DAMPED] = "predict-damped",
-    [PT_LOOKAHEAD_PIPEMARE] = "pipemare",
-    [PT_LOOKAHEAD_DC_ASGD] = "dc-asgd",
-    [PT_LOOKAHEAD_NESTEROV_DC] = "nesterov-dc",
-    [PT_LOOKAHEAD_NESTEROV_SECANT] = "nesterov-secant",
-};
-
-pipert_result pt_lookahead_parse(const char *name, pt_lookahead *out)
-{
-    for (int i = 0; i < (int)(sizeof lookahead_names / sizeof lookahead_names[0]); i++)
-        if (!strcmp(name, lookahead_names[i])) {
-            *out = (pt_lookahead)i;
-            return PIPERT_OK;
-        }
-    return pt_fail(PIPERT_ERR_CONFIG,
-                   "pipeline.lookahead: unknown \"%s\" (expected nesterov-dc, nesterov-secant, "
-                   "nesterov, stash, predict, predict-damped, pipemare, dc-asgd or none)",
-                   name);
-}
-
 static bool is_last_stage(const pt_stage_executor *ex) { return pt_executor_is_last_stage(ex); }
 
 static bool is_async(const pt_stage_executor *ex) { return pt_executor_is_async(ex); }
@@ -67,9 +42,7 @@ static pipert_result optimizer_settings(pt_stage_executor *ex, pt_optimizer_sett
     s->eps = t->eps;
     s->weight_decay = t->weight_decay;
     s->psi = t->momentum_decay;
-    const bool nesterov = ex->lookahead == PT_LOOKAHEAD_NESTEROV ||
-                          ex->lookahead == PT_LOOKAHEAD_NESTEROV_DC ||
-                          ex->lookahead == PT_LOOKAHEAD_NESTEROV_SECANT;
+    const bool nesterov = pt_lookahead_traits_of(ex->lookahead)->nesterov;
     if (is_async(ex) && nesterov) {
         /* The look-ahead is the optimizer: NAdam with a large β1 (AsyncMesh). */
         s->kind = PT_OPTIMIZER_NADAMW;
@@ -81,15 +54,11 @@ static pipert_result optimizer_settings(pt_stage_executor *ex, pt_optimizer_sett
     return PIPERT_OK;
 }
 
-/* Microbatches in flight on this stage: every forward before the first
- * backward under GPipe; S−s under 1F1B (bounded by what the run has). */
+/* Microbatches in flight on this stage (bounded by what the run has). */
 static int in_flight(const pt_stage_executor *ex)
 {
-    const int S = ex->options.stages, s = ex->options.stage;
-    int M = is_async(ex) ? (int)(ex->config.train.steps < 1 << 20 ? ex->config.train.steps : 1 << 20)
-                         : ex->microbatches;
-    if (ex->schedule_kind == PT_SCHEDULE_GPIPE) return M;
-    return S - s < M ? S - s : M;
+    const long M = is_async(ex) ? ex->config.train.steps : ex->microbatches;
+    return pt_schedule_in_flight(ex->schedule_kind, ex->options.stages, ex->options.stage, M);
 }
 
 static bool stashes_weights(const pt_stage_executor *ex) { return pt_executor_stashes_weights(ex); }
@@ -193,7 +162,9 @@ static pipert_result executor_setup(pt_stage_executor *ex)
      * train.grad_accum microbatches, i.e. plain gradient accumulation. */
     const bool one_stage = ex->options.stages == 1;
     if (one_stage) ex->schedule_kind = PT_SCHEDULE_1F1B;
-    PT_TRY(pt_lookahead_parse(cfg->pipeline.lookahead, &ex->lookahead));
+    const pt_lookahead_traits *lookahead = pt_lookahead_named(cfg->pipeline.lookahead);
+    if (!lookahead) return PIPERT_ERR_CONFIG;
+    ex->lookahead = lookahead->kind;
     ex->microbatches = is_async(ex) ? 1 : one_stage ? cfg->train.grad_accum : cfg->pipeline.microbatches;
     ex->B = cfg->train.batch_size;
     ex->T = cfg->model.block_size;
@@ -222,7 +193,7 @@ static pipert_result executor_setup(pt_stage_executor *ex)
              ex->options.stage, ex->options.stages, ex->options.first_layer,
              ex->options.last_layer, (double)ex->model->n_params / 1e6,
              pt_schedule_kind_name(ex->schedule_kind),
-             is_async(ex) ? lookahead_names[ex->lookahead] : "n/a (flush)",
+             is_async(ex) ? pt_lookahead_traits_of(ex->lookahead)->name : "n/a (flush)",
              pt_optimizer_kind_name(ex->optimizer.settings.kind), ex->slots,
              ex->slots == 1 ? "" : "es", cfg->pipeline.recompute ? ", recompute" : "",
              is_async(ex) && ex->schedule.synchronous ? ", the first steps synchronous" : "");
@@ -561,8 +532,7 @@ static pipert_result choose_forward_weights(pt_stage_executor *ex, long g)
         pt_gpt_use_params(ex->model, NULL);
         return PIPERT_OK;
     }
-    const bool predicts = ex->lookahead == PT_LOOKAHEAD_PREDICT ||
-                          ex->lookahead == PT_LOOKAHEAD_PREDICT_DAMPED;
+    const bool predicts = pt_lookahead_traits_of(ex->lookahead)->predicts;
     const bool synchronous = g < ex->config.pipeline.sync_steps; /* nothing to predict */
     if (predicts && !synchronous) {
         PT_TRY(pt_lookahead_predict(ex, stash));

@@ -37,6 +37,7 @@
 #include <stdbool.h>
 
 #include "dp/coupling.h"
+#include "pipeline/lookahead.h"
 #include "pipeline/utilisation.h"
 #include "models/gpt.h"
 #include "pipeline/schedule.h"
@@ -45,20 +46,6 @@
 #include "runtime/trace.h"
 #include "runtime/comm/transport.h"
 #include "train/optimizer.h"
-
-typedef enum pt_lookahead {
-    PT_LOOKAHEAD_NONE,
-    PT_LOOKAHEAD_STASH,
-    PT_LOOKAHEAD_NESTEROV,
-    PT_LOOKAHEAD_PREDICT,
-    PT_LOOKAHEAD_PREDICT_DAMPED,
-    PT_LOOKAHEAD_PIPEMARE,
-    PT_LOOKAHEAD_DC_ASGD,
-    PT_LOOKAHEAD_NESTEROV_DC, /* nesterov's optimizer with dc-asgd's compensation */
-    PT_LOOKAHEAD_NESTEROV_SECANT, /* nesterov's optimizer, compensated by a measured secant */
-} pt_lookahead;
-
-pipert_result pt_lookahead_parse(const char *name, pt_lookahead *out);
 
 typedef struct pt_stage_executor pt_stage_executor;
 

@@ -307,7 +307,9 @@ pt_resume_kind pt_stage_executor_plan_resume(const pt_stage_executor *ex,
     const int S = ex->options.stages;
     *why = '\0';
     if (!is_async(ex)) return PT_RESUME_FLUSH;
-    if (strcmp(index->schedule, pt_schedule_kind_name(PT_SCHEDULE_ASYNC_1F1B))) {
+    pt_schedule_kind schedule;
+    if (pt_schedule_parse_kind(index->schedule, &schedule) != PIPERT_OK ||
+        schedule != PT_SCHEDULE_ASYNC_1F1B) {
         snprintf(why, cap, "the checkpoint is of schedule %s", index->schedule);
         return PT_RESUME_REFILL;
     }
@@ -322,12 +324,13 @@ pt_resume_kind pt_stage_executor_plan_resume(const pt_stage_executor *ex,
                      bounds[s + 1]);
             return PT_RESUME_REFILL;
         }
-    if (strcmp(index->lookahead, ex->config.pipeline.lookahead)) {
+    const pt_lookahead_traits *ran = pt_lookahead_named(index->lookahead);
+    if (!ran || ran->kind != ex->lookahead) {
         snprintf(why, cap, "the checkpoint ran pipeline.lookahead=%s, this run %s", index->lookahead,
-                 ex->config.pipeline.lookahead);
+                 pt_lookahead_traits_of(ex->lookahead)->name);
         return PT_RESUME_REFILL;
     }
-    if (ex->lookahead == PT_LOOKAHEAD_NONE) {
+    if (!ran->stashes) {
         snprintf(why, cap, "pipeline.lookahead=none keeps no copy of the weights the in-flight "
                            "forwards used");
         return PT_RESUME_REFILL;

@@ -7,25 +7,62 @@
  * optimizer's (train/optimizer.h). */
 #include "pipeline/executor_internal.h"
 
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "train/staleness.h"
 
-static bool is_async(const pt_stage_executor *ex) { return pt_executor_is_async(ex); }
+/* ---- the table ----------------------------------------------------------- */
 
-/* dc-asgd and nesterov-dc: the gradient is compensated for the delay. */
-static bool compensates(const pt_stage_executor *ex)
+/* In the enum's order. kind, name, stashes, nesterov, predicts, compensates (λ), extra
+ * versions on every stage and on a stage that stashes (lookahead.h). */
+static const pt_lookahead_traits lookaheads[] = {
+    {PT_LOOKAHEAD_NONE, "none", false, false, false, false, 0, 0, 0},
+    {PT_LOOKAHEAD_STASH, "stash", true, false, false, false, 0, 0, 0},
+    {PT_LOOKAHEAD_NESTEROV, "nesterov", true, true, false, false, 0, 0, 0},
+    {PT_LOOKAHEAD_PREDICT, "predict", true, false, true, false, 0, 0, 0},
+    {PT_LOOKAHEAD_PREDICT_DAMPED, "predict-damped", true, false, true, false, 0, 1, 0},
+    {PT_LOOKAHEAD_PIPEMARE, "pipemare", true, false, false, false, 0, 0, 0},
+    /* λ: the paper's 2 */
+    {PT_LOOKAHEAD_DC_ASGD, "dc-asgd", true, false, false, true, PT_DC_LAMBDA_PAPER, 0, 0},
+    /* λ: 100, the staleness study's */
+    {PT_LOOKAHEAD_NESTEROV_DC, "nesterov-dc", true, true, false, true, PT_DC_LAMBDA_NESTEROV, 0, 0},
+    {PT_LOOKAHEAD_NESTEROV_SECANT, "nesterov-secant", true, true, false, false, 0, 0, 4},
+};
+#define LOOKAHEAD_COUNT (int)(sizeof lookaheads / sizeof lookaheads[0])
+
+const pt_lookahead_traits *pt_lookahead_named(const char *name)
 {
-    return ex->lookahead == PT_LOOKAHEAD_DC_ASGD || ex->lookahead == PT_LOOKAHEAD_NESTEROV_DC;
+    char known[256] = "";
+    for (int i = 0; i < LOOKAHEAD_COUNT; i++) {
+        if (!strcmp(name, lookaheads[i].name)) return &lookaheads[i];
+        snprintf(known + strlen(known), sizeof known - strlen(known), "%s%s", i ? ", " : "",
+                 lookaheads[i].name);
+    }
+    pt_fail(PIPERT_ERR_CONFIG, "pipeline.lookahead: unknown \"%s\" (known: %s)", name, known);
+    return NULL;
 }
 
-/* λ of the compensation: pipeline.dc_lambda, or when that is 0 the look-ahead's own
- * (dc-asgd: the paper's 2; nesterov-dc: 100, the staleness study's). */
+const pt_lookahead_traits *pt_lookahead_traits_of(pt_lookahead kind)
+{
+    return &lookaheads[kind]; /* the table is in the enum's order */
+}
+
+/* ---- what the executor does with them ------------------------------------ */
+
+static bool is_async(const pt_stage_executor *ex) { return pt_executor_is_async(ex); }
+
+static bool compensates(const pt_stage_executor *ex)
+{
+    return pt_lookahead_traits_of(ex->lookahead)->compensates;
+}
+
+/* λ of the compensation: pipeline.dc_lambda, or when that is 0 the look-ahead's own. */
 static double dc_lambda(const pt_stage_executor *ex)
 {
     const double own = ex->config.pipeline.dc_lambda;
-    if (own > 0) return own;
-    return ex->lookahead == PT_LOOKAHEAD_NESTEROV_DC ? PT_DC_LAMBDA_NESTEROV : PT_DC_LAMBDA_PAPER;
+    return own > 0 ? own : pt_lookahead_traits_of(ex->lookahead)->dc_lambda;
 }
 
 /* K of the warm-ups of predict-damped and pipemare. */
@@ -39,9 +76,7 @@ pipert_result pt_lookahead_setup(pt_stage_executor *ex)
 {
     if (!is_async(ex)) return PIPERT_OK;
     const pt_kernels *k = ex->kernels;
-    const bool predicts = ex->lookahead == PT_LOOKAHEAD_PREDICT ||
-                          ex->lookahead == PT_LOOKAHEAD_PREDICT_DAMPED;
-    if (predicts && !k->adam_extrapolate)
+    if (pt_lookahead_traits_of(ex->lookahead)->predicts && !k->adam_extrapolate)
         return pt_fail(PIPERT_ERR_UNSUPPORTED,
                        "pipeline.lookahead=%s: the %s backend has no adam_extrapolate kernel",
                        ex->config.pipeline.lookahead, k->name);

@@ -37,6 +37,13 @@ const char *pt_schedule_kind_name(pt_schedule_kind kind)
     return (unsigned)kind < (unsigned)N_KINDS ? kind_names[kind] : "unknown";
 }
 
+int pt_schedule_in_flight(pt_schedule_kind kind, int stages, int stage, long microbatches)
+{
+    if (stages > 1 && kind == PT_SCHEDULE_GPIPE) return (int)microbatches;
+    const int depth = stages - stage;
+    return depth < microbatches ? depth : (int)microbatches;
+}
+
 const char *pt_instruction_name(pt_instruction_kind kind)
 {
     return (unsigned)kind < PT_INSTRUCTION_KINDS ? instruction_names[kind] : "unknown";

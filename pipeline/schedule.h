@@ -56,6 +56,12 @@ pipert_result pt_schedule_parse_kind(const char *name, pt_schedule_kind *out);
 const char *pt_schedule_kind_name(pt_schedule_kind kind);
 const char *pt_instruction_name(pt_instruction_kind kind);
 
+/* Microbatches whose activations stage `stage` of `stages` holds at once under `kind`: all of
+ * a step's `microbatches` under GPipe, S − s under 1F1B and the asynchronous schedule (fewer
+ * when the step has fewer; the asynchronous schedule's "step" is the run). One stage runs
+ * 1F1B whatever the setting (plain gradient accumulation): one. */
+int pt_schedule_in_flight(pt_schedule_kind kind, int stages, int stage, long microbatches);
+
 /* The instructions of `stage` for one step of M microbatches (GPipe, 1F1B) or
  * for a run of M microbatches in total (asynchronous 1F1B, which never
  * flushes: its warm-up and drain happen once per run). */

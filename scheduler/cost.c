@@ -1,46 +1,57 @@
 #include "scheduler/cost.h"
 
 #include <math.h>
-#include <string.h>
 
+#include "dp/codec.h"
+#include "dp/coupling.h"
 #include "kernels/kernels.h"
+#include "pipeline/lookahead.h"
+#include "pipeline/schedule.h"
 #include "runtime/error.h"
+
+/* Every fact the model uses about a schedule, a look-ahead or a dp method is theirs (their
+ * tables: pipeline/schedule.c, pipeline/lookahead.c, dp/coupling.c); nothing here knows a
+ * name. The configuration was validated, but a method added to the table by a program
+ * (pt_coupling_add_method) is looked up the same way: an unknown name is an error. */
 
 static bool is_async(const pipert_config *config)
 {
-    return !strcmp(config->pipeline.schedule, "async-1f1b");
+    pt_schedule_kind kind;
+    return pt_schedule_parse_kind(config->pipeline.schedule, &kind) == PIPERT_OK &&
+           kind == PT_SCHEDULE_ASYNC_1F1B;
 }
 
-/* The asynchronous schedule with a look-ahead that stashes the weights each forward used
- * (every one but `none`, docs/STALENESS.md). */
+/* The asynchronous schedule's look-ahead, or NULL under a flush schedule (which keeps one
+ * version of the weights whatever pipeline.lookahead says). */
+static const pt_lookahead_traits *async_lookahead(const pipert_config *config)
+{
+    return is_async(config) ? pt_lookahead_named(config->pipeline.lookahead) : NULL;
+}
+
+/* The asynchronous schedule with a look-ahead that stashes the weights each forward used. */
 static bool stashes(const pipert_config *config)
 {
-    return is_async(config) && strcmp(config->pipeline.lookahead, "none") != 0;
+    const pt_lookahead_traits *lookahead = async_lookahead(config);
+    return lookahead && lookahead->stashes;
 }
 
 /* Extra weight copies stage s keeps (cost.h, "versions"): a stash slot per microbatch in
- * flight, S−s of them, where more than one is (the last stage keeps none); predict-damped
- * one more, the weights before a step to measure its size; nesterov-secant four more on a
- * stage that stashes (train/secant.h: the previous gradient and stash, two running means). */
+ * flight, S−s of them, where more than one is (the last stage keeps none), and what the
+ * look-ahead keeps beyond its stash. */
 static int weight_versions(const pipert_config *config, int stages, int stage)
 {
     if (!stashes(config)) return 0;
+    const pt_lookahead_traits *lookahead = async_lookahead(config);
     const int slots = stages - stage > 1 ? stages - stage : 0;
-    const char *lookahead = config->pipeline.lookahead;
-    return slots + !strcmp(lookahead, "predict-damped") +
-           (slots && !strcmp(lookahead, "nesterov-secant") ? 4 : 0);
+    return slots + lookahead->extra_versions + (slots ? lookahead->extra_versions_when_stashing : 0);
 }
 
-/* The method's own copies of the parameters (cost.h, "coupling"). */
-static int coupling_copies(const pipert_config *config)
+/* The method's own copies of the parameters (cost.h, "coupling"): on a GPU only those it
+ * keeps in the device's memory count. */
+static int coupling_copies(const pipert_config *config, const pt_coupling_method *method)
 {
-    const char *method = config->dp.method;
-    if (!strcmp(method, "allreduce") || !strcmp(method, "none")) return 0;
-    const bool outer = strcmp(method, "sparse") != 0;
-    /* a GPU's: both copies are in host memory, and only the outer methods keep one of θ̃
-     * on the device, for validation (dp/outer.c) */
-    if (!strcmp(config->runtime.device, "cuda")) return outer ? 1 : 0;
-    return 2;
+    const pt_device_traits *device = pt_device_named(config->runtime.device);
+    return device && device->gpu ? method->device_param_copies : method->param_copies;
 }
 
 static pt_gpt_config model_of(const pipert_config *config)
@@ -62,6 +73,8 @@ pipert_result pt_cost_stage(const pipert_config *config, const pt_stage_plan *pl
                        "cost: stage %d's device: FLOP/s %g, efficiency %g, memory bandwidth %g B/s "
                        "(each must be positive, the efficiency at most 1)",
                        stage, device->flops, device->efficiency, device->memory_bytes_per_s);
+    const pt_coupling_method *method = pt_coupling_method_named(config->dp.method);
+    if (!method) return PIPERT_ERR_CONFIG;
     const pt_gpt_config model = model_of(config);
     const int B = config->train.batch_size, T = config->model.block_size;
     out->first = plan->bounds[stage];
@@ -81,7 +94,7 @@ pipert_result pt_cost_stage(const pipert_config *config, const pt_stage_plan *pl
                        "slice of the model: %s", stage, out->first, out->last, pipert_last_error());
     out->params = (double)params;
     out->time.optimizer_s = out->params * OPTIMIZER_BYTES_PER_PARAM / device->memory_bytes_per_s;
-    const int copies = weight_versions(config, plan->stages, stage) + coupling_copies(config);
+    const int copies = weight_versions(config, plan->stages, stage) + coupling_copies(config, method);
     out->bytes_fixed = 4.0 * out->params * (4 + copies);
     out->bytes_activations = 4.0 * (double)acts;
     out->bytes_activation_grads = 4.0 * (double)grad_acts;
@@ -91,11 +104,11 @@ pipert_result pt_cost_stage(const pipert_config *config, const pt_stage_plan *pl
 
 int pt_cost_in_flight(const pipert_config *config, int S, int s)
 {
-    const int M = config->pipeline.microbatches;
-    if (S == 1) return 1;
-    if (!strcmp(config->pipeline.schedule, "gpipe")) return M;
-    if (!strcmp(config->pipeline.schedule, "1f1b")) return S - s < M ? S - s : M;
-    return S - s;
+    pt_schedule_kind kind = PT_SCHEDULE_ASYNC_1F1B;
+    (void)pt_schedule_parse_kind(config->pipeline.schedule, &kind); /* validated */
+    const long M = kind == PT_SCHEDULE_ASYNC_1F1B ? config->train.steps
+                                                  : config->pipeline.microbatches;
+    return pt_schedule_in_flight(kind, S, s, M);
 }
 
 double pt_cost_stage_memory(const pt_stage_cost *cost, int in_flight)
@@ -106,58 +119,25 @@ double pt_cost_stage_memory(const pt_stage_cost *cost, int in_flight)
 
 double pt_cost_codec_bits(const pipert_config *config)
 {
-    const char *codec = config->dp.compress;
-    const double scale = config->dp.block > 0 ? 32.0 / config->dp.block : 0;
-    if (!strcmp(codec, "int8")) return 8 + scale;
-    if (!strcmp(codec, "e3m0") || !strcmp(codec, "e2m1")) return 4 + scale;
-    if (!strcmp(codec, "onebit")) return 1 + scale;
-    return 32;
-}
-
-/* dp.fragments as streaming-diloco reads it (dp/streaming_diloco.c), and
- * its slots: the block fragments plus one for the embeddings and head. */
-static int streaming_slots(const pipert_config *config)
-{
-    int fragments = config->dp.fragments;
-    if (fragments <= 0) fragments = (config->model.n_layer + 1) / 3;
-    return fragments > 1 ? fragments + 1 : 1;
-}
-
-/* Every, lag and the share of the stage each collective carries. */
-static pipert_result method_traffic(const pipert_config *config, pt_sim_coupling *out,
-                                    double *share)
-{
-    const pt_dp_settings *dp = &config->dp;
-    const char *method = dp->method;
-    const int period = dp->period > 0 ? (int)dp->period : 1;
-    *share = 1;
-    if (!strcmp(method, "allreduce")) {
-        out->every = 1, out->lag = 0;
-    } else if (!strcmp(method, "sparse")) {
-        out->every = 1, out->lag = dp->delay >= 0 ? (int)dp->delay : 16;
-        *share = dp->fraction;
-    } else if (!strcmp(method, "diloco")) {
-        out->every = period, out->lag = 0;
-    } else if (!strcmp(method, "streaming-diloco")) {
-        const int slots = streaming_slots(config);
-        out->every = period / slots > 0 ? period / slots : 1;
-        out->lag = dp->overlap;
-        *share = 1.0 / slots;
-    } else if (!strcmp(method, "co2")) {
-        out->every = period, out->lag = period;
-    } else if (!strcmp(method, "none")) {
-        out->every = 0, out->lag = 0;
-    } else {
-        return pt_fail(PIPERT_ERR_CONFIG, "cost: dp.method \"%s\" has no cost model", method);
+    pt_codec codec;
+    const size_t block = config->dp.block > 0 ? (size_t)config->dp.block : 1;
+    if (pt_codec_init(&codec, config->dp.compress, block) != PIPERT_OK) {
+        pt_error_clear(); /* validated; an estimate of what fp32 sends */
+        return 32;
     }
-    return PIPERT_OK;
+    return pt_codec_bits_per_element(&codec);
 }
 
 pipert_result pt_cost_coupling(const pipert_config *config, const int *members, int stages,
                                const double *params, double *bytes, pt_sim_coupling *out)
 {
-    double share;
-    PT_TRY(method_traffic(config, out, &share));
+    const pt_coupling_method *method = pt_coupling_method_named(config->dp.method);
+    if (!method) return PIPERT_ERR_CONFIG;
+    pt_coupling_traffic traffic = {.every = 0, .lag = 0, .share = 1};
+    if (method->traffic) method->traffic(config, &traffic);
+    out->every = traffic.every;
+    out->lag = traffic.lag;
+    const double share = traffic.share;
     out->members = members;
     int most = 1;
     for (int s = 0; s < stages; s++) most = members[s] > most ? members[s] : most;
@@ -174,7 +154,9 @@ pipert_result pt_cost_coupling(const pipert_config *config, const int *members, 
 
 bool pt_cost_coupling_by_sites(const pipert_config *config)
 {
-    return strcmp(config->dp.method, "allreduce") && strcmp(config->dp.method, "none");
+    const pt_coupling_method *method = pt_coupling_method_named(config->dp.method);
+    if (!method) pt_error_clear(); /* pt_cost_coupling names it */
+    return method && !method->over_all_replicas;
 }
 
 double pt_cost_site_coupling_s(const pipert_config *config, int k, double params, pt_sim_link link)
@@ -191,6 +173,8 @@ double pt_cost_site_coupling_s(const pipert_config *config, int k, double params
 double pt_cost_method_cpu_s(const pipert_config *config, const pt_cost_device *device,
                             double params)
 {
-    if (strcmp(config->dp.method, "sparse")) return 0;
-    return device->sparse_cpu_s_per_element * config->dp.fraction * params;
+    const pt_coupling_method *method = pt_coupling_method_named(config->dp.method);
+    if (!method) pt_error_clear(); /* pt_cost_coupling names it */
+    if (!method || !method->host_share) return 0;
+    return device->sparse_cpu_s_per_element * method->host_share(config) * params;
 }

@@ -19,22 +19,23 @@
  * Memory per device, in bytes:
  *   weights      16·P  (parameters, gradients, Adam m and v; P floats)
  *   versions     4·P per extra weight copy the schedule keeps: asynchronous
- *                1F1B with any look-ahead but none keeps a stash slot per
+ *                1F1B with a look-ahead that stashes keeps a stash slot per
  *                microbatch in flight, S−s (stage s; none on the last stage),
- *                predict-damped one more, nesterov-secant four more; none and
+ *                and the look-ahead's own extra versions (pipeline/lookahead.h:
+ *                predict-damped one more, nesterov-secant four more); none and
  *                the flush schedules none
- *   coupling     4·P·k: the method's own copies (sparse: its EMA and the
- *                agreed values, k = 2; diloco, streaming-diloco and co2: the
- *                outer parameters and momentum, k = 2; allreduce, none: 0);
- *                on cuda these live in host memory, and the device holds only
- *                the outer methods' copy of θ̃ for validation (k = 1; sparse 0)
+ *   coupling     4·P·k: the method's own copies, its row's param_copies
+ *                (dp/coupling.h; sparse, diloco, streaming-diloco, co2: 2;
+ *                allreduce, none: 0); on a GPU only device_param_copies of them
+ *                are in its memory (the outer methods' θ̃ for validation: 1)
  *   activations  4·(acts · in flight + activation gradients), acts of one
  *                microbatch as models/gpt.c lays them out; how many are in
  *                flight comes from the simulation (1F1B: S−s)
  *
  * Coupling traffic per collective, for R replicas of a stage of P floats (a
  * ring all-reduce sends 2(R−1)/R of its buffer from each member), times the
- * codec's bits over 32 (one fp32 scale per block added):
+ * codec's bits over 32 (pt_codec_bits_per_element: an fp32 scale per block
+ * added). Every, lag and share are the method's row's traffic (dp/coupling.h):
  *   allreduce          every step, blocking, P
  *   sparse             every step, beside dp.delay steps (−1: up to 16), p·P
  *   diloco             every H steps, blocking, P
@@ -42,19 +43,21 @@
  *   co2                every H steps, beside H steps (one round stale), P
  *   none               nothing
  *
- * Sites (dp/coupling.c). Every method but allreduce and none runs by sites when a stage's
- * replicas are in more than one: each step the k replicas of a site average their gradients
- * densely (a ring all-reduce of the stage's 4P bytes: 2(k−1)/k of them sent, 2(k−1)
- * latencies), the method runs between the sites' first replicas (its ring has one member per
- * site), and after the optimizer step the leader broadcasts its parameters to the site (a
- * binomial tree: ⌈log2 k⌉ rounds of 4P bytes and a latency each; twice when the schedule keeps
- * a weight stash). Both are blocking, on the site's own link.
+ * Sites (dp/coupling.c). Every method whose row is not over_all_replicas (all but allreduce
+ * and none) runs by sites when a stage's replicas are in more than one: each step the k
+ * replicas of a site average their gradients densely (a ring all-reduce of the stage's 4P
+ * bytes: 2(k−1)/k of them sent, 2(k−1) latencies), the method runs between the sites' first
+ * replicas (its ring has one member per site), and after the optimizer step the leader
+ * broadcasts its parameters to the site (a binomial tree: ⌈log2 k⌉ rounds of 4P bytes and a
+ * latency each; twice when the schedule keeps a weight stash). Both are blocking, on the
+ * site's own link.
  *
- * The method's own CPU work. dp.method=sparse gathers the step's partition of p·P elements
- * at its shuffled indices and applies the average with the EMA correction on the worker's
- * main thread, every step: pt_cost_device's sparse_cpu_s_per_element (measured here by
- * scripts/calibrate.sh) times p·P, added to the optimizer step. The other methods' own work is
- * the transfer's (allreduce) or a few passes every H steps (not modelled).
+ * The method's own CPU work: its row's host_share of the stage's elements each step.
+ * dp.method=sparse gathers the step's partition of p·P elements at its shuffled indices and
+ * applies the average with the EMA correction on the worker's main thread, every step:
+ * pt_cost_device's sparse_cpu_s_per_element (measured here by scripts/calibrate.sh) times
+ * p·P, added to the optimizer step. The other methods' own work is the transfer's
+ * (allreduce) or a few passes every H steps (not modelled).
  */
 #ifndef PT_SCHEDULER_COST_H
 #define PT_SCHEDULER_COST_H

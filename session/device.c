@@ -37,6 +37,13 @@
 #define HEADROOM_BYTES ((double)(512u << 20))
 
 /* The GPU of this worker (above). */
+/* runtime.device is a GPU: the kernels' memory is its arena, sized here. */
+static bool runs_on_a_gpu(const pipert_session *s)
+{
+    const pt_device_traits *device = pt_device_named(s->config.runtime.device);
+    return device && device->gpu;
+}
+
 static int choose_gpu(const pipert_session *s)
 {
     const int count = pt_cuda_device_count();
@@ -61,8 +68,7 @@ pipert_result pt_session_stage_memory(const pipert_session *s, int first, int la
 
 pipert_result pt_session_choose_kernels(pipert_session *s, int first, int last)
 {
-    if (strcmp(s->config.runtime.device, "cuda") != 0)
-        return pt_kernels_for_device(s->config.runtime.device, &s->kernels);
+    if (!runs_on_a_gpu(s)) return pt_kernels_for_device(s->config.runtime.device, &s->kernels);
     double needed;
     PT_TRY(pt_session_stage_memory(s, first, last, &needed));
     const double arena = needed * HEADROOM_FACTOR + HEADROOM_BYTES;
@@ -101,7 +107,7 @@ void pt_session_share_device_memory(pipert_session *s)
 
 void pt_session_report_device_memory(const pipert_session *s)
 {
-    if (strcmp(s->config.runtime.device, "cuda") != 0) return;
+    if (!runs_on_a_gpu(s)) return;
     pt_cuda_device_info info;
     if (pt_cuda_device_query(&info) != PIPERT_OK) return;
     pt_info("stage %d: the CUDA arena's high-water mark was %zu MiB of its %zu MiB",

@@ -11,6 +11,7 @@
 #include "runtime/memory.h"
 #include "runtime/topology.h"
 #include "pipeline/plan.h"
+#include "pipeline/schedule.h"
 #include "session/session_internal.h"
 
 /* Progress goes to the coordinator at every logged step, and at least this often. */
@@ -290,7 +291,10 @@ static bool every(long step, long period) { return period > 0 && step % period =
 
 static bool flushes(const pipert_session *s)
 {
-    return s->job.layout.stages == 1 || strcmp(s->config.pipeline.schedule, "async-1f1b") != 0;
+    pt_schedule_kind kind;
+    return s->job.layout.stages == 1 ||
+           pt_schedule_parse_kind(s->config.pipeline.schedule, &kind) != PIPERT_OK ||
+           kind != PT_SCHEDULE_ASYNC_1F1B;
 }
 
 static void publish(pipert_session *s, const pipert_metrics *m)

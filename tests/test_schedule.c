@@ -6,6 +6,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "pipeline/lookahead.h"
 #include "pipeline/schedule.h"
 
 static const pt_schedule_kind all_kinds[] = {PT_SCHEDULE_GPIPE, PT_SCHEDULE_1F1B,
@@ -195,4 +196,51 @@ Test(schedule, names_and_errors)
     pt_schedule sched;
     cr_expect_eq(pt_schedule_build(&sched, PT_SCHEDULE_GPIPE, 4, 8, 4), PIPERT_ERR_INVALID_ARG);
     cr_expect_eq(pt_schedule_build(&sched, PT_SCHEDULE_GPIPE, 4, 0, 0), PIPERT_ERR_INVALID_ARG);
+}
+
+/* The most microbatches whose forward ran and whose backward has not, in a stage's list. */
+static int most_in_flight(const pt_schedule *s)
+{
+    int now = 0, most = 0;
+    for (int i = 0; i < s->count; i++) {
+        now += (s->instructions[i].kind == PT_FORWARD) - (s->instructions[i].kind == PT_BACKWARD);
+        most = now > most ? now : most;
+    }
+    return most;
+}
+
+/* What the executor allocates activations for and the cost model charges is what the
+ * instruction lists hold at most, for every schedule, stage count, stage and microbatches. */
+Test(schedule, in_flight_is_what_the_instruction_lists_hold)
+{
+    const pt_schedule_kind kinds[] = {PT_SCHEDULE_GPIPE, PT_SCHEDULE_1F1B, PT_SCHEDULE_ASYNC_1F1B};
+    for (int k = 0; k < 3; k++)
+        for (int S = 2; S <= 6; S++)
+            for (int M = 1; M <= 9; M++)
+                for (int s = 0; s < S; s++) {
+                    pt_schedule sched;
+                    cr_assert_eq(pt_schedule_build(&sched, kinds[k], S, M, s), PIPERT_OK);
+                    cr_expect_eq(pt_schedule_in_flight(kinds[k], S, s, M), most_in_flight(&sched),
+                                 "%s, stage %d of %d, %d microbatches",
+                                 pt_schedule_kind_name(kinds[k]), s, S, M);
+                    pt_schedule_free(&sched);
+                }
+    cr_expect_eq(pt_schedule_in_flight(PT_SCHEDULE_GPIPE, 1, 0, 8), 1, "one stage runs 1F1B");
+}
+
+/* The look-ahead table: a row per kind, in the enum's order, found by its name; an unknown
+ * name is an error naming the known ones. */
+Test(schedule, every_lookahead_has_its_row)
+{
+    for (int k = PT_LOOKAHEAD_NONE; k <= PT_LOOKAHEAD_NESTEROV_SECANT; k++) {
+        const pt_lookahead_traits *row = pt_lookahead_traits_of((pt_lookahead)k);
+        cr_expect_eq(row->kind, (pt_lookahead)k, "row %d is of kind %d", k, row->kind);
+        cr_expect_eq(pt_lookahead_named(row->name), row, "%s", row->name);
+        cr_expect_eq(row->stashes, k != PT_LOOKAHEAD_NONE, "%s", row->name);
+        cr_expect_eq(row->compensates, row->dc_lambda > 0, "%s: λ %g", row->name, row->dc_lambda);
+    }
+    cr_expect_null(pt_lookahead_named("nesterov-dcx"));
+    cr_expect(strstr(pipert_last_error(), "\"nesterov-dcx\"") &&
+                  strstr(pipert_last_error(), "nesterov-secant"),
+              "%s", pipert_last_error());
 }

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dp/coupling.h"
 #include "scheduler/solver.h"
 
 static pipert_config config_with(const char *json)
@@ -219,4 +220,93 @@ Test(solver, refusals)
     const pt_solver_input none = {.config = &c, .n_sites = 2, .sites = empty.sites,
                                   .links = empty.links, .keep = 4};
     cr_expect_eq(pt_solve(&none, &r), PIPERT_ERR_INVALID_ARG);
+}
+
+/* ---- a method the library does not have ------------------------------------ */
+
+/* A dp method of this test's own: allreduce's exchange every other step, with one buffer of
+ * its own. It is never run, only planned with: what a new method needs for `pipert plan` is
+ * its row (dp/coupling.h), nothing in the scheduler. */
+static void every_other_traffic(const pipert_config *config, pt_coupling_traffic *out)
+{
+    (void)config;
+    *out = (pt_coupling_traffic){.every = 2, .lag = 0, .share = 1};
+}
+
+static pipert_result every_other_create(const pt_coupling_options *options, void **state)
+{
+    (void)options, (void)state;
+    return pt_fail(PIPERT_ERR_UNSUPPORTED, "every-other is for planning only");
+}
+
+static const pt_coupling_method every_other = {
+    .name = "every-other",
+    .over_all_replicas = true,
+    .traffic = every_other_traffic,
+    .param_copies = 1,
+    .create = every_other_create,
+};
+
+/* The plans of `method` for two sites. */
+static pt_solver_result plans_with(const char *method)
+{
+    pipert_config c = config_with("{}");
+    snprintf(c.dp.method, sizeof c.dp.method, "%s", method); /* the schema knows only ours */
+    cluster2 k = two_sites(2, 0);
+    const pt_solver_input in = {.config = &c, .n_sites = 2, .sites = k.sites, .links = k.links,
+                                .allow_spanning = true, .keep = 1000};
+    pt_solver_result r;
+    cr_assert_eq(pt_solve(&in, &r), PIPERT_OK, "%s: %s", method, pipert_last_error());
+    return r;
+}
+
+static const pt_solver_plan *same_plan(const pt_solver_result *r, const pt_solver_plan *like)
+{
+    for (int i = 0; i < r->n_plans; i++) {
+        const pt_solver_plan *p = &r->plans[i];
+        if (p->stages != like->stages || p->replicas != like->replicas) continue;
+        bool same = !memcmp(p->bounds, like->bounds, sizeof p->bounds);
+        for (int k = 0; same && k < p->stages * p->replicas; k++)
+            same = p->site_of[k] == like->site_of[k];
+        if (same) return p;
+    }
+    return NULL;
+}
+
+Test(solver, a_method_added_by_a_program_is_planned_from_its_row)
+{
+    pt_error_clear();
+    cr_assert_eq(pt_coupling_add_method(&every_other), PIPERT_OK, "%s", pipert_last_error());
+    cr_expect_eq(pt_coupling_add_method(&every_other), PIPERT_ERR_CONFIG, "added twice");
+    cr_expect(strstr(pipert_last_error(), "every-other"), "%s", pipert_last_error());
+
+    pt_solver_result mine = plans_with("every-other"), dense = plans_with("allreduce");
+    int compared = 0;
+    for (int i = 0; i < mine.n_plans; i++) {
+        const pt_solver_plan *p = &mine.plans[i], *q = same_plan(&dense, p);
+        if (!q || p->replicas < 2) continue;
+        /* the same exchange as allreduce's, every other step */
+        cr_expect_float_eq(p->coupling_bytes_per_step, q->coupling_bytes_per_step / 2,
+                           1e-9 * q->coupling_bytes_per_step, "%d×%d: %g bytes a step, allreduce %g",
+                           p->stages, p->replicas, p->coupling_bytes_per_step,
+                           q->coupling_bytes_per_step);
+        /* and its buffer: one more copy of the fullest stage's parameters */
+        cr_expect_gt(p->peak_memory_bytes, q->peak_memory_bytes);
+        compared++;
+    }
+    cr_expect_gt(compared, 0, "no plan with replicas in both results");
+    pt_solver_result_free(&mine);
+    pt_solver_result_free(&dense);
+
+    /* a name no table has is an error naming it, and the known ones */
+    pipert_config c = config_with("{}");
+    snprintf(c.dp.method, sizeof c.dp.method, "%s", "nonesuch");
+    cluster2 k = two_sites(2, 0);
+    const pt_solver_input in = {.config = &c, .n_sites = 2, .sites = k.sites, .links = k.links,
+                                .keep = 4};
+    pt_solver_result r;
+    cr_expect_eq(pt_solve(&in, &r), PIPERT_ERR_CONFIG);
+    cr_expect(strstr(pipert_last_error(), "\"nonesuch\"") &&
+                  strstr(pipert_last_error(), "every-other"),
+              "%s", pipert_last_error());
 }

@@ -762,8 +762,14 @@ pipert_result pt_transport_connect(pt_transport *t, int peer_rank, const char *a
         if (pt_transport_wait_on_state(&deadline) == ETIMEDOUT) break;
     pipert_result result = c->finished ? c->result : PIPERT_ERR_TIMEOUT;
     char message[TEXT_CAPACITY];
-    snprintf(message, sizeof message, "%s",
-             c->finished ? c->message : "connect: no answer from the progress thread");
+    if (c->finished)
+        snprintf(message, sizeof message, "%s", c->message);
+    else /* its upkeep would have timed the handshake out: say whether it was stuck */
+        snprintf(message, sizeof message,
+                 "connecting to %s: no answer from the progress thread within %.0f s (its last "
+                 "upkeep was %.1f s ago)",
+                 who, t->connect_timeout_s + 5.0,
+                 pt_now_s() - (double)atomic_load(&t->upkeep_ms) / 1000.0);
     c->waiter = 0;
     int orphan = c->t == NULL;
     pthread_mutex_unlock(&pt_transport_state_lock);

@@ -307,6 +307,9 @@ struct pt_transport {
     /* 1 while the progress thread sleeps (or is about to) in epoll: only then does a queued
      * command need a write to wake_fd. */
     atomic_int in_epoll;
+    /* When the progress thread last finished its upkeep (pt_now_s() in milliseconds): a caller
+     * that waited on it in vain says how long ago that was. */
+    atomic_llong upkeep_ms;
     /* Threads in pt_request_wait driving UCX (under pt_transport_state_lock): release waits. */
     int pollers;
 

@@ -183,6 +183,7 @@ static void progress_round(pt_transport *t, int max_wait_ms)
     while (ucp_worker_progress(t->worker)) {
     }
     pt_transport_maintain_connections(t);
+    atomic_store(&t->upkeep_ms, (long long)(pt_now_s() * 1000.0));
     if (t->in_flight && poll_briefly(t)) return;
     atomic_store(&t->in_epoll, 1);
     ucs_status_t status = commands_queued(t) ? UCS_ERR_BUSY : ucp_worker_arm(t->worker);
