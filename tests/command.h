@@ -39,8 +39,8 @@ static inline char *make_temp_dir(void)
     return dir;
 }
 
-/* Removes a test's directory and frees its name (PIPERT_KEEP_TEST_DIRS=1 keeps it, to look
- * into a failure). */
+/* Removes a test's directory, and the files named after it beside it (DIR.out, DIR.join-2),
+ * and frees its name (PIPERT_KEEP_TEST_DIRS=1 keeps them, to look into a failure). */
 static inline void remove_dir(char *dir)
 {
     const char *keep = getenv("PIPERT_KEEP_TEST_DIRS");
@@ -50,7 +50,7 @@ static inline void remove_dir(char *dir)
         return;
     }
     char command[600];
-    snprintf(command, sizeof command, "rm -rf '%s'", dir);
+    snprintf(command, sizeof command, "rm -rf '%s' '%s'.*", dir, dir);
     cr_expect_eq(system(command), 0, "cannot remove %s", dir);
     free(dir);
 }

@@ -24,6 +24,7 @@
 #include "runtime/clock.h"
 #include "runtime/comm/auth.h"
 #include "runtime/comm/coordinator_protocol.h"
+#include "runtime/log.h"
 
 /* The table the coordinator sends may be long (every rank's address); a message longer than
  * this is an error. */
@@ -40,6 +41,7 @@ struct pt_coord_client {
     pt_auth_key key;
     pt_job_identity identity;
     bool join;
+    bool refused_for_now; /* the last registration was refused with "retry" */
     double connect_timeout_s, reconnect_s;
     atomic_bool reconnecting; /* the connection closed: the thread registers again */
     long reconnections;       /* under lock */
@@ -517,10 +519,21 @@ static bool still_joining(pt_coord_client *c)
     return !in;
 }
 
-/* Whether this client may register again: a joiner only once its replica is in. */
+/* This rank's replica left the job (it heard so): the rank is no longer its to hold. */
+static bool own_replica_left(pt_coord_client *c)
+{
+    pthread_mutex_lock(&c->lock);
+    const bool left = c->replica >= 0 && c->left[c->replica];
+    pthread_mutex_unlock(&c->lock);
+    return left;
+}
+
+/* Whether this client may register again: a joiner only once its replica is in, and never a
+ * rank whose replica left (a new process may hold the rank by now: coordinator_recover.c). */
 static bool may_register_again(pt_coord_client *c)
 {
-    return c->reconnect_s > 0 && !atomic_load(&c->aborted) && !still_joining(c);
+    return c->reconnect_s > 0 && !atomic_load(&c->aborted) && !still_joining(c) &&
+           !own_replica_left(c);
 }
 
 /* The connection broke and no coordinator took this worker again: it has lost its
@@ -763,6 +776,7 @@ static pipert_result refused(pt_coord_client *c, json_t *m)
     const char *reason = pt_coord_get_string(m, "reason");
     bool auth = json_is_true(json_object_get(m, "auth"));
     bool settings = json_is_true(json_object_get(m, "settings"));
+    c->refused_for_now = json_is_true(json_object_get(m, "retry"));
     return pt_fail(auth ? PIPERT_ERR_AUTH : settings ? PIPERT_ERR_CONFIG : PIPERT_ERR_PEER,
                    "the coordinator at %s refused rank %d: %s", c->where, c->rank,
                    reason ? reason : "no reason given");
@@ -863,11 +877,34 @@ static void prepare_socket(pt_coord_client *c)
     setsockopt(c->fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof timeout);
 }
 
+/* Connects and registers. A joiner refused for now (its replica not out yet, as far as the
+ * coordinator knows, or a coordinator started again still taking the job over) tries again
+ * for twice the heartbeat timeout: by then a process killed or silent has been noticed. */
+static pipert_result connect_and_register(pt_coord_client *c, const pt_coord_client_options *o)
+{
+    const double until = pt_now_s() + fmax(2 * c->dead_after_s, c->connect_timeout_s);
+    bool said = false;
+    for (;;) {
+        PT_TRY(connect_with_retry(c, o));
+        prepare_socket(c);
+        c->refused_for_now = false;
+        pipert_result rc = register_rank(c, NULL, fmax(c->connect_timeout_s, 10.0));
+        if (rc == PIPERT_OK || !c->join || !c->refused_for_now || pt_now_s() > until) return rc;
+        if (!said)
+            pt_info("rank %d: %s; trying again for %.0f s", c->rank, pipert_last_error(),
+                    until - pt_now_s());
+        said = true;
+        close(c->fd);
+        c->fd = -1;
+        c->in.length = 0;
+        struct timespec pause = {0, 250 * 1000000L};
+        nanosleep(&pause, NULL);
+    }
+}
+
 static pipert_result client_setup(pt_coord_client *c, const pt_coord_client_options *o)
 {
-    PT_TRY(connect_with_retry(c, o));
-    prepare_socket(c);
-    PT_TRY(register_rank(c, NULL, fmax(c->connect_timeout_s, 10.0)));
+    PT_TRY(connect_and_register(c, o));
     c->last_heard = pt_now_s();
     /* What came with the welcome: the table, when this rank registered last. */
     client_handle_buffered(c);

@@ -93,6 +93,8 @@ void pt_coord_welcome(pt_coordinator *c, connection *conn);
 void pt_coord_broadcast(pt_coordinator *c, json_t *message);
 /* Refuses a registration: the answer goes out, then the connection closes. */
 void pt_coord_refuse(connection *conn, const char *reason, bool wrong_secret);
+/* A refusal that may not hold a moment later ("retry": the worker may register again). */
+void pt_coord_refuse_for_now(connection *conn, const char *reason);
 /* Whether `rank`'s replica is out of the job. */
 bool pt_coord_rank_left(const pt_coordinator *c, int rank);
 /* table {world, peers}: every rank's data-plane address as registered last. */

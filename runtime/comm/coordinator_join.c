@@ -12,14 +12,19 @@
 
 #include "runtime/log.h"
 
-/* Why a rank may not rejoin now, or NULL. */
-static const char *join_refusal(const pt_coordinator *c, int rank)
+/* Why a rank may not rejoin now, or NULL; *for_now: it may a moment later (a replacement
+ * started as soon as the old process was killed may come before the coordinator noticed
+ * that its replica left; one started again takes the job over in seconds). */
+static const char *join_refusal(const pt_coordinator *c, int rank, bool *for_now)
 {
     const pt_membership *m = &c->membership;
+    *for_now = false;
     if (c->phase != PT_JOB_RUNNING) return "the job is not running";
-    if (c->recovery.on) return "the coordinator was started again and is taking the job over";
     if (!pt_membership_elastic(m)) return "the job's replicas are not elastic (--min-replicas)";
+    *for_now = true;
+    if (c->recovery.on) return "the coordinator was started again and is taking the job over";
     if (!pt_coord_rank_left(c, rank)) return "its replica is in the job";
+    *for_now = false;
     if (c->ranks[rank].joining) return "it is rejoining already";
     for (int r = 0; r < c->options.world; r++)
         if (c->ranks[r].done && !pt_coord_rank_left(c, r)) return "the job is finishing";
@@ -81,14 +86,20 @@ static void replica_back(pt_coordinator *c, int replica)
 void pt_coord_admit_joiner(pt_coordinator *c, connection *conn, int rank, int pid, const char *host,
                          const char *address)
 {
-    const char *refusal = join_refusal(c, rank);
+    bool for_now;
+    const char *refusal = join_refusal(c, rank, &for_now);
     char *copy = refusal ? NULL : strdup(address);
     if (refusal || !copy) {
         char why[256];
         snprintf(why, sizeof why, "rank %d cannot rejoin: %s", rank,
                  refusal ? refusal : "coordinator out of memory");
-        pt_warn("coordinator: %s (from %s)", why, conn->peer);
-        pt_coord_refuse(conn, why, false);
+        if (refusal && for_now) {
+            pt_info("coordinator: %s, yet (from %s)", why, conn->peer);
+            pt_coord_refuse_for_now(conn, why);
+        } else {
+            pt_warn("coordinator: %s (from %s)", why, conn->peer);
+            pt_coord_refuse(conn, why, false);
+        }
         return;
     }
     rank_state *s = &c->ranks[rank];

@@ -122,14 +122,36 @@ static bool view_ok(const pt_coordinator *c, json_t *view)
 
 /* ---- registering again --------------------------------------------------- */
 
+/* Tells a rank's process on `conn` that its replica left the job. */
+static void tell_it_left(pt_coordinator *c, connection *conn, int rank)
+{
+    pt_coord_send(conn, json_pack("{s:s, s:I, s:i, s:i, s:s}", "type", "leave", "epoch",
+                                  (json_int_t)c->membership.epoch, "replica",
+                                  pt_membership_replica_of(&c->membership, rank), "rank", rank,
+                                  "reason", "left the job while it was out of reach"));
+}
+
 /* A rank of a running job whose connection broke while this coordinator lived (a reset, not
  * a restart), or that comes back after the job was rebuilt without it (cut off for longer):
  * the new connection replaces the old one; if its replica left meanwhile, it hears so (and
- * leaves, as a worker whose coordinator said so while it was cut off). */
+ * leaves, as a worker whose coordinator said so while it was cut off). If a new process
+ * registered to rejoin in its place meanwhile (its connection is what dropped the old one's:
+ * pt_coord_admit_joiner), the old process only hears that its replica left; the rank stays
+ * the new one's. */
 static void reconnected(pt_coordinator *c, connection *conn, int rank, int pid)
 {
     rank_state *s = &c->ranks[rank];
     const bool left = pt_coord_rank_left(c, rank);
+    if (left && s->joining) { /* a joiner registers again only once its replica is in */
+        pt_info("coordinator: rank %d's old process (pid %d) connected again from %s; its "
+                "replica left the job, and pid %d rejoins in its place",
+                rank, pid, conn->peer, s->pid);
+        pt_coord_welcome(c, conn);
+        tell_it_left(c, conn, rank);
+        conn->close_when_sent = true; /* it stands for no rank, and hearing this it does
+                                         not register again (coordinator_client.c) */
+        return;
+    }
     if (!left && (!s->registered || s->pid != pid || s->done)) {
         char why[256];
         snprintf(why, sizeof why, "rank %d registered again, but this coordinator does not know "
@@ -138,20 +160,16 @@ static void reconnected(pt_coordinator *c, connection *conn, int rank, int pid)
         pt_coord_refuse(conn, why, false);
         return;
     }
-    if (s->conn) {
-        s->conn->rank = -1; /* dropped at the sweep, without failing the rank */
-        s->conn->broken = true;
+    if (s->conn) { /* dropped at the sweep, without failing the rank or a warning */
+        s->conn->rank = -1;
+        s->conn->close_when_sent = s->conn->broken = true;
     }
     s->conn = conn;
     conn->rank = rank;
     pt_info("coordinator: rank %d connected again from %s%s", rank, conn->peer,
             left ? "; its replica left the job meanwhile" : "");
     pt_coord_welcome(c, conn);
-    if (left)
-        pt_coord_send(conn, json_pack("{s:s, s:I, s:i, s:i, s:s}", "type", "leave", "epoch",
-                                      (json_int_t)c->membership.epoch, "replica",
-                                      pt_membership_replica_of(&c->membership, rank), "rank", rank,
-                                      "reason", "left the job while it was out of reach"));
+    if (left) tell_it_left(c, conn, rank);
 }
 
 void pt_coord_register_again(pt_coordinator *c, connection *conn, int rank, int pid,

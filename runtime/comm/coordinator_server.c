@@ -352,6 +352,13 @@ void pt_coord_refuse(connection *conn, const char *reason, bool wrong_secret)
     conn->close_when_sent = true;
 }
 
+void pt_coord_refuse_for_now(connection *conn, const char *reason)
+{
+    pt_coord_send(conn, json_pack("{s:s, s:s, s:b, s:b}", "type", "refused", "reason", reason,
+                                 "auth", false, "retry", true));
+    conn->close_when_sent = true;
+}
+
 /* Fields of a registration, checked; false with `why` filled when malformed. */
 static bool read_registration(json_t *m, long *rank, long *world, long *pid, const char **host,
                               const char **address, char *why, size_t cap)
