@@ -94,7 +94,7 @@ void pt_coord_admit_joiner(pt_coordinator *c, connection *conn, int rank, int pi
         snprintf(why, sizeof why, "rank %d cannot rejoin: %s", rank,
                  refusal ? refusal : "coordinator out of memory");
         if (refusal && for_now) {
-            pt_info("coordinator: %s, yet (from %s)", why, conn->peer);
+            pt_info("coordinator: %s (for now; from %s)", why, conn->peer);
             pt_coord_refuse_for_now(conn, why);
         } else {
             pt_warn("coordinator: %s (from %s)", why, conn->peer);
