@@ -879,10 +879,11 @@ static void prepare_socket(pt_coord_client *c)
 
 /* Connects and registers. A joiner refused for now (its replica not out yet, as far as the
  * coordinator knows, or a coordinator started again still taking the job over) tries again
- * for twice the heartbeat timeout: by then a process killed or silent has been noticed. */
+ * for twice the heartbeat timeout and a little: by then a process killed or silent has been
+ * noticed, and a coordinator started again has taken the job over (coordinator.h). */
 static pipert_result connect_and_register(pt_coord_client *c, const pt_coord_client_options *o)
 {
-    const double until = pt_now_s() + fmax(2 * c->dead_after_s, c->connect_timeout_s);
+    const double until = pt_now_s() + 2 * c->dead_after_s + 2;
     bool said = false;
     for (;;) {
         PT_TRY(connect_with_retry(c, o));
