@@ -8,6 +8,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "runtime/name_table.h"
+
 typedef enum scale_rule {
     SCALE_NONE,   /* no scale: values travel as they are */
     SCALE_ABSMAX, /* per block: absmax / top */
@@ -160,16 +162,10 @@ static inline uint32_t get_code(const unsigned char *codes, unsigned bits, size_
 pipert_result pt_codec_init(pt_codec *codec, const char *name, size_t block)
 {
     if (block == 0) return pt_fail(PIPERT_ERR_INVALID_ARG, "codec %s: block of 0 elements", name);
-    for (int k = 0; k < FORMAT_COUNT; k++)
-        if (!strcmp(formats[k].name, name)) {
-            *codec = (pt_codec){.kind = (pt_codec_kind)k, .block = block};
-            return PIPERT_OK;
-        }
-    char known[128] = "";
-    for (int k = 0; k < FORMAT_COUNT; k++)
-        snprintf(known + strlen(known), sizeof known - strlen(known), "%s%s", k ? ", " : "",
-                 formats[k].name);
-    return pt_fail(PIPERT_ERR_CONFIG, "dp.compress: unknown codec \"%s\" (known: %s)", name, known);
+    const int k = pt_name_table_find(formats, FORMAT_COUNT, name, "dp.compress");
+    if (k < 0) return PIPERT_ERR_CONFIG;
+    *codec = (pt_codec){.kind = (pt_codec_kind)k, .block = block};
+    return PIPERT_OK;
 }
 
 const char *pt_codec_name(const pt_codec *codec) { return formats[codec->kind].name; }

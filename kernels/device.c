@@ -1,11 +1,9 @@
 /* The runtime.device table: which kernel table runs a device, and what estimates need to
  * know of it without starting it. */
-#include <stdio.h>
-#include <string.h>
-
 #include "kernels/cuda/cuda.h"
 #include "kernels/kernels.h"
 #include "runtime/error.h"
+#include "runtime/name_table.h"
 
 static pipert_result cpu_kernels(const pt_kernels **out)
 {
@@ -35,14 +33,8 @@ static const pt_device_traits devices[] = {
 
 const pt_device_traits *pt_device_named(const char *device)
 {
-    char known[128] = "";
-    for (int i = 0; i < DEVICE_COUNT; i++) {
-        if (!strcmp(device, devices[i].name)) return &devices[i];
-        snprintf(known + strlen(known), sizeof known - strlen(known), "%s%s", i ? ", " : "",
-                 devices[i].name);
-    }
-    pt_fail(PIPERT_ERR_CONFIG, "runtime.device: unknown \"%s\" (known: %s)", device, known);
-    return NULL;
+    const int i = pt_name_table_find(devices, DEVICE_COUNT, device, "runtime.device");
+    return i < 0 ? NULL : &devices[i];
 }
 
 pipert_result pt_kernels_for_device(const char *device, const pt_kernels **out)

@@ -7,10 +7,9 @@
  * optimizer's (train/optimizer.h). */
 #include "pipeline/executor_internal.h"
 
-#include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
+#include "runtime/name_table.h"
 #include "train/staleness.h"
 
 /* ---- the table ----------------------------------------------------------- */
@@ -34,14 +33,8 @@ static const pt_lookahead_traits lookaheads[] = {
 
 const pt_lookahead_traits *pt_lookahead_named(const char *name)
 {
-    char known[256] = "";
-    for (int i = 0; i < LOOKAHEAD_COUNT; i++) {
-        if (!strcmp(name, lookaheads[i].name)) return &lookaheads[i];
-        snprintf(known + strlen(known), sizeof known - strlen(known), "%s%s", i ? ", " : "",
-                 lookaheads[i].name);
-    }
-    pt_fail(PIPERT_ERR_CONFIG, "pipeline.lookahead: unknown \"%s\" (known: %s)", name, known);
-    return NULL;
+    const int i = pt_name_table_find(lookaheads, LOOKAHEAD_COUNT, name, "pipeline.lookahead");
+    return i < 0 ? NULL : &lookaheads[i];
 }
 
 const pt_lookahead_traits *pt_lookahead_traits_of(pt_lookahead kind)

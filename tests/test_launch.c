@@ -828,7 +828,7 @@ static void *poll_until_stopped(void *arg)
 
 /* A client of a job of 2 stages × 2 replicas that registers again when its connection closes
  * (as under a standalone coordinator); join: a replacement for a rank whose replica left. */
-static pt_coord_client *elastic_client(int port, int rank, bool join, abort_record *record)
+static pt_coord_client_options elastic_options(int port, int rank, bool join)
 {
     pt_coord_client_options o = PT_COORD_CLIENT_OPTIONS_INIT;
     o.host = "127.0.0.1";
@@ -843,6 +843,12 @@ static pt_coord_client *elastic_client(int port, int rank, bool join, abort_reco
     o.dead_after_s = 5;
     o.reconnect_s = 5;
     o.join = join;
+    return o;
+}
+
+static pt_coord_client *elastic_client(int port, int rank, bool join, abort_record *record)
+{
+    pt_coord_client_options o = elastic_options(port, rank, join);
     o.on_abort = record_abort;
     o.on_abort_context = record;
     pt_coord_client *client;
@@ -851,13 +857,8 @@ static pt_coord_client *elastic_client(int port, int rank, bool join, abort_reco
     return client;
 }
 
-/* Replica 0 left; a replacement registers for rank 0, which drops the old process's
- * connection, and the old process, still alive and not yet aware that its replica left,
- * registers again with its view of the job (spoken by hand here). It hears that its replica
- * left and is let go, and rank 0 stays the replacement's: the old process once took the rank
- * back and cut the replacement off, whose partner then waited for it to the end of the job
- * (CI, session 24: 1 in 4 runs of the standalone-coordinator tests under load). */
-Test(coordinator, an_old_process_registering_again_leaves_its_rank_to_the_replacement)
+/* A running elastic job of 2 stages × 2 replicas (min 1), its 4 ranks registered. */
+static pt_coordinator *elastic_job(pt_coord_client *ranks[4], abort_record records[4])
 {
     pt_coordinator_options o = PT_COORDINATOR_OPTIONS_INIT;
     o.bind_host = "127.0.0.1";
@@ -870,12 +871,25 @@ Test(coordinator, an_old_process_registering_again_leaves_its_rank_to_the_replac
     pt_coordinator *c;
     cr_assert_eq(pt_coordinator_create(&c, &o), PIPERT_OK, "%s", pipert_last_error());
     cr_assert_eq(pt_coordinator_start(c), PIPERT_OK, "%s", pipert_last_error());
-    const int port = pt_coordinator_port(c);
-    abort_record records[5] = {0};
-    pt_coord_client *ranks[4];
-    for (int r = 0; r < 4; r++) ranks[r] = elastic_client(port, r, false, &records[r]);
+    for (int r = 0; r < 4; r++)
+        ranks[r] = elastic_client(pt_coordinator_port(c), r, false, &records[r]);
     const pt_peer_table *t;
     for (int r = 0; r < 4; r++) cr_assert_eq(pt_coord_client_wait_table(ranks[r], 5, &t), PIPERT_OK);
+    return c;
+}
+
+/* Replica 0 left; a replacement registers for rank 0, which drops the old process's
+ * connection, and the old process, still alive and not yet aware that its replica left,
+ * registers again with its view of the job (spoken by hand here). It hears that its replica
+ * left and is let go, and rank 0 stays the replacement's: the old process once took the rank
+ * back and cut the replacement off, whose partner then waited for it to the end of the job
+ * (CI, session 24: 1 in 4 runs of the standalone-coordinator tests under load). */
+Test(coordinator, an_old_process_registering_again_leaves_its_rank_to_the_replacement)
+{
+    abort_record records[5] = {0};
+    pt_coord_client *ranks[4];
+    pt_coordinator *c = elastic_job(ranks, records);
+    const int port = pt_coordinator_port(c);
     pt_coordinator_rank_failed(c, 1, "killed");
     pt_coord_client *replacement = elastic_client(port, 0, true, &records[4]);
 
@@ -918,18 +932,8 @@ typedef struct early_joiner {
 static void *join_early(void *arg)
 {
     early_joiner *j = arg;
-    pt_coord_client_options o = PT_COORD_CLIENT_OPTIONS_INIT;
-    o.host = "127.0.0.1";
-    o.port = j->port;
-    o.secret = SECRET;
-    o.rank = 0;
-    o.world = 4;
-    o.stages = 2;
-    o.address = "address-of-the-replacement";
-    o.connect_timeout_s = 5;
-    o.heartbeat_interval_s = 0.1;
-    o.dead_after_s = 2;
-    o.join = true;
+    pt_coord_client_options o = elastic_options(j->port, 0, true);
+    o.dead_after_s = 2; /* it tries again for 6 s */
     const double started = pt_now_s();
     j->rc = pt_coord_client_connect(&j->client, &o);
     j->took_s = pt_now_s() - started;
@@ -942,22 +946,9 @@ static void *join_early(void *arg)
  * tries again until it is let in (here 0.5 s later), within twice the heartbeat timeout. */
 Test(coordinator, a_replacement_that_comes_before_the_departure_is_noticed_gets_in)
 {
-    pt_coordinator_options o = PT_COORDINATOR_OPTIONS_INIT;
-    o.bind_host = "127.0.0.1";
-    o.world = 4;
-    o.secret = SECRET;
-    o.heartbeat_interval_s = 0.1;
-    o.dead_after_s = 5;
-    o.stages = 2;
-    o.min_replicas = 1;
-    pt_coordinator *c;
-    cr_assert_eq(pt_coordinator_create(&c, &o), PIPERT_OK, "%s", pipert_last_error());
-    cr_assert_eq(pt_coordinator_start(c), PIPERT_OK, "%s", pipert_last_error());
     abort_record records[4] = {0};
     pt_coord_client *ranks[4];
-    for (int r = 0; r < 4; r++) ranks[r] = elastic_client(pt_coordinator_port(c), r, false, &records[r]);
-    const pt_peer_table *t;
-    for (int r = 0; r < 4; r++) cr_assert_eq(pt_coord_client_wait_table(ranks[r], 5, &t), PIPERT_OK);
+    pt_coordinator *c = elastic_job(ranks, records);
     early_joiner j = {.port = pt_coordinator_port(c)};
     pthread_t thread;
     cr_assert_eq(pthread_create(&thread, NULL, join_early, &j), 0);
