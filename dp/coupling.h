@@ -21,7 +21,8 @@
  * site's replicas stay equal. A method that is itself dense (allreduce) runs
  * over all replicas, in a ring ordered by site. It reports what it sent and how long the step waited for it, and saves
  * and restores its own state in checkpoints. Adding a method is a new file in
- * dp/ and one line in the method table (coupling.c); it never touches the
+ * dp/, one line in the method table (coupling.c) and its name among
+ * dp.method's values (runtime/config.c's schema checks it); it never touches the
  * executor, nor the cost model, which prices it from its row (traffic,
  * param_copies, host_share below).
  */
@@ -97,7 +98,8 @@ typedef struct pt_coupling_traffic {
 
 /* One method: its calls get the state its create returned. Beside its calls it states the
  * facts the rest of pipert asks of a method (the executor, checkpoints, the cost model), so
- * that a new method is a new file and a line in the table, `pipert plan` included. */
+ * that a new method is a new file and a line in the table (and its name in the configuration's
+ * schema), `pipert plan` included. */
 typedef struct pt_coupling_method {
     const char *name;
     /* Runs over every replica even across sites (a dense method); false: the
