@@ -27,6 +27,10 @@
     "--model.n_layer=2 --model.n_embd=32 --model.n_head=2 --model.block_size=32 "                 \
     "--train.batch_size=4 --train.warmup_steps=1 --train.val_every=0 --train.val_batches=2 "     \
     "--train.log_every=1 --runtime.threads=1 --train.checkpoint_every=0"
+/* The kills are noticed by closed connections, not by silence: a heartbeat timeout well above
+ * the default keeps a worker that the loaded machine (a sanitizer build beside other tests on
+ * two cores) did not run for 5 s from being counted dead. */
+#define JOB "--stages 2 --replicas 2 --heartbeat-timeout 20"
 enum { STEPS = 4000, KILLS = 5, STEPS_BETWEEN_KILLS = 40 };
 #define TAKEN_OVER "coordinator: took the running job over"
 #define REGISTERED_AGAIN "this rank registered with it again"
@@ -58,7 +62,7 @@ static pid_t start_launch(const char *dir, const char *options)
 {
     char command[4096];
     snprintf(command, sizeof command,
-             "exec env PIPERT_LOG=info %s launch --quiet --stages 2 --replicas 2 %s " MODEL
+             "exec env PIPERT_LOG=info %s launch --quiet " JOB " %s " MODEL
              " --train.steps=%d --out %s >%s/launch.out 2>&1",
              pipert_bin(), options, STEPS, dir, dir);
     return start_shell(command);
@@ -120,7 +124,7 @@ static int launcher_status(pid_t launcher, const char *dir)
 Test(coordinator_restart, killed_five_times_the_job_loses_no_step, .timeout = 600)
 {
     char *reference = make_temp_dir(), *dir = make_temp_dir();
-    run_pipert_ok("launch --quiet --stages 2 --replicas 2 " MODEL " --train.steps=%d --out %s",
+    run_pipert_ok("launch --quiet " JOB " " MODEL " --train.steps=%d --out %s",
                   STEPS, reference);
     const pid_t launcher = kill_the_coordinator_again_and_again(dir, "", KILLS);
     const int status = launcher_status(launcher, dir);

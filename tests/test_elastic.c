@@ -315,8 +315,9 @@ static bool launcher_says(const char *dir, const char *text, double seconds)
 }
 
 /* Replicas 1 and 2 die together and come back in one switch: the survivors (replica 0) are
- * stopped (SIGSTOP) until both registered again, so neither is let in before the other. The
- * two joiners must connect to each other too (the lower dials the higher). */
+ * stopped (SIGSTOP) until both registered again, so neither is let in before the other (and
+ * each says, once it runs again, that it had not run). The two joiners must connect to each
+ * other too (the lower dials the higher). */
 Test(elastic, two_replicas_rejoin_in_one_switch, .timeout = 900)
 {
     char *dir = make_temp_dir();
@@ -325,10 +326,12 @@ Test(elastic, two_replicas_rejoin_in_one_switch, .timeout = 900)
     cr_assert_geq(logged_step(dir), KILL_AT, "the job did not reach step %d", KILL_AT);
     const pid_t survivors[] = {worker_pid(dir, 0), worker_pid(dir, 1)};
     for (int k = 0; k < 2; k++) cr_assert_eq(kill(survivors[k], SIGSTOP), 0);
+    const double stopped_at = pt_now_s();
     cr_assert_eq(kill(worker_pid(dir, 3), SIGKILL), 0, "stage 1 of replica 1");
     cr_assert_eq(kill(worker_pid(dir, 5), SIGKILL), 0, "stage 1 of replica 2");
     const bool both = launcher_says(dir, "replica 1 rejoins the job", 90) &&
                       launcher_says(dir, "replica 2 rejoins the job", 90);
+    while (pt_now_s() < stopped_at + 3) usleep(50000); /* long enough to be worth saying */
     for (int k = 0; k < 2; k++) kill(survivors[k], SIGCONT);
     const int status = wait_job(job, dir);
     char *out = read_named(dir, ".out");
@@ -348,6 +351,14 @@ Test(elastic, two_replicas_rejoin_in_one_switch, .timeout = 900)
             cr_expect_eq(final_checksum(dir, rank), final_checksum(dir, stage),
                          "stage %d: replica %d differs from replica 0 at the end", stage, replica);
         }
+    for (int rank = 0; rank < 2; rank++) { /* a stopped worker says so once it runs again */
+        char suffix[64];
+        snprintf(suffix, sizeof suffix, "/logs/rank-%d.log", rank);
+        char *log = read_named(dir, suffix);
+        cr_expect(strstr(log, "this process did not run for"),
+                  "rank %d, stopped, did not say it had not run:\n%s", rank, log);
+        free(log);
+    }
     char *metrics = read_named(dir, "/metrics.jsonl");
     const char *last = strrchr(metrics, '{');
     cr_expect(last && strstr(last, "\"replicas\":3") && strstr(last, "\"joins\":2"),

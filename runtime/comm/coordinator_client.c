@@ -29,6 +29,8 @@
 /* The table the coordinator sends may be long (every rank's address); a message longer than
  * this is an error. */
 #define MAX_COORDINATOR_MESSAGE (64u << 20)
+/* A send or a wake-up this late is logged: it is a good part of the heartbeat timeout. */
+#define STALL_WORTH_SAYING_S 1.5
 
 struct pt_coord_client {
     int fd;
@@ -103,6 +105,7 @@ static pipert_result send_line(pt_coord_client *c, json_t *message, bool handsha
         return pt_fail(PIPERT_ERR_NOMEM, "out of memory");
     }
     int saved = 0;
+    const double started = pt_now_s();
     for (size_t sent = 0; sent < length;) {
         ssize_t n = send(c->fd, line + sent, length - sent, MSG_NOSIGNAL);
         if (n < 0 && errno == EINTR) continue;
@@ -113,8 +116,13 @@ static pipert_result send_line(pt_coord_client *c, json_t *message, bool handsha
         sent += (size_t)n;
     }
     c->last_sent = pt_now_s();
+    const double blocked_s = c->last_sent - started;
     pthread_mutex_unlock(&c->send_lock);
     free(line);
+    /* The socket was full: the coordinator did not read, and heartbeats waited meanwhile. */
+    if (blocked_s > STALL_WORTH_SAYING_S)
+        pt_warn("rank %d: a send to the coordinator at %s blocked for %.1f s", c->rank, c->where,
+                blocked_s);
     if (saved)
         return pt_fail(PIPERT_ERR_TRANSPORT, "cannot send to the coordinator at %s: %s", c->where,
                        strerror(saved));
@@ -612,6 +620,18 @@ static bool register_again(pt_coord_client *c)
     return true;
 }
 
+/* A heartbeat thread that wakes long after it asked to was not run meanwhile (the process
+ * stopped, or the machine too loaded to schedule it): the coordinator may have counted this
+ * rank silent, and the log should say why. */
+static void say_if_late(pt_coord_client *c, double due)
+{
+    const double late_s = pt_now_s() - due;
+    if (late_s > STALL_WORTH_SAYING_S)
+        pt_warn("rank %d: this process did not run for %.1f s (stopped, or not scheduled: the "
+                "machine is overloaded); heartbeats to the coordinator were late by as much",
+                c->rank, late_s);
+}
+
 /* Heartbeats and messages until the client closes, the job aborts, or the coordinator
  * is lost (false). */
 static bool client_talk(pt_coord_client *c)
@@ -622,6 +642,7 @@ static bool client_talk(pt_coord_client *c)
         double wait_s = last_sent_at(c) + c->heartbeat_interval_s - now;
         struct pollfd fds[2] = {{.fd = c->fd, .events = POLLIN}, {.fd = c->stop_pipe[0], .events = POLLIN}};
         int ready = poll(fds, 2, wait_s > 0 ? (int)(wait_s * 1e3) + 1 : 0);
+        say_if_late(c, now + fmax(wait_s, 0));
         if (ready < 0 && errno != EINTR) {
             snprintf(why, sizeof why, "poll: %s", strerror(errno));
             client_abort(c, -1, why);
