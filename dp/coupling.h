@@ -34,7 +34,7 @@
 
 #include "kernels/kernels.h"
 #include "models/gpt.h"
-#include "runtime/comm/collectives.h"
+#include "comm/collectives.h"
 #include "runtime/config.h"
 #include "runtime/safetensors.h"
 #include "runtime/trace.h"
@@ -142,7 +142,7 @@ typedef struct pt_coupling_method {
     pipert_result (*save)(void *state, pt_safetensors_writer *w);
     pipert_result (*load)(void *state, const pt_safetensors *st, const char *path);
     void (*destroy)(void *state);
-    /* Elastic replicas (runtime/comm/membership.h). suspend: replicas left;
+    /* Elastic replicas (comm/membership.h). suspend: replicas left;
      * forget what is in flight (never reusing its buffers: a late message may
      * still land in them) and average nothing until regroup. regroup: go on
      * with options' groups, the survivors' and any replica coming back, at the

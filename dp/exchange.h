@@ -7,7 +7,7 @@
  * averaging included). Reduction is in fp32 and each phase quantizes once;
  * nothing is re-quantized hop by hop. Every member gets the bitwise same mean.
  *
- *   none                the ring all-reduce of runtime/comm/collectives.h
+ *   none                the ring all-reduce of comm/collectives.h
  *                       (fp32 all the way).
  *   int8, e3m0, e2m1    each member encodes its vector once; the encodings
  *                       are all-gathered; every member decodes them and adds
@@ -41,7 +41,7 @@
 #include <stddef.h>
 
 #include "dp/codec.h"
-#include "runtime/comm/collectives.h"
+#include "comm/collectives.h"
 
 /* ---- the error feedback of onebit ---------------------------------------- */
 

@@ -10,7 +10,7 @@
 #include "dp/codec.h"
 #include "dp/coupling.h"
 #include "dp/exchange.h"
-#include "runtime/comm/collectives.h"
+#include "comm/collectives.h"
 #include "runtime/safetensors.h"
 
 /* A descriptor: DESCRIPTOR_FIELDS integers in [0, 2^16), one slot per replica. */

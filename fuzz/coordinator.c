@@ -1,4 +1,4 @@
-/* libFuzzer harness: what the coordinator (runtime/comm/coordinator_server.c)
+/* libFuzzer harness: what the coordinator (comm/coordinator_server.c)
  * does with a worker's bytes. A real pt_coordinator serves one end of a
  * socketpair; the input is written to the other end. Its first byte sets the
  * job's size, whether the harness first registers a rank with a correct
@@ -16,8 +16,8 @@
 #include <unistd.h>
 
 #include "fuzz/fuzz.h"
-#include "runtime/comm/coordinator.h"
-#include "runtime/comm/coordinator_protocol.h"
+#include "comm/coordinator.h"
+#include "comm/coordinator_protocol.h"
 #include "runtime/job_digest.h"
 
 #define SECRET "fuzzing-secret-0123456789"

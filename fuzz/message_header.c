@@ -1,5 +1,5 @@
 /* libFuzzer harness: the check a receiver applies to an incoming message
- * header (runtime/comm/message_header.c). The input is the header's bytes as
+ * header (comm/message_header.c). The input is the header's bytes as
  * they arrive, then the receive's side: what it expects (as pt_recv allows
  * it), the job, the peer, its capacity; then payload bytes to checksum (the
  * last one's low bit: whether the receive takes device payloads). A header
@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "fuzz/fuzz.h"
-#include "runtime/comm/message_header.h"
+#include "comm/message_header.h"
 #include "runtime/safetensors.h"
 
 typedef struct receive_side {

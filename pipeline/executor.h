@@ -41,10 +41,10 @@
 #include "pipeline/utilisation.h"
 #include "models/gpt.h"
 #include "pipeline/schedule.h"
-#include "runtime/comm/collectives.h"
+#include "comm/collectives.h"
 #include "runtime/config.h"
 #include "runtime/trace.h"
-#include "runtime/comm/transport.h"
+#include "comm/transport.h"
 #include "train/optimizer.h"
 
 typedef struct pt_stage_executor pt_stage_executor;

@@ -28,7 +28,7 @@ typedef struct pt_eval_waves {
     float *input;          /* stage > 0: a received batch [N, C] */
     /* Outputs sent on and not yet read by the next stage, oldest first: it runs the wave
      * steps later (after its step N + 2s), and a large message's send ends only when it
-     * was read (runtime/comm/transport_direct.c), so each keeps a copy of its own. */
+     * was read (comm/transport_direct.c), so each keeps a copy of its own. */
     struct pt_wave_send *sending;
     int n_sending, sending_capacity;
     pt_validation_result *results; /* last stage: finished, not yet taken */

@@ -13,7 +13,7 @@
  * DMA at full speed).
  *
  * Between processes of one host that copy from each other's device memory
- * (CUDA IPC; runtime/comm/transport.h, "Device payloads") neither copy is
+ * (CUDA IPC; comm/transport.h, "Device payloads") neither copy is
  * made: a send names the device tensor itself (after the device finished
  * writing it), and a receive lands in its device buffer unless the message
  * came as bytes (the peer had not heard the offer yet). */

@@ -19,7 +19,7 @@
 
 #include <stdint.h>
 
-#include "runtime/comm/transport.h"
+#include "comm/transport.h"
 
 typedef struct pt_utilisation {
     double compute, wait_pipeline, wait_coupling; /* shares of the step's wall time */

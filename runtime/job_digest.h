@@ -18,9 +18,9 @@
  * joiner trains only once the coordinator says its replica is in. 4: a donor sends a joiner its
  * state as a checkpoint file's pieces, a message each (the state's header lists their sizes).
  * 5: device payloads between processes of one host (a header flag, a control word offering
- * them, a device descriptor in place of the payload: runtime/comm/transport_device.c). 6: a
+ * them, a device descriptor in place of the payload: comm/transport_device.c). 6: a
  * worker registers again with a coordinator started again, with its view of the job ("resume":
- * runtime/comm/coordinator_recover.c; an older coordinator would abort on a second registration). */
+ * comm/coordinator_recover.c; an older coordinator would abort on a second registration). */
 #define PT_PROTOCOL_VERSION 6u
 
 /* The groups of settings digested apart (pt_job_digest_part_name names them). */

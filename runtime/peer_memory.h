@@ -6,7 +6,7 @@
  * handle of its arena and the offset in it; for runtime.device=cpu-guarded,
  * its pid and the address), the receiver copies out of it with its own
  * table's peer_copy (kernels/kernels.h), and the transport carries the name
- * in place of the payload (runtime/comm/transport.h, "Device payloads").
+ * in place of the payload (comm/transport.h, "Device payloads").
  * The bytes are the exporting table's business: only a table of the same
  * kind reads them. */
 #ifndef PT_PEER_MEMORY_H

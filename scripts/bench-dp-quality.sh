@@ -7,20 +7,23 @@
 # replica of stage 0 sent per step relative to allreduce (from
 # DIR/metrics-stage-0.jsonl: replica 0 writes it).
 #
-# Usage: scripts/bench-dp-quality.sh [--steps K] [--stages S] [--methods "..."] [--out DIR] [--build DIR]
-#   a method is NAME[:key=value,...], e.g. "sparse:dp.delay=10 streaming-diloco:dp.compress=e3m0"
+# Usage: scripts/bench-dp-quality.sh [--steps K] [--stages S] [--methods "..."] [--every "k=v,..."]
+#                                     [--out DIR] [--build DIR]
+#   a method is NAME[:key=value,...], e.g. "sparse:dp.delay=10 streaming-diloco:dp.compress=e3m0";
+#   --every's keys go to every method's run (a corpus, a seed: "seed=7,data.path=/usr/share/common-licenses")
 set -euo pipefail
 cd "$(dirname "$0")/.."
-steps=700 stages=2 out=runs/bench-dp-quality build=build
+steps=700 stages=2 out=runs/bench-dp-quality build=build every=""
 methods="allreduce sparse:dp.delay=10 sparse:dp.delay=10,dp.compress=e3m0 diloco streaming-diloco:dp.compress=e3m0 co2"
 while (($#)); do
   case "$1" in
     --steps) steps=$2; shift 2 ;;
     --stages) stages=$2; shift 2 ;;
     --methods) methods=$2; shift 2 ;;
+    --every) every=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --build) build=$2; shift 2 ;;
-    *) echo "usage: $0 [--steps K] [--stages S] [--methods LIST] [--out DIR] [--build DIR]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--steps K] [--stages S] [--methods LIST] [--every KEYS] [--out DIR] [--build DIR]" >&2; exit 2 ;;
   esac
 done
 mkdir -p "$out"
@@ -32,6 +35,7 @@ for spec in $methods; do
   rm -rf "$dir"
   args=(launch --quiet --stages "$stages" --replicas 2 --out "$dir" --train.steps="$steps"
         --dp.method="$name" --train.checkpoint_every=0 --train.val_batches=32 --train.log_every=1)
+  if [[ -n $every ]]; then IFS=, read -ra common <<< "$every"; keys=("${common[@]}" "${keys[@]}"); fi
   for k in "${keys[@]}"; do args+=("--$k"); done
   start=$(date +%s)
   "$build/tools/pipert" "${args[@]}" > "$dir.log" 2>&1 || { echo "$spec: failed (see $dir.log)"; continue; }

@@ -7,7 +7,7 @@ A 2-site job (emulated links: 100 Mbit/s, 50 ms one way), 2 stages x 3 replicas,
   freeze  SIGSTOP to one worker for longer than the heartbeat timeout, then SIGCONT;
   link    the inter-site link of site 1 down for 5-30 s (ip link set wan0 down in its namespace);
   coordinator  SIGKILL to the coordinator's process (DIR/coordinator.pid; the launcher starts it
-          again and the workers register with the new one: runtime/comm/coordinator_recover.c).
+          again and the workers register with the new one: comm/coordinator_recover.c).
 It never takes more replicas out than --min-replicas allows. A replica takes one kill or freeze
 at a time; the link may go down again while site 1's replica is still coming back from the last
 outage (a flapping link), and then that outage's recovery is the later one's.

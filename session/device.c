@@ -2,7 +2,7 @@
  * cuda, which GPU and how much of its memory the worker takes.
  *
  * GPUs. A worker knows its rank among the workers of its host under every
- * launcher (runtime/comm/bootstrap.h: pipert launch, srun, mpirun); with G
+ * launcher (comm/bootstrap.h: pipert launch, srun, mpirun); with G
  * GPUs visible it takes GPU local_rank mod G, so that workers get one each
  * when there are enough and share them round-robin otherwise (two workers on
  * one GPU run side by side under MPS). PIPERT_CUDA_DEVICE, when set, wins; a
@@ -21,7 +21,7 @@
  *
  * Between workers of one host, tensors go device to device: the transport
  * gets the table's peer functions (CUDA IPC; cpu-guarded's stand-in), and
- * peers that can copy from each other's memory do (runtime/comm/transport.h,
+ * peers that can copy from each other's memory do (comm/transport.h,
  * "Device payloads"); PIPERT_DEVICE_PAYLOADS=0 keeps them to host copies. */
 #include <stdio.h>
 #include <stdlib.h>

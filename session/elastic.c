@@ -1,4 +1,4 @@
-/* Elastic replicas, the worker's side (the protocol: runtime/comm/membership.h).
+/* Elastic replicas, the worker's side (the protocol: comm/membership.h).
  *
  * At every step boundary a survivor looks at what the coordinator said. A
  * new departure: it acknowledges with the steps it has taken, and its
@@ -15,7 +15,7 @@
 #include <time.h>
 
 #include "runtime/clock.h"
-#include "runtime/comm/membership.h"
+#include "comm/membership.h"
 #include "session/session_internal.h"
 
 #define SWITCH_POLL_S 0.01

@@ -4,7 +4,7 @@
  * plane (the transport and the groups of its stage and of its replica).
  *
  *   launcher  rank from pipert launch / SLURM / Open MPI / PMI
- *             (runtime/comm/bootstrap.h); the coordinator does rendezvous,
+ *             (comm/bootstrap.h); the coordinator does rendezvous,
  *             heartbeats, job-wide abort and progress.
  *   oob       the host program's allgather exchanges the job's secret and
  *             every rank's transport address; no coordinator, no
@@ -26,11 +26,11 @@
 #include <stddef.h>
 
 #include "pipert/pipert.h"
-#include "runtime/comm/bootstrap.h"
-#include "runtime/comm/collectives.h"
-#include "runtime/comm/coordinator.h"
-#include "runtime/comm/layout.h"
-#include "runtime/comm/transport.h"
+#include "comm/bootstrap.h"
+#include "comm/collectives.h"
+#include "comm/coordinator.h"
+#include "comm/layout.h"
+#include "comm/transport.h"
 
 typedef enum pt_job_mode { PT_JOB_ALONE, PT_JOB_LAUNCHER, PT_JOB_OOB } pt_job_mode;
 
@@ -95,7 +95,7 @@ void pt_job_leave(pt_job *job);
 pipert_result pt_job_check(pt_job *job);
 bool pt_job_aborted(pt_job *job);
 
-/* Elastic replicas (runtime/comm/membership.h). What this worker heard of
+/* Elastic replicas (comm/membership.h). What this worker heard of
  * departures and switches (all zero without a coordinator). */
 void pt_job_membership(pt_job *job, pt_membership_news *news);
 /* Tells the coordinator this survivor heard of departure `epoch` after `step`. */
@@ -111,7 +111,7 @@ bool pt_job_replica_in(pt_job *job, long epoch);
  * replicas still in the job as of membership epoch `epoch`; their collectives
  * start at first_sequence. */
 pipert_result pt_job_regroup(pt_job *job, long epoch, uint32_t first_sequence);
-/* Replicas coming back (runtime/comm/membership.h, "Joining"; session/join.c), at switch
+/* Replicas coming back (comm/membership.h, "Joining"; session/join.c), at switch
  * `epoch`: joiners[r], the replicas it lets in (the coordinator's word: they take the donor's
  * state, also when a superseded switch let them in before); fresh[r], the replicas of its
  * groups with newer processes than those this rank is connected to (this one excluded). Both

@@ -1,4 +1,4 @@
-/* A replica coming back into a running elastic job (runtime/comm/membership.h,
+/* A replica coming back into a running elastic job (comm/membership.h,
  * "Joining"): the state that passes from a survivor to the joiner, and the
  * joiner's way in.
  *

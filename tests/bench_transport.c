@@ -23,7 +23,7 @@
 #include "runtime/clock.h"
 #include "runtime/safetensors.h"
 #include "runtime/stats.h"
-#include "runtime/comm/transport.h"
+#include "comm/transport.h"
 
 #define ADDRESS_MAX 4096 /* a worker address as text; written to a pipe in one piece */
 #define LARGE_BYTES (4u << 20)

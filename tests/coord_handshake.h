@@ -1,5 +1,5 @@
 /* A worker's side of the coordinator's handshake spoken by hand over a raw socket
- * (runtime/comm/coordinator_protocol.h), for tests that must see and control every byte:
+ * (comm/coordinator_protocol.h), for tests that must see and control every byte:
  * a silent rank, a replayed registration, a wrong proof. Header-only; include once. */
 #ifndef PT_TESTS_COORD_HANDSHAKE_H
 #define PT_TESTS_COORD_HANDSHAKE_H
@@ -13,9 +13,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "runtime/comm/auth.h"
+#include "comm/auth.h"
 #include "runtime/job_digest.h"
-#include "runtime/comm/coordinator_protocol.h"
+#include "comm/coordinator_protocol.h"
 
 /* What a raw registration sent, line by line, for a replay. */
 typedef struct coord_transcript {

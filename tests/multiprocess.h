@@ -42,7 +42,7 @@
 
 #include "runtime/clock.h"
 #include "runtime/log.h"
-#include "runtime/comm/transport.h"
+#include "comm/transport.h"
 
 #define MAX_RANKS 8
 /* A worker address as text: up_record must fit in PIPE_BUF to be written atomically. */

@@ -1,11 +1,11 @@
-/* runtime/comm/auth.c: keys and proofs against values computed independently (Python's
+/* comm/auth.c: keys and proofs against values computed independently (Python's
  * hashlib and hmac: BLAKE2b of the secret, BLAKE2b keyed with salt and personalisation for the
  * derived key, HMAC-SHA-256 of the message auth.c documents), and every argument of a proof
  * shown to matter. */
 #include <criterion/criterion.h>
 #include <string.h>
 
-#include "runtime/comm/auth.h"
+#include "comm/auth.h"
 
 #define SECRET "5ecret5ecret5ecret5ecret5ecret00"
 

@@ -9,8 +9,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "runtime/comm/bootstrap.h"
-#include "runtime/comm/layout.h"
+#include "comm/bootstrap.h"
+#include "comm/layout.h"
 
 #define SECRET "0123456789abcdef0123456789abcdef"
 

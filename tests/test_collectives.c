@@ -19,7 +19,7 @@
 #include <unistd.h>
 
 #include "runtime/clock.h"
-#include "runtime/comm/collectives.h"
+#include "comm/collectives.h"
 
 #define JOB_SECRET "collectives test"
 #define JOB_ID 7u

@@ -2,7 +2,7 @@
  * from outside real processes: under `pipert launch` the coordinator is a process of its own
  * (DIR/coordinator.pid); the test sends it SIGKILL, again and again, while a 2 stages × 2
  * replicas job trains. The launcher starts it again, the workers register with the new one and
- * train on (runtime/comm/coordinator_recover.c). Then:
+ * train on (comm/coordinator_recover.c). Then:
  *   - the job finishes (exit 0), every step's loss equal to an undisturbed run's: the
  *     coordinator is control only, so its deaths cost no step;
  *   - each worker logged that it registered again, once per kill;

@@ -172,7 +172,7 @@ Test(guard, a_coupling_without_replicas_copies_nothing)
 /* ---- jobs: the same bits as on the CPU table --------------------------------- */
 
 /* Between the stages of a pipeline on one host, tensors went device to device (the table's
- * peer_copy: runtime/comm/transport_device.c), both ways, not through host copies. */
+ * peer_copy: comm/transport_device.c), both ways, not through host copies. */
 static void expect_device_to_device(const char *dir, const char *what)
 {
     char *first = read_named(dir, "/logs/rank-0.log"), *second = read_named(dir, "/logs/rank-1.log");

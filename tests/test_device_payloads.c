@@ -1,4 +1,4 @@
-/* Device payloads between real processes of this host (runtime/comm/transport.h, "Device
+/* Device payloads between real processes of this host (comm/transport.h, "Device
  * payloads"): tensors in device memory go device to device, the receiver copying from the
  * sender's memory with its kernel table's peer_copy. The device here is runtime.device=
  * cpu-guarded (kernels/guarded.c): memory the host cannot touch outside the table, which its
@@ -16,7 +16,7 @@
 #include "kernels/kernels.h"
 #include "runtime/clock.h"
 #include "runtime/safetensors.h"
-#include "runtime/comm/transport.h"
+#include "comm/transport.h"
 
 #define JOB_SECRET "device payloads between processes"
 #define JOB_ID 4343u

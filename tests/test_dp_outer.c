@@ -22,7 +22,7 @@
 #include "dp/coupling.h"
 #include "dp/outer.h"
 #include "models/gpt.h"
-#include "runtime/comm/collectives.h"
+#include "comm/collectives.h"
 #include "runtime/config.h"
 #include "runtime/safetensors.h"
 #include "train/checkpoint.h"

@@ -45,7 +45,7 @@
 
 #include "dp/codec.h"
 #include "dp/coupling.h"
-#include "runtime/comm/collectives.h"
+#include "comm/collectives.h"
 #include "runtime/config.h"
 #include "runtime/data.h"
 #include "runtime/fileio.h"

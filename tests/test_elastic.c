@@ -1,4 +1,4 @@
-/* Elastic replicas, with real processes (runtime/comm/membership.h,
+/* Elastic replicas, with real processes (comm/membership.h,
  * session/elastic.c, session/join.c): a worker of replica 1 of a 2-stage ×
  * 3-replica job is killed with SIGKILL from outside, mid-run. The job must
  * finish (exit 0) with the two other replicas, their losses going on

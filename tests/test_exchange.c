@@ -20,7 +20,7 @@
 #include <unistd.h>
 
 #include "dp/exchange.h"
-#include "runtime/comm/collectives.h"
+#include "comm/collectives.h"
 
 #define JOB_SECRET "exchange test"
 #define JOB_ID 9u

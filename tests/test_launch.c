@@ -38,7 +38,7 @@
 #include <unistd.h>
 
 #include "runtime/clock.h"
-#include "runtime/comm/coordinator.h"
+#include "comm/coordinator.h"
 #include "runtime/fileio.h"
 #include "tests/command.h"
 #include "tests/coord_handshake.h"

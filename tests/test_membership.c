@@ -1,10 +1,10 @@
-/* The membership bookkeeping of elastic replicas (runtime/comm/membership.h),
+/* The membership bookkeeping of elastic replicas (comm/membership.h),
  * checked against what the protocol promises: a failure takes its whole
  * replica out once, too few replicas abort, and the switch step and sequence
  * are past every survivor's acknowledgement by the margin and the gap. */
 #include <criterion/criterion.h>
 
-#include "runtime/comm/membership.h"
+#include "comm/membership.h"
 
 /* 2 stages × 3 replicas: ranks 2, 3 are replica 1. */
 static pt_membership six_ranks(int min_replicas)

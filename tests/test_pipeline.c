@@ -226,7 +226,7 @@ Test(pipeline, asynchronous_schedule_validates_while_it_runs)
 }
 
 /* The same with activations of 128 KiB (batch 8 × 64 positions × 64 channels): sends of
- * 64 KiB or more end only when the receiver read them (runtime/comm/transport_direct.c), and
+ * 64 KiB or more end only when the receiver read them (comm/transport_direct.c), and
  * the next stage reads a wave's batches steps later, after training microbatches it needs
  * from this stage first. Stage 0 waiting for its wave's sends stalled the job for good. */
 Test(pipeline, asynchronous_validation_of_large_activations_does_not_wait_for_the_next_stage,

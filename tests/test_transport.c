@@ -17,7 +17,7 @@
 
 #include "runtime/clock.h"
 #include "runtime/safetensors.h"
-#include "runtime/comm/transport.h"
+#include "comm/transport.h"
 
 #define JOB_SECRET "correct horse battery staple"
 #define JOB_ID 4242u

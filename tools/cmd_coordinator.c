@@ -3,7 +3,7 @@
  * Started by `pipert launch` (tools/coordinator_process.h), it serves the listening socket it
  * finds at fd 3 and talks to its launcher over fd 4: snapshots of the job out, the launcher's
  * words (a worker exited, stop) in. With --recover it was started again while the job runs and
- * takes it over from the workers (runtime/comm/coordinator_recover.c). It ends when the
+ * takes it over from the workers (comm/coordinator_recover.c). It ends when the
  * launcher's socket closes.
  *
  * With --listen HOST:PORT it is the coordinator of a job that srun or mpirun started
@@ -23,9 +23,9 @@
 #include <unistd.h>
 
 #include "runtime/clock.h"
-#include "runtime/comm/bootstrap.h"
-#include "runtime/comm/coordinator.h"
-#include "runtime/comm/coordinator_protocol.h"
+#include "comm/bootstrap.h"
+#include "comm/coordinator.h"
+#include "comm/coordinator_protocol.h"
 #include "runtime/log.h"
 #include "tools/cli.h"
 #include "tools/commands.h"

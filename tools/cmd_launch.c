@@ -1,13 +1,13 @@
 /* pipert launch: a job of stages × replicas workers on this machine.
  *
  * The launcher generates the job's secret (DIR/job.secret, mode 0600), runs
- * the coordinator (runtime/comm/coordinator.h) on 127.0.0.1, in a process of
+ * the coordinator (comm/coordinator.h) on 127.0.0.1, in a process of
  * its own that it starts again if it dies (tools/coordinator_process.h; its
  * pid in DIR/coordinator.pid), and starts one
  * `pipert worker` process per rank — this very executable again
  * (/proc/self/exe), with the same configuration arguments — with the
- * environment of runtime/comm/bootstrap.h. Rank r is stage r mod S of replica
- * r div S (runtime/comm/layout.h). Cores are divided evenly: with n workers
+ * environment of comm/bootstrap.h. Rank r is stage r mod S of replica
+ * r div S (comm/layout.h). Cores are divided evenly: with n workers
  * on c cores each gets c div n cores (PIPERT_CORES, the worker binds itself);
  * with more workers than cores, worker r gets core r mod c.
  *
@@ -40,9 +40,9 @@
 #include <unistd.h>
 
 #include "runtime/clock.h"
-#include "runtime/comm/bootstrap.h"
-#include "runtime/comm/coordinator.h"
-#include "runtime/comm/layout.h"
+#include "comm/bootstrap.h"
+#include "comm/coordinator.h"
+#include "comm/layout.h"
 #include "runtime/config.h"
 #include "runtime/fileio.h"
 #include "runtime/log.h"

@@ -17,7 +17,7 @@
 #include <string.h>
 
 #include "pipert/pipert.h"
-#include "runtime/comm/bootstrap.h"
+#include "comm/bootstrap.h"
 #include "runtime/config.h"
 #include "runtime/log.h"
 #include "runtime/units.h"

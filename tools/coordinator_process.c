@@ -16,7 +16,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "runtime/comm/coordinator_protocol.h"
+#include "comm/coordinator_protocol.h"
 #include "runtime/fileio.h"
 #include "runtime/log.h"
 #include "tools/worker_exit.h"

@@ -6,7 +6,7 @@
  * fault in it, or a kill, costs the job nothing: the launcher holds the listening socket,
  * starts a new coordinator on it (pt_coordinator_options.recover), and the workers, whose
  * connections closed, register again with what they know of the job
- * (runtime/comm/coordinator_recover.c). The launcher sees the job through the snapshots the
+ * (comm/coordinator_recover.c). The launcher sees the job through the snapshots the
  * coordinator sends it (its status and every rank's), and tells it what only the launcher
  * sees: a worker's exit, and a stop. Both go as JSON lines over a socket pair:
  *   launcher → coordinator
@@ -23,7 +23,7 @@
 #include <stdbool.h>
 #include <sys/types.h>
 
-#include "runtime/comm/coordinator.h"
+#include "comm/coordinator.h"
 #include "runtime/error.h"
 
 typedef struct pt_coordinator_process pt_coordinator_process;

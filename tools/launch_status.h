@@ -9,7 +9,7 @@
 #include <sys/types.h>
 
 #include "pipert/pipert.h"
-#include "runtime/comm/coordinator.h"
+#include "comm/coordinator.h"
 
 /* A rank's process as the launcher knows it. */
 typedef struct pt_launch_rank {

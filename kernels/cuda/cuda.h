@@ -41,7 +41,7 @@ extern "C" { /* kernels.h and collectives.h are C headers without guards of thei
 #endif
 
 #include "kernels/kernels.h"
-#include "runtime/comm/collectives.h" /* pt_reduce_op, shared with the UCX collectives */
+#include "comm/collectives.h" /* pt_reduce_op, shared with the UCX collectives */
 
 /* ---- the device ------------------------------------------------------------ */
 
@@ -131,7 +131,7 @@ void pt_cuda_stage_to_device(void *dst_device, const void *src_pinned, size_t by
 pipert_result pt_cuda_copy_wait(void);
 
 /* ---- NCCL collectives -------------------------------------------------------
- * Shaped like runtime/comm/collectives.h (a group of ranks, an index in it, the
+ * Shaped like comm/collectives.h (a group of ranks, an index in it, the
  * same pt_reduce_op), for device buffers. Every member calls the group's
  * collectives in the same order. Operations are enqueued on the compute
  * stream, after the kernels before them, and return before they complete,

@@ -1,4 +1,4 @@
-/* NCCL collectives for device buffers, shaped like runtime/comm/collectives.h
+/* NCCL collectives for device buffers, shaped like comm/collectives.h
  * (see kernels/cuda/cuda.h for the contract).
  *
  * Streams. Broadcast, send and recv run on the compute stream, in order with

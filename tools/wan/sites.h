@@ -8,7 +8,7 @@
 
 #include <stdbool.h>
 
-#include "runtime/comm/coordinator.h"
+#include "comm/coordinator.h"
 #include "runtime/config.h"
 #include "scheduler/cluster.h"
 #include "tools/wan/cpu_limit.h"
