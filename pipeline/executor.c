@@ -63,6 +63,19 @@ static int in_flight(const pt_stage_executor *ex)
 
 static bool stashes_weights(const pt_stage_executor *ex) { return pt_executor_stashes_weights(ex); }
 
+/* The stage as the look-ahead sees it now (lookahead.h). */
+static pt_lookahead_stage lookahead_stage(pt_stage_executor *ex)
+{
+    return (pt_lookahead_stage){
+        .model = ex->model,
+        .optimizer = &ex->optimizer,
+        .regions = ex->regions,
+        .version = ex->version,
+        .staleness_estimate = ex->staleness_estimate,
+        .backward_weights = stashes_weights(ex) ? ex->slot_weights[ex->backward_slot] : NULL,
+    };
+}
+
 static pipert_result alloc_slot_tables(pt_stage_executor *ex)
 {
     const size_t S = (size_t)ex->slots, N = (size_t)ex->B * ex->T;
@@ -172,7 +185,8 @@ static pipert_result executor_setup(pt_stage_executor *ex)
     ex->slots = in_flight(ex);
     pt_eval_waves_init(ex);
     PT_TRY(build_model(ex));
-    PT_TRY(pt_lookahead_setup(ex));
+    PT_TRY(pt_lookahead_setup(&ex->look, ex->lookahead, cfg, ex->kernels, is_async(ex),
+                              pt_executor_stashes_weights(ex), ex->model));
     PT_TRY(alloc_slot_tables(ex));
     PT_TRY(pt_staging_setup(ex));
     PT_TRY(load_data(ex));
@@ -229,7 +243,7 @@ void pt_stage_executor_free(pt_stage_executor *ex)
 {
     if (!ex) return;
     pt_eval_waves_free(ex);
-    pt_lookahead_free(ex);
+    pt_lookahead_free(&ex->look);
     const pt_kernels *k = ex->kernels;
     for (int i = 0; i < ex->slots; i++) {
         if (ex->activation_sends) finish_request(&ex->activation_sends[i]);
@@ -535,7 +549,8 @@ static pipert_result choose_forward_weights(pt_stage_executor *ex, long g)
     const bool predicts = pt_lookahead_traits_of(ex->lookahead)->predicts;
     const bool synchronous = g < ex->config.pipeline.sync_steps; /* nothing to predict */
     if (predicts && !synchronous) {
-        PT_TRY(pt_lookahead_predict(ex, stash));
+        const pt_lookahead_stage stage = lookahead_stage(ex);
+        PT_TRY(pt_lookahead_predict(&ex->look, &stage, stash));
     } else {
         ex->kernels->copy(stash, ex->model->params, ex->model->n_params * sizeof(float));
     }
@@ -655,7 +670,8 @@ static pipert_result optimizer_step(pt_stage_executor *ex)
     /* Each replica compensates its own gradient with its own stash before the replicas
      * average: an all-reduce then leaves them equal even where their stashes are not
      * (after a replica left or joined, only the newest stash is shared again). */
-    PT_TRY(pt_lookahead_adjust_gradient(ex));
+    const pt_lookahead_stage stage = lookahead_stage(ex);
+    PT_TRY(pt_lookahead_adjust_gradient(&ex->look, &stage));
     if (ex->options.coupling) {
         const pt_coupling_blocked before = pt_coupling_blocked_time(ex->options.coupling);
         PT_TRY(pt_coupling_after_backward(ex->options.coupling, &at));
@@ -670,10 +686,10 @@ static pipert_result optimizer_step(pt_stage_executor *ex)
     if (t->grad_clip > 0 && isfinite(norm) && norm > t->grad_clip)
         ex->kernels->scale(m->grads, (float)(t->grad_clip / norm), m->n_params);
     const double lr = pt_lr_at(step, t->steps, t->lr, t->warmup_steps, t->min_lr_ratio) *
-                      pt_lookahead_lr_factor(ex, step);
-    pt_lookahead_before_step(ex);
+                      pt_lookahead_lr_factor(&ex->look, ex->staleness_estimate, step);
+    pt_lookahead_before_step(&ex->look, m->params);
     pt_optimizer_step(&ex->optimizer, m->params, m->grads, ex->regions, m->n_tensors, lr);
-    pt_lookahead_after_step(ex);
+    pt_lookahead_after_step(&ex->look, m->params, ex->regions);
     pt_gpt_zero_grads(m);
     ex->version = step;
     if (ex->options.coupling) {
@@ -813,7 +829,7 @@ void pt_stage_executor_use_kernels(pt_stage_executor *ex, const pt_kernels *kern
     ex->kernels = kernels;
     ex->model->kernels = kernels;
     ex->optimizer.kernels = kernels;
-    if (ex->update_size.kernels) ex->update_size.kernels = kernels;
+    pt_lookahead_use_kernels(&ex->look, kernels);
 }
 
 /* ---- validation ---------------------------------------------------------- */

@@ -7,8 +7,6 @@
 #include "pipeline/utilisation.h"
 #include "runtime/data.h"
 #include "train/optimizer.h"
-#include "train/secant.h"
-#include "train/update_size.h"
 
 /* A validation finished while the schedule ran: the step of the weights it started on. */
 typedef struct pt_validation_result {
@@ -87,9 +85,7 @@ struct pt_stage_executor {
     int staleness_count;
     double staleness_estimate; /* running mean, for predict */
     int backward_slot;   /* the slot of the newest backward (dc-asgd: its stashed weights) */
-    pt_update_size update_size; /* predict-damped: the measured size of the updates */
-    pt_secant secant;           /* nesterov-secant: the running secant and previous pair */
-    double *region_scratch;     /* predict-damped: per tensor, n_tensors */
+    pt_lookahead_state look;    /* the look-ahead's own settings and state (lookahead.h) */
     double loss_sum;
     int loss_count;
     double step_started;
@@ -152,19 +148,6 @@ void pt_eval_waves_init(pt_stage_executor *ex);
 pipert_result pt_eval_waves_setup(pt_stage_executor *ex);
 pipert_result pt_eval_waves_after_step(pt_stage_executor *ex);
 void pt_eval_waves_free(pt_stage_executor *ex);
-
-/* lookahead.c: what the look-aheads do beyond stashing. Setup checks the backend and
- * allocates predict-damped's update measurement; predict fills out with the predicted
- * weights (predict, predict-damped); the step size factor of step `step` (pipemare; 1
- * otherwise); the delay compensation of the newest backward's gradient (dc-asgd); the
- * measurement of the update size around the optimizer step (predict-damped). */
-pipert_result pt_lookahead_setup(pt_stage_executor *ex);
-void pt_lookahead_free(pt_stage_executor *ex);
-pipert_result pt_lookahead_predict(pt_stage_executor *ex, float *out);
-double pt_lookahead_lr_factor(const pt_stage_executor *ex, long step);
-pipert_result pt_lookahead_adjust_gradient(pt_stage_executor *ex);
-void pt_lookahead_before_step(pt_stage_executor *ex);
-void pt_lookahead_after_step(pt_stage_executor *ex);
 
 /* Slot of microbatch g: in-flight microbatches rotate through `slots` sets. */
 static inline int pt_executor_slot_of(const pt_stage_executor *ex, long microbatch)

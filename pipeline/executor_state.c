@@ -219,7 +219,7 @@ static pipert_result save_in_flight(pt_stage_executor *ex, pt_checkpoint_writer 
 /* predict-damped: the measured update size its prediction is bounded by. */
 static void save_update_size(const pt_stage_executor *ex, json_t *state)
 {
-    const pt_update_size *u = &ex->update_size;
+    const pt_update_size *u = &ex->look.update_size;
     if (!u->before) return;
     json_t *squares = json_array();
     for (int i = 0; i < u->n_regions; i++) json_array_append_new(squares, json_real(u->mean_square[i]));
@@ -231,7 +231,7 @@ static void save_update_size(const pt_stage_executor *ex, json_t *state)
  * the bound starts again from the first step after the resume). */
 static void restore_update_size(pt_stage_executor *ex, json_t *root)
 {
-    pt_update_size *u = &ex->update_size;
+    pt_update_size *u = &ex->look.update_size;
     json_t *squares = json_object_get(root, "update_mean_square");
     json_t *measured = json_object_get(root, "update_measured");
     if (!u->before || !json_is_array(squares) || (int)json_array_size(squares) != u->n_regions ||
@@ -255,7 +255,7 @@ static float **secant_buffer(pt_secant *s, int i)
 
 static pipert_result save_secant(pt_stage_executor *ex, pt_checkpoint_writer *w, json_t *state)
 {
-    pt_secant *s = &ex->secant;
+    pt_secant *s = &ex->look.secant;
     if (!s->kernels) return PIPERT_OK;
     json_object_set_new(state, "secant_pairs", json_integer((json_int_t)s->pairs));
     for (int i = 0; i < 4; i++)
@@ -267,7 +267,7 @@ static pipert_result save_secant(pt_stage_executor *ex, pt_checkpoint_writer *w,
  * its warm-up pairs after the resume are measured, not compensated. */
 static pipert_result restore_secant(pt_stage_executor *ex, const pt_safetensors *st, json_t *root)
 {
-    pt_secant *s = &ex->secant;
+    pt_secant *s = &ex->look.secant;
     json_t *pairs = json_object_get(root, "secant_pairs");
     if (!s->kernels || !json_is_integer(pairs)) return PIPERT_OK;
     for (int i = 0; i < 4; i++)

@@ -5,9 +5,11 @@
  * predict-damped is bounded by.
  * The rules themselves are train/staleness.h; the element-wise work is the
  * optimizer's (train/optimizer.h). */
-#include "pipeline/executor_internal.h"
+#include "pipeline/lookahead.h"
 
 #include <stdlib.h>
+
+#include "runtime/error.h"
 
 #include "runtime/name_table.h"
 #include "train/staleness.h"
@@ -42,91 +44,101 @@ const pt_lookahead_traits *pt_lookahead_traits_of(pt_lookahead kind)
     return &lookaheads[kind]; /* the table is in the enum's order */
 }
 
-/* ---- what the executor does with them ------------------------------------ */
+/* ---- a look-ahead at work ------------------------------------------------ */
 
-static bool is_async(const pt_stage_executor *ex) { return pt_executor_is_async(ex); }
-
-static bool compensates(const pt_stage_executor *ex)
-{
-    return pt_lookahead_traits_of(ex->lookahead)->compensates;
-}
+/* What it does at all: the asynchronous schedule, on a stage that stashes weights. */
+static bool at_work(const pt_lookahead_state *s) { return s->async && s->stashes; }
 
 /* λ of the compensation: pipeline.dc_lambda, or when that is 0 the look-ahead's own. */
-static double dc_lambda(const pt_stage_executor *ex)
+static double dc_lambda(const pt_lookahead_state *s)
 {
-    const double own = ex->config.pipeline.dc_lambda;
-    return own > 0 ? own : pt_lookahead_traits_of(ex->lookahead)->dc_lambda;
+    return s->dc_lambda > 0 ? s->dc_lambda : s->row->dc_lambda;
 }
 
-/* K of the warm-ups of predict-damped and pipemare. */
-static long lookahead_warmup(const pt_stage_executor *ex)
+pipert_result pt_lookahead_setup(pt_lookahead_state *s, pt_lookahead kind,
+                                 const pipert_config *config, const pt_kernels *kernels,
+                                 bool async, bool stashes, const pt_gpt_slice *model)
 {
-    const long own = ex->config.pipeline.lookahead_warmup;
-    return own > 0 ? own : ex->config.train.warmup_steps;
-}
-
-pipert_result pt_lookahead_setup(pt_stage_executor *ex)
-{
-    if (!is_async(ex)) return PIPERT_OK;
-    const pt_kernels *k = ex->kernels;
-    if (pt_lookahead_traits_of(ex->lookahead)->predicts && !k->adam_extrapolate)
+    *s = (pt_lookahead_state){.row = pt_lookahead_traits_of(kind),
+                              .async = async,
+                              .stashes = stashes,
+                              .kernels = kernels,
+                              .train = config->train,
+                              .dc_lambda = config->pipeline.dc_lambda,
+                              .sync_steps = config->pipeline.sync_steps};
+    /* K of the warm-ups: pipeline.lookahead_warmup, or the learning rate's */
+    s->warmup = config->pipeline.lookahead_warmup > 0 ? config->pipeline.lookahead_warmup
+                                                      : config->train.warmup_steps;
+    if (!async) return PIPERT_OK;
+    if (s->row->predicts && !kernels->adam_extrapolate)
         return pt_fail(PIPERT_ERR_UNSUPPORTED,
                        "pipeline.lookahead=%s: the %s backend has no adam_extrapolate kernel",
-                       ex->config.pipeline.lookahead, k->name);
-    if (compensates(ex) && !k->delay_compensate)
+                       s->row->name, kernels->name);
+    if (s->row->compensates && !kernels->delay_compensate)
         return pt_fail(PIPERT_ERR_UNSUPPORTED,
                        "pipeline.lookahead=%s: the %s backend has no delay_compensate kernel",
-                       ex->config.pipeline.lookahead, k->name);
-    if (ex->lookahead == PT_LOOKAHEAD_NESTEROV_SECANT && pt_executor_stashes_weights(ex))
-        return pt_secant_init(&ex->secant, k, ex->model->n_params,
-                              ex->config.pipeline.lookahead_warmup);
-    if (ex->lookahead != PT_LOOKAHEAD_PREDICT_DAMPED) return PIPERT_OK;
-    ex->region_scratch = calloc((size_t)ex->model->n_tensors, sizeof *ex->region_scratch);
-    if (!ex->region_scratch) return pt_fail(PIPERT_ERR_NOMEM, "predict-damped: out of memory");
-    return pt_update_size_init(&ex->update_size, k, ex->model->n_params, ex->model->n_tensors);
+                       s->row->name, kernels->name);
+    if (kind == PT_LOOKAHEAD_NESTEROV_SECANT && stashes)
+        return pt_secant_init(&s->secant, kernels, model->n_params,
+                              config->pipeline.lookahead_warmup);
+    if (kind != PT_LOOKAHEAD_PREDICT_DAMPED) return PIPERT_OK;
+    s->region_scratch = calloc((size_t)model->n_tensors, sizeof *s->region_scratch);
+    if (!s->region_scratch) return pt_fail(PIPERT_ERR_NOMEM, "predict-damped: out of memory");
+    return pt_update_size_init(&s->update_size, kernels, model->n_params, model->n_tensors);
 }
 
-void pt_lookahead_free(pt_stage_executor *ex)
+void pt_lookahead_free(pt_lookahead_state *s)
 {
-    pt_update_size_free(&ex->update_size);
-    pt_secant_free(&ex->secant);
-    free(ex->region_scratch);
-    ex->region_scratch = NULL;
+    pt_update_size_free(&s->update_size);
+    pt_secant_free(&s->secant);
+    free(s->region_scratch);
+    s->region_scratch = NULL;
+}
+
+void pt_lookahead_use_kernels(pt_lookahead_state *s, const pt_kernels *kernels)
+{
+    s->kernels = kernels;
+    if (s->update_size.kernels) s->update_size.kernels = kernels;
 }
 
 /* predict-damped: ŵ = θ + Σ_i steps_i·(one step's predicted displacement of
  * tensor i), steps_i from staleness.h. The one-step displacement's norm per
  * tensor is measured by predicting one step into out first (the prediction is
  * linear in the steps, so the second call scales it exactly). */
-static pipert_result predict_damped(pt_stage_executor *ex, float *out, double lr)
+static pipert_result predict_damped(pt_lookahead_state *s, const pt_lookahead_stage *stage,
+                                    float *out, double lr)
 {
-    pt_gpt_slice *m = ex->model;
-    double *steps = ex->region_scratch;
-    PT_TRY(pt_optimizer_predict(&ex->optimizer, out, m->params, ex->regions, m->n_tensors, lr, 1.0));
-    pt_region_distances(ex->kernels, out, m->params, ex->regions, m->n_tensors, steps);
+    pt_gpt_slice *m = stage->model;
+    double *steps = s->region_scratch;
+    PT_TRY(pt_optimizer_predict(stage->optimizer, out, m->params, stage->regions, m->n_tensors,
+                                lr, 1.0));
+    pt_region_distances(s->kernels, out, m->params, stage->regions, m->n_tensors, steps);
     for (int i = 0; i < m->n_tensors; i++)
-        steps[i] = pt_damped_prediction_steps(ex->staleness_estimate, ex->version,
-                                              lookahead_warmup(ex),
-                                              pt_update_size_rms(&ex->update_size, i), steps[i]);
-    return pt_optimizer_predict_each(&ex->optimizer, out, m->params, ex->regions, m->n_tensors, lr,
-                                     steps);
+        steps[i] = pt_damped_prediction_steps(stage->staleness_estimate, stage->version,
+                                              s->warmup, pt_update_size_rms(&s->update_size, i),
+                                              steps[i]);
+    return pt_optimizer_predict_each(stage->optimizer, out, m->params, stage->regions,
+                                     m->n_tensors, lr, steps);
 }
 
-pipert_result pt_lookahead_predict(pt_stage_executor *ex, float *out)
+pipert_result pt_lookahead_predict(pt_lookahead_state *s, const pt_lookahead_stage *stage,
+                                   float *out)
 {
-    const pt_train_settings *t = &ex->config.train;
-    const double lr = pt_lr_at(ex->version + 1, t->steps, t->lr, t->warmup_steps, t->min_lr_ratio) *
-                      pt_lookahead_lr_factor(ex, ex->version + 1);
-    if (ex->lookahead == PT_LOOKAHEAD_PREDICT_DAMPED) return predict_damped(ex, out, lr);
-    return pt_optimizer_predict(&ex->optimizer, out, ex->model->params, ex->regions,
-                                ex->model->n_tensors, lr, ex->staleness_estimate);
+    const pt_train_settings *t = &s->train;
+    const long step = stage->version + 1;
+    const double lr = pt_lr_at(step, t->steps, t->lr, t->warmup_steps, t->min_lr_ratio) *
+                      pt_lookahead_lr_factor(s, stage->staleness_estimate, step);
+    if (s->row->kind == PT_LOOKAHEAD_PREDICT_DAMPED) return predict_damped(s, stage, out, lr);
+    const pt_gpt_slice *m = stage->model;
+    return pt_optimizer_predict(stage->optimizer, out, m->params, stage->regions, m->n_tensors,
+                                lr, stage->staleness_estimate);
 }
 
-double pt_lookahead_lr_factor(const pt_stage_executor *ex, long step)
+double pt_lookahead_lr_factor(const pt_lookahead_state *s, double staleness_estimate, long step)
 {
-    if (!is_async(ex) || ex->lookahead != PT_LOOKAHEAD_PIPEMARE) return 1.0;
-    if (step <= ex->config.pipeline.sync_steps) return 1.0; /* a synchronous step: no staleness */
-    return pt_pipemare_lr_factor(ex->staleness_estimate, step, lookahead_warmup(ex));
+    if (!s->async || s->row->kind != PT_LOOKAHEAD_PIPEMARE) return 1.0;
+    if (step <= s->sync_steps) return 1.0; /* a synchronous step: no staleness */
+    return pt_pipemare_lr_factor(staleness_estimate, step, s->warmup);
 }
 
 /* nesterov-secant: s = pipeline.dc_lambda, or the look-ahead's own. The step
@@ -137,37 +149,36 @@ double pt_lookahead_lr_factor(const pt_stage_executor *ex, long step)
  * synchronous and the first asynchronous microbatch too (the step between
  * their forwards used the former's gradient), so the first asynchronous
  * backward only starts the secant: it learns from the pair after it. */
-static pipert_result secant_compensate(pt_stage_executor *ex)
+static pipert_result secant_compensate(pt_lookahead_state *s, const pt_lookahead_stage *stage)
 {
-    const pt_train_settings *t = &ex->config.train;
-    const long step = ex->version + 1;
-    if (step <= ex->config.pipeline.sync_steps + 1) ex->secant.pairs = 0;
-    const double own = ex->config.pipeline.dc_lambda;
+    const pt_train_settings *t = &s->train;
+    const long step = stage->version + 1;
+    if (step <= s->sync_steps + 1) s->secant.pairs = 0;
     const double lr = pt_lr_at(step, t->steps, t->lr, t->warmup_steps, t->min_lr_ratio);
-    pt_gpt_slice *m = ex->model;
-    return pt_secant_compensate(&ex->secant, &ex->optimizer, m->grads, m->params,
-                                ex->slot_weights[ex->backward_slot], ex->regions, m->n_tensors,
-                                lr, own > 0 ? own : PT_SECANT_SCALE);
+    pt_gpt_slice *m = stage->model;
+    return pt_secant_compensate(&s->secant, stage->optimizer, m->grads, m->params,
+                                stage->backward_weights, stage->regions, m->n_tensors, lr,
+                                s->dc_lambda > 0 ? s->dc_lambda : PT_SECANT_SCALE);
 }
 
-pipert_result pt_lookahead_adjust_gradient(pt_stage_executor *ex)
+pipert_result pt_lookahead_adjust_gradient(pt_lookahead_state *s, const pt_lookahead_stage *stage)
 {
-    if (!is_async(ex) || !pt_executor_stashes_weights(ex)) return PIPERT_OK;
-    if (ex->secant.kernels) return secant_compensate(ex);
-    if (!compensates(ex)) return PIPERT_OK;
-    pt_gpt_slice *m = ex->model;
-    return pt_optimizer_delay_compensate(&ex->optimizer, m->grads, m->params,
-                                         ex->slot_weights[ex->backward_slot], ex->regions,
-                                         m->n_tensors, dc_lambda(ex));
+    if (!at_work(s)) return PIPERT_OK;
+    if (s->secant.kernels) return secant_compensate(s, stage);
+    if (!s->row->compensates) return PIPERT_OK;
+    pt_gpt_slice *m = stage->model;
+    return pt_optimizer_delay_compensate(stage->optimizer, m->grads, m->params,
+                                         stage->backward_weights, stage->regions, m->n_tensors,
+                                         dc_lambda(s));
 }
 
-void pt_lookahead_before_step(pt_stage_executor *ex)
+void pt_lookahead_before_step(pt_lookahead_state *s, const float *params)
 {
-    if (ex->update_size.before) pt_update_size_before_step(&ex->update_size, ex->model->params);
+    if (s->update_size.before) pt_update_size_before_step(&s->update_size, params);
 }
 
-void pt_lookahead_after_step(pt_stage_executor *ex)
+void pt_lookahead_after_step(pt_lookahead_state *s, const float *params,
+                             const pt_param_region *regions)
 {
-    if (ex->update_size.before)
-        pt_update_size_after_step(&ex->update_size, ex->model->params, ex->regions);
+    if (s->update_size.before) pt_update_size_after_step(&s->update_size, params, regions);
 }
