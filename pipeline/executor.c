@@ -63,6 +63,8 @@ static int in_flight(const pt_stage_executor *ex)
 
 static bool stashes_weights(const pt_stage_executor *ex) { return pt_executor_stashes_weights(ex); }
 
+static pt_validation_port validation_port(pt_stage_executor *ex);
+
 /* The stage as the look-ahead sees it now (lookahead.h). */
 static pt_lookahead_stage lookahead_stage(pt_stage_executor *ex)
 {
@@ -183,14 +185,16 @@ static pipert_result executor_setup(pt_stage_executor *ex)
     ex->T = cfg->model.block_size;
     ex->C = cfg->model.n_embd;
     ex->slots = in_flight(ex);
-    pt_eval_waves_init(ex);
+    pt_eval_waves_init(&ex->waves, is_async(ex), ex->options.stages, cfg->train.val_every,
+                       cfg->train.steps);
     PT_TRY(build_model(ex));
     PT_TRY(pt_lookahead_setup(&ex->look, ex->lookahead, cfg, ex->kernels, is_async(ex),
                               pt_executor_stashes_weights(ex), ex->model));
     PT_TRY(alloc_slot_tables(ex));
     PT_TRY(pt_staging_setup(ex));
     PT_TRY(load_data(ex));
-    PT_TRY(pt_eval_waves_setup(ex));
+    const pt_validation_port port = validation_port(ex);
+    PT_TRY(pt_eval_waves_setup(&ex->waves, &port));
     const size_t N = (size_t)ex->B * ex->T;
     PT_TRY(pt_alloc((void **)&ex->inputs, N * sizeof(int32_t), "input tokens"));
     PT_TRY(pt_alloc((void **)&ex->targets, N * sizeof(int32_t), "target tokens"));
@@ -242,7 +246,7 @@ static void finish_request(pt_request **request)
 void pt_stage_executor_free(pt_stage_executor *ex)
 {
     if (!ex) return;
-    pt_eval_waves_free(ex);
+    pt_eval_waves_free(&ex->waves);
     pt_lookahead_free(&ex->look);
     const pt_kernels *k = ex->kernels;
     for (int i = 0; i < ex->slots; i++) {
@@ -796,7 +800,7 @@ pipert_result pt_stage_executor_step(pt_stage_executor *ex, pt_pipeline_step *re
         for (; ex->cursor < ex->schedule.count; ex->cursor++)
             PT_TRY(execute(ex, &ex->schedule.instructions[ex->cursor], &at));
     }
-    PT_TRY(pt_eval_waves_after_step(ex));
+    PT_TRY(pt_eval_waves_after_step(&ex->waves, ex->version));
     if (report) *report = ex->last_report;
     return PIPERT_OK;
 }
@@ -832,43 +836,96 @@ void pt_stage_executor_use_kernels(pt_stage_executor *ex, const pt_kernels *kern
     pt_lookahead_use_kernels(&ex->look, kernels);
 }
 
-/* ---- validation ---------------------------------------------------------- */
+/* ---- validation (validation.h): the port the executor offers it ------------ */
 
-/* ---- for validation.c ----------------------------------------------------- */
-
-pipert_result pt_executor_host_batch(pt_stage_executor *ex, pipert_split split, long index)
+/* Validation batch k of n's tokens (stage 0) and targets (last stage) into the model. */
+static pipert_result port_load_batch(void *stage, int k, int n)
 {
-    return host_batch(ex, split, index, 0);
+    pt_stage_executor *ex = stage;
+    if (!pt_executor_reads_data(ex)) return PIPERT_OK;
+    pt_gpt_slice *m = ex->model;
+    const size_t bytes = (size_t)ex->B * ex->T * sizeof(int32_t);
+    if (ex->options.batch) PT_TRY(host_batch(ex, PIPERT_SPLIT_VAL, k, 0));
+    else pt_dataset_val_batch(&ex->data, k, n, ex->B, ex->T, ex->inputs, ex->targets);
+    if (ex->options.stage == 0) ex->kernels->copy_to_device(m->tokens, ex->inputs, bytes);
+    if (is_last_stage(ex)) ex->kernels->copy_to_device(m->targets, ex->targets, bytes);
+    return PIPERT_OK;
 }
 
-pipert_result pt_executor_receive(pt_stage_executor *ex, bool wave, long id, float *dst)
+static const float *port_eval_params(void *stage)
 {
+    const pt_stage_executor *ex = stage;
+    return pt_coupling_eval_params(ex->options.coupling);
+}
+
+static pipert_result port_receive(void *stage, bool wave, long id, float *dst)
+{
+    pt_stage_executor *ex = stage;
     return receive_tensor(ex, ex->options.prev_rank, PT_KIND_ACTIVATION,
                           wave ? TAG_EVAL_WAVE : TAG_EVAL, id, dst);
 }
 
-pipert_result pt_executor_post_forward(pt_stage_executor *ex, bool wave, long id, const float *src,
-                                       pt_request **request)
+static pipert_result port_send(void *stage, long id, const float *src)
 {
-    return send_tensor(ex, ex->options.next_rank, PT_KIND_ACTIVATION,
-                       wave ? TAG_EVAL_WAVE : TAG_EVAL, id, src, NULL, request);
-}
-
-pipert_result pt_executor_complete_send(pt_stage_executor *ex, pt_request **request)
-{
-    return complete_send(ex, request);
-}
-
-pipert_result pt_executor_send_forward(pt_stage_executor *ex, bool wave, long id, const float *src)
-{
+    pt_stage_executor *ex = stage;
     pt_request *request = NULL;
-    PT_TRY(send_tensor(ex, ex->options.next_rank, PT_KIND_ACTIVATION, wave ? TAG_EVAL_WAVE : TAG_EVAL,
-                       id, src, pt_staging_sync(ex), &request));
+    PT_TRY(send_tensor(ex, ex->options.next_rank, PT_KIND_ACTIVATION, TAG_EVAL, id, src,
+                       pt_staging_sync(ex), &request));
     return complete_send(ex, &request);
 }
 
-void pt_executor_trace_span(pt_stage_executor *ex, const char *category, double started_us,
-                            long microbatch)
+static pipert_result port_copy_output(void *stage, void **copy, const float *src, size_t bytes)
 {
-    trace_span(ex, category, started_us, microbatch);
+    pt_stage_executor *ex = stage;
+    PT_TRY(pt_staging_alloc(ex, copy, bytes, "a validation batch on its way"));
+    pt_staging_copy_out(ex, *copy, src, bytes);
+    return PIPERT_OK;
+}
+
+static void port_release_copy(void *stage, void *copy) { pt_staging_release(stage, copy); }
+
+static pipert_result port_post(void *stage, long id, const float *copy, pt_request **request)
+{
+    pt_stage_executor *ex = stage;
+    return send_tensor(ex, ex->options.next_rank, PT_KIND_ACTIVATION, TAG_EVAL_WAVE, id, copy,
+                       NULL, request);
+}
+
+static pipert_result port_complete(void *stage, pt_request **request)
+{
+    return complete_send(stage, request);
+}
+
+static void port_trace_span(void *stage, const char *category, double started_us, long id)
+{
+    trace_span(stage, category, started_us, id);
+}
+
+static pt_validation_port validation_port(pt_stage_executor *ex)
+{
+    return (pt_validation_port){.stage = ex,
+                                .stage_index = ex->options.stage,
+                                .stages = ex->options.stages,
+                                .model = ex->model,
+                                .val_batches = ex->config.train.val_batches,
+                                .load_batch = port_load_batch,
+                                .eval_params = port_eval_params,
+                                .receive = port_receive,
+                                .send = port_send,
+                                .copy_output = port_copy_output,
+                                .release_copy = port_release_copy,
+                                .post = port_post,
+                                .complete = port_complete,
+                                .trace_span = port_trace_span};
+}
+
+pipert_result pt_stage_executor_validate(pt_stage_executor *ex, float *val_loss)
+{
+    const pt_validation_port port = validation_port(ex);
+    return pt_validate_drained(&port, val_loss);
+}
+
+bool pt_stage_executor_take_validation(pt_stage_executor *ex, long *step, float *val_loss)
+{
+    return pt_eval_waves_take(&ex->waves, step, val_loss);
 }

@@ -5,33 +5,9 @@
 
 #include "pipeline/executor.h"
 #include "pipeline/utilisation.h"
+#include "pipeline/validation.h"
 #include "runtime/data.h"
 #include "train/optimizer.h"
-
-/* A validation finished while the schedule ran: the step of the weights it started on. */
-typedef struct pt_validation_result {
-    long step;
-    float val_loss;
-} pt_validation_result;
-
-/* Validation while the asynchronous schedule runs (validation.c): "waves" of the
- * validation batches, started by stage 0 after each train.val_every-th step and passed on
- * by stage s after its step N + 2s, between its own instructions. */
-typedef struct pt_eval_waves {
-    bool enabled;
-    int slot;              /* the activation set evaluation uses, of its own */
-    long *steps;           /* the waves not yet run here, oldest first */
-    int length, capacity;
-    double loss_sum;       /* last stage: of the wave being run */
-    float *input;          /* stage > 0: a received batch [N, C] */
-    /* Outputs sent on and not yet read by the next stage, oldest first: it runs the wave
-     * steps later (after its step N + 2s), and a large message's send ends only when it
-     * was read (comm/transport_direct.c), so each keeps a copy of its own. */
-    struct pt_wave_send *sending;
-    int n_sending, sending_capacity;
-    pt_validation_result *results; /* last stage: finished, not yet taken */
-    int n_results, results_capacity;
-} pt_eval_waves;
 
 struct pt_stage_executor {
     pt_stage_executor_options options;
@@ -104,21 +80,6 @@ pipert_result pt_executor_execute(pt_stage_executor *ex, const pt_instruction *i
 pipert_result pt_executor_build_schedule(const pt_stage_executor *ex, pt_schedule *out, int stage,
                                          long first, int count);
 
-/* For validation.c (executor.c): batch `index` of the host program's validation split; the
- * activations of validation batch `id` from the previous stage into dst (wave: one of a
- * validation while the schedule runs); an output sent to the next stage, and completed; a
- * trace span. */
-pipert_result pt_executor_host_batch(pt_stage_executor *ex, pipert_split split, long index);
-pipert_result pt_executor_receive(pt_stage_executor *ex, bool wave, long id, float *dst);
-pipert_result pt_executor_send_forward(pt_stage_executor *ex, bool wave, long id, const float *src);
-/* A send left to run from a buffer of pt_staging_alloc: *request ends when the next stage took it. */
-pipert_result pt_executor_post_forward(pt_stage_executor *ex, bool wave, long id, const float *src,
-                                       pt_request **request);
-/* Waits for a send posted so, and frees it. */
-pipert_result pt_executor_complete_send(pt_stage_executor *ex, pt_request **request);
-void pt_executor_trace_span(pt_stage_executor *ex, const char *category, double started_us,
-                            long microbatch);
-
 /* staging.c: host buffers for what the transport reads and writes when the
  * host cannot read the kernel table's memory. setup/free: the executor's own
  * (activations per slot, the gradient, receives). outgoing: what to send for
@@ -141,13 +102,6 @@ float *pt_staging_sync(pt_stage_executor *ex); /* sync_staging: NULL when nothin
 pipert_result pt_staging_alloc(pt_stage_executor *ex, void **out, size_t bytes, const char *what);
 void pt_staging_release(pt_stage_executor *ex, void *buffer);
 void pt_staging_copy_out(pt_stage_executor *ex, void *dst, const void *src, size_t bytes);
-
-/* validation.c: sets the waves up (before the model's activation slots are allocated: they
- * need one more), runs them after each optimizer step, and frees them. */
-void pt_eval_waves_init(pt_stage_executor *ex);
-pipert_result pt_eval_waves_setup(pt_stage_executor *ex);
-pipert_result pt_eval_waves_after_step(pt_stage_executor *ex);
-void pt_eval_waves_free(pt_stage_executor *ex);
 
 /* Slot of microbatch g: in-flight microbatches rotate through `slots` sets. */
 static inline int pt_executor_slot_of(const pt_stage_executor *ex, long microbatch)

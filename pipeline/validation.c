@@ -1,5 +1,5 @@
-/* Validation through the pipeline (executor.h): at a drained pipeline, all batches at once
- * (pt_stage_executor_validate: flush schedules every train.val_every steps, the asynchronous
+/* Validation through the pipeline (validation.h): at a drained pipeline, all batches at once
+ * (pt_validate_drained, called by pt_stage_executor_validate: flush schedules every train.val_every steps, the asynchronous
  * one at its end), and while the asynchronous schedule runs, in waves.
  *
  * Waves. After its step N (N a multiple of train.val_every, before the last step), stage 0
@@ -19,79 +19,70 @@
  * stage takes them only steps later, and meanwhile needs this stage's training microbatches
  * (a send of 64 KiB or more ends only when the receiver read it: transport_direct.c), so
  * each goes from a copy of its own, released once the send ended. */
+#include "pipeline/validation.h"
+
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "pipeline/executor.h"
-#include "pipeline/executor_internal.h"
+#include "runtime/error.h"
 #include "runtime/trace.h"
 
-/* ---- one batch ------------------------------------------------------------ */
+static bool is_last_stage(const pt_validation_port *p) { return p->stage_index == p->stages - 1; }
 
-/* Validation batch k's tokens (stage 0) and targets (last stage) into the current set. */
-static pipert_result load_validation_batch(pt_stage_executor *ex, int k, int n)
+/* One batch's activations between two stages. */
+static size_t activation_bytes(const pt_validation_port *p)
 {
-    if (!pt_executor_reads_data(ex)) return PIPERT_OK;
-    pt_gpt_slice *m = ex->model;
-    const size_t bytes = (size_t)ex->B * ex->T * sizeof(int32_t);
-    if (ex->options.batch) PT_TRY(pt_executor_host_batch(ex, PIPERT_SPLIT_VAL, k));
-    else pt_dataset_val_batch(&ex->data, k, n, ex->B, ex->T, ex->inputs, ex->targets);
-    if (ex->options.stage == 0) ex->kernels->copy_to_device(m->tokens, ex->inputs, bytes);
-    if (pt_executor_is_last_stage(ex)) ex->kernels->copy_to_device(m->targets, ex->targets, bytes);
-    return PIPERT_OK;
+    return (size_t)p->model->B * p->model->T * p->model->config.n_embd * sizeof(float);
 }
 
-/* The forward of validation batch k on the weights the coupling says the model is (DiLoCo:
- * the outer ones), with m->input already in place; its loss (last stage) into *loss. */
-static void validation_forward(pt_stage_executor *ex, float *loss)
+/* The forward of a validation batch on the weights the stage says (DiLoCo: the outer ones),
+ * with the model's input already in place; its loss (last stage) into *loss. */
+static void validation_forward(const pt_validation_port *p, float *loss)
 {
-    pt_gpt_slice *m = ex->model;
-    pt_gpt_use_params(m, (float *)pt_coupling_eval_params(ex->options.coupling));
-    pt_gpt_forward_eval(m, loss);
-    pt_gpt_use_params(m, NULL);
+    pt_gpt_use_params(p->model, (float *)p->eval_params(p->stage));
+    pt_gpt_forward_eval(p->model, loss);
+    pt_gpt_use_params(p->model, NULL);
 }
 
 /* ---- at a drained pipeline ------------------------------------------------ */
 
-pipert_result pt_stage_executor_validate(pt_stage_executor *ex, float *val_loss)
+pipert_result pt_validate_drained(const pt_validation_port *p, float *val_loss)
 {
-    const int n = ex->config.train.val_batches;
-    pt_gpt_slice *m = ex->model;
+    const int n = p->val_batches;
+    pt_gpt_slice *m = p->model;
     double sum = 0;
     *val_loss = NAN;
     pt_gpt_use_activation_slot(m, 0);
     for (int k = 0; k < n; k++) {
         const double started = pt_trace_now_us();
-        PT_TRY(load_validation_batch(ex, k, n));
-        if (ex->options.stage > 0) PT_TRY(pt_executor_receive(ex, false, k, m->input));
+        PT_TRY(p->load_batch(p->stage, k, n));
+        if (p->stage_index > 0) PT_TRY(p->receive(p->stage, false, k, m->input));
         float loss = NAN;
-        validation_forward(ex, &loss);
-        if (!pt_executor_is_last_stage(ex))
-            PT_TRY(pt_executor_send_forward(ex, false, k, pt_gpt_output(m)));
+        validation_forward(p, &loss);
+        if (!is_last_stage(p)) PT_TRY(p->send(p->stage, k, pt_gpt_output(m)));
         sum += loss;
-        pt_executor_trace_span(ex, "eval", started, k);
+        p->trace_span(p->stage, "eval", started, k);
     }
-    if (pt_executor_is_last_stage(ex)) *val_loss = (float)(sum / n);
+    if (is_last_stage(p)) *val_loss = (float)(sum / n);
     return PIPERT_OK;
 }
 
 /* ---- waves ------------------------------------------------------------------ */
 
-void pt_eval_waves_init(pt_stage_executor *ex)
+void pt_eval_waves_init(pt_eval_waves *w, bool async, int stages, long val_every, long last_step)
 {
-    const pt_train_settings *t = &ex->config.train;
-    ex->waves = (pt_eval_waves){0};
-    ex->waves.enabled = pt_executor_is_async(ex) && ex->options.stages > 1 && t->val_every > 0 &&
-                        t->val_every < t->steps;
+    *w = (pt_eval_waves){.enabled = async && stages > 1 && val_every > 0 && val_every < last_step,
+                         .val_every = val_every,
+                         .last_step = last_step};
 }
 
-pipert_result pt_eval_waves_setup(pt_stage_executor *ex)
+pipert_result pt_eval_waves_setup(pt_eval_waves *w, const pt_validation_port *port)
 {
-    pt_eval_waves *w = &ex->waves;
-    if (!w->enabled || ex->options.stage == 0) return PIPERT_OK;
-    const size_t bytes = (size_t)ex->B * ex->T * ex->C * sizeof(float);
-    return ex->kernels->alloc((void **)&w->input, bytes, "validation activations");
+    w->port = *port;
+    if (!w->enabled || port->stage_index == 0) return PIPERT_OK;
+    return port->model->kernels->alloc((void **)&w->input, activation_bytes(port),
+                                       "validation activations");
 }
 
 /* A wave's output on its way to the next stage, from a copy of its own. */
@@ -100,34 +91,33 @@ typedef struct pt_wave_send {
     pt_request *request;
 } pt_wave_send;
 
-static void drop_send(pt_stage_executor *ex, pt_wave_send *send)
+static void drop_send(pt_eval_waves *w, pt_wave_send *send)
 {
     if (send->request) {
         pt_request_cancel(send->request);
         pt_request_free(send->request);
     }
-    pt_staging_release(ex, send->copy);
+    w->port.release_copy(w->port.stage, send->copy);
     *send = (pt_wave_send){0};
 }
 
 /* Sends that ended (all of them if `wait`, waiting for each) leave the queue, in order. */
-static pipert_result finish_sends(pt_stage_executor *ex, bool wait)
+static pipert_result finish_sends(pt_eval_waves *w, bool wait)
 {
-    pt_eval_waves *w = &ex->waves;
     pipert_result rc = PIPERT_OK;
     int done = 0;
     for (; done < w->n_sending && rc == PIPERT_OK; done++) {
         pt_wave_send *send = &w->sending[done];
         if (wait) {
-            rc = pt_executor_complete_send(ex, &send->request);
+            rc = w->port.complete(w->port.stage, &send->request);
         } else {
             if (!pt_request_test(send->request, &rc)) break;
             pt_request_free(send->request);
             send->request = NULL;
         }
         if (rc != PIPERT_OK)
-            pt_error_prefix("stage %d: sending a validation batch on", ex->options.stage);
-        drop_send(ex, send);
+            pt_error_prefix("stage %d: sending a validation batch on", w->port.stage_index);
+        drop_send(w, send);
     }
     if (done == 0) return rc;
     memmove(w->sending, w->sending + done, (size_t)(w->n_sending - done) * sizeof *w->sending);
@@ -136,9 +126,9 @@ static pipert_result finish_sends(pt_stage_executor *ex, bool wait)
 }
 
 /* The output of wave batch `id`, copied, sent on without waiting for the next stage. */
-static pipert_result post_wave_output(pt_stage_executor *ex, long id)
+static pipert_result post_wave_output(pt_eval_waves *w, long id)
 {
-    pt_eval_waves *w = &ex->waves;
+    const pt_validation_port *p = &w->port;
     if (w->n_sending == w->sending_capacity) {
         const int capacity = w->sending_capacity ? 2 * w->sending_capacity : 8;
         pt_wave_send *grown = realloc(w->sending, (size_t)capacity * sizeof *grown);
@@ -146,34 +136,31 @@ static pipert_result post_wave_output(pt_stage_executor *ex, long id)
         w->sending = grown;
         w->sending_capacity = capacity;
     }
-    const size_t bytes = (size_t)ex->B * ex->T * ex->C * sizeof(float);
     pt_wave_send send = {0};
-    PT_TRY(pt_staging_alloc(ex, (void **)&send.copy, bytes, "a validation batch on its way"));
-    pt_staging_copy_out(ex, send.copy, pt_gpt_output(ex->model), bytes);
-    pipert_result rc = pt_executor_post_forward(ex, true, id, send.copy, &send.request);
+    PT_TRY(p->copy_output(p->stage, (void **)&send.copy, pt_gpt_output(p->model),
+                          activation_bytes(p)));
+    pipert_result rc = p->post(p->stage, id, send.copy, &send.request);
     if (rc != PIPERT_OK) {
-        drop_send(ex, &send);
+        drop_send(w, &send);
         return rc;
     }
     w->sending[w->n_sending++] = send;
     return PIPERT_OK;
 }
 
-void pt_eval_waves_free(pt_stage_executor *ex)
+void pt_eval_waves_free(pt_eval_waves *w)
 {
-    pt_eval_waves *w = &ex->waves;
-    for (int i = 0; i < w->n_sending; i++) drop_send(ex, &w->sending[i]);
+    for (int i = 0; i < w->n_sending; i++) drop_send(w, &w->sending[i]);
     free(w->sending);
-    if (w->input && ex->kernels) ex->kernels->free(w->input);
+    if (w->input && w->port.model && w->port.model->kernels) w->port.model->kernels->free(w->input);
     free(w->steps);
     free(w->results);
     *w = (pt_eval_waves){0};
 }
 
-static long wave_id(const pt_stage_executor *ex, long step, int k)
+static long wave_id(const pt_eval_waves *w, long step, int k)
 {
-    const int n = ex->config.train.val_batches;
-    return step / ex->config.train.val_every * n + k;
+    return step / w->val_every * w->port.val_batches + k;
 }
 
 static pipert_result push_wave(pt_eval_waves *w, long step)
@@ -190,11 +177,10 @@ static pipert_result push_wave(pt_eval_waves *w, long step)
 }
 
 /* The oldest wave is done here: the last stage keeps its loss for the caller. */
-static pipert_result pop_wave(pt_stage_executor *ex)
+static pipert_result pop_wave(pt_eval_waves *w)
 {
-    pt_eval_waves *w = &ex->waves;
-    const int n = ex->config.train.val_batches;
-    if (pt_executor_is_last_stage(ex)) {
+    const int n = w->port.val_batches;
+    if (is_last_stage(&w->port)) {
         if (w->n_results == w->results_capacity) {
             int capacity = w->results_capacity ? 2 * w->results_capacity : 4;
             pt_validation_result *grown = realloc(w->results, (size_t)capacity * sizeof *grown);
@@ -211,49 +197,46 @@ static pipert_result pop_wave(pt_stage_executor *ex)
 }
 
 /* Batch k of the oldest wave: its input received (stage > 0), forward, sent on. */
-static pipert_result run_wave_batch(pt_stage_executor *ex, int k)
+static pipert_result run_wave_batch(pt_eval_waves *w, int k)
 {
-    pt_eval_waves *w = &ex->waves;
-    const long id = wave_id(ex, w->steps[0], k);
+    const pt_validation_port *p = &w->port;
+    const long id = wave_id(w, w->steps[0], k);
     const double started = pt_trace_now_us();
-    pt_gpt_slice *m = ex->model;
-    if (ex->options.stage > 0) PT_TRY(pt_executor_receive(ex, true, id, w->input));
+    pt_gpt_slice *m = p->model;
+    if (p->stage_index > 0) PT_TRY(p->receive(p->stage, true, id, w->input));
     pt_gpt_use_activation_slot(m, w->slot);
-    PT_TRY(load_validation_batch(ex, k, ex->config.train.val_batches));
-    if (ex->options.stage > 0)
-        ex->kernels->copy(m->input, w->input, (size_t)ex->B * ex->T * ex->C * sizeof(float));
+    PT_TRY(p->load_batch(p->stage, k, p->val_batches));
+    if (p->stage_index > 0) m->kernels->copy(m->input, w->input, activation_bytes(p));
     float loss = NAN;
-    validation_forward(ex, &loss);
-    if (!pt_executor_is_last_stage(ex)) PT_TRY(post_wave_output(ex, id));
+    validation_forward(p, &loss);
+    if (!is_last_stage(p)) PT_TRY(post_wave_output(w, id));
     w->loss_sum += loss;
-    pt_executor_trace_span(ex, "eval", started, id);
+    p->trace_span(p->stage, "eval", started, id);
     return PIPERT_OK;
 }
 
 /* The step after which stage s runs the wave of step N (see the top of this file). */
-static long due_step(const pt_stage_executor *ex, long wave_step)
+static long due_step(const pt_eval_waves *w, long wave_step)
 {
-    return wave_step + 2L * ex->options.stage;
+    return wave_step + 2L * w->port.stage_index;
 }
 
-pipert_result pt_eval_waves_after_step(pt_stage_executor *ex)
+pipert_result pt_eval_waves_after_step(pt_eval_waves *w, long step)
 {
-    pt_eval_waves *w = &ex->waves;
     if (!w->enabled) return PIPERT_OK;
-    const long step = ex->version, last = ex->config.train.steps;
-    if (step % ex->config.train.val_every == 0 && step < last) PT_TRY(push_wave(w, step));
-    PT_TRY(finish_sends(ex, false));
-    while (w->length > 0 && (due_step(ex, w->steps[0]) <= step || step >= last)) {
-        for (int k = 0; k < ex->config.train.val_batches; k++) PT_TRY(run_wave_batch(ex, k));
-        PT_TRY(pop_wave(ex));
+    const long last = w->last_step;
+    if (step % w->val_every == 0 && step < last) PT_TRY(push_wave(w, step));
+    PT_TRY(finish_sends(w, false));
+    while (w->length > 0 && (due_step(w, w->steps[0]) <= step || step >= last)) {
+        for (int k = 0; k < w->port.val_batches; k++) PT_TRY(run_wave_batch(w, k));
+        PT_TRY(pop_wave(w));
     }
     /* the run ends with nothing on its way */
-    return step >= last ? finish_sends(ex, true) : PIPERT_OK;
+    return step >= last ? finish_sends(w, true) : PIPERT_OK;
 }
 
-bool pt_stage_executor_take_validation(pt_stage_executor *ex, long *step, float *val_loss)
+bool pt_eval_waves_take(pt_eval_waves *w, long *step, float *val_loss)
 {
-    pt_eval_waves *w = &ex->waves;
     if (w->n_results == 0) return false;
     *step = w->results[0].step;
     *val_loss = w->results[0].val_loss;
