@@ -3,6 +3,13 @@
  * creates a transport (UCX context and worker, the fds its progress thread sleeps on, its
  * address, the receive that hellos arrive in, and the thread) and destroys it. */
 #include "comm/transport_internal.h"
+#include "comm/transport_address.h"
+#include "comm/transport_connect.h"
+#include "comm/transport_direct.h"
+#include "comm/transport_listeners.h"
+#include "comm/transport_mac.h"
+#include "comm/transport_progress.h"
+#include "comm/transport_request.h"
 
 #include <errno.h>
 #include <pthread.h>

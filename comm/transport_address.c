@@ -4,6 +4,7 @@
  * like any string. Peers connect to it with ucp_ep_create(UCP_EP_PARAM_FIELD_REMOTE_ADDRESS):
  * there is no sockaddr listener (docs/ARCHITECTURE.md, "Connections", says why). */
 #include "comm/transport_internal.h"
+#include "comm/transport_address.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -21,6 +21,15 @@
  * hello that fails a check is logged with the rank, pid and host it claims; the handshake of a dialler whose proof is wrong is closed, so it learns of the
  * refusal from its connect timeout. */
 #include "comm/transport_internal.h"
+#include "comm/transport_address.h"
+#include "comm/transport_connect.h"
+#include "comm/transport_control.h"
+#include "comm/transport_direct.h"
+#include "comm/transport_listeners.h"
+#include "comm/transport_mac.h"
+#include "comm/transport_progress.h"
+#include "comm/transport_request.h"
+#include "comm/transport_send_recv.h"
 
 #include <ctype.h>
 #include <errno.h>

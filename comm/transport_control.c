@@ -4,6 +4,12 @@
  * is always posted on an established connection; a word that fails its check
  * is logged and dropped. */
 #include "comm/transport_internal.h"
+#include "comm/transport_connect.h"
+#include "comm/transport_control.h"
+#include "comm/transport_device.h"
+#include "comm/transport_direct.h"
+#include "comm/transport_mac.h"
+#include "comm/transport_progress.h"
 
 #include <stddef.h>
 #include <stdlib.h>

@@ -19,6 +19,12 @@
  * the answer completes the send. A peer that failed or left before the copy
  * is not copied from (its memory may be reused by now). */
 #include "comm/transport_internal.h"
+#include "comm/transport_connect.h"
+#include "comm/transport_device.h"
+#include "comm/transport_direct.h"
+#include "comm/transport_progress.h"
+#include "comm/transport_request.h"
+#include "comm/transport_send_recv.h"
 
 #include <pthread.h>
 #include <stdio.h>

@@ -23,6 +23,12 @@
  * UCX_TLS=tcp everything goes through UCX.
  */
 #include "comm/transport_internal.h"
+#include "comm/transport_connect.h"
+#include "comm/transport_device.h"
+#include "comm/transport_direct.h"
+#include "comm/transport_mac.h"
+#include "comm/transport_request.h"
+#include "comm/transport_send_recv.h"
 
 #include <errno.h>
 #include <pthread.h>

@@ -1,4 +1,5 @@
-/* Inside the UCX transport: what its files share. comm/transport.h says
+/* Inside the UCX transport: the types its files share (each file's functions for the others
+ * are in a header of its own, transport_progress.h and the like). comm/transport.h says
  * what the transport offers and how its protocol goes. One concern per file:
  *   transport.c            creating and destroying a transport (UCX context, worker, fds)
  *   transport_address.c    the address peers connect to: the UCX worker address, as text
@@ -365,119 +366,6 @@ static inline ucp_tag_t pt_transport_make_tag(unsigned kind, int src_rank, int p
 extern pthread_mutex_t pt_transport_state_lock;
 extern pthread_cond_t pt_transport_state_changed;
 pipert_result pt_transport_ucx_fail(ucs_status_t status, const char *what);
-
-/* transport_progress.c: the UCX lock, the command queue, the progress thread, posting. */
-/* Set while this thread holds a transport's ucx_lock: callbacks run then,
- * and a wait there would wait for ourselves. */
-extern _Thread_local int pt_transport_holding_ucx_lock;
-void pt_transport_ucx_lock_acquire(pt_transport *t);
-void pt_transport_ucx_lock_release(pt_transport *t);
-void pt_transport_wake_progress_thread(pt_transport *t);
-pipert_result pt_transport_enqueue(pt_transport *t, command_op op, pt_request *request,
-                                   connection *conn);
-pipert_result pt_transport_enqueue_drop(pt_transport *t, int rank, const char *reason);
-command *pt_transport_take_commands(pt_transport *t);
-void *pt_transport_progress_main(void *arg);
-pipert_result pt_transport_submit(pt_transport *t, pt_request *r, pt_request **out);
-void pt_transport_poll_while_waiting(pt_request *r, double seconds);
-
-/* transport_connect.c: peers (under pt_transport_state_lock), connections (under ucx_lock). */
-peer *pt_transport_peer_slot_locked(pt_transport *t, int rank);
-peer_state pt_transport_peer_state_locked(const pt_transport *t, int rank);
-/* Whether a process of `rank` was refused for another build or settings; why into `why`. */
-int pt_transport_peer_mismatch_locked(const pt_transport *t, int rank, char *why, size_t capacity);
-void pt_transport_connection_close(connection *c);
-void pt_transport_send_control(connection *c, uint32_t word);
-/* transport_control.c: keeps one receive of a control word posted on c. */
-void pt_transport_post_control_receive(connection *c);
-/* transport_connect.c: `rank` failed (departed: it said goodbye) for `reason`. */
-void pt_transport_peer_fail(pt_transport *t, int rank, int departed, const char *reason);
-void pt_transport_start_connect(pt_transport *t, connection *c);
-void pt_transport_drop_connections(pt_transport *t, int rank, const char *reason);
-void pt_transport_maintain_connections(pt_transport *t);
-int pt_transport_next_deadline_ms(const pt_transport *t);
-void pt_transport_await_hellos(pt_transport *t);
-void pt_transport_stop_hellos(pt_transport *t);
-void pt_transport_connection_orphan(connection *c);
-
-/* transport_listeners.c: UCX's listening sockets, found around ucp_worker_create, closed to
- * new connections by pt_transport_stop_listening (transport.h). */
-void pt_transport_note_listening_sockets(pt_transport *t);
-void pt_transport_find_ucx_listeners(pt_transport *t);
-
-/* transport_address.c: our worker address (into t->worker_address and t->address_text), and
- * a peer's, from its text. */
-pipert_result pt_transport_publish_address(pt_transport *t);
-pipert_result pt_transport_decode_address(const char *text, uint8_t *out, size_t *length);
-
-/* transport_mac.c: a connection's message keys from its handshake; the MAC and sequence
- * number of an outgoing header, or of a record (a control record or direct-read answer: the
- * seal covers its first `size` bytes and the sequence number); the check of an incoming one
- * (0 and `why` on refusal). Records are sealed only with authenticate_messages (else zeros). */
-void pt_transport_mac_keys(connection *c);
-pipert_result pt_transport_mac_sign(pt_transport *t, int rank, pt_message_header *h,
-                                    const void *payload);
-int pt_transport_mac_check(pt_transport *t, int rank, const pt_message_header *h,
-                           const void *payload, char *why, size_t capacity);
-pipert_result pt_transport_seal_record(pt_transport *t, int rank, const void *record, size_t size,
-                                       uint64_t *sequence, uint8_t mac[PT_MESSAGE_MAC_BYTES]);
-int pt_transport_seal_check(pt_transport *t, int rank, const void *record, size_t size,
-                            uint64_t sequence, const uint8_t mac[PT_MESSAGE_MAC_BYTES], char *why,
-                            size_t capacity);
-void pt_transport_mac_forget(peer *p);
-
-/* transport_direct.c: same-host direct reads. */
-void pt_transport_init_direct_reads(pt_transport *t);
-void pt_transport_offer_direct_reads(connection *c, const hello *h);
-void pt_transport_peer_reads_us(connection *c);
-void pt_transport_send_direct(pt_transport *t, pt_request *r, ucp_ep_h ep);
-/* A direct or device send waits for its answer (ack id r->descriptor.ack_id). */
-void pt_transport_post_ack_receive(pt_request *r);
-void pt_transport_acknowledge(pt_transport *t, int rank, uint32_t ack_id, int32_t status);
-int pt_transport_is_descriptor(const direct_descriptor *d, size_t length);
-void pt_transport_read_directly(pt_request *r);
-
-/* transport_device.c: same-host device payloads. */
-void pt_transport_offer_device_copies(connection *c);
-void pt_transport_peer_copies_device(connection *c, uint32_t word);
-void pt_transport_send_device_descriptor(pt_transport *t, pt_request *r, ucp_ep_h ep);
-int pt_transport_is_device_descriptor(const device_descriptor *d, size_t length);
-void pt_transport_copy_from_peer(pt_request *r);
-
-/* transport_send_recv.c: messages. */
-void pt_transport_send_part(pt_request *r, ucp_ep_h ep, const void *buffer, size_t count, int iov,
-                            int part);
-void pt_transport_send_part_finished(pt_request *r, ucs_status_t status);
-void pt_transport_post_part_receive(pt_request *r, ucp_tag_t tag, void *buffer, size_t count,
-                                    int iov, arrival_fn arrived);
-void pt_transport_post_send(pt_transport *t, pt_request *r);
-pipert_result pt_transport_wire_header(pt_transport *t, const pt_message_header *header,
-                                       pt_message_header *wire);
-pipert_result pt_transport_submit_send(pt_transport *t, int dst_rank, uint32_t user_tag,
-                                       const pt_message_header *header, const void *payload,
-                                       const pt_peer_memory *device, pt_request **out);
-pipert_result pt_transport_submit_receive(pt_transport *t, int src_rank, uint32_t user_tag,
-                                          const pt_recv_expect *expect, void *buffer,
-                                          void *device_buffer, size_t capacity, pt_request **out);
-void pt_transport_post_receive(pt_transport *t, pt_request *r);
-void pt_transport_finish_receive(pt_request *r);
-void pt_transport_cancel_receives_from(pt_transport *t, int rank, pipert_result code,
-                                       const char *reason);
-
-/* transport_request.c: a request's completion, and waiting on the state lock. */
-void pt_transport_record_failure(pt_request *r, pipert_result code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-void pt_transport_in_flight_add(pt_transport *t, pt_request *r);
-void pt_transport_complete_request(pt_request *r);
-/* A queued command for r has run (it may free r). */
-void pt_transport_request_command_done(pt_request *r);
-void pt_transport_fail_request(pt_request *r, pipert_result code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-const char *pt_transport_request_verb(const pt_request *r);
-void pt_transport_describe_request(const pt_request *r, char *out, size_t capacity);
-int pt_transport_request_done(pt_request *r);
-int pt_transport_wait_on_state(const struct timespec *deadline);
-void pt_transport_deadline_after(double seconds, struct timespec *out);
 
 #pragma GCC visibility pop
 

@@ -29,6 +29,7 @@
  * the filters while the survivors of its stage connect to it (session/join.c), and they stop
  * listening again once it is in — the same window, once per join. */
 #include "comm/transport_internal.h"
+#include "comm/transport_listeners.h"
 
 #include <dirent.h>
 #include <errno.h>

@@ -21,6 +21,8 @@
  * refused. Messages may be received out of order (a receive posted late takes an old message),
  * up to REPLAY_WINDOW messages apart. */
 #include "comm/transport_internal.h"
+#include "comm/transport_connect.h"
+#include "comm/transport_mac.h"
 
 #include <sodium.h>
 #include <stdlib.h>

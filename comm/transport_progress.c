@@ -4,6 +4,10 @@
  * its own request (post_directly) or polling while it waits (pt_transport_poll_while_waiting).
  * At the end the progress thread says goodbye to every peer and closes the endpoints. */
 #include "comm/transport_internal.h"
+#include "comm/transport_connect.h"
+#include "comm/transport_progress.h"
+#include "comm/transport_request.h"
+#include "comm/transport_send_recv.h"
 
 #include <errno.h>
 #include <pthread.h>

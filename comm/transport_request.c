@@ -2,6 +2,8 @@
  * waiters woken), and the pt_request_* API: test, wait, callbacks, cancel, free. A request
  * outlives its transport: its completion is under the process-wide state lock. */
 #include "comm/transport_internal.h"
+#include "comm/transport_progress.h"
+#include "comm/transport_request.h"
 
 #include <errno.h>
 #include <pthread.h>

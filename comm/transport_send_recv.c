@@ -4,6 +4,13 @@
  * pt_send_raw, pt_recv. Between processes of one host the payload part may be a direct-read
  * descriptor instead (transport_direct.c). */
 #include "comm/transport_internal.h"
+#include "comm/transport_connect.h"
+#include "comm/transport_device.h"
+#include "comm/transport_direct.h"
+#include "comm/transport_mac.h"
+#include "comm/transport_progress.h"
+#include "comm/transport_request.h"
+#include "comm/transport_send_recv.h"
 #include "comm/message_header.h"
 
 #include <stdbool.h>
