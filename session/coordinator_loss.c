@@ -43,17 +43,17 @@ static bool noticed_loss(pipert_session *s, long step)
 {
     char why[512];
     if (!pt_job_coordinator_lost(&s->job, why, sizeof why)) {
-        if (s->loss_logged)
+        if (s->vote.loss_logged)
             pt_warn("the coordinator is heard again after step %ld (a link that came back): "
                     "training goes on as before", step);
-        s->loss_logged = false;
+        s->vote.loss_logged = false;
         return false;
     }
-    if (!s->loss_logged)
+    if (!s->vote.loss_logged)
         pt_warn("coordinator lost after step %ld: %s; training goes on until the workers agree "
                 "on a step to stop at (they vote every %ld steps)",
                 step, why, vote_period(s));
-    s->loss_logged = true;
+    s->vote.loss_logged = true;
     return true;
 }
 
@@ -62,8 +62,8 @@ static bool noticed_loss(pipert_session *s, long step)
 static void noticed_return(pipert_session *s, long step)
 {
     const long n = pt_job_coordinator_reconnections(&s->job);
-    if (n == s->reconnections_logged) return;
-    s->reconnections_logged = n;
+    if (n == s->vote.reconnections_logged) return;
+    s->vote.reconnections_logged = n;
     pt_info("the coordinator was started again; this rank registered with it again (by step %ld; "
             "%ld time%s in all) and trains on", step, n, n == 1 ? "" : "s");
 }
@@ -73,24 +73,24 @@ static void noticed_return(pipert_session *s, long step)
  * survivors vote again over their new world group). */
 static pipert_result finish_vote(pipert_session *s, bool *lost)
 {
-    pt_allreduce_handle *vote = s->loss_vote;
-    s->loss_vote = NULL;
+    pt_allreduce_handle *vote = s->vote.handle;
+    s->vote.handle = NULL;
     for (;;) {
         pipert_result rc = pt_allreduce_wait_for(vote, WAIT_SLICE_S);
         if (rc == PIPERT_OK) break;
         if (rc != PIPERT_ERR_TIMEOUT) {
-            free(s->loss_vote_value);
-            s->loss_vote_value = NULL;
-            if (s->job.elastic && pt_session_departures_since(s, s->loss_vote_groups))
+            free(s->vote.value);
+            s->vote.value = NULL;
+            if (s->job.elastic && pt_session_departures_since(s, s->vote.groups))
                 return PIPERT_OK;
-            pt_error_prefix("the workers' vote on the coordinator of step %ld", s->loss_vote_step);
+            pt_error_prefix("the workers' vote on the coordinator of step %ld", s->vote.step);
             return rc;
         }
         const bool departed = s->job.elastic && pt_session_membership_changed(s);
         if (departed || atomic_load(&s->stop_requested) || pt_job_aborted(&s->job)) {
             pt_allreduce_abandon(vote);
-            PT_TRY(pt_session_keep_until_end(s, s->loss_vote_value));
-            s->loss_vote_value = NULL;
+            PT_TRY(pt_session_keep_until_end(s, s->vote.value));
+            s->vote.value = NULL;
             if (departed) return PIPERT_OK; /* replicas left: this vote decides nothing */
             return pt_fail(PIPERT_ERR_INTERRUPTED, "stopped during the workers' vote on the "
                                                    "coordinator");
@@ -101,9 +101,9 @@ static pipert_result finish_vote(pipert_session *s, bool *lost)
      * alive for the others, takes its replica out instead (the churn bed: a 5 s outage made
      * every replica checkpoint and exit). */
     const float needed = s->job.elastic ? (float)pt_group_size(s->job.world_group) : 1.0f;
-    *lost = *s->loss_vote_value >= needed;
-    free(s->loss_vote_value);
-    s->loss_vote_value = NULL;
+    *lost = *s->vote.value >= needed;
+    free(s->vote.value);
+    s->vote.value = NULL;
     return PIPERT_OK;
 }
 
@@ -122,29 +122,29 @@ pipert_result pt_session_coordinator_vote(pipert_session *s, long step, bool *st
     const bool lost = noticed_loss(s, step);
     const long k = vote_period(s);
     if (step % k != 0) return PIPERT_OK;
-    if (s->loss_vote && s->loss_vote_groups != s->elastic.regrouped_epoch)
+    if (s->vote.handle && s->vote.groups != s->elastic.regrouped_epoch)
         PT_TRY(pt_session_coordinator_vote_abandon(s));
-    if (s->loss_vote) {
+    if (s->vote.handle) {
         PT_TRY(finish_vote(s, stop));
         if (*stop) return PIPERT_OK;
     }
     if (step + k >= s->config.train.steps || regrouping(s) || !s->job.world_group) return PIPERT_OK;
-    s->loss_vote_value = malloc(sizeof *s->loss_vote_value);
-    if (!s->loss_vote_value) return pt_fail(PIPERT_ERR_NOMEM, "the vote: out of memory");
-    *s->loss_vote_value = lost ? 1.0f : 0.0f;
-    s->loss_vote_step = step;
-    s->loss_vote_groups = s->elastic.regrouped_epoch;
-    return pt_allreduce_start(s->job.world_group, s->loss_vote_value, 1, PT_REDUCE_SUM,
-                              &s->loss_vote);
+    s->vote.value = malloc(sizeof *s->vote.value);
+    if (!s->vote.value) return pt_fail(PIPERT_ERR_NOMEM, "the vote: out of memory");
+    *s->vote.value = lost ? 1.0f : 0.0f;
+    s->vote.step = step;
+    s->vote.groups = s->elastic.regrouped_epoch;
+    return pt_allreduce_start(s->job.world_group, s->vote.value, 1, PT_REDUCE_SUM,
+                              &s->vote.handle);
 }
 
 pipert_result pt_session_coordinator_vote_abandon(pipert_session *s)
 {
-    if (s->loss_vote) pt_allreduce_abandon(s->loss_vote);
-    s->loss_vote = NULL;
+    if (s->vote.handle) pt_allreduce_abandon(s->vote.handle);
+    s->vote.handle = NULL;
     /* an abandoned all-reduce may still write its buffer: kept until the job is left */
-    pipert_result rc = s->loss_vote_value ? pt_session_keep_until_end(s, s->loss_vote_value)
+    pipert_result rc = s->vote.value ? pt_session_keep_until_end(s, s->vote.value)
                                           : PIPERT_OK;
-    s->loss_vote_value = NULL;
+    s->vote.value = NULL;
     return rc;
 }

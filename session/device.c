@@ -22,12 +22,17 @@
  * Between workers of one host, tensors go device to device: the transport
  * gets the table's peer functions (CUDA IPC; cpu-guarded's stand-in), and
  * peers that can copy from each other's memory do (comm/transport.h,
- * "Device payloads"); PIPERT_DEVICE_PAYLOADS=0 keeps them to host copies. */
+ * "Device payloads"); PIPERT_DEVICE_PAYLOADS=0 keeps them to host copies.
+ *
+ * The parameters' checksum (logs compare replicas, and GPU runs with CPU runs) reads them
+ * through a host copy where the host cannot read the table's memory. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "comm/transport.h" /* pt_checksum64 */
 #include "kernels/cuda/cuda.h"
+#include "runtime/memory.h"
 #include "pipeline/plan.h"
 #include "runtime/log.h"
 #include "scheduler/cost.h"
@@ -112,4 +117,20 @@ void pt_session_report_device_memory(const pipert_session *s)
     if (pt_cuda_device_query(&info) != PIPERT_OK) return;
     pt_info("stage %d: the CUDA arena's high-water mark was %zu MiB of its %zu MiB",
             s->job.stage, info.arena_peak_bytes >> 20, info.arena_bytes >> 20);
+}
+
+pipert_result pt_session_params_checksum(pipert_session *s, unsigned long long *out)
+{
+    const pt_gpt_slice *slice = pt_stage_executor_model(s->executor);
+    const size_t bytes = slice->n_params * sizeof(float);
+    const float *params = slice->params;
+    float *host = NULL;
+    if (!s->kernels->host_accessible) {
+        PT_TRY(pt_alloc((void **)&host, bytes, "a host copy of the parameters"));
+        s->kernels->copy_to_host(host, slice->params, bytes);
+        params = host;
+    }
+    *out = (unsigned long long)pt_checksum64(params, bytes);
+    pt_free(host);
+    return PIPERT_OK;
 }

@@ -19,46 +19,6 @@
 #include "session/session_internal.h"
 
 #define SWITCH_POLL_S 0.01
-/* A failure is a departure if the coordinator says so within this long. */
-#define DEPARTURE_NOTICE_S 12.0
-
-pipert_result pt_session_keep_until_end(pipert_session *s, void *buffer)
-{
-    void **grown = realloc(s->elastic.kept, (size_t)(s->elastic.n_kept + 1) * sizeof *grown);
-    if (!grown) return pt_fail(PIPERT_ERR_NOMEM, "session: out of memory");
-    s->elastic.kept = grown;
-    s->elastic.kept[s->elastic.n_kept++] = buffer;
-    return PIPERT_OK;
-}
-
-void pt_session_free_kept(pipert_session *s)
-{
-    for (int i = 0; i < s->elastic.n_kept; i++) free(s->elastic.kept[i]);
-    free(s->elastic.kept);
-    s->elastic.kept = NULL;
-    s->elastic.n_kept = 0;
-}
-
-bool pt_session_departures_since(pipert_session *s, long epoch)
-{
-    /* a peer found dead may be a departure the coordinator announces soon */
-    for (const double until = pt_now_s() + DEPARTURE_NOTICE_S;;) {
-        pt_membership_news news;
-        pt_job_membership(&s->job, &news);
-        if (news.epoch > epoch) return true;
-        if (pt_now_s() >= until || pt_job_aborted(&s->job)) return false;
-        struct timespec pause = {0, (long)(SWITCH_POLL_S * 1e9)};
-        nanosleep(&pause, NULL);
-    }
-}
-
-bool pt_session_membership_changed(void *context)
-{
-    pipert_session *s = context;
-    pt_membership_news news;
-    pt_job_membership(&s->job, &news);
-    return news.epoch > s->elastic.regrouped_epoch;
-}
 
 /* Replicas out of the job as the coordinator says now. */
 static int replicas_out(pipert_session *s)
@@ -210,4 +170,25 @@ pipert_result pt_session_follow_membership(pipert_session *s)
         return pt_fail(PIPERT_ERR_INTERNAL, "the survivors' switch at step %ld came after this "
                                             "worker's step %ld", news.switch_step, version);
     return version == news.switch_step ? pt_session_switch_groups(s, &news) : PIPERT_OK;
+}
+
+pipert_result pt_session_rejoin(pipert_session *s, long *step)
+{
+    const double started = pt_now_s(), started_us = pt_trace_clock_us(s->trace);
+    pt_membership_news news;
+    PT_TRY(pt_session_take_running_state(s, &news));
+    *step = news.switch_step;
+    s->elastic.acked_epoch = news.switch_epoch;
+    PT_TRY(pt_session_switch_groups(s, &news));
+    s->elastic.joined_at = news.switch_step;
+    pt_trace_span(s->trace, "rejoining (waiting to be let in, taking the state)", started_us,
+                  pt_trace_clock_us(s->trace), -1, -1, -1);
+    unsigned long long checksum = 0;
+    (void)pt_session_params_checksum(s, &checksum);
+    pt_warn("replica %d is back in the job: stage %d took rank %d's state after step %ld in "
+            "%.2f s, parameters' checksum %016llx",
+            s->job.replica, s->job.stage,
+            pt_layout_rank(&s->job.layout, s->job.stage, news.switch_donor), news.switch_step,
+            pt_now_s() - started, checksum);
+    return PIPERT_OK;
 }

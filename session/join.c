@@ -610,51 +610,37 @@ static pipert_result wait_until_in(pipert_session *s, long epoch)
     }
 }
 
-pipert_result pt_session_join_running(pipert_session *s, long *step)
+pipert_result pt_session_take_running_state(pipert_session *s, pt_membership_news *news)
 {
-    const double started = pt_now_s(), started_us = pt_trace_clock_us(s->trace);
     /* before the survivors hear of the join: they wait at the switch for nothing of this */
     prepared_memory prepared = {0};
     prepare_memory(s, &prepared);
     pipert_result rc = pt_job_ready_to_join(&s->job);
-    pt_membership_news news;
     while (rc == PIPERT_OK) {
         prepare_memory(s, &prepared); /* again after a superseded switch took it */
-        if ((rc = wait_for_switch(s, &news)) != PIPERT_OK) break;
-        if (news.switch_step >= s->config.train.steps) {
+        if ((rc = wait_for_switch(s, news)) != PIPERT_OK) break;
+        if (news->switch_step >= s->config.train.steps) {
             rc = pt_fail(PIPERT_ERR_PEER, "the job ends at step %ld, before replica %d could "
                                           "rejoin (after step %ld)",
-                         s->config.train.steps, s->job.replica, news.switch_step);
+                         s->config.train.steps, s->job.replica, news->switch_step);
             break;
         }
-        s->elastic.taking_switch = news.switch_epoch;
-        rc = take_switch(s, &news, &prepared);
-        if (rc == PIPERT_OK) rc = wait_until_in(s, news.switch_epoch);
+        s->elastic.taking_switch = news->switch_epoch;
+        rc = take_switch(s, news, &prepared);
+        if (rc == PIPERT_OK) rc = wait_until_in(s, news->switch_epoch);
         s->elastic.taking_switch = 0;
         if (rc == PIPERT_OK || atomic_load(&s->stop_requested) || pt_job_aborted(&s->job))
             break;
         /* A donor whose switch was superseded gives its sends up and trains on, so a piece
          * read meanwhile from its live buffers fails its checksum: the newer change that
          * explains the failure may reach this replica a moment later. */
-        if (!pt_session_departures_since(s, news.switch_epoch)) break;
+        if (!pt_session_departures_since(s, news->switch_epoch)) break;
         pt_info("a newer membership change superseded switch %ld (%s): replica %d waits for "
-                "the next one", news.switch_epoch,
+                "the next one", news->switch_epoch,
                 rc == PIPERT_ERR_TIMEOUT ? "before this replica was in" : pipert_last_error(),
                 s->job.replica);
         rc = PIPERT_OK;
     }
     free(prepared.bytes);
-    PT_TRY(rc);
-    *step = news.switch_step;
-    s->elastic.acked_epoch = news.switch_epoch;
-    PT_TRY(pt_session_switch_groups(s, &news));
-    s->elastic.joined_at = news.switch_step;
-    pt_trace_span(s->trace, "rejoining (waiting to be let in, taking the state)", started_us,
-                  pt_trace_clock_us(s->trace), -1, -1, -1);
-    pt_warn("replica %d is back in the job: stage %d took rank %d's state after step %ld in "
-            "%.2f s, parameters' checksum %016llx",
-            s->job.replica, s->job.stage,
-            pt_layout_rank(&s->job.layout, s->job.stage, news.switch_donor), news.switch_step,
-            pt_now_s() - started, params_checksum(s));
-    return PIPERT_OK;
+    return rc;
 }

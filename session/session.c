@@ -61,33 +61,6 @@ static bool should_stop(void *context)
 
 /* ---- building -------------------------------------------------------------- */
 
-/* The split of the model's blocks over `stages` stages: plan.layers, or the balanced one. */
-static pipert_result stage_plan(const pipert_session *s, int stages, pt_stage_plan *plan)
-{
-    const pt_model_settings *m = &s->config.model;
-    pt_gpt_config model = {m->n_layer, m->n_embd, m->n_head, m->block_size, m->vocab_size,
-                           m->tie_weights};
-    if (s->config.plan.layers[0]) return pt_plan_parse(s->config.plan.layers, m->n_layer, stages, plan);
-    return pt_plan_balanced(&model, m->block_size, stages, plan);
-}
-
-pipert_result pt_session_planned_bounds(const pipert_session *s, int *bounds)
-{
-    pt_stage_plan plan;
-    PT_TRY(stage_plan(s, s->job.layout.stages, &plan));
-    memcpy(bounds, plan.bounds, (size_t)(s->job.layout.stages + 1) * sizeof *bounds);
-    return PIPERT_OK;
-}
-
-static pipert_result stage_blocks(const pipert_session *s, int *first, int *last)
-{
-    pt_stage_plan plan;
-    PT_TRY(stage_plan(s, s->job.layout.stages, &plan));
-    *first = plan.bounds[s->job.stage];
-    *last = plan.bounds[s->job.stage + 1];
-    return PIPERT_OK;
-}
-
 /* The trace (pipeline.trace) comes first: the coupling and the executor both draw into it. */
 static pipert_result build_trace(pipert_session *s)
 {
@@ -138,7 +111,7 @@ static pipert_result build_executor(pipert_session *s)
                                    .context = s};
     o.prev_rank = job->stage > 0 ? pt_layout_rank(&job->layout, job->stage - 1, job->replica) : -1;
     o.next_rank = job->stage < S - 1 ? pt_layout_rank(&job->layout, job->stage + 1, job->replica) : -1;
-    PT_TRY(stage_blocks(s, &o.first_layer, &o.last_layer));
+    PT_TRY(pt_session_stage_blocks(s, &o.first_layer, &o.last_layer));
     o.trace = s->trace;
     PT_TRY(pt_stage_executor_create(&s->executor, &o));
     pt_info("%s; replicas coupled by dp.method=%s", pt_stage_executor_describe(s->executor),
@@ -171,7 +144,7 @@ static void job_identity(const pipert_session *s, pt_job_identity *identity)
 {
     pt_stage_plan plan;
     *identity = (pt_job_identity){.protocol = PT_PROTOCOL_VERSION};
-    if (stage_plan(s, s->options.stages, &plan) != PIPERT_OK) return;
+    if (pt_session_stage_plan(s, s->options.stages, &plan) != PIPERT_OK) return;
     pt_config_job_digest(&s->config, s->options.stages, plan.bounds, identity);
     pt_debug("job digest %016llx (protocol version %u)", (unsigned long long)pt_job_digest(identity),
              identity->protocol);
@@ -196,7 +169,7 @@ static pipert_result session_setup(pipert_session *s)
     s->writes_outputs = s->job.replica == 0 && s->job.stage == s->job.layout.stages - 1;
     PT_TRY(pt_topology_compute_threads(s->config.runtime.threads, &s->threads));
     int first, last;
-    PT_TRY(stage_blocks(s, &first, &last));
+    PT_TRY(pt_session_stage_blocks(s, &first, &last));
     PT_TRY(pt_session_choose_kernels(s, first, last));
     if (s->kernels->set_threads) s->kernels->set_threads(s->threads);
     pt_session_share_device_memory(s);
@@ -204,7 +177,7 @@ static pipert_result session_setup(pipert_session *s)
     PT_TRY(build_coupling(s));
     PT_TRY(build_executor(s));
     long resumed = -1;
-    if (s->job.joining) PT_TRY(pt_session_join_running(s, &resumed));
+    if (s->job.joining) PT_TRY(pt_session_rejoin(s, &resumed));
     else if (s->options.resume) PT_TRY(pt_session_resume(s, &resumed));
     PT_TRY(pt_session_open_outputs(s, resumed));
     init_latest(s);
@@ -380,22 +353,6 @@ static pipert_result report_step(pipert_session *s, const pt_pipeline_step *p, p
     pt_job_log_progress(&s->job);
     s->window_started = pt_now_s();
     s->window_steps = 0;
-    return PIPERT_OK;
-}
-
-pipert_result pt_session_params_checksum(pipert_session *s, unsigned long long *out)
-{
-    const pt_gpt_slice *slice = pt_stage_executor_model(s->executor);
-    const size_t bytes = slice->n_params * sizeof(float);
-    const float *params = slice->params;
-    float *host = NULL;
-    if (!s->kernels->host_accessible) {
-        PT_TRY(pt_alloc((void **)&host, bytes, "a host copy of the parameters"));
-        s->kernels->copy_to_host(host, slice->params, bytes);
-        params = host;
-    }
-    *out = (unsigned long long)pt_checksum64(params, bytes);
-    pt_free(host);
     return PIPERT_OK;
 }
 

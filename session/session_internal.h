@@ -9,11 +9,15 @@
 
 #include "dp/coupling.h"
 #include "pipeline/executor.h"
+#include "pipeline/plan.h"
 #include "pipert/pipert.h"
 #include "runtime/config.h"
 #include "runtime/log.h"
 #include "runtime/metrics.h"
 #include "runtime/trace.h"
+#include "session/coordinator_loss.h"
+#include "session/departures.h"
+#include "session/elastic.h"
 #include "session/job.h"
 
 struct pipert_session {
@@ -50,57 +54,26 @@ struct pipert_session {
     char abort_reason[512];
     atomic_int failed;        /* the job ended asynchronously (abort, dead peer) */
 
-    struct {                  /* elastic replicas (elastic.c) */
-        long acked_epoch;     /* the newest departure acknowledged */
-        long ack_step;        /* the steps taken when it was */
-        long regrouped_epoch; /* the departure the coupling's groups reflect */
-        int absent;           /* replicas out of the job now */
-        long joined_at;       /* a joiner: the step its state is of (0: started with the job) */
-        long taking_switch;   /* a joiner: the switch whose state it takes now (0: none); a
-                               * newer change stops its waits (session.c should_stop) */
-        double paused_us;     /* trace clock when the coupling paused */
-        double tokens_lost;   /* the batches the replicas that left did not train */
-        void **kept;          /* buffers of abandoned collectives, freed after leaving the job */
-        int n_kept;
-    } elastic;
-    /* coordinator_loss.c: the workers' vote on whether the coordinator is gone */
-    pt_allreduce_handle *loss_vote; /* in flight since step loss_vote_step */
-    float *loss_vote_value;         /* its buffer (kept to the end if abandoned) */
-    long loss_vote_step;
-    long loss_vote_groups;          /* elastic.regrouped_epoch when it started */
-    bool loss_logged;
-    long reconnections_logged; /* registrations with a coordinator started again, logged */
+    pt_elastic_state elastic;  /* elastic replicas (elastic.c) */
+    pt_kept_buffers kept;      /* of abandoned collectives (departures.c) */
+    pt_coordinator_vote vote;  /* the workers' vote on a lost coordinator (coordinator_loss.c) */
     long stopped_at;          /* > 0: stopped after this step, the coordinator lost */
 };
 
-/* Elastic replicas (elastic.c): at a step boundary, acknowledges departures,
- * waits for the switch when the margin ran out, and regroups at the switch. */
-pipert_result pt_session_follow_membership(pipert_session *s);
-/* Whether replicas left after departure `epoch` (waiting a while for the
- * coordinator's word, which may come after a peer was found dead). */
-bool pt_session_departures_since(pipert_session *s, long epoch);
-/* Keeps a buffer that an abandoned collective may still write until the
- * session ends (pt_session_free_kept, after the transport is gone). */
-pipert_result pt_session_keep_until_end(pipert_session *s, void *buffer);
-void pt_session_free_kept(pipert_session *s);
-/* For the coupling's waits (pt_coupling_options.membership_changed). */
-bool pt_session_membership_changed(void *context);
-
-/* Regroups at the switch `news` announced (elastic.c): connects to replicas
- * coming back and, on the donor, gives them their state; then the new
- * groups and the coupling over them. */
-pipert_result pt_session_switch_groups(pipert_session *s, const pt_membership_news *news);
 /* Replicas coming back (join.c). The donor's side: this stage's state now,
  * to `rank` of a replica coming back, tagged with the switch's epoch. */
 pipert_result pt_session_send_state(pipert_session *s, int rank, long epoch);
-/* The joiner's side, in place of resuming: waits for the switch, takes the
- * donor's state of step *step, and regroups with the others. */
-pipert_result pt_session_join_running(pipert_session *s, long *step);
+/* The joiner's side: waits for a switch that lets its replica in and takes the donor's state
+ * (of step news->switch_step), until every stage of its replica has (elastic.c regroups). */
+pipert_result pt_session_take_running_state(pipert_session *s, pt_membership_news *news);
 /* Every stage's blocks in this run (checkpoint.c): bounds[s], bounds[s+1]. */
 pipert_result pt_session_stage_bounds(pipert_session *s, int *bounds);
-/* The same as this job's settings make it (plan.layers or the balanced split; the job digest
- * makes every rank's the same), without asking the other stages. */
+/* The same as this job's settings make it (stage_plan.c: plan.layers or the balanced split;
+ * the job digest makes every rank's the same), without asking the other stages; and this
+ * worker's own stage's. */
+pipert_result pt_session_stage_plan(const pipert_session *s, int stages, pt_stage_plan *plan);
 pipert_result pt_session_planned_bounds(const pipert_session *s, int *bounds);
+pipert_result pt_session_stage_blocks(const pipert_session *s, int *first, int *last);
 
 /* metrics.jsonl and metrics-stage-N.jsonl (outputs.c). */
 pipert_result pt_session_open_outputs(pipert_session *s, long resumed_step);
@@ -118,13 +91,7 @@ pipert_result pt_session_save_checkpoint(pipert_session *s, long step);
 /* Restores the newest complete checkpoint of out_dir; *step is its step. */
 pipert_result pt_session_resume(pipert_session *s, long *step);
 
-/* After every step (coordinator_loss.c): *stop says whether every rank agreed,
- * at this step, to stop after it because the coordinator is lost. */
-pipert_result pt_session_coordinator_vote(pipert_session *s, long step, bool *stop);
-/* A vote in flight is given up (before the job is left). */
-pipert_result pt_session_coordinator_vote_abandon(pipert_session *s);
-
-/* The checksum of this stage's parameters (session.c), read through a host copy where the
+/* The checksum of this stage's parameters (device.c), read through a host copy where the
  * host cannot read the kernels' memory: logs compare replicas, and GPU runs with CPU runs. */
 pipert_result pt_session_params_checksum(pipert_session *s, unsigned long long *out);
 
