@@ -28,6 +28,7 @@
 
 #include "dp/methods.h"
 #include "dp/outer.h"
+#include "runtime/name_table.h"
 
 /* CO2's plan; `adaptive`: dp.penalty=adaptive (Λ measured each round). */
 static pt_outer_plan co2_plan(const pipert_config *config, bool adaptive)
@@ -48,11 +49,13 @@ static pt_outer_plan co2_plan(const pipert_config *config, bool adaptive)
 
 static pipert_result co2_create(const pt_coupling_options *options, void **state)
 {
-    const char *penalty = options->config->dp.penalty;
-    const bool adaptive = !strcmp(penalty, "adaptive");
-    if (!adaptive && strcmp(penalty, "constant"))
-        return pt_fail(PIPERT_ERR_CONFIG, "dp.penalty: unknown \"%s\" (expected constant or adaptive)",
-                       penalty);
+    static const struct {
+        const char *name;
+        bool adaptive;
+    } penalties[] = {{"constant", false}, {"adaptive", true}};
+    const int i = pt_name_table_find(penalties, 2, options->config->dp.penalty, "dp.penalty");
+    if (i < 0) return PIPERT_ERR_CONFIG;
+    const bool adaptive = penalties[i].adaptive;
     const pt_outer_plan plan = co2_plan(options->config, adaptive);
     return pt_outer_create(options, &plan, state);
 }

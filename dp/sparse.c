@@ -75,6 +75,7 @@
 #include "dp/methods.h"
 #include "dp/sparse_internal.h"
 #include "runtime/log.h"
+#include "runtime/name_table.h"
 #include "runtime/rng.h"
 
 /* Exchanges a replica may have in flight with dp.delay = −1. */
@@ -110,12 +111,16 @@ static float ema_decay(const sparse_state *s, long step)
 
 /* ---- creation ---------------------------------------------------------------- */
 
+static const struct {
+    const char *name;
+    sparse_rule rule;
+} rules[] = {{"ema", RULE_EMA}, {"avg", RULE_AVG}, {"delta", RULE_DELTA}};
+
 static pipert_result parse_rule(const char *name, sparse_rule *out)
 {
-    if (!strcmp(name, "ema")) *out = RULE_EMA;
-    else if (!strcmp(name, "avg")) *out = RULE_AVG;
-    else if (!strcmp(name, "delta")) *out = RULE_DELTA;
-    else return pt_fail(PIPERT_ERR_CONFIG, "dp.rule: unknown \"%s\" (expected ema, avg or delta)", name);
+    const int i = pt_name_table_find(rules, sizeof rules / sizeof rules[0], name, "dp.rule");
+    if (i < 0) return PIPERT_ERR_CONFIG;
+    *out = rules[i].rule;
     return PIPERT_OK;
 }
 

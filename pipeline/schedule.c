@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "runtime/error.h"
+#include "runtime/name_table.h"
 
 static const char *const kind_names[] = {
     [PT_SCHEDULE_GPIPE] = "gpipe",
@@ -22,14 +23,11 @@ static const char *const instruction_names[PT_INSTRUCTION_KINDS] = {
 
 pipert_result pt_schedule_parse_kind(const char *name, pt_schedule_kind *out)
 {
-    for (int k = 0; k < N_KINDS; k++)
-        if (!strcmp(name, kind_names[k])) {
-            *out = (pt_schedule_kind)k;
-            return PIPERT_OK;
-        }
-    return pt_fail(PIPERT_ERR_CONFIG,
-                   "pipeline.schedule: unknown schedule \"%s\" (expected gpipe, 1f1b or async-1f1b)",
-                   name);
+    const int k = pt_name_table_index(kind_names, N_KINDS, sizeof kind_names[0], 0, name,
+                                      "pipeline.schedule");
+    if (k < 0) return PIPERT_ERR_CONFIG;
+    *out = (pt_schedule_kind)k;
+    return PIPERT_OK;
 }
 
 const char *pt_schedule_kind_name(pt_schedule_kind kind)
