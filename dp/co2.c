@@ -30,14 +30,21 @@
 #include "dp/outer.h"
 #include "runtime/name_table.h"
 
+/* Its own η and β unless set: 0.7 and 0.9 (heavy ball), clipped at φ = dp.clip. */
+static pt_outer_rule co2_rule(const pt_dp_settings *dp)
+{
+    pt_outer_rule rule = pt_outer_rule_of(dp, 0.7, 0.9, false);
+    rule.clip = dp->clip;
+    return rule;
+}
+
 /* CO2's plan; `adaptive`: dp.penalty=adaptive (Λ measured each round). */
 static pt_outer_plan co2_plan(const pipert_config *config, bool adaptive)
 {
     const pt_dp_settings *dp = &config->dp;
     return (pt_outer_plan){
         .method = "co2",
-        .rule = {.lr = dp->outer_lr, .momentum = dp->outer_momentum, .nesterov = false,
-                 .clip = dp->clip},
+        .rule = co2_rule(dp),
         .period = dp->period,
         .block_fragments = 1,
         .delay = dp->period,

@@ -37,6 +37,17 @@ typedef struct pt_outer_rule {
     double clip;     /* φ > 0: v is clamped to [−φ, φ] element-wise before the step; 0: no clip */
 } pt_outer_rule;
 
+/* The outer step's η and μ as a method takes them: dp.outer_lr and dp.outer_momentum where they
+ * are set, the method's own where they are left at theirs (η 0, μ negative: runtime/config.c).
+ * The method's own are the values measured best for it (BENCHMARKS.md "Defaults"). */
+static inline pt_outer_rule pt_outer_rule_of(const pt_dp_settings *dp, double own_lr,
+                                             double own_momentum, bool nesterov)
+{
+    return (pt_outer_rule){.lr = dp->outer_lr > 0 ? dp->outer_lr : own_lr,
+                           .momentum = dp->outer_momentum >= 0 ? dp->outer_momentum : own_momentum,
+                           .nesterov = nesterov};
+}
+
 /* delta[n] = outer − local: the pseudo-gradient of one replica (delta may be
  * local). Its mean over replicas is Δ = θ̃ − mean_r θ_r, a descent direction:
  * where the replicas went below θ̃, Δ > 0 and the outer step moves θ̃ down. */

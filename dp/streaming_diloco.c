@@ -29,7 +29,7 @@ static pt_outer_plan streaming_diloco_plan(const pipert_config *config)
     const pt_dp_settings *dp = &config->dp;
     return (pt_outer_plan){
         .method = "streaming-diloco",
-        .rule = {.lr = dp->outer_lr, .momentum = dp->outer_momentum, .nesterov = true},
+        .rule = pt_outer_rule_of(dp, 0.7, 0.9, true), /* its own: DiLoCo's published */
         .period = dp->period,
         .block_fragments = block_fragments(config),
         .delay = dp->overlap,

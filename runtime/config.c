@@ -191,13 +191,19 @@ static const config_key schema[] = {
     STRING_KEY(dp.rule, "ema", "ema|avg|delta",
                "sparse: what replaces the averaged elements: ema = average + lambda * EMA of the "
                "drift since sending; avg = the average; delta = average + drift"),
-    NUMBER_KEY(dp.lambda, 1.0, AT_LEAST(0), "sparse: weight of the EMA correction"),
+    NUMBER_KEY(dp.lambda, 3.0, AT_LEAST(0),
+               "sparse: weight of the EMA correction (ALGORITHMS.md's reference value is 1; 3 "
+               "measured best)"),
     NUMBER_KEY(dp.ema_warmup_steps, 1000, AT_LEAST(0),
                "sparse: steps with mu_e = 0.5 before its cosine rise to 0.99"),
     NUMBER_KEY(dp.period, 30, AT_LEAST(1),
                "diloco, streaming-diloco, co2: inner steps H per outer step"),
-    NUMBER_KEY(dp.outer_lr, 0.7, ABOVE(0), "outer learning rate (diloco, streaming-diloco, co2)"),
-    NUMBER_KEY(dp.outer_momentum, 0.9, HALF_OPEN_RANGE(0, 1), "outer Nesterov momentum"),
+    NUMBER_KEY(dp.outer_lr, 0, AT_LEAST(0),
+               "outer learning rate (diloco, streaming-diloco, co2); 0 = the method's own: "
+               "diloco 1.0, streaming-diloco and co2 0.7"),
+    NUMBER_KEY(dp.outer_momentum, -1, HALF_OPEN_RANGE(-1, 1),
+               "outer momentum (Nesterov; co2: heavy ball); -1 = the method's own: diloco 0.5, "
+               "streaming-diloco and co2 0.9"),
     NUMBER_KEY(dp.fragments, 0, AT_LEAST(0),
                "streaming-diloco: fragments (layer l -> fragment l mod P, plus one for embeddings, "
                "final norm and head); 0 = about 3 layers each"),

@@ -740,7 +740,7 @@ Test(config, job_digest_covers_what_workers_exchange_and_nothing_else)
         "train.weight_decay=0.5", "train.val_every=5",         "train.val_batches=3",
         "train.log_every=3",      "train.checkpoint_every=9",  "train.keep_checkpoints=2",
         "data.path=elsewhere",    "runtime.threads=3",         "pipeline.lookahead=none",
-        "pipeline.trace=true",    "pipeline.recompute=true",   "dp.lambda=3",
+        "pipeline.trace=true",    "pipeline.recompute=true",   "dp.lambda=5",
         "dp.outer_lr=0.5",        "seed=7",
     };
     for (size_t i = 0; i < sizeof excluded / sizeof excluded[0]; i++) {

@@ -16,6 +16,7 @@
  *       also θ ← mean_r θ_r after every step.
  * - streaming-diloco with one fragment, no overlap and α = 0 equals diloco
  *   step for step (1e-5).
+ * - Outer settings left unset are each method's own (diloco: η 1.0, μ 0.5).
  * - A run resumed from a checkpoint written with an exchange in flight
  *   continues with the losses of the uninterrupted run. On ordinary data,
  *   where the replicas drift apart between outer steps, each replica resumes
@@ -165,6 +166,29 @@ Test(dp_diloco, streaming_with_one_fragment_no_overlap_and_alpha_zero_is_diloco,
  * posted at step 8, was in flight until step 10 — continues with the losses
  * of the uninterrupted run. (On identical data, so every replica holds the
  * same θ, inner optimizer, θ̃ and v; the next test has replicas that differ.) */
+/* dp.outer_lr and dp.outer_momentum left unset: each method takes its own (diloco η = 1.0,
+ * μ = 0.5; streaming-diloco 0.7, 0.9), exactly as if they were set; and they matter (the paper's
+ * values on diloco train otherwise: the comparison can fail). */
+Test(dp_diloco, unset_outer_settings_are_each_methods_own, .timeout = 300)
+{
+    char *own = launch(1, "--dp.method=diloco --dp.period=4");
+    char *set = launch(1, "--dp.method=diloco --dp.period=4 --dp.outer_lr=1.0 --dp.outer_momentum=0.5");
+    expect_same_run(set, own, "diloco with its own outer step vs η = 1.0, μ = 0.5 set");
+    char *paper = launch(1, "--dp.method=diloco --dp.period=4 --dp.outer_lr=0.7 --dp.outer_momentum=0.9");
+    int step = 0;
+    cr_expect_gt(loss_difference(own, paper, STEPS, &step), 1e-4,
+                 "diloco's own outer step trains like η = 0.7, μ = 0.9: the comparison cannot fail");
+    char *streaming = launch(1, "--dp.method=streaming-diloco --dp.period=4");
+    char *streaming_set = launch(1, "--dp.method=streaming-diloco --dp.period=4 --dp.outer_lr=0.7 "
+                                    "--dp.outer_momentum=0.9");
+    expect_same_run(streaming_set, streaming, "streaming-diloco's own outer step vs 0.7, 0.9 set");
+    remove_dir(streaming_set);
+    remove_dir(streaming);
+    remove_dir(paper);
+    remove_dir(set);
+    remove_dir(own);
+}
+
 Test(dp_diloco, a_resumed_run_applies_the_exchange_it_had_in_flight, .timeout = 300)
 {
     char *data_dir = make_temp_dir(), *text = periodic_text(data_dir);
