@@ -33,8 +33,13 @@ void pt_session_free_kept(pipert_session *s)
 
 bool pt_session_departures_since(pipert_session *s, long epoch)
 {
+    return pt_session_departures_within(s, epoch, DEPARTURE_NOTICE_S);
+}
+
+bool pt_session_departures_within(pipert_session *s, long epoch, double seconds)
+{
     /* a peer found dead may be a departure the coordinator announces soon */
-    for (const double until = pt_now_s() + DEPARTURE_NOTICE_S;;) {
+    for (const double until = pt_now_s() + seconds;;) {
         pt_membership_news news;
         pt_job_membership(&s->job, &news);
         if (news.epoch > epoch) return true;

@@ -773,28 +773,37 @@ static pipert_result readdress(pt_job *job, int rank)
     return pt_transport_forget_peer(job->transport, rank);
 }
 
+/* A joiner counts as admitted only once connected: one that could not be (its site cut off)
+ * is connected again at the next switch that lists it, and the others of the same switch are
+ * connected all the same (the churn bed: two replicas back in one switch, the first one's
+ * hello timed out, and the second, left unconnected but counted in, could never be given its
+ * state). The first failure is the result. */
 pipert_result pt_job_admit_joiners(pt_job *job, const bool *fresh)
 {
     bool any = false;
     for (int r = 0; r < job->layout.replicas; r++)
         if (fresh[r]) {
             PT_TRY(readdress(job, pt_layout_rank(&job->layout, job->stage, r)));
-            job->admitted[r] = pt_coord_client_join_epoch(job->client, r);
             any = true;
         }
     if (!any) return PIPERT_OK;
     PT_TRY(pt_transport_listen_again(job->transport));
     job->listening = true;
+    pipert_result first = PIPERT_OK;
+    char why[512] = "";
     for (int r = 0; r < job->layout.replicas; r++) {
         if (!fresh[r]) continue;
         const int rank = pt_layout_rank(&job->layout, job->stage, r);
-        pipert_result rc = pt_transport_connect(job->transport, rank, job->addresses[rank]);
-        if (rc != PIPERT_OK) {
-            pt_error_prefix("connecting to rank %d (replica %d, coming back)", rank, r);
-            return rc;
+        const pipert_result rc = pt_transport_connect(job->transport, rank, job->addresses[rank]);
+        if (rc == PIPERT_OK) {
+            job->admitted[r] = pt_coord_client_join_epoch(job->client, r);
+        } else if (first == PIPERT_OK) {
+            first = rc;
+            snprintf(why, sizeof why, "connecting to rank %d (replica %d, coming back): %s", rank,
+                     r, pipert_last_error());
         }
     }
-    return PIPERT_OK;
+    return first == PIPERT_OK ? PIPERT_OK : pt_fail(first, "%s", why);
 }
 
 pipert_result pt_job_make_room(pt_job *job)

@@ -54,6 +54,10 @@
 #define WAIT_SLICE_S 0.1
 /* How long a joiner waits for the survivors to connect and for its state. */
 #define JOIN_TIMEOUT_S 300.0
+/* How long a joiner whose switch failed waits for the coordinator to say why (a newer change):
+ * a coordinator started again notices a silent fellow joiner only after its roll call (twice
+ * the heartbeat timeout) and the timeout itself. */
+#define JOINER_NOTICE_S 40.0
 
 /* The stage's parameters' checksum, which the logs of donor and joiner show. */
 static unsigned long long params_checksum(pipert_session *s)
@@ -633,8 +637,10 @@ pipert_result pt_session_take_running_state(pipert_session *s, pt_membership_new
             break;
         /* A donor whose switch was superseded gives its sends up and trains on, so a piece
          * read meanwhile from its live buffers fails its checksum: the newer change that
-         * explains the failure may reach this replica a moment later. */
-        if (!pt_session_departures_since(s, news->switch_epoch)) break;
+         * explains the failure may reach this replica a moment later. A fellow joiner cut
+         * off is announced later still when the coordinator was just started again (its roll
+         * call, then the heartbeat timeout): the churn bed saw a joiner give up first. */
+        if (!pt_session_departures_within(s, news->switch_epoch, JOINER_NOTICE_S)) break;
         pt_info("a newer membership change superseded switch %ld (%s): replica %d waits for "
                 "the next one", news->switch_epoch,
                 rc == PIPERT_ERR_TIMEOUT ? "before this replica was in" : pipert_last_error(),
