@@ -37,7 +37,10 @@
     "--model.n_layer=2 --model.n_embd=32 --model.n_head=2 --model.block_size=32 "                 \
     "--train.batch_size=4 --train.warmup_steps=1 --train.val_every=0 --train.val_batches=2 "     \
     "--train.log_every=1 --runtime.threads=1 --runtime.coordinator_check_steps=3"
-enum { STEPS = 400, WORKERS = 4, KILL_AFTER_STEP = 5, CHECK_STEPS = 3 };
+/* The workers notice the loss when their wait for a coordinator started again runs out (coord_client.h,
+ * reconnect_s): seconds, in which a fast machine takes a few hundred steps (162 here, 291 in a
+ * CI run against a bound of STEPS / 2 = 200 when STEPS was 400). */
+enum { STEPS = 2000, WORKERS = 4, KILL_AFTER_STEP = 5, CHECK_STEPS = 3 };
 #define EXIT_COORDINATOR_LOST 4 /* tools/cmd_worker.c */
 #define LOST_MESSAGE "coordinator lost: checkpoint of step "
 
