@@ -24,12 +24,17 @@ static int block_fragments(const pipert_config *config)
     return P > 1 ? P : 1;
 }
 
+/* Its own η and μ unless set: DiLoCo's published values (one seed favoured η = 1.0 by less
+ * than the seeds' spread: BENCHMARKS.md "Defaults"). */
+#define STREAMING_OUTER_LR 0.7
+#define STREAMING_OUTER_MOMENTUM 0.9
+
 static pt_outer_plan streaming_diloco_plan(const pipert_config *config)
 {
     const pt_dp_settings *dp = &config->dp;
     return (pt_outer_plan){
         .method = "streaming-diloco",
-        .rule = pt_outer_rule_of(dp, 0.7, 0.9, true), /* its own: DiLoCo's published */
+        .rule = pt_outer_rule_of(dp, STREAMING_OUTER_LR, STREAMING_OUTER_MOMENTUM, true),
         .period = dp->period,
         .block_fragments = block_fragments(config),
         .delay = dp->overlap,
