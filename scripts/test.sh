@@ -12,12 +12,13 @@ fi
 meson test -C build --print-errorlogs
 # The sanitizer build's command tests run every job on runtime.device=cpu-guarded: tensors the
 # host cannot read outside kernel calls, so host code touching "device" memory crashes as on a GPU.
-# The churn bed's short form runs in the release build only (its five minutes find what the elastic
-# tests' sanitized runs find).
+# The suite release_only (tests/meson.build: the churn bed's short form, shaped links between
+# sites, the elastic scenarios under mpirun and srun) runs in the release build only: it tests
+# timing and orchestration over library paths the other command tests run sanitized.
 scripts/build.sh build-sanitize -Dbuildtype=debugoptimized -Db_sanitize=address,undefined -Db_lundef=false \
   -Dtest_device=cpu-guarded
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-  meson test -C build-sanitize --print-errorlogs --timeout-multiplier 4 --no-suite churn
+  meson test -C build-sanitize --print-errorlogs --timeout-multiplier 4 --no-suite release_only
 # Both builds replayed fuzz/corpus/ (suite fuzz); now a few seconds of real
 # fuzzing per harness, in clang's libFuzzer build (scripts/fuzz.sh, build-fuzz).
 scripts/fuzz.sh -t 5

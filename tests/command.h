@@ -209,6 +209,30 @@ __attribute__((noinline, unused)) static char *read_named(const char *dir, const
     return text;
 }
 
+/* The lines of a job's log that tell its membership story (departures, joins, errors), at
+ * most `size` − 1 characters of them, for a failed assertion's message: a failure on a machine
+ * that cannot be reached later (CI) then says what happened. */
+static inline const char *membership_story(const char *log, char *story, size_t size)
+{
+    static const char *const telling[] = {"leaves the job", "rejoins", "is back in the job",
+                                          "error", "lost", "failed", "went away", "aborted"};
+    size_t used = 0;
+    story[0] = '\0';
+    for (const char *line = log; line && *line && used + 1 < size;) {
+        const char *end = strchr(line, '\n');
+        const size_t length = end ? (size_t)(end - line) : strlen(line);
+        bool tells = false;
+        for (size_t k = 0; k < sizeof telling / sizeof telling[0] && !tells; k++)
+            tells = memmem(line, length, telling[k], strlen(telling[k])) != NULL;
+        if (tells && !memmem(line, length, "UCX  WARN", 9)) {
+            const int n = snprintf(story + used, size - used, "%.*s\n", (int)length, line);
+            used += n > 0 ? (size_t)n : 0;
+        }
+        line = end ? end + 1 : NULL;
+    }
+    return story;
+}
+
 /* The newest step in DIR/metrics.jsonl (0: none yet, or no file). */
 static inline long logged_step(const char *dir)
 {

@@ -255,9 +255,11 @@ static void replacements_rejoin(launcher by, int exit_status)
     }
     char *metrics = read_named(j.dir, "/metrics.jsonl");
     const char *last = last_metrics_line(metrics);
+    char story[6000];
     cr_expect(reached_the_last_step(last) && strstr(last, "\"replicas\":3") &&
                   strstr(last, "\"joins\":1"),
-              "the last metrics line: %s", last);
+              "the last metrics line: %s\nthe job's membership story:\n%s", last,
+              membership_story(out, story, sizeof story));
     free(metrics);
     free(out);
     remove_dir(j.dir);
@@ -289,8 +291,10 @@ Test(elastic_launchers, mpirun_rank_0_serves_the_others_when_its_replica_leaves,
     cr_expect(!strstr(out, "job aborted"), "the others finish:\n%s", out);
     char *metrics = read_named(j.dir, "/metrics.jsonl");
     const char *last = last_metrics_line(metrics);
+    char story[6000];
     cr_expect(reached_the_last_step(last) && strstr(last, "\"replicas\":2"),
-              "replicas 1 and 2 finish the run: %s", last);
+              "replicas 1 and 2 finish the run: %s\nthe job's membership story:\n%s", last,
+              membership_story(out, story, sizeof story));
     free(metrics);
     free(out);
     remove_dir(j.dir);
@@ -398,9 +402,12 @@ static void standalone_coordinator(launcher by, int exit_status)
     }
     char *metrics = read_named(dir, "/metrics.jsonl");
     const char *last = last_metrics_line(metrics);
+    char story[6000];
     cr_expect(reached_the_last_step(last) && strstr(last, "\"replicas\":3") &&
                   strstr(last, "\"joins\":1"),
-              "the last metrics line: %s", last);
+              "the last metrics line: %s\nthe coordinator's story:\n%s\nthe workers':\n%s", last,
+              membership_story(coord, story, sizeof story / 2),
+              membership_story(out, story + sizeof story / 2, sizeof story / 2));
     free(metrics);
     free(coord);
     free(out);
