@@ -209,9 +209,8 @@ Test(wan, probe_measures_what_was_asked, .timeout = 240)
     /* Under load (a sanitizer build, other jobs) the relay fell to 86% at 100 Mbit/s once:
      * the test asks for the shaping, BENCHMARKS.md records how close it comes. */
     expect_probe_agrees("100mbit", 1e8, "10ms", 0.010, 0.75);
-    expect_probe_agrees("100mbit", 1e8, "50ms", 0.050, 0.75);
-    /* At 1 Gbit/s this 2-core VM's relay gave 70-98% (session 3: 97%; this one: 70-95%). */
-    expect_probe_agrees("1gbit", 1e9, "10ms", 0.010, 0.5);
+    /* At 1 Gbit/s this 2-core VM's relay gave 70-98% (session 3: 97%; this one: 70-95%). Each
+     * rate and each latency once (the four pairs took 29 s; BENCHMARKS.md has the others). */
     expect_probe_agrees("1gbit", 1e9, "50ms", 0.050, 0.5);
     expect_nothing_left(&before, "pipert probe");
 }
@@ -322,7 +321,10 @@ typedef struct outage {
 } outage;
 
 /* Runs `method` between two sites and takes site 1's link down for 5 s once
- * stage 0 has logged 10 steps. */
+ * stage 0 has logged 10 steps. The link is fast (1 Gbit/s, 1 ms): what is tested is the
+ * outage, and at 100 Mbit/s and 10 ms the steps around it took 30 s of the test's 35-40. The
+ * model's steps (~0.1 s) stay long enough that allreduce's steps between reading the count
+ * and the link going down are few. */
 static outage run_with_outage(const char *method, int steps)
 {
     require_test_bed();
@@ -330,7 +332,7 @@ static outage run_with_outage(const char *method, int steps)
     list_namespaces(&before);
     char *dir = make_temp_dir(), args[1024];
     snprintf(args, sizeof args,
-             "--stages 1 --replicas 2 --sites 2 --wan.bandwidth=100mbit --wan.latency=10ms "
+             "--stages 1 --replicas 2 --sites 2 --wan.bandwidth=1gbit --wan.latency=1ms "
              "--dp.method=%s --model.n_layer=2 --runtime.threads=1 --train.steps=%d "
              "--train.log_every=1 --train.val_every=0",
              method, steps);
@@ -357,7 +359,7 @@ static outage run_with_outage(const char *method, int steps)
 
 Test(wan, async_method_keeps_computing_while_the_link_is_down, .timeout = 300)
 {
-    outage o = run_with_outage("sparse", 400);
+    outage o = run_with_outage("sparse", 150);
     cr_expect_eq(o.status, 0, "the job recovers");
     cr_expect_geq(o.steps_at_up - o.steps_at_down, 8,
                   "sparse ran %d steps during the 5 s outage: it should keep computing",

@@ -20,17 +20,31 @@
 #define BULK_SECONDS 2.0
 #define BULK_MIN_MESSAGES 12
 #define BULK_MAX_MESSAGES 1024
-#define BULK_UNKNOWN_MESSAGES 256
+/* A link of unknown rate is first sized by this many messages: the receiver measures them
+ * and tells the sender how many make the bulk phase last BULK_SECONDS (a fixed 256 MiB took
+ * 41 s at 50 Mbit/s). */
+#define SIZING_MESSAGES 6
 #define TIMEOUT_S 300.0
 
-/* Tags: one range per pair, one per phase. */
-enum { TAG_PING, TAG_PONG, TAG_BULK_FORWARD, TAG_BULK_BACKWARD, TAGS_PER_PAIR };
+/* Tags: one range per pair, one per phase; a direction's sizing and count follow its bulk. */
+enum {
+    TAG_PING,
+    TAG_PONG,
+    TAG_BULK_FORWARD,
+    TAG_BULK_BACKWARD,
+    TAG_SIZING_FORWARD,
+    TAG_SIZING_BACKWARD,
+    TAG_COUNT_FORWARD,
+    TAG_COUNT_BACKWARD,
+    TAGS_PER_PAIR
+};
+enum { SIZING = TAG_SIZING_FORWARD - TAG_BULK_FORWARD, COUNT = TAG_COUNT_FORWARD - TAG_BULK_FORWARD };
 
 typedef struct probe {
     pt_job *job;
-    size_t bulk_messages;
-    unsigned char *buffer; /* BULK_MESSAGE_BYTES */
-    json_t *results;       /* what this rank measured */
+    double expected_bits_per_s; /* 0: unknown, each direction is sized first */
+    unsigned char *buffer;      /* BULK_MESSAGE_BYTES */
+    json_t *results;            /* what this rank measured */
 } probe;
 
 static pt_message_header header_of(size_t nbytes)
@@ -102,12 +116,12 @@ static void stamp_arrival(pt_request *request, pipert_result result, void *arg)
     *(double *)arg = result == PIPERT_OK ? pt_now_s() : -1;
 }
 
-static pipert_result post_all(probe *p, int peer, uint32_t tag, bool sending, pt_request **requests,
-                              double *arrivals)
+static pipert_result post_all(probe *p, int peer, uint32_t tag, bool sending, size_t n,
+                              pt_request **requests, double *arrivals)
 {
     pt_message_header h = header_of(BULK_MESSAGE_BYTES);
     pt_recv_expect e = expect_bytes();
-    for (size_t k = 0; k < p->bulk_messages; k++) {
+    for (size_t k = 0; k < n; k++) {
         if (sending) {
             PT_TRY(pt_send(p->job->transport, peer, tag, &h, p->buffer, 0, &requests[k]));
         } else {
@@ -139,22 +153,64 @@ static double steady_rate(const double *arrivals, size_t n)
     return seconds > 0 ? (double)(n - 1 - first) * BULK_MESSAGE_BYTES * 8 / seconds : 0;
 }
 
-static pipert_result bulk(probe *p, int from, int to, uint32_t tag)
+/* `n` messages from `from` to `to` on `tag`; *bits_per_s: the receiver's steady rate. */
+static pipert_result stream(probe *p, int from, int to, uint32_t tag, size_t n, double *bits_per_s)
 {
     const bool sending = p->job->rank == from;
-    pt_request **requests = calloc(p->bulk_messages, sizeof *requests);
-    double *arrivals = calloc(p->bulk_messages, sizeof *arrivals);
+    pt_request **requests = calloc(n, sizeof *requests);
+    double *arrivals = calloc(n, sizeof *arrivals);
     pipert_result rc = requests && arrivals ? PIPERT_OK : pt_fail(PIPERT_ERR_NOMEM, "out of memory");
-    if (rc == PIPERT_OK) rc = post_all(p, sending ? to : from, tag, sending, requests, arrivals);
-    pipert_result waited = requests ? wait_all(requests, p->bulk_messages) : PIPERT_OK;
+    if (rc == PIPERT_OK) rc = post_all(p, sending ? to : from, tag, sending, n, requests, arrivals);
+    pipert_result waited = requests ? wait_all(requests, n) : PIPERT_OK;
     if (rc == PIPERT_OK) rc = waited;
-    if (rc == PIPERT_OK && !sending)
-        json_array_append_new(p->results,
-                              json_pack("{s:i, s:i, s:f}", "from", from, "to", to, "bits_per_s",
-                                        steady_rate(arrivals, p->bulk_messages)));
+    *bits_per_s = rc == PIPERT_OK && !sending ? steady_rate(arrivals, n) : 0;
     free(requests);
     free(arrivals);
     return rc;
+}
+
+static size_t bulk_messages_for(double bits_per_s)
+{
+    double n = bits_per_s / 8 * BULK_SECONDS / BULK_MESSAGE_BYTES;
+    return n < BULK_MIN_MESSAGES ? BULK_MIN_MESSAGES : n > BULK_MAX_MESSAGES ? BULK_MAX_MESSAGES : (size_t)n;
+}
+
+/* How many bulk messages from `from` to `to`: from the expected rate, or (unknown) from the
+ * rate of SIZING_MESSAGES that the receiver measures and sends back. */
+static pipert_result bulk_messages(probe *p, int from, int to, uint32_t tag, size_t *n)
+{
+    if (p->expected_bits_per_s > 0) {
+        *n = bulk_messages_for(p->expected_bits_per_s);
+        return PIPERT_OK;
+    }
+    double rate;
+    PT_TRY(stream(p, from, to, tag + SIZING, SIZING_MESSAGES, &rate));
+    uint64_t count = bulk_messages_for(rate);
+    if (p->job->rank == to) {
+        memcpy(p->buffer, &count, sizeof count);
+        PT_TRY(send_wait(p, from, tag + COUNT, sizeof count));
+    } else {
+        PT_TRY(recv_wait(p, to, tag + COUNT));
+        memcpy(&count, p->buffer, sizeof count);
+        if (count < BULK_MIN_MESSAGES || count > BULK_MAX_MESSAGES)
+            return pt_fail(PIPERT_ERR_PEER, "link probe: rank %d asked for %llu bulk messages "
+                                            "(%d..%d)", to, (unsigned long long)count,
+                           BULK_MIN_MESSAGES, BULK_MAX_MESSAGES);
+    }
+    *n = (size_t)count;
+    return PIPERT_OK;
+}
+
+static pipert_result bulk(probe *p, int from, int to, uint32_t tag)
+{
+    size_t n = 0;
+    double rate;
+    PT_TRY(bulk_messages(p, from, to, tag, &n));
+    PT_TRY(stream(p, from, to, tag, n, &rate));
+    if (p->job->rank == to)
+        json_array_append_new(p->results, json_pack("{s:i, s:i, s:f}", "from", from, "to", to,
+                                                    "bits_per_s", rate));
+    return PIPERT_OK;
 }
 
 static pipert_result measure_pair(probe *p, int a, int b, uint32_t tags)
@@ -187,18 +243,11 @@ static pipert_result write_results(const probe *p, const char *out_dir)
     return rc;
 }
 
-static size_t bulk_messages_for(double expected_bits_per_s)
-{
-    if (!(expected_bits_per_s > 0)) return BULK_UNKNOWN_MESSAGES;
-    double n = expected_bits_per_s / 8 * BULK_SECONDS / BULK_MESSAGE_BYTES;
-    return n < BULK_MIN_MESSAGES ? BULK_MIN_MESSAGES : n > BULK_MAX_MESSAGES ? BULK_MAX_MESSAGES : (size_t)n;
-}
-
 pipert_result pt_link_probe_worker(const char *out_dir, double expected_bits_per_s)
 {
     extern char **environ;
     pt_job job = {0};
-    probe p = {.job = &job, .bulk_messages = bulk_messages_for(expected_bits_per_s),
+    probe p = {.job = &job, .expected_bits_per_s = expected_bits_per_s,
                .buffer = calloc(1, BULK_MESSAGE_BYTES), .results = json_array()};
     pipert_result rc = p.buffer && p.results ? PIPERT_OK : pt_fail(PIPERT_ERR_NOMEM, "out of memory");
     if (rc == PIPERT_OK) rc = pt_job_join(&job, 1, -1, NULL, (const char *const *)environ, false);

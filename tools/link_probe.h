@@ -22,8 +22,9 @@ typedef struct pt_link_measure {
 } pt_link_measure;
 
 /* In a worker of a launched job: measures every link this rank is an end of
- * and writes DIR/probe-rank-R.json. `expected_bits_per_s` (0: unknown) sizes
- * the transfers to last about two seconds. */
+ * and writes DIR/probe-rank-R.json. The bulk transfers last about two seconds at
+ * `expected_bits_per_s`; 0 (unknown: a cluster file's links) sizes each direction by the rate
+ * of a few messages first. */
 pipert_result pt_link_probe_worker(const char *out_dir, double expected_bits_per_s);
 
 /* Reads every DIR/probe-rank-R.json of a job of `sites` ranks into
