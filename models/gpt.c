@@ -288,7 +288,9 @@ pipert_result pt_gpt_slice_create(pt_gpt_slice **out, const pt_gpt_config *confi
     snprintf(what, sizeof what,
              "the model (n_layer=%d, n_embd=%d, vocab_size=%d, blocks [%d, %d)) at batch %d×%d",
              config->n_layer, config->n_embd, config->vocab_size, first, last, B, T);
-    if (rc == PIPERT_OK && !strcmp(kernels->name, "cpu")) rc = pt_memory_check_fits(bytes, what);
+    /* the host's memory: refused up front rather than by the OOM killer (a GPU's arena says
+     * itself what does not fit) */
+    if (rc == PIPERT_OK && kernels->host_accessible) rc = pt_memory_check_fits(bytes, what);
     if (rc == PIPERT_OK) rc = kernels->alloc((void **)&s->params, s->n_params * sizeof(float), what);
     if (rc == PIPERT_OK) rc = kernels->alloc((void **)&s->grads, s->n_params * sizeof(float), what);
     if (rc == PIPERT_OK)
@@ -544,7 +546,7 @@ pipert_result pt_gpt_set_activation_slots(pt_gpt_slice *s, int slots)
     char what[96];
     snprintf(what, sizeof what, "activations of %d microbatches in flight (blocks [%d, %d))", slots,
              s->first, s->last);
-    if (!strcmp(s->kernels->name, "cpu")) PT_TRY(pt_memory_check_fits(floats, what));
+    if (s->kernels->host_accessible) PT_TRY(pt_memory_check_fits(floats, what));
     /* the old set goes first: the new one takes its place rather than coming on top of it */
     s->kernels->free(s->acts);
     s->acts = NULL;
