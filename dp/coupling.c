@@ -85,6 +85,7 @@ pipert_result pt_coupling_add_method(const pt_coupling_method *method)
     if (added_count == PT_COUPLING_ADDED_MAX)
         return pt_fail(PIPERT_ERR_UNSUPPORTED, "dp.method: at most %d methods can be added",
                        PT_COUPLING_ADDED_MAX);
+    PT_TRY(pt_config_allow_choice("dp.method", method->name)); /* configurations may name it */
     added[added_count++] = method;
     return PIPERT_OK;
 }

@@ -163,7 +163,8 @@ const pt_coupling_method *pt_coupling_method_named(const char *name);
 
 /* Makes `method` known by its name beside the library's, for a program that links the
  * library's parts (an experiment, a test): call it before any session or plan looks the
- * name up; it is not synchronized. PIPERT_ERR_CONFIG if the name is taken,
+ * name up; it is not synchronized. Configurations read afterwards accept the name as
+ * dp.method (pt_config_allow_choice). PIPERT_ERR_CONFIG if the name is taken,
  * PIPERT_ERR_UNSUPPORTED past PT_COUPLING_ADDED_MAX. */
 #define PT_COUPLING_ADDED_MAX 8
 pipert_result pt_coupling_add_method(const pt_coupling_method *method);

@@ -431,8 +431,56 @@ static bool check_range(const config_key *key, double x, const json_t *value, va
     return false;
 }
 
-static bool is_choice(const char *choices, const char *value)
+/* ---- choices a program adds (pt_config_allow_choice) ------------------------- */
+
+#define ADDED_CHOICES_MAX 16
+
+static struct added_choice {
+    const config_key *key;
+    char value[64];
+} added_choices[ADDED_CHOICES_MAX];
+static int added_choice_count;
+
+pipert_result pt_config_allow_choice(const char *key_name, const char *value)
 {
+    const config_key *key = find_key(key_name);
+    if (!key || !key->choices)
+        return pt_fail(PIPERT_ERR_INVALID_ARG, "%s is not a key with a list of choices",
+                       key_name);
+    if (!value[0] || strchr(value, '|') || strlen(value) >= sizeof added_choices[0].value)
+        return pt_fail(PIPERT_ERR_INVALID_ARG, "%s: \"%s\" cannot be a choice", key_name, value);
+    for (int i = 0; i < added_choice_count; i++)
+        if (added_choices[i].key == key && !strcmp(added_choices[i].value, value))
+            return PIPERT_OK;
+    if (added_choice_count == ADDED_CHOICES_MAX)
+        return pt_fail(PIPERT_ERR_UNSUPPORTED, "at most %d choices can be added to the keys",
+                       ADDED_CHOICES_MAX);
+    added_choices[added_choice_count].key = key;
+    snprintf(added_choices[added_choice_count].value, sizeof added_choices[0].value, "%s", value);
+    added_choice_count++;
+    return PIPERT_OK;
+}
+
+/* The key's choices, the schema's and those added: "a|b|c". */
+static const char *choices_of(const config_key *key, char *text, size_t cap)
+{
+    snprintf(text, cap, "%s", key->choices);
+    for (int i = 0; i < added_choice_count; i++)
+        if (added_choices[i].key == key)
+            snprintf(text + strlen(text), cap - strlen(text), "|%s", added_choices[i].value);
+    return text;
+}
+
+const char *pt_config_choices(const char *key_name, char *text, size_t cap)
+{
+    const config_key *key = find_key(key_name);
+    return key && key->choices ? choices_of(key, text, cap) : NULL;
+}
+
+static bool is_choice(const config_key *key, const char *value)
+{
+    char text[1024];
+    const char *choices = choices_of(key, text, sizeof text);
     size_t length = strlen(value);
     for (const char *at = choices;; at++) { /* at: the start of one choice */
         if (strncmp(at, value, length) == 0 && (at[length] == '|' || at[length] == '\0'))
@@ -471,8 +519,10 @@ static bool check_value(const config_key *key, const json_t *value, value_error 
         snprintf(why->found, sizeof why->found, "%zu bytes", length);
         return false;
     }
-    if (key->choices && !is_choice(key->choices, json_string_value(value))) {
-        snprintf(why->problem, sizeof why->problem, "must be one of %s", key->choices);
+    if (key->choices && !is_choice(key, json_string_value(value))) {
+        char choices[1024];
+        snprintf(why->problem, sizeof why->problem, "must be one of %s",
+                 choices_of(key, choices, sizeof choices));
         format_json(value, why->found, sizeof why->found);
         return false;
     }
@@ -906,8 +956,9 @@ void pt_config_print_help(FILE *out)
         json_t *value = read_json(&defaults, key);
         if (value) format_json(value, shown, sizeof shown);
         json_decref(value);
+        char choices[1024];
         if (key->choices)
-            snprintf(allowed, sizeof allowed, " (%s)", key->choices);
+            snprintf(allowed, sizeof allowed, " (%s)", choices_of(key, choices, sizeof choices));
         else if (key->type != KEY_BOOL && key->type != KEY_STRING) {
             char range[64];
             format_range(&key->range, range, sizeof range);

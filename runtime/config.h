@@ -142,6 +142,16 @@ pipert_result pt_config_validate(const pipert_config *cfg);
 /* Documentation of every key: name, type, default, description. */
 void pt_config_print_help(FILE *out);
 
+/* Lets `value` be chosen for the key `key_name` (one with a list of choices), beside the
+ * schema's own: what a program that adds a row to an owner's table (a dp method,
+ * pt_coupling_add_method) calls, so that the configuration accepts its name. Process-wide,
+ * like the tables: call it before configurations are read. */
+pipert_result pt_config_allow_choice(const char *key_name, const char *value);
+
+/* The choices of `key_name`, the schema's and those added, as "a|b|c" in `text`; NULL for a
+ * key without a list. */
+const char *pt_config_choices(const char *key_name, char *text, size_t cap);
+
 /* The keys of cfg.model alone as a JSON object text (checkpoint metadata);
  * caller frees. */
 char *pt_config_model_to_json(const pipert_config *cfg);

@@ -15,7 +15,14 @@
 #include <jansson.h>
 
 #include "pipert/pipert.h"
+#include "dp/codec.h"
+#include "dp/coupling.h"
+#include "kernels/kernels.h"
+#include "pipeline/lookahead.h"
+#include "pipeline/schedule.h"
 #include "runtime/config.h"
+#include "runtime/data.h"
+#include "train/optimizer.h"
 #include "runtime/units.h"
 
 /* ---- helpers ------------------------------------------------------------- */
@@ -775,4 +782,77 @@ Test(config, job_identities_compare_by_protocol_then_digest)
     cr_expect(strstr(why, "job digest ") && strstr(why, "(settings differ in: model shape, dp "
                                                          "method/codec)"), "%s", why);
     cr_expect_neq(pt_job_digest(&theirs), pt_job_digest(&ours));
+}
+
+/* ---- the schema's lists of choices and their owners' tables ----------------------------- */
+
+/* Calls `found(name)` for each choice of `key`; how many there are. */
+static int each_choice(const char *key, bool (*found)(const char *name))
+{
+    char text[1024], name[64];
+    const char *choices = pt_config_choices(key, text, sizeof text);
+    cr_assert_not_null(choices, "%s has no list of choices", key);
+    int n = 0;
+    for (const char *at = choices; at; at = strchr(at, '|') ? strchr(at, '|') + 1 : NULL, n++) {
+        snprintf(name, sizeof name, "%.*s", (int)strcspn(at, "|"), at);
+        cr_expect(found(name), "%s: the choice \"%s\" is not in its owner's table (%s)", key, name,
+                  pipert_last_error());
+    }
+    return n;
+}
+
+static bool is_device(const char *name) { return pt_device_named(name) != NULL; }
+static bool is_lookahead(const char *name) { return pt_lookahead_named(name) != NULL; }
+static bool is_method(const char *name) { return pt_coupling_method_named(name) != NULL; }
+static bool is_codec(const char *name)
+{
+    pt_codec codec;
+    return pt_codec_init(&codec, name, 128) == PIPERT_OK;
+}
+static bool is_schedule(const char *name)
+{
+    pt_schedule_kind kind;
+    return pt_schedule_parse_kind(name, &kind) == PIPERT_OK;
+}
+static bool is_optimizer(const char *name)
+{
+    pt_optimizer_kind kind;
+    return pt_optimizer_parse_kind(name, &kind) == PIPERT_OK;
+}
+static bool is_sampling(const char *name)
+{
+    pt_sampling sampling;
+    return pt_sampling_parse(name, &sampling) == PIPERT_OK;
+}
+
+/* The names live twice, in the schema (what a configuration may say) and in the table of the
+ * code that acts on them: every choice is a row, and where the rows are counted by an
+ * enumeration, every row is a choice. */
+Test(config, every_choice_is_a_row_of_its_owners_table)
+{
+    each_choice("runtime.device", is_device);
+    each_choice("dp.method", is_method);
+    each_choice("dp.compress", is_codec);
+    each_choice("data.sampling", is_sampling);
+    cr_expect_eq(each_choice("pipeline.lookahead", is_lookahead), PT_LOOKAHEAD_NESTEROV_SECANT + 1);
+    cr_expect_eq(each_choice("pipeline.schedule", is_schedule), PT_SCHEDULE_ASYNC_1F1B + 1);
+    cr_expect_eq(each_choice("train.optimizer", is_optimizer), PT_OPTIMIZER_NADAMW + 1);
+}
+
+Test(config, a_choice_added_by_a_program_is_accepted_and_listed)
+{
+    pipert_config c;
+    pt_config_defaults(&c);
+    cr_expect_eq(pipert_config_set(&c, "dp.compress=nibble"), PIPERT_ERR_CONFIG);
+    cr_assert_eq(pt_config_allow_choice("dp.compress", "nibble"), PIPERT_OK, "%s",
+                 pipert_last_error());
+    cr_expect_eq(pt_config_allow_choice("dp.compress", "nibble"), PIPERT_OK, "twice is once");
+    cr_expect_eq(pipert_config_set(&c, "dp.compress=nibble"), PIPERT_OK, "%s", pipert_last_error());
+    char text[1024];
+    cr_expect_str_eq(pt_config_choices("dp.compress", text, sizeof text),
+                     "none|int8|e3m0|e2m1|onebit|nibble");
+    cr_expect_eq(pt_config_allow_choice("dp.lambda", "x"), PIPERT_ERR_INVALID_ARG,
+                 "a number has no choices");
+    cr_expect_eq(pt_config_allow_choice("dp.compress", "a|b"), PIPERT_ERR_INVALID_ARG);
+    cr_expect_null(pt_config_choices("data.path", text, sizeof text));
 }

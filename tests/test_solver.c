@@ -250,8 +250,9 @@ static const pt_coupling_method every_other = {
 /* The plans of `method` for two sites. */
 static pt_solver_result plans_with(const char *method)
 {
-    pipert_config c = config_with("{}");
-    snprintf(c.dp.method, sizeof c.dp.method, "%s", method); /* the schema knows only ours */
+    char json[128];
+    snprintf(json, sizeof json, "{\"dp\": {\"method\": \"%s\"}}", method);
+    pipert_config c = config_with(json); /* an added method's name is a choice of dp.method */
     cluster2 k = two_sites(2, 0);
     const pt_solver_input in = {.config = &c, .n_sites = 2, .sites = k.sites, .links = k.links,
                                 .allow_spanning = true, .keep = 1000};
@@ -276,6 +277,10 @@ static const pt_solver_plan *same_plan(const pt_solver_result *r, const pt_solve
 Test(solver, a_method_added_by_a_program_is_planned_from_its_row)
 {
     pt_error_clear();
+    pipert_config before;
+    pt_config_defaults(&before);
+    cr_expect_eq(pipert_config_set(&before, "dp.method=every-other"), PIPERT_ERR_CONFIG,
+                 "a method nobody added is not a choice");
     cr_assert_eq(pt_coupling_add_method(&every_other), PIPERT_OK, "%s", pipert_last_error());
     cr_expect_eq(pt_coupling_add_method(&every_other), PIPERT_ERR_CONFIG, "added twice");
     cr_expect(strstr(pipert_last_error(), "every-other"), "%s", pipert_last_error());
