@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# pipert's training step against PyTorch's (and llm.c's, when given) on one GPU, in one call, so
+# that the ratios in BENCHMARKS.md are measured side by side (issue 27).
+#
+#   scripts/bench-gpu-compare.sh [BUILD]       BUILD: a CUDA build with tests/bench_cuda
+#                                              (default build-gpu-carry/build)
+#   SHAPE="--batch 16 --seq 1024 ..."          the shape (default GPT-2 124M at B = 16, T = 1024)
+#   MODES=fp32,tf32,bf16,bf16-compile          PyTorch's modes (scripts/bench-torch-gpt2.py)
+#   LLMC_CMD="..."                             optional: a command that trains llm.c on the same
+#                                              shape; its median "N tok/s" is reported
+#
+# Prints each system's tokens/s over its median timed step, the ratio to pipert's exact fp32
+# step, and the peak device memory where the system reports it; the raw outputs go to
+# $OUT (or a temporary folder).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build-gpu-carry/build}
+shape=${SHAPE:---batch 16 --seq 1024 --layers 12 --width 768 --heads 12 --vocab 50257}
+modes=${MODES:-fp32,tf32,bf16,bf16-compile}
+out=${OUT:-$(mktemp -d)}
+mkdir -p "$out"
+python=${PYTHON:-python3}
+
+# bench_cuda's "median step X ms, Y tokens/s" line
+pipert_rate() { sed -n 's/^median step [0-9.]* ms, \([0-9]*\) tokens\/s.*/\1/p' "$1" | tail -n 1; }
+
+rows=()
+for flag in "" --tf32; do
+  name="pipert fp32${flag:+ ($flag)}"
+  log="$out/pipert${flag:+-tf32}.log"
+  # shellcheck disable=SC2086
+  if "$build/tests/bench_cuda" $shape --steps 10 $flag >"$log" 2>&1; then
+    rows+=("$name|$(pipert_rate "$log")|")
+  else
+    rows+=("$name|failed (see $log)|")
+  fi
+done
+
+# shellcheck disable=SC2086
+if "$python" scripts/bench-torch-gpt2.py $shape --modes "$modes" >"$out/torch.jsonl" 2>"$out/torch.err"; then
+  while IFS= read -r line; do
+    rows+=("$("$python" -c 'import json, sys
+r = json.loads(sys.argv[1])
+name = "PyTorch " + r.get("torch", "") + " " + r["mode"]
+if "skipped" in r:
+    print(name + "|skipped: " + r["skipped"] + "|")
+else:
+    memory = "%.1f GB" % r["peak_memory_gb"] if "peak_memory_gb" in r else ""
+    print("%s|%.0f|%s" % (name, r["tokens_per_s"], memory))' "$line")")
+  done <"$out/torch.jsonl"
+else
+  rows+=("PyTorch|failed (see $out/torch.err)|")
+fi
+
+if [ -n "${LLMC_CMD:-}" ]; then
+  if bash -c "$LLMC_CMD" >"$out/llmc.log" 2>&1; then
+    rate=$("$python" -c 'import re, statistics, sys
+rates = [float(m) for m in re.findall(r"([0-9]+) tok/s", open(sys.argv[1]).read())]
+print(f"{statistics.median(rates[3:] or rates):.0f}" if rates else "no tok/s in its output")' "$out/llmc.log")
+    rows+=("llm.c|$rate|")
+  else
+    rows+=("llm.c|failed (see $out/llmc.log)|")
+  fi
+fi
+
+reference=$(pipert_rate "$out/pipert.log")
+device=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1 || echo "?")
+echo "$device, $(date -u +%Y-%m-%d), shape: $shape"
+printf '%-34s %12s %10s %12s\n' system tokens/s "vs fp32" "peak memory"
+for row in "${rows[@]}"; do
+  IFS='|' read -r name rate memory <<<"$row"
+  ratio=""
+  if [[ "$rate" =~ ^[0-9]+$ && "$reference" =~ ^[0-9]+$ && "$reference" -gt 0 ]]; then
+    ratio=$(awk -v a="$rate" -v b="$reference" 'BEGIN { printf "%.1fx", a / b }')
+  fi
+  printf '%-34s %12s %10s %12s\n' "$name" "$rate" "$ratio" "$memory"
+done
+echo "raw outputs: $out"
