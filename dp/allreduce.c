@@ -20,14 +20,12 @@ typedef struct allreduce_state {
 
 static pipert_result allreduce_create(const pt_coupling_options *options, void **out)
 {
-    const char *compress = options->config->dp.compress;
-    pt_codec codec;
-    PT_TRY(pt_codec_init(&codec, compress, 1));
-    if (codec.kind != PT_CODEC_NONE)
+    const pt_codec_kind compress = options->config->dp.compress;
+    if (compress != PT_CODEC_NONE)
         return pt_fail(PIPERT_ERR_CONFIG,
                        "dp.method=allreduce with dp.compress=%s: the dense all-reduce is the "
                        "uncompressed reference; compressed exchanges are sparse, diloco, "
-                       "streaming-diloco and co2", compress);
+                       "streaming-diloco and co2", pt_config_choice_name("dp.compress", compress));
     allreduce_state *s = calloc(1, sizeof *s);
     if (!s) return pt_fail(PIPERT_ERR_NOMEM, "dp allreduce: out of memory");
     s->options = *options;

@@ -29,13 +29,14 @@ typedef struct nccl_state {
 static pipert_result check_applies(const pt_coupling_options *options)
 {
     const pipert_config *c = options->config;
-    if (pt_coupling_method_named(c->dp.method) != &pt_dp_allreduce)
+    if (c->dp.method != PT_DP_ALLREDUCE)
         return pt_fail(PIPERT_ERR_CONFIG, "dp.nccl=true averages gradients densely: it needs "
-                                          "dp.method=allreduce, not %s", c->dp.method);
-    const pt_device_traits *device = pt_device_named(c->runtime.device);
+                                          "dp.method=allreduce, not %s",
+                       pt_config_choice_name("dp.method", c->dp.method));
+    const pt_device_traits *device = pt_device_traits_of(c->runtime.device);
     if (!device || !device->gpu)
         return pt_fail(PIPERT_ERR_CONFIG, "dp.nccl=true needs runtime.device=cuda, not %s",
-                       c->runtime.device);
+                       pt_config_choice_name("runtime.device", c->runtime.device));
     if (options->sites > 1)
         return pt_fail(PIPERT_ERR_CONFIG, "dp.nccl=true runs inside one site; these replicas are "
                                           "in %d (between sites the methods run over UCX)",

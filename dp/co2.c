@@ -28,7 +28,6 @@
 
 #include "dp/methods.h"
 #include "dp/outer.h"
-#include "runtime/name_table.h"
 
 /* Its own η and β unless set: DiLoCo's 0.7 and 0.9 (not measured here against the authors'
  * 1.0 and 0.5), heavy ball, clipped at φ = dp.clip. */
@@ -60,13 +59,7 @@ static pt_outer_plan co2_plan(const pipert_config *config, bool adaptive)
 
 static pipert_result co2_create(const pt_coupling_options *options, void **state)
 {
-    static const struct {
-        const char *name;
-        bool adaptive;
-    } penalties[] = {{"constant", false}, {"adaptive", true}};
-    const int i = pt_name_table_find(penalties, 2, options->config->dp.penalty, "dp.penalty");
-    if (i < 0) return PIPERT_ERR_CONFIG;
-    const bool adaptive = penalties[i].adaptive;
+    const bool adaptive = options->config->dp.penalty == PT_PENALTY_ADAPTIVE;
     const pt_outer_plan plan = co2_plan(options->config, adaptive);
     return pt_outer_create(options, &plan, state);
 }

@@ -8,7 +8,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "runtime/name_table.h"
+#include "runtime/config.h"
 
 typedef enum scale_rule {
     SCALE_NONE,   /* no scale: values travel as they are */
@@ -17,7 +17,6 @@ typedef enum scale_rule {
 } scale_rule;
 
 typedef struct format {
-    const char *name;
     unsigned bits; /* per element: 32, 8, 4 or 1 */
     scale_rule rule;
     float top; /* SCALE_ABSMAX: the largest magnitude of a code */
@@ -106,14 +105,14 @@ static inline float e2m1_value(uint32_t code) { return fp4_value(e2m1_magnitudes
 static inline uint32_t sign_quantize(float v, float scale) { return v < 0.0f; } /* 0 and −0: +1 */
 static inline float sign_value(uint32_t code) { return code ? -1.0f : 1.0f; }
 
-static const format formats[] = {
-    [PT_CODEC_NONE] = {"none", 32, SCALE_NONE, 1.0f, fp32_quantize, fp32_value},
-    [PT_CODEC_INT8] = {"int8", 8, SCALE_ABSMAX, 127.0f, int8_quantize, int8_value},
-    [PT_CODEC_E3M0] = {"e3m0", 4, SCALE_ABSMAX, 1.0f, e3m0_quantize, e3m0_value},
-    [PT_CODEC_E2M1] = {"e2m1", 4, SCALE_ABSMAX, 6.0f, e2m1_quantize, e2m1_value},
-    [PT_CODEC_ONEBIT] = {"onebit", 1, SCALE_RMS, 1.0f, sign_quantize, sign_value},
+/* Indexed by dp.compress's values (runtime/settings.h); the names are the configuration's. */
+static const format formats[PT_CODEC_KINDS] = {
+    [PT_CODEC_NONE] = {32, SCALE_NONE, 1.0f, fp32_quantize, fp32_value},
+    [PT_CODEC_INT8] = {8, SCALE_ABSMAX, 127.0f, int8_quantize, int8_value},
+    [PT_CODEC_E3M0] = {4, SCALE_ABSMAX, 1.0f, e3m0_quantize, e3m0_value},
+    [PT_CODEC_E2M1] = {4, SCALE_ABSMAX, 6.0f, e2m1_quantize, e2m1_value},
+    [PT_CODEC_ONEBIT] = {1, SCALE_RMS, 1.0f, sign_quantize, sign_value},
 };
-#define FORMAT_COUNT (int)(sizeof formats / sizeof formats[0])
 
 /* ---- layout --------------------------------------------------------------- */
 
@@ -159,16 +158,21 @@ static inline uint32_t get_code(const unsigned char *codes, unsigned bits, size_
 
 /* ---- the public side ------------------------------------------------------ */
 
-pipert_result pt_codec_init(pt_codec *codec, const char *name, size_t block)
+pipert_result pt_codec_init(pt_codec *codec, pt_codec_kind kind, size_t block)
 {
-    if (block == 0) return pt_fail(PIPERT_ERR_INVALID_ARG, "codec %s: block of 0 elements", name);
-    const int k = pt_name_table_find(formats, FORMAT_COUNT, name, "dp.compress");
-    if (k < 0) return PIPERT_ERR_CONFIG;
-    *codec = (pt_codec){.kind = (pt_codec_kind)k, .block = block};
+    if ((unsigned)kind >= PT_CODEC_KINDS)
+        return pt_fail(PIPERT_ERR_CONFIG, "dp.compress: no codec has the value %d", (int)kind);
+    if (block == 0)
+        return pt_fail(PIPERT_ERR_INVALID_ARG, "codec %s: block of 0 elements",
+                       pt_config_choice_name("dp.compress", kind));
+    *codec = (pt_codec){.kind = kind, .block = block};
     return PIPERT_OK;
 }
 
-const char *pt_codec_name(const pt_codec *codec) { return formats[codec->kind].name; }
+const char *pt_codec_name(const pt_codec *codec)
+{
+    return pt_config_choice_name("dp.compress", codec->kind);
+}
 
 size_t pt_codec_encoded_bytes(const pt_codec *codec, size_t n)
 {
@@ -187,16 +191,17 @@ static inline float carried(const float *x, const float *error, size_t i)
     return error ? x[i] + error[i] : x[i];
 }
 
-static pipert_result check_finite(const format *f, const float *x, const float *error, size_t n)
+static pipert_result check_finite(const pt_codec *codec, const float *x, const float *error,
+                                  size_t n)
 {
     for (size_t i = 0; i < n; i++) {
         if (isfinite(carried(x, error, i))) continue;
         if (isfinite(x[i]))
             return pt_fail(PIPERT_ERR_INVALID_ARG,
                            "%s codec: element %zu of %zu plus its carried error (%g) is not finite",
-                           f->name, i, n, error[i]);
-        return pt_fail(PIPERT_ERR_INVALID_ARG, "%s codec: element %zu of %zu is %g", f->name, i, n,
-                       x[i]);
+                           pt_codec_name(codec), i, n, error[i]);
+        return pt_fail(PIPERT_ERR_INVALID_ARG, "%s codec: element %zu of %zu is %g",
+                       pt_codec_name(codec), i, n, x[i]);
     }
     return PIPERT_OK;
 }
@@ -293,7 +298,7 @@ pipert_result pt_codec_encode(const pt_codec *codec, const float *x, size_t n, f
 {
     const format *f = &formats[codec->kind];
     if (n == 0) return PIPERT_OK;
-    PT_TRY(check_finite(f, x, error, n));
+    PT_TRY(check_finite(codec, x, error, n));
     unsigned char *scales = out, *codes = scales + sizeof(float) * scale_count(codec, n);
     memset(codes, 0, code_bytes(f, n));
     loops_of[codec->kind].encode(block_length(codec, n), x, n, error, scales, codes);

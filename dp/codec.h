@@ -53,14 +53,7 @@
 #include <stddef.h>
 
 #include "runtime/error.h"
-
-typedef enum pt_codec_kind {
-    PT_CODEC_NONE,
-    PT_CODEC_INT8,
-    PT_CODEC_E3M0,
-    PT_CODEC_E2M1,
-    PT_CODEC_ONEBIT,
-} pt_codec_kind;
+#include "runtime/settings.h"
 
 /* A codec is a small value: fill it with pt_codec_init. */
 typedef struct pt_codec {
@@ -68,12 +61,11 @@ typedef struct pt_codec {
     size_t block; /* elements per scale of the block codecs, >= 1 */
 } pt_codec;
 
-/* The codec called `name` (dp.compress) with `block` elements per scale
- * (dp.block). An unknown name is a PIPERT_ERR_CONFIG listing the known ones;
- * block 0 is a PIPERT_ERR_INVALID_ARG. */
-pipert_result pt_codec_init(pt_codec *codec, const char *name, size_t block);
+/* The codec `kind` (dp.compress) with `block` elements per scale (dp.block). A value no codec
+ * has is a PIPERT_ERR_CONFIG; block 0 is a PIPERT_ERR_INVALID_ARG. */
+pipert_result pt_codec_init(pt_codec *codec, pt_codec_kind kind, size_t block);
 
-/* "none", "int8", ... */
+/* "none", "int8", ...: dp.compress's name of it. */
 const char *pt_codec_name(const pt_codec *codec);
 
 /* Bytes pt_codec_encode writes for n elements: 4·scales + ⌈n·bits/8⌉, with

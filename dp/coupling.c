@@ -39,54 +39,51 @@ struct pt_coupling {
     int n_retired;
 };
 
-static const pt_coupling_method *const methods[] = {
-    &pt_dp_allreduce,
-    &pt_dp_sparse,
-    &pt_dp_diloco,
-    &pt_dp_streaming_diloco,
-    &pt_dp_co2,
-    &pt_dp_none,
+/* Indexed by dp.method's values (runtime/settings.h); the names are the configuration's. */
+static const pt_coupling_method *const methods[PT_DP_BUILT_IN_METHODS] = {
+    [PT_DP_ALLREDUCE] = &pt_dp_allreduce,
+    [PT_DP_SPARSE] = &pt_dp_sparse,
+    [PT_DP_DILOCO] = &pt_dp_diloco,
+    [PT_DP_STREAMING_DILOCO] = &pt_dp_streaming_diloco,
+    [PT_DP_CO2] = &pt_dp_co2,
+    [PT_DP_NONE] = &pt_dp_none,
 };
-#define METHOD_COUNT (int)(sizeof methods / sizeof methods[0])
 
-/* Methods a program added (pt_coupling_add_method). */
-static const pt_coupling_method *added[PT_COUPLING_ADDED_MAX];
+/* Methods a program added (pt_coupling_add_method), and the dp.method value of each. */
+typedef struct added_method {
+    const pt_coupling_method *method;
+    int value;
+} added_method;
+static added_method added[PT_COUPLING_ADDED_MAX];
 static int added_count;
 
-static const pt_coupling_method *known_method(int i)
+const pt_coupling_method *pt_coupling_method_of(int value)
 {
-    return i < METHOD_COUNT ? methods[i] : added[i - METHOD_COUNT];
-}
-
-static const pt_coupling_method *find_method(const char *name)
-{
-    for (int i = 0; i < METHOD_COUNT + added_count; i++)
-        if (!strcmp(known_method(i)->name, name)) return known_method(i);
-    return NULL;
-}
-
-const pt_coupling_method *pt_coupling_method_named(const char *name)
-{
-    const pt_coupling_method *method = find_method(name);
-    if (method) return method;
-    char known[256] = "";
-    for (int i = 0; i < METHOD_COUNT + added_count; i++)
-        snprintf(known + strlen(known), sizeof known - strlen(known), "%s%s", i ? ", " : "",
-                 known_method(i)->name);
-    pt_fail(PIPERT_ERR_CONFIG, "dp.method: unknown \"%s\" (known: %s)", name, known);
+    if (value >= 0 && value < PT_DP_BUILT_IN_METHODS) return methods[value];
+    for (int i = 0; i < added_count; i++)
+        if (added[i].value == value) return added[i].method;
+    char known[512];
+    pt_fail(PIPERT_ERR_CONFIG, "dp.method: no method has the value %d (known: %s)", value,
+            pt_config_choices("dp.method", known, sizeof known));
     return NULL;
 }
 
 pipert_result pt_coupling_add_method(const pt_coupling_method *method)
 {
-    if (find_method(method->name))
-        return pt_fail(PIPERT_ERR_CONFIG, "dp.method: a method called \"%s\" is known already",
-                       method->name);
+    for (int i = 0; i < PT_DP_BUILT_IN_METHODS + added_count; i++) {
+        const pt_coupling_method *known = i < PT_DP_BUILT_IN_METHODS
+                                              ? methods[i]
+                                              : added[i - PT_DP_BUILT_IN_METHODS].method;
+        if (!strcmp(known->name, method->name))
+            return pt_fail(PIPERT_ERR_CONFIG, "dp.method: a method called \"%s\" is known already",
+                           method->name);
+    }
     if (added_count == PT_COUPLING_ADDED_MAX)
         return pt_fail(PIPERT_ERR_UNSUPPORTED, "dp.method: at most %d methods can be added",
                        PT_COUPLING_ADDED_MAX);
-    PT_TRY(pt_config_allow_choice("dp.method", method->name)); /* configurations may name it */
-    added[added_count++] = method;
+    int value; /* configurations may name it from now on */
+    PT_TRY(pt_config_allow_choice("dp.method", method->name, &value));
+    added[added_count++] = (added_method){method, value};
     return PIPERT_OK;
 }
 
@@ -96,7 +93,7 @@ pipert_result pt_coupling_create(const pt_coupling_options *options, pt_coupling
     /* dp.nccl: allreduce on the GPUs (its create refuses any other method) */
     const pt_coupling_method *method = options->config->dp.nccl
                                            ? &pt_dp_allreduce_nccl
-                                           : pt_coupling_method_named(options->config->dp.method);
+                                           : pt_coupling_method_of(options->config->dp.method);
     if (!method) return PIPERT_ERR_CONFIG; /* its message is set */
     pt_coupling *c = calloc(1, sizeof *c);
     if (!c) return pt_fail(PIPERT_ERR_NOMEM, "coupling: out of memory");

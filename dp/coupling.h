@@ -157,9 +157,10 @@ typedef struct pt_coupling_method {
 
 typedef struct pt_coupling pt_coupling;
 
-/* The method called `name` (dp.method): the library's, or one added with
- * pt_coupling_add_method. NULL, with a PIPERT_ERR_CONFIG naming the known ones, if none is. */
-const pt_coupling_method *pt_coupling_method_named(const char *name);
+/* The method whose dp.method value is `value` (pipert_config's dp.method): the library's, or
+ * one added with pt_coupling_add_method. NULL, with a PIPERT_ERR_CONFIG naming the known ones,
+ * if none is. */
+const pt_coupling_method *pt_coupling_method_of(int value);
 
 /* Makes `method` known by its name beside the library's, for a program that links the
  * library's parts (an experiment, a test): call it before any session or plan looks the

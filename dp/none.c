@@ -9,13 +9,12 @@
 
 static pipert_result none_create(const pt_coupling_options *options, void **out)
 {
-    const char *compress = options->config->dp.compress;
-    pt_codec codec;
-    PT_TRY(pt_codec_init(&codec, compress, 1));
-    if (codec.kind != PT_CODEC_NONE)
+    const pt_codec_kind compress = options->config->dp.compress;
+    if (compress != PT_CODEC_NONE)
         return pt_fail(PIPERT_ERR_CONFIG,
                        "dp.method=none with dp.compress=%s: nothing is sent, so nothing is "
-                       "compressed; leave dp.compress at none", compress);
+                       "compressed; leave dp.compress at none",
+                       pt_config_choice_name("dp.compress", compress));
     *out = NULL;
     return PIPERT_OK;
 }

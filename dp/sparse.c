@@ -75,7 +75,6 @@
 #include "dp/methods.h"
 #include "dp/sparse_internal.h"
 #include "runtime/log.h"
-#include "runtime/name_table.h"
 #include "runtime/rng.h"
 
 /* Exchanges a replica may have in flight with dp.delay = −1. */
@@ -111,19 +110,6 @@ static float ema_decay(const sparse_state *s, long step)
 
 /* ---- creation ---------------------------------------------------------------- */
 
-static const struct {
-    const char *name;
-    sparse_rule rule;
-} rules[] = {{"ema", RULE_EMA}, {"avg", RULE_AVG}, {"delta", RULE_DELTA}};
-
-static pipert_result parse_rule(const char *name, sparse_rule *out)
-{
-    const int i = pt_name_table_find(rules, sizeof rules / sizeof rules[0], name, "dp.rule");
-    if (i < 0) return PIPERT_ERR_CONFIG;
-    *out = rules[i].rule;
-    return PIPERT_OK;
-}
-
 static pipert_result sparse_create(const pt_coupling_options *options, void **out)
 {
     const pt_dp_settings *dp = &options->config->dp;
@@ -137,8 +123,7 @@ static pipert_result sparse_create(const pt_coupling_options *options, void **ou
         return pt_fail(PIPERT_ERR_CONFIG,
                        "dp.fraction=%g: %.0f partitions per tensor, at most %ld (p >= 1e-6)",
                        dp->fraction, partitions, MAX_PARTITIONS);
-    sparse_rule rule = RULE_EMA;
-    PT_TRY(parse_rule(dp->rule, &rule));
+    const pt_sparse_rule rule = dp->rule;
     const int R = options->replicas ? pt_group_size(options->replicas) : 1;
     if (R > MAX_REPLICAS)
         return pt_fail(PIPERT_ERR_UNSUPPORTED, "dp.method=sparse: %d replicas (at most %d)", R,
@@ -287,7 +272,7 @@ static pipert_result set_up(sparse_state *s, const pt_gpt_slice *model)
         return pt_fail(PIPERT_ERR_FORMAT,
                        "dp sparse: the checkpoint's agreed values hold %zu, the stage %zu parameters",
                        s->loaded_agreed, model->n_params);
-    if (s->rule == RULE_EMA && !s->ema) {
+    if (s->rule == PT_RULE_EMA && !s->ema) {
         s->ema = calloc(model->n_params ? model->n_params : 1, sizeof *s->ema);
         if (!s->ema)
             return pt_fail(PIPERT_ERR_NOMEM, "dp sparse: no memory for the EMA of %zu parameters",
@@ -615,12 +600,13 @@ static void apply(sparse_state *s, const sparse_exchange *x, pt_coupling_point *
         const uint32_t j = x->index[i];
         const float average = x->values[i], drift = theta[j] - x->w_old[i];
         switch (s->rule) {
-        case RULE_EMA:
+        case PT_RULE_EMA:
             s->ema[j] = mu * s->ema[j] + (1.0f - mu) * drift;
             theta[j] = average + lambda * s->ema[j];
             break;
-        case RULE_AVG: theta[j] = average; break;
-        case RULE_DELTA: theta[j] = average + drift; break;
+        case PT_RULE_AVG: theta[j] = average; break;
+        case PT_RULE_DELTA:
+        default: theta[j] = average + drift; break;
         }
         if (at->newest_stash) at->newest_stash[j] = theta[j];
     }

@@ -161,7 +161,7 @@ pipert_result pt_sparse_load(void *state, const pt_safetensors *st, const char *
     free(v);
     PT_TRY(rc);
     size_t n;
-    if (s->rule == RULE_EMA && pt_safetensors_find(st, "dp.sparse.ema")) {
+    if (s->rule == PT_RULE_EMA && pt_safetensors_find(st, "dp.sparse.ema")) {
         PT_TRY(load_floats(s, st, path, "dp.sparse.ema", &s->ema, &n));
         s->loaded_ema = n;
     }

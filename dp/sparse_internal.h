@@ -37,8 +37,6 @@ enum {
 #define STATE_VERSION 1
 enum { STATE_HEADER = 4 }; /* version, P, pending count, last step; then each pending step */
 
-typedef enum sparse_rule { RULE_EMA, RULE_AVG, RULE_DELTA } sparse_rule;
-
 /* A mean in flight: the fp32 ring all-reduce, or a compressed exchange
  * (dp/exchange.h); both NULL once it has ended. */
 typedef struct in_flight {
@@ -67,7 +65,7 @@ typedef struct sparse_state {
     int R, me;       /* replicas of the stage; this one's index */
     long P;          /* partitions per tensor */
     long delay;      /* dp.delay */
-    sparse_rule rule;
+    pt_sparse_rule rule;
     float lambda;
     pt_codec codec; /* dp.compress, dp.block */
     uint32_t seed_tag, layout_tag; /* 16-bit digests for the descriptor */

@@ -35,8 +35,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     fuzz_quiet();
     if (size < SETTINGS) return 0;
-    static const char *const formats[] = {"auto", "text", "tokens", "auto"};
-    const char *format = formats[data[0] & 3];
+    static const pt_data_format formats[] = {PT_DATA_AUTO, PT_DATA_TEXT, PT_DATA_TOKENS,
+                                             PT_DATA_AUTO};
+    const pt_data_format format = formats[data[0] & 3];
     const char *name = data[0] & 4 ? "fuzz.bin" : "fuzz.txt";
     double val_fraction = data[1] / 256.0;
     int T = 1 + (data[2] | data[3] << 8) % 64;

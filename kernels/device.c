@@ -3,7 +3,6 @@
 #include "kernels/cuda/cuda.h"
 #include "kernels/kernels.h"
 #include "runtime/error.h"
-#include "runtime/name_table.h"
 
 static pipert_result cpu_kernels(const pt_kernels **out)
 {
@@ -22,31 +21,32 @@ static size_t cpu_attention_saved_floats(int B, int T, int C, int NH)
     return pt_kernels_cpu()->attention_saved_floats(B, T, C, NH);
 }
 
-static const pt_device_traits devices[] = {
-    {"cpu", false, cpu_attention_saved_floats, cpu_kernels},
-    {"cuda", true, pt_cuda_attention_saved_floats, pt_kernels_cuda},
+/* Indexed by runtime.device's values (runtime/settings.h). */
+static const pt_device_traits devices[PT_DEVICE_KINDS] = {
+    [PT_DEVICE_CPU] = {false, cpu_attention_saved_floats, cpu_kernels},
+    [PT_DEVICE_CUDA] = {true, pt_cuda_attention_saved_floats, pt_kernels_cuda},
     /* the CPU's kernels on memory the host may not touch outside them (kernels/guarded.c):
      * host memory all the same */
-    {"cpu-guarded", false, cpu_attention_saved_floats, cpu_guarded_kernels},
+    [PT_DEVICE_CPU_GUARDED] = {false, cpu_attention_saved_floats, cpu_guarded_kernels},
 };
-#define DEVICE_COUNT (int)(sizeof devices / sizeof devices[0])
 
-const pt_device_traits *pt_device_named(const char *device)
+const pt_device_traits *pt_device_traits_of(pt_device_kind device)
 {
-    const int i = pt_name_table_find(devices, DEVICE_COUNT, device, "runtime.device");
-    return i < 0 ? NULL : &devices[i];
+    if ((unsigned)device < PT_DEVICE_KINDS) return &devices[device];
+    pt_fail(PIPERT_ERR_CONFIG, "runtime.device: no device has the value %d", (int)device);
+    return NULL;
 }
 
-pipert_result pt_kernels_for_device(const char *device, const pt_kernels **out)
+pipert_result pt_kernels_for_device(pt_device_kind device, const pt_kernels **out)
 {
     *out = NULL;
-    const pt_device_traits *traits = pt_device_named(device);
+    const pt_device_traits *traits = pt_device_traits_of(device);
     return traits ? traits->kernels(out) : PIPERT_ERR_CONFIG;
 }
 
-pt_attention_sizer pt_kernels_attention_sizer(const char *device)
+pt_attention_sizer pt_kernels_attention_sizer(pt_device_kind device)
 {
-    const pt_device_traits *traits = pt_device_named(device);
+    const pt_device_traits *traits = pt_device_traits_of(device);
     if (!traits) pt_error_clear(); /* an estimate: the CPU's */
     return traits ? traits->attention_sizer : cpu_attention_saved_floats;
 }

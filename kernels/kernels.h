@@ -18,6 +18,7 @@
 
 #include "pipert/pipert.h"
 #include "runtime/peer_memory.h"
+#include "runtime/settings.h"
 
 /* How a weight matrix is stored. Hugging Face GPT-2 Conv1D weights are [C, OC]
  * (y = x·W + b); the language-model head is [V, C] (y = x·Wᵀ). */
@@ -188,26 +189,25 @@ pipert_result pt_kernels_cuda(const pt_kernels **out);
 /* Threads the CPU kernels use (OpenMP and OpenBLAS together). */
 void pt_kernels_cpu_set_threads(int threads);
 
-/* The table of a runtime.device: "cpu", "cuda" (PIPERT_ERR_NO_DEVICE or
- * UNSUPPORTED where there is none) or "cpu-guarded"; anything else is a
- * PIPERT_ERR_CONFIG naming the key. */
-pipert_result pt_kernels_for_device(const char *device, const pt_kernels **out);
+/* The table of a runtime.device: cpu, cuda (PIPERT_ERR_NO_DEVICE or UNSUPPORTED where there
+ * is none) or cpu-guarded; a value that is none of them is a PIPERT_ERR_CONFIG. */
+pipert_result pt_kernels_for_device(pt_device_kind device, const pt_kernels **out);
 
 /* The attention_saved_floats of a runtime.device's table, as pure arithmetic
  * (it starts nothing): for estimates of the memory a stage will take. An
  * unknown device gets the CPU's. */
 typedef size_t (*pt_attention_sizer)(int B, int T, int C, int NH);
-pt_attention_sizer pt_kernels_attention_sizer(const char *device);
+pt_attention_sizer pt_kernels_attention_sizer(pt_device_kind device);
 
 /* A runtime.device as estimates see it, without starting it (kernels/device.c's table). */
 typedef struct pt_device_traits {
-    const char *name;
     bool gpu; /* tensors live in a GPU's memory, apart from the host's */
     pt_attention_sizer attention_sizer;
     pipert_result (*kernels)(const pt_kernels **out);
 } pt_device_traits;
 
-/* The device called `name`; NULL with a PIPERT_ERR_CONFIG naming the known ones. */
-const pt_device_traits *pt_device_named(const char *name);
+/* The row of `device` (its name: pt_config_choice_name("runtime.device", device)); NULL with a
+ * PIPERT_ERR_CONFIG for a value no device has. */
+const pt_device_traits *pt_device_traits_of(pt_device_kind device);
 
 #endif

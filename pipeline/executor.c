@@ -36,7 +36,7 @@ static pipert_result optimizer_settings(pt_stage_executor *ex, pt_optimizer_sett
 {
     const pt_train_settings *t = &ex->config.train;
     memset(s, 0, sizeof *s);
-    PT_TRY(pt_optimizer_parse_kind(t->optimizer, &s->kind));
+    s->kind = t->optimizer;
     s->beta1 = t->beta1;
     s->beta2 = t->beta2;
     s->eps = t->eps;
@@ -142,7 +142,7 @@ static pipert_result load_data(pt_stage_executor *ex)
     if (ex->options.batch) return PIPERT_OK;
     PT_TRY(pt_dataset_load(&ex->data, d->path, d->format, d->val_fraction));
     ex->has_data = true;
-    PT_TRY(pt_sampling_parse(d->sampling, &ex->data.sampling));
+    ex->data.sampling = d->sampling;
     ex->data.sequences_per_step = (long)ex->B * ex->options.replicas;
     return pt_dataset_check(&ex->data, ex->T, ex->config.model.vocab_size);
 }
@@ -172,14 +172,12 @@ static pipert_result executor_setup(pt_stage_executor *ex)
     ex->kernels = ex->options.kernels;
     if (!ex->kernels) PT_TRY(pt_kernels_for_device(cfg->runtime.device, &ex->kernels));
     if (ex->kernels->set_threads) ex->kernels->set_threads(ex->options.threads);
-    PT_TRY(pt_schedule_parse_kind(cfg->pipeline.schedule, &ex->schedule_kind));
+    ex->schedule_kind = cfg->pipeline.schedule;
     /* One stage has no staleness to hide: it is 1F1B with a flush over
      * train.grad_accum microbatches, i.e. plain gradient accumulation. */
     const bool one_stage = ex->options.stages == 1;
     if (one_stage) ex->schedule_kind = PT_SCHEDULE_1F1B;
-    const pt_lookahead_traits *lookahead = pt_lookahead_named(cfg->pipeline.lookahead);
-    if (!lookahead) return PIPERT_ERR_CONFIG;
-    ex->lookahead = lookahead->kind;
+    ex->lookahead = cfg->pipeline.lookahead;
     ex->microbatches = is_async(ex) ? 1 : one_stage ? cfg->train.grad_accum : cfg->pipeline.microbatches;
     ex->B = cfg->train.batch_size;
     ex->T = cfg->model.block_size;
@@ -211,7 +209,7 @@ static pipert_result executor_setup(pt_stage_executor *ex)
              ex->options.stage, ex->options.stages, ex->options.first_layer,
              ex->options.last_layer, (double)ex->model->n_params / 1e6,
              pt_schedule_kind_name(ex->schedule_kind),
-             is_async(ex) ? pt_lookahead_traits_of(ex->lookahead)->name : "n/a (flush)",
+             is_async(ex) ? pt_lookahead_name(ex->lookahead) : "n/a (flush)",
              pt_optimizer_kind_name(ex->optimizer.settings.kind), ex->slots,
              ex->slots == 1 ? "" : "es", cfg->pipeline.recompute ? ", recompute" : "",
              is_async(ex) && ex->schedule.synchronous ? ", the first steps synchronous" : "");

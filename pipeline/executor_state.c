@@ -181,7 +181,7 @@ void pt_stage_executor_describe_schedule(const pt_stage_executor *ex, pt_checkpo
     index->microbatches = ex->schedule.microbatches;
     index->first_microbatch = is_async(ex) ? ex->base : 0;
     snprintf(index->lookahead, sizeof index->lookahead, "%.*s", (int)sizeof index->lookahead - 1,
-             is_async(ex) ? ex->config.pipeline.lookahead : "n/a");
+             is_async(ex) ? pt_lookahead_name(ex->config.pipeline.lookahead) : "n/a");
 }
 
 static void stash_prefix(long microbatch, char *prefix, size_t cap)
@@ -325,9 +325,10 @@ pt_resume_kind pt_stage_executor_plan_resume(const pt_stage_executor *ex,
             return PT_RESUME_REFILL;
         }
     const pt_lookahead_traits *ran = pt_lookahead_named(index->lookahead);
-    if (!ran || ran->kind != ex->lookahead) {
+    if (ran != pt_lookahead_traits_of(ex->lookahead)) {
+        if (!ran) pt_error_clear(); /* a name this build does not know: refilled all the same */
         snprintf(why, cap, "the checkpoint ran pipeline.lookahead=%s, this run %s", index->lookahead,
-                 pt_lookahead_traits_of(ex->lookahead)->name);
+                 pt_lookahead_name(ex->lookahead));
         return PT_RESUME_REFILL;
     }
     if (!ran->stashes) {

@@ -11,37 +11,41 @@
 
 #include "runtime/error.h"
 
-#include "runtime/name_table.h"
 #include "train/staleness.h"
 
 /* ---- the table ----------------------------------------------------------- */
 
-/* In the enum's order. kind, name, stashes, nesterov, predicts, compensates (λ), extra
- * versions on every stage and on a stage that stashes (lookahead.h). */
-static const pt_lookahead_traits lookaheads[] = {
-    {PT_LOOKAHEAD_NONE, "none", false, false, false, false, 0, 0, 0},
-    {PT_LOOKAHEAD_STASH, "stash", true, false, false, false, 0, 0, 0},
-    {PT_LOOKAHEAD_NESTEROV, "nesterov", true, true, false, false, 0, 0, 0},
-    {PT_LOOKAHEAD_PREDICT, "predict", true, false, true, false, 0, 0, 0},
-    {PT_LOOKAHEAD_PREDICT_DAMPED, "predict-damped", true, false, true, false, 0, 1, 0},
-    {PT_LOOKAHEAD_PIPEMARE, "pipemare", true, false, false, false, 0, 0, 0},
+/* Indexed by pipeline.lookahead's values (runtime/settings.h; the names are the
+ * configuration's): stashes, nesterov, predicts, compensates (λ), extra versions on every
+ * stage and on a stage that stashes (lookahead.h). */
+static const pt_lookahead_traits lookaheads[PT_LOOKAHEADS] = {
+    [PT_LOOKAHEAD_NONE] = {false, false, false, false, 0, 0, 0},
+    [PT_LOOKAHEAD_STASH] = {true, false, false, false, 0, 0, 0},
+    [PT_LOOKAHEAD_NESTEROV] = {true, true, false, false, 0, 0, 0},
+    [PT_LOOKAHEAD_PREDICT] = {true, false, true, false, 0, 0, 0},
+    [PT_LOOKAHEAD_PREDICT_DAMPED] = {true, false, true, false, 0, 1, 0},
+    [PT_LOOKAHEAD_PIPEMARE] = {true, false, false, false, 0, 0, 0},
     /* λ: the paper's 2 */
-    {PT_LOOKAHEAD_DC_ASGD, "dc-asgd", true, false, false, true, PT_DC_LAMBDA_PAPER, 0, 0},
+    [PT_LOOKAHEAD_DC_ASGD] = {true, false, false, true, PT_DC_LAMBDA_PAPER, 0, 0},
     /* λ: 100, the staleness study's */
-    {PT_LOOKAHEAD_NESTEROV_DC, "nesterov-dc", true, true, false, true, PT_DC_LAMBDA_NESTEROV, 0, 0},
-    {PT_LOOKAHEAD_NESTEROV_SECANT, "nesterov-secant", true, true, false, false, 0, 0, 4},
+    [PT_LOOKAHEAD_NESTEROV_DC] = {true, true, false, true, PT_DC_LAMBDA_NESTEROV, 0, 0},
+    [PT_LOOKAHEAD_NESTEROV_SECANT] = {true, true, false, false, 0, 0, 4},
 };
-#define LOOKAHEAD_COUNT (int)(sizeof lookaheads / sizeof lookaheads[0])
 
 const pt_lookahead_traits *pt_lookahead_named(const char *name)
 {
-    const int i = pt_name_table_find(lookaheads, LOOKAHEAD_COUNT, name, "pipeline.lookahead");
-    return i < 0 ? NULL : &lookaheads[i];
+    const int kind = pt_config_choice_value("pipeline.lookahead", name);
+    return kind < 0 ? NULL : &lookaheads[kind];
 }
 
 const pt_lookahead_traits *pt_lookahead_traits_of(pt_lookahead kind)
 {
-    return &lookaheads[kind]; /* the table is in the enum's order */
+    return &lookaheads[kind];
+}
+
+const char *pt_lookahead_name(pt_lookahead kind)
+{
+    return pt_config_choice_name("pipeline.lookahead", kind);
 }
 
 /* ---- a look-ahead at work ------------------------------------------------ */
@@ -59,7 +63,8 @@ pipert_result pt_lookahead_setup(pt_lookahead_state *s, pt_lookahead kind,
                                  const pipert_config *config, const pt_kernels *kernels,
                                  bool async, bool stashes, const pt_gpt_slice *model)
 {
-    *s = (pt_lookahead_state){.row = pt_lookahead_traits_of(kind),
+    *s = (pt_lookahead_state){.kind = kind,
+                              .row = pt_lookahead_traits_of(kind),
                               .async = async,
                               .stashes = stashes,
                               .kernels = kernels,
@@ -73,11 +78,11 @@ pipert_result pt_lookahead_setup(pt_lookahead_state *s, pt_lookahead kind,
     if (s->row->predicts && !kernels->adam_extrapolate)
         return pt_fail(PIPERT_ERR_UNSUPPORTED,
                        "pipeline.lookahead=%s: the %s backend has no adam_extrapolate kernel",
-                       s->row->name, kernels->name);
+                       pt_lookahead_name(kind), kernels->name);
     if (s->row->compensates && !kernels->delay_compensate)
         return pt_fail(PIPERT_ERR_UNSUPPORTED,
                        "pipeline.lookahead=%s: the %s backend has no delay_compensate kernel",
-                       s->row->name, kernels->name);
+                       pt_lookahead_name(kind), kernels->name);
     if (kind == PT_LOOKAHEAD_NESTEROV_SECANT && stashes)
         return pt_secant_init(&s->secant, kernels, model->n_params,
                               config->pipeline.lookahead_warmup);
@@ -128,7 +133,7 @@ pipert_result pt_lookahead_predict(pt_lookahead_state *s, const pt_lookahead_sta
     const long step = stage->version + 1;
     const double lr = pt_lr_at(step, t->steps, t->lr, t->warmup_steps, t->min_lr_ratio) *
                       pt_lookahead_lr_factor(s, stage->staleness_estimate, step);
-    if (s->row->kind == PT_LOOKAHEAD_PREDICT_DAMPED) return predict_damped(s, stage, out, lr);
+    if (s->kind == PT_LOOKAHEAD_PREDICT_DAMPED) return predict_damped(s, stage, out, lr);
     const pt_gpt_slice *m = stage->model;
     return pt_optimizer_predict(stage->optimizer, out, m->params, stage->regions, m->n_tensors,
                                 lr, stage->staleness_estimate);
@@ -136,7 +141,7 @@ pipert_result pt_lookahead_predict(pt_lookahead_state *s, const pt_lookahead_sta
 
 double pt_lookahead_lr_factor(const pt_lookahead_state *s, double staleness_estimate, long step)
 {
-    if (!s->async || s->row->kind != PT_LOOKAHEAD_PIPEMARE) return 1.0;
+    if (!s->async || s->kind != PT_LOOKAHEAD_PIPEMARE) return 1.0;
     if (step <= s->sync_steps) return 1.0; /* a synchronous step: no staleness */
     return pt_pipemare_lr_factor(staleness_estimate, step, s->warmup);
 }

@@ -14,21 +14,8 @@
 #include "train/secant.h"
 #include "train/update_size.h"
 
-typedef enum pt_lookahead {
-    PT_LOOKAHEAD_NONE,
-    PT_LOOKAHEAD_STASH,
-    PT_LOOKAHEAD_NESTEROV,
-    PT_LOOKAHEAD_PREDICT,
-    PT_LOOKAHEAD_PREDICT_DAMPED,
-    PT_LOOKAHEAD_PIPEMARE,
-    PT_LOOKAHEAD_DC_ASGD,
-    PT_LOOKAHEAD_NESTEROV_DC, /* nesterov's optimizer with dc-asgd's compensation */
-    PT_LOOKAHEAD_NESTEROV_SECANT, /* nesterov's optimizer, compensated by a measured secant */
-} pt_lookahead;
-
+/* A pipeline.lookahead's facts (its name: pt_lookahead_name). */
 typedef struct pt_lookahead_traits {
-    pt_lookahead kind;
-    const char *name;
     /* The forward of a microbatch records the weights it used and its backward uses them
      * again: a stage keeps a version per microbatch in flight (every one but none). */
     bool stashes;
@@ -46,11 +33,15 @@ typedef struct pt_lookahead_traits {
     int extra_versions, extra_versions_when_stashing;
 } pt_lookahead_traits;
 
-/* The look-ahead called `name`; NULL with a PIPERT_ERR_CONFIG naming the known ones. */
+/* The look-ahead called `name` (a checkpoint's); NULL with a PIPERT_ERR_CONFIG naming the
+ * known ones. */
 const pt_lookahead_traits *pt_lookahead_named(const char *name);
 
 /* The row of `kind` (a valid one). */
 const pt_lookahead_traits *pt_lookahead_traits_of(pt_lookahead kind);
+
+/* "nesterov-dc", ...: pipeline.lookahead's name of `kind`. */
+const char *pt_lookahead_name(pt_lookahead kind);
 
 /* ---- a look-ahead at work on one stage ------------------------------------ */
 
@@ -59,7 +50,8 @@ const pt_lookahead_traits *pt_lookahead_traits_of(pt_lookahead kind);
  * nesterov-secant, and the measured update size predict-damped is bounded by. Its settings
  * and what it keeps across steps; the stage owns one and hands it the stage at each call. */
 typedef struct pt_lookahead_state {
-    const pt_lookahead_traits *row;
+    pt_lookahead kind;
+    const pt_lookahead_traits *row; /* kind's */
     bool async;                 /* the asynchronous schedule (otherwise it does nothing) */
     bool stashes;               /* this stage stashes weights (all but the last, async) */
     const pt_kernels *kernels;

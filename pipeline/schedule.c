@@ -5,14 +5,8 @@
 #include <string.h>
 
 #include "runtime/error.h"
-#include "runtime/name_table.h"
+#include "runtime/config.h"
 
-static const char *const kind_names[] = {
-    [PT_SCHEDULE_GPIPE] = "gpipe",
-    [PT_SCHEDULE_1F1B] = "1f1b",
-    [PT_SCHEDULE_ASYNC_1F1B] = "async-1f1b",
-};
-#define N_KINDS ((int)(sizeof kind_names / sizeof kind_names[0]))
 
 static const char *const instruction_names[PT_INSTRUCTION_KINDS] = {
     [PT_LOAD_BATCH] = "load_batch",         [PT_RECV_ACTIVATION] = "recv_activation",
@@ -23,8 +17,7 @@ static const char *const instruction_names[PT_INSTRUCTION_KINDS] = {
 
 pipert_result pt_schedule_parse_kind(const char *name, pt_schedule_kind *out)
 {
-    const int k = pt_name_table_index(kind_names, N_KINDS, sizeof kind_names[0], 0, name,
-                                      "pipeline.schedule");
+    const int k = pt_config_choice_value("pipeline.schedule", name);
     if (k < 0) return PIPERT_ERR_CONFIG;
     *out = (pt_schedule_kind)k;
     return PIPERT_OK;
@@ -32,7 +25,7 @@ pipert_result pt_schedule_parse_kind(const char *name, pt_schedule_kind *out)
 
 const char *pt_schedule_kind_name(pt_schedule_kind kind)
 {
-    return (unsigned)kind < (unsigned)N_KINDS ? kind_names[kind] : "unknown";
+    return pt_config_choice_name("pipeline.schedule", kind);
 }
 
 int pt_schedule_in_flight(pt_schedule_kind kind, int stages, int stage, long microbatches)
@@ -105,7 +98,7 @@ static pipert_result build(pt_schedule *out, pt_schedule_kind kind, int stages, 
         return pt_fail(PIPERT_ERR_INVALID_ARG,
                        "schedule: stage %d of %d stages with %d microbatches is impossible", stage,
                        stages, microbatches);
-    if ((unsigned)kind >= (unsigned)N_KINDS)
+    if ((unsigned)kind >= (unsigned)PT_SCHEDULE_KINDS)
         return pt_fail(PIPERT_ERR_INVALID_ARG, "schedule: unknown kind %d", (int)kind);
     if (synchronous < 0 || synchronous > microbatches)
         return pt_fail(PIPERT_ERR_INVALID_ARG,

@@ -19,12 +19,7 @@
 #include <stdbool.h>
 
 #include "pipert/pipert.h"
-
-typedef enum pt_schedule_kind {
-    PT_SCHEDULE_GPIPE,       /* all forwards, all backwards, one optimizer step (flush) */
-    PT_SCHEDULE_1F1B,        /* PipeDream-Flush: warm-up, one forward one backward, drain, step */
-    PT_SCHEDULE_ASYNC_1F1B,  /* PipeDream: no flush, an optimizer step after every backward */
-} pt_schedule_kind;
+#include "runtime/settings.h"
 
 typedef enum pt_instruction_kind {
     PT_LOAD_BATCH,

@@ -1,8 +1,9 @@
 /* The configuration: one schema table drives everything.
  *
  * Every key is one row of `schema` below: its dotted name, where it lives in
- * struct pipert_config, its default, its allowed range or choices and a line
- * of documentation. Defaults, JSON merging, "--key=value" overrides, checks,
+ * struct pipert_config, its default, its allowed range or choices (the names
+ * of the values of an enumeration, runtime/settings.h) and a line of
+ * documentation. Defaults, JSON merging, "--key=value" overrides, checks,
  * the JSON dump, `--help` and docs/CONFIG.md all read that table, so a new key
  * (or a whole new section) is a new row and a new struct field, nothing else.
  *
@@ -29,7 +30,16 @@
 
 /* ---- the schema ---------------------------------------------------------- */
 
-typedef enum key_type { KEY_INT, KEY_LONG, KEY_LLONG, KEY_DOUBLE, KEY_BOOL, KEY_STRING } key_type;
+/* KEY_CHOICE: one of a list of names (runtime/settings.h), held as its number. */
+typedef enum key_type {
+    KEY_INT,
+    KEY_LONG,
+    KEY_LLONG,
+    KEY_DOUBLE,
+    KEY_BOOL,
+    KEY_STRING,
+    KEY_CHOICE
+} key_type;
 
 /* Allowed values of a number: min..max, each end open or closed. */
 enum { CLOSED = 0, OPEN_MIN = 1, OPEN_MAX = 2 };
@@ -45,7 +55,8 @@ typedef struct config_key {
     double default_number; /* integers, bools (0/1) and doubles */
     const char *default_string;
     key_range range;       /* numbers */
-    const char *choices;   /* strings: "adamw|nadamw", or NULL for any string */
+    const char *const *names; /* KEY_CHOICE: the name of each value, indexed by it */
+    int n_names;
     const char *doc;
 } config_key;
 
@@ -67,9 +78,14 @@ typedef struct config_key {
     {PLACE(member), .default_number = (default_), .range = range_, .doc = (doc_)}
 #define BOOL_KEY(member, default_, doc_)                                                           \
     {PLACE(member), .default_number = (default_), .range = ANY_NUMBER, .doc = (doc_)}
-#define STRING_KEY(member, default_, choices_, doc_)                                               \
-    {PLACE(member), .default_string = (default_), .range = ANY_NUMBER, .choices = (choices_),      \
-     .doc = (doc_)}
+#define STRING_KEY(member, default_, doc_)                                                         \
+    {PLACE(member), .default_string = (default_), .range = ANY_NUMBER, .doc = (doc_)}
+/* A setting that is one of names_[] (indexed by its enumeration, runtime/settings.h); the
+ * field must be an enumeration or an int. */
+#define CHOICE_KEY(member, names_, default_, doc_)                                                 \
+    {.name = #member, .type = KEY_CHOICE, .offset = offsetof(pipert_config, member),                \
+     .size = sizeof FIELD(member), .default_string = (default_), .range = ANY_NUMBER,              \
+     .names = (names_), .n_names = (int)(sizeof(names_) / sizeof(names_)[0]), .doc = (doc_)}
 
 #define ANY_NUMBER {-HUGE_VAL, HUGE_VAL, CLOSED}
 #define AT_LEAST(x) {(x), HUGE_VAL, CLOSED}              /* [x, ∞) */
@@ -77,6 +93,59 @@ typedef struct config_key {
 #define CLOSED_RANGE(a, b) {(a), (b), CLOSED}            /* [a, b] */
 #define HALF_OPEN_RANGE(a, b) {(a), (b), OPEN_MAX}       /* [a, b) */
 #define OPEN_RANGE(a, b) {(a), (b), OPEN_MIN | OPEN_MAX} /* (a, b) */
+
+/* The names of the settings that are one of a list, indexed by their values. */
+static const char *const device_names[] = {
+    [PT_DEVICE_CPU] = "cpu", [PT_DEVICE_CUDA] = "cuda", [PT_DEVICE_CPU_GUARDED] = "cpu-guarded"};
+static const char *const schedule_names[] = {[PT_SCHEDULE_GPIPE] = "gpipe",
+                                             [PT_SCHEDULE_1F1B] = "1f1b",
+                                             [PT_SCHEDULE_ASYNC_1F1B] = "async-1f1b"};
+static const char *const lookahead_names[] = {
+    [PT_LOOKAHEAD_NONE] = "none",
+    [PT_LOOKAHEAD_STASH] = "stash",
+    [PT_LOOKAHEAD_NESTEROV] = "nesterov",
+    [PT_LOOKAHEAD_PREDICT] = "predict",
+    [PT_LOOKAHEAD_PREDICT_DAMPED] = "predict-damped",
+    [PT_LOOKAHEAD_PIPEMARE] = "pipemare",
+    [PT_LOOKAHEAD_DC_ASGD] = "dc-asgd",
+    [PT_LOOKAHEAD_NESTEROV_DC] = "nesterov-dc",
+    [PT_LOOKAHEAD_NESTEROV_SECANT] = "nesterov-secant",
+};
+static const char *const optimizer_names[] = {[PT_OPTIMIZER_ADAMW] = "adamw",
+                                              [PT_OPTIMIZER_NADAMW] = "nadamw"};
+static const char *const method_names[] = {
+    [PT_DP_ALLREDUCE] = "allreduce", [PT_DP_SPARSE] = "sparse",
+    [PT_DP_DILOCO] = "diloco",       [PT_DP_STREAMING_DILOCO] = "streaming-diloco",
+    [PT_DP_CO2] = "co2",             [PT_DP_NONE] = "none",
+};
+static const char *const codec_names[] = {[PT_CODEC_NONE] = "none", [PT_CODEC_INT8] = "int8",
+                                          [PT_CODEC_E3M0] = "e3m0", [PT_CODEC_E2M1] = "e2m1",
+                                          [PT_CODEC_ONEBIT] = "onebit"};
+static const char *const rule_names[] = {
+    [PT_RULE_EMA] = "ema", [PT_RULE_AVG] = "avg", [PT_RULE_DELTA] = "delta"};
+static const char *const penalty_names[] = {[PT_PENALTY_CONSTANT] = "constant",
+                                            [PT_PENALTY_ADAPTIVE] = "adaptive"};
+static const char *const format_names[] = {
+    [PT_DATA_AUTO] = "auto", [PT_DATA_TEXT] = "text", [PT_DATA_TOKENS] = "tokens"};
+static const char *const sampling_names[] = {[PT_SAMPLING_RANDOM] = "random",
+                                             [PT_SAMPLING_SEQUENTIAL] = "sequential"};
+_Static_assert(sizeof device_names / sizeof *device_names == PT_DEVICE_KINDS, "runtime.device");
+_Static_assert(sizeof schedule_names / sizeof *schedule_names == PT_SCHEDULE_KINDS, "schedule");
+_Static_assert(sizeof lookahead_names / sizeof *lookahead_names == PT_LOOKAHEADS, "lookahead");
+_Static_assert(sizeof optimizer_names / sizeof *optimizer_names == PT_OPTIMIZER_KINDS, "optimizer");
+_Static_assert(sizeof method_names / sizeof *method_names == PT_DP_BUILT_IN_METHODS, "dp.method");
+_Static_assert(sizeof codec_names / sizeof *codec_names == PT_CODEC_KINDS, "dp.compress");
+_Static_assert(sizeof rule_names / sizeof *rule_names == PT_SPARSE_RULES, "dp.rule");
+_Static_assert(sizeof penalty_names / sizeof *penalty_names == PT_CO2_PENALTIES, "dp.penalty");
+_Static_assert(sizeof format_names / sizeof *format_names == PT_DATA_FORMATS, "data.format");
+_Static_assert(sizeof sampling_names / sizeof *sampling_names == PT_SAMPLINGS, "data.sampling");
+/* a choice's field is written and read as an int */
+_Static_assert(sizeof(pt_device_kind) == sizeof(int) && sizeof(pt_schedule_kind) == sizeof(int) &&
+                   sizeof(pt_lookahead) == sizeof(int) && sizeof(pt_optimizer_kind) == sizeof(int) &&
+                   sizeof(pt_codec_kind) == sizeof(int) && sizeof(pt_sparse_rule) == sizeof(int) &&
+                   sizeof(pt_co2_penalty) == sizeof(int) && sizeof(pt_data_format) == sizeof(int) &&
+                   sizeof(pt_sampling) == sizeof(int),
+               "enumerations the size of an int");
 
 static const config_key schema[] = {
     NUMBER_KEY(model.n_layer, 6, AT_LEAST(1), "transformer blocks"),
@@ -99,7 +168,7 @@ static const config_key schema[] = {
     NUMBER_KEY(train.warmup_steps, 50, AT_LEAST(0), "steps of linear warm-up from 0 to train.lr"),
     NUMBER_KEY(train.min_lr_ratio, 0.1, CLOSED_RANGE(0, 1),
                "cosine decay ends at min_lr_ratio * train.lr"),
-    STRING_KEY(train.optimizer, "adamw", "adamw|nadamw",
+    CHOICE_KEY(train.optimizer, optimizer_names, "adamw",
                "update rule: AdamW, or NAdamW (Nesterov momentum)"),
     NUMBER_KEY(train.beta1, 0.9, HALF_OPEN_RANGE(0, 1), "decay of the first moment (momentum)"),
     NUMBER_KEY(train.beta2, 0.95, HALF_OPEN_RANGE(0, 1), "decay of the second moment"),
@@ -120,18 +189,18 @@ static const config_key schema[] = {
                "checkpoint every N steps and at the end; 0 = only at the end"),
     NUMBER_KEY(train.keep_checkpoints, 3, AT_LEAST(0), "newest checkpoints kept; 0 = keep all"),
 
-    STRING_KEY(data.path, "", NULL,
+    STRING_KEY(data.path, "",
                "text file, directory of text files, or llm.c .bin token shard; \"\" = fortunes"),
-    STRING_KEY(data.format, "auto", "auto|text|tokens",
+    CHOICE_KEY(data.format, format_names, "auto",
                "how to read data.path; auto decides from the file"),
     NUMBER_KEY(data.val_fraction, 0.1, OPEN_RANGE(0, 1),
                "tail of the token stream held out for validation"),
-    STRING_KEY(data.sampling, "random", "random|sequential",
+    CHOICE_KEY(data.sampling, sampling_names, "random",
                "training sequences: random offsets from (seed, step, sequence), or the stream "
                "read in order (sequence q of the run starts at token q*block_size)"),
 
     NUMBER_KEY(runtime.threads, 0, AT_LEAST(0), "compute threads; 0 = every core of this machine"),
-    STRING_KEY(runtime.device, "cpu", "cpu|cuda|cpu-guarded",
+    CHOICE_KEY(runtime.device, device_names, "cpu",
                "where the kernels run; cpu-guarded: the CPU kernels on memory the host cannot "
                "read outside them, as on a GPU (tests: any direct host access crashes)"),
     BOOL_KEY(runtime.authenticate_messages, false,
@@ -142,11 +211,9 @@ static const config_key schema[] = {
                "the coordinator; if so all stop N steps later with a checkpoint (at least "
                "stages + 1 is used)"),
 
-    STRING_KEY(pipeline.schedule, "async-1f1b", "async-1f1b|1f1b|gpipe",
+    CHOICE_KEY(pipeline.schedule, schedule_names, "async-1f1b",
                "pipeline schedule: asynchronous 1F1B (no flush), 1F1B with flush, or GPipe"),
-    STRING_KEY(pipeline.lookahead, "nesterov-dc",
-               "nesterov-dc|nesterov-secant|nesterov|stash|predict|predict-damped|pipemare|dc-asgd|"
-               "none",
+    CHOICE_KEY(pipeline.lookahead, lookahead_names, "nesterov-dc",
                "weight handling of async-1f1b: stash + NAdamW(β1=0.99) on the gradient with "
                "DC-ASGD's delay compensation (λ=100), the same with a measured secant as the "
                "compensation's curvature and half the raw-gradient step on the momentum, the same "
@@ -172,10 +239,10 @@ static const config_key schema[] = {
              "keep only each stage's input and recompute activations at backward time"),
     BOOL_KEY(pipeline.trace, true, "write a Chrome/Perfetto trace (trace-rank-N.json) per rank"),
 
-    STRING_KEY(dp.method, "allreduce", "allreduce|sparse|diloco|streaming-diloco|co2|none",
+    CHOICE_KEY(dp.method, method_names, "allreduce",
                "how the replicas of a stage are coupled (docs/CONFIG.md, ALGORITHMS.md section 4): "
                "allreduce = mean of the gradients every step (dense, synchronous)"),
-    STRING_KEY(dp.compress, "none", "none|int8|e3m0|e2m1|onebit",
+    CHOICE_KEY(dp.compress, codec_names, "none",
                "what crosses the link between replicas: fp32, or quantized with per-block fp32 "
                "scales (8-bit, 4-bit E3M0 or E2M1), or 1-bit signs with error feedback"),
     NUMBER_KEY(dp.block, 128, AT_LEAST(8), "elements per quantization block (one fp32 scale each)"),
@@ -188,7 +255,7 @@ static const config_key schema[] = {
     NUMBER_KEY(dp.partition_block, 16, CLOSED_RANGE(1, 4096),
                "sparse: the permutation's unit, consecutive elements of a tensor that go to a "
                "partition together (16 fp32 = a 64-byte cache line; 1 = single elements)"),
-    STRING_KEY(dp.rule, "ema", "ema|avg|delta",
+    CHOICE_KEY(dp.rule, rule_names, "ema",
                "sparse: what replaces the averaged elements: ema = average + lambda * EMA of the "
                "drift since sending; avg = the average; delta = average + drift"),
     NUMBER_KEY(dp.lambda, 3.0, AT_LEAST(0),
@@ -211,7 +278,7 @@ static const config_key schema[] = {
                "streaming-diloco: inner steps tau a fragment's reduce overlaps before it is merged"),
     NUMBER_KEY(dp.alpha, 0.5, CLOSED_RANGE(0, 1),
                "streaming-diloco: merge theta = alpha * local + (1 - alpha) * outer"),
-    STRING_KEY(dp.penalty, "constant", "constant|adaptive",
+    CHOICE_KEY(dp.penalty, penalty_names, "constant",
                "co2: staleness gap penalty Lambda: dp.penalty_value, or computed each round"),
     NUMBER_KEY(dp.penalty_value, 1.0, AT_LEAST(1), "co2: the constant Lambda"),
     NUMBER_KEY(dp.clip, 0.1, ABOVE(0), "co2: outer momentum clip phi (element-wise)"),
@@ -219,13 +286,13 @@ static const config_key schema[] = {
              "allreduce on runtime.device=cuda: average the gradients with NCCL on the GPUs, "
              "every replica on a GPU of its own, one site (not yet run on two GPUs)"),
 
-    STRING_KEY(wan.bandwidth, "", NULL,
+    STRING_KEY(wan.bandwidth, "",
                "pipert launch --sites N: emulate the links between sites at this rate in each "
                "direction, e.g. 100mbit or 1gbit (root; docs/RUNNING.md); \"\" = not emulated"),
-    STRING_KEY(wan.latency, "", NULL,
+    STRING_KEY(wan.latency, "",
                "pipert launch --sites N: one-way delay of the emulated links, e.g. 50ms; \"\" = 0"),
 
-    STRING_KEY(plan.layers, "", NULL,
+    STRING_KEY(plan.layers, "",
                "blocks per stage, e.g. \"3,3,3,3\"; \"\" = balanced by compute (of equally "
                "balanced splits, the one with the fewest blocks on the front stages)"),
 
@@ -263,7 +330,7 @@ static const char *type_name(key_type type)
     return is_integer_type(type) ? "integer"
            : type == KEY_DOUBLE  ? "number"
            : type == KEY_BOOL    ? "bool"
-                                 : "string";
+                                 : "string"; /* a choice is written as its name */
 }
 
 static void integer_limits(key_type type, long long *lo, long long *hi)
@@ -308,9 +375,13 @@ static void write_string(pipert_config *cfg, const config_key *key, const char *
 }
 
 /* Stores a value that check_value accepted. */
+static int choice_value(const config_key *key, const char *name);
+
 static void write_json(pipert_config *cfg, const config_key *key, const json_t *value)
 {
-    if (key->type == KEY_DOUBLE)
+    if (key->type == KEY_CHOICE)
+        *(int *)field_of(cfg, key) = choice_value(key, json_string_value(value));
+    else if (key->type == KEY_DOUBLE)
         *(double *)field_of(cfg, key) = json_number_value(value);
     else if (key->type == KEY_STRING)
         write_string(cfg, key, json_string_value(value), json_string_length(value));
@@ -322,6 +393,8 @@ static void write_json(pipert_config *cfg, const config_key *key, const json_t *
 
 /* The field as a new JSON value; NULL if it has none (a non-finite double or a
  * string that is not UTF-8, which only C code writing the struct can cause). */
+static const char *choice_name(const config_key *key, int value);
+
 static json_t *read_json(const pipert_config *cfg, const config_key *key)
 {
     const void *field = const_field_of(cfg, key);
@@ -332,6 +405,10 @@ static json_t *read_json(const pipert_config *cfg, const config_key *key)
     case KEY_DOUBLE: return json_real(*(const double *)field);
     case KEY_BOOL: return json_boolean(*(const bool *)field);
     case KEY_STRING: return json_stringn(field, strnlen(field, key->size));
+    case KEY_CHOICE: {
+        const char *name = choice_name(key, *(const int *)field);
+        return name ? json_string(name) : NULL;
+    }
     }
     return NULL;
 }
@@ -345,6 +422,8 @@ void pt_config_defaults(pipert_config *cfg)
             *(double *)field_of(cfg, key) = key->default_number;
         else if (key->type == KEY_STRING)
             write_string(cfg, key, key->default_string, strlen(key->default_string));
+        else if (key->type == KEY_CHOICE)
+            *(int *)field_of(cfg, key) = choice_value(key, key->default_string);
         else
             write_integer(cfg, key, (long long)key->default_number);
     }
@@ -431,62 +510,93 @@ static bool check_range(const config_key *key, double x, const json_t *value, va
     return false;
 }
 
-/* ---- choices a program adds (pt_config_allow_choice) ------------------------- */
+/* ---- settings that are one of a list ----------------------------------------- */
 
+/* Names a program adds to a key's list (pt_config_allow_choice): value n_names + k is the k-th
+ * added to that key. */
 #define ADDED_CHOICES_MAX 16
 
 static struct added_choice {
     const config_key *key;
-    char value[64];
+    char name[64];
 } added_choices[ADDED_CHOICES_MAX];
 static int added_choice_count;
 
-pipert_result pt_config_allow_choice(const char *key_name, const char *value)
+static const char *choice_name(const config_key *key, int value)
 {
-    const config_key *key = find_key(key_name);
-    if (!key || !key->choices)
-        return pt_fail(PIPERT_ERR_INVALID_ARG, "%s is not a key with a list of choices",
-                       key_name);
-    if (!value[0] || strchr(value, '|') || strlen(value) >= sizeof added_choices[0].value)
-        return pt_fail(PIPERT_ERR_INVALID_ARG, "%s: \"%s\" cannot be a choice", key_name, value);
-    for (int i = 0; i < added_choice_count; i++)
-        if (added_choices[i].key == key && !strcmp(added_choices[i].value, value))
-            return PIPERT_OK;
-    if (added_choice_count == ADDED_CHOICES_MAX)
-        return pt_fail(PIPERT_ERR_UNSUPPORTED, "at most %d choices can be added to the keys",
-                       ADDED_CHOICES_MAX);
-    added_choices[added_choice_count].key = key;
-    snprintf(added_choices[added_choice_count].value, sizeof added_choices[0].value, "%s", value);
-    added_choice_count++;
-    return PIPERT_OK;
+    if (value >= 0 && value < key->n_names) return key->names[value];
+    for (int i = 0, k = key->n_names; i < added_choice_count; i++)
+        if (added_choices[i].key == key && k++ == value) return added_choices[i].name;
+    return NULL;
 }
 
-/* The key's choices, the schema's and those added: "a|b|c". */
+/* -1: not a name of the key's */
+static int choice_value(const config_key *key, const char *name)
+{
+    for (int v = 0; v < key->n_names; v++)
+        if (!strcmp(key->names[v], name)) return v;
+    for (int i = 0, k = key->n_names; i < added_choice_count; i++)
+        if (added_choices[i].key == key) {
+            if (!strcmp(added_choices[i].name, name)) return k;
+            k++;
+        }
+    return -1;
+}
+
+/* The key's names, the schema's and those added: "a|b|c". */
 static const char *choices_of(const config_key *key, char *text, size_t cap)
 {
-    snprintf(text, cap, "%s", key->choices);
-    for (int i = 0; i < added_choice_count; i++)
-        if (added_choices[i].key == key)
-            snprintf(text + strlen(text), cap - strlen(text), "|%s", added_choices[i].value);
+    text[0] = '\0';
+    for (int v = 0; choice_name(key, v); v++)
+        snprintf(text + strlen(text), cap - strlen(text), "%s%s", v ? "|" : "", choice_name(key, v));
     return text;
+}
+
+pipert_result pt_config_allow_choice(const char *key_name, const char *name, int *number)
+{
+    const config_key *key = find_key(key_name);
+    if (!key || key->type != KEY_CHOICE)
+        return pt_fail(PIPERT_ERR_INVALID_ARG, "%s is not a key with a list of choices",
+                       key_name);
+    if (!name[0] || strchr(name, '|') || strlen(name) >= sizeof added_choices[0].name)
+        return pt_fail(PIPERT_ERR_INVALID_ARG, "%s: \"%s\" cannot be a choice", key_name, name);
+    int value = choice_value(key, name);
+    if (value < 0) {
+        if (added_choice_count == ADDED_CHOICES_MAX)
+            return pt_fail(PIPERT_ERR_UNSUPPORTED, "at most %d choices can be added to the keys",
+                           ADDED_CHOICES_MAX);
+        added_choices[added_choice_count].key = key;
+        snprintf(added_choices[added_choice_count].name, sizeof added_choices[0].name, "%s", name);
+        added_choice_count++;
+        value = choice_value(key, name);
+    }
+    if (number) *number = value;
+    return PIPERT_OK;
 }
 
 const char *pt_config_choices(const char *key_name, char *text, size_t cap)
 {
     const config_key *key = find_key(key_name);
-    return key && key->choices ? choices_of(key, text, cap) : NULL;
+    return key && key->type == KEY_CHOICE ? choices_of(key, text, cap) : NULL;
 }
 
-static bool is_choice(const config_key *key, const char *value)
+const char *pt_config_choice_name(const char *key_name, int value)
 {
-    char text[1024];
-    const char *choices = choices_of(key, text, sizeof text);
-    size_t length = strlen(value);
-    for (const char *at = choices;; at++) { /* at: the start of one choice */
-        if (strncmp(at, value, length) == 0 && (at[length] == '|' || at[length] == '\0'))
-            return true;
-        if (!(at = strchr(at, '|'))) return false;
+    const config_key *key = find_key(key_name);
+    const char *name = key && key->type == KEY_CHOICE ? choice_name(key, value) : NULL;
+    return name ? name : "?";
+}
+
+int pt_config_choice_value(const char *key_name, const char *name)
+{
+    const config_key *key = find_key(key_name);
+    const int value = key && key->type == KEY_CHOICE ? choice_value(key, name) : -1;
+    if (value < 0) {
+        char choices[1024];
+        pt_fail(PIPERT_ERR_CONFIG, "%s: unknown \"%s\" (known: %s)", key_name, name,
+                key && key->type == KEY_CHOICE ? choices_of(key, choices, sizeof choices) : "none");
     }
+    return value;
 }
 
 /* Does the JSON value fit the key: type, C type limits, range, length, choices? */
@@ -513,17 +623,18 @@ static bool check_value(const config_key *key, const json_t *value, value_error 
         return json_is_boolean(value) ? true : type_mismatch(why, "true or false", value);
 
     if (!json_is_string(value)) return type_mismatch(why, "a string", value);
-    size_t length = json_string_length(value);
-    if (length >= key->size) {
-        snprintf(why->problem, sizeof why->problem, "must be shorter than %zu bytes", key->size);
-        snprintf(why->found, sizeof why->found, "%zu bytes", length);
-        return false;
-    }
-    if (key->choices && !is_choice(key, json_string_value(value))) {
+    if (key->type == KEY_CHOICE) {
+        if (choice_value(key, json_string_value(value)) >= 0) return true;
         char choices[1024];
         snprintf(why->problem, sizeof why->problem, "must be one of %s",
                  choices_of(key, choices, sizeof choices));
         format_json(value, why->found, sizeof why->found);
+        return false;
+    }
+    size_t length = json_string_length(value);
+    if (length >= key->size) {
+        snprintf(why->problem, sizeof why->problem, "must be shorter than %zu bytes", key->size);
+        snprintf(why->found, sizeof why->found, "%zu bytes", length);
         return false;
     }
     return true;
@@ -708,7 +819,8 @@ pipert_result pt_config_merge_json(pipert_config *cfg, const char *text, const c
 static json_t *parse_override_value(const config_key *key, const char *text)
 {
     json_t *value = json_loads(text, JSON_DECODE_ANY, NULL);
-    if (value && (key->type != KEY_STRING || json_is_string(value))) return value;
+    if (value && ((key->type != KEY_STRING && key->type != KEY_CHOICE) || json_is_string(value)))
+        return value;
     json_decref(value);
     return json_string(text); /* NULL if text is not UTF-8 */
 }
@@ -759,8 +871,10 @@ pipert_result pt_config_validate(const pipert_config *cfg)
         json_t *value = read_json(cfg, key);
         if (!value)
             return pt_fail(PIPERT_ERR_CONFIG, "%s: %s", key->name,
-                           key->type == KEY_DOUBLE ? "is not a finite number"
-                                                   : "is not valid UTF-8");
+                           key->type == KEY_DOUBLE   ? "is not a finite number"
+                           : key->type == KEY_CHOICE ? "holds a number that names none of its "
+                                                       "choices"
+                                                     : "is not valid UTF-8");
         value_error why;
         bool fits = check_value(key, value, &why);
         json_decref(value);
@@ -773,11 +887,11 @@ pipert_result pt_config_validate(const pipert_config *cfg)
         return pt_fail(PIPERT_ERR_CONFIG, "model.n_embd: %d is not a multiple of model.n_head = %d",
                        m->n_embd, m->n_head);
     const pt_pipeline_settings *p = &cfg->pipeline;
-    if (p->sync_steps > 0 && strcmp(p->schedule, "async-1f1b") != 0)
+    if (p->sync_steps > 0 && p->schedule != PT_SCHEDULE_ASYNC_1F1B)
         return pt_fail(PIPERT_ERR_CONFIG,
                        "pipeline.sync_steps: %ld, but only pipeline.schedule=async-1f1b has "
                        "steps to make synchronous (every step of %s is); leave it at 0",
-                       p->sync_steps, p->schedule);
+                       p->sync_steps, pt_config_choice_name("pipeline.schedule", p->schedule));
     return PIPERT_OK;
 }
 
@@ -957,7 +1071,7 @@ void pt_config_print_help(FILE *out)
         if (value) format_json(value, shown, sizeof shown);
         json_decref(value);
         char choices[1024];
-        if (key->choices)
+        if (key->type == KEY_CHOICE)
             snprintf(allowed, sizeof allowed, " (%s)", choices_of(key, choices, sizeof choices));
         else if (key->type != KEY_BOOL && key->type != KEY_STRING) {
             char range[64];

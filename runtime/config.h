@@ -12,6 +12,7 @@
 
 #include "pipert/pipert.h"
 #include "runtime/job_digest.h"
+#include "runtime/settings.h"
 
 #define PT_CONFIG_STRING_MAX 1024
 
@@ -31,7 +32,7 @@ typedef struct pt_train_settings {
     double lr;             /* peak learning rate γ */
     long warmup_steps;     /* linear warm-up from 0 */
     double min_lr_ratio;   /* cosine decay ends at min_lr_ratio·lr */
-    char optimizer[PT_CONFIG_STRING_MAX]; /* "adamw" | "nadamw" */
+    pt_optimizer_kind optimizer;
     double beta1, beta2, eps, weight_decay;
     double momentum_decay; /* NAdamW's ψ: how fast μ_t rises to β1 */
     double grad_clip;      /* global-norm clip; 0 disables */
@@ -44,22 +45,21 @@ typedef struct pt_train_settings {
 
 typedef struct pt_data_settings {
     char path[PT_CONFIG_STRING_MAX];   /* text file, directory of text files, or llm.c .bin shard; "" = fortunes */
-    char format[PT_CONFIG_STRING_MAX]; /* "auto" | "text" | "tokens" */
+    pt_data_format format;             /* how to read path */
     double val_fraction;               /* tail of the token stream held out for validation */
-    char sampling[PT_CONFIG_STRING_MAX]; /* "random" | "sequential" */
+    pt_sampling sampling;
 } pt_data_settings;
 
 typedef struct pt_runtime_settings {
     int threads;                       /* compute threads; 0 = every core of this machine */
-    char device[PT_CONFIG_STRING_MAX]; /* "cpu" | "cuda" */
+    pt_device_kind device;             /* where the kernels run */
     bool authenticate_messages;        /* a MAC on every message between workers */
     int coordinator_check_steps;       /* how often the ranks agree whether the coordinator is gone */
 } pt_runtime_settings;
 
 typedef struct pt_pipeline_settings {
-    char schedule[PT_CONFIG_STRING_MAX];  /* "async-1f1b" | "1f1b" | "gpipe" */
-    char lookahead[PT_CONFIG_STRING_MAX]; /* "nesterov" | "stash" | "predict" | "predict-damped" |
-                                             "pipemare" | "dc-asgd" | "none" */
+    pt_schedule_kind schedule;
+    pt_lookahead lookahead;               /* weight handling of async-1f1b */
     long lookahead_warmup;                /* predict-damped, pipemare: K (0: train.warmup_steps) */
     double dc_lambda;                     /* dc-asgd, nesterov-dc: λ (0: the look-ahead's own) */
     long sync_steps;                      /* async-1f1b: steps run without staleness first */
@@ -70,13 +70,13 @@ typedef struct pt_pipeline_settings {
 
 /* The coupling of a stage's replicas (dp/, ALGORITHMS.md §4). */
 typedef struct pt_dp_settings {
-    char method[PT_CONFIG_STRING_MAX];   /* allreduce | sparse | diloco | streaming-diloco | co2 */
-    char compress[PT_CONFIG_STRING_MAX]; /* none | int8 | e3m0 | e2m1 | onebit */
+    int method;                          /* pt_dp_method, or one a program added */
+    pt_codec_kind compress;              /* what crosses the link */
     int block;                           /* elements per quantization block */
     long delay;                          /* −1: apply when it arrives; N ≥ 0: exactly N steps later */
     double fraction;                     /* sparse: p */
     int partition_block;                 /* sparse: elements that go to a partition together */
-    char rule[PT_CONFIG_STRING_MAX];     /* sparse: ema | avg | delta */
+    pt_sparse_rule rule;                 /* sparse */
     double lambda;                       /* sparse: weight of the EMA correction */
     long ema_warmup_steps;               /* sparse: steps at μ_e = 0.5 */
     long period;                         /* H */
@@ -84,7 +84,7 @@ typedef struct pt_dp_settings {
     int fragments;                       /* streaming: 0 = about 3 layers each */
     int overlap;                         /* streaming: τ */
     double alpha;                        /* streaming: merge weight of the local parameters */
-    char penalty[PT_CONFIG_STRING_MAX];  /* co2: constant | adaptive */
+    pt_co2_penalty penalty;              /* co2: how Λ is had */
     double penalty_value;                /* co2: constant Λ */
     double clip;                         /* co2: φ */
     bool nccl;                           /* allreduce on cuda: NCCL between the replicas' GPUs */
@@ -144,13 +144,22 @@ void pt_config_print_help(FILE *out);
 
 /* Lets `value` be chosen for the key `key_name` (one with a list of choices), beside the
  * schema's own: what a program that adds a row to an owner's table (a dp method,
- * pt_coupling_add_method) calls, so that the configuration accepts its name. Process-wide,
- * like the tables: call it before configurations are read. */
-pipert_result pt_config_allow_choice(const char *key_name, const char *value);
+ * pt_coupling_add_method) calls, so that the configuration accepts its name; *number (may
+ * be NULL): the value the key holds when it is chosen. Process-wide, like the tables: call it
+ * before configurations are read. */
+pipert_result pt_config_allow_choice(const char *key_name, const char *value, int *number);
 
 /* The choices of `key_name`, the schema's and those added, as "a|b|c" in `text`; NULL for a
  * key without a list. */
 const char *pt_config_choices(const char *key_name, char *text, size_t cap);
+
+/* The name of value `value` of the key `key_name` ("pipeline.lookahead", PT_LOOKAHEAD_STASH:
+ * "stash"): what logs, metrics and checkpoints write. "?" for a value the key does not have. */
+const char *pt_config_choice_name(const char *key_name, int value);
+
+/* The value of the key `key_name` called `name` (a checkpoint's, a peer's); -1 with a
+ * PIPERT_ERR_CONFIG naming the key and its choices if it has none so called. */
+int pt_config_choice_value(const char *key_name, const char *name);
 
 /* The keys of cfg.model alone as a JSON object text (checkpoint metadata);
  * caller frees. */

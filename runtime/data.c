@@ -9,7 +9,6 @@
 
 #include "runtime/fileio.h"
 
-typedef enum data_format { FORMAT_AUTO, FORMAT_TEXT, FORMAT_TOKENS } data_format;
 
 /* ---- little-endian fields ------------------------------------------------ */
 
@@ -170,18 +169,18 @@ static int ends_with(const char *s, const char *suffix)
     return n >= m && strcmp(s + n - m, suffix) == 0;
 }
 
-static data_format detect_format(const char *path, const unsigned char *bytes, size_t size)
+static pt_data_format detect_format(const char *path, const unsigned char *bytes, size_t size)
 {
-    if (size >= 4 && load_le32(bytes) == PT_SHARD_MAGIC) return FORMAT_TOKENS;
-    return ends_with(path, ".bin") ? FORMAT_TOKENS : FORMAT_TEXT;
+    if (size >= 4 && load_le32(bytes) == PT_SHARD_MAGIC) return PT_DATA_TOKENS;
+    return ends_with(path, ".bin") ? PT_DATA_TOKENS : PT_DATA_TEXT;
 }
 
 /* Appends the tokens of one file's bytes; *used says which format they were read as. */
 static pipert_result append_bytes(token_buffer *buf, const char *path, const unsigned char *bytes,
-                                  size_t size, data_format format, data_format *used)
+                                  size_t size, pt_data_format format, pt_data_format *used)
 {
-    *used = format == FORMAT_AUTO ? detect_format(path, bytes, size) : format;
-    if (*used == FORMAT_TOKENS) {
+    *used = format == PT_DATA_AUTO ? detect_format(path, bytes, size) : format;
+    if (*used == PT_DATA_TOKENS) {
         size_t count;
         PT_TRY(shard_check_header(path, bytes, size, &count));
         PT_TRY(token_buffer_reserve(buf, count, path));
@@ -195,8 +194,8 @@ static pipert_result append_bytes(token_buffer *buf, const char *path, const uns
     return PIPERT_OK;
 }
 
-static pipert_result append_file(token_buffer *buf, const char *path, data_format format,
-                                 data_format *used)
+static pipert_result append_file(token_buffer *buf, const char *path, pt_data_format format,
+                                 pt_data_format *used)
 {
     char *data;
     size_t size;
@@ -274,21 +273,10 @@ static pipert_result list_corpus_files(const char *dir, path_list *list)
 
 /* ---- dataset ------------------------------------------------------------- */
 
-static pipert_result parse_format(const char *format, data_format *out)
-{
-    if (!format || !*format || strcmp(format, "auto") == 0) *out = FORMAT_AUTO;
-    else if (strcmp(format, "text") == 0) *out = FORMAT_TEXT;
-    else if (strcmp(format, "tokens") == 0) *out = FORMAT_TOKENS;
-    else
-        return pt_fail(PIPERT_ERR_INVALID_ARG,
-                       "data.format \"%s\": expected \"auto\", \"text\" or \"tokens\"", format);
-    return PIPERT_OK;
-}
-
 /* Loads a file or every corpus file of a directory into buf and writes a
  * short description of what was read into source [source_size]. */
 static pipert_result load_tokens(token_buffer *buf, const char *root, int is_default,
-                                 data_format format, char *source, size_t source_size)
+                                 pt_data_format format, char *source, size_t source_size)
 {
     struct stat st;
     if (stat(root, &st) != 0) {
@@ -300,9 +288,9 @@ static pipert_result load_tokens(token_buffer *buf, const char *root, int is_def
         return pt_fail(PIPERT_ERR_IO, "%s: %s", root, strerror(errno));
     }
     if (!S_ISDIR(st.st_mode)) {
-        data_format used;
+        pt_data_format used;
         PT_TRY(append_file(buf, root, format, &used));
-        snprintf(source, source_size, "%s (%s)", root, used == FORMAT_TOKENS ? "tokens" : "text");
+        snprintf(source, source_size, "%s (%s)", root, used == PT_DATA_TOKENS ? "tokens" : "text");
         return PIPERT_OK;
     }
     path_list files;
@@ -310,10 +298,10 @@ static pipert_result load_tokens(token_buffer *buf, const char *root, int is_def
     size_t n_text = 0, n_shards = 0;
     pipert_result rc = PIPERT_OK;
     for (size_t i = 0; i < files.count && rc == PIPERT_OK; i++) {
-        data_format used = FORMAT_TEXT; /* if the file cannot be read */
+        pt_data_format used = PT_DATA_TEXT; /* if the file cannot be read */
         rc = append_file(buf, files.paths[i], format, &used);
-        n_shards += used == FORMAT_TOKENS;
-        n_text += used != FORMAT_TOKENS;
+        n_shards += used == PT_DATA_TOKENS;
+        n_text += used != PT_DATA_TOKENS;
     }
     const char *kind = n_shards == 0 ? "text" : n_text == 0 ? "tokens" : "text and tokens";
     snprintf(source, source_size, "%s%s (%zu files, %s)", is_default ? "fortunes: " : "", root,
@@ -323,13 +311,13 @@ static pipert_result load_tokens(token_buffer *buf, const char *root, int is_def
 }
 
 /* Checks the format and fraction; leaves ds empty. */
-static pipert_result begin_load(pt_dataset *ds, const char *format, double val_fraction,
-                                data_format *fmt)
+static pipert_result begin_load(pt_dataset *ds, pt_data_format format, double val_fraction)
 {
     memset(ds, 0, sizeof *ds);
     ds->max_token = -1;
-    *fmt = FORMAT_AUTO;
-    PT_TRY(parse_format(format, fmt));
+    if ((unsigned)format >= PT_DATA_FORMATS)
+        return pt_fail(PIPERT_ERR_INVALID_ARG, "data.format: no format has the value %d",
+                       (int)format);
     if (!(val_fraction >= 0.0 && val_fraction < 1.0))
         return pt_fail(PIPERT_ERR_INVALID_ARG, "data.val_fraction %g: expected 0 <= value < 1",
                        val_fraction);
@@ -357,27 +345,26 @@ static pipert_result finish_load(pt_dataset *ds, token_buffer *buf, pipert_resul
     return PIPERT_OK;
 }
 
-pipert_result pt_dataset_load(pt_dataset *ds, const char *path, const char *format,
+pipert_result pt_dataset_load(pt_dataset *ds, const char *path, pt_data_format format,
                               double val_fraction)
 {
-    data_format fmt;
-    PT_TRY(begin_load(ds, format, val_fraction, &fmt));
+    PT_TRY(begin_load(ds, format, val_fraction));
     int is_default = !path || !*path;
     const char *root = is_default ? PT_FORTUNES_DIR : path;
     token_buffer buf = {0};
-    pipert_result rc = load_tokens(&buf, root, is_default, fmt, ds->source, sizeof ds->source);
+    pipert_result rc = load_tokens(&buf, root, is_default, format, ds->source, sizeof ds->source);
     return finish_load(ds, &buf, rc, root, val_fraction);
 }
 
 pipert_result pt_dataset_load_memory(pt_dataset *ds, const char *name, const void *bytes,
-                                     size_t size, const char *format, double val_fraction)
+                                     size_t size, pt_data_format format, double val_fraction)
 {
-    data_format fmt, used = FORMAT_TEXT;
-    PT_TRY(begin_load(ds, format, val_fraction, &fmt));
+    pt_data_format used = PT_DATA_TEXT;
+    PT_TRY(begin_load(ds, format, val_fraction));
     token_buffer buf = {0};
-    pipert_result rc = append_bytes(&buf, name, bytes, size, fmt, &used);
+    pipert_result rc = append_bytes(&buf, name, bytes, size, format, &used);
     snprintf(ds->source, sizeof ds->source, "%s (%s)", name,
-             used == FORMAT_TOKENS ? "tokens" : "text");
+             used == PT_DATA_TOKENS ? "tokens" : "text");
     return finish_load(ds, &buf, rc, name, val_fraction);
 }
 
@@ -424,15 +411,6 @@ static void copy_sequence(const uint16_t *tok, size_t start, int T, int32_t *inp
         inputs[t] = tok[start + t];
         targets[t] = tok[start + t + 1];
     }
-}
-
-pipert_result pt_sampling_parse(const char *name, pt_sampling *out)
-{
-    if (!strcmp(name, "random")) *out = PT_SAMPLING_RANDOM;
-    else if (!strcmp(name, "sequential")) *out = PT_SAMPLING_SEQUENTIAL;
-    else return pt_fail(PIPERT_ERR_CONFIG, "data.sampling: unknown \"%s\" (expected random or "
-                                           "sequential)", name);
-    return PIPERT_OK;
 }
 
 static size_t sequence_offset(const pt_dataset *ds, pt_philox_key key, long step, long sequence,

@@ -27,6 +27,7 @@
 
 #include "runtime/error.h"
 #include "runtime/rng.h"
+#include "runtime/settings.h"
 
 #define PT_SHARD_MAGIC 20240520
 #define PT_SHARD_VERSION 1
@@ -52,13 +53,6 @@ pipert_result pt_shard_write(const char *path, const uint16_t *tokens, size_t co
 /* ---- dataset ------------------------------------------------------------- */
 
 /* How training sequences are drawn (data.sampling). */
-typedef enum pt_sampling {
-    PT_SAMPLING_RANDOM,     /* uniform offsets from (seed, step, sequence) */
-    PT_SAMPLING_SEQUENTIAL, /* the stream in order: sequence q of the run starts at q·T */
-} pt_sampling;
-
-/* "random" | "sequential" */
-pipert_result pt_sampling_parse(const char *name, pt_sampling *out);
 
 typedef struct pt_dataset {
     uint16_t *tokens;  /* [n_tokens]: train split, then validation split */
@@ -70,16 +64,16 @@ typedef struct pt_dataset {
     long sequences_per_step;   /* sequential: sequences in one step's global batch */
 } pt_dataset;
 
-/* Loads `path` ("" or NULL: the fortunes corpus) as `format` ("auto", "text"
- * or "tokens"; NULL: "auto"), holding out the last round(val_fraction·n)
- * tokens, 0 ≤ val_fraction < 1. On failure *ds is empty (safe to free). */
-pipert_result pt_dataset_load(pt_dataset *ds, const char *path, const char *format,
+/* Loads `path` ("" or NULL: the fortunes corpus) as `format` (data.format: auto decides from
+ * the file), holding out the last round(val_fraction·n) tokens, 0 ≤ val_fraction < 1. On
+ * failure *ds is empty (safe to free). */
+pipert_result pt_dataset_load(pt_dataset *ds, const char *path, pt_data_format format,
                               double val_fraction);
 
 /* The same from one file's bytes in memory, `name` standing for its path (in
  * messages, and for format "auto": a name ending in .bin is a token shard). */
 pipert_result pt_dataset_load_memory(pt_dataset *ds, const char *name, const void *bytes,
-                                     size_t size, const char *format, double val_fraction);
+                                     size_t size, pt_data_format format, double val_fraction);
 
 void pt_dataset_free(pt_dataset *ds);
 

@@ -11,21 +11,19 @@
 
 /* Every fact the model uses about a schedule, a look-ahead or a dp method is theirs (their
  * tables: pipeline/schedule.c, pipeline/lookahead.c, dp/coupling.c); nothing here knows a
- * name. The configuration was validated, but a method added to the table by a program
- * (pt_coupling_add_method) is looked up the same way: an unknown name is an error. */
+ * name: the configuration holds each as the number of its row (runtime/settings.h), a method a
+ * program added (pt_coupling_add_method) included. */
 
 static bool is_async(const pipert_config *config)
 {
-    pt_schedule_kind kind;
-    return pt_schedule_parse_kind(config->pipeline.schedule, &kind) == PIPERT_OK &&
-           kind == PT_SCHEDULE_ASYNC_1F1B;
+    return config->pipeline.schedule == PT_SCHEDULE_ASYNC_1F1B;
 }
 
 /* The asynchronous schedule's look-ahead, or NULL under a flush schedule (which keeps one
  * version of the weights whatever pipeline.lookahead says). */
 static const pt_lookahead_traits *async_lookahead(const pipert_config *config)
 {
-    return is_async(config) ? pt_lookahead_named(config->pipeline.lookahead) : NULL;
+    return is_async(config) ? pt_lookahead_traits_of(config->pipeline.lookahead) : NULL;
 }
 
 /* The asynchronous schedule with a look-ahead that stashes the weights each forward used. */
@@ -50,7 +48,7 @@ static int weight_versions(const pipert_config *config, int stages, int stage)
  * keeps in the device's memory count. */
 static int coupling_copies(const pipert_config *config, const pt_coupling_method *method)
 {
-    const pt_device_traits *device = pt_device_named(config->runtime.device);
+    const pt_device_traits *device = pt_device_traits_of(config->runtime.device);
     return device && device->gpu ? method->device_param_copies : method->param_copies;
 }
 
@@ -73,7 +71,7 @@ pipert_result pt_cost_stage(const pipert_config *config, const pt_stage_plan *pl
                        "cost: stage %d's device: FLOP/s %g, efficiency %g, memory bandwidth %g B/s "
                        "(each must be positive, the efficiency at most 1)",
                        stage, device->flops, device->efficiency, device->memory_bytes_per_s);
-    const pt_coupling_method *method = pt_coupling_method_named(config->dp.method);
+    const pt_coupling_method *method = pt_coupling_method_of(config->dp.method);
     if (!method) return PIPERT_ERR_CONFIG;
     const pt_gpt_config model = model_of(config);
     const int B = config->train.batch_size, T = config->model.block_size;
@@ -104,8 +102,7 @@ pipert_result pt_cost_stage(const pipert_config *config, const pt_stage_plan *pl
 
 int pt_cost_in_flight(const pipert_config *config, int S, int s)
 {
-    pt_schedule_kind kind = PT_SCHEDULE_ASYNC_1F1B;
-    (void)pt_schedule_parse_kind(config->pipeline.schedule, &kind); /* validated */
+    const pt_schedule_kind kind = config->pipeline.schedule;
     const long M = kind == PT_SCHEDULE_ASYNC_1F1B ? config->train.steps
                                                   : config->pipeline.microbatches;
     return pt_schedule_in_flight(kind, S, s, M);
@@ -131,7 +128,7 @@ double pt_cost_codec_bits(const pipert_config *config)
 pipert_result pt_cost_coupling(const pipert_config *config, const int *members, int stages,
                                const double *params, double *bytes, pt_sim_coupling *out)
 {
-    const pt_coupling_method *method = pt_coupling_method_named(config->dp.method);
+    const pt_coupling_method *method = pt_coupling_method_of(config->dp.method);
     if (!method) return PIPERT_ERR_CONFIG;
     pt_coupling_traffic traffic = {.every = 0, .lag = 0, .share = 1};
     if (method->traffic) method->traffic(config, &traffic);
@@ -154,7 +151,7 @@ pipert_result pt_cost_coupling(const pipert_config *config, const int *members, 
 
 bool pt_cost_coupling_by_sites(const pipert_config *config)
 {
-    const pt_coupling_method *method = pt_coupling_method_named(config->dp.method);
+    const pt_coupling_method *method = pt_coupling_method_of(config->dp.method);
     if (!method) pt_error_clear(); /* pt_cost_coupling names it */
     return method && !method->over_all_replicas;
 }
@@ -173,7 +170,7 @@ double pt_cost_site_coupling_s(const pipert_config *config, int k, double params
 double pt_cost_method_cpu_s(const pipert_config *config, const pt_cost_device *device,
                             double params)
 {
-    const pt_coupling_method *method = pt_coupling_method_named(config->dp.method);
+    const pt_coupling_method *method = pt_coupling_method_of(config->dp.method);
     if (!method) pt_error_clear(); /* pt_cost_coupling names it */
     if (!method || !method->host_share) return 0;
     return device->sparse_cpu_s_per_element * method->host_share(config) * params;

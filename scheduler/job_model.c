@@ -186,7 +186,7 @@ pipert_result pt_job_model_build(const pt_job_model_input *in, pt_job_model *out
     const int S = in->plan->stages, R = in->replicas;
     pipert_result rc = allocate(out, S, R);
     pt_sim_input *sim = &out->in;
-    if (rc == PIPERT_OK) rc = pt_schedule_parse_kind(in->config->pipeline.schedule, &sim->kind);
+    sim->kind = in->config->pipeline.schedule;
     if (rc == PIPERT_OK) rc = price_ranks(in, out);
     if (rc != PIPERT_OK) {
         pt_job_model_free(out);

@@ -45,7 +45,7 @@
 /* runtime.device is a GPU: the kernels' memory is its arena, sized here. */
 static bool runs_on_a_gpu(const pipert_session *s)
 {
-    const pt_device_traits *device = pt_device_named(s->config.runtime.device);
+    const pt_device_traits *device = pt_device_traits_of(s->config.runtime.device);
     return device && device->gpu;
 }
 

@@ -111,7 +111,8 @@ static pipert_result write_stage_line(pipert_session *s, const pt_pipeline_step 
                              "bubble", pt_trace_bubble_fraction(s->trace), "grad_norm",
                              p->grad_norm, "ms_per_step", 1e3 * p->seconds, "dp_method",
                              p->dp.method ? p->dp.method : "none", "dp_compress",
-                             s->config.dp.compress, "dp_bytes", p->dp.bytes_sent,
+                             pt_config_choice_name("dp.compress", s->config.dp.compress),
+                             "dp_bytes", p->dp.bytes_sent,
                              "dp_wait_ms", p->dp.wait_ms, "dp_delay", p->dp.delay);
     add_utilisation(line, &p->util);
     return pt_metrics_write(&s->stage_metrics, line);

@@ -264,10 +264,7 @@ static bool every(long step, long period) { return period > 0 && step % period =
 
 static bool flushes(const pipert_session *s)
 {
-    pt_schedule_kind kind;
-    return s->job.layout.stages == 1 ||
-           pt_schedule_parse_kind(s->config.pipeline.schedule, &kind) != PIPERT_OK ||
-           kind != PT_SCHEDULE_ASYNC_1F1B;
+    return s->job.layout.stages == 1 || s->config.pipeline.schedule != PT_SCHEDULE_ASYNC_1F1B;
 }
 
 static void publish(pipert_session *s, const pipert_metrics *m)

@@ -101,7 +101,7 @@ static void serial_reference(const run_shape *r, double *losses)
     pt_optimizer_settings settings = {
         .kind = PT_OPTIMIZER_ADAMW, .beta1 = t->beta1, .beta2 = t->beta2, .eps = t->eps,
         .weight_decay = t->weight_decay, .psi = t->momentum_decay};
-    cr_assert_eq(pt_optimizer_parse_kind(t->optimizer, &settings.kind), PIPERT_OK);
+    settings.kind = t->optimizer;
     if (r->nesterov_dc) settings.kind = PT_OPTIMIZER_NADAMW, settings.beta1 = 0.99;
     pt_optimizer opt;
     cr_assert_eq(pt_optimizer_init(&opt, &settings, pt_kernels_cpu(), m->n_params), PIPERT_OK);

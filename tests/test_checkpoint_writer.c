@@ -23,7 +23,7 @@ typedef struct stage {
 
 /* A 2-block model's slice on `device`, its parameters initialised and its moments filled with
  * values of their own. */
-static void make_stage(stage *st, const char *device)
+static void make_stage(stage *st, pt_device_kind device)
 {
     const pt_kernels *k;
     cr_assert_eq(pt_kernels_for_device(device, &k), PIPERT_OK, "%s", pipert_last_error());
@@ -100,7 +100,7 @@ static bool within(const void *p, const void *buffer, size_t bytes)
 Test(checkpoint_writer, in_place_gives_the_same_bytes_from_the_live_buffers)
 {
     stage st;
-    make_stage(&st, "cpu");
+    make_stage(&st, PT_DEVICE_CPU);
     float *stash = malloc(st.bytes);
     for (size_t i = 0; i < st.slice->n_params; i++) stash[i] = -0.5f * (float)(i % 17);
     pt_checkpoint_writer *copying = writer(&st, false), *in_place = writer(&st, true);
@@ -152,8 +152,8 @@ Test(checkpoint_writer, in_place_gives_the_same_bytes_from_the_live_buffers)
 Test(checkpoint_writer, in_place_copies_what_the_host_cannot_read)
 {
     stage guarded, plain;
-    make_stage(&guarded, "cpu-guarded");
-    make_stage(&plain, "cpu");
+    make_stage(&guarded, PT_DEVICE_CPU_GUARDED);
+    make_stage(&plain, PT_DEVICE_CPU);
     pt_checkpoint_writer *w = writer(&guarded, true), *reference = writer(&plain, false);
     cr_expect_eq(pt_checkpoint_writer_copied_bytes(w), 3 * guarded.bytes);
     cr_expect(!pt_checkpoint_writer_holds(w, guarded.slice->params));
@@ -176,7 +176,7 @@ Test(checkpoint_writer, in_place_copies_what_the_host_cannot_read)
 Test(checkpoint_writer, a_file_missing_a_tensor_leaves_the_buffer_untouched)
 {
     stage st;
-    make_stage(&st, "cpu");
+    make_stage(&st, PT_DEVICE_CPU);
     const pt_gpt_slice *m = st.slice;
     pt_safetensors_writer *w;
     cr_assert_eq(pt_safetensors_writer_create(&w), PIPERT_OK);

@@ -136,7 +136,7 @@ Test(config, defaults)
     cr_expect_eq(t->lr, 1e-3);
     cr_expect_eq(t->warmup_steps, 50);
     cr_expect_eq(t->min_lr_ratio, 0.1);
-    cr_expect_str_eq(t->optimizer, "adamw");
+    cr_expect_eq(t->optimizer, PT_OPTIMIZER_ADAMW);
     cr_expect_eq(t->beta1, 0.9);
     cr_expect_eq(t->beta2, 0.95);
     cr_expect_eq(t->eps, 1e-8);
@@ -148,10 +148,10 @@ Test(config, defaults)
     cr_expect_eq(t->checkpoint_every, 200);
     cr_expect_eq(t->keep_checkpoints, 3);
     cr_expect_str_eq(cfg->data.path, "");
-    cr_expect_str_eq(cfg->data.format, "auto");
+    cr_expect_eq(cfg->data.format, PT_DATA_AUTO);
     cr_expect_eq(cfg->data.val_fraction, 0.1);
     cr_expect_eq(cfg->runtime.threads, 0);
-    cr_expect_str_eq(cfg->runtime.device, "cpu");
+    cr_expect_eq(cfg->runtime.device, PT_DEVICE_CPU);
     cr_expect_eq(cfg->seed, 1337);
     cr_expect_eq(pt_config_validate(cfg), PIPERT_OK, "defaults do not validate: %s", pipert_last_error());
     pipert_config_free(cfg);
@@ -206,7 +206,7 @@ Test(config, load_file_merges_over_defaults)
     cr_expect_eq(cfg->model.n_layer, 2);
     cr_expect_eq(cfg->model.tie_weights, true);
     cr_expect_eq(cfg->train.lr, 3e-4);
-    cr_expect_str_eq(cfg->train.optimizer, "nadamw");
+    cr_expect_eq(cfg->train.optimizer, PT_OPTIMIZER_NADAMW);
     cr_expect_eq(cfg->train.steps, 10);
     cr_expect_str_eq(cfg->data.path, "corpus.txt");
     cr_expect_eq(cfg->data.val_fraction, 0.25);
@@ -214,7 +214,7 @@ Test(config, load_file_merges_over_defaults)
     /* untouched keys keep their defaults */
     cr_expect_eq(cfg->model.n_embd, 192);
     cr_expect_eq(cfg->train.beta2, 0.95);
-    cr_expect_str_eq(cfg->data.format, "auto");
+    cr_expect_eq(cfg->data.format, PT_DATA_AUTO);
     pipert_config_free(cfg);
 }
 
@@ -434,9 +434,9 @@ Test(config, overrides)
     set_ok(cfg, "--train.steps=20");
     cr_expect_eq(cfg->train.steps, 20);
     set_ok(cfg, "--train.optimizer=nadamw"); /* a bare string */
-    cr_expect_str_eq(cfg->train.optimizer, "nadamw");
+    cr_expect_eq(cfg->train.optimizer, PT_OPTIMIZER_NADAMW);
     set_ok(cfg, "data.format=\"text\""); /* a JSON string */
-    cr_expect_str_eq(cfg->data.format, "text");
+    cr_expect_eq(cfg->data.format, PT_DATA_TEXT);
     set_ok(cfg, "--data.path=123"); /* a string key keeps what was typed */
     cr_expect_str_eq(cfg->data.path, "123");
     set_ok(cfg, "--data.path=/tmp/a b=c.txt"); /* only the first '=' splits */
@@ -505,9 +505,10 @@ Test(config, validate_ranges)
     cr_expect_str_eq(pipert_last_error(), "data.val_fraction: must be in (0, 1), got 0.0");
 
     pt_config_defaults(&cfg);
-    snprintf(cfg.runtime.device, sizeof cfg.runtime.device, "tpu");
+    cfg.runtime.device = PT_DEVICE_KINDS; /* C code wrote a value no device has */
     cr_expect_eq(pt_config_validate(&cfg), PIPERT_ERR_CONFIG);
-    cr_expect_str_eq(pipert_last_error(), "runtime.device: must be one of cpu|cuda|cpu-guarded, got \"tpu\"");
+    cr_expect_str_eq(pipert_last_error(),
+                     "runtime.device: holds a number that names none of its choices");
 
     pt_config_defaults(&cfg);
     cfg.train.lr = INFINITY;
@@ -529,9 +530,9 @@ Test(config, to_json_round_trip)
     cfg->train.beta2 = 1.0 / 3.0;
     cfg->train.eps = 5e-324; /* the smallest subnormal */
     cfg->train.weight_decay = 0.0;
-    snprintf(cfg->train.optimizer, sizeof cfg->train.optimizer, "nadamw");
+    cfg->train.optimizer = PT_OPTIMIZER_NADAMW;
     snprintf(cfg->data.path, sizeof cfg->data.path, "dir \"q\"\\x/\xc3\xa9\n\t.txt");
-    snprintf(cfg->data.format, sizeof cfg->data.format, "tokens");
+    cfg->data.format = PT_DATA_TOKENS;
     cfg->seed = INT64_MAX;
 
     char *text = pipert_config_to_json(cfg);
@@ -786,57 +787,41 @@ Test(config, job_identities_compare_by_protocol_then_digest)
 
 /* ---- the schema's lists of choices and their owners' tables ----------------------------- */
 
-/* Calls `found(name)` for each choice of `key`; how many there are. */
-static int each_choice(const char *key, bool (*found)(const char *name))
-{
-    char text[1024], name[64];
-    const char *choices = pt_config_choices(key, text, sizeof text);
-    cr_assert_not_null(choices, "%s has no list of choices", key);
-    int n = 0;
-    for (const char *at = choices; at; at = strchr(at, '|') ? strchr(at, '|') + 1 : NULL, n++) {
-        snprintf(name, sizeof name, "%.*s", (int)strcspn(at, "|"), at);
-        cr_expect(found(name), "%s: the choice \"%s\" is not in its owner's table (%s)", key, name,
-                  pipert_last_error());
-    }
-    return n;
-}
-
-static bool is_device(const char *name) { return pt_device_named(name) != NULL; }
-static bool is_lookahead(const char *name) { return pt_lookahead_named(name) != NULL; }
-static bool is_method(const char *name) { return pt_coupling_method_named(name) != NULL; }
-static bool is_codec(const char *name)
-{
-    pt_codec codec;
-    return pt_codec_init(&codec, name, 128) == PIPERT_OK;
-}
-static bool is_schedule(const char *name)
-{
-    pt_schedule_kind kind;
-    return pt_schedule_parse_kind(name, &kind) == PIPERT_OK;
-}
-static bool is_optimizer(const char *name)
-{
-    pt_optimizer_kind kind;
-    return pt_optimizer_parse_kind(name, &kind) == PIPERT_OK;
-}
-static bool is_sampling(const char *name)
-{
-    pt_sampling sampling;
-    return pt_sampling_parse(name, &sampling) == PIPERT_OK;
-}
-
-/* The names live twice, in the schema (what a configuration may say) and in the table of the
- * code that acts on them: every choice is a row, and where the rows are counted by an
- * enumeration, every row is a choice. */
+/* The names live in the schema (what a configuration may say), the facts in the tables of the
+ * code that acts on them, both indexed by the values of runtime/settings.h: the tables that
+ * name their rows too must name each value as the schema does. */
 Test(config, every_choice_is_a_row_of_its_owners_table)
 {
-    each_choice("runtime.device", is_device);
-    each_choice("dp.method", is_method);
-    each_choice("dp.compress", is_codec);
-    each_choice("data.sampling", is_sampling);
-    cr_expect_eq(each_choice("pipeline.lookahead", is_lookahead), PT_LOOKAHEAD_NESTEROV_SECANT + 1);
-    cr_expect_eq(each_choice("pipeline.schedule", is_schedule), PT_SCHEDULE_ASYNC_1F1B + 1);
-    cr_expect_eq(each_choice("train.optimizer", is_optimizer), PT_OPTIMIZER_NADAMW + 1);
+    char text[1024];
+    for (int v = 0; v < PT_DP_BUILT_IN_METHODS; v++) {
+        const pt_coupling_method *method = pt_coupling_method_of(v);
+        cr_assert_not_null(method, "dp.method %d: %s", v, pipert_last_error());
+        cr_expect_str_eq(method->name, pt_config_choice_name("dp.method", v));
+    }
+    cr_expect_null(pt_coupling_method_of(PT_DP_BUILT_IN_METHODS), "none added");
+    const pt_kernels *kernels;
+    cr_assert_eq(pt_kernels_for_device(PT_DEVICE_CPU, &kernels), PIPERT_OK);
+    cr_expect_str_eq(kernels->name, pt_config_choice_name("runtime.device", PT_DEVICE_CPU));
+    cr_assert_eq(pt_kernels_for_device(PT_DEVICE_CPU_GUARDED, &kernels), PIPERT_OK);
+    cr_expect_str_eq(kernels->name, pt_config_choice_name("runtime.device", PT_DEVICE_CPU_GUARDED));
+    for (int v = 0; v < PT_DEVICE_KINDS; v++) cr_expect_not_null(pt_device_traits_of(v));
+    /* each key's list is its enumeration's, in its order */
+    cr_expect_str_eq(pt_config_choices("pipeline.schedule", text, sizeof text), "gpipe|1f1b|async-1f1b");
+    cr_expect_str_eq(pt_config_choices("dp.compress", text, sizeof text),
+                     "none|int8|e3m0|e2m1|onebit");
+    for (int v = 0; v < PT_LOOKAHEADS; v++)
+        cr_expect_eq(pt_lookahead_named(pt_lookahead_name(v)), pt_lookahead_traits_of(v), "%d", v);
+    cr_expect_str_eq(pt_lookahead_name(PT_LOOKAHEAD_NESTEROV_DC), "nesterov-dc");
+    cr_expect_str_eq(pt_schedule_kind_name(PT_SCHEDULE_ASYNC_1F1B), "async-1f1b");
+    cr_expect_str_eq(pt_optimizer_kind_name(PT_OPTIMIZER_NADAMW), "nadamw");
+    cr_expect_eq(pt_config_choice_value("dp.rule", "delta"), PT_RULE_DELTA);
+    cr_expect_eq(pt_config_choice_value("dp.penalty", "adaptive"), PT_PENALTY_ADAPTIVE);
+    cr_expect_eq(pt_config_choice_value("data.sampling", "sequential"), PT_SAMPLING_SEQUENTIAL);
+    cr_expect_eq(pt_config_choice_value("data.format", "tokens"), PT_DATA_TOKENS);
+    cr_expect_eq(pt_config_choice_value("pipeline.lookahead", "sgd"), -1);
+    cr_expect(strstr(pipert_last_error(), "pipeline.lookahead: unknown \"sgd\" (known: none|stash"),
+              "%s", pipert_last_error());
+    cr_expect_str_eq(pt_config_choice_name("dp.method", 99), "?");
 }
 
 Test(config, a_choice_added_by_a_program_is_accepted_and_listed)
@@ -844,15 +829,22 @@ Test(config, a_choice_added_by_a_program_is_accepted_and_listed)
     pipert_config c;
     pt_config_defaults(&c);
     cr_expect_eq(pipert_config_set(&c, "dp.compress=nibble"), PIPERT_ERR_CONFIG);
-    cr_assert_eq(pt_config_allow_choice("dp.compress", "nibble"), PIPERT_OK, "%s",
+    int value = -1, again = -1;
+    cr_assert_eq(pt_config_allow_choice("dp.compress", "nibble", &value), PIPERT_OK, "%s",
                  pipert_last_error());
-    cr_expect_eq(pt_config_allow_choice("dp.compress", "nibble"), PIPERT_OK, "twice is once");
+    cr_expect_eq(value, PT_CODEC_KINDS, "numbered after the schema's");
+    cr_expect_eq(pt_config_allow_choice("dp.compress", "nibble", &again), PIPERT_OK);
+    cr_expect_eq(again, value, "twice is once");
     cr_expect_eq(pipert_config_set(&c, "dp.compress=nibble"), PIPERT_OK, "%s", pipert_last_error());
+    cr_expect_eq((int)c.dp.compress, value);
     char text[1024];
     cr_expect_str_eq(pt_config_choices("dp.compress", text, sizeof text),
                      "none|int8|e3m0|e2m1|onebit|nibble");
-    cr_expect_eq(pt_config_allow_choice("dp.lambda", "x"), PIPERT_ERR_INVALID_ARG,
+    char *json = pipert_config_to_json(&c);
+    cr_expect(strstr(json, "\"compress\": \"nibble\""), "written by name: %s", json);
+    free(json);
+    cr_expect_eq(pt_config_allow_choice("dp.lambda", "x", NULL), PIPERT_ERR_INVALID_ARG,
                  "a number has no choices");
-    cr_expect_eq(pt_config_allow_choice("dp.compress", "a|b"), PIPERT_ERR_INVALID_ARG);
+    cr_expect_eq(pt_config_allow_choice("dp.compress", "a|b", NULL), PIPERT_ERR_INVALID_ARG);
     cr_expect_null(pt_config_choices("data.path", text, sizeof text));
 }

@@ -89,7 +89,7 @@ Test(data, text_tokenizer_is_bytes_without_separator_lines)
     write_text(path, "ab\n%\n%%\n 100%\n%\n%x\n\xff\xc3\xa9\n%");
     const char expected[] = "ab\n\n%%\n 100%\n\n%x\n\xff\xc3\xa9\n\n";
     pt_dataset ds;
-    cr_assert_eq(pt_dataset_load(&ds, path, "text", 0.0), PIPERT_OK, "%s", pipert_last_error());
+    cr_assert_eq(pt_dataset_load(&ds, path, PT_DATA_TEXT, 0.0), PIPERT_OK, "%s", pipert_last_error());
     expect_tokens_equal_bytes(&ds, expected, sizeof expected - 1);
     cr_expect_eq(ds.max_token, 255);
     cr_expect_eq(ds.n_train, ds.n_tokens);
@@ -114,7 +114,7 @@ Test(data, directory_reads_sorted_text_files_skipping_dat_u8_and_subdirectories)
         write_text(path, files[i].text);
     }
     pt_dataset ds;
-    cr_assert_eq(pt_dataset_load(&ds, dir, "auto", 0.0), PIPERT_OK, "%s", pipert_last_error());
+    cr_assert_eq(pt_dataset_load(&ds, dir, PT_DATA_AUTO, 0.0), PIPERT_OK, "%s", pipert_last_error());
     const char expected[] = "c\nA1\n\nB1\n";
     expect_tokens_equal_bytes(&ds, expected, sizeof expected - 1);
     cr_expect(strstr(ds.source, "3 files"), "source \"%s\" should count 3 files", ds.source);
@@ -157,7 +157,7 @@ static size_t fortunes_expected_length(size_t *n_files)
 Test(data, default_corpus_is_fortunes_without_separators)
 {
     pt_dataset ds;
-    cr_assert_eq(pt_dataset_load(&ds, "", "auto", 0.1), PIPERT_OK, "%s", pipert_last_error());
+    cr_assert_eq(pt_dataset_load(&ds, "", PT_DATA_AUTO, 0.1), PIPERT_OK, "%s", pipert_last_error());
     cr_expect_gt(ds.n_tokens, 1000000, "the fortunes corpus has only %zu tokens", ds.n_tokens);
     size_t n_files;
     size_t expected = fortunes_expected_length(&n_files);
@@ -251,7 +251,7 @@ static void expect_shard_format_error(const char *path, const char *detail)
     if (detail) expect_error_names(detail);
     /* The dataset loader reports the same. */
     pt_dataset ds;
-    cr_expect_eq(pt_dataset_load(&ds, path, "tokens", 0.0), PIPERT_ERR_FORMAT);
+    cr_expect_eq(pt_dataset_load(&ds, path, PT_DATA_TOKENS, 0.0), PIPERT_ERR_FORMAT);
     expect_error_names(path);
     cr_expect_null(ds.tokens);
 }
@@ -303,32 +303,32 @@ Test(data, auto_detection_and_forced_formats)
     write_text(fake_bin, "not a shard, just text that is long enough\n");
 
     pt_dataset ds;
-    cr_assert_eq(pt_dataset_load(&ds, tok, "auto", 0.0), PIPERT_OK, "%s", pipert_last_error());
+    cr_assert_eq(pt_dataset_load(&ds, tok, PT_DATA_AUTO, 0.0), PIPERT_OK, "%s", pipert_last_error());
     cr_assert_eq(ds.n_tokens, 5);
     for (int i = 0; i < 5; i++) cr_expect_eq(ds.tokens[i], shard[i]);
     cr_expect_eq(ds.max_token, 65535);
     cr_expect(strstr(ds.source, "tokens"), "source \"%s\" should say tokens", ds.source);
     pt_dataset_free(&ds);
 
-    cr_assert_eq(pt_dataset_load(&ds, txt, NULL, 0.0), PIPERT_OK, "%s", pipert_last_error());
+    cr_assert_eq(pt_dataset_load(&ds, txt, PT_DATA_AUTO, 0.0), PIPERT_OK, "%s", pipert_last_error());
     expect_tokens_equal_bytes(&ds, "hello\n", 6);
     pt_dataset_free(&ds);
 
-    cr_expect_eq(pt_dataset_load(&ds, fake_bin, "auto", 0.0), PIPERT_ERR_FORMAT,
+    cr_expect_eq(pt_dataset_load(&ds, fake_bin, PT_DATA_AUTO, 0.0), PIPERT_ERR_FORMAT,
                  "a .bin file should be read as a shard");
     expect_error_names(fake_bin);
 
     /* Forced: a shard read as text is its bytes; text read as tokens fails. */
-    cr_assert_eq(pt_dataset_load(&ds, tok, "text", 0.0), PIPERT_OK, "%s", pipert_last_error());
+    cr_assert_eq(pt_dataset_load(&ds, tok, PT_DATA_TEXT, 0.0), PIPERT_OK, "%s", pipert_last_error());
     cr_expect_eq(ds.n_tokens, 1024 + 2 * 5);
     cr_expect_eq(ds.tokens[0], 20240520 & 0xff);
     pt_dataset_free(&ds);
-    cr_expect_eq(pt_dataset_load(&ds, txt, "tokens", 0.0), PIPERT_ERR_FORMAT);
+    cr_expect_eq(pt_dataset_load(&ds, txt, PT_DATA_TOKENS, 0.0), PIPERT_ERR_FORMAT);
     expect_error_names(txt);
 
-    cr_expect_eq(pt_dataset_load(&ds, txt, "bpe", 0.0), PIPERT_ERR_INVALID_ARG);
-    expect_error_names("bpe");
-    cr_expect_eq(pt_dataset_load(&ds, temp_path("missing.txt"), "auto", 0.0), PIPERT_ERR_IO);
+    cr_expect_eq(pt_dataset_load(&ds, txt, PT_DATA_FORMATS, 0.0), PIPERT_ERR_INVALID_ARG);
+    expect_error_names("data.format");
+    cr_expect_eq(pt_dataset_load(&ds, temp_path("missing.txt"), PT_DATA_AUTO, 0.0), PIPERT_ERR_IO);
     expect_error_names(temp_path("missing.txt"));
 }
 
@@ -343,7 +343,7 @@ Test(data, mixed_directory_detects_each_file)
     snprintf(path, sizeof path, "%s/2.txt", dir);
     write_text(path, "hi");
     pt_dataset ds;
-    cr_assert_eq(pt_dataset_load(&ds, dir, "auto", 0.0), PIPERT_OK, "%s", pipert_last_error());
+    cr_assert_eq(pt_dataset_load(&ds, dir, PT_DATA_AUTO, 0.0), PIPERT_OK, "%s", pipert_last_error());
     const uint16_t expected[5] = {1000, 2000, 3000, 'h', 'i'};
     cr_assert_eq(ds.n_tokens, 5);
     for (int i = 0; i < 5; i++) cr_expect_eq(ds.tokens[i], expected[i], "token %d", i);
@@ -361,7 +361,7 @@ Test(data, loads_from_memory_and_empty_shards_are_no_tokens)
     bytes[PT_SHARD_HEADER_BYTES] = 7;
     bytes[PT_SHARD_HEADER_BYTES + 3] = 1;
     pt_dataset ds;
-    cr_assert_eq(pt_dataset_load_memory(&ds, "mem.bin", bytes, sizeof bytes, "auto", 0.0), PIPERT_OK,
+    cr_assert_eq(pt_dataset_load_memory(&ds, "mem.bin", bytes, sizeof bytes, PT_DATA_AUTO, 0.0), PIPERT_OK,
                  "%s", pipert_last_error());
     cr_expect_eq(ds.n_tokens, 2);
     cr_expect_eq(ds.tokens[0], 7);
@@ -369,7 +369,7 @@ Test(data, loads_from_memory_and_empty_shards_are_no_tokens)
     pt_dataset_free(&ds);
 
     bytes[8] = 0; /* no tokens */
-    cr_expect_eq(pt_dataset_load_memory(&ds, "mem.bin", bytes, PT_SHARD_HEADER_BYTES, "tokens", 0.0),
+    cr_expect_eq(pt_dataset_load_memory(&ds, "mem.bin", bytes, PT_SHARD_HEADER_BYTES, PT_DATA_TOKENS, 0.0),
                  PIPERT_ERR_FORMAT);
     expect_error_names("mem.bin: holds no tokens");
     const char *dir = temp_path("empty-first");
@@ -379,7 +379,7 @@ Test(data, loads_from_memory_and_empty_shards_are_no_tokens)
     cr_assert_eq(pt_shard_write(path, NULL, 0), PIPERT_OK);
     snprintf(path, sizeof path, "%s/1.txt", dir);
     write_text(path, "ab");
-    cr_assert_eq(pt_dataset_load(&ds, dir, "auto", 0.0), PIPERT_OK, "%s", pipert_last_error());
+    cr_assert_eq(pt_dataset_load(&ds, dir, PT_DATA_AUTO, 0.0), PIPERT_OK, "%s", pipert_last_error());
     cr_expect_eq(ds.n_tokens, 2);
     pt_dataset_free(&ds);
 }
@@ -394,7 +394,7 @@ Test(data, split_sizes)
         {0.07, 7} /* round(0.49) = 0 */, {0.99, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        cr_assert_eq(pt_dataset_load(&ds, path, "text", cases[i].fraction), PIPERT_OK);
+        cr_assert_eq(pt_dataset_load(&ds, path, PT_DATA_TEXT, cases[i].fraction), PIPERT_OK);
         cr_expect_eq(ds.n_tokens, 7);
         cr_expect_eq(ds.n_train, cases[i].n_train, "val_fraction %g: n_train %zu, expected %zu",
                      cases[i].fraction, ds.n_train, cases[i].n_train);
@@ -402,12 +402,12 @@ Test(data, split_sizes)
     }
     const double invalid[] = {-0.1, 1.0, NAN};
     for (size_t i = 0; i < 3; i++) {
-        cr_expect_eq(pt_dataset_load(&ds, path, "text", invalid[i]), PIPERT_ERR_INVALID_ARG,
+        cr_expect_eq(pt_dataset_load(&ds, path, PT_DATA_TEXT, invalid[i]), PIPERT_ERR_INVALID_ARG,
                      "val_fraction %g accepted", invalid[i]);
         expect_error_names("val_fraction");
     }
     write_text(path, "");
-    cr_expect_eq(pt_dataset_load(&ds, path, "text", 0.1), PIPERT_ERR_FORMAT);
+    cr_expect_eq(pt_dataset_load(&ds, path, PT_DATA_TEXT, 0.1), PIPERT_ERR_FORMAT);
     expect_error_names(path);
 }
 

@@ -49,7 +49,8 @@ static int signal_of_host_read(const float *p)
 Test(guard, host_reads_fault_and_the_table_works)
 {
     const pt_kernels *k;
-    cr_assert_eq(pt_kernels_for_device("cpu-guarded", &k), PIPERT_OK, "%s", pipert_last_error());
+    cr_assert_eq(pt_kernels_for_device(PT_DEVICE_CPU_GUARDED, &k), PIPERT_OK, "%s",
+                 pipert_last_error());
     cr_assert_not(k->host_accessible);
     float *x;
     cr_assert_eq(k->alloc((void **)&x, 1000 * sizeof *x, "test tensor"), PIPERT_OK);
@@ -74,10 +75,16 @@ Test(guard, host_reads_fault_and_the_table_works)
 Test(guard, unknown_device_is_named)
 {
     const pt_kernels *k = (const pt_kernels *)1;
-    cr_assert_eq(pt_kernels_for_device("tpu", &k), PIPERT_ERR_CONFIG);
+    cr_assert_eq(pt_kernels_for_device(PT_DEVICE_KINDS, &k), PIPERT_ERR_CONFIG);
     cr_expect_null(k);
-    cr_expect(strstr(pipert_last_error(), "runtime.device") && strstr(pipert_last_error(), "tpu"),
+    cr_expect(strstr(pipert_last_error(), "runtime.device"), "%s", pipert_last_error());
+    pipert_config *cfg;
+    cr_assert_eq(pipert_config_create(&cfg), PIPERT_OK);
+    cr_expect_eq(pipert_config_set(cfg, "runtime.device=tpu"), PIPERT_ERR_CONFIG);
+    cr_expect(strstr(pipert_last_error(), "runtime.device") && strstr(pipert_last_error(), "tpu") &&
+                  strstr(pipert_last_error(), "cpu|cuda|cpu-guarded"),
               "%s", pipert_last_error());
+    pipert_config_free(cfg);
 }
 
 /* dp.nccl (dp/allreduce_nccl.c) applies to allreduce on cuda in one site; anything else is

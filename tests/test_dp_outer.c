@@ -213,7 +213,7 @@ static void make_config(pipert_config *cfg, const test_setup *t)
     cfg->model.n_head = 2;
     cfg->model.block_size = 8;
     cfg->train.steps = t->steps;
-    snprintf(cfg->dp.method, sizeof cfg->dp.method, "%s", t->method);
+    cfg->dp.method = pt_config_choice_value("dp.method", t->method);
     cfg->dp.period = t->period;
     cfg->dp.fragments = t->fragments;
     cfg->dp.overlap = t->overlap;
@@ -222,7 +222,8 @@ static void make_config(pipert_config *cfg, const test_setup *t)
     cfg->dp.alpha = t->alpha;
     cfg->dp.clip = t->clip > 0 ? t->clip : 0.1;
     cfg->dp.penalty_value = t->penalty_value > 0 ? t->penalty_value : 1.0;
-    snprintf(cfg->dp.penalty, sizeof cfg->dp.penalty, "%s", t->penalty ? t->penalty : "constant");
+    cfg->dp.penalty = (pt_co2_penalty)pt_config_choice_value("dp.penalty",
+                                                             t->penalty ? t->penalty : "constant");
 }
 
 static pt_gpt_slice *make_model(const pipert_config *cfg)
@@ -524,7 +525,7 @@ static int run_compressed(rank_context *ctx, pt_group *g, const char *compress, 
 {
     pipert_config cfg;
     make_config(&cfg, &streaming_setup);
-    snprintf(cfg.dp.compress, sizeof cfg.dp.compress, "%s", compress);
+    cfg.dp.compress = (pt_codec_kind)pt_config_choice_value("dp.compress", compress);
     pt_gpt_slice *m = make_model(&cfg);
     pt_coupling *c = NULL;
     const pt_coupling_options o = {.config = &cfg, .replicas = g, .replica = ctx->rank};
@@ -583,7 +584,8 @@ static int disagreeing_body(rank_context *ctx)
     CHILD_CHECK(ctx, g != NULL, "no group");
     pipert_config cfg;
     make_config(&cfg, disagreeing[ctx->rank]);
-    snprintf(cfg.dp.compress, sizeof cfg.dp.compress, "%s", disagreeing_codec[ctx->rank]);
+    cfg.dp.compress =
+        (pt_codec_kind)pt_config_choice_value("dp.compress", disagreeing_codec[ctx->rank]);
     pt_gpt_slice *m = make_model(&cfg);
     pt_coupling *c = NULL;
     const pt_coupling_options o = {.config = &cfg, .replicas = g, .replica = ctx->rank};
@@ -817,11 +819,11 @@ Test(outer_config, impossible_schedules_and_compression_are_refused_by_name)
     cr_expect_eq(pt_coupling_create(&o, &c), PIPERT_ERR_CONFIG);
     cr_expect(strstr(pipert_last_error(), "dp.period=6"), "%s", pipert_last_error());
     make_config(&cfg, &diloco_setup);
-    snprintf(cfg.dp.compress, sizeof cfg.dp.compress, "onebit");
+    cfg.dp.compress = PT_CODEC_ONEBIT;
     cr_expect_eq(pt_coupling_create(&o, &c), PIPERT_ERR_CONFIG);
     cr_expect(strstr(pipert_last_error(), "dp.method=diloco with dp.compress=onebit"), "%s",
               pipert_last_error());
-    snprintf(cfg.dp.compress, sizeof cfg.dp.compress, "e3m0");
+    cfg.dp.compress = PT_CODEC_E3M0;
     cr_expect_eq(pt_coupling_create(&o, &c), PIPERT_OK, "%s", pipert_last_error());
     pt_coupling_free(c);
 }

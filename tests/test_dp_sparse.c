@@ -108,9 +108,10 @@ static pipert_config config_for(const sparse_setup *u)
 {
     pipert_config cfg;
     pt_config_defaults(&cfg);
-    snprintf(cfg.dp.method, sizeof cfg.dp.method, "%s", u->method ? u->method : "sparse");
-    snprintf(cfg.dp.rule, sizeof cfg.dp.rule, "%s", u->rule);
-    snprintf(cfg.dp.compress, sizeof cfg.dp.compress, "%s", u->compress ? u->compress : "none");
+    cfg.dp.method = pt_config_choice_value("dp.method", u->method ? u->method : "sparse");
+    cfg.dp.rule = (pt_sparse_rule)pt_config_choice_value("dp.rule", u->rule);
+    cfg.dp.compress = (pt_codec_kind)pt_config_choice_value("dp.compress",
+                                                            u->compress ? u->compress : "none");
     cfg.dp.fraction = u->fraction;
     cfg.dp.delay = u->delay;
     cfg.dp.lambda = u->lambda;
@@ -512,7 +513,7 @@ static int compressed_body(rank_context *ctx)
         theta[i] += ctx->rank ? drift1 : drift0;
     }
     pt_codec codec;
-    CHILD_CHECK(ctx, pt_codec_init(&codec, u.compress, (size_t)cfg.dp.block) == PIPERT_OK, "codec");
+    CHILD_CHECK(ctx, pt_codec_init(&codec, cfg.dp.compress, (size_t)cfg.dp.block) == PIPERT_OK, "codec");
     for (long t = 1; t <= 2; t++) {
         pt_coupling_point at = {.model = &f.slice, .params = theta, .n_params = N_PARAMS, .step = t};
         CHILD_CHECK(ctx, pt_coupling_after_step(c, &at) == PIPERT_OK, "%s, step %ld", u.compress, t);

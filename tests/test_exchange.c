@@ -97,7 +97,7 @@ static void serial_none(int W, size_t n, int round, float *mean)
 static void serial_gather(int k, int W, size_t n, int round, float *mean)
 {
     pt_codec codec;
-    REQUIRE(pt_codec_init(&codec, codec_names[k], BLOCK) == PIPERT_OK);
+    REQUIRE(pt_codec_init(&codec, (pt_codec_kind)k, BLOCK) == PIPERT_OK);
     float *x = malloc((n + 1) * sizeof *x), *decoded = malloc((n + 1) * sizeof *decoded);
     unsigned char *buffer = malloc(pt_codec_encoded_bytes(&codec, n) + 1);
     REQUIRE(x && decoded && buffer);
@@ -263,7 +263,7 @@ static int exchange_every_codec(rank_context *ctx, pt_group *g)
         sim_init(&sim, W, n);
         CHILD_CHECK(ctx, pt_exchange_state_create(g, n, &state) == PIPERT_OK, "state");
         for (int k = 0; k < N_CODECS; k++) {
-            CHILD_CHECK(ctx, pt_codec_init(&codecs[k], codec_names[k], BLOCK) == PIPERT_OK,
+            CHILD_CHECK(ctx, pt_codec_init(&codecs[k], (pt_codec_kind)k, BLOCK) == PIPERT_OK,
                         "codec");
             data[k] = malloc((n + 1) * sizeof(float));
             out[k] = malloc((n + 1) * sizeof(float));
@@ -341,8 +341,8 @@ static int refusals_body(rank_context *ctx)
     static float data[N], out[N];
     for (size_t i = 0; i < N; i++) data[i] = (float)i;
     pt_codec int8, onebit;
-    CHILD_CHECK(ctx, pt_codec_init(&int8, "int8", BLOCK) == PIPERT_OK, "int8");
-    CHILD_CHECK(ctx, pt_codec_init(&onebit, "onebit", BLOCK) == PIPERT_OK, "onebit");
+    CHILD_CHECK(ctx, pt_codec_init(&int8, PT_CODEC_INT8, BLOCK) == PIPERT_OK, "int8");
+    CHILD_CHECK(ctx, pt_codec_init(&onebit, PT_CODEC_ONEBIT, BLOCK) == PIPERT_OK, "onebit");
     pt_exchange *h = NULL;
     if (ctx->rank == 1) { /* only this member has a bad value: it alone refuses */
         data[123] = NAN;
@@ -400,7 +400,7 @@ static int abandon_body(rank_context *ctx)
     enum { N = 50000 };
     for (int k = 0; k < N_CODECS; k++) {
         pt_codec codec;
-        CHILD_CHECK(ctx, pt_codec_init(&codec, codec_names[k], BLOCK) == PIPERT_OK, "codec");
+        CHILD_CHECK(ctx, pt_codec_init(&codec, (pt_codec_kind)k, BLOCK) == PIPERT_OK, "codec");
         float *data = malloc(N * sizeof *data), *out = malloc(N * sizeof *out);
         CHILD_CHECK(ctx, data && out, "no memory");
         fill_input(k, me, N, 0, data);
@@ -442,7 +442,7 @@ static int abandon_body(rank_context *ctx)
     }
     /* Abandoning one that has ended frees it at once. */
     pt_codec e2m1;
-    CHILD_CHECK(ctx, pt_codec_init(&e2m1, "e2m1", BLOCK) == PIPERT_OK, "codec");
+    CHILD_CHECK(ctx, pt_codec_init(&e2m1, PT_CODEC_E2M1, BLOCK) == PIPERT_OK, "codec");
     static float small[100], small_out[100];
     pt_exchange *h;
     CHILD_CHECK(ctx, pt_exchange_start(g, &e2m1, NULL, small, 100, small_out, &h) == PIPERT_OK,
@@ -470,7 +470,7 @@ static int abandon_and_leave_body(rank_context *ctx)
     enum { N = 20000 };
     static float data[N], out[N];
     pt_codec codec;
-    CHILD_CHECK(ctx, pt_codec_init(&codec, "onebit", BLOCK) == PIPERT_OK, "codec");
+    CHILD_CHECK(ctx, pt_codec_init(&codec, PT_CODEC_ONEBIT, BLOCK) == PIPERT_OK, "codec");
     pt_exchange_state *state;
     CHILD_CHECK(ctx, pt_exchange_state_create(g, N, &state) == PIPERT_OK, "state");
     pt_exchange *h;

@@ -172,7 +172,8 @@ static void print_result(const pipert_config *cfg, const simulate_args *a, const
     const pt_sim_input *in = &j->model.in;
     printf("simulated %d stage%s x %d replica%s, %s, dp.method=%s, %d step%s\n", in->stages,
            in->stages == 1 ? "" : "s", in->replicas, in->replicas == 1 ? "" : "s",
-           cfg->pipeline.schedule, cfg->dp.method, in->steps, in->steps == 1 ? "" : "s");
+           pt_config_choice_name("pipeline.schedule", cfg->pipeline.schedule),
+           pt_config_choice_name("dp.method", cfg->dp.method), in->steps, in->steps == 1 ? "" : "s");
     if (a->cluster && a->cluster->n_groups)
         printf("devices: the cluster's groups, each rank a device of its own, x efficiency %.2f\n",
                a->efficiency);
@@ -215,8 +216,10 @@ static json_t *result_json(const pipert_config *cfg, const job *j, const pt_sim_
                              c->flops));
     }
     return json_pack("{s:i, s:i, s:s, s:s, s:f, s:f, s:f, s:o}", "stages", in->stages,
-                     "replicas", in->replicas, "schedule", cfg->pipeline.schedule, "dp_method",
-                     cfg->dp.method, "step_s", r->step_s, "tokens_per_s",
+                     "replicas", in->replicas, "schedule",
+                     pt_config_choice_name("pipeline.schedule", cfg->pipeline.schedule),
+                     "dp_method", pt_config_choice_name("dp.method", cfg->dp.method), "step_s",
+                     r->step_s, "tokens_per_s",
                      j->model.tokens_per_step / r->step_s, "coupling_bytes_per_step",
                      pt_job_model_coupling_bytes_per_step(&j->model, r), "ranks", ranks);
 }

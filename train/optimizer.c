@@ -9,30 +9,21 @@
 #include <math.h>
 #include <string.h>
 
+#include "runtime/config.h"
 #include "runtime/error.h"
 #include "runtime/memory.h"
 
-static const char *const kind_names[] = {
-    [PT_OPTIMIZER_ADAMW] = "adamw",
-    [PT_OPTIMIZER_NADAMW] = "nadamw",
-};
-
 pipert_result pt_optimizer_parse_kind(const char *name, pt_optimizer_kind *out)
 {
-    for (int kind = 0; kind < (int)(sizeof kind_names / sizeof kind_names[0]); kind++) {
-        if (!strcmp(name, kind_names[kind])) {
-            *out = (pt_optimizer_kind)kind;
-            return PIPERT_OK;
-        }
-    }
-    return pt_fail(PIPERT_ERR_CONFIG,
-                   "train.optimizer: unknown optimizer \"%s\" (expected \"adamw\" or \"nadamw\")",
-                   name);
+    const int k = pt_config_choice_value("train.optimizer", name);
+    if (k < 0) return PIPERT_ERR_CONFIG;
+    *out = (pt_optimizer_kind)k;
+    return PIPERT_OK;
 }
 
 const char *pt_optimizer_kind_name(pt_optimizer_kind kind)
 {
-    return (unsigned)kind < sizeof kind_names / sizeof kind_names[0] ? kind_names[kind] : "unknown";
+    return pt_config_choice_name("train.optimizer", kind);
 }
 
 static pipert_result check_settings(const pt_optimizer_settings *s)

@@ -11,12 +11,11 @@
 #include <stddef.h>
 
 #include "kernels/kernels.h"
+#include "runtime/settings.h"
 
 /* PyTorch NAdam's momentum_decay; also train.momentum_decay's default (runtime/config.c,
  * which sits below train/ and so repeats the number). */
 #define PT_NADAM_PSI 0.004
-
-typedef enum pt_optimizer_kind { PT_OPTIMIZER_ADAMW, PT_OPTIMIZER_NADAMW } pt_optimizer_kind;
 
 typedef struct pt_optimizer_settings {
     pt_optimizer_kind kind;
