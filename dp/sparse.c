@@ -124,6 +124,8 @@ static pipert_result sparse_create(const pt_coupling_options *options, void **ou
                        "dp.fraction=%g: %.0f partitions per tensor, at most %ld (p >= 1e-6)",
                        dp->fraction, partitions, MAX_PARTITIONS);
     const pt_sparse_rule rule = dp->rule;
+    if ((unsigned)rule >= PT_SPARSE_RULES)
+        return pt_fail(PIPERT_ERR_CONFIG, "dp.rule: no rule has the value %d", (int)rule);
     const int R = options->replicas ? pt_group_size(options->replicas) : 1;
     if (R > MAX_REPLICAS)
         return pt_fail(PIPERT_ERR_UNSUPPORTED, "dp.method=sparse: %d replicas (at most %d)", R,
@@ -605,8 +607,8 @@ static void apply(sparse_state *s, const sparse_exchange *x, pt_coupling_point *
             theta[j] = average + lambda * s->ema[j];
             break;
         case PT_RULE_AVG: theta[j] = average; break;
-        case PT_RULE_DELTA:
-        default: theta[j] = average + drift; break;
+        case PT_RULE_DELTA: theta[j] = average + drift; break;
+        case PT_SPARSE_RULES: break; /* refused by sparse_create */
         }
         if (at->newest_stash) at->newest_stash[j] = theta[j];
     }

@@ -2,8 +2,9 @@
 # pipert's training step against PyTorch's (and llm.c's, when given) on one GPU, in one call, so
 # that the ratios in BENCHMARKS.md are measured side by side (issue 27).
 #
-#   scripts/bench-gpu-compare.sh [BUILD]       BUILD: a CUDA build with tests/bench_cuda
-#                                              (default build-gpu-carry/build)
+#   scripts/bench-gpu-compare.sh [BUILD]       BUILD: a folder with tests/bench_cuda (default
+#                                              build-gpu-carry, from `scripts/gpu-check.sh prepare`;
+#                                              LD_LIBRARY_PATH as gpu-check.sh run sets it)
 #   SHAPE="--batch 16 --seq 1024 ..."          the shape (default GPT-2 124M at B = 16, T = 1024)
 #   MODES=fp32,tf32,bf16,bf16-compile          PyTorch's modes (scripts/bench-torch-gpt2.py)
 #   LLMC_CMD="..."                             optional: a command that trains llm.c on the same
@@ -14,7 +15,7 @@
 # $OUT (or a temporary folder).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-build=${1:-build-gpu-carry/build}
+build=${1:-build-gpu-carry}
 shape=${SHAPE:---batch 16 --seq 1024 --layers 12 --width 768 --heads 12 --vocab 50257}
 modes=${MODES:-fp32,tf32,bf16,bf16-compile}
 out=${OUT:-$(mktemp -d)}

@@ -46,9 +46,9 @@ prepare() {
   rm -rf "$carry"
   mkdir -p "$carry"/{tools,tests,lib,ucx,ref}
   cp build-gpu/tools/pipert "$carry/tools/"
-  cp build-gpu/tests/test_cuda "$carry/tests/"
+  cp build-gpu/tests/test_cuda build-gpu/tests/bench_cuda "$carry/tests/" # bench: bench-gpu-compare.sh
   cp -L build-gpu/libpipert.so.0 "$carry/"
-  strip "$carry/tools/pipert" "$carry/tests/test_cuda" "$carry/libpipert.so.0" # under 64 MiB with the tree
+  strip "$carry/tools/pipert" "$carry/tests/test_cuda" "$carry/tests/bench_cuda" "$carry/libpipert.so.0"
   # host libraries a CUDA image lacks; glibc, libstdc++ and CUDA's stay the device's own
   ldd "$carry/tools/pipert" "$carry/tests/test_cuda" | awk '/=> \// {print $3}' | sort -u |
     grep -v -E '/(libc|libm|libstdc\+\+|libgcc_s|libpthread|libdl|librt|libresolv|libz|libcrypto|libffi|libudev|libcom_err|libkeyutils|libkrb5|libkrb5support|libk5crypto|libgssapi_krb5|libpcre2-8)\.so|/usr/local/cuda|libpipert|libcu|libnccl' |
