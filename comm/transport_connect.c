@@ -102,12 +102,15 @@ static void connection_finish(connection *c, pipert_result result, const char *f
     pthread_mutex_unlock(&pt_transport_state_lock);
 }
 
-/* Marks a rank dead (or gone) and fails what waits on it. */
-void pt_transport_peer_fail(pt_transport *t, int rank, int departed, const char *reason)
+/* Marks a rank dead (or gone) and fails what waits on it; only while the process of the
+ * rank is the `incarnation`-th (NULL: whichever it is now). */
+static void peer_fail(pt_transport *t, int rank, const unsigned *incarnation, int departed,
+                      const char *reason)
 {
     pthread_mutex_lock(&pt_transport_state_lock);
     peer *p = pt_transport_peer_slot_locked(t, rank);
-    int changed = p && (p->state == PEER_ALIVE || p->state == PEER_UNKNOWN);
+    int changed = p && (p->state == PEER_ALIVE || p->state == PEER_UNKNOWN) &&
+                  (!incarnation || *incarnation == p->incarnation);
     if (changed) {
         p->state = departed ? PEER_LEFT : PEER_DEAD;
         p->conn = NULL;
@@ -127,6 +130,30 @@ void pt_transport_peer_fail(pt_transport *t, int rank, int departed, const char 
     pt_transport_cancel_receives_from(t, rank, PIPERT_ERR_PEER, text);
 }
 
+void pt_transport_peer_fail(pt_transport *t, int rank, int departed, const char *reason)
+{
+    peer_fail(t, rank, NULL, departed, reason);
+}
+
+/* A rank whose process left (its goodbye) and was replaced keeps its old connection until
+ * the upkeep closes it; an error of that endpoint can come much later (a site's link down
+ * through the goodbye: UCX's "Endpoint timeout" once the link is back) and is not the new
+ * process's (the churn bed: a survivor's collective with the rank failed "has left"). */
+void pt_transport_connection_lost(connection *c, int departed, const char *reason)
+{
+    peer_fail(c->t, c->rank, &c->incarnation, departed, reason);
+}
+
+/* Whether c reached a process of its rank that was replaced since (pt_transport_forget_peer). */
+static int connection_outlived(pt_transport *t, const connection *c)
+{
+    pthread_mutex_lock(&pt_transport_state_lock);
+    const peer *p = c->rank >= 0 && c->rank < t->peer_capacity ? &t->peers[c->rank] : NULL;
+    const int outlived = p && p->incarnation != c->incarnation;
+    pthread_mutex_unlock(&pt_transport_state_lock);
+    return outlived;
+}
+
 static void connection_mark_failed(connection *c)
 {
     if (c->state == CONN_HANDSHAKE || c->state == CONN_READY) c->state = CONN_FAILED;
@@ -135,7 +162,6 @@ static void connection_mark_failed(connection *c)
 static void on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
 {
     connection *c = arg;
-    pt_transport *t = c->t;
     conn_state before = c->state;
     connection_mark_failed(c);
     if (before == CONN_HANDSHAKE) {
@@ -148,7 +174,7 @@ static void on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
         snprintf(reason, sizeof reason,
                  leaving ? "its endpoint closed during shutdown (%s)" : "endpoint error: %s",
                  ucs_status_string(status));
-        pt_transport_peer_fail(t, c->rank, leaving, reason);
+        pt_transport_connection_lost(c, leaving, reason);
     }
 }
 
@@ -223,6 +249,7 @@ static int connection_register(connection *c)
     if (p && (before == PEER_UNKNOWN || before == PEER_ALIVE)) {
         p->state = PEER_ALIVE;
         p->mismatch[0] = '\0';
+        c->incarnation = p->incarnation;
         if (!p->conn) p->conn = c;
         snprintf(p->who, sizeof p->who, "%s", c->who);
         pthread_cond_broadcast(&pt_transport_state_changed);
@@ -707,6 +734,8 @@ void pt_transport_maintain_connections(pt_transport *t)
                               c->who, t->connect_timeout_s);
             c->state = CONN_FAILED;
         }
+        if (c->state == CONN_READY && c->peer_left && connection_outlived(t, c))
+            c->state = CONN_FAILED; /* the goodbye of a process since replaced */
         if (c->state == CONN_FAILED) pt_transport_connection_close(c);
         pthread_mutex_lock(&pt_transport_state_lock);
         int reapable = c->state == CONN_CLOSED && c->ops == 0 && !c->waiter &&
@@ -877,7 +906,8 @@ pipert_result pt_transport_forget_peer(pt_transport *t, int peer_rank)
         /* Its old connections are closed or closing; they stay in the list until reaped and
          * no longer stand for the rank (connection_with looks at live ones only). */
         pt_transport_mac_forget(p);
-        *p = (peer){.state = PEER_UNKNOWN};
+        const unsigned next = p->incarnation + 1;
+        *p = (peer){.state = PEER_UNKNOWN, .incarnation = next};
     }
     pthread_mutex_unlock(&pt_transport_state_lock);
     if (state == PEER_ALIVE)

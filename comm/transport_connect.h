@@ -15,6 +15,9 @@ void pt_transport_connection_close(connection *c);
 void pt_transport_send_control(connection *c, uint32_t word);
 /* transport_connect.c: `rank` failed (departed: it said goodbye) for `reason`. */
 void pt_transport_peer_fail(pt_transport *t, int rank, int departed, const char *reason);
+/* The same, for what one connection saw: nothing changes when the rank's process it reached
+ * was replaced since (its old endpoint failing late, after a site's link came back). */
+void pt_transport_connection_lost(connection *c, int departed, const char *reason);
 void pt_transport_start_connect(pt_transport *t, connection *c);
 void pt_transport_drop_connections(pt_transport *t, int rank, const char *reason);
 void pt_transport_maintain_connections(pt_transport *t);

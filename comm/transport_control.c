@@ -126,7 +126,7 @@ static void on_control_received(connection *c, ucs_status_t status)
         pt_warn("transport: %s sent control word 0x%08x, refused: %s", c->who, in->word, why);
     } else if (in->word == CONTROL_BYE) {
         c->peer_left = 1;
-        pt_transport_peer_fail(c->t, c->rank, 1, "it shut its transport down");
+        pt_transport_connection_lost(c, 1, "it shut its transport down");
         pt_transport_send_control(c, CONTROL_BYE_ACK);
     } else if (in->word == CONTROL_BYE_ACK) {
         c->bye_acked = 1;

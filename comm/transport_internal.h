@@ -93,6 +93,9 @@ typedef struct message_keys {
 
 typedef struct peer {
     peer_state state;
+    /* Counts the processes that stood for this rank (pt_transport_forget_peer starts the next):
+     * a connection stands for the rank only while its own number is this one. */
+    unsigned incarnation;
     message_keys keys; /* under pt_transport_state_lock */
     connection *conn; /* the endpoint we send on while ALIVE */
     pid_t read_pid;   /* > 0: its memory is readable from here (direct reads), at this pid */
@@ -196,6 +199,7 @@ struct connection {
     size_t target_length;
     control_record control_in;
     int peer_left;  /* it said goodbye on this endpoint */
+    unsigned incarnation; /* the rank's process it reached (peer.incarnation when it was ready) */
     int ops;        /* UCX operations in flight with this connection as user data */
     int bye_sent, bye_acked;
     /* Outcome of the handshake, for a pt_transport_connect() caller; under

@@ -7,11 +7,13 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -895,6 +897,64 @@ static int replaced_rank_body(rank_context *ctx)
 Test(transport, a_silent_peer_is_dropped_and_replaced)
 {
     job_spec spec = {.n = 2, .body = replaced_rank_body, .mesh = 1};
+    RUN_JOB(spec);
+}
+
+/* A rank that said goodbye and was replaced: its old connection ending later (here, when a
+ * child that kept the old process's sockets open dies; in the churn bed, UCX's "Endpoint
+ * timeout" once a site's link came back) must not fail the new process of the rank. */
+static int replaced_after_goodbye_body(rank_context *ctx)
+{
+    static char text[ADDRESS_MAX];
+    if (ctx->rank == 1) {
+        pt_transport_options options = PT_TRANSPORT_OPTIONS_INIT;
+        options.rank = 1;
+        options.secret = JOB_SECRET;
+        options.job = JOB_ID;
+        options.connect_timeout_s = JOB_CONNECT_TIMEOUT_S;
+        pt_transport *new_self;
+        CHILD_CHECK(ctx, pt_transport_create(&options, &new_self) == PIPERT_OK, "second transport");
+        CHILD_CHECK(ctx, send_text(ctx->t, 0, 1, pt_transport_address(new_self)), "the address");
+        /* The holder keeps the old transport's sockets open: the old endpoints close here
+         * without rank 0 seeing the connection end, as when a link is down. */
+        pid_t holder = fork();
+        if (holder == 0) {
+            pause();
+            _exit(0);
+        }
+        CHILD_CHECK(ctx, holder > 0, "fork");
+        pt_transport_destroy(ctx->t); /* the goodbye */
+        ctx->t = NULL;
+        CHILD_CHECK(ctx, pt_transport_wait_peer(new_self, 0, 20.0) == PIPERT_OK, "rank 0 dials");
+        CHILD_CHECK(ctx, receive_text(new_self, 0, 2, text, sizeof text), "hello from rank 0");
+        kill(holder, SIGKILL); /* now rank 0's old connection ends */
+        waitpid(holder, NULL, 0);
+        usleep(500000);
+        CHILD_CHECK(ctx, send_text(new_self, 0, 3, "still here"), "after the old one ended");
+        CHILD_CHECK(ctx, receive_text(new_self, 0, 4, text, sizeof text), "rank 0's answer");
+        pt_transport_destroy(new_self);
+        return 0;
+    }
+    CHILD_CHECK(ctx, receive_text(ctx->t, 1, 1, text, sizeof text), "the new address");
+    for (int i = 0; i < 200 && pt_transport_peer_alive(ctx->t, 1); i++) usleep(100000);
+    CHILD_CHECK(ctx, !pt_transport_peer_alive(ctx->t, 1), "rank 1's goodbye came");
+    CHILD_CHECK(ctx, pt_transport_drop_peer(ctx->t, 1, "replaced in this test") == PIPERT_OK,
+                "drop");
+    CHILD_CHECK(ctx, pt_transport_forget_peer(ctx->t, 1) == PIPERT_OK, "forget");
+    CHILD_CHECK(ctx, pt_transport_listen_again(ctx->t) == PIPERT_OK, "listen");
+    CHILD_CHECK(ctx, pt_transport_connect(ctx->t, 1, text) == PIPERT_OK, "connect the new rank 1");
+    CHILD_CHECK(ctx, send_text(ctx->t, 1, 2, "to the new rank 1"), "send to the new rank 1");
+    CHILD_CHECK(ctx, receive_text(ctx->t, 1, 3, text, sizeof text), "after the old one ended");
+    CHILD_CHECK(ctx, strcmp(text, "still here") == 0, "got \"%s\"", text);
+    usleep(200000);
+    CHILD_CHECK(ctx, pt_transport_peer_alive(ctx->t, 1), "the new rank 1 is alive");
+    CHILD_CHECK(ctx, send_text(ctx->t, 1, 4, "bye"), "the answer");
+    return 0;
+}
+
+Test(transport, an_old_connection_ending_late_leaves_the_ranks_new_process_alone)
+{
+    job_spec spec = {.n = 2, .body = replaced_after_goodbye_body, .mesh = 1};
     RUN_JOB(spec);
 }
 
