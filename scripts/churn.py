@@ -640,14 +640,16 @@ def main():
             "undisturbed_val_loss", "val_loss_vs_undisturbed"]
     for k in keys:
         print("%-38s" % k + "".join("%-20s" % s[k] for s in summaries))
-    for why in failed:
-        print("churn: missed:", why)
     if failed:  # what happened, for a run nobody can look into afterwards (CI)
         for r in results:
             for e in r["events"]:
                 print("churn: %s: fault %s" % (r["method"], json.dumps(e)))
             log = os.path.join(args.out, r["method"] + ".log")
+            sys.stdout.flush()
             subprocess.run(["tail", "-n", "40", log])
+    # last, where a CI log cut to its end still shows them
+    for why in failed:
+        print("churn: missed:", why)
     print("churn: report in", os.path.join(args.out, "report.json"))
     return 1 if failed and args.check else 0
 

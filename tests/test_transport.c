@@ -853,45 +853,77 @@ static int receive_text(pt_transport *t, int from, uint32_t tag, char *text, siz
     return rc == PIPERT_OK && memchr(text, 0, capacity) != NULL;
 }
 
-static int replaced_rank_body(rank_context *ctx)
+/* Rank 1's second process in the replacement tests: a transport of rank 1 again, its address
+ * sent to rank 0 over the first one (tag 1). */
+static int new_rank_1(rank_context *ctx, pt_transport **out)
+{
+    pt_transport_options options = PT_TRANSPORT_OPTIONS_INIT;
+    options.rank = 1;
+    options.secret = JOB_SECRET;
+    options.job = JOB_ID;
+    options.connect_timeout_s = JOB_CONNECT_TIMEOUT_S;
+    CHILD_CHECK(ctx, pt_transport_create(&options, out) == PIPERT_OK, "second transport");
+    CHILD_CHECK(ctx, send_text(ctx->t, 0, 1, pt_transport_address(*out)), "the address");
+    return 0;
+}
+
+/* The new rank 1's side once rank 0 dialled it: its greeting (tag 2), then "still here"
+ * (tag 3) after `old_one_ends` ended the first process, and rank 0's answer (tag 4). */
+static int new_rank_1_answers(rank_context *ctx, pt_transport *new_self,
+                              void (*old_one_ends)(rank_context *ctx, void *arg), void *arg)
 {
     static char text[ADDRESS_MAX];
-    if (ctx->rank == 1) {
-        pt_transport_options options = PT_TRANSPORT_OPTIONS_INIT;
-        options.rank = 1;
-        options.secret = JOB_SECRET;
-        options.job = JOB_ID;
-        options.connect_timeout_s = JOB_CONNECT_TIMEOUT_S;
-        pt_transport *new_self;
-        CHILD_CHECK(ctx, pt_transport_create(&options, &new_self) == PIPERT_OK, "second transport");
-        CHILD_CHECK(ctx, send_text(ctx->t, 0, 1, pt_transport_address(new_self)), "the address");
-        CHILD_CHECK(ctx, pt_transport_wait_peer(new_self, 0, 20.0) == PIPERT_OK, "rank 0 dials");
-        CHILD_CHECK(ctx, receive_text(new_self, 0, 2, text, sizeof text), "hello from rank 0");
-        CHILD_CHECK(ctx, strcmp(text, "to the new rank 1") == 0, "got \"%s\"", text);
-        /* The old process ends now: its goodbye reaches rank 0 on the old connection. */
-        pt_transport_destroy(ctx->t);
-        ctx->t = NULL;
-        usleep(300000);
-        CHILD_CHECK(ctx, send_text(new_self, 0, 3, "still here"), "after the old one ended");
-        CHILD_CHECK(ctx, receive_text(new_self, 0, 4, text, sizeof text), "rank 0's answer");
-        pt_transport_destroy(new_self);
-        return 0;
-    }
-    CHILD_CHECK(ctx, receive_text(ctx->t, 1, 1, text, sizeof text), "the new address");
-    CHILD_CHECK(ctx, pt_transport_forget_peer(ctx->t, 1) != PIPERT_OK,
-                "a rank that is alive cannot be forgotten");
+    CHILD_CHECK(ctx, pt_transport_wait_peer(new_self, 0, 20.0) == PIPERT_OK, "rank 0 dials");
+    CHILD_CHECK(ctx, receive_text(new_self, 0, 2, text, sizeof text), "hello from rank 0");
+    CHILD_CHECK(ctx, strcmp(text, "to the new rank 1") == 0, "got \"%s\"", text);
+    old_one_ends(ctx, arg);
+    CHILD_CHECK(ctx, send_text(new_self, 0, 3, "still here"), "after the old one ended");
+    CHILD_CHECK(ctx, receive_text(new_self, 0, 4, text, sizeof text), "rank 0's answer");
+    pt_transport_destroy(new_self);
+    return 0;
+}
+
+/* Rank 0's side: rank 1 dropped (nothing to do if it left) and forgotten, its new process at
+ * `address` connected and greeted; it must still be there after the old one ended. */
+static int rank_0_takes_the_new_rank_1(rank_context *ctx, const char *address)
+{
+    static char text[ADDRESS_MAX];
     CHILD_CHECK(ctx, pt_transport_drop_peer(ctx->t, 1, "replaced in this test") == PIPERT_OK,
                 "drop");
     CHILD_CHECK(ctx, !pt_transport_peer_alive(ctx->t, 1), "rank 1 is dropped");
     CHILD_CHECK(ctx, pt_transport_forget_peer(ctx->t, 1) == PIPERT_OK, "forget");
     CHILD_CHECK(ctx, pt_transport_listen_again(ctx->t) == PIPERT_OK, "listen");
-    CHILD_CHECK(ctx, pt_transport_connect(ctx->t, 1, text) == PIPERT_OK, "connect the new rank 1");
+    CHILD_CHECK(ctx, pt_transport_connect(ctx->t, 1, address) == PIPERT_OK,
+                "connect the new rank 1");
     CHILD_CHECK(ctx, send_text(ctx->t, 1, 2, "to the new rank 1"), "send to the new rank 1");
     CHILD_CHECK(ctx, receive_text(ctx->t, 1, 3, text, sizeof text), "after the old one ended");
     CHILD_CHECK(ctx, strcmp(text, "still here") == 0, "got \"%s\"", text);
+    usleep(200000); /* time for a late error of the old connection to arrive */
     CHILD_CHECK(ctx, pt_transport_peer_alive(ctx->t, 1), "the new rank 1 is alive");
     CHILD_CHECK(ctx, send_text(ctx->t, 1, 4, "bye"), "the answer");
     return 0;
+}
+
+static void destroy_old_transport(rank_context *ctx, void *arg)
+{
+    (void)arg;
+    pt_transport_destroy(ctx->t); /* its goodbye reaches rank 0 on the old connection */
+    ctx->t = NULL;
+    usleep(300000);
+}
+
+static int replaced_rank_body(rank_context *ctx)
+{
+    if (ctx->rank == 1) {
+        pt_transport *new_self;
+        if (new_rank_1(ctx, &new_self)) return 1;
+        return new_rank_1_answers(ctx, new_self, destroy_old_transport, NULL);
+    }
+    static char address[ADDRESS_MAX];
+    CHILD_CHECK(ctx, receive_text(ctx->t, 1, 1, address, sizeof address), "the new address");
+    CHILD_CHECK(ctx, pt_transport_forget_peer(ctx->t, 1) != PIPERT_OK,
+                "a rank that is alive cannot be forgotten");
+    return rank_0_takes_the_new_rank_1(ctx, address);
 }
 
 Test(transport, a_silent_peer_is_dropped_and_replaced)
@@ -900,21 +932,23 @@ Test(transport, a_silent_peer_is_dropped_and_replaced)
     RUN_JOB(spec);
 }
 
+static void kill_the_holder(rank_context *ctx, void *arg)
+{
+    (void)ctx;
+    const pid_t holder = *(const pid_t *)arg;
+    kill(holder, SIGKILL); /* now rank 0's old connection ends */
+    waitpid(holder, NULL, 0);
+    usleep(500000);
+}
+
 /* A rank that said goodbye and was replaced: its old connection ending later (here, when a
  * child that kept the old process's sockets open dies; in the churn bed, UCX's "Endpoint
  * timeout" once a site's link came back) must not fail the new process of the rank. */
 static int replaced_after_goodbye_body(rank_context *ctx)
 {
-    static char text[ADDRESS_MAX];
     if (ctx->rank == 1) {
-        pt_transport_options options = PT_TRANSPORT_OPTIONS_INIT;
-        options.rank = 1;
-        options.secret = JOB_SECRET;
-        options.job = JOB_ID;
-        options.connect_timeout_s = JOB_CONNECT_TIMEOUT_S;
         pt_transport *new_self;
-        CHILD_CHECK(ctx, pt_transport_create(&options, &new_self) == PIPERT_OK, "second transport");
-        CHILD_CHECK(ctx, send_text(ctx->t, 0, 1, pt_transport_address(new_self)), "the address");
+        if (new_rank_1(ctx, &new_self)) return 1;
         /* The holder keeps the old transport's sockets open: the old endpoints close here
          * without rank 0 seeing the connection end, as when a link is down. */
         pid_t holder = fork();
@@ -925,31 +959,13 @@ static int replaced_after_goodbye_body(rank_context *ctx)
         CHILD_CHECK(ctx, holder > 0, "fork");
         pt_transport_destroy(ctx->t); /* the goodbye */
         ctx->t = NULL;
-        CHILD_CHECK(ctx, pt_transport_wait_peer(new_self, 0, 20.0) == PIPERT_OK, "rank 0 dials");
-        CHILD_CHECK(ctx, receive_text(new_self, 0, 2, text, sizeof text), "hello from rank 0");
-        kill(holder, SIGKILL); /* now rank 0's old connection ends */
-        waitpid(holder, NULL, 0);
-        usleep(500000);
-        CHILD_CHECK(ctx, send_text(new_self, 0, 3, "still here"), "after the old one ended");
-        CHILD_CHECK(ctx, receive_text(new_self, 0, 4, text, sizeof text), "rank 0's answer");
-        pt_transport_destroy(new_self);
-        return 0;
+        return new_rank_1_answers(ctx, new_self, kill_the_holder, &holder);
     }
-    CHILD_CHECK(ctx, receive_text(ctx->t, 1, 1, text, sizeof text), "the new address");
+    static char address[ADDRESS_MAX];
+    CHILD_CHECK(ctx, receive_text(ctx->t, 1, 1, address, sizeof address), "the new address");
     for (int i = 0; i < 200 && pt_transport_peer_alive(ctx->t, 1); i++) usleep(100000);
     CHILD_CHECK(ctx, !pt_transport_peer_alive(ctx->t, 1), "rank 1's goodbye came");
-    CHILD_CHECK(ctx, pt_transport_drop_peer(ctx->t, 1, "replaced in this test") == PIPERT_OK,
-                "drop");
-    CHILD_CHECK(ctx, pt_transport_forget_peer(ctx->t, 1) == PIPERT_OK, "forget");
-    CHILD_CHECK(ctx, pt_transport_listen_again(ctx->t) == PIPERT_OK, "listen");
-    CHILD_CHECK(ctx, pt_transport_connect(ctx->t, 1, text) == PIPERT_OK, "connect the new rank 1");
-    CHILD_CHECK(ctx, send_text(ctx->t, 1, 2, "to the new rank 1"), "send to the new rank 1");
-    CHILD_CHECK(ctx, receive_text(ctx->t, 1, 3, text, sizeof text), "after the old one ended");
-    CHILD_CHECK(ctx, strcmp(text, "still here") == 0, "got \"%s\"", text);
-    usleep(200000);
-    CHILD_CHECK(ctx, pt_transport_peer_alive(ctx->t, 1), "the new rank 1 is alive");
-    CHILD_CHECK(ctx, send_text(ctx->t, 1, 4, "bye"), "the answer");
-    return 0;
+    return rank_0_takes_the_new_rank_1(ctx, address);
 }
 
 Test(transport, an_old_connection_ending_late_leaves_the_ranks_new_process_alone)
