@@ -474,6 +474,11 @@ class Driver:
         ended = self.now()
         for e in self.events:
             e.cut_by_end = e.back_at is None and ended - e.ends_at < RECOVERY_S
+        # a flapping link's earlier outages heal with its last one: cut short with it
+        for e in self.events:
+            if e.cut_by_end:
+                for hit in e.superseded:
+                    hit.cut_by_end = hit.back_at is None
         return self.launcher.returncode
 
 

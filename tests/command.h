@@ -124,6 +124,37 @@ static inline int wait_job_within(pid_t job, double seconds, const char *pids_fi
     return -1;
 }
 
+/* The newest step in DIR/metrics.jsonl (0: none yet, or no file). */
+static inline long logged_step(const char *dir);
+
+/* Ends a job the test has seen enough of (a job sized for the slowest machine would run on for
+ * minutes in the sanitizer build): once DIR/metrics.jsonl logs step `step`, SIGTERM to its
+ * launcher, which stops every worker in order and exits 128 + 15 (1 had a rank failed). A job
+ * that ends first is not signalled. Its exit status as wait_job_within gives it (a hang is
+ * shown after `seconds`); *stopped_at: the last step it logged. */
+static inline int stop_job_at_step(pid_t job, const char *dir, long step, double seconds,
+                                   const char *pids_file, const char *logs, const char *log_file,
+                                   long *stopped_at)
+{
+    const double until = pt_now_s() + seconds;
+    int status = 0;
+    pid_t done = 0;
+    while (done == 0 && logged_step(dir) < step && pt_now_s() < until) {
+        usleep(20000);
+        done = waitpid(job, &status, WNOHANG);
+        cr_assert_neq(done, -1, "waiting for the job (pid %d)", (int)job);
+    }
+    int result;
+    if (done == job) {
+        result = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    } else {
+        kill(job, SIGTERM);
+        result = wait_job_within(job, seconds, pids_file, logs, log_file);
+    }
+    *stopped_at = logged_step(dir);
+    return result;
+}
+
 /* Runs `ENV pipert ARGS` (env: "" or "NAME=value ..."). */
 static inline run_result run_pipert_env(const char *env, const char *fmt, va_list ap)
 {

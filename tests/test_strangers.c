@@ -14,11 +14,13 @@
  * connection that closes at once and one that sends nothing and stays open
  * through all of it.
  *
- * The job must end with exit status 0, it must still have been running when
- * the strangers were done (or the test proved nothing), and the coordinator
- * must have logged refusing them, once each (not once per line of 64 KiB of
- * random bytes). UCX's ports are closed to new connections by then: their
- * strangers' connects time out, with nothing to log (docs/ARCHITECTURE.md). */
+ * The job must still have been running when the strangers were done (or the
+ * test proved nothing), train on for AFTER_STEPS more steps, and then stop
+ * cleanly when asked (SIGTERM: exit status 128 + 15, where a rank that failed
+ * would have made it exit 1), and the coordinator must have logged refusing
+ * them, once each (not once per line of 64 KiB of random bytes). UCX's ports
+ * are closed to new connections by then: their strangers' connects time out,
+ * with nothing to log (docs/ARCHITECTURE.md). */
 #include <criterion/criterion.h>
 #include <dirent.h>
 #include <errno.h>
@@ -42,9 +44,10 @@
     "--train.batch_size=4 --train.warmup_steps=1 --train.val_every=0 --train.val_batches=2"
 /* Connections throw_everything makes, and the silent one. */
 #define STRANGERS_PER_PORT 11
-/* A quarter of a minute on an idle machine, longer than the strangers take;
- * several minutes in the sanitizer build on a loaded machine (the wait below). */
+/* A quarter of a minute on an idle machine, longer than the strangers take; the
+ * test stops the job once it trained AFTER_STEPS past them (a few seconds). */
 #define STEPS 40000
+#define AFTER_STEPS 1000
 #define FINISH_WAIT_S 900.0
 #define MAX_PIDS 16
 /* How long the silent stranger stays connected. */
@@ -208,9 +211,19 @@ Test(strangers, bytes_at_every_listening_port_do_not_end_the_job)
     pid_t done = waitpid(launcher, &status, WNOHANG);
     cr_expect_eq(done, 0, "the job ended before the strangers were done: this proves nothing "
                           "(raise STEPS)");
-    for (const double until = pt_now_s() + FINISH_WAIT_S; done == 0 && pt_now_s() < until;) {
+    const long strangers_done_at = logged_step(dir);
+    for (const double until = pt_now_s() + FINISH_WAIT_S;
+         done == 0 && pt_now_s() < until && logged_step(dir) < strangers_done_at + AFTER_STEPS;) {
         usleep(100000);
         done = waitpid(launcher, &status, WNOHANG);
+    }
+    const long trained_to = logged_step(dir);
+    if (done == 0) { /* trained on past the strangers (or stuck): stopped as a user would */
+        kill(launcher, SIGTERM);
+        for (const double until = pt_now_s() + 60.0; done == 0 && pt_now_s() < until;) {
+            usleep(100000);
+            done = waitpid(launcher, &status, WNOHANG);
+        }
     }
     if (done == 0) {
         kill(launcher, SIGKILL);
@@ -219,9 +232,14 @@ Test(strangers, bytes_at_every_listening_port_do_not_end_the_job)
     char *err = NULL;
     size_t size;
     if (pt_read_file(err_path, &err, &size) != PIPERT_OK) err = strdup("(no launcher.err)");
-    cr_assert(done == launcher && WIFEXITED(status) && WEXITSTATUS(status) == 0,
-              "the job did not finish cleanly (status 0x%x) after strangers at %d ports:\n%s",
-              status, n_ports, err);
+    cr_assert(trained_to >= strangers_done_at + AFTER_STEPS,
+              "the job trained from step %ld to %ld after strangers at %d ports, not %d steps "
+              "(status 0x%x):\n%s", strangers_done_at, trained_to, n_ports, AFTER_STEPS, status,
+              err);
+    cr_assert(done == launcher && WIFEXITED(status) && WEXITSTATUS(status) == 128 + SIGTERM,
+              "the job did not stop cleanly when asked (status 0x%x) after strangers at %d "
+              "ports:\n%s", status, n_ports, err);
+    cr_expect(!strstr(err, "SIGKILL"), "a worker had to be killed:\n%s", err);
     cr_expect(strstr(err, "coordinator: refused"), "the coordinator logged no stranger:\n%s", err);
     int warnings = 0;
     for (const char *p = err; (p = strstr(p, "coordinator: ")); p++) warnings++;
