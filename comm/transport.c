@@ -33,6 +33,15 @@ pipert_result pt_transport_ucx_fail(ucs_status_t status, const char *what)
     return pt_fail(PIPERT_ERR_TRANSPORT, "transport: %s: %s", what, ucs_status_string(status));
 }
 
+/* Whether UCX_TLS lets UCX use TCP (a setting for a transport it does not open is warned of). */
+static bool may_use_tcp(void)
+{
+    const char *tls = getenv("UCX_TLS");
+    if (!tls) return true;
+    if (tls[0] == '^') return !strstr(tls, "tcp"); /* all but those listed */
+    return strstr(tls, "tcp") || strstr(tls, "all");
+}
+
 static pipert_result open_ucx(pt_transport *t)
 {
     ucp_params_t params = {
@@ -50,6 +59,12 @@ static pipert_result open_ucx(pt_transport *t)
      * direct-read path (transport_direct.c) either way. UCX_RNDV_THRESH in the
      * environment still decides when it is set. */
     if (!getenv("UCX_RNDV_THRESH")) status = ucp_config_modify(config, "RNDV_THRESH", "inf");
+    /* UCX 1.13 connects a TCP endpoint with a blocking connect() unless told otherwise: a peer
+     * across a link that is down then held the progress thread (and every peer's traffic) for
+     * the kernel's SYN retries, about a minute (the churn bed: a survivor dialling a joiner when
+     * the joiner's site went dark). UCX_TCP_CONN_NB in the environment still decides. */
+    if (status == UCS_OK && !getenv("UCX_TCP_CONN_NB") && may_use_tcp())
+        status = ucp_config_modify(config, "CONN_NB", "y"); /* the tcp interfaces' key */
     if (status == UCS_OK) status = ucp_init(&params, config, &t->context);
     ucp_config_release(config);
     if (status != UCS_OK) {

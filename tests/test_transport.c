@@ -6,12 +6,17 @@
 #include <criterion/criterion.h>
 
 #include <arpa/inet.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <stdarg.h>
+#include <stdbool.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mount.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -1158,4 +1163,132 @@ Test(transport, checksum_sees_every_bit)
     unsigned char shifted[1001];
     memcpy(shifted + 1, data, 1000);
     cr_assert_eq(pt_checksum64(shifted + 1, 1000), pt_checksum64(data, 1000));
+}
+
+/* ---- a peer across a link that is down ----------------------------------- */
+
+/* A network namespace joined to this one by a veth pair (10.250.N.1 here, .2 there). */
+typedef struct dark_site {
+    char name[32], here[16], there[16], address[24];
+} dark_site;
+
+static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int sh(const char *fmt, ...)
+{
+    char command[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(command, sizeof command, fmt, ap);
+    va_end(ap);
+    return system(command);
+}
+
+static bool dark_site_create(dark_site *d)
+{
+    const int id = (int)getpid();
+    snprintf(d->name, sizeof d->name, "pt-dark-%d", id);
+    snprintf(d->here, sizeof d->here, "ptd%dh", id);
+    snprintf(d->there, sizeof d->there, "ptd%dt", id);
+    const int subnet = 1 + id % 250;
+    snprintf(d->address, sizeof d->address, "10.250.%d.2", subnet);
+    return sh("ip netns add %s && ip link add %s type veth peer name %s netns %s && "
+              "ip addr add 10.250.%d.1/24 dev %s && ip link set %s up && "
+              "ip -n %s addr add %s/24 dev %s && ip -n %s link set %s up",
+              d->name, d->here, d->there, d->name, subnet, d->here, d->here, d->name,
+              d->address, d->there, d->name, d->there) == 0;
+}
+
+static void dark_site_remove(const dark_site *d)
+{
+    sh("ip link del %s 2>/dev/null; ip netns del %s 2>/dev/null", d->here, d->name);
+}
+
+/* In the namespace: a transport of rank 1 over TCP; its address to `fd`, then it waits. */
+static void peer_in_dark_site(const dark_site *d, int fd)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/var/run/netns/%s", d->name);
+    const int ns = open(path, O_RDONLY | O_CLOEXEC);
+    /* and a /sys of the namespace's own, where UCX looks for its devices (as `ip netns exec`) */
+    if (ns < 0 || setns(ns, CLONE_NEWNET) != 0 || unshare(CLONE_NEWNS) != 0 ||
+        mount("", "/", NULL, MS_SLAVE | MS_REC, NULL) != 0)
+        _exit(2);
+    umount2("/sys", MNT_DETACH);
+    if (mount("sysfs", "/sys", "sysfs", 0, NULL) != 0) _exit(2);
+    pt_transport_options options = PT_TRANSPORT_OPTIONS_INIT;
+    options.rank = 1;
+    options.secret = JOB_SECRET;
+    options.job = JOB_ID;
+    pt_transport *t;
+    if (pt_transport_create(&options, &t) != PIPERT_OK) {
+        fprintf(stderr, "the peer in %s: %s\n", d->name, pipert_last_error());
+        _exit(3);
+    }
+    const char *address = pt_transport_address(t);
+    if (write(fd, address, strlen(address) + 1) < 0) _exit(4);
+    close(fd);
+    pause();
+    _exit(0);
+}
+
+/* Dialling a peer whose site went dark after it gave its address (the churn bed: a survivor
+ * letting a joiner in as the joiner's link went down): the dial fails at the handshake's
+ * deadline, and the progress thread runs on meanwhile. UCX 1.13's TCP connect() blocked it
+ * for the kernel's SYN retries (UCX_TCP_CONN_NB=n), so the dial ended with "no answer from the
+ * progress thread" and every other peer's traffic waited for a minute. */
+Test(transport, dialling_a_peer_behind_a_link_that_is_down_leaves_the_progress_thread_running,
+     .timeout = 60)
+{
+    if (geteuid() != 0) cr_skip_test("network namespaces need root");
+    setenv("UCX_TLS", "tcp", 1);
+    dark_site d;
+    cr_assert(dark_site_create(&d), "could not create the namespace %s", d.name);
+    int pipe_fds[2];
+    cr_assert_eq(pipe(pipe_fds), 0);
+    const pid_t peer = fork();
+    if (peer == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* not left behind by a test that timed out */
+        close(pipe_fds[0]);
+        peer_in_dark_site(&d, pipe_fds[1]);
+    }
+    close(pipe_fds[1]);
+    static char address[ADDRESS_MAX];
+    ssize_t got = 0, n;
+    while ((n = read(pipe_fds[0], address + got, sizeof address - 1 - (size_t)got)) > 0) {
+        got += n;
+        if (memchr(address, 0, (size_t)got)) break;
+    }
+    close(pipe_fds[0]);
+    const char *failed = NULL;
+    if (got <= 0 || !memchr(address, 0, (size_t)got)) failed = "the peer in it gave no address";
+    /* the peer's site goes dark: packets to it vanish, no error comes back (its neighbour
+     * entry stays, as across a router: no ARP failure ends the wait) */
+    if (!failed && sh("ip neigh replace %s lladdr $(cat /sys/class/net/%s/address 2>/dev/null || "
+                      "ip -n %s -br link show %s | awk '{print $3}') dev %s nud permanent && "
+                      "ip -n %s link set %s down",
+                      d.address, d.there, d.name, d.there, d.here, d.name, d.there) != 0)
+        failed = "link down";
+
+    pt_transport_options options = PT_TRANSPORT_OPTIONS_INIT;
+    options.rank = 0;
+    options.secret = JOB_SECRET;
+    options.job = JOB_ID;
+    options.connect_timeout_s = 3.0;
+    pt_transport *t = NULL;
+    if (!failed && pt_transport_create(&options, &t) != PIPERT_OK) failed = pipert_last_error();
+    const double started = pt_now_s();
+    const pipert_result rc = failed ? PIPERT_OK : pt_transport_connect(t, 1, address);
+    const double took = pt_now_s() - started;
+    char why[512];
+    snprintf(why, sizeof why, "%s", pipert_last_error());
+    const bool stuck = strstr(why, "no answer from the progress thread") != NULL;
+    if (t && !stuck) pt_transport_destroy(t); /* a stuck one would hold this up for minutes */
+    kill(peer, SIGKILL);
+    int status = 0;
+    waitpid(peer, &status, 0);
+    dark_site_remove(&d);
+    cr_assert(!failed, "setting the dark site up: %s (the peer's status 0x%x)", failed, status);
+    cr_expect_neq(rc, PIPERT_OK, "a peer in a dark site answered");
+    cr_expect(!stuck, "%s", why);
+    cr_expect_lt(took, options.connect_timeout_s + 2.0, "the dial took %.1f s: %s", took, why);
 }
