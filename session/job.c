@@ -925,16 +925,19 @@ void pt_job_log_progress(pt_job *job)
     pt_info("job: %s", line);
 }
 
+pipert_result pt_job_leave_together(pt_job *job)
+{
+    /* A barrier along the stages, then one along the replicas, waits for every rank of the
+     * grid: none closes its endpoints while another still talks to it (or still copies its
+     * last payload from its memory: device payloads and direct reads). */
+    if (job->stage_group) PT_TRY(pt_barrier(job->stage_group));
+    if (job->replica_group) PT_TRY(pt_barrier(job->replica_group));
+    return PIPERT_OK;
+}
+
 pipert_result pt_job_finish(pt_job *job)
 {
-    if (!job->client) {
-        /* Out of band: leave together, so no rank closes its endpoints while
-         * another still talks to it. A barrier along the stages, then one
-         * along the replicas, waits for every rank of the grid. */
-        if (job->stage_group) PT_TRY(pt_barrier(job->stage_group));
-        if (job->replica_group) PT_TRY(pt_barrier(job->replica_group));
-        return PIPERT_OK;
-    }
+    if (!job->client) return pt_job_leave_together(job); /* out of band */
     PT_TRY(pt_coord_client_send_done(job->client));
     if (!job->coordinator) return PIPERT_OK;
     pt_job_status status;

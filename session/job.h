@@ -148,6 +148,8 @@ void pt_job_log_progress(pt_job *job);
 /* This rank is done; the rank hosting the coordinator keeps it serving until
  * every rank is done or the job aborted. */
 pipert_result pt_job_finish(pt_job *job);
+/* Every rank of the grid reaches this before any goes on (to close its endpoints). */
+pipert_result pt_job_leave_together(pt_job *job);
 
 /* Tells the job this rank failed (unless the failure is the job's abort). */
 void pt_job_report_failure(pt_job *job, const char *message);
