@@ -127,15 +127,18 @@ static inline int wait_job_within(pid_t job, double seconds, const char *pids_fi
 /* The newest step in DIR/metrics.jsonl (0: none yet, or no file). */
 static inline long logged_step(const char *dir);
 
-/* Ends a job the test has seen enough of (a job sized for the slowest machine would run on for
- * minutes in the sanitizer build): once DIR/metrics.jsonl logs step `step`, SIGTERM to its
- * launcher, which stops every worker in order and exits 128 + 15 (1 had a rank failed). A job
- * that ends first is not signalled. Its exit status as wait_job_within gives it (a hang is
- * shown after `seconds`); *stopped_at: the last step it logged. */
+/* Ends a `pipert launch` job in DIR the test has seen enough of (a job sized for the slowest
+ * machine would run on for minutes in the sanitizer build): once DIR/metrics.jsonl logs step
+ * `step`, SIGTERM to its launcher, which stops every worker in order and exits 128 + 15 (1 had a
+ * rank failed). A job that ends first is not signalled. Its exit status as wait_job_within gives
+ * it (a hang is shown after `seconds`, with `log_file`, the launcher's output); *stopped_at: the
+ * last step it logged. */
 static inline int stop_job_at_step(pid_t job, const char *dir, long step, double seconds,
-                                   const char *pids_file, const char *logs, const char *log_file,
-                                   long *stopped_at)
+                                   const char *log_file, long *stopped_at)
 {
+    char pids_file[600], logs[600];
+    snprintf(pids_file, sizeof pids_file, "%s/workers.pid", dir);
+    snprintf(logs, sizeof logs, "%s/logs/rank-*.log", dir);
     const double until = pt_now_s() + seconds;
     int status = 0;
     pid_t done = 0;

@@ -199,17 +199,14 @@ static void expect_complete_checkpoint(const char *dir, long step)
  * slowest machine, and what the test compares ends at `step`. */
 static void launch_until_step(const char *dir, long step, const char *options)
 {
-    char command[4096], pids[600], logs[600], out[600];
+    char command[4096], out[600];
     snprintf(command, sizeof command,
              "exec env PIPERT_LOG=info %s launch --quiet --stages 2 --replicas 2 %s " MODEL
              " --train.steps=%d --out %s >%s/launch.out 2>&1",
              pipert_bin(), options, STEPS, dir, dir);
-    path_in(pids, sizeof pids, dir, "workers.pid");
-    path_in(logs, sizeof logs, dir, "logs/rank-*.log");
     path_in(out, sizeof out, dir, "launch.out");
     long last;
-    const int status = stop_job_at_step(start_shell(command), dir, step, 240, pids, logs, out,
-                                        &last);
+    const int status = stop_job_at_step(start_shell(command), dir, step, 240, out, &last);
     cr_assert(status == 128 + SIGTERM && last >= step, "pipert launch %s: exit status %d at "
               "step %ld, not stopped after step %ld (see %s)", options, status, last, step, out);
 }

@@ -116,11 +116,9 @@ static pid_t kill_the_coordinator_again_and_again(const char *dir, const char *o
  * The test has seen what it needs by then: the job is sized for the slowest machine. */
 static int stop_launcher_at(pid_t launcher, const char *dir, long step, long *stopped_at)
 {
-    char pids[512], logs[512], out[512];
-    snprintf(pids, sizeof pids, "%s/workers.pid", dir);
-    snprintf(logs, sizeof logs, "%s/logs/rank-*.log", dir);
+    char out[600];
     snprintf(out, sizeof out, "%s/launch.out", dir);
-    return stop_job_at_step(launcher, dir, step, 240, pids, logs, out, stopped_at);
+    return stop_job_at_step(launcher, dir, step, 240, out, stopped_at);
 }
 
 /* Steps the job trains after the last kill before the test stops it: every rank has logged its

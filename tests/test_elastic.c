@@ -88,11 +88,9 @@ static int wait_job(pid_t job, const char *dir)
  * or 1 when a rank had failed); *last: the last step it logged. */
 static int stop_job(pid_t job, const char *dir, long step, long *last)
 {
-    char pids[600], logs[600], out[600];
-    snprintf(pids, sizeof pids, "%s/workers.pid", dir);
-    snprintf(logs, sizeof logs, "%s/logs/rank-*.log", dir);
+    char out[600];
     snprintf(out, sizeof out, "%s.out", dir);
-    return stop_job_at_step(job, dir, step, JOB_LIMIT_S, pids, logs, out, last);
+    return stop_job_at_step(job, dir, step, JOB_LIMIT_S, out, last);
 }
 
 /* Rank `rank`'s entry in the launcher's DIR/status.json (json_decref the root: *root). */

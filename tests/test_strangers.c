@@ -207,38 +207,22 @@ Test(strangers, bytes_at_every_listening_port_do_not_end_the_job)
     for (int i = 0; i < n_ports; i++)
         if (idle[i] >= 0) close(idle[i]);
 
-    int status = 0;
-    pid_t done = waitpid(launcher, &status, WNOHANG);
-    cr_expect_eq(done, 0, "the job ended before the strangers were done: this proves nothing "
-                          "(raise STEPS)");
+    cr_expect_eq(waitpid(launcher, NULL, WNOHANG), 0, "the job ended before the strangers were "
+                 "done: this proves nothing (raise STEPS)");
+    /* trained on past the strangers: stopped as a user would */
     const long strangers_done_at = logged_step(dir);
-    for (const double until = pt_now_s() + FINISH_WAIT_S;
-         done == 0 && pt_now_s() < until && logged_step(dir) < strangers_done_at + AFTER_STEPS;) {
-        usleep(100000);
-        done = waitpid(launcher, &status, WNOHANG);
-    }
-    const long trained_to = logged_step(dir);
-    if (done == 0) { /* trained on past the strangers (or stuck): stopped as a user would */
-        kill(launcher, SIGTERM);
-        for (const double until = pt_now_s() + 60.0; done == 0 && pt_now_s() < until;) {
-            usleep(100000);
-            done = waitpid(launcher, &status, WNOHANG);
-        }
-    }
-    if (done == 0) {
-        kill(launcher, SIGKILL);
-        waitpid(launcher, &status, 0);
-    }
+    long trained_to;
+    const int status = stop_job_at_step(launcher, dir, strangers_done_at + AFTER_STEPS,
+                                        FINISH_WAIT_S, err_path, &trained_to);
     char *err = NULL;
     size_t size;
     if (pt_read_file(err_path, &err, &size) != PIPERT_OK) err = strdup("(no launcher.err)");
     cr_assert(trained_to >= strangers_done_at + AFTER_STEPS,
               "the job trained from step %ld to %ld after strangers at %d ports, not %d steps "
-              "(status 0x%x):\n%s", strangers_done_at, trained_to, n_ports, AFTER_STEPS, status,
+              "(exit status %d):\n%s", strangers_done_at, trained_to, n_ports, AFTER_STEPS, status,
               err);
-    cr_assert(done == launcher && WIFEXITED(status) && WEXITSTATUS(status) == 128 + SIGTERM,
-              "the job did not stop cleanly when asked (status 0x%x) after strangers at %d "
-              "ports:\n%s", status, n_ports, err);
+    cr_assert_eq(status, 128 + SIGTERM, "the job did not stop cleanly when asked (exit status %d) "
+                 "after strangers at %d ports:\n%s", status, n_ports, err);
     cr_expect(!strstr(err, "SIGKILL"), "a worker had to be killed:\n%s", err);
     cr_expect(strstr(err, "coordinator: refused"), "the coordinator logged no stranger:\n%s", err);
     int warnings = 0;
