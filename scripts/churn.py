@@ -12,7 +12,8 @@ It never takes more replicas out than --min-replicas allows. A replica takes one
 at a time; the link may go down again while site 1's replica is still coming back from the last
 outage (a flapping link), and then that outage's recovery is the later one's.
 Faults come for --minutes of wall time from the job's first step (the job is sized to outlast
-them), then the job trains to its end undisturbed.
+them), then the job trains to its end undisturbed; with --stop-when-recovered (the CI form) the
+driver ends it (SIGTERM to the launcher, exit 143) as soon as every fault has been recovered from.
 It reads the launcher's DIR/status.json (each rank's state, step, pid, exits) four times a second
 and reports, per method: the faults injected by kind and survived, the steps and tokens each cost
 the replica it hit, the longest stall of the replicas no fault touched, the time from each
@@ -21,6 +22,7 @@ the final validation loss against an undisturbed run of as many tokens (its own 
 
   scripts/churn.sh [--minutes 10] [--methods sparse,streaming-diloco] [--build build]
                    [--out runs/churn] [--seed 1] [--gap 1.5] [--no-reference] [--check]
+                   [--stop-when-recovered]
 
 --check exits 1 when a target is missed (the CI form: scripts/churn.sh --short). Needs root
 (network namespaces). The report: OUT/report.json and a table on stdout.
@@ -170,6 +172,7 @@ class Driver:
         self.status = None
         self.churn_seconds = 0.0  # from the first step to the last fault's chance
         self.deadlock = None      # seconds without a step when the driver stopped the job
+        self.stopped_at = None    # when the driver stopped the job, every fault recovered from
 
     # ---- reading the job --------------------------------------------------------------
     def now(self):
@@ -230,6 +233,8 @@ class Driver:
         rep.pids[rank] = r["pid"]
 
     def judge_exit(self, rep, r):
+        if self.stopped_at is not None:
+            return  # the driver's stop
         how = r.get("last_exit", "")
         pid = rep.pids.get(r["rank"], r["pid"])
         if how == "signal 9" and pid in self.killed_pids:
@@ -427,6 +432,24 @@ class Driver:
             e.ends_at = min(e.ends_at, self.now())
         self.lift_faults()
 
+    def all_recovered(self):
+        """Every fault injected was recovered from (the last lift a RECOVERY_S ago at most: a
+        slower recovery is left to the job's own end, which may excuse it as cut short)."""
+        if any(rep.fault for rep in self.replicas) or self.coordinator:
+            return False
+        if any(e.back_at is None and e.superseded_by is None for e in self.events):
+            return False
+        last_lift = max((e.ends_at for e in self.events), default=0.0)
+        return self.now() - last_lift < RECOVERY_S
+
+    def stop_recovered(self):
+        """Ends the job once its faults are over and recovered from (--stop-when-recovered): the
+        steps it has left test nothing more. SIGTERM to the launcher: it exits 128 + 15."""
+        self.stopped_at = self.now()
+        print("churn: faults over and recovered from at %.0f s: the job is stopped" %
+              self.stopped_at, flush=True)
+        self.launcher.send_signal(signal.SIGTERM)
+
     # ---- the run ----------------------------------------------------------------------
     def stuck_for(self):
         """Seconds since any replica last stepped (0 before the first step)."""
@@ -463,11 +486,15 @@ class Driver:
                 self.first_step_at is not None
             if running and next_at is None:
                 next_at = now + self.rng.expovariate(1.0 / gap)
-            if running and self.churning(until) and now >= next_at:
+            churning = running and self.churning(until)
+            if churning and now >= next_at:
                 e = self.inject(counts)
                 if e:
                     counts[e.kind] += 1
                 next_at = now + self.rng.expovariate(1.0 / gap)
+            if self.args.stop_when_recovered and running and not churning and \
+                    self.stopped_at is None and self.deadlock is None and self.all_recovered():
+                self.stop_recovered()
             time.sleep(POLL_S)
         self.lift_all()
         self.observe()
@@ -528,6 +555,7 @@ def churn_method(args, method, rng):
     status = driver.run(args.minutes, args.gap)
     lines, vals = read_metrics(os.path.join(out, "metrics.jsonl"))
     result = {"method": method, "steps": steps, "exit": status,
+              "stopped_s": None if driver.stopped_at is None else round(driver.stopped_at, 1),
               "seconds": round(driver.now(), 1),
               "churn_seconds": round(driver.churn_seconds, 1),
               "events": [e.row() for e in driver.events],
@@ -541,14 +569,15 @@ def churn_method(args, method, rng):
               "tokens": lines[-1]["tokens"] if lines else None,
               "final_val_loss": vals[-1]["val_loss"] if vals else None,
               "tokens_per_replica_step": lines[0]["tokens"] / REPLICAS if lines else None}
-    if args.reference and lines and status == 0:
+    if args.reference and lines and status == 0 and driver.stopped_at is None:
         reference_run(args, method, result, val_every)
     return result
 
 
 def summarize(r):
     ev = r["events"]
-    s = {"method": r["method"], "exit": r["exit"], "churn_s": r["churn_seconds"]}
+    s = {"method": r["method"], "exit": r["exit"], "stopped_s": r["stopped_s"],
+         "churn_s": r["churn_seconds"]}
     for kind in KINDS:
         mine = [e for e in ev if e["kind"] == kind]
         s[kind] = len(mine)
@@ -578,8 +607,10 @@ def misses(s, r, args):
     why = []
     if r["deadlock_s"] is not None:
         why.append("deadlock: no replica stepped for %.0f s (stacks above)" % r["deadlock_s"])
-    if s["exit"] != 0:
-        why.append("the job exited %d" % s["exit"])
+    expected_exit = 0 if s["stopped_s"] is None else 128 + signal.SIGTERM
+    if s["exit"] != expected_exit:
+        why.append("the job exited %d%s" % (s["exit"], "" if s["stopped_s"] is None else
+                                           " after the driver's SIGTERM (not 143)"))
     injected = sum(s[k] - s[k + "_cut_by_end"] for k in KINDS)
     survived = sum(s[k + "_survived"] for k in KINDS)
     if survived < injected:
@@ -616,8 +647,14 @@ def main():
                     help="no fault while a replica is still recovering from one (the CI form: "
                          "overlapping faults can still stall a join for 300 s, NOTES.md)")
     ap.add_argument("--no-reference", dest="reference", action="store_false")
+    ap.add_argument("--stop-when-recovered", action="store_true",
+                    help="end the job once the faults are over and recovered from, not at its last "
+                         "step (the CI form; not with the reference run: its loss is compared at "
+                         "the churned job's end)")
     ap.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
     args = ap.parse_args()
+    if args.stop_when_recovered and args.reference:
+        ap.error("--stop-when-recovered needs --no-reference (the loss is compared at the job's end)")
     if os.geteuid() != 0:
         print("churn: skipped: the emulated sites need root (network namespaces)", file=sys.stderr)
         return 77  # what meson counts as a skipped test
@@ -635,7 +672,7 @@ def main():
     with open(os.path.join(args.out, "report.json"), "w") as f:
         json.dump({"minutes": args.minutes, "seed": args.seed, "gap_s": args.gap,
                    "summaries": summaries, "runs": results}, f, indent=1)
-    keys = ["method", "exit", "churn_s"]
+    keys = ["method", "exit", "stopped_s", "churn_s"]
     for kind in KINDS:
         keys += [kind, kind + "_left", kind + "_survived", kind + "_cut_by_end"]
     keys += ["steps_lost_mean", "steps_lost_max",

@@ -7,6 +7,6 @@ cd "$(dirname "$0")/.."
 if [ "${1:-}" = --short ]; then
   shift
   exec python3 scripts/churn.py --minutes 3 --methods sparse --gap 3 --at-least 2 --no-reference \
-    --check --out "${CHURN_OUT:-runs/churn-short}" "$@"
+    --stop-when-recovered --check --out "${CHURN_OUT:-runs/churn-short}" "$@"
 fi
 exec python3 scripts/churn.py "$@"
