@@ -91,16 +91,24 @@ void pt_coord_send(connection *conn, json_t *message);
 void pt_coord_welcome(pt_coordinator *c, connection *conn);
 /* Sends to every registered rank still connected, and takes `message` over. */
 void pt_coord_broadcast(pt_coordinator *c, json_t *message);
+/* Whether `rank`'s replica is out of the job. */
+bool pt_coord_rank_left(const pt_coordinator *c, int rank);
+/* The job aborts (once): every rank hears why; `rank` >= 0 is the one that failed. */
+void pt_coord_abort_locked(pt_coordinator *c, int rank, const char *reason);
+/* Ranks that are done count as having acknowledged the current membership epoch. */
+void pt_coord_done_ranks_acknowledge(pt_coordinator *c);
+
+/* coordinator_admit.c */
+/* hello {nonce}: the challenge answers it, with our proof and our nonce. */
+void pt_coord_hello(pt_coordinator *c, connection *conn, json_t *m);
+/* register {rank, world, pid, host, address, proof, protocol, digest, join?, resume?}. */
+void pt_coord_register(pt_coordinator *c, connection *conn, json_t *m);
 /* Refuses a registration: the answer goes out, then the connection closes. */
 void pt_coord_refuse(connection *conn, const char *reason, bool wrong_secret);
 /* A refusal that may not hold a moment later ("retry": the worker may register again). */
 void pt_coord_refuse_for_now(connection *conn, const char *reason);
-/* Whether `rank`'s replica is out of the job. */
-bool pt_coord_rank_left(const pt_coordinator *c, int rank);
 /* table {world, peers}: every rank's data-plane address as registered last. */
 json_t *pt_coord_table_message(const pt_coordinator *c);
-/* Ranks that are done count as having acknowledged the current membership epoch. */
-void pt_coord_done_ranks_acknowledge(pt_coordinator *c);
 
 /* coordinator_join.c: register {..., join: true} from a restarted process of `rank`; its
  * "ready" once it can take its state. */

@@ -21,11 +21,11 @@
 #include <string.h>
 
 #include <jansson.h>
-#include <sodium.h>
 
 #include "runtime/error.h"
 #include "runtime/fileio.h"
 #include "runtime/json_position.h"
+#include "runtime/name_hint.h"
 #include "runtime/units.h"
 
 /* ---- the schema ---------------------------------------------------------- */
@@ -459,6 +459,15 @@ static void format_json(const json_t *value, char *out, size_t capacity)
     free(text);
 }
 
+void pt_config_format_value(const pipert_config *cfg, const char *name, char *out,
+                            size_t capacity)
+{
+    const config_key *key = find_key(name);
+    json_t *value = key ? read_json(cfg, key) : NULL;
+    format_json(value, out, capacity);
+    json_decref(value);
+}
+
 /* What a value is, for "expected X, got Y": scalars show themselves, strings
  * and containers their kind (a string may be long). */
 static void describe_json(const json_t *value, char *out, size_t capacity)
@@ -640,77 +649,12 @@ static bool check_value(const config_key *key, const json_t *value, value_error 
     return true;
 }
 
-/* ---- "did you mean" ------------------------------------------------------ */
-
-/* Levenshtein distance of two short strings (at most NAME_MAX_LENGTH bytes),
- * or `limit` if it is limit or more: the search stops as soon as no
- * alignment can come in under it (every unknown key is compared with every
- * key, so this is on the path of each misspelt override). */
-static int edit_distance(const char *a, const char *b, int limit)
-{
-    size_t la = strlen(a), lb = strlen(b);
-    if (la > NAME_MAX_LENGTH || lb > NAME_MAX_LENGTH) return limit;
-    if ((la > lb ? la - lb : lb - la) >= (size_t)limit) return limit;
-    int row[NAME_MAX_LENGTH + 1]; /* row[j]: distance of a[0..i) and b[0..j) */
-    for (size_t j = 0; j <= lb; j++) row[j] = (int)j;
-    for (size_t i = 1; i <= la; i++) {
-        int diagonal = row[0], smallest = (int)i;
-        row[0] = (int)i;
-        for (size_t j = 1; j <= lb; j++) {
-            int substitute = diagonal + (a[i - 1] != b[j - 1]);
-            int best = row[j] + 1 < row[j - 1] + 1 ? row[j] + 1 : row[j - 1] + 1;
-            diagonal = row[j];
-            row[j] = substitute < best ? substitute : best;
-            smallest = row[j] < smallest ? row[j] : smallest;
-        }
-        if (smallest >= limit) return limit; /* rows never decrease downwards */
-    }
-    return row[lb] < limit ? row[lb] : limit;
-}
-
-static int count_dots(const char *s)
-{
-    int dots = 0;
-    for (; *s; s++) dots += *s == '.';
-    return dots;
-}
-
-/* The first `count` components of a dotted name ("train.lr", 1 -> "train"). */
-static void leading_components(const char *name, int count, char *out, size_t capacity)
-{
-    size_t length = 0;
-    for (int seen = 0; name[length] && !(name[length] == '.' && ++seen == count); length++) {}
-    snprintf(out, capacity, "%.*s", (int)length, name);
-}
-
-static const char *leaf_of(const char *name)
-{
-    const char *dot = strrchr(name, '.');
-    return dot ? dot + 1 : name;
-}
-
-/* " (did you mean 'train.lr'?)" for the nearest key or section at the same
- * depth within edit distance 2, else for a key with the same last name in
- * another section ("train.n_layer" -> "model.n_layer"); "" if none. */
+/* " (did you mean 'train.lr'?)" for a name no key has (runtime/name_hint.h), or "". */
 static void suggest_name(const char *unknown, char *out, size_t capacity)
 {
-    char best[NAME_MAX_LENGTH + 1] = "";
-    int best_distance = 3, depth = count_dots(unknown);
-    for (int i = 0; i < KEY_COUNT; i++) {
-        /* The candidate of this depth from this key: the key itself, or its section. */
-        if (count_dots(schema[i].name) < depth) continue;
-        char candidate[NAME_MAX_LENGTH + 1];
-        leading_components(schema[i].name, depth + 1, candidate, sizeof candidate);
-        int distance = edit_distance(unknown, candidate, best_distance);
-        if (distance > 0 && distance < best_distance) { /* 0: a section named as a key */
-            best_distance = distance;
-            snprintf(best, sizeof best, "%s", candidate);
-        }
-    }
-    for (int i = 0; i < KEY_COUNT && !best[0]; i++)
-        if (strcmp(leaf_of(schema[i].name), leaf_of(unknown)) == 0)
-            snprintf(best, sizeof best, "%s", schema[i].name);
-    snprintf(out, capacity, best[0] ? " (did you mean '%s'?)" : "%s", best);
+    const char *names[KEY_COUNT];
+    for (int i = 0; i < KEY_COUNT; i++) names[i] = schema[i].name;
+    pt_name_hint(unknown, names, KEY_COUNT, out, capacity);
 }
 
 /* ---- merging JSON -------------------------------------------------------- */
@@ -975,76 +919,6 @@ int pt_config_describe_changes(const pipert_config *was, const pipert_config *no
         json_decref(after);
     }
     return changes;
-}
-
-/* ---- the job digest ------------------------------------------------------ */
-
-/* The settings in each part of the job digest (pt_config_job_digest): only what changes the
- * shapes, the number or the order of the messages workers exchange, or how they are sealed, so
- * that a worker that differs would hang or corrupt the exchange rather than merely train
- * differently. Not in it: the learning rate and optimizer (replicas may tune their own), the
- * seed, the data, how often a run logs, validates, checkpoints or traces, and where it writes.
- * The stage split (PT_DIGEST_SPLIT) is the stage count and bounds, passed apart. */
-static const char *const digested_keys[PT_DIGEST_PARTS][16] = {
-    /* the tensors' shapes: activations between stages, gradients and parameters between
-     * replicas, the state a joiner takes */
-    [PT_DIGEST_MODEL] = {"model.n_layer", "model.n_embd", "model.n_head", "model.block_size",
-                         "model.vocab_size", "model.tie_weights"},
-    /* activations' batch dimension, microbatches per step, and the step the run ends at (where
-     * every replica's last exchange is) */
-    [PT_DIGEST_BATCH] = {"train.batch_size", "train.grad_accum", "train.steps"},
-    /* which messages cross between stages, and in which order */
-    [PT_DIGEST_SCHEDULE] = {"pipeline.schedule", "pipeline.microbatches", "pipeline.sync_steps"},
-    /* what the replicas exchange, how it is encoded, and when */
-    [PT_DIGEST_DP] = {"dp.method", "dp.compress", "dp.block", "dp.delay", "dp.fraction",
-                      "dp.partition_block", "dp.period", "dp.fragments", "dp.overlap", "dp.nccl"},
-    /* whether every message carries a MAC */
-    [PT_DIGEST_AUTH] = {"runtime.authenticate_messages"},
-};
-
-/* 64 bits of BLAKE2b (libsodium's generichash) over `text`. */
-static uint64_t digest_text(const char *text)
-{
-    uint8_t digest[8];
-    crypto_generichash(digest, sizeof digest, (const unsigned char *)text, strlen(text), NULL, 0);
-    uint64_t value = 0;
-    for (int b = 0; b < 8; b++) value |= (uint64_t)digest[b] << (8 * b);
-    return value ? value : 1; /* 0 means "no digest" */
-}
-
-/* "model.n_layer=2;model.n_embd=32;..." for the keys of one part, digested. */
-static uint64_t digest_keys(const pipert_config *cfg, const char *const *names)
-{
-    char text[4096];
-    size_t used = 0;
-    text[0] = '\0';
-    for (; *names && used < sizeof text; names++) {
-        const config_key *key = find_key(*names);
-        json_t *value = key ? read_json(cfg, key) : NULL;
-        char formatted[PT_CONFIG_STRING_MAX + 8];
-        format_json(value, formatted, sizeof formatted);
-        json_decref(value);
-        used += (size_t)snprintf(text + used, sizeof text - used, "%s=%s;", *names, formatted);
-    }
-    return digest_text(text);
-}
-
-static uint64_t digest_split(int stages, const int *bounds)
-{
-    char text[4096];
-    size_t used = (size_t)snprintf(text, sizeof text, "stages=%d;bounds=", stages);
-    for (int s = 0; s <= stages && used < sizeof text; s++)
-        used += (size_t)snprintf(text + used, sizeof text - used, "%d,", bounds[s]);
-    return digest_text(text);
-}
-
-void pt_config_job_digest(const pipert_config *cfg, int stages, const int *bounds,
-                          pt_job_identity *out)
-{
-    *out = (pt_job_identity){.protocol = PT_PROTOCOL_VERSION};
-    for (int part = 0; part < PT_DIGEST_PARTS; part++)
-        out->part[part] = part == PT_DIGEST_SPLIT ? digest_split(stages, bounds)
-                                                  : digest_keys(cfg, digested_keys[part]);
 }
 
 char *pipert_config_to_json(const pipert_config *cfg)

@@ -132,9 +132,14 @@ int pt_config_describe_changes(const pipert_config *was, const pipert_config *no
 /* The identity every worker of one job must share (runtime/job_digest.h): this build's protocol
  * version and a digest, in parts, of the settings that fix what the workers send each other,
  * for a job of `stages` stages split at bounds[0..stages] (the first block of each stage, and
- * n_layer; pt_stage_plan.bounds). What is in it, and why, is beside its lists in config.c. */
+ * n_layer; pt_stage_plan.bounds). What is in it, and why, is beside its lists in config_digest.c. */
 void pt_config_job_digest(const pipert_config *cfg, int stages, const int *bounds,
                           pt_job_identity *out);
+
+/* A key's value as JSON text ("2", "\"sparse\"", "true"; "?" for a name no key has), cut to
+ * fit `capacity`. */
+void pt_config_format_value(const pipert_config *cfg, const char *name, char *out,
+                            size_t capacity);
 
 /* Checks relations between keys (n_embd divisible by n_head, ...). */
 pipert_result pt_config_validate(const pipert_config *cfg);
