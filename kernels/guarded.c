@@ -196,6 +196,21 @@ static void g_matmul_backward(float *di, float *dw, float *db, const float *d, c
 {
     GUARDED(cpu->matmul_backward(di, dw, db, d, i, w, N, C, OC, l));
 }
+static void g_cast_to_bf16(pt_bf16 *o, const float *i, size_t n)
+{
+    GUARDED(cpu->cast_to_bf16(o, i, n));
+}
+static void g_matmul_forward_bf16(float *o, const pt_bf16 *i, const pt_bf16 *w, const float *b,
+                                  int N, int C, int OC, pt_weight_layout l)
+{
+    GUARDED(cpu->matmul_forward_bf16(o, i, w, b, N, C, OC, l));
+}
+static void g_matmul_backward_bf16(float *di, float *dw, float *db, const pt_bf16 *d,
+                                   const pt_bf16 *i, const pt_bf16 *w, int N, int C, int OC,
+                                   pt_weight_layout l)
+{
+    GUARDED(cpu->matmul_backward_bf16(di, dw, db, d, i, w, N, C, OC, l));
+}
 static void g_attention_forward(float *o, float *a, const float *q, int B, int T, int C, int NH)
 {
     GUARDED(cpu->attention_forward(o, a, q, B, T, C, NH));
@@ -344,6 +359,9 @@ static pt_kernels guarded = {
     .layernorm_backward = g_layernorm_backward,
     .matmul_forward = g_matmul_forward,
     .matmul_backward = g_matmul_backward,
+    .cast_to_bf16 = g_cast_to_bf16,
+    .matmul_forward_bf16 = g_matmul_forward_bf16,
+    .matmul_backward_bf16 = g_matmul_backward_bf16,
     .attention_forward = g_attention_forward,
     .attention_backward = g_attention_backward,
     .gelu_forward = g_gelu_forward,

@@ -20,6 +20,9 @@
 #include "runtime/peer_memory.h"
 #include "runtime/settings.h"
 
+/* bfloat16 as its 16 bits (the upper half of a float). */
+typedef uint16_t pt_bf16;
+
 /* How a weight matrix is stored. Hugging Face GPT-2 Conv1D weights are [C, OC]
  * (y = x·W + b); the language-model head is [V, C] (y = x·Wᵀ). */
 typedef enum pt_weight_layout { PT_WEIGHT_IN_OUT, PT_WEIGHT_OUT_IN } pt_weight_layout;
@@ -103,6 +106,19 @@ typedef struct pt_kernels {
     void (*matmul_backward)(float *dinp, float *dweight, float *dbias, const float *dout,
                             const float *inp, const float *weight, int N, int C, int OC,
                             pt_weight_layout layout);
+
+    /* The matrix products with bf16 operands (runtime.precision = bf16): out, dinp,
+     * dweight and dbias are fp32 and accumulate as above (dweight into the fp32 master
+     * gradient), the bias is fp32; the sums run in fp32. cast_to_bf16: out[n] =
+     * round-to-nearest-even(inp[n]). cuda: tensor cores; cpu: an emulation (each operand
+     * widened back to fp32, exactly, and the fp32 product: the fp32 GEMM of the rounded
+     * values), for tests and for checking a bf16 run without a GPU, no faster than fp32. */
+    void (*cast_to_bf16)(pt_bf16 *out, const float *inp, size_t n);
+    void (*matmul_forward_bf16)(float *out, const pt_bf16 *inp, const pt_bf16 *weight,
+                                const float *bias, int N, int C, int OC, pt_weight_layout layout);
+    void (*matmul_backward_bf16)(float *dinp, float *dweight, float *dbias, const pt_bf16 *dout,
+                                 const pt_bf16 *inp, const pt_bf16 *weight, int N, int C, int OC,
+                                 pt_weight_layout layout);
 
     /* Causal self-attention. qkv[B,T,3C] holds q, k, v side by side, head h
      * in columns [h·hs, (h+1)·hs) of each; out[B,T,C]; att holds what the forward

@@ -7,7 +7,7 @@
 
 enum {
     K_ENCODER_FWD, K_ENCODER_BWD, K_LAYERNORM_FWD, K_LAYERNORM_BWD, K_MATMUL_FWD, K_MATMUL_BWD,
-    K_ATTENTION_FWD, K_ATTENTION_BWD, K_GELU_FWD, K_GELU_BWD, K_RESIDUAL_FWD, K_XENT_FWD,
+    K_CAST_BF16, K_MATMUL_FWD_BF16, K_MATMUL_BWD_BF16, K_ATTENTION_FWD, K_ATTENTION_BWD, K_GELU_FWD, K_GELU_BWD, K_RESIDUAL_FWD, K_XENT_FWD,
     K_XENT_FWD_BWD, K_ADAM, K_ADAM_EXTRAPOLATE, K_DELAY_COMPENSATE, K_SECANT_COMPENSATE,
     K_SUM_SQUARES, K_SUM, K_SCALE, K_ZERO, K_COPY,
     K_COUNT
@@ -15,7 +15,8 @@ enum {
 
 static const char *const kernel_names[K_COUNT] = {
     "encoder_forward", "encoder_backward", "layernorm_forward", "layernorm_backward",
-    "matmul_forward", "matmul_backward", "attention_forward", "attention_backward",
+    "matmul_forward", "matmul_backward", "cast_to_bf16", "matmul_forward_bf16",
+    "matmul_backward_bf16", "attention_forward", "attention_backward",
     "gelu_forward", "gelu_backward", "residual_forward", "crossentropy_forward",
     "crossentropy_forward_backward", "adam_update", "adam_extrapolate", "delay_compensate",
     "secant_compensate", "sum_squares", "sum", "scale", "zero", "copy",
@@ -69,6 +70,21 @@ static void p_matmul_backward(float *di, float *dw, float *db, const float *d, c
                               const float *w, int N, int C, int OC, pt_weight_layout l)
 {
     TIMED(K_MATMUL_BWD, inner->matmul_backward(di, dw, db, d, i, w, N, C, OC, l));
+}
+static void p_cast_to_bf16(pt_bf16 *o, const float *i, size_t n)
+{
+    TIMED(K_CAST_BF16, inner->cast_to_bf16(o, i, n));
+}
+static void p_matmul_forward_bf16(float *o, const pt_bf16 *i, const pt_bf16 *w, const float *b,
+                                  int N, int C, int OC, pt_weight_layout l)
+{
+    TIMED(K_MATMUL_FWD_BF16, inner->matmul_forward_bf16(o, i, w, b, N, C, OC, l));
+}
+static void p_matmul_backward_bf16(float *di, float *dw, float *db, const pt_bf16 *d,
+                                   const pt_bf16 *i, const pt_bf16 *w, int N, int C, int OC,
+                                   pt_weight_layout l)
+{
+    TIMED(K_MATMUL_BWD_BF16, inner->matmul_backward_bf16(di, dw, db, d, i, w, N, C, OC, l));
 }
 static void p_attention_forward(float *o, float *a, const float *q, int B, int T, int C, int NH)
 {
@@ -153,6 +169,9 @@ const pt_kernels *pt_kernels_profiled(const pt_kernels *wrapped)
     profiled.layernorm_backward = p_layernorm_backward;
     profiled.matmul_forward = p_matmul_forward;
     profiled.matmul_backward = p_matmul_backward;
+    profiled.cast_to_bf16 = p_cast_to_bf16;
+    profiled.matmul_forward_bf16 = p_matmul_forward_bf16;
+    profiled.matmul_backward_bf16 = p_matmul_backward_bf16;
     profiled.attention_forward = p_attention_forward;
     profiled.attention_backward = p_attention_backward;
     profiled.gelu_forward = p_gelu_forward;

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "models/gpt_matmul.h"
 #include "runtime/error.h"
 #include "runtime/memory.h"
 #include "runtime/rng.h"
@@ -178,9 +179,24 @@ static void carve_activation_grads(pt_gpt_slice *s, carver *cv)
     s->dscratch_3c = carve(cv, N * 3 * C);
     s->dscratch_fc_gelu = carve(cv, N * 4 * C);
     s->dscratch_fc = carve(cv, N * 4 * C);
+    size_t rows, weight;
+    pt_gpt_matmul_scratch(s, &rows, &weight);
+    s->bf16_rows = rows;
+    if (!rows) return;
+    s->bf16_in = (pt_bf16 *)carve(cv, (rows + 1) / 2);
+    s->bf16_out = (pt_bf16 *)carve(cv, (rows + 1) / 2);
+    s->bf16_weight = (pt_bf16 *)carve(cv, (weight + 1) / 2);
 }
 
 /* ---- creation ------------------------------------------------------------ */
+
+pt_gpt_config pt_gpt_config_from_settings(const pipert_config *cfg)
+{
+    const pt_model_settings *m = &cfg->model;
+    return (pt_gpt_config){m->n_layer,     m->n_embd,      m->n_head,
+                           m->block_size,  m->vocab_size,  m->tie_weights,
+                           cfg->runtime.precision};
+}
 
 pipert_result pt_gpt_config_check(const pt_gpt_config *c, const char *where)
 {
@@ -400,17 +416,17 @@ static void block_forward(pt_gpt_slice *s, int b)
     const float *x = block_input(s, b);
 
     k->layernorm_forward(a->ln_1, a->ln_1_mean, a->ln_1_rstd, x, p->ln_1_weight, p->ln_1_bias, N, C);
-    k->matmul_forward(a->qkv, a->ln_1, p->c_attn_weight, p->c_attn_bias, N, C, 3 * C, PT_WEIGHT_IN_OUT);
+    pt_gpt_matmul_forward(s, a->qkv, a->ln_1, p->c_attn_weight, p->c_attn_bias, N, C, 3 * C, PT_WEIGHT_IN_OUT);
     k->attention_forward(a->atty, a->att, a->qkv, B, T, C, NH);
-    k->matmul_forward(a->residual_2, a->atty, p->attn_proj_weight, p->attn_proj_bias, N, C, C,
+    pt_gpt_matmul_forward(s, a->residual_2, a->atty, p->attn_proj_weight, p->attn_proj_bias, N, C, C,
                       PT_WEIGHT_IN_OUT);
     k->residual_forward(a->residual_2, a->residual_2, x, (size_t)N * C);
 
     k->layernorm_forward(a->ln_2, a->ln_2_mean, a->ln_2_rstd, a->residual_2, p->ln_2_weight,
                          p->ln_2_bias, N, C);
-    k->matmul_forward(a->fc, a->ln_2, p->c_fc_weight, p->c_fc_bias, N, C, 4 * C, PT_WEIGHT_IN_OUT);
+    pt_gpt_matmul_forward(s, a->fc, a->ln_2, p->c_fc_weight, p->c_fc_bias, N, C, 4 * C, PT_WEIGHT_IN_OUT);
     k->gelu_forward(a->fc_gelu, a->fc, (size_t)N * 4 * C);
-    k->matmul_forward(a->residual_3, a->fc_gelu, p->mlp_proj_weight, p->mlp_proj_bias, N, 4 * C, C,
+    pt_gpt_matmul_forward(s, a->residual_3, a->fc_gelu, p->mlp_proj_weight, p->mlp_proj_bias, N, 4 * C, C,
                       PT_WEIGHT_IN_OUT);
     k->residual_forward(a->residual_3, a->residual_3, a->residual_2, (size_t)N * C);
 }
@@ -431,7 +447,7 @@ static void head_forward_logits(pt_gpt_slice *s)
     const int N = s->B * s->T, C = s->config.n_embd, V = s->config.vocab_size;
     k->layernorm_forward(s->ln_f, s->ln_f_mean, s->ln_f_rstd, pt_gpt_output(s), s->head.ln_f_weight,
                          s->head.ln_f_bias, N, C);
-    k->matmul_forward(s->logits, s->ln_f, s->head.lm_head, NULL, N, C, V, PT_WEIGHT_OUT_IN);
+    pt_gpt_matmul_forward(s, s->logits, s->ln_f, s->head.lm_head, NULL, N, C, V, PT_WEIGHT_OUT_IN);
 }
 
 static float mean_loss(const pt_gpt_slice *s)
@@ -479,24 +495,24 @@ static void block_backward(pt_gpt_slice *s, int b)
 
     /* MLP branch: residual_3 = residual_2 + c_proj(gelu(c_fc(ln_2(residual_2)))) */
     k->zero(s->dscratch_fc_gelu, 4 * NC * sizeof(float));
-    k->matmul_backward(s->dscratch_fc_gelu, g->mlp_proj_weight, g->mlp_proj_bias, dres, a->fc_gelu,
+    pt_gpt_matmul_backward(s, s->dscratch_fc_gelu, g->mlp_proj_weight, g->mlp_proj_bias, dres, a->fc_gelu,
                        p->mlp_proj_weight, N, 4 * C, C, PT_WEIGHT_IN_OUT);
     k->zero(s->dscratch_fc, 4 * NC * sizeof(float));
     k->gelu_backward(s->dscratch_fc, a->fc, s->dscratch_fc_gelu, 4 * NC);
     k->zero(s->dscratch_c, NC * sizeof(float));
-    k->matmul_backward(s->dscratch_c, g->c_fc_weight, g->c_fc_bias, s->dscratch_fc, a->ln_2,
+    pt_gpt_matmul_backward(s, s->dscratch_c, g->c_fc_weight, g->c_fc_bias, s->dscratch_fc, a->ln_2,
                        p->c_fc_weight, N, C, 4 * C, PT_WEIGHT_IN_OUT);
     k->layernorm_backward(dres, g->ln_2_weight, g->ln_2_bias, s->dscratch_c, a->residual_2,
                           p->ln_2_weight, a->ln_2_mean, a->ln_2_rstd, N, C);
 
     /* attention branch: residual_2 = x + c_proj(attn(c_attn(ln_1(x)))) */
     k->zero(s->dscratch_c, NC * sizeof(float));
-    k->matmul_backward(s->dscratch_c, g->attn_proj_weight, g->attn_proj_bias, dres, a->atty,
+    pt_gpt_matmul_backward(s, s->dscratch_c, g->attn_proj_weight, g->attn_proj_bias, dres, a->atty,
                        p->attn_proj_weight, N, C, C, PT_WEIGHT_IN_OUT);
     k->zero(s->dscratch_3c, 3 * NC * sizeof(float));
     k->attention_backward(s->dscratch_3c, s->dscratch_c, a->qkv, a->att, B, T, C, NH);
     k->zero(s->dscratch_c, NC * sizeof(float));
-    k->matmul_backward(s->dscratch_c, g->c_attn_weight, g->c_attn_bias, s->dscratch_3c, a->ln_1,
+    pt_gpt_matmul_backward(s, s->dscratch_c, g->c_attn_weight, g->c_attn_bias, s->dscratch_3c, a->ln_1,
                        p->c_attn_weight, N, C, 3 * C, PT_WEIGHT_IN_OUT);
     k->layernorm_backward(dres, g->ln_1_weight, g->ln_1_bias, s->dscratch_c, x, p->ln_1_weight,
                           a->ln_1_mean, a->ln_1_rstd, N, C);
@@ -509,7 +525,7 @@ static void head_backward(pt_gpt_slice *s)
     const int N = s->B * s->T, C = s->config.n_embd, V = s->config.vocab_size;
     const size_t NC = (size_t)N * C;
     k->zero(s->dscratch_c, NC * sizeof(float));
-    k->matmul_backward(s->dscratch_c, s->head_grads.lm_head, NULL, s->logits, s->ln_f,
+    pt_gpt_matmul_backward(s, s->dscratch_c, s->head_grads.lm_head, NULL, s->logits, s->ln_f,
                        s->head.lm_head, N, C, V, PT_WEIGHT_OUT_IN);
     k->zero(s->dresidual, NC * sizeof(float));
     k->layernorm_backward(s->dresidual, s->head_grads.ln_f_weight, s->head_grads.ln_f_bias,

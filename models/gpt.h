@@ -19,10 +19,14 @@
 #include <stdint.h>
 
 #include "kernels/kernels.h"
+#include "runtime/config.h"
 
 typedef struct pt_gpt_config {
     int n_layer, n_embd, n_head, block_size, vocab_size;
     bool tie_weights; /* lm_head is wte (whole-model slices only) */
+    /* the matrix products' operands (runtime.precision; models/gpt_matmul.c); not a shape:
+     * checkpoints and stages of either precision fit each other */
+    pt_precision precision;
 } pt_gpt_config;
 
 #define PT_TENSOR_NAME_MAX 64
@@ -108,7 +112,15 @@ typedef struct pt_gpt_slice {
     float *dscratch_c;  /* [N, C]  d ln_1 / d atty / d ln_2 / d ln_f, one at a time */
     float *dscratch_3c; /* [N, 3C] d qkv */
     float *dscratch_fc_gelu, *dscratch_fc; /* [N, 4C] each */
+    /* precision = bf16 (models/gpt_matmul.c): the products' operands, rounded as they are
+     * used: an input's or upstream gradient's rows (bf16_rows elements each of bf16_in,
+     * bf16_out), the weight matrix (bf16_weight) */
+    pt_bf16 *bf16_in, *bf16_out, *bf16_weight;
+    size_t bf16_rows;
 } pt_gpt_slice;
+
+/* The model part of a configuration: its shape, and runtime.precision for its products. */
+pt_gpt_config pt_gpt_config_from_settings(const pipert_config *cfg);
 
 /* Validates the sizes; `where` names the source in errors. */
 pipert_result pt_gpt_config_check(const pt_gpt_config *config, const char *where);

@@ -11,6 +11,7 @@
 #include "runtime/safetensors.h"
 #include "runtime/log.h"
 #include "runtime/memory.h"
+#include "train/checkpoint.h"
 #include "train/optimizer.h"
 
 /* How long one wait for a message lasts before should_stop is asked again. */
@@ -111,9 +112,7 @@ static pipert_result alloc_slot_tables(pt_stage_executor *ex)
 
 static pipert_result build_model(pt_stage_executor *ex)
 {
-    const pt_model_settings *m = &ex->config.model;
-    pt_gpt_config model = {m->n_layer, m->n_embd, m->n_head, m->block_size, m->vocab_size,
-                           m->tie_weights};
+    const pt_gpt_config model = pt_gpt_config_from_settings(&ex->config);
     PT_TRY(pt_gpt_slice_create(&ex->model, &model, ex->options.first_layer, ex->options.last_layer,
                                ex->B, ex->T, ex->kernels));
     PT_TRY(pt_gpt_init(ex->model, (uint64_t)ex->config.seed));

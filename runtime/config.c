@@ -97,6 +97,8 @@ typedef struct config_key {
 /* The names of the settings that are one of a list, indexed by their values. */
 static const char *const device_names[] = {
     [PT_DEVICE_CPU] = "cpu", [PT_DEVICE_CUDA] = "cuda", [PT_DEVICE_CPU_GUARDED] = "cpu-guarded"};
+static const char *const precision_names[] = {[PT_PRECISION_FP32] = "fp32",
+                                              [PT_PRECISION_BF16] = "bf16"};
 static const char *const schedule_names[] = {[PT_SCHEDULE_GPIPE] = "gpipe",
                                              [PT_SCHEDULE_1F1B] = "1f1b",
                                              [PT_SCHEDULE_ASYNC_1F1B] = "async-1f1b"};
@@ -130,6 +132,7 @@ static const char *const format_names[] = {
 static const char *const sampling_names[] = {[PT_SAMPLING_RANDOM] = "random",
                                              [PT_SAMPLING_SEQUENTIAL] = "sequential"};
 _Static_assert(sizeof device_names / sizeof *device_names == PT_DEVICE_KINDS, "runtime.device");
+_Static_assert(sizeof precision_names / sizeof *precision_names == PT_PRECISIONS, "precision");
 _Static_assert(sizeof schedule_names / sizeof *schedule_names == PT_SCHEDULE_KINDS, "schedule");
 _Static_assert(sizeof lookahead_names / sizeof *lookahead_names == PT_LOOKAHEADS, "lookahead");
 _Static_assert(sizeof optimizer_names / sizeof *optimizer_names == PT_OPTIMIZER_KINDS, "optimizer");
@@ -140,7 +143,8 @@ _Static_assert(sizeof penalty_names / sizeof *penalty_names == PT_CO2_PENALTIES,
 _Static_assert(sizeof format_names / sizeof *format_names == PT_DATA_FORMATS, "data.format");
 _Static_assert(sizeof sampling_names / sizeof *sampling_names == PT_SAMPLINGS, "data.sampling");
 /* a choice's field is written and read as an int */
-_Static_assert(sizeof(pt_device_kind) == sizeof(int) && sizeof(pt_schedule_kind) == sizeof(int) &&
+_Static_assert(sizeof(pt_device_kind) == sizeof(int) && sizeof(pt_precision) == sizeof(int) &&
+                   sizeof(pt_schedule_kind) == sizeof(int) &&
                    sizeof(pt_lookahead) == sizeof(int) && sizeof(pt_optimizer_kind) == sizeof(int) &&
                    sizeof(pt_codec_kind) == sizeof(int) && sizeof(pt_sparse_rule) == sizeof(int) &&
                    sizeof(pt_co2_penalty) == sizeof(int) && sizeof(pt_data_format) == sizeof(int) &&
@@ -203,6 +207,10 @@ static const config_key schema[] = {
     CHOICE_KEY(runtime.device, device_names, "cpu",
                "where the kernels run; cpu-guarded: the CPU kernels on memory the host cannot "
                "read outside them, as on a GPU (tests: any direct host access crashes)"),
+    CHOICE_KEY(runtime.precision, precision_names, "fp32",
+               "the matrix products' operands (weights, their inputs, the gradients they take): "
+               "fp32, or rounded to bf16 with fp32 accumulation (tensor cores on a GPU); the "
+               "master weights, gradients, optimizer, norms, attention and softmax stay fp32"),
     BOOL_KEY(runtime.authenticate_messages, false,
              "a MAC and a sequence number on every message between workers: forged, altered "
              "and replayed messages are refused (every worker of the job must agree)"),

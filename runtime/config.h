@@ -53,6 +53,7 @@ typedef struct pt_data_settings {
 typedef struct pt_runtime_settings {
     int threads;                       /* compute threads; 0 = every core of this machine */
     pt_device_kind device;             /* where the kernels run */
+    pt_precision precision;            /* the matrix products' operands */
     bool authenticate_messages;        /* a MAC on every message between workers */
     int coordinator_check_steps;       /* how often the ranks agree whether the coordinator is gone */
 } pt_runtime_settings;

@@ -15,6 +15,13 @@ typedef enum pt_device_kind {
     PT_DEVICE_KINDS
 } pt_device_kind;
 
+/* runtime.precision: models/gpt.c (the matrix products' operands) */
+typedef enum pt_precision {
+    PT_PRECISION_FP32, /* every operand fp32 */
+    PT_PRECISION_BF16, /* the matrix products' operands rounded to bf16, fp32 accumulation */
+    PT_PRECISIONS
+} pt_precision;
+
 /* pipeline.schedule: pipeline/schedule.c */
 typedef enum pt_schedule_kind {
     PT_SCHEDULE_GPIPE,      /* all forwards, all backwards, one optimizer step (flush) */

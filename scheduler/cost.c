@@ -52,13 +52,6 @@ static int coupling_copies(const pipert_config *config, const pt_coupling_method
     return device && device->gpu ? method->device_param_copies : method->param_copies;
 }
 
-static pt_gpt_config model_of(const pipert_config *config)
-{
-    const pt_model_settings *m = &config->model;
-    return (pt_gpt_config){m->n_layer, m->n_embd, m->n_head, m->block_size, m->vocab_size,
-                           m->tie_weights};
-}
-
 pipert_result pt_cost_stage(const pipert_config *config, const pt_stage_plan *plan, int stage,
                             const pt_cost_device *device, pt_stage_cost *out)
 {
@@ -73,7 +66,7 @@ pipert_result pt_cost_stage(const pipert_config *config, const pt_stage_plan *pl
                        stage, device->flops, device->efficiency, device->memory_bytes_per_s);
     const pt_coupling_method *method = pt_coupling_method_of(config->dp.method);
     if (!method) return PIPERT_ERR_CONFIG;
-    const pt_gpt_config model = model_of(config);
+    const pt_gpt_config model = pt_gpt_config_from_settings(config);
     const int B = config->train.batch_size, T = config->model.block_size;
     out->first = plan->bounds[stage];
     out->last = plan->bounds[stage + 1];

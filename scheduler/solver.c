@@ -9,12 +9,6 @@
 #include "runtime/error.h"
 #include "scheduler/job_model.h"
 
-static pt_gpt_config model_of(const pipert_config *c)
-{
-    return (pt_gpt_config){c->model.n_layer, c->model.n_embd, c->model.n_head,
-                           c->model.block_size, c->model.vocab_size, c->model.tie_weights};
-}
-
 /* ---- the split: a dynamic programme over (stage, blocks) ----------------------- */
 
 /* Whether stage s of S holding blocks [k, l) fits in `memory` bytes (≤ 0: no limit). */
@@ -33,7 +27,7 @@ static bool stage_fits(const pipert_config *config, int S, int s, int k, int l, 
 pipert_result pt_solver_split_within(const pipert_config *config, int S, const double *speed,
                                      const double *memory, int *bounds)
 {
-    const pt_gpt_config model = model_of(config);
+    const pt_gpt_config model = pt_gpt_config_from_settings(config);
     const int L = model.n_layer, T = model.block_size;
     if (S < 1 || S > L || S > PT_PLAN_MAX_STAGES)
         return pt_fail(PIPERT_ERR_INVALID_ARG, "split: %d stages for %d blocks", S, L);

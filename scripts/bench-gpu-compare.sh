@@ -26,9 +26,10 @@ python=${PYTHON:-python3}
 pipert_rate() { sed -n 's/^median step [0-9.]* ms, \([0-9]*\) tokens\/s.*/\1/p' "$1" | tail -n 1; }
 
 rows=()
-for flag in "" --tf32; do
-  name="pipert fp32${flag:+ ($flag)}"
-  log="$out/pipert${flag:+-tf32}.log"
+for flag in "" --tf32 --bf16; do
+  mode=${flag#--}
+  name="pipert ${mode:-fp32}"
+  log="$out/pipert${mode:+-$mode}.log"
   # shellcheck disable=SC2086
   if "$build/tests/bench_cuda" $shape --steps 10 $flag >"$log" 2>&1; then
     rows+=("$name|$(pipert_rate "$log")|")

@@ -9,8 +9,7 @@
 pipert_result pt_session_stage_plan(const pipert_session *s, int stages, pt_stage_plan *plan)
 {
     const pt_model_settings *m = &s->config.model;
-    pt_gpt_config model = {m->n_layer, m->n_embd, m->n_head, m->block_size, m->vocab_size,
-                           m->tie_weights};
+    const pt_gpt_config model = pt_gpt_config_from_settings(&s->config);
     if (s->config.plan.layers[0]) return pt_plan_parse(s->config.plan.layers, m->n_layer, stages, plan);
     return pt_plan_balanced(&model, m->block_size, stages, plan);
 }

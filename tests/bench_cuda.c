@@ -6,7 +6,8 @@
  *   bench_cuda --train [--steps N]  N (default 100) steps, the loss of each
  *   options: --batch B --seq T --layers L --width C --heads H --vocab V
  *            --steps N --warmup W --lr LR --data PATH (text or llm.c shard)
- *            --tf32 (let fp32 GEMMs use TF32) --profile (per-kernel times)
+ *            --tf32 (let fp32 GEMMs use TF32) --bf16 (runtime.precision=bf16: the matrix
+ *            products' operands in bf16 on tensor cores) --profile (per-kernel times)
  *
  * Throughput is tokens per second over the median timed step (the executor
  * synchronizes the device at the end of each step). MFU counts the model's
@@ -39,14 +40,14 @@ typedef struct bench_options {
     int steps, warmup;
     double lr;
     const char *data;
-    int train, tf32, profile;
+    int train, tf32, bf16, profile;
 } bench_options;
 
 static void usage(void)
 {
     fprintf(stderr, "usage: bench_cuda [--train] [--steps N] [--warmup W] [--batch B] [--seq T] "
                     "[--layers L] [--width C] [--heads H] [--vocab V] [--lr LR] [--data PATH] "
-                    "[--tf32] [--profile]\n");
+                    "[--tf32] [--bf16] [--profile]\n");
 }
 
 static int parse_options(int argc, char **argv, bench_options *o)
@@ -69,6 +70,7 @@ static int parse_options(int argc, char **argv, bench_options *o)
         else if (!strcmp(a, "--data") && value) o->data = value, i++;
         else if (!strcmp(a, "--train")) o->train = 1;
         else if (!strcmp(a, "--tf32")) o->tf32 = 1;
+        else if (!strcmp(a, "--bf16")) o->bf16 = 1;
         else if (!strcmp(a, "--profile")) o->profile = 1;
         else {
             usage();
@@ -119,7 +121,8 @@ static int configure(pipert_config *cfg, const bench_options *o, const char *dat
            set(cfg, "train.batch_size=%d", o->batch) &&
            set(cfg, "train.steps=%d", o->warmup + o->steps) && set(cfg, "train.lr=%g", o->lr) &&
            set(cfg, "train.warmup_steps=%d", o->train ? 10 : 0) &&
-           set(cfg, "data.path=\"%s\"", data);
+           set(cfg, "data.path=\"%s\"", data) &&
+           set(cfg, "runtime.precision=%s", o->bf16 ? "bf16" : "fp32");
 }
 
 static void print_profile(void)
@@ -158,9 +161,9 @@ static int run(const bench_options *o, const char *data)
     const pt_gpt_config *model = &slice->config;
     const double tokens_per_step = (double)o->batch * o->seq;
     const double flops_per_token = pt_gpt_flops_per_token(model, o->seq);
-    printf("%s (compute capability %d.%d, %d SMs), arena %zu MiB, TF32 %s\n", device.name,
-           device.major, device.minor, device.sm_count, device.arena_bytes >> 20,
-           o->tf32 ? "on" : "off");
+    printf("%s (compute capability %d.%d, %d SMs), arena %zu MiB, TF32 %s, products in %s\n",
+           device.name, device.major, device.minor, device.sm_count, device.arena_bytes >> 20,
+           o->tf32 ? "on" : "off", o->bf16 ? "bf16" : "fp32");
     printf("model: %d layers, %d wide, %d heads, T=%d, vocabulary %d, %.1fM parameters; B=%d; "
            "data %s\n",
            model->n_layer, model->n_embd, model->n_head, o->seq, model->vocab_size,

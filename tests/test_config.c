@@ -100,8 +100,8 @@ static const char *const all_keys[] = {
     "data.val_fraction", "data.sampling", "dp.method", "dp.compress", "dp.block", "dp.delay",
     "dp.fraction", "dp.partition_block", "dp.rule", "dp.lambda", "dp.ema_warmup_steps", "dp.period", "dp.outer_lr",
     "dp.outer_momentum", "dp.fragments", "dp.overlap", "dp.alpha", "dp.penalty", "dp.penalty_value",
-    "dp.clip", "dp.nccl", "runtime.threads", "runtime.device", "runtime.authenticate_messages",
-    "runtime.coordinator_check_steps", "pipeline.schedule",
+    "dp.clip", "dp.nccl", "runtime.threads", "runtime.device", "runtime.precision",
+    "runtime.authenticate_messages", "runtime.coordinator_check_steps", "pipeline.schedule",
     "pipeline.lookahead", "pipeline.lookahead_warmup", "pipeline.dc_lambda", "pipeline.sync_steps",
     "pipeline.microbatches", "pipeline.recompute", "pipeline.trace",
     "wan.bandwidth", "wan.latency", "plan.layers", "seed",
@@ -152,6 +152,7 @@ Test(config, defaults)
     cr_expect_eq(cfg->data.val_fraction, 0.1);
     cr_expect_eq(cfg->runtime.threads, 0);
     cr_expect_eq(cfg->runtime.device, PT_DEVICE_CPU);
+    cr_expect_eq(cfg->runtime.precision, PT_PRECISION_FP32);
     cr_expect_eq(cfg->seed, 1337);
     cr_expect_eq(pt_config_validate(cfg), PIPERT_OK, "defaults do not validate: %s", pipert_last_error());
     pipert_config_free(cfg);
@@ -818,6 +819,7 @@ Test(config, every_choice_is_a_row_of_its_owners_table)
     cr_expect_eq(pt_config_choice_value("dp.penalty", "adaptive"), PT_PENALTY_ADAPTIVE);
     cr_expect_eq(pt_config_choice_value("data.sampling", "sequential"), PT_SAMPLING_SEQUENTIAL);
     cr_expect_eq(pt_config_choice_value("data.format", "tokens"), PT_DATA_TOKENS);
+    cr_expect_eq(pt_config_choice_value("runtime.precision", "bf16"), PT_PRECISION_BF16);
     cr_expect_eq(pt_config_choice_value("pipeline.lookahead", "sgd"), -1);
     cr_expect(strstr(pipert_last_error(), "pipeline.lookahead: unknown \"sgd\" (known: none|stash"),
               "%s", pipert_last_error());

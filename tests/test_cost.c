@@ -23,18 +23,12 @@ static pipert_config config_with(const char *json)
 static const pt_cost_device device = {.flops = 1e12, .efficiency = 0.5, .memory_bytes = 1e10,
                                       .memory_bytes_per_s = 1e10};
 
-static pt_gpt_config model_of(const pipert_config *c)
-{
-    return (pt_gpt_config){c->model.n_layer, c->model.n_embd, c->model.n_head,
-                           c->model.block_size, c->model.vocab_size, c->model.tie_weights};
-}
-
 /* One stage holding the whole model does the model's FLOPs per token
  * (models/gpt.h: 6N + 12·L·C·T), a third forward. */
 Test(cost, one_stage_does_the_models_flops)
 {
     pipert_config c = config_with("{\"model\": {\"tie_weights\": false}}");
-    const pt_gpt_config model = model_of(&c);
+    const pt_gpt_config model = pt_gpt_config_from_settings(&c);
     pt_stage_plan plan;
     cr_assert_eq(pt_plan_balanced(&model, c.model.block_size, 1, &plan), PIPERT_OK);
     pt_stage_cost cost;
@@ -59,7 +53,7 @@ Test(cost, activations_follow_the_device_attention)
     pipert_config cpu = config_with("{\"model\": {\"n_layer\": 4}}");
     pipert_config cuda = config_with("{\"model\": {\"n_layer\": 4}, \"runtime\": {\"device\": \"cuda\"}}");
     pt_stage_plan one;
-    const pt_gpt_config model = model_of(&cpu);
+    const pt_gpt_config model = pt_gpt_config_from_settings(&cpu);
     cr_assert_eq(pt_plan_balanced(&model, cpu.model.block_size, 1, &one), PIPERT_OK);
     pt_stage_cost a, b;
     cr_assert_eq(pt_cost_stage(&cpu, &one, 0, &device, &a), PIPERT_OK);
@@ -82,7 +76,7 @@ Test(cost, stages_share_the_flops_and_keep_their_weight_copies)
                  "{\"model\": {\"n_layer\": 8, \"tie_weights\": false}, \"pipeline\": "
                  "{\"schedule\": \"%s\", \"lookahead\": \"%s\"}}", schedules[k], lookaheads[k]);
         pipert_config c = config_with(json);
-        const pt_gpt_config model = model_of(&c);
+        const pt_gpt_config model = pt_gpt_config_from_settings(&c);
         pt_stage_plan one, four;
         cr_assert_eq(pt_plan_balanced(&model, c.model.block_size, 1, &one), PIPERT_OK);
         cr_assert_eq(pt_plan_parse("2,2,2,2", 8, 4, &four), PIPERT_OK);
@@ -113,7 +107,7 @@ Test(cost, refusals)
 {
     pipert_config c = config_with("{}");
     pt_stage_plan plan;
-    const pt_gpt_config model = model_of(&c);
+    const pt_gpt_config model = pt_gpt_config_from_settings(&c);
     cr_assert_eq(pt_plan_balanced(&model, c.model.block_size, 2, &plan), PIPERT_OK);
     pt_stage_cost cost;
     pt_cost_device slow = device;
@@ -151,7 +145,7 @@ static void bytes_per_step(const char *method_args, const char *method_json, int
              "{\"model\": {\"n_layer\": 3, \"n_embd\": 32, \"n_head\": 2, \"block_size\": 32}, "
              "\"train\": {\"batch_size\": 4}, \"dp\": %s}", method_json);
     pipert_config c = config_with(json);
-    const pt_gpt_config model = model_of(&c);
+    const pt_gpt_config model = pt_gpt_config_from_settings(&c);
     pt_stage_plan plan;
     cr_assert_eq(pt_plan_balanced(&model, 32, 1, &plan), PIPERT_OK);
     pt_stage_cost cost;
@@ -219,7 +213,7 @@ Test(cost, simulate_one_worker_is_the_cost_models_step, .timeout = 60)
                               "--model.block_size=32 --train.batch_size=4");
     pipert_config c = config_with("{\"model\": {\"n_layer\": 3, \"n_embd\": 32, \"n_head\": 2, "
                                   "\"block_size\": 32}, \"train\": {\"batch_size\": 4}}");
-    const pt_gpt_config model = model_of(&c);
+    const pt_gpt_config model = pt_gpt_config_from_settings(&c);
     pt_stage_plan plan;
     cr_assert_eq(pt_plan_balanced(&model, 32, 1, &plan), PIPERT_OK);
     const pt_cost_device dev = {1e10, 0.5, 0, 10e9, 0};

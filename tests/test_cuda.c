@@ -180,6 +180,8 @@ Test(cuda, table_is_complete)
         (void (*)(void))k->encoder_forward, (void (*)(void))k->encoder_backward,
         (void (*)(void))k->layernorm_forward, (void (*)(void))k->layernorm_backward,
         (void (*)(void))k->matmul_forward, (void (*)(void))k->matmul_backward,
+        (void (*)(void))k->cast_to_bf16, (void (*)(void))k->matmul_forward_bf16,
+        (void (*)(void))k->matmul_backward_bf16,
         (void (*)(void))k->attention_forward, (void (*)(void))k->attention_backward,
         (void (*)(void))k->attention_saved_floats, (void (*)(void))k->gelu_forward,
         (void (*)(void))k->gelu_backward, (void (*)(void))k->residual_forward,
@@ -775,35 +777,57 @@ static trained_model train_one_step(const pt_kernels *k, const pt_gpt_config *co
     return m;
 }
 
-Test(cuda, training_step_matches_cpu)
+/* One training step of `config` on the GPU against the CPU table: the loss before and after
+ * within loss_tol of the CPU's, every gradient within grad_tol (expect_close), and the step
+ * lowering the loss. */
+static void expect_training_step_like_cpu(const pt_gpt_config *config, float loss_tol,
+                                          double grad_tol)
 {
     const pt_kernels *gpu = cuda_or_skip();
-    const pt_gpt_config config = {.n_layer = 2, .n_embd = 64, .n_head = 4, .block_size = 64,
-                                  .vocab_size = 101};
     const int B = 2, T = 64;
-    int32_t *tokens = random_tokens((size_t)B * T, config.vocab_size);
-    int32_t *targets = random_tokens((size_t)B * T, config.vocab_size);
-    trained_model on_cpu = train_one_step(cpu(), &config, B, T, tokens, targets);
-    trained_model on_gpu = train_one_step(gpu, &config, B, T, tokens, targets);
-
-    cr_expect(fabsf(on_gpu.loss_before - on_cpu.loss_before) <= 1e-4f * on_cpu.loss_before,
-              "loss: cuda %.7f, cpu %.7f", on_gpu.loss_before, on_cpu.loss_before);
+    int32_t *tokens = random_tokens((size_t)B * T, config->vocab_size);
+    int32_t *targets = random_tokens((size_t)B * T, config->vocab_size);
+    trained_model on_cpu = train_one_step(cpu(), config, B, T, tokens, targets);
+    trained_model on_gpu = train_one_step(gpu, config, B, T, tokens, targets);
+    const char *precision = config->precision == PT_PRECISION_BF16 ? "bf16" : "fp32";
+    cr_expect(fabsf(on_gpu.loss_before - on_cpu.loss_before) <= loss_tol * on_cpu.loss_before,
+              "%s loss: cuda %.7f, cpu %.7f", precision, on_gpu.loss_before, on_cpu.loss_before);
     float *grads = download(gpu, on_gpu.slice->grads, on_gpu.slice->n_params);
     for (int i = 0; i < on_cpu.slice->n_tensors; i++) {
         const pt_gpt_tensor *t = &on_cpu.slice->tensors[i];
         char what[96];
-        snprintf(what, sizeof what, "gradient of %s", t->name);
-        expect_close(what, grads + t->offset, on_cpu.slice->grads + t->offset, t->numel, LONG_TOL);
+        snprintf(what, sizeof what, "%s gradient of %s", precision, t->name);
+        expect_close(what, grads + t->offset, on_cpu.slice->grads + t->offset, t->numel, grad_tol);
     }
-    cr_expect(fabsf(on_gpu.loss_after - on_cpu.loss_after) <= 1e-4f * on_cpu.loss_after,
-              "loss after one AdamW step: cuda %.7f, cpu %.7f", on_gpu.loss_after,
+    cr_expect(fabsf(on_gpu.loss_after - on_cpu.loss_after) <= loss_tol * on_cpu.loss_after,
+              "%s loss after one AdamW step: cuda %.7f, cpu %.7f", precision, on_gpu.loss_after,
               on_cpu.loss_after);
-    cr_expect(on_gpu.loss_after < on_gpu.loss_before, "one step on the same batch did not lower "
-              "the loss: %.7f, then %.7f", on_gpu.loss_before, on_gpu.loss_after);
+    cr_expect(on_gpu.loss_after < on_gpu.loss_before, "one %s step on the same batch did not "
+              "lower the loss: %.7f, then %.7f", precision, on_gpu.loss_before, on_gpu.loss_after);
     free(grads);
+    free(tokens);
+    free(targets);
     pt_optimizer_free(&on_gpu.optimizer), pt_optimizer_free(&on_cpu.optimizer);
     pt_gpt_slice_free(on_gpu.slice), pt_gpt_slice_free(on_cpu.slice);
     expect_no_cuda_error();
+}
+
+Test(cuda, training_step_matches_cpu)
+{
+    const pt_gpt_config config = {.n_layer = 2, .n_embd = 64, .n_head = 4, .block_size = 64,
+                                  .vocab_size = 101};
+    expect_training_step_like_cpu(&config, 1e-4f, LONG_TOL);
+}
+
+/* runtime.precision = bf16: the model's products on tensor cores against the CPU's emulation
+ * (the fp32 products of the same rounded operands). The operands are rounded alike, but from
+ * inputs that already differ in their last fp32 bits (sums in another order), so an operand
+ * may round to the neighbouring bf16: BF16_TOL, not LONG_TOL. */
+Test(cuda, training_step_in_bf16_matches_the_cpus_emulation)
+{
+    const pt_gpt_config config = {.n_layer = 2, .n_embd = 64, .n_head = 4, .block_size = 64,
+                                  .vocab_size = 101, .precision = PT_PRECISION_BF16};
+    expect_training_step_like_cpu(&config, 1e-3f, BF16_TOL);
 }
 
 /* A pipeline stage's activation sets take the place of the slice's first one: the arena's

@@ -13,6 +13,7 @@
  * The sanitizer build of scripts/test.sh runs every command test on this
  * table too (tests/pipert_on_device.sh). */
 #include <criterion/criterion.h>
+#include <math.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -277,4 +278,35 @@ Test(guard, streaming_diloco, .timeout = 300)
 {
     expect_same_job("--replicas 2 --dp.method=streaming-diloco --dp.period=4 --dp.compress=int8", 1, 2,
                     "2 replicas, streaming-diloco int8");
+}
+
+/* runtime.precision = bf16 (models/gpt_matmul.c): the products' operands rounded through the
+ * table's scratch, in a pipeline of replicas, the same bits on both tables. */
+Test(guard, bf16_products_in_a_pipeline_of_replicas, .timeout = 300)
+{
+    expect_same_job("--stages 2 --replicas 2 --dp.method=allreduce --runtime.precision=bf16", 2,
+                    2, "2 stages x 2 replicas, bf16");
+}
+
+/* ... and a bf16 job follows the fp32 one: each step's loss within 1% (bf16's rounding, a few
+ * 2^-9 per operand, compounded over 10 steps), yet not equal (the rounding is in effect). */
+Test(guard, bf16_trains_like_fp32, .timeout = 300)
+{
+    char *exact = make_temp_dir(), *rounded = make_temp_dir();
+    const char *job = "launch --quiet --stages 2 --out %s " MODEL
+                      " --train.steps=%d --runtime.device=cpu-guarded --runtime.precision=%s";
+    run_pipert_ok(job, exact, STEPS, "fp32");
+    run_pipert_ok(job, rounded, STEPS, "bf16");
+    double a[MAX_STEPS] = {0}, b[MAX_STEPS] = {0};
+    cr_assert_eq(read_metric_steps(exact, "metrics.jsonl", "loss", a, MAX_STEPS), STEPS);
+    cr_assert_eq(read_metric_steps(rounded, "metrics.jsonl", "loss", b, MAX_STEPS), STEPS);
+    int differ = 0;
+    for (int i = 0; i < STEPS; i++) {
+        cr_expect(fabs(b[i] - a[i]) <= 1e-2 * a[i], "step %d: bf16 %.7g, fp32 %.7g", i + 1, b[i],
+                  a[i]);
+        differ += a[i] != b[i];
+    }
+    cr_expect_gt(differ, 0, "bf16 gave fp32's losses bit for bit: is it in effect?");
+    remove_dir(exact);
+    remove_dir(rounded);
 }

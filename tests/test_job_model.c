@@ -32,9 +32,7 @@ static pt_job_model build_on(const pipert_config *config, int S, int R, const in
     for (int a = 0; a < n_sites; a++)
         for (int b = 0; b < n_sites; b++)
             links[a * n_sites + b] = a == b ? (pt_sim_link){1.25e9, 1e-5} : (pt_sim_link){1.25e8, 0.01};
-    const pt_gpt_config model = {config->model.n_layer, config->model.n_embd,
-                                 config->model.n_head, config->model.block_size,
-                                 config->model.vocab_size, config->model.tie_weights};
+    const pt_gpt_config model = pt_gpt_config_from_settings(config);
     cr_assert_eq(pt_plan_balanced(&model, config->model.block_size, S, &plan), PIPERT_OK);
     const pt_job_model_input in = {.config = config, .plan = &plan, .replicas = R,
                                    .devices = devices, .site_of = site_of, .n_sites = n_sites,

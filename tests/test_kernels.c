@@ -121,7 +121,8 @@ Test(kernels, cpu_table_is_complete)
         (void (*)(void))k->encoder_forward, (void (*)(void))k->encoder_backward,
         (void (*)(void))k->layernorm_forward, (void (*)(void))k->layernorm_backward,
         (void (*)(void))k->matmul_forward, (void (*)(void))k->matmul_backward,
-        (void (*)(void))k->attention_forward, (void (*)(void))k->attention_backward,
+        (void (*)(void))k->cast_to_bf16, (void (*)(void))k->matmul_forward_bf16,
+        (void (*)(void))k->matmul_backward_bf16, (void (*)(void))k->attention_forward, (void (*)(void))k->attention_backward,
         (void (*)(void))k->attention_saved_floats,
         (void (*)(void))k->gelu_forward, (void (*)(void))k->gelu_backward,
         (void (*)(void))k->residual_forward, (void (*)(void))k->crossentropy_forward,
@@ -347,6 +348,103 @@ static void check_matmul_gradients(pt_weight_layout layout)
 
 Test(kernels, matmul_gradients_in_out) { check_matmul_gradients(PT_WEIGHT_IN_OUT); }
 Test(kernels, matmul_gradients_out_in) { check_matmul_gradients(PT_WEIGHT_OUT_IN); }
+
+/* ---- bf16 operands --------------------------------------------------------- */
+
+static float bf16_value(pt_bf16 b)
+{
+    const uint32_t bits = (uint32_t)b << 16;
+    float x;
+    memcpy(&x, &bits, sizeof x);
+    return x;
+}
+
+/* The bf16 nearest to x, ties to the even one, found by comparing the two bf16 that bracket
+ * it in double (not by the kernel's carry trick); x finite. */
+static pt_bf16 nearest_bf16(float x)
+{
+    uint32_t bits;
+    memcpy(&bits, &x, sizeof bits);
+    const pt_bf16 down = (pt_bf16)(bits >> 16), up = (pt_bf16)(down + 1);
+    const double below = fabs((double)x - bf16_value(down)), above = fabs((double)x - bf16_value(up));
+    if (below != above) return below < above ? down : up;
+    return (down & 1u) ? up : down;
+}
+
+Test(kernels, bf16_cast_rounds_to_the_nearest_ties_to_even)
+{
+    const size_t n = 5003;
+    float *x = random_floats(n, -1e3f, 1e3f);
+    x[0] = 1.0f + 0x1p-8f;     /* a tie: to 1 (even) */
+    x[1] = 1.0f + 3 * 0x1p-8f; /* a tie: to 1 + 2^-6 (even) */
+    x[2] = -0.0f, x[3] = 3.0e38f, x[4] = 1e-40f; /* a subnormal */
+    x[5] = 0x1.fffffep127f;                     /* rounds up to infinity */
+    pt_bf16 *b = malloc(n * sizeof *b);
+    cpu()->cast_to_bf16(b, x, n);
+    for (size_t i = 0; i < n; i++)
+        if (i != 5)
+            cr_expect_eq(b[i], nearest_bf16(x[i]), "bf16(%.9g): 0x%04x, nearest 0x%04x", x[i], b[i],
+                         nearest_bf16(x[i]));
+    cr_expect_eq(b[0], 0x3f80, "1 + 2^-8: 0x%04x", b[0]);
+    cr_expect_eq(b[1], 0x3f82, "1 + 3·2^-8: 0x%04x", b[1]);
+    cr_expect_eq(b[2], 0x8000, "-0 keeps its sign: 0x%04x", b[2]);
+    cr_expect_eq(b[5], 0x7f80, "the largest float rounds to infinity: 0x%04x", b[5]);
+    float special[2] = {INFINITY, NAN};
+    pt_bf16 out[2];
+    cpu()->cast_to_bf16(out, special, 2);
+    cr_expect_eq(out[0], 0x7f80, "infinity: 0x%04x", out[0]);
+    cr_expect(isnan(bf16_value(out[1])), "NaN stays NaN: 0x%04x", out[1]);
+    free(x);
+    free(b);
+}
+
+/* The bf16 products are the products of the rounded operands, summed in fp32: against naive
+ * loops in double over the rounded values (forward), and against matmul_backward on them. */
+static void check_matmul_bf16(pt_weight_layout layout)
+{
+    const int rows = 37, Cin = 19, Cout = 23;
+    float *inp = random_floats(rows * Cin, -1, 1), *W = random_floats(Cin * Cout, -1, 1);
+    float *bias = random_floats(Cout, -1, 1), *dout = random_floats(rows * Cout, -1, 1);
+    pt_bf16 *inp16 = malloc(sizeof(pt_bf16) * rows * Cin), *W16 = malloc(sizeof(pt_bf16) * Cin * Cout),
+            *dout16 = malloc(sizeof(pt_bf16) * rows * Cout);
+    cpu()->cast_to_bf16(inp16, inp, (size_t)rows * Cin);
+    cpu()->cast_to_bf16(W16, W, (size_t)Cin * Cout);
+    cpu()->cast_to_bf16(dout16, dout, (size_t)rows * Cout);
+    for (int i = 0; i < rows * Cin; i++) inp[i] = bf16_value(inp16[i]);
+    for (int i = 0; i < Cin * Cout; i++) W[i] = bf16_value(W16[i]);
+    for (int i = 0; i < rows * Cout; i++) dout[i] = bf16_value(dout16[i]);
+
+    float *out = random_floats(rows * Cout, -9, 9);
+    cpu()->matmul_forward_bf16(out, inp16, W16, bias, rows, Cin, Cout, layout);
+    double *expected = malloc(sizeof(double) * rows * Cout);
+    for (int n = 0; n < rows; n++)
+        for (int o = 0; o < Cout; o++) {
+            double acc = bias[o];
+            for (int c = 0; c < Cin; c++)
+                acc += (double)inp[n * Cin + c] * weight_at(W, c, o, Cin, Cout, layout);
+            expected[n * Cout + o] = acc;
+        }
+    check_close("bf16 matmul out", out, expected, (size_t)rows * Cout, 1e-5, 1e-5);
+
+    float *dinp = zero_floats(rows * Cin), *dW = zero_floats(Cin * Cout), *db = zero_floats(Cout);
+    float *dinp32 = zero_floats(rows * Cin), *dW32 = zero_floats(Cin * Cout),
+          *db32 = zero_floats(Cout);
+    cpu()->matmul_backward_bf16(dinp, dW, db, dout16, inp16, W16, rows, Cin, Cout, layout);
+    cpu()->matmul_backward(dinp32, dW32, db32, dout, inp, W, rows, Cin, Cout, layout);
+    cr_expect_eq(memcmp(dinp, dinp32, sizeof(float) * rows * Cin), 0, "bf16 dinp");
+    cr_expect_eq(memcmp(dW, dW32, sizeof(float) * Cin * Cout), 0, "bf16 dweight");
+    cr_expect_eq(memcmp(db, db32, sizeof(float) * Cout), 0, "bf16 dbias");
+    cpu()->matmul_backward_bf16(dinp, dW, db, dout16, inp16, W16, rows, Cin, Cout, layout);
+    check_doubled("bf16 matmul dweight", dW32, dW, Cin * Cout);
+    free(inp), free(W), free(bias), free(dout), free(inp16), free(W16), free(dout16);
+    free(out), free(expected), free(dinp), free(dW), free(db), free(dinp32), free(dW32), free(db32);
+}
+
+Test(kernels, bf16_products_are_the_fp32_products_of_the_rounded_operands)
+{
+    check_matmul_bf16(PT_WEIGHT_IN_OUT);
+    check_matmul_bf16(PT_WEIGHT_OUT_IN);
+}
 
 /* ---- attention ------------------------------------------------------------- */
 

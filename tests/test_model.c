@@ -188,6 +188,66 @@ Test(model, slices_compose_to_the_whole_model)
     pt_gpt_slice_free(second);
 }
 
+/* runtime.precision = bf16: the products' operands are rounded to bf16 (8 significant bits, a
+ * relative error of at most 2^-9 each) and everything else stays fp32, so the loss and the
+ * gradient stay within a few such roundings of the fp32 model's, and differ from them (the
+ * rounding is in effect). */
+static void check_bf16_follows_fp32(pt_gpt_config c)
+{
+    pt_gpt_slice *exact = make_slice(&c, 0, c.n_layer);
+    c.precision = PT_PRECISION_BF16;
+    pt_gpt_slice *rounded = make_slice(&c, 0, c.n_layer);
+    cr_expect_gt(rounded->n_grad_acts, exact->n_grad_acts, "bf16 has its operands' scratch");
+    scramble_params(exact);
+    scramble_params(rounded);
+    random_tokens(exact->tokens, exact->targets, c.vocab_size, 9);
+    memcpy(rounded->tokens, exact->tokens, sizeof(int32_t) * B * T);
+    memcpy(rounded->targets, exact->targets, sizeof(int32_t) * B * T);
+    float loss32, loss16;
+    pt_gpt_slice *both[2] = {exact, rounded};
+    for (int m = 0; m < 2; m++) {
+        pt_gpt_zero_grads(both[m]);
+        pt_gpt_forward(both[m], 1.0f, m ? &loss16 : &loss32);
+        pt_gpt_backward(both[m], NULL);
+    }
+    cr_expect(fabsf(loss16 - loss32) <= 1e-2f * loss32 && loss16 != loss32,
+              "loss: bf16 %.7f, fp32 %.7f", loss16, loss32);
+    double diff = 0, norm = 0;
+    for (int i = 0; i < exact->n_tensors; i++) {
+        const pt_gpt_tensor *t = &exact->tensors[i];
+        double d = 0, n = 0;
+        for (size_t j = t->offset; j < t->offset + t->numel; j++) {
+            const double g32 = exact->grads[j], g16 = rounded->grads[j];
+            d += (g16 - g32) * (g16 - g32);
+            n += g32 * g32;
+        }
+        cr_expect(sqrt(d) <= 5e-2 * sqrt(n) + 1e-6, "%s: bf16 gradient off by %.3g of its norm",
+                  t->name, sqrt(d / (n > 0 ? n : 1)));
+        diff += d, norm += n;
+    }
+    cr_expect(sqrt(diff) <= 2e-2 * sqrt(norm) && diff > 0,
+              "the bf16 gradient is off by %.3g of its norm", sqrt(diff / norm));
+    pt_gpt_slice_free(exact);
+    pt_gpt_slice_free(rounded);
+}
+
+Test(model, bf16_products_follow_the_fp32_model)
+{
+    check_bf16_follows_fp32(tiny);
+    pt_gpt_config tied = tiny;
+    tied.tie_weights = true;
+    check_bf16_follows_fp32(tied);
+}
+
+/* A vocabulary wider than the row buffers (V = 700 > N·4C = 320 values) sends the head's
+ * gradient through in chunks of rows (one here): the same within bf16's rounding. */
+Test(model, bf16_head_gradient_in_chunks_of_rows_follows_the_fp32_model)
+{
+    pt_gpt_config wide = tiny;
+    wide.vocab_size = 700;
+    check_bf16_follows_fp32(wide);
+}
+
 Test(model, bad_slices_and_sizes_are_refused)
 {
     pt_gpt_slice *s = NULL;

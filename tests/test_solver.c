@@ -19,16 +19,10 @@ static pipert_config config_with(const char *json)
     return config;
 }
 
-static pt_gpt_config model_of(const pipert_config *c)
-{
-    return (pt_gpt_config){c->model.n_layer, c->model.n_embd, c->model.n_head,
-                           c->model.block_size, c->model.vocab_size, c->model.tie_weights};
-}
-
 /* The slowest stage of a split. */
 static double slowest(const pipert_config *c, int S, const int *bounds, const double *speed)
 {
-    const pt_gpt_config m = model_of(c);
+    const pt_gpt_config m = pt_gpt_config_from_settings(c);
     double worst = 0;
     for (int s = 0; s < S; s++)
         worst = fmax(worst, pt_plan_stage_flops(&m, m.block_size, bounds[s], bounds[s + 1]) / speed[s]);

@@ -139,9 +139,7 @@ static pipert_result build_job(const pipert_config *cfg, const simulate_args *a,
     const int S = a->stages, R = a->replicas;
     if (R * S > MAX_RANKS)
         return pt_fail(PIPERT_ERR_INVALID_ARG, "simulate: %d ranks (at most %d)", R * S, MAX_RANKS);
-    const pt_gpt_config model = {cfg->model.n_layer, cfg->model.n_embd, cfg->model.n_head,
-                                 cfg->model.block_size, cfg->model.vocab_size,
-                                 cfg->model.tie_weights};
+    const pt_gpt_config model = pt_gpt_config_from_settings(cfg);
     if (cfg->plan.layers[0])
         PT_TRY(pt_plan_parse(cfg->plan.layers, model.n_layer, S, &m->plan));
     else

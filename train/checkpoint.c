@@ -17,13 +17,6 @@
 #include "runtime/log.h"
 #include "runtime/memory.h"
 
-pt_gpt_config pt_gpt_config_from_settings(const pipert_config *cfg)
-{
-    const pt_model_settings *m = &cfg->model;
-    return (pt_gpt_config){m->n_layer, m->n_embd, m->n_head, m->block_size, m->vocab_size,
-                           m->tie_weights};
-}
-
 /* ---- tensors ------------------------------------------------------------- */
 
 pipert_result pt_gpt_add_to_writer(pt_safetensors_writer *w, const pt_gpt_slice *slice,

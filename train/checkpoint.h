@@ -271,7 +271,5 @@ pipert_result pt_gpt_add_to_writer(pt_safetensors_writer *w, const pt_gpt_slice 
  * `pipert check`; command-line overrides apply after it. */
 pipert_result pt_model_settings_from_file(const pt_safetensors *st, pipert_config *cfg);
 
-/* The model part of a configuration. */
-pt_gpt_config pt_gpt_config_from_settings(const pipert_config *cfg);
 
 #endif

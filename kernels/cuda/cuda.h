@@ -95,9 +95,7 @@ double pt_cuda_peak_flops(const char *device_name, int bf16);
 
 /* ---- bf16 ------------------------------------------------------------------ */
 
-/* bfloat16 as its 16 bits (the upper half of a float). */
-typedef uint16_t pt_bf16;
-
+/* pt_bf16: kernels.h. */
 /* out[n] = round-to-nearest-even(inp[n]), and back (exact). */
 void pt_cuda_cast_to_bf16(pt_bf16 *out, const float *inp, size_t n);
 void pt_cuda_cast_from_bf16(float *out, const pt_bf16 *inp, size_t n);

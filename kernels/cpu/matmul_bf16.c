@@ -1,0 +1,76 @@
+/* The matrix products with bf16 operands on the CPU (kernels.h, runtime.precision = bf16): an
+ * emulation, for tests and for checking a bf16 run without a GPU. Each bf16 operand is widened
+ * back to fp32 (exact: a bf16 is the upper half of a float) and the fp32 product of
+ * matmul.c runs on it, so the result is the fp32 GEMM of the rounded values: what a tensor core
+ * computes, up to the order of its fp32 sums. No faster than fp32.
+ *
+ * Naive reading: as matmul.c, with every inp, weight and dout value x read as bf16(x). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cpu/cpu.h"
+
+/* Round to nearest even (the rounding of CUDA's __float2bfloat16_rn); a NaN stays a NaN. */
+static pt_bf16 to_bf16(float x)
+{
+    uint32_t bits;
+    memcpy(&bits, &x, sizeof bits);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return (pt_bf16)((bits >> 16) | 0x0040u);
+    bits += 0x7fffu + ((bits >> 16) & 1u);
+    return (pt_bf16)(bits >> 16);
+}
+
+void pt_cpu_cast_to_bf16(pt_bf16 *out, const float *inp, size_t n)
+{
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) out[i] = to_bf16(inp[i]);
+}
+
+/* x as fp32 values in a new buffer (free it), or NULL when memory is short. */
+static float *widened(const pt_bf16 *x, size_t n)
+{
+    float *out = malloc((n ? n : 1) * sizeof *out);
+    if (!out) return NULL;
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        const uint32_t bits = (uint32_t)x[i] << 16;
+        memcpy(&out[i], &bits, sizeof bits);
+    }
+    return out;
+}
+
+/* A kernel has no error path: a product that could not get its memory leaves NaN in what it
+ * writes, which the step's loss and the gradient norm then show. */
+static void poison(float *x, size_t n)
+{
+    for (size_t i = 0; x && i < n; i++) x[i] = NAN;
+}
+
+void pt_cpu_matmul_forward_bf16(float *out, const pt_bf16 *inp, const pt_bf16 *weight,
+                                const float *bias, int N, int C, int OC, pt_weight_layout layout)
+{
+    float *in = widened(inp, (size_t)N * C), *w = widened(weight, (size_t)C * OC);
+    if (in && w) pt_cpu_matmul_forward(out, in, w, bias, N, C, OC, layout);
+    else poison(out, (size_t)N * OC);
+    free(in);
+    free(w);
+}
+
+void pt_cpu_matmul_backward_bf16(float *dinp, float *dweight, float *dbias, const pt_bf16 *dout,
+                                 const pt_bf16 *inp, const pt_bf16 *weight, int N, int C, int OC,
+                                 pt_weight_layout layout)
+{
+    float *d = widened(dout, (size_t)N * OC), *in = widened(inp, (size_t)N * C),
+          *w = widened(weight, (size_t)C * OC);
+    if (d && in && w) {
+        pt_cpu_matmul_backward(dinp, dweight, dbias, d, in, w, N, C, OC, layout);
+    } else {
+        poison(dinp, (size_t)N * C);
+        poison(dweight, (size_t)C * OC);
+        poison(dbias, (size_t)OC);
+    }
+    free(d);
+    free(in);
+    free(w);
+}
