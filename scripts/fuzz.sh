@@ -4,7 +4,7 @@
 # build-fuzz/crashes/NAME/; new inputs go to a scratch copy of the corpus
 # (fuzz/corpus/ changes only when you copy a regression input there).
 #   scripts/fuzz.sh                    every harness for 60 s
-#   scripts/fuzz.sh -t 5               every harness for 5 s (scripts/test.sh)
+#   scripts/fuzz.sh -t 3               every harness for 3 s (scripts/test.sh)
 #   scripts/fuzz.sh -r 1000000 config  one harness for a million executions
 # Options: -t SECONDS (default 60), -r RUNS (then no time limit),
 # -b BUILD_DIR (default build-fuzz); names after the

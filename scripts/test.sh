@@ -23,7 +23,7 @@ ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
   meson test -C build-sanitize --print-errorlogs --timeout-multiplier 4 --no-suite release_only
 # Both builds replayed fuzz/corpus/ (suite fuzz); now a few seconds of real
 # fuzzing per harness, in clang's libFuzzer build (scripts/fuzz.sh, build-fuzz).
-scripts/fuzz.sh -t 5
+scripts/fuzz.sh -t 3
 
 # `meson install` gives a usable library: install into a staging root and
 # build a program against it through pkg-config.
