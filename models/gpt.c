@@ -416,18 +416,20 @@ static void block_forward(pt_gpt_slice *s, int b)
     const float *x = block_input(s, b);
 
     k->layernorm_forward(a->ln_1, a->ln_1_mean, a->ln_1_rstd, x, p->ln_1_weight, p->ln_1_bias, N, C);
-    pt_gpt_matmul_forward(s, a->qkv, a->ln_1, p->c_attn_weight, p->c_attn_bias, N, C, 3 * C, PT_WEIGHT_IN_OUT);
+    pt_gpt_matmul_forward(s, a->qkv, a->ln_1, p->c_attn_weight, p->c_attn_bias, N, C, 3 * C,
+                          PT_WEIGHT_IN_OUT);
     k->attention_forward(a->atty, a->att, a->qkv, B, T, C, NH);
-    pt_gpt_matmul_forward(s, a->residual_2, a->atty, p->attn_proj_weight, p->attn_proj_bias, N, C, C,
-                      PT_WEIGHT_IN_OUT);
+    pt_gpt_matmul_forward(s, a->residual_2, a->atty, p->attn_proj_weight, p->attn_proj_bias, N, C,
+                          C, PT_WEIGHT_IN_OUT);
     k->residual_forward(a->residual_2, a->residual_2, x, (size_t)N * C);
 
     k->layernorm_forward(a->ln_2, a->ln_2_mean, a->ln_2_rstd, a->residual_2, p->ln_2_weight,
                          p->ln_2_bias, N, C);
-    pt_gpt_matmul_forward(s, a->fc, a->ln_2, p->c_fc_weight, p->c_fc_bias, N, C, 4 * C, PT_WEIGHT_IN_OUT);
+    pt_gpt_matmul_forward(s, a->fc, a->ln_2, p->c_fc_weight, p->c_fc_bias, N, C, 4 * C,
+                          PT_WEIGHT_IN_OUT);
     k->gelu_forward(a->fc_gelu, a->fc, (size_t)N * 4 * C);
-    pt_gpt_matmul_forward(s, a->residual_3, a->fc_gelu, p->mlp_proj_weight, p->mlp_proj_bias, N, 4 * C, C,
-                      PT_WEIGHT_IN_OUT);
+    pt_gpt_matmul_forward(s, a->residual_3, a->fc_gelu, p->mlp_proj_weight, p->mlp_proj_bias, N,
+                          4 * C, C, PT_WEIGHT_IN_OUT);
     k->residual_forward(a->residual_3, a->residual_3, a->residual_2, (size_t)N * C);
 }
 
@@ -495,25 +497,25 @@ static void block_backward(pt_gpt_slice *s, int b)
 
     /* MLP branch: residual_3 = residual_2 + c_proj(gelu(c_fc(ln_2(residual_2)))) */
     k->zero(s->dscratch_fc_gelu, 4 * NC * sizeof(float));
-    pt_gpt_matmul_backward(s, s->dscratch_fc_gelu, g->mlp_proj_weight, g->mlp_proj_bias, dres, a->fc_gelu,
-                       p->mlp_proj_weight, N, 4 * C, C, PT_WEIGHT_IN_OUT);
+    pt_gpt_matmul_backward(s, s->dscratch_fc_gelu, g->mlp_proj_weight, g->mlp_proj_bias, dres,
+                           a->fc_gelu, p->mlp_proj_weight, N, 4 * C, C, PT_WEIGHT_IN_OUT);
     k->zero(s->dscratch_fc, 4 * NC * sizeof(float));
     k->gelu_backward(s->dscratch_fc, a->fc, s->dscratch_fc_gelu, 4 * NC);
     k->zero(s->dscratch_c, NC * sizeof(float));
     pt_gpt_matmul_backward(s, s->dscratch_c, g->c_fc_weight, g->c_fc_bias, s->dscratch_fc, a->ln_2,
-                       p->c_fc_weight, N, C, 4 * C, PT_WEIGHT_IN_OUT);
+                           p->c_fc_weight, N, C, 4 * C, PT_WEIGHT_IN_OUT);
     k->layernorm_backward(dres, g->ln_2_weight, g->ln_2_bias, s->dscratch_c, a->residual_2,
                           p->ln_2_weight, a->ln_2_mean, a->ln_2_rstd, N, C);
 
     /* attention branch: residual_2 = x + c_proj(attn(c_attn(ln_1(x)))) */
     k->zero(s->dscratch_c, NC * sizeof(float));
     pt_gpt_matmul_backward(s, s->dscratch_c, g->attn_proj_weight, g->attn_proj_bias, dres, a->atty,
-                       p->attn_proj_weight, N, C, C, PT_WEIGHT_IN_OUT);
+                           p->attn_proj_weight, N, C, C, PT_WEIGHT_IN_OUT);
     k->zero(s->dscratch_3c, 3 * NC * sizeof(float));
     k->attention_backward(s->dscratch_3c, s->dscratch_c, a->qkv, a->att, B, T, C, NH);
     k->zero(s->dscratch_c, NC * sizeof(float));
-    pt_gpt_matmul_backward(s, s->dscratch_c, g->c_attn_weight, g->c_attn_bias, s->dscratch_3c, a->ln_1,
-                       p->c_attn_weight, N, C, 3 * C, PT_WEIGHT_IN_OUT);
+    pt_gpt_matmul_backward(s, s->dscratch_c, g->c_attn_weight, g->c_attn_bias, s->dscratch_3c,
+                           a->ln_1, p->c_attn_weight, N, C, 3 * C, PT_WEIGHT_IN_OUT);
     k->layernorm_backward(dres, g->ln_1_weight, g->ln_1_bias, s->dscratch_c, x, p->ln_1_weight,
                           a->ln_1_mean, a->ln_1_rstd, N, C);
 }
@@ -526,7 +528,7 @@ static void head_backward(pt_gpt_slice *s)
     const size_t NC = (size_t)N * C;
     k->zero(s->dscratch_c, NC * sizeof(float));
     pt_gpt_matmul_backward(s, s->dscratch_c, s->head_grads.lm_head, NULL, s->logits, s->ln_f,
-                       s->head.lm_head, N, C, V, PT_WEIGHT_OUT_IN);
+                           s->head.lm_head, N, C, V, PT_WEIGHT_OUT_IN);
     k->zero(s->dresidual, NC * sizeof(float));
     k->layernorm_backward(s->dresidual, s->head_grads.ln_f_weight, s->head_grads.ln_f_bias,
                           s->dscratch_c, pt_gpt_output(s), s->head.ln_f_weight, s->ln_f_mean,

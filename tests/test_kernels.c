@@ -366,7 +366,8 @@ static pt_bf16 nearest_bf16(float x)
     uint32_t bits;
     memcpy(&bits, &x, sizeof bits);
     const pt_bf16 down = (pt_bf16)(bits >> 16), up = (pt_bf16)(down + 1);
-    const double below = fabs((double)x - bf16_value(down)), above = fabs((double)x - bf16_value(up));
+    const double below = fabs((double)x - bf16_value(down));
+    const double above = fabs((double)x - bf16_value(up));
     if (below != above) return below < above ? down : up;
     return (down & 1u) ? up : down;
 }
@@ -405,8 +406,9 @@ static void check_matmul_bf16(pt_weight_layout layout)
     const int rows = 37, Cin = 19, Cout = 23;
     float *inp = random_floats(rows * Cin, -1, 1), *W = random_floats(Cin * Cout, -1, 1);
     float *bias = random_floats(Cout, -1, 1), *dout = random_floats(rows * Cout, -1, 1);
-    pt_bf16 *inp16 = malloc(sizeof(pt_bf16) * rows * Cin), *W16 = malloc(sizeof(pt_bf16) * Cin * Cout),
-            *dout16 = malloc(sizeof(pt_bf16) * rows * Cout);
+    pt_bf16 *inp16 = malloc(sizeof(pt_bf16) * rows * Cin);
+    pt_bf16 *W16 = malloc(sizeof(pt_bf16) * Cin * Cout);
+    pt_bf16 *dout16 = malloc(sizeof(pt_bf16) * rows * Cout);
     cpu()->cast_to_bf16(inp16, inp, (size_t)rows * Cin);
     cpu()->cast_to_bf16(W16, W, (size_t)Cin * Cout);
     cpu()->cast_to_bf16(dout16, dout, (size_t)rows * Cout);
