@@ -185,4 +185,37 @@ pipert_result pt_allgather_then(pt_group *g, pt_group_ticket ticket, const void 
 pipert_result pt_alltoall_then(pt_group *g, pt_group_ticket ticket, const void *send,
                                size_t nbytes_each, void *recv, pt_collective_done done, void *arg);
 
+/* ---- messages in device memory (collective_device.c) ----------------------
+ *
+ * For a collective that reduces in a kernel table's memory, built above this file
+ * (dp/device_mean.h): member to member under a ticket it took, as device payloads
+ * (transport.h, "Device payloads": the receiver copies the sender's device memory) where the
+ * receiver copies this member's memory, else as bytes from a host copy the caller made.
+ * Messages between two members under one ticket match receives in the order they were sent.
+ * `member` is a position in the group. */
+
+/* 1 if this member copies device memory from every other member of g: it has told each of
+ * them so (or does as soon as their connection is ready), so when every member says 1, all of
+ * them may send each other device payloads. Known without a message; a member not yet
+ * connected counts as not copied from. */
+int pt_group_copies_device_memory(const pt_group *g);
+
+/* 1 if `member` has said it copies this member's device memory and count floats are above the
+ * transport's inline size: pt_group_send_device may send them; else send a host copy. */
+int pt_group_takes_device_payload(const pt_group *g, int member, size_t count);
+
+/* Sends count floats of device memory (the device work that wrote them finished) to `member`;
+ * they stay untouched until the request completes, which the receiver's copy ends. */
+pipert_result pt_group_send_device(pt_group *g, pt_group_ticket ticket, int member,
+                                   const float *device, size_t count, pt_request **out);
+
+/* Sends count floats of host memory to `member` (checksummed where the group is). */
+pipert_result pt_group_send(pt_group *g, pt_group_ticket ticket, int member, const float *host,
+                            size_t count, pt_request **out);
+
+/* Receives count floats from `member` into `device`, or into `host` if they came as bytes
+ * (pt_request_on_device says which); both hold count floats. */
+pipert_result pt_group_recv_device(pt_group *g, pt_group_ticket ticket, int member, float *host,
+                                   float *device, size_t count, pt_request **out);
+
 #endif

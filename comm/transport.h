@@ -335,6 +335,12 @@ void pt_transport_use_device_memory(pt_transport *t, const pt_device_memory *d);
  * pt_send_device may send it device buffers. */
 int pt_transport_peer_copies_device_memory(pt_transport *t, int rank);
 
+/* 1 if this transport copies device memory from `rank` (it uses device memory, the peer is
+ * alive and its memory readable from here): it has told the peer so, or tells it as soon as
+ * their connection is ready. The other half of pt_transport_peer_copies_device_memory, known
+ * here without waiting for a message. */
+int pt_transport_copies_device_memory_from(pt_transport *t, int rank);
+
 /* pt_send for a payload in device memory, to a peer that copies it (PIPERT_ERR_INVALID_ARG for
  * a live peer that does not, or a payload of at most PT_TRANSPORT_INLINE_BYTES: stage those
  * through the host; a peer that failed or left fails the request as pt_send's does). The device work that wrote the payload must have finished (synchronize first); the

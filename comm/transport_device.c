@@ -99,6 +99,15 @@ int pt_transport_peer_copies_device_memory(pt_transport *t, int rank)
     return yes;
 }
 
+int pt_transport_copies_device_memory_from(pt_transport *t, int rank)
+{
+    pthread_mutex_lock(&pt_transport_state_lock);
+    const int yes = t->device && pt_transport_peer_state_locked(t, rank) == PEER_ALIVE &&
+                    t->peers[rank].read_pid > 0;
+    pthread_mutex_unlock(&pt_transport_state_lock);
+    return yes;
+}
+
 /* ---- sending ------------------------------------------------------------- */
 
 pipert_result pt_send_device(pt_transport *t, int dst_rank, uint32_t user_tag,

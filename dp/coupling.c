@@ -275,8 +275,11 @@ static pipert_result retire(pt_coupling *c, void *buffer)
 /* A call cut short by a departure: this step averages nothing. */
 static pipert_result cut_short(pt_coupling *c, const pt_coupling_point *at, const char *where)
 {
-    pt_warn("replicas left the job during step %ld's %s: this step keeps its own values; the "
-            "coupling pauses until the survivors regroup", at->step, where);
+    pt_warn("replicas left the job during step %ld's %s: this step keeps its own values%s; the "
+            "coupling pauses until the survivors regroup", at->step, where,
+            c->method->gradients_on_device && c->method->gradients_on_device(c->state)
+                ? " (those averaged in device memory before: the regroup makes replicas equal)"
+                : "");
     pt_coupling_suspend(c);
     return PIPERT_OK;
 }
@@ -318,8 +321,10 @@ static pipert_result average_gradients_copied(pt_coupling *c, pt_coupling_point 
  * that averages gradients there with other replicas. */
 static bool reads_gradients(const pt_coupling *c)
 {
+    const pt_coupling_method *method = c->method;
+    const bool on_device = method->gradients_on_device && method->gradients_on_device(c->state);
     return (c->by_sites && c->options.site_replicas) ||
-           (method_has_peers(c) && c->method->after_backward && c->method->host_gradients);
+           (method_has_peers(c) && method->after_backward && method->host_gradients && !on_device);
 }
 
 pipert_result pt_coupling_after_backward(pt_coupling *c, pt_coupling_point *at)
@@ -327,7 +332,10 @@ pipert_result pt_coupling_after_backward(pt_coupling *c, pt_coupling_point *at)
     if (c->suspended) return PIPERT_OK;
     if (reads_gradients(c) && (c->elastic || !host_reads_kernel_memory(c)))
         return average_gradients_copied(c, at);
-    return average_gradients(c, at);
+    /* the kernels' memory itself: a mean on the devices (or nothing to average) */
+    const pipert_result rc = average_gradients(c, at);
+    if (rc == PIPERT_OK || !departed(c, rc)) return rc;
+    return cut_short(c, at, "gradient averaging");
 }
 
 pipert_result pt_coupling_after_step(pt_coupling *c, pt_coupling_point *at)

@@ -121,6 +121,12 @@ typedef struct pt_coupling_method {
      * A method without replicas to exchange with (options.replicas NULL) must leave both
      * alone: it is then handed the kernels' memory, uncopied. */
     bool host_gradients, host_parameters;
+    /* OPTIONAL, for a method with host_gradients: true while it averages the kernels' memory
+     * itself after all (allreduce between replicas that copy each other's device memory);
+     * asked at every after_backward. Such a mean cut short by a departure may leave the
+     * gradient partly averaged, which only a method with replicas_identical may do (the
+     * survivors are made equal when they regroup). */
+    bool (*gradients_on_device)(void *state);
     /* What the cost model charges it:
      *   traffic       its exchanges under `config` (NULL: it sends nothing);
      *   param_copies  parameter-sized buffers of its own (θ̃, momentum, an average),
@@ -185,7 +191,8 @@ pipert_result pt_coupling_load(pt_coupling *c, const pt_safetensors *st, const c
  * (options' replicas, site_replicas, leaders and sites). A call that was
  * waiting when replicas left returns PIPERT_OK having averaged nothing: its
  * gradient is this replica's own (after_backward works on a copy while the
- * job is elastic, so a collective cut short never leaves it half-reduced). */
+ * job is elastic, so a collective cut short never leaves it half-reduced), or,
+ * for a mean in device memory (gradients_on_device), partly averaged. */
 void pt_coupling_set_elastic(pt_coupling *c, bool elastic);
 void pt_coupling_suspend(pt_coupling *c);
 bool pt_coupling_suspended(const pt_coupling *c);

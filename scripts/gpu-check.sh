@@ -246,14 +246,19 @@ run() {
     { echo "  2 stages through host copies (PIPERT_DEVICE_PAYLOADS=0): $(python3 -c "$median_step" "$jobs/gpt2-two-staged/metrics.jsonl")"
       transfer_share "$jobs/gpt2-two-staged/trace.json" "$(python3 -c "$median_step" "$jobs/gpt2-one/metrics.jsonl")"; } ||
     echo "  2 stages through host copies: FAIL: $(why "$jobs/gpt2-two-staged")"
-  echo "  2 replicas sharing the GPU, each dp.method's step against none's (host copies of what they exchange):"
-  for method in none allreduce sparse diloco; do
+  echo "  2 replicas sharing the GPU, each dp.method's step against none's (allreduce: the mean in device memory,"
+  echo "  and through host copies with PIPERT_DEVICE_PAYLOADS=0; the others: host copies of what they exchange):"
+  for method in none allreduce allreduce-staged sparse diloco; do
+    payloads=1; [ "$method" = allreduce-staged ] && payloads=0
     # shellcheck disable=SC2086
-    timeout "$(left 90)" "$pipert" launch --quiet --replicas 2 --dp.method=$method $gpt2 --runtime.device=cuda \
+    PIPERT_DEVICE_PAYLOADS=$payloads timeout "$(left 90)" "$pipert" launch --quiet --replicas 2 \
+      --dp.method=${method%-staged} $gpt2 --runtime.device=cuda \
       --out "$jobs/gpt2-dp-$method" >"$jobs/gpt2-dp-$method.err" 2>&1 &&
       echo "    $method: $(python3 -c "$median_step" "$jobs/gpt2-dp-$method/metrics.jsonl")" ||
       echo "    $method: FAIL: $(why "$jobs/gpt2-dp-$method")"
   done
+  grep -h "replicas average their gradients" "$jobs"/gpt2-dp-allreduce/logs/rank-0.log |
+    sed 's/^[0-9:.]* info  /    /' || echo "    allreduce: no word of where the replicas averaged"
   echo "  device memory per rank: the cost model's need (what pipert simulate says) and the arena's high-water mark"
   grep -h -E "by the cost model|high-water" "$jobs"/gpt2-*/logs/*.log 2>/dev/null | sed 's/^[0-9:.]* info  /  /'
 

@@ -192,6 +192,20 @@ static void expect_device_to_device(const char *dir, const char *what)
     free(second);
 }
 
+/* The replicas of every stage averaged their gradients in device memory (dp/device_mean.h),
+ * not through host copies: each rank's log says so. */
+static void expect_device_mean(const char *dir, int ranks, const char *what)
+{
+    for (int r = 0; r < ranks; r++) {
+        char name[64];
+        snprintf(name, sizeof name, "/logs/rank-%d.log", r);
+        char *log = read_named(dir, name);
+        cr_expect(strstr(log, "replicas average their gradients in device memory"),
+                  "%s: rank %d's replicas averaged through the host:\n%s", what, r, log);
+        free(log);
+    }
+}
+
 /* Runs `layout` on both tables and compares each step's loss and every
  * checkpoint file of the last step (parameters, moments, stashes, the
  * coupling's state). */
@@ -204,6 +218,7 @@ static void expect_same_job(const char *layout, int stages, int replicas, const 
                        " --train.steps=%d --runtime.device=cpu-guarded",
                        layout, guarded, STEPS);
     if (stages > 1) expect_device_to_device(guarded, what);
+    if (replicas > 1 && strstr(layout, "allreduce")) expect_device_mean(guarded, stages * replicas, what);
     double a[MAX_STEPS] = {0}, b[MAX_STEPS] = {0};
     cr_assert_eq(read_metric_steps(cpu, "metrics.jsonl", "loss", a, MAX_STEPS), STEPS, "%s", what);
     cr_assert_eq(read_metric_steps(guarded, "metrics.jsonl", "loss", b, MAX_STEPS), STEPS, "%s", what);
@@ -266,6 +281,37 @@ Test(guard, pipeline_with_flush_and_recompute, .timeout = 300)
 Test(guard, replicas_averaging_gradients, .timeout = 300)
 {
     expect_same_job("--replicas 2 --dp.method=allreduce", 1, 2, "2 replicas, allreduce");
+}
+
+/* Three replicas average in device memory in the replicas' order (dp/device_mean.h), the
+ * ring in its own, so the losses differ in the last bits only: within 1e-5 of the CPU's
+ * over 10 steps. Through host copies (PIPERT_DEVICE_PAYLOADS=0) it is the CPU's ring,
+ * bit for bit. */
+Test(guard, three_replicas_average_in_device_memory, .timeout = 300)
+{
+    char *cpu = make_temp_dir(), *device = make_temp_dir(), *host = make_temp_dir();
+    const char *job = "launch --quiet --replicas 3 --dp.method=allreduce --out %s " MODEL
+                      " --train.steps=%d --runtime.device=%s";
+    run_pipert_ok(job, cpu, STEPS, "cpu");
+    run_pipert_ok_info(job, device, STEPS, "cpu-guarded");
+    run_pipert_ok_with("PIPERT_LOG=info PIPERT_DEVICE_PAYLOADS=0", job, host, STEPS, "cpu-guarded");
+    expect_device_mean(device, 3, "3 replicas");
+    char *log = read_named(host, "/logs/rank-0.log");
+    cr_expect(strstr(log, "replicas average their gradients through host copies"),
+              "3 replicas with PIPERT_DEVICE_PAYLOADS=0:\n%s", log);
+    free(log);
+    double a[MAX_STEPS] = {0}, b[MAX_STEPS] = {0}, c[MAX_STEPS] = {0};
+    cr_assert_eq(read_metric_steps(cpu, "metrics.jsonl", "loss", a, MAX_STEPS), STEPS);
+    cr_assert_eq(read_metric_steps(device, "metrics.jsonl", "loss", b, MAX_STEPS), STEPS);
+    cr_assert_eq(read_metric_steps(host, "metrics.jsonl", "loss", c, MAX_STEPS), STEPS);
+    for (int i = 0; i < STEPS; i++) {
+        cr_expect(fabs(b[i] - a[i]) <= 1e-5 * a[i], "step %d: device mean %.9g, cpu %.9g", i + 1,
+                  b[i], a[i]);
+        cr_expect_eq(c[i], a[i], "step %d: host copies %.9g, cpu %.9g", i + 1, c[i], a[i]);
+    }
+    remove_dir(cpu);
+    remove_dir(device);
+    remove_dir(host);
 }
 
 Test(guard, sparse_averaging_between_pipelines, .timeout = 300)
