@@ -60,8 +60,11 @@
  * steps as an uninterrupted one, so with a fixed dp.delay it continues with
  * the same losses.
  *
- * θ is read and written in host memory (host_parameters: on a GPU the
- * coupling hands after_step host copies of θ and the newest stash).
+ * θ and the newest stash are read and written at the partition's elements
+ * only (read_partition, write_partition): in place on the CPU; with kernels
+ * whose memory the host cannot read (cuda, cpu-guarded) through the table,
+ * which gathers θ[I] into a buffer of its own that is copied to the host, and
+ * scatters the new values back, so p·P floats cross each way instead of θ.
  * With one replica the method does nothing. */
 #include <math.h>
 #include <stdint.h>
@@ -91,6 +94,9 @@ static size_t slice_begin(size_t n, long parts, long k)
 }
 
 static uint32_t digest16(uint64_t h) { return (uint32_t)((h ^ h >> 16 ^ h >> 32 ^ h >> 48) & 0xffffu); }
+
+/* θ is host memory (cpu), else it is reached through the kernel table only. */
+static bool host_reads_theta(const sparse_state *s) { return s->options.kernels->host_accessible; }
 
 sparse_exchange *pt_sparse_queue_at(sparse_state *s, int k)
 {
@@ -263,9 +269,18 @@ static pipert_result set_up(sparse_state *s, const pt_gpt_slice *model)
     s->cursor = malloc((size_t)s->P * sizeof *s->cursor);
     s->short_unit_part = malloc((size_t)(model->n_tensors ? model->n_tensors : 1) *
                                 sizeof *s->short_unit_part);
-    if (!s->partitions || !s->ids || !s->cursor || !s->short_unit_part)
+    s->theta_now = malloc((max_count ? max_count : 1) * sizeof *s->theta_now);
+    if (!s->partitions || !s->ids || !s->cursor || !s->short_unit_part || !s->theta_now)
         return pt_fail(PIPERT_ERR_NOMEM, "dp sparse: no memory for the partitions of %zu parameters",
                        model->n_params);
+    if (!host_reads_theta(s)) {
+        const pt_kernels *k = s->options.kernels;
+        const size_t n = max_count ? max_count : 1;
+        PT_TRY(k->alloc((void **)&s->device_index, n * sizeof *s->device_index,
+                        "dp sparse: the partition's indices"));
+        PT_TRY(k->alloc((void **)&s->device_values, n * sizeof *s->device_values,
+                        "dp sparse: the partition's values"));
+    }
     if (s->loaded_ema && s->loaded_ema != model->n_params)
         return pt_fail(PIPERT_ERR_FORMAT,
                        "dp sparse: the checkpoint's EMA holds %zu values, the stage %zu parameters",
@@ -329,6 +344,39 @@ pipert_result pt_sparse_reserve(sparse_exchange *x, size_t count, int R)
     return PIPERT_OK;
 }
 
+/* ---- θ at a partition's elements --------------------------------------------- */
+
+/* out[i] = θ[index[i]], i < count: out is host memory. */
+static void read_partition(sparse_state *s, const float *theta, const uint32_t *index, size_t count,
+                           float *out)
+{
+    const pt_kernels *k = s->options.kernels;
+    if (host_reads_theta(s)) {
+        for (size_t i = 0; i < count; i++) out[i] = theta[index[i]];
+        return;
+    }
+    k->copy_to_device(s->device_index, index, count * sizeof *index);
+    k->gather(s->device_values, theta, s->device_index, count);
+    k->copy_to_host(out, s->device_values, count * sizeof *out);
+}
+
+/* θ[index[i]] = values[i], and the newest stash's too; on the table, the index is the one the
+ * last read_partition took. */
+static void write_partition(sparse_state *s, pt_coupling_point *at, const uint32_t *index,
+                            size_t count, const float *values)
+{
+    const pt_kernels *k = s->options.kernels;
+    if (host_reads_theta(s)) {
+        for (size_t i = 0; i < count; i++) at->params[index[i]] = values[i];
+        if (at->newest_stash)
+            for (size_t i = 0; i < count; i++) at->newest_stash[index[i]] = values[i];
+        return;
+    }
+    k->copy_to_device(s->device_values, values, count * sizeof *values);
+    k->scatter(at->params, s->device_index, s->device_values, count);
+    if (at->newest_stash) k->scatter(at->newest_stash, s->device_index, s->device_values, count);
+}
+
 /* x->index ← the partition of `step`; x->values = x->w_old ← θ there. */
 static void gather_partition(sparse_state *s, const pt_coupling_point *at, sparse_exchange *x)
 {
@@ -340,17 +388,17 @@ static void gather_partition(sparse_state *s, const pt_coupling_point *at, spars
         const uint32_t *members = s->partitions + tensor->offset;
         const size_t begin = partition_begin(s, tensor, t, part),
                      end = partition_begin(s, tensor, t, part + 1);
-        for (size_t k = begin; k < end; k++, count++) {
-            const uint32_t j = members[k];
-            x->index[count] = j;
-            x->w_old[count] = x->values[count] = at->params[j];
-            if (s->agreed) {
-                x->ref[count] = s->agreed[j];
-                x->values[count] -= s->agreed[j];
-            }
-        }
+        for (size_t k = begin; k < end; k++) x->index[count++] = members[k];
     }
     x->count = count;
+    read_partition(s, at->params, x->index, count, x->w_old);
+    for (size_t i = 0; i < count; i++) {
+        x->values[i] = x->w_old[i];
+        if (s->agreed) {
+            x->ref[i] = s->agreed[x->index[i]];
+            x->values[i] -= x->ref[i];
+        }
+    }
 }
 
 /* ---- descriptors ----------------------------------------------------------- */
@@ -596,22 +644,23 @@ pipert_result pt_sparse_arrive(sparse_state *s, sparse_exchange *x, bool wait)
 /* θ[I] from ā, by the rule; the newest stash follows. */
 static void apply(sparse_state *s, const sparse_exchange *x, pt_coupling_point *at)
 {
-    float *theta = at->params;
+    float *theta = s->theta_now; /* θ[I] now, then its new values */
+    read_partition(s, at->params, x->index, x->count, theta);
     const float mu = ema_decay(s, at->step), lambda = s->lambda;
     for (size_t i = 0; i < x->count; i++) {
         const uint32_t j = x->index[i];
-        const float average = x->values[i], drift = theta[j] - x->w_old[i];
+        const float average = x->values[i], drift = theta[i] - x->w_old[i];
         switch (s->rule) {
         case PT_RULE_EMA:
             s->ema[j] = mu * s->ema[j] + (1.0f - mu) * drift;
-            theta[j] = average + lambda * s->ema[j];
+            theta[i] = average + lambda * s->ema[j];
             break;
-        case PT_RULE_AVG: theta[j] = average; break;
-        case PT_RULE_DELTA: theta[j] = average + drift; break;
+        case PT_RULE_AVG: theta[i] = average; break;
+        case PT_RULE_DELTA: theta[i] = average + drift; break;
         case PT_SPARSE_RULES: break; /* refused by sparse_create */
         }
-        if (at->newest_stash) at->newest_stash[j] = theta[j];
     }
+    write_partition(s, at, x->index, x->count, theta);
 }
 
 /* Applies the oldest exchange (waiting for it if `wait`); PIPERT_ERR_TIMEOUT
@@ -766,6 +815,9 @@ static void sparse_destroy(void *state)
     free(s->ids);
     free(s->cursor);
     free(s->short_unit_part);
+    free(s->theta_now);
+    if (s->device_index) s->options.kernels->free(s->device_index);
+    if (s->device_values) s->options.kernels->free(s->device_values);
     free(s->ema);
     free(s->agreed);
     free(s->worker_error);
@@ -789,9 +841,10 @@ static double sparse_host_share(const pipert_config *config) { return config->dp
 const pt_coupling_method pt_dp_sparse = {
     .name = "sparse",
     .create = sparse_create,
-    .host_parameters = true, /* the partition is gathered from θ and written back on the host */
+    .host_parameters = false, /* it moves its partition between θ and the host itself */
     .traffic = sparse_traffic,
-    .param_copies = 2, /* the partition map and the EMA, in host memory (a codec adds one) */
+    .param_copies = 2, /* the partition map and the EMA, in host memory (a codec adds one); on
+                          a GPU two partitions' worth (2p·P) besides, not counted */
     .device_param_copies = 0,
     .host_share = sparse_host_share,
     .after_backward = sparse_after_backward,

@@ -86,6 +86,12 @@ typedef struct sparse_state {
      * does. agreed holds, per element, the last average every replica got
      * (bitwise the same everywhere), starting from the initial θ. */
     float *agreed;          /* [n_params], or NULL (dp.compress=none) */
+    /* θ[I] of an exchange being applied (host, [max_count]); with kernels whose memory the host
+     * cannot read, the partition crosses through the table: its indices and values in the
+     * kernels' memory ([max_count] each, else NULL), gathered from θ and scattered back. */
+    float *theta_now;
+    uint32_t *device_index;
+    float *device_values;
     size_t loaded_agreed;   /* elements a checkpoint brought (0: none) */
     size_t loaded_ema;      /* elements of e a checkpoint brought (0: none) */
     /* onebit: the error feedback of every parameter, worker and server side */

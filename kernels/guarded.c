@@ -275,6 +275,14 @@ static double g_sum(const float *x, size_t n)
     return r;
 }
 static void g_scale(float *x, float f, size_t n) { GUARDED(cpu->scale(x, f, n)); }
+static void g_gather(float *out, const float *src, const uint32_t *index, size_t n)
+{
+    GUARDED(cpu->gather(out, src, index, n));
+}
+static void g_scatter(float *dst, const uint32_t *index, const float *values, size_t n)
+{
+    GUARDED(cpu->scatter(dst, index, values, n));
+}
 
 /* ---- memory other processes copy from ---------------------------------------- */
 
@@ -376,6 +384,8 @@ static pt_kernels guarded = {
     .sum_squares = g_sum_squares,
     .sum = g_sum,
     .scale = g_scale,
+    .gather = g_gather,
+    .scatter = g_scatter,
 };
 
 static void bind_cpu(void)

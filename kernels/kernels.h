@@ -189,6 +189,12 @@ typedef struct pt_kernels {
     double (*sum_squares)(const float *x, size_t n);
     double (*sum)(const float *x, size_t n);
     void (*scale)(float *x, float factor, size_t n);
+
+    /* ---- indexed access (dp.method=sparse's partitions; index in this table's memory) ---- */
+    /* out[i] = src[index[i]] for i < n */
+    void (*gather)(float *out, const float *src, const uint32_t *index, size_t n);
+    /* dst[index[i]] = values[i] for i < n; the indices distinct */
+    void (*scatter)(float *dst, const uint32_t *index, const float *values, size_t n);
 } pt_kernels;
 
 /* The CPU backend (C + OpenBLAS + OpenMP). */

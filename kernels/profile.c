@@ -9,7 +9,7 @@ enum {
     K_ENCODER_FWD, K_ENCODER_BWD, K_LAYERNORM_FWD, K_LAYERNORM_BWD, K_MATMUL_FWD, K_MATMUL_BWD,
     K_CAST_BF16, K_MATMUL_FWD_BF16, K_MATMUL_BWD_BF16, K_ATTENTION_FWD, K_ATTENTION_BWD, K_GELU_FWD, K_GELU_BWD, K_RESIDUAL_FWD, K_XENT_FWD,
     K_XENT_FWD_BWD, K_ADAM, K_ADAM_EXTRAPOLATE, K_DELAY_COMPENSATE, K_SECANT_COMPENSATE,
-    K_SUM_SQUARES, K_SUM, K_SCALE, K_ZERO, K_COPY,
+    K_SUM_SQUARES, K_SUM, K_SCALE, K_ZERO, K_COPY, K_GATHER, K_SCATTER,
     K_COUNT
 };
 
@@ -19,7 +19,7 @@ static const char *const kernel_names[K_COUNT] = {
     "matmul_backward_bf16", "attention_forward", "attention_backward",
     "gelu_forward", "gelu_backward", "residual_forward", "crossentropy_forward",
     "crossentropy_forward_backward", "adam_update", "adam_extrapolate", "delay_compensate",
-    "secant_compensate", "sum_squares", "sum", "scale", "zero", "copy",
+    "secant_compensate", "sum_squares", "sum", "scale", "zero", "copy", "gather", "scatter",
 };
 
 static const pt_kernels *inner;
@@ -150,6 +150,14 @@ static double p_sum(const float *x, size_t n)
     return r;
 }
 static void p_scale(float *x, float f, size_t n) { TIMED(K_SCALE, inner->scale(x, f, n)); }
+static void p_gather(float *out, const float *src, const uint32_t *index, size_t n)
+{
+    TIMED(K_GATHER, inner->gather(out, src, index, n));
+}
+static void p_scatter(float *dst, const uint32_t *index, const float *values, size_t n)
+{
+    TIMED(K_SCATTER, inner->scatter(dst, index, values, n));
+}
 
 void pt_kernel_profile_reset(void)
 {
@@ -187,6 +195,8 @@ const pt_kernels *pt_kernels_profiled(const pt_kernels *wrapped)
     profiled.sum_squares = p_sum_squares;
     profiled.sum = p_sum;
     profiled.scale = p_scale;
+    profiled.gather = p_gather;
+    profiled.scatter = p_scatter;
     pt_kernel_profile_reset();
     return &profiled;
 }

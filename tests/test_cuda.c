@@ -189,6 +189,7 @@ Test(cuda, table_is_complete)
         (void (*)(void))k->adam_update, (void (*)(void))k->adam_extrapolate,
         (void (*)(void))k->delay_compensate, (void (*)(void))k->alloc_host, (void (*)(void))k->free_host,
         (void (*)(void))k->secant_compensate, (void (*)(void))k->sum_squares, (void (*)(void))k->sum, (void (*)(void))k->scale,
+        (void (*)(void))k->gather, (void (*)(void))k->scatter,
     };
     for (size_t i = 0; i < sizeof entries / sizeof entries[0]; i++)
         cr_expect(entries[i] != NULL, "entry %zu of the cuda table is NULL", i);
@@ -453,6 +454,33 @@ Test(cuda, gelu_and_residual_match_cpu)
     cpu()->scale(sum, -0.75f, n);
     gpu->scale(d_sum, -0.75f, n);
     expect_device_close(gpu, "scale", d_sum, sum, n, 0);
+    expect_no_cuda_error();
+}
+
+/* dp.method=sparse's partition on the device: gather and scatter along a shuffled index. */
+Test(cuda, gather_and_scatter_match_cpu)
+{
+    const pt_kernels *gpu = cuda_or_skip();
+    const size_t n = (1 << 20) + 3, m = n / 20;
+    float *x = random_floats(n, -9, 9), *y = random_floats(n, -9, 9), *picked = random_floats(m, 0, 1);
+    uint32_t *index = malloc(n * sizeof *index);
+    cr_assert(index);
+    for (size_t i = 0; i < n; i++) index[i] = (uint32_t)i;
+    for (size_t i = n - 1; i > 0; i--) {
+        const size_t j = (size_t)((i * 2654435761ull) % (i + 1));
+        const uint32_t t = index[i];
+        index[i] = index[j];
+        index[j] = t;
+    }
+    float *d_x = upload(gpu, x, n * 4), *d_y = upload(gpu, y, n * 4), *d_picked = upload(gpu, picked, m * 4);
+    uint32_t *d_index = upload(gpu, index, m * 4);
+    cpu()->gather(picked, x, index, m);
+    gpu->gather(d_picked, d_x, d_index, m);
+    expect_device_close(gpu, "gather", d_picked, picked, m, 0);
+    cpu()->scatter(y, index, picked, m);
+    gpu->scatter(d_y, d_index, d_picked, m);
+    expect_device_close(gpu, "scatter", d_y, y, n, 0);
+    free(index);
     expect_no_cuda_error();
 }
 

@@ -15,7 +15,9 @@
  *     interrupted (dp.delay = 3, three exchanges in flight at the save);
  *   - a replica that sends another size, another step or another method is
  *     named, and nothing is applied;
- *   - with one replica the method does nothing.
+ *   - with one replica the method does nothing;
+ *   - on a kernel table whose memory the host cannot read (cpu-guarded), θ and the stash
+ *     end every step with the CPU table's bits, and only the partitions cross to the host.
  * Through `pipert launch`, as a user runs it:
  *   - identical data on both replicas (a token shard whose every sequence is
  *     the same, read sequentially): every replica takes the same steps from
@@ -45,6 +47,7 @@
 
 #include "dp/codec.h"
 #include "dp/coupling.h"
+#include "kernels/kernels.h"
 #include "comm/collectives.h"
 #include "runtime/config.h"
 #include "runtime/data.h"
@@ -635,6 +638,96 @@ Test(sparse_coupling, one_replica_does_nothing)
     cr_expect_eq(memcmp(theta, before, sizeof theta), 0, "θ changed");
     cr_expect_eq(pt_coupling_take_metrics(c).bytes_sent, 0.0);
     pt_coupling_free(c);
+}
+
+/* ---- θ where the host cannot read it (cuda; here runtime.device=cpu-guarded) ---------- */
+
+static pt_kernels counted_table; /* the guarded table, its host copies counted */
+static size_t counted_bytes;
+
+static void counted_to_host(void *dst, const void *src, size_t bytes)
+{
+    counted_bytes += bytes;
+    pt_kernels_cpu_guarded()->copy_to_host(dst, src, bytes);
+}
+
+static void counted_to_device(void *dst, const void *src, size_t bytes)
+{
+    counted_bytes += bytes;
+    pt_kernels_cpu_guarded()->copy_to_device(dst, src, bytes);
+}
+
+/* The same coupling on the CPU table and, over a group of its own, on the guarded one with θ
+ * and the newest stash in its memory, side by side: θ and the stash the same bits after every
+ * step, and only partitions cross between the table and the host (p = 1/4, units of 4: at
+ * most 44 of the 151 elements; a post moves its indices and values, an apply its indices,
+ * θ's values and the new ones: at most 20 bytes an element a step, against 32 for host copies
+ * of θ and the stash both ways). */
+static int guarded_body(rank_context *ctx)
+{
+    const sparse_setup u = {.fraction = 0.25, .rule = "ema", .delay = 1, .steps = 12,
+                            .ema_warmup = 3, .lambda = 0.8, .unit = 4};
+    enum { MAX_PARTITION = 44 };
+    const pt_kernels *guarded = pt_kernels_cpu_guarded();
+    counted_table = *guarded;
+    counted_table.copy_to_host = counted_to_host;
+    counted_table.copy_to_device = counted_to_device;
+    pt_group *g_host = whole_group(ctx), *g_device = NULL;
+    int ranks[MAX_RANKS];
+    for (int r = 0; r < ctx->n; r++) ranks[r] = r;
+    pt_group_options options = PT_GROUP_OPTIONS_INIT;
+    options.id = 4;
+    CHILD_CHECK(ctx, g_host && pt_group_create(ctx->t, ranks, ctx->n, &options, &g_device) == PIPERT_OK,
+                "groups");
+    pipert_config cfg = config_for(&u);
+    pt_coupling *on_host = make_coupling(&cfg, g_host, ctx->rank), *on_device = NULL;
+    pt_coupling_options o = {.config = &cfg, .kernels = &counted_table, .replicas = g_device,
+                             .replica = ctx->rank};
+    CHILD_CHECK(ctx, on_host && pt_coupling_create(&o, &on_device) == PIPERT_OK, "couplings");
+    fake_stage f;
+    fake_stage_init(&f);
+    const size_t bytes = N_PARAMS * sizeof(float);
+    float theta[N_PARAMS], stash[N_PARAMS], got[N_PARAMS], *theta_d = NULL, *stash_d = NULL;
+    CHILD_CHECK(ctx, guarded->alloc((void **)&theta_d, bytes, "θ") == PIPERT_OK &&
+                         guarded->alloc((void **)&stash_d, bytes, "stash") == PIPERT_OK,
+                "memory");
+    for (size_t i = 0; i < N_PARAMS; i++) theta[i] = initial_theta(ctx->rank, i);
+    guarded->copy_to_device(theta_d, theta, bytes);
+    size_t crossed = 0;
+    for (long t = 1; t <= u.steps; t++) {
+        for (size_t i = 0; i < N_PARAMS; i++) stash[i] = -999.0f;
+        guarded->copy_to_device(stash_d, stash, bytes);
+        CHILD_CHECK(ctx, take_step(on_host, &f, theta, stash, ctx->rank, t) == PIPERT_OK, "step %ld", t);
+        guarded->copy_to_host(got, theta_d, bytes); /* the device θ takes the same local step */
+        for (size_t i = 0; i < N_PARAMS; i++) got[i] += local_step(ctx->rank, t, i);
+        guarded->copy_to_device(theta_d, got, bytes);
+        counted_bytes = 0;
+        pt_coupling_point at = {.model = &f.slice, .params = theta_d, .n_params = N_PARAMS,
+                                .newest_stash = stash_d, .step = t};
+        CHILD_CHECK(ctx, pt_coupling_after_step(on_device, &at) == PIPERT_OK, "step %ld on the device", t);
+        crossed += counted_bytes;
+        guarded->copy_to_host(got, theta_d, bytes);
+        CHILD_CHECK(ctx, memcmp(got, theta, bytes) == 0, "step %ld: θ on the device differs", t);
+        guarded->copy_to_host(got, stash_d, bytes);
+        CHILD_CHECK(ctx, memcmp(got, stash, bytes) == 0, "step %ld: the stash on the device differs", t);
+    }
+    CHILD_CHECK(ctx, crossed > 0 && crossed <= (size_t)u.steps * 20 * MAX_PARTITION,
+                "%zu bytes crossed between the table and the host in %ld steps: more than the "
+                "partitions' (at most %d bytes)",
+                crossed, u.steps, (int)u.steps * 20 * MAX_PARTITION);
+    guarded->free(theta_d);
+    guarded->free(stash_d);
+    pt_coupling_free(on_device);
+    pt_coupling_free(on_host);
+    pt_group_destroy(g_device);
+    pt_group_destroy(g_host);
+    return 0;
+}
+
+Test(sparse_coupling, on_device_memory_only_the_partitions_cross)
+{
+    job_spec spec = {.n = 2, .body = guarded_body, .mesh = 1};
+    RUN_JOB(spec);
 }
 
 /* ============================================================================

@@ -128,7 +128,8 @@ Test(kernels, cpu_table_is_complete)
         (void (*)(void))k->residual_forward, (void (*)(void))k->crossentropy_forward,
         (void (*)(void))k->crossentropy_forward_backward, (void (*)(void))k->adam_update,
         (void (*)(void))k->adam_extrapolate, (void (*)(void))k->sum_squares,
-        (void (*)(void))k->sum, (void (*)(void))k->scale,
+        (void (*)(void))k->sum, (void (*)(void))k->scale, (void (*)(void))k->gather,
+        (void (*)(void))k->scatter,
     };
     for (size_t i = 0; i < sizeof entries / sizeof entries[0]; i++)
         cr_expect(entries[i] != NULL, "entry %zu of the cpu table is NULL", i);
@@ -665,6 +666,31 @@ Test(kernels, crossentropy_gradient)
 }
 
 /* ---- reductions and adam --------------------------------------------------- */
+
+/* gather and scatter follow an index (a shuffled permutation's first part, as a sparse
+ * partition) element by element, and scatter leaves every other element alone. */
+Test(kernels, gather_and_scatter_follow_the_index)
+{
+    enum { n = 5000, m = 1234 };
+    static float src[n], out[m], dst[n];
+    static uint32_t index[n];
+    for (size_t i = 0; i < n; i++) {
+        src[i] = (float)i * 0.25f - 7.0f;
+        dst[i] = -1.0f;
+        index[i] = (uint32_t)i;
+    }
+    for (size_t i = n - 1; i > 0; i--) { /* a fixed shuffle */
+        const size_t j = (i * 2654435761u) % (i + 1);
+        const uint32_t t = index[i];
+        index[i] = index[j];
+        index[j] = t;
+    }
+    cpu()->gather(out, src, index, m);
+    for (size_t i = 0; i < m; i++) cr_assert_eq(out[i], src[index[i]], "gather[%zu]", i);
+    cpu()->scatter(dst, index, out, m);
+    for (size_t i = 0; i < m; i++) cr_assert_eq(dst[index[i]], src[index[i]], "scatter[%zu]", i);
+    for (size_t i = m; i < n; i++) cr_assert_eq(dst[index[i]], -1.0f, "untouched %u", index[i]);
+}
 
 Test(kernels, reductions_and_scale)
 {

@@ -61,6 +61,8 @@ static const pt_kernels cpu_kernels = {
     .sum_squares = pt_cpu_sum_squares,
     .sum = pt_cpu_sum,
     .scale = pt_cpu_scale,
+    .gather = pt_cpu_gather,
+    .scatter = pt_cpu_scatter,
 };
 
 const pt_kernels *pt_kernels_cpu(void) { return &cpu_kernels; }

@@ -91,6 +91,8 @@ void pt_cpu_residual_forward(float *out, const float *a, const float *b, size_t 
 double pt_cpu_sum_squares(const float *x, size_t n);
 double pt_cpu_sum(const float *x, size_t n);
 void pt_cpu_scale(float *x, float factor, size_t n);
+void pt_cpu_gather(float *out, const float *src, const uint32_t *index, size_t n);
+void pt_cpu_scatter(float *dst, const uint32_t *index, const float *values, size_t n);
 
 /* crossentropy.c */
 void pt_cpu_crossentropy_forward(float *losses, const float *logits, const int32_t *targets,

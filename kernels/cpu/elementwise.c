@@ -62,3 +62,15 @@ void pt_cpu_scale(float *x, float factor, size_t n)
 #pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < n; i++) x[i] *= factor;
 }
+
+void pt_cpu_gather(float *out, const float *src, const uint32_t *index, size_t n)
+{
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) out[i] = src[index[i]];
+}
+
+void pt_cpu_scatter(float *dst, const uint32_t *index, const float *values, size_t n)
+{
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) dst[index[i]] = values[i];
+}

@@ -254,6 +254,8 @@ static const pt_kernels cuda_kernels = {
     .sum_squares = pt_cuda_sum_squares,
     .sum = pt_cuda_sum,
     .scale = pt_cuda_scale,
+    .gather = pt_cuda_gather,
+    .scatter = pt_cuda_scatter,
 };
 
 extern "C" pipert_result pt_kernels_cuda(const pt_kernels **out)

@@ -170,6 +170,8 @@ void pt_cuda_gelu_forward(float *out, const float *inp, size_t n);
 void pt_cuda_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n);
 void pt_cuda_residual_forward(float *out, const float *a, const float *b, size_t n);
 void pt_cuda_scale(float *x, float factor, size_t n);
+void pt_cuda_gather(float *out, const float *src, const uint32_t *index, size_t n);
+void pt_cuda_scatter(float *dst, const uint32_t *index, const float *values, size_t n);
 
 /* reduce.cu */
 double pt_cuda_sum_squares(const float *x, size_t n);

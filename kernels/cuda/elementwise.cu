@@ -44,6 +44,16 @@ __global__ void scale_kernel(float *x, float factor, size_t n)
     PT_GRID_STRIDE_LOOP(i, n) x[i] *= factor;
 }
 
+__global__ void gather_kernel(float *out, const float *src, const uint32_t *index, size_t n)
+{
+    PT_GRID_STRIDE_LOOP(i, n) out[i] = src[index[i]];
+}
+
+__global__ void scatter_kernel(float *dst, const uint32_t *index, const float *values, size_t n)
+{
+    PT_GRID_STRIDE_LOOP(i, n) dst[index[i]] = values[i];
+}
+
 __global__ void cast_to_bf16_kernel(__nv_bfloat16 *out, const float *inp, size_t n)
 {
     PT_GRID_STRIDE_LOOP(i, n) out[i] = __float2bfloat16_rn(inp[i]);
@@ -72,6 +82,16 @@ void pt_cuda_residual_forward(float *out, const float *a, const float *b, size_t
 void pt_cuda_scale(float *x, float factor, size_t n)
 {
     PT_LAUNCH_ELEMENTWISE(scale_kernel, n, x, factor, n);
+}
+
+void pt_cuda_gather(float *out, const float *src, const uint32_t *index, size_t n)
+{
+    PT_LAUNCH_ELEMENTWISE(gather_kernel, n, out, src, index, n);
+}
+
+void pt_cuda_scatter(float *dst, const uint32_t *index, const float *values, size_t n)
+{
+    PT_LAUNCH_ELEMENTWISE(scatter_kernel, n, dst, index, values, n);
 }
 
 extern "C" void pt_cuda_cast_to_bf16(pt_bf16 *out, const float *inp, size_t n)
