@@ -188,7 +188,7 @@ pipert_result pt_alltoall_then(pt_group *g, pt_group_ticket ticket, const void *
 /* ---- messages in device memory (collective_device.c) ----------------------
  *
  * For a collective that reduces in a kernel table's memory, built above this file
- * (dp/device_mean.h): member to member under a ticket it took, as device payloads
+ * (dp/device_collective.h): member to member under a ticket it took, as device payloads
  * (transport.h, "Device payloads": the receiver copies the sender's device memory) where the
  * receiver copies this member's memory, else as bytes from a host copy the caller made.
  * Messages between two members under one ticket match receives in the order they were sent.

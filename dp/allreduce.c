@@ -10,7 +10,7 @@
  * Where the mean is made. On kernels whose memory the host cannot read (cuda,
  * cpu-guarded), replicas that all copy each other's device memory (the workers
  * of one host: comm/transport.h, "Device payloads") average in it
- * (dp/device_mean.h); otherwise the ring reduces host copies. The replicas
+ * (dp/device_collective.h); otherwise the ring reduces host copies. The replicas
  * decide together when they form a group (create, regroup), each saying
  * whether it copies every other's memory, so all of them take the same path. */
 #include <stdio.h>
@@ -18,46 +18,32 @@
 #include <string.h>
 
 #include "dp/codec.h"
-#include "dp/device_mean.h"
+#include "dp/device_collective.h"
 #include "dp/methods.h"
 #include "dp/wait.h"
 #include "runtime/log.h"
 
 typedef struct allreduce_state {
     pt_coupling_options options;
-    bool on_device;              /* the group averages in device memory, with device_mean */
-    pt_device_mean *device_mean; /* made when first needed, kept to the end (it may hold buffers
-                                    an abandoned receive can still write until the transport
-                                    closes) */
+    bool on_device; /* the group averages in device memory, with device_mean */
+    /* made when first needed, kept to the end (it may hold buffers an abandoned receive can
+     * still write until the transport closes) */
+    pt_device_collective *device_mean;
 } allreduce_state;
-
-/* Whether the replicas' group averages in device memory: every member copies every other's
- * (a sum over the group of each member's answer, so all of them agree). */
-static pipert_result agree_on_device_mean(const pt_coupling_options *o, bool *yes)
-{
-    *yes = false;
-    pt_group *g = o->replicas;
-    /* the same on every replica: runtime.device is a setting of the job */
-    if (!g || o->kernels->host_accessible) return PIPERT_OK;
-    float copiers = pt_group_copies_device_memory(g) ? 1.0f : 0.0f;
-    pt_allreduce_handle *handle;
-    PT_TRY(pt_allreduce_start(g, &copiers, 1, PT_REDUCE_SUM, &handle));
-    PT_TRY(pt_coupling_wait_allreduce(o, handle, "agreeing where the replicas average"));
-    *yes = copiers == (float)pt_group_size(g);
-    pt_info("stage %d: the %d replicas average their gradients %s", o->stage, pt_group_size(g),
-            *yes ? "in device memory, device to device"
-                 : "through host copies (a replica cannot copy another's device memory: another "
-                   "host, UCX_TLS without cma, runtime.authenticate_messages or "
-                   "PIPERT_DEVICE_PAYLOADS=0)");
-    return PIPERT_OK;
-}
 
 /* The path the replicas agree on, with the device mean made if it is the first time. */
 static pipert_result choose_path(allreduce_state *s)
 {
-    PT_TRY(agree_on_device_mean(&s->options, &s->on_device));
+    PT_TRY(pt_device_collective_agree(&s->options, s->options.replicas, &s->on_device));
+    if (s->options.replicas && !s->options.kernels->host_accessible)
+        pt_info("stage %d: the %d replicas average their gradients %s", s->options.stage,
+                pt_group_size(s->options.replicas),
+                s->on_device ? "in device memory, device to device"
+                             : "through host copies (a replica cannot copy another's device "
+                               "memory: another host, UCX_TLS without cma, "
+                               "runtime.authenticate_messages or PIPERT_DEVICE_PAYLOADS=0)");
     if (!s->on_device || s->device_mean) return PIPERT_OK;
-    return pt_device_mean_create(s->options.kernels, 0, &s->device_mean);
+    return pt_device_collective_create(s->options.kernels, 0, &s->device_mean);
 }
 
 static pipert_result allreduce_create(const pt_coupling_options *options, void **out)
@@ -96,9 +82,9 @@ static pipert_result allreduce_after_backward(void *state, pt_coupling_point *at
     char what[96];
     snprintf(what, sizeof what, "averaging the gradients of step %ld", at->step);
     if (s->on_device) {
-        PT_TRY(pt_device_mean_start(s->device_mean, s->options.replicas, at->grads, at->n_params));
-        PT_TRY(pt_coupling_wait_device_mean(&s->options, s->device_mean, what));
-        m->bytes_sent += (double)pt_device_mean_bytes_sent(s->options.replicas, at->n_params);
+        PT_TRY(pt_device_collective_mean_start(s->device_mean, s->options.replicas, at->grads, at->n_params));
+        PT_TRY(pt_coupling_wait_device_collective(&s->options, s->device_mean, what));
+        m->bytes_sent += (double)pt_device_collective_mean_bytes(s->options.replicas, at->n_params);
     } else {
         PT_TRY(mean_over_replicas(s, at->grads, at->n_params, what));
         m->bytes_sent += (double)pt_allreduce_bytes_sent(s->options.replicas, at->n_params);
@@ -112,7 +98,7 @@ static pipert_result allreduce_after_backward(void *state, pt_coupling_point *at
 static void allreduce_destroy(void *state)
 {
     allreduce_state *s = state;
-    if (s) pt_device_mean_free(s->device_mean);
+    if (s) pt_device_collective_free(s->device_mean);
     free(s);
 }
 

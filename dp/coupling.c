@@ -5,6 +5,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "dp/device_collective.h"
 #include "dp/methods.h"
 #include "dp/wait.h"
 #include "runtime/clock.h"
@@ -20,6 +21,8 @@ struct pt_coupling {
     pt_coupling_options options;        /* as the session gave them */
     pt_coupling_options method_options; /* as the method sees them (sites: the leaders) */
     bool by_sites;                      /* dense in each site, the method among the leaders */
+    bool site_on_device;                /* the site's mean and broadcast in device memory */
+    pt_device_collective *site_collective; /* for them: made when first needed, kept to the end */
     bool runs_method;                   /* this replica runs the method's exchanges */
     void *state;
     pt_coupling_metrics metrics;
@@ -87,6 +90,8 @@ pipert_result pt_coupling_add_method(const pt_coupling_method *method)
     return PIPERT_OK;
 }
 
+static pipert_result choose_site_path(pt_coupling *c); /* below, with the sites */
+
 pipert_result pt_coupling_create(const pt_coupling_options *options, pt_coupling **out)
 {
     *out = NULL;
@@ -106,8 +111,10 @@ pipert_result pt_coupling_create(const pt_coupling_options *options, pt_coupling
     if (c->by_sites) c->method_options.replicas = options->leaders;
     c->runs_method = !c->by_sites || options->leaders;
     c->metrics.method = method->name;
-    pipert_result rc = method->create(&c->method_options, &c->state);
+    pipert_result rc = choose_site_path(c);
+    if (rc == PIPERT_OK) rc = method->create(&c->method_options, &c->state);
     if (rc != PIPERT_OK) {
+        pt_device_collective_free(c->site_collective);
         free(c);
         return rc;
     }
@@ -119,6 +126,7 @@ void pt_coupling_free(pt_coupling *c)
 {
     if (!c) return;
     c->method->destroy(c->state);
+    pt_device_collective_free(c->site_collective);
     if (c->scratch) c->options.kernels->free_host(c->scratch);
     if (c->host_params) c->options.kernels->free_host(c->host_params);
     if (c->host_stash) c->options.kernels->free_host(c->host_stash);
@@ -137,10 +145,44 @@ static pipert_result method_call(pt_coupling *c,
 
 /* ---- sites: dense inside, the method between them -------------------------- */
 
-static pipert_result site_mean(pt_coupling *c, float *data, size_t count, long step)
+/* Where the site's replicas average and follow their leader: in device memory when every one
+ * of them copies every other's (a site on one host of GPUs: dp/device_collective.h), else
+ * through host copies. The site's replicas decide together, whenever the groups are formed. */
+static pipert_result choose_site_path(pt_coupling *c)
+{
+    c->site_on_device = false;
+    pt_group *site = c->by_sites ? c->options.site_replicas : NULL;
+    PT_TRY(pt_device_collective_agree(&c->options, site, &c->site_on_device));
+    if (site && !c->options.kernels->host_accessible)
+        pt_info("stage %d: the %d replicas of this site average their gradients and take their "
+                "leader's parameters %s", c->options.stage, pt_group_size(site),
+                c->site_on_device ? "in device memory, device to device" : "through host copies");
+    if (!c->site_on_device || c->site_collective) return PIPERT_OK;
+    return pt_device_collective_create(c->options.kernels, 0, &c->site_collective);
+}
+
+/* The site's mean of a tensor in the kernels' memory, or its leader's copy of it. */
+static pipert_result site_collective(pt_coupling *c, float *data, size_t count, bool mean,
+                                     const char *what)
+{
+    pt_group *site = c->options.site_replicas;
+    if (mean) {
+        PT_TRY(pt_device_collective_mean_start(c->site_collective, site, data, count));
+        c->metrics.bytes_sent += (double)pt_device_collective_mean_bytes(site, count);
+    } else {
+        PT_TRY(pt_device_collective_broadcast_start(c->site_collective, site, data, count, 0));
+        c->metrics.bytes_sent += (double)pt_device_collective_broadcast_bytes(site, count, 0);
+    }
+    return pt_coupling_wait_device_collective(&c->options, c->site_collective, what);
+}
+
+/* The site's mean of data[count]: in the kernels' memory where the site agreed to (`device`:
+ * data is there), else in host memory. */
+static pipert_result site_mean(pt_coupling *c, float *data, size_t count, long step, bool device)
 {
     char what[96];
     snprintf(what, sizeof what, "averaging the gradients of step %ld in this site", step);
+    if (device && c->site_on_device) return site_collective(c, data, count, true, what);
     pt_allreduce_handle *handle;
     PT_TRY(pt_allreduce_start(c->options.site_replicas, data, count, PT_REDUCE_MEAN, &handle));
     c->metrics.bytes_sent += (double)pt_allreduce_bytes_sent(c->options.site_replicas, count);
@@ -149,6 +191,8 @@ static pipert_result site_mean(pt_coupling *c, float *data, size_t count, long s
 
 static pipert_result site_broadcast(pt_coupling *c, float *data, size_t count)
 {
+    if (c->site_on_device)
+        return site_collective(c, data, count, false, "taking the site leader's parameters");
     const size_t nbytes = count * sizeof(float);
     c->metrics.bytes_sent += (double)pt_broadcast_bytes_sent(c->options.site_replicas, nbytes, 0);
     /* blocking: all of it is waiting for the site's replicas */
@@ -169,11 +213,13 @@ static pipert_result site_follow_leader(pt_coupling *c, pt_coupling_point *at)
     return PIPERT_OK;
 }
 
-static pipert_result average_gradients(pt_coupling *c, pt_coupling_point *at)
+/* The site's mean, then the method's; at's gradient in the kernels' memory, or (`copied`) a
+ * host copy of it. */
+static pipert_result average_gradients(pt_coupling *c, pt_coupling_point *at, bool copied)
 {
     if (c->by_sites && c->options.site_replicas) {
-        PT_TRY(site_mean(c, at->grads, at->n_params, at->step));
-        if (at->loss) PT_TRY(site_mean(c, at->loss, 1, at->step));
+        PT_TRY(site_mean(c, at->grads, at->n_params, at->step, !copied));
+        if (at->loss) PT_TRY(site_mean(c, at->loss, 1, at->step, false)); /* a host float */
     }
     return c->runs_method ? method_call(c, c->method->after_backward, at) : PIPERT_OK;
 }
@@ -237,7 +283,8 @@ static pipert_result follow_step(pt_coupling *c, pt_coupling_point *at)
         else PT_TRY(on_host_parameters(c, at, run_after_step));
     }
     if (!c->by_sites || !c->options.site_replicas || !c->method->after_step) return PIPERT_OK;
-    return host ? site_follow_leader(c, at) : on_host_parameters(c, at, site_follow_leader);
+    if (host || c->site_on_device) return site_follow_leader(c, at);
+    return on_host_parameters(c, at, site_follow_leader);
 }
 
 /* ---- elastic replicas ------------------------------------------------------- */
@@ -305,7 +352,7 @@ static pipert_result average_gradients_copied(pt_coupling *c, pt_coupling_point 
         copy.loss = c->scratch + at->n_params;
         *copy.loss = *at->loss;
     }
-    pipert_result rc = average_gradients(c, &copy);
+    pipert_result rc = average_gradients(c, &copy, true);
     if (rc == PIPERT_OK) {
         k->copy_to_device(at->grads, copy.grads, at->n_params * sizeof *at->grads);
         if (at->loss) *at->loss = *copy.loss;
@@ -323,7 +370,7 @@ static bool reads_gradients(const pt_coupling *c)
 {
     const pt_coupling_method *method = c->method;
     const bool on_device = method->gradients_on_device && method->gradients_on_device(c->state);
-    return (c->by_sites && c->options.site_replicas) ||
+    return (c->by_sites && c->options.site_replicas && !c->site_on_device) ||
            (method_has_peers(c) && method->after_backward && method->host_gradients && !on_device);
 }
 
@@ -333,7 +380,7 @@ pipert_result pt_coupling_after_backward(pt_coupling *c, pt_coupling_point *at)
     if (reads_gradients(c) && (c->elastic || !host_reads_kernel_memory(c)))
         return average_gradients_copied(c, at);
     /* the kernels' memory itself: a mean on the devices (or nothing to average) */
-    const pipert_result rc = average_gradients(c, at);
+    const pipert_result rc = average_gradients(c, at, false);
     if (rc == PIPERT_OK || !departed(c, rc)) return rc;
     return cut_short(c, at, "gradient averaging");
 }
@@ -377,6 +424,7 @@ pipert_result pt_coupling_regroup(pt_coupling *c, const pt_coupling_options *gro
         return pt_fail(PIPERT_ERR_UNSUPPORTED, "dp.method=%s cannot go on after a replica left "
                                                "the job (not supported yet)", c->method->name);
     adopt_groups(c, groups);
+    PT_TRY(choose_site_path(c));
     PT_TRY(c->method->regroup(c->state, &c->method_options, at));
     c->suspended = false;
     return PIPERT_OK;

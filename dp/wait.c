@@ -67,18 +67,20 @@ pipert_result pt_coupling_wait_allreduce(const pt_coupling_options *options,
                             what);
 }
 
-static pipert_result device_mean_wait_for(void *op, double timeout_s)
+static pipert_result device_collective_wait_for(void *op, double timeout_s)
 {
-    return pt_device_mean_wait_for(op, timeout_s);
+    return pt_device_collective_wait_for(op, timeout_s);
 }
 
-static void device_mean_abandon(void *op) { pt_device_mean_abandon(op); }
+static void device_collective_abandon(void *op) { pt_device_collective_abandon(op); }
 
-pipert_result pt_coupling_wait_device_mean(const pt_coupling_options *options, pt_device_mean *mean,
-                                           const char *what)
+pipert_result pt_coupling_wait_device_collective(const pt_coupling_options *options,
+                                                 pt_device_collective *collective, const char *what)
 {
-    return pt_coupling_wait(
-        options, (pt_pending_op){device_mean_wait_for, device_mean_abandon, mean}, what);
+    return pt_coupling_wait(options,
+                            (pt_pending_op){device_collective_wait_for, device_collective_abandon,
+                                            collective},
+                            what);
 }
 
 static pipert_result exchange_wait_for(void *op, double timeout_s)

@@ -9,7 +9,7 @@
 #define PT_DP_WAIT_H
 
 #include "dp/coupling.h"
-#include "dp/device_mean.h"
+#include "dp/device_collective.h"
 #include "dp/exchange.h"
 
 /* Something in flight: wait_for(op, timeout_s) returns PIPERT_ERR_TIMEOUT
@@ -26,8 +26,8 @@ pipert_result pt_coupling_wait(const pt_coupling_options *options, pt_pending_op
 
 pipert_result pt_coupling_wait_allreduce(const pt_coupling_options *options,
                                          pt_allreduce_handle *handle, const char *what);
-pipert_result pt_coupling_wait_device_mean(const pt_coupling_options *options, pt_device_mean *mean,
-                                           const char *what);
+pipert_result pt_coupling_wait_device_collective(const pt_coupling_options *options,
+                                                 pt_device_collective *collective, const char *what);
 pipert_result pt_coupling_wait_exchange(const pt_coupling_options *options, pt_exchange *handle,
                                         const char *what);
 

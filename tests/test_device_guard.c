@@ -192,18 +192,24 @@ static void expect_device_to_device(const char *dir, const char *what)
     free(second);
 }
 
-/* The replicas of every stage averaged their gradients in device memory (dp/device_mean.h),
- * not through host copies: each rank's log says so. */
-static void expect_device_mean(const char *dir, int ranks, const char *what)
+/* Every rank's log says `line`: where its replicas averaged (dp/device_collective.h). */
+static void expect_every_log_says(const char *dir, int ranks, const char *line, const char *what)
 {
     for (int r = 0; r < ranks; r++) {
         char name[64];
         snprintf(name, sizeof name, "/logs/rank-%d.log", r);
         char *log = read_named(dir, name);
-        cr_expect(strstr(log, "replicas average their gradients in device memory"),
-                  "%s: rank %d's replicas averaged through the host:\n%s", what, r, log);
+        cr_expect(strstr(log, line), "%s: rank %d's log does not say \"%s\":\n%s", what, r, line,
+                  log);
         free(log);
     }
+}
+
+/* The replicas of every stage averaged their gradients in device memory, not through host
+ * copies. */
+static void expect_device_mean(const char *dir, int ranks, const char *what)
+{
+    expect_every_log_says(dir, ranks, "replicas average their gradients in device memory", what);
 }
 
 /* Runs `layout` on both tables and compares each step's loss and every
@@ -312,6 +318,37 @@ Test(guard, three_replicas_average_in_device_memory, .timeout = 300)
     remove_dir(cpu);
     remove_dir(device);
     remove_dir(host);
+}
+
+/* Sites of two replicas each: the dense mean inside a site and the leader's parameters to its
+ * site in device memory (dp/coupling.c), sparse between the leaders; a site's mean of two is
+ * the ring's bits, so the job is the CPU's bit for bit. */
+Test(guard, sites_average_and_follow_their_leader_in_device_memory, .timeout = 300)
+{
+    const char *layout = "--replicas 4 --sites 2 --dp.method=sparse --dp.delay=2";
+    char *cpu = make_temp_dir(), *guarded = make_temp_dir();
+    run_pipert_ok("launch --quiet %s --out %s " MODEL " --train.steps=%d --runtime.device=cpu",
+                  layout, cpu, STEPS);
+    run_pipert_ok_info("launch --quiet %s --out %s " MODEL
+                       " --train.steps=%d --runtime.device=cpu-guarded",
+                       layout, guarded, STEPS);
+    expect_every_log_says(guarded, 4,
+                          "replicas of this site average their gradients and take their leader's "
+                          "parameters in device memory",
+                          "2 sites of 2 replicas");
+    double a[MAX_STEPS] = {0}, b[MAX_STEPS] = {0};
+    cr_assert_eq(read_metric_steps(cpu, "metrics.jsonl", "loss", a, MAX_STEPS), STEPS);
+    cr_assert_eq(read_metric_steps(guarded, "metrics.jsonl", "loss", b, MAX_STEPS), STEPS);
+    for (int i = 0; i < STEPS; i++)
+        cr_expect_eq(a[i], b[i], "step %d's loss: cpu %.9g, cpu-guarded %.9g", i + 1, a[i], b[i]);
+    for (int r = 0; r < 4; r++) {
+        char name[96];
+        if (r == 0) snprintf(name, sizeof name, "ckpt-%08d-stage-0.safetensors", STEPS);
+        else snprintf(name, sizeof name, "ckpt-%08d-stage-0-replica-%d.safetensors", STEPS, r);
+        expect_same_tensors(cpu, guarded, name, "2 sites of 2 replicas");
+    }
+    remove_dir(cpu);
+    remove_dir(guarded);
 }
 
 Test(guard, sparse_averaging_between_pipelines, .timeout = 300)

@@ -1,10 +1,11 @@
-/* The dense mean in device memory (dp/device_mean.h) between 2..4 real processes of this
+/* Collectives in device memory (dp/device_collective.h) between 2..4 real processes of this
  * host, on runtime.device=cpu-guarded's table: memory the host cannot touch outside the
  * table, which its peer_copy reaches in another process as CUDA IPC reaches a GPU's. Every
  * result is compared bit for bit with a serial reference, the members' tensors summed in
  * member order and scaled by 1/R, which every member must equal (inputs of mixed magnitudes,
- * so another order of the sum gives other bits). Where the chunks went is counted: device to
- * device (the transport's peer copies) or as bytes (the table's copy_to_device of what came). */
+ * so another order of the sum gives other bits); a broadcast, with the root's tensor. Where the
+ * chunks went is counted: device to device (the transport's peer copies) or as bytes (the
+ * table's copy_to_device of what came). */
 #include <criterion/criterion.h>
 
 #include <math.h>
@@ -13,7 +14,7 @@
 #include <unistd.h>
 
 #include "comm/collectives.h"
-#include "dp/device_mean.h"
+#include "dp/device_collective.h"
 #include "kernels/kernels.h"
 
 #define JOB_SECRET "device mean test"
@@ -94,16 +95,16 @@ static int offers_heard(rank_context *ctx, pt_group *g, int except)
 }
 
 /* One mean of n floats in chunks of `chunk`, checked against the reference. */
-static int mean_matches(rank_context *ctx, pt_group *g, pt_device_mean *m, size_t n, int round)
+static int mean_matches(rank_context *ctx, pt_group *g, pt_device_collective *m, size_t n, int round)
 {
     float *host = malloc(n * sizeof *host), *data = NULL;
     CHILD_CHECK(ctx, host && table.alloc((void **)&data, n * sizeof *data, "data") == PIPERT_OK,
                 "memory");
     for (size_t i = 0; i < n; i++) host[i] = input(ctx->rank, i, round);
     pt_kernels_cpu_guarded()->copy_to_device(data, host, n * sizeof *host);
-    CHILD_CHECK(ctx, pt_device_mean_start(m, g, data, n) == PIPERT_OK, "start");
+    CHILD_CHECK(ctx, pt_device_collective_mean_start(m, g, data, n) == PIPERT_OK, "start");
     pipert_result rc;
-    for (int i = 0; i < 600 && (rc = pt_device_mean_wait_for(m, 0.1)) == PIPERT_ERR_TIMEOUT; i++) {}
+    for (int i = 0; i < 600 && (rc = pt_device_collective_wait_for(m, 0.1)) == PIPERT_ERR_TIMEOUT; i++) {}
     CHILD_CHECK(ctx, rc == PIPERT_OK, "the mean ended %s: %s", pipert_result_str(rc),
                 pipert_last_error());
     table.copy_to_host(host, data, n * sizeof *host);
@@ -113,6 +114,34 @@ static int mean_matches(rank_context *ctx, pt_group *g, pt_device_mean *m, size_
                     "round %d, element %zu of %zu: %.9g, the members' ordered sum gives %.9g", round,
                     i, n, host[i], want);
     }
+    table.free(data);
+    free(host);
+    return 0;
+}
+
+/* A broadcast of n floats from member `root`: everyone ends with the root's input. */
+static int broadcast_matches(rank_context *ctx, pt_group *g, pt_device_collective *m, size_t n,
+                             int root)
+{
+    float *host = malloc(n * sizeof *host), *data = NULL;
+    CHILD_CHECK(ctx, host && table.alloc((void **)&data, n * sizeof *data, "data") == PIPERT_OK,
+                "memory");
+    for (size_t i = 0; i < n; i++) host[i] = input(ctx->rank, i, 7);
+    pt_kernels_cpu_guarded()->copy_to_device(data, host, n * sizeof *host);
+    CHILD_CHECK(ctx, pt_device_collective_broadcast_start(m, g, data, n, root) == PIPERT_OK, "start");
+    pipert_result rc;
+    for (int i = 0; i < 600 && (rc = pt_device_collective_wait_for(m, 0.1)) == PIPERT_ERR_TIMEOUT; i++) {}
+    CHILD_CHECK(ctx, rc == PIPERT_OK, "the broadcast ended %s: %s", pipert_result_str(rc),
+                pipert_last_error());
+    table.copy_to_host(host, data, n * sizeof *host);
+    for (size_t i = 0; i < n; i++) {
+        const float want = input(root, i, 7);
+        CHILD_CHECK(ctx, memcmp(&host[i], &want, sizeof want) == 0,
+                    "broadcast from %d, element %zu: %.9g, the root's %.9g", root, i, host[i], want);
+    }
+    const size_t sent = pt_device_collective_broadcast_bytes(g, n, root);
+    CHILD_CHECK(ctx, sent == (ctx->rank == root ? (size_t)(ctx->n - 1) * n * sizeof(float) : 0),
+                "a broadcast's bytes: %zu", sent);
     table.free(data);
     free(host);
     return 0;
@@ -130,8 +159,8 @@ static int device_to_device_body(rank_context *ctx)
     pt_group *g = whole_group(ctx);
     CHILD_CHECK(ctx, g && pt_group_copies_device_memory(g), "this member copies every other's");
     CHILD_CHECK(ctx, offers_heard(ctx, g, -1), "offers");
-    pt_device_mean *m;
-    CHILD_CHECK(ctx, pt_device_mean_create(&table, CHUNK, &m) == PIPERT_OK, "create");
+    pt_device_collective *m;
+    CHILD_CHECK(ctx, pt_device_collective_create(&table, CHUNK, &m) == PIPERT_OK, "create");
     for (int round = 0; round < 2; round++)
         if (mean_matches(ctx, g, m, N, round)) return 1;
     const int chunks = (N + CHUNK - 1) / CHUNK;
@@ -139,16 +168,17 @@ static int device_to_device_body(rank_context *ctx)
                 "%d peer copies and %d chunks as bytes; 2 rounds of %d chunks from %d members "
                 "should all be peer copies",
                 peer_copies, host_arrivals, chunks, ctx->n - 1);
-    CHILD_CHECK(ctx, pt_device_mean_bytes_sent(g, N) == (size_t)(ctx->n - 1) * N * sizeof(float),
+    CHILD_CHECK(ctx, pt_device_collective_mean_bytes(g, N) == (size_t)(ctx->n - 1) * N * sizeof(float),
                 "bytes sent");
-    pt_device_mean_free(m);
+    if (broadcast_matches(ctx, g, m, N, ctx->n - 1)) return 1;
+    pt_device_collective_free(m);
     pt_group_destroy(g);
     return 0;
 }
 
-Test(device_mean, device_to_device_2_members) { RUN_JOB(((job_spec){.n = 2, .body = device_to_device_body, .mesh = 1})); }
-Test(device_mean, device_to_device_3_members) { RUN_JOB(((job_spec){.n = 3, .body = device_to_device_body, .mesh = 1})); }
-Test(device_mean, device_to_device_4_members) { RUN_JOB(((job_spec){.n = 4, .body = device_to_device_body, .mesh = 1})); }
+Test(device_collective, device_to_device_2_members) { RUN_JOB(((job_spec){.n = 2, .body = device_to_device_body, .mesh = 1})); }
+Test(device_collective, device_to_device_3_members) { RUN_JOB(((job_spec){.n = 3, .body = device_to_device_body, .mesh = 1})); }
+Test(device_collective, device_to_device_4_members) { RUN_JOB(((job_spec){.n = 4, .body = device_to_device_body, .mesh = 1})); }
 
 /* Member 2 copies nobody's device memory: what goes to it goes as bytes, and its own chunks go
  * as bytes to everyone (nobody heard an offer from it); the result is the same bits. Chunks
@@ -160,8 +190,8 @@ static int bytes_body(rank_context *ctx)
     CHILD_CHECK(ctx, g, "group");
     CHILD_CHECK(ctx, pt_group_copies_device_memory(g) == (ctx->rank != 2), "copies");
     if (ctx->rank != 2) CHILD_CHECK(ctx, offers_heard(ctx, g, 2), "offers");
-    pt_device_mean *m;
-    CHILD_CHECK(ctx, pt_device_mean_create(&table, CHUNK, &m) == PIPERT_OK, "create");
+    pt_device_collective *m;
+    CHILD_CHECK(ctx, pt_device_collective_create(&table, CHUNK, &m) == PIPERT_OK, "create");
     if (mean_matches(ctx, g, m, N, 0)) return 1;
     const int chunks = (N + CHUNK - 1) / CHUNK;
     if (ctx->rank == 2)
@@ -170,18 +200,18 @@ static int bytes_body(rank_context *ctx)
     else
         CHILD_CHECK(ctx, host_arrivals == chunks, "member %d: %d chunks as bytes, %d from member 2",
                     ctx->rank, host_arrivals, chunks);
-    pt_device_mean_free(m);
-    pt_device_mean *small;
-    CHILD_CHECK(ctx, pt_device_mean_create(&table, PT_TRANSPORT_INLINE_BYTES / sizeof(float), &small) ==
+    pt_device_collective_free(m);
+    pt_device_collective *small;
+    CHILD_CHECK(ctx, pt_device_collective_create(&table, PT_TRANSPORT_INLINE_BYTES / sizeof(float), &small) ==
                          PIPERT_OK,
                 "create");
     if (mean_matches(ctx, g, small, 5000, 1)) return 1;
-    pt_device_mean_free(small);
+    pt_device_collective_free(small);
     pt_group_destroy(g);
     return 0;
 }
 
-Test(device_mean, as_bytes_where_a_member_copies_no_device_memory)
+Test(device_collective, as_bytes_where_a_member_copies_no_device_memory)
 {
     RUN_JOB(((job_spec){.n = 3, .body = bytes_body, .mesh = 1}));
 }
@@ -193,34 +223,34 @@ static int killed_member_body(rank_context *ctx)
     use_counted_table(ctx, 1);
     pt_group *g = whole_group(ctx);
     CHILD_CHECK(ctx, g && offers_heard(ctx, g, -1), "group and offers");
-    pt_device_mean *m;
-    CHILD_CHECK(ctx, pt_device_mean_create(&table, CHUNK, &m) == PIPERT_OK, "create");
+    pt_device_collective *m;
+    CHILD_CHECK(ctx, pt_device_collective_create(&table, CHUNK, &m) == PIPERT_OK, "create");
     float *data = NULL;
     CHILD_CHECK(ctx, table.alloc((void **)&data, N * sizeof *data, "data") == PIPERT_OK, "memory");
-    CHILD_CHECK(ctx, pt_device_mean_start(m, g, data, N) == PIPERT_OK, "start");
+    CHILD_CHECK(ctx, pt_device_collective_mean_start(m, g, data, N) == PIPERT_OK, "start");
     if (ctx->rank == 2) {
         sleep(30); /* never drives its mean: killed meanwhile */
         return 1;
     }
-    pipert_result rc = pt_device_mean_wait_for(m, 0.5);
+    pipert_result rc = pt_device_collective_wait_for(m, 0.5);
     CHILD_CHECK(ctx, rc == PIPERT_ERR_TIMEOUT, "the mean ended (%s) while member 2 took nothing",
                 pipert_result_str(rc));
     if (ctx->rank == 0) CHILD_CHECK(ctx, request_kill(ctx, 2), "kill request");
-    for (int i = 0; i < 300 && (rc = pt_device_mean_wait_for(m, 0.1)) == PIPERT_ERR_TIMEOUT; i++) {}
+    for (int i = 0; i < 300 && (rc = pt_device_collective_wait_for(m, 0.1)) == PIPERT_ERR_TIMEOUT; i++) {}
     CHILD_CHECK(ctx, rc == PIPERT_ERR_PEER && strstr(pipert_last_error(), "rank 2") &&
                          strstr(pipert_last_error(), "device mean over 3 members"),
                 "the mean ended %s: %s", pipert_result_str(rc), pipert_last_error());
     /* a new mean over the survivors needs a new group: the dead member's is done with */
-    pt_device_mean_abandon(m);
+    pt_device_collective_abandon(m);
     pt_transport_destroy(ctx->t); /* nothing writes the retired buffers any more */
     ctx->t = NULL;
-    pt_device_mean_free(m);
+    pt_device_collective_free(m);
     table.free(data);
     pt_group_destroy(g);
     return 0;
 }
 
-Test(device_mean, a_killed_member_fails_the_mean_naming_it)
+Test(device_collective, a_killed_member_fails_the_mean_naming_it)
 {
     RUN_JOB(((job_spec){.n = 3, .body = killed_member_body, .mesh = 1, .expect_killed = {0, 0, 1}}));
 }
