@@ -82,7 +82,8 @@ static pipert_result allreduce_after_backward(void *state, pt_coupling_point *at
     char what[96];
     snprintf(what, sizeof what, "averaging the gradients of step %ld", at->step);
     if (s->on_device) {
-        PT_TRY(pt_device_collective_mean_start(s->device_mean, s->options.replicas, at->grads, at->n_params));
+        PT_TRY(pt_device_collective_mean_start(s->device_mean, s->options.replicas, at->grads,
+                                               at->n_params));
         PT_TRY(pt_coupling_wait_device_collective(&s->options, s->device_mean, what));
         m->bytes_sent += (double)pt_device_collective_mean_bytes(s->options.replicas, at->n_params);
     } else {

@@ -279,8 +279,10 @@ static pipert_result follow_step(pt_coupling *c, pt_coupling_point *at)
 {
     const bool host = host_reads_kernel_memory(c);
     if (c->runs_method && c->method->after_step) {
-        if (host || !c->method->host_parameters || !method_has_peers(c)) PT_TRY(run_after_step(c, at));
-        else PT_TRY(on_host_parameters(c, at, run_after_step));
+        if (host || !c->method->host_parameters || !method_has_peers(c))
+            PT_TRY(run_after_step(c, at));
+        else
+            PT_TRY(on_host_parameters(c, at, run_after_step));
     }
     if (!c->by_sites || !c->options.site_replicas || !c->method->after_step) return PIPERT_OK;
     if (host || c->site_on_device) return site_follow_leader(c, at);

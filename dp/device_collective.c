@@ -21,7 +21,7 @@ struct pt_device_collective {
     float *incoming;  /* device: another member's chunk arrives here (a broadcast's too: a late
                          copy must never land in the tensor itself) */
     float *sum;       /* device: the chunk's running sum in member order (R > 2) */
-    float *host_in;   /* host: a chunk that came as bytes (and the descriptor of one that did not) */
+    float *host_in;   /* host: a chunk that came as bytes (or the descriptor of one that did not) */
     float *host_out;  /* host: this member's chunk for members that take bytes (made when needed) */
     retired retired;
 

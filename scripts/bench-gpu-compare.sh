@@ -22,8 +22,9 @@ out=${OUT:-$(mktemp -d)}
 mkdir -p "$out"
 python=${PYTHON:-python3}
 
-# bench_cuda's "median step X ms, Y tokens/s" line
+# bench_cuda's "median step X ms, Y tokens/s" line, and its "peak device memory X GB" one
 pipert_rate() { sed -n 's/^median step [0-9.]* ms, \([0-9]*\) tokens\/s.*/\1/p' "$1" | tail -n 1; }
+pipert_memory() { sed -n 's/^peak device memory \([0-9.]*\) GB.*/\1 GB/p' "$1" | tail -n 1; }
 
 rows=()
 for flag in "" --tf32 --bf16; do
@@ -32,7 +33,7 @@ for flag in "" --tf32 --bf16; do
   log="$out/pipert${mode:+-$mode}.log"
   # shellcheck disable=SC2086
   if "$build/tests/bench_cuda" $shape --steps 10 $flag >"$log" 2>&1; then
-    rows+=("$name|$(pipert_rate "$log")|")
+    rows+=("$name|$(pipert_rate "$log")|$(pipert_memory "$log")")
   else
     rows+=("$name|failed (see $log)|")
   fi

@@ -201,6 +201,10 @@ static int run(const bench_options *o, const char *data)
                    1e-12 * fp32_peak);
         else
             printf("MFU: no peak known for \"%s\" (kernels/cuda/device_peak.c)\n", device.name);
+        pt_cuda_device_info after;
+        if (pt_cuda_device_query(&after) == PIPERT_OK) /* what PyTorch's max_memory_allocated says */
+            printf("peak device memory %.2f GB (the arena's high-water mark, of %.1f GB)\n",
+                   1e-9 * (double)after.arena_peak_bytes, 1e-9 * (double)after.arena_bytes);
         if (o->profile) print_profile();
     }
     free(seconds);

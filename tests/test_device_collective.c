@@ -94,8 +94,18 @@ static int offers_heard(rank_context *ctx, pt_group *g, int except)
     return 0;
 }
 
-/* One mean of n floats in chunks of `chunk`, checked against the reference. */
-static int mean_matches(rank_context *ctx, pt_group *g, pt_device_collective *m, size_t n, int round)
+/* Drives m until it ends or `seconds` pass (PIPERT_ERR_TIMEOUT). */
+static pipert_result drive(pt_device_collective *m, double seconds)
+{
+    pipert_result rc = PIPERT_ERR_TIMEOUT;
+    for (double waited = 0; waited < seconds && rc == PIPERT_ERR_TIMEOUT; waited += 0.1)
+        rc = pt_device_collective_wait_for(m, 0.1);
+    return rc;
+}
+
+/* One mean of n floats, checked against the reference. */
+static int mean_matches(rank_context *ctx, pt_group *g, pt_device_collective *m, size_t n,
+                        int round)
 {
     float *host = malloc(n * sizeof *host), *data = NULL;
     CHILD_CHECK(ctx, host && table.alloc((void **)&data, n * sizeof *data, "data") == PIPERT_OK,
@@ -103,16 +113,15 @@ static int mean_matches(rank_context *ctx, pt_group *g, pt_device_collective *m,
     for (size_t i = 0; i < n; i++) host[i] = input(ctx->rank, i, round);
     pt_kernels_cpu_guarded()->copy_to_device(data, host, n * sizeof *host);
     CHILD_CHECK(ctx, pt_device_collective_mean_start(m, g, data, n) == PIPERT_OK, "start");
-    pipert_result rc;
-    for (int i = 0; i < 600 && (rc = pt_device_collective_wait_for(m, 0.1)) == PIPERT_ERR_TIMEOUT; i++) {}
+    const pipert_result rc = drive(m, 60);
     CHILD_CHECK(ctx, rc == PIPERT_OK, "the mean ended %s: %s", pipert_result_str(rc),
                 pipert_last_error());
     table.copy_to_host(host, data, n * sizeof *host);
     for (size_t i = 0; i < n; i++) {
         const float want = reference(ctx->n, i, round);
         CHILD_CHECK(ctx, memcmp(&host[i], &want, sizeof want) == 0,
-                    "round %d, element %zu of %zu: %.9g, the members' ordered sum gives %.9g", round,
-                    i, n, host[i], want);
+                    "round %d, element %zu of %zu: %.9g, the members' ordered sum gives %.9g",
+                    round, i, n, host[i], want);
     }
     table.free(data);
     free(host);
@@ -128,16 +137,17 @@ static int broadcast_matches(rank_context *ctx, pt_group *g, pt_device_collectiv
                 "memory");
     for (size_t i = 0; i < n; i++) host[i] = input(ctx->rank, i, 7);
     pt_kernels_cpu_guarded()->copy_to_device(data, host, n * sizeof *host);
-    CHILD_CHECK(ctx, pt_device_collective_broadcast_start(m, g, data, n, root) == PIPERT_OK, "start");
-    pipert_result rc;
-    for (int i = 0; i < 600 && (rc = pt_device_collective_wait_for(m, 0.1)) == PIPERT_ERR_TIMEOUT; i++) {}
+    CHILD_CHECK(ctx, pt_device_collective_broadcast_start(m, g, data, n, root) == PIPERT_OK,
+                "start");
+    const pipert_result rc = drive(m, 60);
     CHILD_CHECK(ctx, rc == PIPERT_OK, "the broadcast ended %s: %s", pipert_result_str(rc),
                 pipert_last_error());
     table.copy_to_host(host, data, n * sizeof *host);
     for (size_t i = 0; i < n; i++) {
         const float want = input(root, i, 7);
         CHILD_CHECK(ctx, memcmp(&host[i], &want, sizeof want) == 0,
-                    "broadcast from %d, element %zu: %.9g, the root's %.9g", root, i, host[i], want);
+                    "broadcast from %d, element %zu: %.9g, the root's %.9g", root, i, host[i],
+                    want);
     }
     const size_t sent = pt_device_collective_broadcast_bytes(g, n, root);
     CHILD_CHECK(ctx, sent == (ctx->rank == root ? (size_t)(ctx->n - 1) * n * sizeof(float) : 0),
@@ -168,7 +178,8 @@ static int device_to_device_body(rank_context *ctx)
                 "%d peer copies and %d chunks as bytes; 2 rounds of %d chunks from %d members "
                 "should all be peer copies",
                 peer_copies, host_arrivals, chunks, ctx->n - 1);
-    CHILD_CHECK(ctx, pt_device_collective_mean_bytes(g, N) == (size_t)(ctx->n - 1) * N * sizeof(float),
+    CHILD_CHECK(ctx,
+                pt_device_collective_mean_bytes(g, N) == (size_t)(ctx->n - 1) * N * sizeof(float),
                 "bytes sent");
     if (broadcast_matches(ctx, g, m, N, ctx->n - 1)) return 1;
     pt_device_collective_free(m);
@@ -176,9 +187,18 @@ static int device_to_device_body(rank_context *ctx)
     return 0;
 }
 
-Test(device_collective, device_to_device_2_members) { RUN_JOB(((job_spec){.n = 2, .body = device_to_device_body, .mesh = 1})); }
-Test(device_collective, device_to_device_3_members) { RUN_JOB(((job_spec){.n = 3, .body = device_to_device_body, .mesh = 1})); }
-Test(device_collective, device_to_device_4_members) { RUN_JOB(((job_spec){.n = 4, .body = device_to_device_body, .mesh = 1})); }
+Test(device_collective, device_to_device_2_members)
+{
+    RUN_JOB(((job_spec){.n = 2, .body = device_to_device_body, .mesh = 1}));
+}
+Test(device_collective, device_to_device_3_members)
+{
+    RUN_JOB(((job_spec){.n = 3, .body = device_to_device_body, .mesh = 1}));
+}
+Test(device_collective, device_to_device_4_members)
+{
+    RUN_JOB(((job_spec){.n = 4, .body = device_to_device_body, .mesh = 1}));
+}
 
 /* Member 2 copies nobody's device memory: what goes to it goes as bytes, and its own chunks go
  * as bytes to everyone (nobody heard an offer from it); the result is the same bits. Chunks
@@ -202,8 +222,8 @@ static int bytes_body(rank_context *ctx)
                     ctx->rank, host_arrivals, chunks);
     pt_device_collective_free(m);
     pt_device_collective *small;
-    CHILD_CHECK(ctx, pt_device_collective_create(&table, PT_TRANSPORT_INLINE_BYTES / sizeof(float), &small) ==
-                         PIPERT_OK,
+    const size_t inline_floats = PT_TRANSPORT_INLINE_BYTES / sizeof(float);
+    CHILD_CHECK(ctx, pt_device_collective_create(&table, inline_floats, &small) == PIPERT_OK,
                 "create");
     if (mean_matches(ctx, g, small, 5000, 1)) return 1;
     pt_device_collective_free(small);
@@ -236,7 +256,7 @@ static int killed_member_body(rank_context *ctx)
     CHILD_CHECK(ctx, rc == PIPERT_ERR_TIMEOUT, "the mean ended (%s) while member 2 took nothing",
                 pipert_result_str(rc));
     if (ctx->rank == 0) CHILD_CHECK(ctx, request_kill(ctx, 2), "kill request");
-    for (int i = 0; i < 300 && (rc = pt_device_collective_wait_for(m, 0.1)) == PIPERT_ERR_TIMEOUT; i++) {}
+    rc = drive(m, 30);
     CHILD_CHECK(ctx, rc == PIPERT_ERR_PEER && strstr(pipert_last_error(), "rank 2") &&
                          strstr(pipert_last_error(), "device mean over 3 members"),
                 "the mean ended %s: %s", pipert_result_str(rc), pipert_last_error());
@@ -252,5 +272,6 @@ static int killed_member_body(rank_context *ctx)
 
 Test(device_collective, a_killed_member_fails_the_mean_naming_it)
 {
-    RUN_JOB(((job_spec){.n = 3, .body = killed_member_body, .mesh = 1, .expect_killed = {0, 0, 1}}));
+    RUN_JOB(((job_spec){
+        .n = 3, .body = killed_member_body, .mesh = 1, .expect_killed = {0, 0, 1}}));
 }

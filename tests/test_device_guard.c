@@ -289,7 +289,7 @@ Test(guard, replicas_averaging_gradients, .timeout = 300)
     expect_same_job("--replicas 2 --dp.method=allreduce", 1, 2, "2 replicas, allreduce");
 }
 
-/* Three replicas average in device memory in the replicas' order (dp/device_mean.h), the
+/* Three replicas average in device memory in the replicas' order (dp/device_collective.h), the
  * ring in its own, so the losses differ in the last bits only: within 1e-5 of the CPU's
  * over 10 steps. Through host copies (PIPERT_DEVICE_PAYLOADS=0) it is the CPU's ring,
  * bit for bit. */
