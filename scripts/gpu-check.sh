@@ -247,7 +247,8 @@ run() {
       transfer_share "$jobs/gpt2-two-staged/trace.json" "$(python3 -c "$median_step" "$jobs/gpt2-one/metrics.jsonl")"; } ||
     echo "  2 stages through host copies: FAIL: $(why "$jobs/gpt2-two-staged")"
   echo "  2 replicas sharing the GPU, each dp.method's step against none's (allreduce: the mean in device memory,"
-  echo "  and through host copies with PIPERT_DEVICE_PAYLOADS=0; the others: host copies of what they exchange):"
+  echo "  and through host copies with PIPERT_DEVICE_PAYLOADS=0; sparse: its partition through the host; diloco:"
+  echo "  fragments at outer steps):"
   for method in none allreduce allreduce-staged sparse diloco; do
     payloads=1; [ "$method" = allreduce-staged ] && payloads=0
     # shellcheck disable=SC2086
