@@ -637,7 +637,7 @@ static pipert_result client_setup(pt_coord_client *c, const pt_coord_client_opti
     pt_coord_client_handle_buffered(c);
     if (pipe2(c->stop_pipe, O_CLOEXEC) != 0)
         return pt_fail(PIPERT_ERR_INTERNAL, "pipe: %s", strerror(errno));
-    int rc = pthread_create(&c->thread, NULL, client_thread, c);
+    int rc = pt_log_thread_create(&c->thread, client_thread, c);
     if (rc != 0) return pt_fail(PIPERT_ERR_INTERNAL, "heartbeat thread: %s", strerror(rc));
     c->thread_started = true;
     return PIPERT_OK;

@@ -641,7 +641,7 @@ static void *serve_thread(void *arg)
 pipert_result pt_coordinator_start(pt_coordinator *c)
 {
     if (c->thread_started) return pt_fail(PIPERT_ERR_INVALID_ARG, "coordinator: already serving");
-    int rc = pthread_create(&c->thread, NULL, serve_thread, c);
+    int rc = pt_log_thread_create(&c->thread, serve_thread, c);
     if (rc != 0) return pt_fail(PIPERT_ERR_INTERNAL, "coordinator: thread: %s", strerror(rc));
     c->thread_started = true;
     return PIPERT_OK;

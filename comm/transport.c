@@ -181,7 +181,7 @@ pipert_result pt_transport_create(const pt_transport_options *options, pt_transp
     if (rc == PIPERT_OK) rc = pt_transport_publish_address(t);
     if (rc == PIPERT_OK) pt_transport_find_ucx_listeners(t);
     if (rc == PIPERT_OK) pt_transport_await_hellos(t); /* before the thread: no lock needed */
-    if (rc == PIPERT_OK && pthread_create(&t->thread, NULL, pt_transport_progress_main, t) != 0)
+    if (rc == PIPERT_OK && pt_log_thread_create(&t->thread, pt_transport_progress_main, t) != 0)
         rc = pt_fail(PIPERT_ERR_TRANSPORT, "transport: cannot start the progress thread");
     if (rc != PIPERT_OK) {
         release(t);

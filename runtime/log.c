@@ -1,5 +1,6 @@
 #include "runtime/log.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -17,6 +18,31 @@ const pt_log_sink *pt_log_use_sink(const pt_log_sink *sink)
     const pt_log_sink *previous = thread_sink;
     thread_sink = sink;
     return previous;
+}
+
+/* A thread started by pt_log_thread_create: its creator's sink, then its main. */
+typedef struct inheriting_thread {
+    void *(*main)(void *);
+    void *arg;
+    const pt_log_sink *sink;
+} inheriting_thread;
+
+static void *start_inheriting(void *start)
+{
+    const inheriting_thread thread = *(inheriting_thread *)start;
+    free(start);
+    pt_log_use_sink(thread.sink);
+    return thread.main(thread.arg);
+}
+
+int pt_log_thread_create(pthread_t *thread, void *(*main)(void *), void *arg)
+{
+    inheriting_thread *start = malloc(sizeof *start);
+    if (!start) return ENOMEM;
+    *start = (inheriting_thread){main, arg, thread_sink};
+    const int rc = pthread_create(thread, NULL, start_inheriting, start);
+    if (rc != 0) free(start);
+    return rc;
 }
 
 static void read_level_from_env(void)

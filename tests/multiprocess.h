@@ -42,6 +42,7 @@
 
 #include "runtime/clock.h"
 #include "runtime/log.h"
+#include "comm/collectives.h"
 #include "comm/transport.h"
 
 #define MAX_RANKS 8
@@ -102,6 +103,20 @@ typedef struct up_record {
             return 1;                                                                              \
         }                                                                                          \
     } while (0)
+
+/* A checksummed group of every rank of the job, with id `id`; NULL (said on stderr) on failure. */
+static inline pt_group *whole_group(rank_context *ctx, uint32_t id)
+{
+    int ranks[MAX_RANKS];
+    for (int r = 0; r < ctx->n; r++) ranks[r] = r;
+    pt_group_options options = PT_GROUP_OPTIONS_INIT;
+    options.id = id;
+    options.checksum = 1;
+    pt_group *g = NULL;
+    if (pt_group_create(ctx->t, ranks, ctx->n, &options, &g) != PIPERT_OK)
+        fprintf(stderr, "rank %d: pt_group_create: %s\n", ctx->rank, pipert_last_error());
+    return g;
+}
 
 /* Asks the test process to SIGKILL `rank`; returns 1 if the request went out. */
 static inline int request_kill(rank_context *ctx, int rank)

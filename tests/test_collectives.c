@@ -44,19 +44,6 @@ static float exact_input(int rank, size_t i, int salt)
     return (float)((int)((rank * 7919u + i * 31u + (unsigned)salt * 101u) % 97u) - 48) * 0.25f;
 }
 
-static pt_group *whole_group(rank_context *ctx, uint32_t id)
-{
-    int ranks[MAX_RANKS];
-    for (int r = 0; r < ctx->n; r++) ranks[r] = r;
-    pt_group_options options = PT_GROUP_OPTIONS_INIT;
-    options.id = id;
-    options.checksum = 1;
-    pt_group *g = NULL;
-    if (pt_group_create(ctx->t, ranks, ctx->n, &options, &g) != PIPERT_OK)
-        fprintf(stderr, "rank %d: pt_group_create: %s\n", ctx->rank, pipert_last_error());
-    return g;
-}
-
 /* Checks data[0..count) against the serial sum (or mean) over `members` of exact_input. */
 static int check_exact(rank_context *ctx, const float *data, size_t count, const int *members,
                        int n_members, pt_reduce_op op, int salt, const char *what)

@@ -68,18 +68,6 @@ static float reference(int R, size_t i, int round)
     return sum * (1.0f / (float)R);
 }
 
-static pt_group *whole_group(rank_context *ctx)
-{
-    int ranks[MAX_RANKS];
-    for (int r = 0; r < ctx->n; r++) ranks[r] = r;
-    pt_group_options options = PT_GROUP_OPTIONS_INIT;
-    options.id = 5;
-    options.checksum = 1;
-    pt_group *g = NULL;
-    if (pt_group_create(ctx->t, ranks, ctx->n, &options, &g) != PIPERT_OK) return NULL;
-    return g;
-}
-
 /* Every other member but `except` said it copies this one's device memory (within 10 s). */
 static int offers_heard(rank_context *ctx, pt_group *g, int except)
 {
@@ -166,7 +154,7 @@ enum { CHUNK = 20000, N = 4 * CHUNK + 517 }; /* 5 chunks of 16,103 or 16,104 flo
 static int device_to_device_body(rank_context *ctx)
 {
     use_counted_table(ctx, 1);
-    pt_group *g = whole_group(ctx);
+    pt_group *g = whole_group(ctx, 5);
     CHILD_CHECK(ctx, g && pt_group_copies_device_memory(g), "this member copies every other's");
     CHILD_CHECK(ctx, offers_heard(ctx, g, -1), "offers");
     pt_device_collective *m;
@@ -206,7 +194,7 @@ Test(device_collective, device_to_device_4_members)
 static int bytes_body(rank_context *ctx)
 {
     use_counted_table(ctx, ctx->rank != 2);
-    pt_group *g = whole_group(ctx);
+    pt_group *g = whole_group(ctx, 5);
     CHILD_CHECK(ctx, g, "group");
     CHILD_CHECK(ctx, pt_group_copies_device_memory(g) == (ctx->rank != 2), "copies");
     if (ctx->rank != 2) CHILD_CHECK(ctx, offers_heard(ctx, g, 2), "offers");
@@ -241,7 +229,7 @@ Test(device_collective, as_bytes_where_a_member_copies_no_device_memory)
 static int killed_member_body(rank_context *ctx)
 {
     use_counted_table(ctx, 1);
-    pt_group *g = whole_group(ctx);
+    pt_group *g = whole_group(ctx, 5);
     CHILD_CHECK(ctx, g && offers_heard(ctx, g, -1), "group and offers");
     pt_device_collective *m;
     CHILD_CHECK(ctx, pt_device_collective_create(&table, CHUNK, &m) == PIPERT_OK, "create");

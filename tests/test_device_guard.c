@@ -205,17 +205,17 @@ static void expect_every_log_says(const char *dir, int ranks, const char *line, 
     }
 }
 
-/* The replicas of every stage averaged their gradients in device memory, not through host
- * copies. */
-static void expect_device_mean(const char *dir, int ranks, const char *what)
-{
-    expect_every_log_says(dir, ranks, "replicas average their gradients in device memory", what);
-}
+/* What each rank of a job of replicas averaging on the devices logs (dp/device_collective.h). */
+#define DEVICE_MEAN_LINE "replicas average their gradients in device memory"
+#define DEVICE_SITE_LINE                                                                           \
+    "replicas of this site average their gradients and take their leader's parameters in device " \
+    "memory"
 
 /* Runs `layout` on both tables and compares each step's loss and every
  * checkpoint file of the last step (parameters, moments, stashes, the
- * coupling's state). */
-static void expect_same_job(const char *layout, int stages, int replicas, const char *what)
+ * coupling's state); every rank on cpu-guarded logs `line` (NULL: no check). */
+static void expect_same_job_saying(const char *layout, int stages, int replicas, const char *line,
+                                   const char *what)
 {
     char *cpu = make_temp_dir(), *guarded = make_temp_dir();
     run_pipert_ok("launch --quiet %s --out %s " MODEL " --train.steps=%d --runtime.device=cpu",
@@ -224,7 +224,7 @@ static void expect_same_job(const char *layout, int stages, int replicas, const 
                        " --train.steps=%d --runtime.device=cpu-guarded",
                        layout, guarded, STEPS);
     if (stages > 1) expect_device_to_device(guarded, what);
-    if (replicas > 1 && strstr(layout, "allreduce")) expect_device_mean(guarded, stages * replicas, what);
+    if (line) expect_every_log_says(guarded, stages * replicas, line, what);
     double a[MAX_STEPS] = {0}, b[MAX_STEPS] = {0};
     cr_assert_eq(read_metric_steps(cpu, "metrics.jsonl", "loss", a, MAX_STEPS), STEPS, "%s", what);
     cr_assert_eq(read_metric_steps(guarded, "metrics.jsonl", "loss", b, MAX_STEPS), STEPS, "%s", what);
@@ -248,6 +248,13 @@ static void expect_same_job(const char *layout, int stages, int replicas, const 
         }
     remove_dir(cpu);
     remove_dir(guarded);
+}
+
+/* ... where an all-reduce's replicas average on the devices. */
+static void expect_same_job(const char *layout, int stages, int replicas, const char *what)
+{
+    const bool device_mean = replicas > 1 && strstr(layout, "allreduce");
+    expect_same_job_saying(layout, stages, replicas, device_mean ? DEVICE_MEAN_LINE : NULL, what);
 }
 
 /* PIPERT_DEVICE_PAYLOADS=0: the same job through host copies, with the same bits. */
@@ -301,7 +308,7 @@ Test(guard, three_replicas_average_in_device_memory, .timeout = 300)
     run_pipert_ok(job, cpu, STEPS, "cpu");
     run_pipert_ok_info(job, device, STEPS, "cpu-guarded");
     run_pipert_ok_with("PIPERT_LOG=info PIPERT_DEVICE_PAYLOADS=0", job, host, STEPS, "cpu-guarded");
-    expect_device_mean(device, 3, "3 replicas");
+    expect_every_log_says(device, 3, DEVICE_MEAN_LINE, "3 replicas");
     char *log = read_named(host, "/logs/rank-0.log");
     cr_expect(strstr(log, "replicas average their gradients through host copies"),
               "3 replicas with PIPERT_DEVICE_PAYLOADS=0:\n%s", log);
@@ -325,30 +332,8 @@ Test(guard, three_replicas_average_in_device_memory, .timeout = 300)
  * the ring's bits, so the job is the CPU's bit for bit. */
 Test(guard, sites_average_and_follow_their_leader_in_device_memory, .timeout = 300)
 {
-    const char *layout = "--replicas 4 --sites 2 --dp.method=sparse --dp.delay=2";
-    char *cpu = make_temp_dir(), *guarded = make_temp_dir();
-    run_pipert_ok("launch --quiet %s --out %s " MODEL " --train.steps=%d --runtime.device=cpu",
-                  layout, cpu, STEPS);
-    run_pipert_ok_info("launch --quiet %s --out %s " MODEL
-                       " --train.steps=%d --runtime.device=cpu-guarded",
-                       layout, guarded, STEPS);
-    expect_every_log_says(guarded, 4,
-                          "replicas of this site average their gradients and take their leader's "
-                          "parameters in device memory",
-                          "2 sites of 2 replicas");
-    double a[MAX_STEPS] = {0}, b[MAX_STEPS] = {0};
-    cr_assert_eq(read_metric_steps(cpu, "metrics.jsonl", "loss", a, MAX_STEPS), STEPS);
-    cr_assert_eq(read_metric_steps(guarded, "metrics.jsonl", "loss", b, MAX_STEPS), STEPS);
-    for (int i = 0; i < STEPS; i++)
-        cr_expect_eq(a[i], b[i], "step %d's loss: cpu %.9g, cpu-guarded %.9g", i + 1, a[i], b[i]);
-    for (int r = 0; r < 4; r++) {
-        char name[96];
-        if (r == 0) snprintf(name, sizeof name, "ckpt-%08d-stage-0.safetensors", STEPS);
-        else snprintf(name, sizeof name, "ckpt-%08d-stage-0-replica-%d.safetensors", STEPS, r);
-        expect_same_tensors(cpu, guarded, name, "2 sites of 2 replicas");
-    }
-    remove_dir(cpu);
-    remove_dir(guarded);
+    expect_same_job_saying("--replicas 4 --sites 2 --dp.method=sparse --dp.delay=2", 1, 4,
+                           DEVICE_SITE_LINE, "2 sites of 2 replicas");
 }
 
 Test(guard, sparse_averaging_between_pipelines, .timeout = 300)

@@ -124,19 +124,6 @@ static pipert_config config_for(const sparse_setup *u)
     return cfg;
 }
 
-static pt_group *whole_group(rank_context *ctx)
-{
-    int ranks[MAX_RANKS];
-    for (int r = 0; r < ctx->n; r++) ranks[r] = r;
-    pt_group_options options = PT_GROUP_OPTIONS_INIT;
-    options.id = 3;
-    options.checksum = 1;
-    pt_group *g = NULL;
-    if (pt_group_create(ctx->t, ranks, ctx->n, &options, &g) != PIPERT_OK)
-        fprintf(stderr, "rank %d: pt_group_create: %s\n", ctx->rank, pipert_last_error());
-    return g;
-}
-
 static pt_coupling *make_coupling(const pipert_config *cfg, pt_group *g, int replica)
 {
     pt_coupling_options o = {.config = cfg, .replicas = g, .stage = 0, .replica = replica};
@@ -224,7 +211,7 @@ static sparse_setup job_setup; /* what the bodies below run (set before the fork
 static int serial_reference_body(rank_context *ctx)
 {
     const sparse_setup *u = &job_setup;
-    pt_group *g = whole_group(ctx);
+    pt_group *g = whole_group(ctx, 3);
     CHILD_CHECK(ctx, g, "group");
     pipert_config cfg = config_for(u);
     pt_coupling *c = make_coupling(&cfg, g, ctx->rank);
@@ -341,7 +328,7 @@ static bool check_units(rank_context *ctx, const pt_gpt_tensor *tensor, const bo
 
 static int partition_body(rank_context *ctx)
 {
-    pt_group *g = whole_group(ctx);
+    pt_group *g = whole_group(ctx, 3);
     CHILD_CHECK(ctx, g, "group");
     const long P = 4;
     const sparse_setup u = {.fraction = 1.0 / P, .rule = "avg", .delay = 0, .steps = 100,
@@ -417,7 +404,7 @@ static const char *job_compress; /* dp.compress of the bodies below (set before 
 
 static int checkpoint_body(rank_context *ctx)
 {
-    pt_group *g = whole_group(ctx);
+    pt_group *g = whole_group(ctx, 3);
     CHILD_CHECK(ctx, g, "group");
     const sparse_setup u = {.fraction = 0.25, .rule = "ema", .delay = 3, .steps = 12,
                             .ema_warmup = 2, .lambda = 1.0, .compress = job_compress};
@@ -496,7 +483,7 @@ Test(sparse_coupling, a_restored_coupling_continues_bitwise)
  * says it sends: the codec's bytes, not fp32. */
 static int compressed_body(rank_context *ctx)
 {
-    pt_group *g = whole_group(ctx);
+    pt_group *g = whole_group(ctx, 3);
     CHILD_CHECK(ctx, g, "group");
     const sparse_setup u = {.fraction = 0.5, .rule = "avg", .delay = 0, .steps = 100,
                             .compress = job_compress};
@@ -571,7 +558,7 @@ static wrong_kind wrong;
  * PIPERT_ERR_PEER naming the other, and θ is left as the optimizer made it. */
 static int wrong_peer_body(rank_context *ctx)
 {
-    pt_group *g = whole_group(ctx);
+    pt_group *g = whole_group(ctx, 3);
     CHILD_CHECK(ctx, g, "group");
     sparse_setup u = {.fraction = wrong == WRONG_SIZE ? 0.25 : 1.0, .rule = "avg", .delay = 0,
                       .steps = 100};
@@ -672,13 +659,8 @@ static int guarded_body(rank_context *ctx)
     counted_table = *guarded;
     counted_table.copy_to_host = counted_to_host;
     counted_table.copy_to_device = counted_to_device;
-    pt_group *g_host = whole_group(ctx), *g_device = NULL;
-    int ranks[MAX_RANKS];
-    for (int r = 0; r < ctx->n; r++) ranks[r] = r;
-    pt_group_options options = PT_GROUP_OPTIONS_INIT;
-    options.id = 4;
-    CHILD_CHECK(ctx, g_host && pt_group_create(ctx->t, ranks, ctx->n, &options, &g_device) == PIPERT_OK,
-                "groups");
+    pt_group *g_host = whole_group(ctx, 3), *g_device = whole_group(ctx, 4);
+    CHILD_CHECK(ctx, g_host && g_device, "groups");
     pipert_config cfg = config_for(&u);
     pt_coupling *on_host = make_coupling(&cfg, g_host, ctx->rank), *on_device = NULL;
     pt_coupling_options o = {.config = &cfg, .kernels = &counted_table, .replicas = g_device,

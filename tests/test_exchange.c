@@ -59,12 +59,6 @@ static pt_group *make_group(rank_context *ctx, const int *ranks, int n_ranks, ui
     return g;
 }
 
-static pt_group *whole_group(rank_context *ctx, uint32_t id)
-{
-    int ranks[MAX_RANKS];
-    for (int r = 0; r < ctx->n; r++) ranks[r] = r;
-    return make_group(ctx, ranks, ctx->n, id);
-}
 
 /* ---- inputs ----------------------------------------------------------------- */
 

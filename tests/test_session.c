@@ -412,3 +412,76 @@ static void check_stop_returns(int stages, const char *reason)
 Test(session, stop_returns_from_a_pipeline_wait) { check_stop_returns(2, NULL); }
 Test(session, stop_returns_from_a_replica_collective) { check_stop_returns(1, NULL); }
 Test(session, abort_returns_with_its_reason) { check_stop_returns(2, "simulation diverged"); }
+
+/* ---- the library's own threads log through the session's callback -------------- */
+
+static pthread_t calling_thread;
+static int transport_lines_elsewhere; /* from another thread than the session's caller */
+static pthread_mutex_t capture_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void capture_threads(void *user, pipert_log_level level, const char *line)
+{
+    (void)user;
+    (void)level;
+    pthread_mutex_lock(&capture_lock); /* the callback is called from several threads */
+    if (!pthread_equal(pthread_self(), calling_thread) && strstr(line, "transport: "))
+        transport_lines_elsewhere++;
+    pthread_mutex_unlock(&capture_lock);
+}
+
+/* Two replicas, logging at debug level to a callback, stderr going to a file: the progress
+ * thread's lines (a peer connected, a peer left) reach the callback, and no line of pipert's
+ * reaches stderr (UCX's own may). Each rank prints "<rank> <lines from other threads> <pipert
+ * lines on stderr>". */
+static int callback_rank(int rank, int n, hub_link *link, int out_fd)
+{
+    char path[128];
+    snprintf(path, sizeof path, "%s/stderr-%d", job_dir, rank);
+    FILE *err = freopen(path, "w", stderr);
+    if (!err) return 1;
+    calling_thread = pthread_self();
+    pipert_config *cfg = small_config(NULL);
+    pipert_oob oob = {.rank = rank, .size = n, .allgather = hub_allgather, .user = link};
+    pipert_session_options o = PIPERT_SESSION_OPTIONS_INIT;
+    o.out_dir = job_dir;
+    o.stages = 1;
+    o.oob = &oob;
+    o.log = capture_threads;
+    o.log_level = PIPERT_LOG_DEBUG;
+    pipert_session *s = NULL;
+    int failed = pipert_session_create(cfg, &o, &s) != PIPERT_OK;
+    pipert_config_free(cfg);
+    pipert_metrics m = {.size = sizeof m};
+    for (int step = 0; !failed && step < 3; step++) failed = pipert_session_step(s, &m) != PIPERT_OK;
+    pipert_session_destroy(s);
+    fflush(stderr);
+    FILE *written = fopen(path, "r");
+    long ours = written ? 0 : -1;
+    char line[4096];
+    while (written && fgets(line, sizeof line, written))
+        ours += strstr(line, " debug ") || strstr(line, " info  ") || strstr(line, " warn  ") ||
+                strstr(line, " error ");
+    if (written) fclose(written);
+    dprintf(out_fd, "%d %d %ld\n", rank, transport_lines_elsewhere, ours);
+    return failed;
+}
+
+Test(session, the_librarys_threads_log_through_the_callback)
+{
+    snprintf(job_dir, sizeof job_dir, "%s", temp_dir());
+    char out[256];
+    cr_assert_eq(run_ranks(2, callback_rank, out, sizeof out), 2, "ranks failed: %s", out);
+    int ranks = 0, elsewhere_total = 0;
+    for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n")) {
+        int rank, elsewhere;
+        long bytes;
+        cr_assert_eq(sscanf(line, "%d %d %ld", &rank, &elsewhere, &bytes), 3, "line: %s", line);
+        cr_expect_eq(bytes, 0, "rank %d wrote %ld lines of pipert's to stderr (see %s/stderr-%d)",
+                     rank, bytes, job_dir, rank);
+        elsewhere_total += elsewhere;
+        ranks++;
+    }
+    cr_expect_eq(ranks, 2);
+    cr_expect_gt(elsewhere_total, 0, "no transport line reached the callback from the progress "
+                                     "thread");
+}

@@ -133,7 +133,9 @@ typedef enum pipert_log_level {
     PIPERT_LOG_DEBUG,
 } pipert_log_level;
 
-/* Receives every log line of the session (no trailing newline). */
+/* Receives every log line of the session (no trailing newline): from the threads that call
+ * the session and from the library's own (the transport's progress thread, the coordinator's),
+ * possibly at the same time, so it must be thread-safe. */
 typedef void (*pipert_log_fn)(void *user, pipert_log_level level, const char *line);
 
 /* Bring your own bootstrap (like UCC's ucc_oob_coll): an allgather over the
