@@ -307,9 +307,16 @@ static pipert_result set_up(sparse_state *s, const pt_gpt_slice *model)
             return pt_fail(PIPERT_ERR_NOMEM, "dp sparse: no memory for the error feedback of %zu "
                                              "parameters", model->n_params);
     }
-    /* What a checkpoint brought must fit this model. */
+    /* What a checkpoint brought must fit this model: indices inside θ, and no more of them
+     * than a partition of this stage holds (the buffers apply uses are that large). */
     for (int k = 0; k < s->length; k++) {
         const sparse_exchange *x = pt_sparse_queue_at(s, k);
+        if (x->count > max_count)
+            return pt_fail(PIPERT_ERR_FORMAT,
+                           "dp sparse: the checkpoint's exchange of step %ld holds %zu elements, "
+                           "more than a partition of this stage (%zu): it was written for "
+                           "another model or stage split",
+                           x->step, x->count, max_count);
         for (size_t i = 0; i < x->count; i++)
             if (x->index[i] >= model->n_params)
                 return pt_fail(PIPERT_ERR_FORMAT,

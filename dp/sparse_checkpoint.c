@@ -92,6 +92,10 @@ static pipert_result load_exchange(sparse_state *s, const pt_safetensors *st, co
     memcpy(x->index, pt_safetensors_data(st, index), index->nbytes);
     memcpy(x->w_old, pt_safetensors_data(st, w_old), w_old->nbytes);
     memcpy(x->values, pt_safetensors_data(st, average), average->nbytes);
+    if (s->ready && x->count > s->max_count)
+        return pt_fail(PIPERT_ERR_FORMAT, "%s: the exchange of step %ld holds %zu elements, more "
+                                          "than a partition of this stage (%zu)",
+                       path, step, x->count, s->max_count);
     for (size_t i = 0; s->ready && i < x->count; i++)
         if (x->index[i] >= s->n_params)
             return pt_fail(PIPERT_ERR_FORMAT, "%s: the exchange of step %ld indexes element %u "

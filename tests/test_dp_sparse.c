@@ -472,6 +472,61 @@ Test(sparse_coupling, a_restored_coupling_continues_bitwise)
     }
 }
 
+/* A checkpoint's exchange in flight must fit the stage that resumes it. Saved on the three
+ * tensors, where a partition of p = 1/4 holds up to 10 + 3 + 26 = 39 elements (step 4's
+ * does), and resumed on a stage of the same 151 parameters in one tensor, whose partitions
+ * hold at most 38: refused by name, nothing written past the partition's buffers (which the
+ * sanitizer build would see). */
+static int oversized_exchange_body(rank_context *ctx)
+{
+    pt_group *g = whole_group(ctx, 3);
+    CHILD_CHECK(ctx, g, "group");
+    const sparse_setup u = {.fraction = 0.25, .rule = "ema", .delay = 3, .steps = 12,
+                            .ema_warmup = 2, .lambda = 1.0};
+    pipert_config cfg = config_for(&u);
+    fake_stage f;
+    fake_stage_init(&f);
+    float theta[N_PARAMS];
+    for (size_t i = 0; i < N_PARAMS; i++) theta[i] = initial_theta(ctx->rank, i);
+    pt_coupling *c = make_coupling(&cfg, g, ctx->rank);
+    CHILD_CHECK(ctx, c, "coupling");
+    for (long t = 1; t <= 6; t++)
+        CHILD_CHECK(ctx, take_step(c, &f, theta, NULL, ctx->rank, t) == PIPERT_OK, "step %ld", t);
+    char path[128];
+    snprintf(path, sizeof path, "/tmp/pipert-dp-sparse-oversized-%d-rank-%d.safetensors",
+             (int)getppid(), ctx->rank);
+    pt_safetensors_writer *w;
+    CHILD_CHECK(ctx, pt_safetensors_writer_create(&w) == PIPERT_OK, "writer");
+    CHILD_CHECK(ctx, pt_coupling_save(c, w) == PIPERT_OK, "save");
+    CHILD_CHECK(ctx, pt_safetensors_writer_write(w, path) == PIPERT_OK, "write %s", path);
+    pt_safetensors_writer_free(w);
+    pt_coupling_free(c);
+    pt_gpt_tensor whole = {.ndim = 1, .shape = {N_PARAMS}, .numel = N_PARAMS};
+    snprintf(whole.name, sizeof whole.name, "wte.weight");
+    pt_gpt_slice one = {.tensors = &whole, .n_tensors = 1, .n_params = N_PARAMS};
+    c = make_coupling(&cfg, g, ctx->rank);
+    pt_safetensors *st;
+    CHILD_CHECK(ctx, c && pt_safetensors_open(&st, path) == PIPERT_OK, "open %s", path);
+    CHILD_CHECK(ctx, pt_coupling_load(c, st, path) == PIPERT_OK, "load: %s", pipert_last_error());
+    pt_safetensors_close(st);
+    unlink(path);
+    pt_coupling_point at = {.model = &one, .params = theta, .n_params = N_PARAMS, .step = 7};
+    const pipert_result rc = pt_coupling_after_step(c, &at);
+    CHILD_CHECK(ctx, rc == PIPERT_ERR_FORMAT &&
+                         strstr(pipert_last_error(), "exchange of step 4 holds 39 elements") &&
+                         strstr(pipert_last_error(), "more than a partition of this stage (38)"),
+                "step 7 on the other stage: %s: %s", pipert_result_str(rc), pipert_last_error());
+    pt_coupling_free(c);
+    pt_group_destroy(g);
+    return 0;
+}
+
+Test(sparse_coupling, an_exchange_larger_than_this_stages_partitions_is_refused)
+{
+    job_spec spec = {.n = 2, .body = oversized_exchange_body, .mesh = 1};
+    RUN_JOB(spec);
+}
+
 /* ---- compression ------------------------------------------------------------- */
 
 /* p = 1/2, rule avg, dp.delay = 0, two steps: every element is averaged once
