@@ -224,6 +224,40 @@ Test(device_collective, as_bytes_where_a_member_copies_no_device_memory)
     RUN_JOB(((job_spec){.n = 3, .body = bytes_body, .mesh = 1}));
 }
 
+/* A member that averages another count (a peer that sends the wrong thing): the chunks' shapes
+ * differ, and both means end with PIPERT_ERR_PEER naming the field, the peer's rank and the
+ * chunk, without hanging. */
+static int other_count_body(rank_context *ctx)
+{
+    use_counted_table(ctx, 1);
+    pt_group *g = whole_group(ctx, 5);
+    CHILD_CHECK(ctx, g && offers_heard(ctx, g, -1), "group and offers");
+    pt_device_collective *m;
+    CHILD_CHECK(ctx, pt_device_collective_create(&table, CHUNK, &m) == PIPERT_OK, "create");
+    float *data = NULL;
+    CHILD_CHECK(ctx, table.alloc((void **)&data, N * sizeof *data, "data") == PIPERT_OK, "memory");
+    const size_t count = ctx->rank == 0 ? N : N / 2;
+    CHILD_CHECK(ctx, pt_device_collective_mean_start(m, g, data, count) == PIPERT_OK, "start");
+    const pipert_result rc = drive(m, 30);
+    char peer[24];
+    snprintf(peer, sizeof peer, "rank %d", 1 - ctx->rank);
+    CHILD_CHECK(ctx, rc == PIPERT_ERR_PEER && strstr(pipert_last_error(), "shape") &&
+                         strstr(pipert_last_error(), peer) &&
+                         strstr(pipert_last_error(), "chunk 1 of"),
+                "the mean ended %s: %s", pipert_result_str(rc), pipert_last_error());
+    pt_transport_destroy(ctx->t); /* nothing writes the retired buffers any more */
+    ctx->t = NULL;
+    pt_device_collective_free(m);
+    table.free(data);
+    pt_group_destroy(g);
+    return 0;
+}
+
+Test(device_collective, a_member_with_another_count_is_named)
+{
+    RUN_JOB(((job_spec){.n = 2, .body = other_count_body, .mesh = 1}));
+}
+
 /* Member 2 starts the mean and is killed before it receives anything: the others' sends to
  * it fail, and their means end with PIPERT_ERR_PEER naming it, without hanging. */
 static int killed_member_body(rank_context *ctx)
