@@ -41,6 +41,7 @@ CASES=(
   "replicas2-co2-e2m1|--replicas 2 --dp.method=co2 --dp.period=5 --dp.compress=e2m1|1e-3"
   "replicas2-sparse-onebit|--replicas 2 --dp.method=sparse --dp.compress=onebit --dp.delay=2|1e-3"
   "stages2-replicas2-bf16|--stages 2 --replicas 2 --runtime.precision=bf16|3e-3"
+  "replicas4-sites2-sparse|--replicas 4 --sites 2 --dp.method=sparse --dp.delay=2|1e-3"
 )
 
 prepare() {
