@@ -101,8 +101,8 @@ typedef struct pt_kernels {
     /* out[N,OC] = inp[N,C]·W + bias (bias may be NULL) */
     void (*matmul_forward)(float *out, const float *inp, const float *weight, const float *bias,
                            int N, int C, int OC, pt_weight_layout layout);
-    /* dinp[N,C] += dout·Wᵀ (dinp may be NULL); dweight += inpᵀ·dout (layout as
-     * the weight); dbias[OC] += Σ_n dout (dbias may be NULL) */
+    /* dinp[N,C] += dout·Wᵀ; dweight += inpᵀ·dout (layout as the weight); dbias[OC] +=
+     * Σ_n dout. Each of the three may be NULL: that gradient is not computed. */
     void (*matmul_backward)(float *dinp, float *dweight, float *dbias, const float *dout,
                             const float *inp, const float *weight, int N, int C, int OC,
                             pt_weight_layout layout);

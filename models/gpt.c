@@ -140,35 +140,54 @@ static size_t attention_saved_floats(const pt_gpt_slice *s)
     return (size_t)s->B * NH * s->T * s->T;
 }
 
+/* An activation a product reads, in the slice's precision. */
+static pt_gpt_operand carve_operand(const pt_gpt_slice *s, carver *cv, size_t n)
+{
+    if (s->config.precision == PT_PRECISION_BF16)
+        return (pt_gpt_operand){.bf16 = (pt_bf16 *)carve(cv, (n + 1) / 2)};
+    return (pt_gpt_operand){.f32 = carve(cv, n)};
+}
+
 static void carve_activations(pt_gpt_slice *s, carver *cv)
 {
     const size_t N = (size_t)s->B * s->T, C = s->config.n_embd;
     s->input = carve(cv, N * C);
     for (int b = 0; b < s->last - s->first; b++) {
         pt_gpt_block_acts *a = &s->block_acts[b];
-        a->ln_1 = carve(cv, N * C);
+        a->ln_1 = carve_operand(s, cv, N * C);
         a->ln_1_mean = carve(cv, N);
         a->ln_1_rstd = carve(cv, N);
         a->qkv = carve(cv, N * 3 * C);
         a->att = carve(cv, attention_saved_floats(s));
-        a->atty = carve(cv, N * C);
+        a->atty = carve_operand(s, cv, N * C);
         a->residual_2 = carve(cv, N * C);
-        a->ln_2 = carve(cv, N * C);
+        a->ln_2 = carve_operand(s, cv, N * C);
         a->ln_2_mean = carve(cv, N);
         a->ln_2_rstd = carve(cv, N);
         a->fc = carve(cv, N * 4 * C);
-        a->fc_gelu = carve(cv, N * 4 * C);
+        a->fc_gelu = carve_operand(s, cv, N * 4 * C);
         a->residual_3 = carve(cv, N * C);
     }
     if (s->has_head) {
-        s->ln_f = carve(cv, N * C);
+        s->ln_f = carve_operand(s, cv, N * C);
         s->ln_f_mean = carve(cv, N);
         s->ln_f_rstd = carve(cv, N);
-        s->logits = carve(cv, N * (size_t)s->config.vocab_size);
+        s->dln_f = carve(cv, N * C);
         s->losses = carve(cv, N);
         s->targets = (int32_t *)carve(cv, N);
     }
     if (s->has_embedding) s->tokens = (int32_t *)carve(cv, N);
+}
+
+/* Rows of the classifier's logits at a time: as many as the widest activation of a block,
+ * [N, 4C], holds, at least one. At GPT-2's shape (V = 50257, C = 768) that is 1/16 of a
+ * 16 × 1024 batch: 0.2 GB instead of 3.3 GB of logits, in products still large enough to
+ * run at a GEMM's speed. */
+static int head_rows(const pt_gpt_slice *s)
+{
+    const size_t N = (size_t)s->B * s->T, V = (size_t)s->config.vocab_size;
+    const size_t rows = N * 4 * (size_t)s->config.n_embd / V;
+    return rows < 1 ? 1 : rows > N ? (int)N : (int)rows;
 }
 
 static void carve_activation_grads(pt_gpt_slice *s, carver *cv)
@@ -179,11 +198,14 @@ static void carve_activation_grads(pt_gpt_slice *s, carver *cv)
     s->dscratch_3c = carve(cv, N * 3 * C);
     s->dscratch_fc_gelu = carve(cv, N * 4 * C);
     s->dscratch_fc = carve(cv, N * 4 * C);
+    if (s->has_head) {
+        s->head_rows = head_rows(s);
+        s->logits = carve(cv, (size_t)s->head_rows * s->config.vocab_size);
+    }
     size_t rows, weight;
     pt_gpt_matmul_scratch(s, &rows, &weight);
     s->bf16_rows = rows;
     if (!rows) return;
-    s->bf16_in = (pt_bf16 *)carve(cv, (rows + 1) / 2);
     s->bf16_out = (pt_bf16 *)carve(cv, (rows + 1) / 2);
     s->bf16_weight = (pt_bf16 *)carve(cv, (weight + 1) / 2);
 }
@@ -407,6 +429,18 @@ static const float *block_input(const pt_gpt_slice *s, int b)
 
 const float *pt_gpt_output(const pt_gpt_slice *s) { return block_input(s, s->last - s->first); }
 
+/* Where a kernel writes an operand's values: the operand itself (fp32), or the scratch
+ * finish_operand rounds into it (bf16): dscratch_fc, which only a backward uses otherwise. */
+static float *operand_out(const pt_gpt_slice *s, pt_gpt_operand op)
+{
+    return op.f32 ? op.f32 : s->dscratch_fc;
+}
+
+static void finish_operand(const pt_gpt_slice *s, pt_gpt_operand op, size_t n)
+{
+    if (op.bf16) s->kernels->cast_to_bf16(op.bf16, s->dscratch_fc, n);
+}
+
 static void block_forward(pt_gpt_slice *s, int b)
 {
     const pt_kernels *k = s->kernels;
@@ -415,22 +449,28 @@ static void block_forward(pt_gpt_slice *s, int b)
     pt_gpt_block_acts *a = &s->block_acts[b];
     const float *x = block_input(s, b);
 
-    k->layernorm_forward(a->ln_1, a->ln_1_mean, a->ln_1_rstd, x, p->ln_1_weight, p->ln_1_bias, N, C);
+    const size_t NC = (size_t)N * C;
+    k->layernorm_forward(operand_out(s, a->ln_1), a->ln_1_mean, a->ln_1_rstd, x, p->ln_1_weight,
+                         p->ln_1_bias, N, C);
+    finish_operand(s, a->ln_1, NC);
     pt_gpt_matmul_forward(s, a->qkv, a->ln_1, p->c_attn_weight, p->c_attn_bias, N, C, 3 * C,
                           PT_WEIGHT_IN_OUT);
-    k->attention_forward(a->atty, a->att, a->qkv, B, T, C, NH);
+    k->attention_forward(operand_out(s, a->atty), a->att, a->qkv, B, T, C, NH);
+    finish_operand(s, a->atty, NC);
     pt_gpt_matmul_forward(s, a->residual_2, a->atty, p->attn_proj_weight, p->attn_proj_bias, N, C,
                           C, PT_WEIGHT_IN_OUT);
-    k->residual_forward(a->residual_2, a->residual_2, x, (size_t)N * C);
+    k->residual_forward(a->residual_2, a->residual_2, x, NC);
 
-    k->layernorm_forward(a->ln_2, a->ln_2_mean, a->ln_2_rstd, a->residual_2, p->ln_2_weight,
-                         p->ln_2_bias, N, C);
+    k->layernorm_forward(operand_out(s, a->ln_2), a->ln_2_mean, a->ln_2_rstd, a->residual_2,
+                         p->ln_2_weight, p->ln_2_bias, N, C);
+    finish_operand(s, a->ln_2, NC);
     pt_gpt_matmul_forward(s, a->fc, a->ln_2, p->c_fc_weight, p->c_fc_bias, N, C, 4 * C,
                           PT_WEIGHT_IN_OUT);
-    k->gelu_forward(a->fc_gelu, a->fc, (size_t)N * 4 * C);
+    k->gelu_forward(operand_out(s, a->fc_gelu), a->fc, 4 * NC);
+    finish_operand(s, a->fc_gelu, 4 * NC);
     pt_gpt_matmul_forward(s, a->residual_3, a->fc_gelu, p->mlp_proj_weight, p->mlp_proj_bias, N,
                           4 * C, C, PT_WEIGHT_IN_OUT);
-    k->residual_forward(a->residual_3, a->residual_3, a->residual_2, (size_t)N * C);
+    k->residual_forward(a->residual_3, a->residual_3, a->residual_2, NC);
 }
 
 /* Embeddings (stage 0) and every block of the slice. */
@@ -442,14 +482,62 @@ static void trunk_forward(pt_gpt_slice *s)
     for (int b = 0; b < s->last - s->first; b++) block_forward(s, b);
 }
 
-/* ln_f and the logits; the loss is computed by the caller's choice of kernel. */
-static void head_forward_logits(pt_gpt_slice *s)
+/* ---- the classifier: ln_f, the logits and the loss, head_rows rows at a time ---- */
+
+static void head_layernorm(pt_gpt_slice *s)
+{
+    const int N = s->B * s->T, C = s->config.n_embd;
+    s->kernels->layernorm_forward(operand_out(s, s->ln_f), s->ln_f_mean, s->ln_f_rstd,
+                                  pt_gpt_output(s), s->head.ln_f_weight, s->head.ln_f_bias, N, C);
+    finish_operand(s, s->ln_f, (size_t)N * C);
+}
+
+/* The logits of positions [first, first + n) into s->logits. */
+static void head_logits(pt_gpt_slice *s, int first, int n)
+{
+    const int C = s->config.n_embd, V = s->config.vocab_size;
+    pt_gpt_matmul_forward(s, s->logits, pt_gpt_operand_rows(s->ln_f, (size_t)first, (size_t)C),
+                          s->head.lm_head, NULL, n, C, V, PT_WEIGHT_OUT_IN);
+}
+
+static int rows_from(const pt_gpt_slice *s, int first)
+{
+    const int N = s->B * s->T;
+    return N - first < s->head_rows ? N - first : s->head_rows;
+}
+
+/* The losses and, for the loss scaled by loss_scale / N, dln_f and (weight_gradient) the
+ * classifier weight's gradient: each chunk's logits become its dlogits in place and go
+ * into both before the next chunk overwrites them. */
+static void head_loss_and_backward(pt_gpt_slice *s, float loss_scale, bool weight_gradient)
 {
     const pt_kernels *k = s->kernels;
     const int N = s->B * s->T, C = s->config.n_embd, V = s->config.vocab_size;
-    k->layernorm_forward(s->ln_f, s->ln_f_mean, s->ln_f_rstd, pt_gpt_output(s), s->head.ln_f_weight,
-                         s->head.ln_f_bias, N, C);
-    pt_gpt_matmul_forward(s, s->logits, s->ln_f, s->head.lm_head, NULL, N, C, V, PT_WEIGHT_OUT_IN);
+    head_layernorm(s);
+    k->zero(s->dln_f, (size_t)N * C * sizeof(float));
+    for (int first = 0; first < N; first += s->head_rows) {
+        const int n = rows_from(s, first);
+        head_logits(s, first, n);
+        k->crossentropy_forward_backward(s->losses + first, s->logits, s->targets + first, n, V,
+                                         loss_scale / (float)N);
+        pt_gpt_matmul_backward(s, s->dln_f + (size_t)first * C,
+                               weight_gradient ? s->head_grads.lm_head : NULL, NULL, s->logits,
+                               pt_gpt_operand_rows(s->ln_f, (size_t)first, (size_t)C),
+                               s->head.lm_head, n, C, V,
+                               PT_WEIGHT_OUT_IN);
+    }
+}
+
+static void head_loss(pt_gpt_slice *s)
+{
+    const int N = s->B * s->T;
+    head_layernorm(s);
+    for (int first = 0; first < N; first += s->head_rows) {
+        const int n = rows_from(s, first);
+        head_logits(s, first, n);
+        s->kernels->crossentropy_forward(s->losses + first, s->logits, s->targets + first, n,
+                                         s->config.vocab_size);
+    }
 }
 
 static float mean_loss(const pt_gpt_slice *s)
@@ -460,22 +548,26 @@ static float mean_loss(const pt_gpt_slice *s)
 
 void pt_gpt_forward(pt_gpt_slice *s, float loss_scale, float *loss)
 {
+    pt_gpt_matmul_begin_pass(s);
     trunk_forward(s);
     if (!s->has_head) return;
-    const int N = s->B * s->T;
-    head_forward_logits(s);
-    s->kernels->crossentropy_forward_backward(s->losses, s->logits, s->targets, N,
-                                              s->config.vocab_size, loss_scale / (float)N);
+    head_loss_and_backward(s, loss_scale, true);
     if (loss) *loss = mean_loss(s);
+}
+
+void pt_gpt_recompute(pt_gpt_slice *s, float loss_scale)
+{
+    pt_gpt_matmul_begin_pass(s);
+    trunk_forward(s);
+    if (s->has_head) head_loss_and_backward(s, loss_scale, false);
 }
 
 void pt_gpt_forward_eval(pt_gpt_slice *s, float *loss)
 {
+    pt_gpt_matmul_begin_pass(s);
     trunk_forward(s);
     if (!s->has_head) return;
-    head_forward_logits(s);
-    s->kernels->crossentropy_forward(s->losses, s->logits, s->targets, s->B * s->T,
-                                     s->config.vocab_size);
+    head_loss(s);
     if (loss) *loss = mean_loss(s);
 }
 
@@ -520,24 +612,22 @@ static void block_backward(pt_gpt_slice *s, int b)
                           a->ln_1_mean, a->ln_1_rstd, N, C);
 }
 
-/* dresidual ← gradient of the trunk output, from the (already scaled) dlogits. */
+/* dresidual ← gradient of the trunk output, from dln_f (the classifier's backward ran in
+ * the forward). */
 static void head_backward(pt_gpt_slice *s)
 {
     const pt_kernels *k = s->kernels;
-    const int N = s->B * s->T, C = s->config.n_embd, V = s->config.vocab_size;
-    const size_t NC = (size_t)N * C;
-    k->zero(s->dscratch_c, NC * sizeof(float));
-    pt_gpt_matmul_backward(s, s->dscratch_c, s->head_grads.lm_head, NULL, s->logits, s->ln_f,
-                           s->head.lm_head, N, C, V, PT_WEIGHT_OUT_IN);
-    k->zero(s->dresidual, NC * sizeof(float));
+    const int N = s->B * s->T, C = s->config.n_embd;
+    k->zero(s->dresidual, (size_t)N * C * sizeof(float));
     k->layernorm_backward(s->dresidual, s->head_grads.ln_f_weight, s->head_grads.ln_f_bias,
-                          s->dscratch_c, pt_gpt_output(s), s->head.ln_f_weight, s->ln_f_mean,
+                          s->dln_f, pt_gpt_output(s), s->head.ln_f_weight, s->ln_f_mean,
                           s->ln_f_rstd, N, C);
 }
 
 const float *pt_gpt_backward(pt_gpt_slice *s, const float *dout)
 {
     const size_t NC = (size_t)s->B * s->T * s->config.n_embd;
+    pt_gpt_matmul_begin_pass(s);
     if (s->has_head) head_backward(s);
     else s->kernels->copy(s->dresidual, dout, NC * sizeof(float));
     for (int b = s->last - s->first - 1; b >= 0; b--) block_backward(s, b);

@@ -61,19 +61,27 @@ typedef struct pt_gpt_head_params {
     float *lm_head;        /* [V, C]   (last stage; = wte when tied) */
 } pt_gpt_head_params;
 
+/* An activation that feeds a matrix product, kept in the precision the product reads: fp32,
+ * or under runtime.precision = bf16 rounded to bf16 once, as it is made (all a product and
+ * its backward read of it), in half the memory. Exactly one of the pointers is set. */
+typedef struct pt_gpt_operand {
+    float *f32;
+    pt_bf16 *bf16;
+} pt_gpt_operand;
+
 /* Activations kept from the forward for the backward, per block. */
 typedef struct pt_gpt_block_acts {
-    float *ln_1;                  /* [N, C] */
+    pt_gpt_operand ln_1;          /* [N, C] */
     float *ln_1_mean, *ln_1_rstd; /* [N] */
     float *qkv;                   /* [N, 3C] */
     float *att;                   /* what attention saves for its backward: [B, NH, T, T]
                                      probabilities (cpu), or per-row statistics (cuda) */
-    float *atty;                  /* [N, C] attention output before c_proj */
+    pt_gpt_operand atty;          /* [N, C] attention output before c_proj */
     float *residual_2;            /* [N, C] x + attn(ln_1(x)) */
-    float *ln_2;                  /* [N, C] */
+    pt_gpt_operand ln_2;          /* [N, C] */
     float *ln_2_mean, *ln_2_rstd; /* [N] */
     float *fc;                    /* [N, 4C] before GELU */
-    float *fc_gelu;               /* [N, 4C] */
+    pt_gpt_operand fc_gelu;       /* [N, 4C] */
     float *residual_3;            /* [N, C] block output */
 } pt_gpt_block_acts;
 
@@ -100,8 +108,9 @@ typedef struct pt_gpt_slice {
     int act_slots;
     float *input;          /* [N, C] slice input: embeddings (stage 0) or received activations */
     pt_gpt_block_acts *block_acts;
-    float *ln_f, *ln_f_mean, *ln_f_rstd; /* [N, C], [N], [N] */
-    float *logits;         /* [N, V]; holds dlogits after a backward */
+    pt_gpt_operand ln_f;   /* [N, C] */
+    float *ln_f_mean, *ln_f_rstd; /* [N] */
+    float *dln_f;          /* [N, C] gradient of the loss w.r.t. ln_f, from the training forward */
     float *losses;         /* [N] */
     int32_t *tokens, *targets; /* [N] (backend memory) */
 
@@ -111,12 +120,17 @@ typedef struct pt_gpt_slice {
     float *dresidual;   /* [N, C] gradient of the residual stream, block by block */
     float *dscratch_c;  /* [N, C]  d ln_1 / d atty / d ln_2 / d ln_f, one at a time */
     float *dscratch_3c; /* [N, 3C] d qkv */
-    float *dscratch_fc_gelu, *dscratch_fc; /* [N, 4C] each */
-    /* precision = bf16 (models/gpt_matmul.c): the products' operands, rounded as they are
-     * used: an input's or upstream gradient's rows (bf16_rows elements each of bf16_in,
-     * bf16_out), the weight matrix (bf16_weight) */
-    pt_bf16 *bf16_in, *bf16_out, *bf16_weight;
+    float *dscratch_fc_gelu; /* [N, 4C] */
+    float *dscratch_fc; /* [N, 4C]; in a forward, what bf16 operands are rounded from */
+    /* the classifier's logits, then its dlogits, head_rows rows at a time ([head_rows, V]):
+     * the B·T·V of them never exist at once (pt_gpt_forward) */
+    float *logits;
+    int head_rows;
+    /* precision = bf16 (models/gpt_matmul.c): the operands rounded as they are used: an
+     * upstream gradient's rows (bf16_rows elements of bf16_out), the weight matrix */
+    pt_bf16 *bf16_out, *bf16_weight;
     size_t bf16_rows;
+    const float *bf16_weight_of; /* the matrix bf16_weight holds in this pass, or NULL */
 } pt_gpt_slice;
 
 /* The model part of a configuration: its shape, and runtime.precision for its products. */
@@ -155,21 +169,28 @@ const pt_gpt_tensor *pt_gpt_find(const pt_gpt_slice *slice, const char *name);
 size_t pt_gpt_matmul_params(const pt_gpt_config *config);
 double pt_gpt_flops_per_token(const pt_gpt_config *config, int T);
 
-/* Forward of the slice on one microbatch. Stage 0 reads slice->tokens (copy
- * them in first); other stages read slice->input. The last stage reads
- * slice->targets, returns the mean loss in *loss, and already prepares the
- * gradient of the loss scaled by `loss_scale` (the weight of this
- * microbatch in the step: 1/microbatches), fused with the softmax. The slice
- * output (for the next stage) is pt_gpt_output(slice). */
+/* Forward of the slice on one microbatch, for training. Stage 0 reads slice->tokens (copy
+ * them in first); other stages read slice->input. The slice output (for the next stage) is
+ * pt_gpt_output(slice). The last stage reads slice->targets, returns the mean loss in *loss,
+ * and already runs the classifier's backward for the loss scaled by `loss_scale` (the weight
+ * of this microbatch in the step: 1/microbatches): a chunk of rows at a time, the logits,
+ * the loss and dlogits in one pass, dlogits into the gradient of ln_f (kept for
+ * pt_gpt_backward) and into the classifier weight's gradient (added to slice->grads here),
+ * so that no [B·T, V] tensor is kept (as Liger-Kernel's fused linear cross-entropy). */
 void pt_gpt_forward(pt_gpt_slice *slice, float loss_scale, float *loss);
 const float *pt_gpt_output(const pt_gpt_slice *slice); /* [N, C] */
 
-/* Forward only up to the loss (no dlogits): for evaluation. */
+/* pt_gpt_forward again on the same microbatch and weights, for a backward whose
+ * activations were not kept (pipeline.recompute): the activations and the gradient of ln_f
+ * as the first pass left them, without adding the classifier weight's gradient twice. */
+void pt_gpt_recompute(pt_gpt_slice *slice, float loss_scale);
+
+/* Forward only up to the loss (no gradient): for evaluation. */
 void pt_gpt_forward_eval(pt_gpt_slice *slice, float *loss);
 
-/* Backward of the slice after pt_gpt_forward. The last stage starts from its
- * loss (dout is ignored); other stages start from `dout` [N, C], the gradient
- * of their output. Parameter gradients accumulate into slice->grads. Returns
+/* Backward of the slice after pt_gpt_forward. The last stage starts from the gradient of
+ * ln_f its forward left (dout is ignored); other stages start from `dout` [N, C], the
+ * gradient of their output. Parameter gradients accumulate into slice->grads. Returns
  * the gradient of the slice input [N, C] (NULL for stage 0). */
 const float *pt_gpt_backward(pt_gpt_slice *slice, const float *dout);
 
@@ -180,7 +201,7 @@ void pt_gpt_zero_grads(pt_gpt_slice *slice);
  * memory with `slots` sets (what it held is not kept); call once, before the
  * first forward. */
 pipert_result pt_gpt_set_activation_slots(pt_gpt_slice *slice, int slots);
-/* Points every activation pointer (input, tokens, targets, logits, …) at the
+/* Points every activation pointer (input, tokens, targets, dln_f, …) at the
  * set of `slot`. */
 void pt_gpt_use_activation_slot(pt_gpt_slice *slice, int slot);
 

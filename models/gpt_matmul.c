@@ -2,15 +2,17 @@
  *
  * fp32: the kernel table's matmul_forward and matmul_backward on the fp32 tensors.
  *
- * bf16 (mixed precision, docs/CUDA.md "bf16"): each operand is rounded to bf16 as it is used,
- * by cast_to_bf16 into the slice's scratch (the weight matrix whole; the input's and the
- * upstream gradient's rows in chunks that fit), and the table's _bf16 products sum in fp32
- * into the fp32 outputs: the activations, and the master gradients, which accumulate in fp32
- * across microbatches as before. Everything else stays fp32: master weights, AdamW's moments,
- * layernorm, attention, GELU, softmax and the loss. Rounding at use rather than once after
- * each optimizer step follows whichever weights a step runs on (a stash, a prediction:
+ * bf16 (mixed precision, docs/CUDA.md "bf16"): the activations a product reads are kept in
+ * bf16 (pt_gpt_operand: rounded once, as the layernorm, attention or GELU that makes them
+ * writes them), the weight matrix and the upstream gradient are rounded as they are used, by
+ * cast_to_bf16 into the slice's scratch (the weight whole, once a pass; the gradient's rows in
+ * chunks that fit), and the table's _bf16 products sum in fp32 into the fp32 outputs: the
+ * activations, and the master gradients, which accumulate in fp32 across microbatches as
+ * before. Everything else stays fp32: master weights, AdamW's moments, layernorm, attention,
+ * GELU, softmax and the loss. Rounding the weights at use rather than once after each
+ * optimizer step follows whichever weights a step runs on (a stash, a prediction:
  * pt_gpt_use_params, the look-aheads) with nothing to keep in step; it costs one cast of each
- * matrix per product, a pass over memory that is small beside the product itself. */
+ * matrix per pass, a pass over memory that is small beside the product itself. */
 #include "models/gpt_matmul.h"
 
 void pt_gpt_matmul_scratch(const pt_gpt_slice *s, size_t *rows, size_t *weight)
@@ -19,56 +21,59 @@ void pt_gpt_matmul_scratch(const pt_gpt_slice *s, size_t *rows, size_t *weight)
     if (s->config.precision != PT_PRECISION_BF16) return;
     const size_t N = (size_t)s->B * s->T, C = (size_t)s->config.n_embd;
     const size_t V = s->has_head ? (size_t)s->config.vocab_size : 0;
-    /* the widest input or upstream gradient of a block is [N, 4C] (c_fc's output, c_proj's
-     * input); the head's [N, V] gradient goes through in chunks of rows, at least one */
+    /* the widest upstream gradient of a block is [N, 4C] (c_fc's); the classifier's chunk of
+     * dlogits is at most that wide, or one row of V */
     *rows = N * 4 * C > V ? N * 4 * C : V;
     *weight = 4 * C * C > V * C ? 4 * C * C : V * C;
 }
 
-/* Rows of an [N, C] · [C, OC] product whose rounded operands fit the row buffers at once. */
-static int rows_per_chunk(const pt_gpt_slice *s, int N, int C, int OC)
+pt_gpt_operand pt_gpt_operand_rows(pt_gpt_operand op, size_t first, size_t width)
 {
-    const size_t widest = (size_t)(C > OC ? C : OC);
-    const size_t rows = s->bf16_rows / widest;
-    return rows >= (size_t)N ? N : (int)rows;
+    return op.bf16 ? (pt_gpt_operand){.bf16 = op.bf16 + first * width}
+                   : (pt_gpt_operand){.f32 = op.f32 + first * width};
 }
 
-void pt_gpt_matmul_forward(const pt_gpt_slice *s, float *out, const float *inp,
-                           const float *weight, const float *bias, int N, int C, int OC,
-                           pt_weight_layout layout)
+void pt_gpt_matmul_begin_pass(pt_gpt_slice *s) { s->bf16_weight_of = NULL; }
+
+/* The weight matrix, rounded, in bf16_weight: only if the last product of this pass was
+ * not on the same one. */
+static void round_weight(pt_gpt_slice *s, const float *weight, size_t n)
 {
-    const pt_kernels *k = s->kernels;
-    if (s->config.precision != PT_PRECISION_BF16) {
-        k->matmul_forward(out, inp, weight, bias, N, C, OC, layout);
-        return;
-    }
-    k->cast_to_bf16(s->bf16_weight, weight, (size_t)C * OC);
-    const int rows = rows_per_chunk(s, N, C, OC);
-    for (int first = 0; first < N; first += rows) {
-        const int n = N - first < rows ? N - first : rows;
-        k->cast_to_bf16(s->bf16_in, inp + (size_t)first * C, (size_t)n * C);
-        k->matmul_forward_bf16(out + (size_t)first * OC, s->bf16_in, s->bf16_weight, bias, n, C,
-                               OC, layout);
-    }
+    if (s->bf16_weight_of == weight) return;
+    s->kernels->cast_to_bf16(s->bf16_weight, weight, n);
+    s->bf16_weight_of = weight;
 }
 
-void pt_gpt_matmul_backward(const pt_gpt_slice *s, float *dinp, float *dweight, float *dbias,
-                            const float *dout, const float *inp, const float *weight, int N, int C,
-                            int OC, pt_weight_layout layout)
+void pt_gpt_matmul_forward(pt_gpt_slice *s, float *out, pt_gpt_operand inp, const float *weight,
+                           const float *bias, int N, int C, int OC, pt_weight_layout layout)
 {
     const pt_kernels *k = s->kernels;
-    if (s->config.precision != PT_PRECISION_BF16) {
-        k->matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, C, OC, layout);
+    if (!inp.bf16) {
+        k->matmul_forward(out, inp.f32, weight, bias, N, C, OC, layout);
         return;
     }
-    k->cast_to_bf16(s->bf16_weight, weight, (size_t)C * OC);
-    const int rows = rows_per_chunk(s, N, C, OC);
+    round_weight(s, weight, (size_t)C * OC);
+    k->matmul_forward_bf16(out, inp.bf16, s->bf16_weight, bias, N, C, OC, layout);
+}
+
+void pt_gpt_matmul_backward(pt_gpt_slice *s, float *dinp, float *dweight, float *dbias,
+                            const float *dout, pt_gpt_operand inp, const float *weight, int N,
+                            int C, int OC, pt_weight_layout layout)
+{
+    const pt_kernels *k = s->kernels;
+    if (!inp.bf16) {
+        k->matmul_backward(dinp, dweight, dbias, dout, inp.f32, weight, N, C, OC, layout);
+        return;
+    }
+    round_weight(s, weight, (size_t)C * OC);
+    const size_t fit = s->bf16_rows / (size_t)OC;
+    const int rows = fit >= (size_t)N ? N : (int)fit;
     for (int first = 0; first < N; first += rows) {
         const int n = N - first < rows ? N - first : rows;
         k->cast_to_bf16(s->bf16_out, dout + (size_t)first * OC, (size_t)n * OC);
-        k->cast_to_bf16(s->bf16_in, inp + (size_t)first * C, (size_t)n * C);
         /* dweight and dbias accumulate over the chunks as over microbatches */
         k->matmul_backward_bf16(dinp ? dinp + (size_t)first * C : NULL, dweight, dbias,
-                                s->bf16_out, s->bf16_in, s->bf16_weight, n, C, OC, layout);
+                                s->bf16_out, inp.bf16 + (size_t)first * C, s->bf16_weight, n, C,
+                                OC, layout);
     }
 }

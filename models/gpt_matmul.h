@@ -5,16 +5,25 @@
 
 #include "models/gpt.h"
 
-/* The bf16 scratch a slice of this shape and precision needs, in elements: each of its two
- * row buffers (input, upstream gradient) and its weight buffer; 0 for fp32. */
+/* The bf16 scratch a slice of this shape and precision needs, in elements: its row buffer
+ * (an upstream gradient's rows) and its weight buffer; 0 for fp32. */
 void pt_gpt_matmul_scratch(const pt_gpt_slice *s, size_t *rows, size_t *weight);
 
-/* kernels.h's matmul_forward and matmul_backward, in the slice's precision. */
-void pt_gpt_matmul_forward(const pt_gpt_slice *s, float *out, const float *inp,
+/* Before a pass over the model (a forward, a backward): the weights may have changed since
+ * the last, so no operand rounded then is used again. */
+void pt_gpt_matmul_begin_pass(pt_gpt_slice *s);
+
+/* kernels.h's matmul_forward and matmul_backward, in the slice's precision: `inp` in it (an
+ * operand of the slice's), the rest fp32. In bf16, a weight matrix rounded for one product
+ * serves the next ones on it in the same pass (the classifier's chunks). */
+void pt_gpt_matmul_forward(pt_gpt_slice *s, float *out, pt_gpt_operand inp,
                            const float *weight, const float *bias, int N, int C, int OC,
                            pt_weight_layout layout);
-void pt_gpt_matmul_backward(const pt_gpt_slice *s, float *dinp, float *dweight, float *dbias,
-                            const float *dout, const float *inp, const float *weight, int N, int C,
-                            int OC, pt_weight_layout layout);
+void pt_gpt_matmul_backward(pt_gpt_slice *s, float *dinp, float *dweight, float *dbias,
+                            const float *dout, pt_gpt_operand inp, const float *weight, int N,
+                            int C, int OC, pt_weight_layout layout);
+
+/* Rows [first, …) of an operand of `width` columns. */
+pt_gpt_operand pt_gpt_operand_rows(pt_gpt_operand op, size_t first, size_t width);
 
 #endif

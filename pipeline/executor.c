@@ -613,9 +613,10 @@ static pipert_result backward(pt_stage_executor *ex, long g, float loss_scale)
     use_activations_of(ex, g);
     pt_gpt_use_params(ex->model, stashes_weights(ex) ? ex->slot_weights[slot] : NULL);
     if (ex->config.pipeline.recompute) {
-        /* The activations of the forward, again, on the same weights. */
+        /* The activations of the forward, again, on the same weights (its loss was counted,
+         * its classifier weight gradient taken). */
         restore_stashed_inputs(ex, g);
-        run_forward(ex, loss_scale, false); /* the loss was counted at the first pass */
+        pt_gpt_recompute(ex->model, loss_scale);
     }
     pt_gpt_backward(ex->model, ex->dout);
     pt_gpt_use_params(ex->model, NULL);

@@ -70,11 +70,17 @@ pipert_result pt_cost_stage(const pipert_config *config, const pt_stage_plan *pl
     const int B = config->train.batch_size, T = config->model.block_size;
     out->first = plan->bounds[stage];
     out->last = plan->bounds[stage + 1];
-    out->flops = pt_plan_stage_flops(&model, T, out->first, out->last) * B * T;
+    const double tokens = (double)B * T;
+    out->flops = pt_plan_stage_flops(&model, T, out->first, out->last) * tokens;
+    /* the classifier's product, forward and backward, all in the forward (models/gpt.h) */
+    const double classifier =
+        out->last == model.n_layer ? 6.0 * model.vocab_size * model.n_embd * tokens : 0;
+    const double trunk = out->flops - classifier;
     const double rate = device->flops * device->efficiency;
-    out->time.forward_s = out->flops / 3 / rate;
-    out->time.backward_s = 2 * out->flops / 3 / rate;
-    if (config->pipeline.recompute) out->time.backward_s += out->time.forward_s;
+    out->time.forward_s = (trunk / 3 + classifier) / rate;
+    out->time.backward_s = 2 * trunk / 3 / rate;
+    /* recomputed: the forward again, but for the classifier weight's gradient */
+    if (config->pipeline.recompute) out->time.backward_s += (trunk / 3 + 2 * classifier / 3) / rate;
 
     size_t params, acts, grad_acts;
     pt_gpt_slice_sizes(&model, out->first, out->last, B, T,

@@ -6,10 +6,13 @@
  * weight, 12·C·T per block for attention, the head on the last stage); a
  * microbatch of B·T tokens takes them at the device's FLOP/s times an
  * efficiency (what `pipert bench` measures of the peak: the kernels' share),
- * one third forward, two thirds backward (with recompute, the backward
- * repeats the forward). The optimizer step streams parameters, gradients and
- * both Adam moments: OPTIMIZER_BYTES_PER_PARAM bytes at the device's memory
- * bandwidth. FLOP/s and efficiency are a device's as the job will see it:
+ * one third forward, two thirds backward, but for the classifier's product on
+ * the last stage (6·V·C a token), whose backward runs inside the forward
+ * (models/gpt.h); with recompute, the backward repeats the forward (the
+ * classifier's but for its weight gradient: 4·V·C a token). The optimizer
+ * step streams parameters, gradients and both Adam moments:
+ * OPTIMIZER_BYTES_PER_PARAM bytes at the device's memory bandwidth. FLOP/s
+ * and efficiency are a device's as the job will see it:
  * devices that compute at once share memory bandwidth, caches and (on a
  * shared host) the cores, so a device is slower in a busy job than alone.
  * The model has no term for that; the calibration carries it

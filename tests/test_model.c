@@ -1,8 +1,10 @@
-/* The GPT slice: gradients against finite differences of the whole model,
- * slices composing to the whole, initialisation independent of the split,
- * sizes against hand counts, and a model too large for memory. */
+/* The GPT slice: gradients against finite differences of the whole model (its classifier
+ * in chunks of rows too), a recomputed forward, slices composing to the whole,
+ * initialisation independent of the split, sizes against hand counts, and a model too large
+ * for memory. */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "models/gpt.h"
@@ -91,6 +93,53 @@ Test(model, tied_head_gradients_match_finite_differences)
     pt_gpt_config tied = tiny;
     tied.tie_weights = true;
     check_gradients_by_finite_differences(&tied);
+}
+
+/* A vocabulary wider than a block's widest activation (V = 700 > N·4C = 320 values) makes the
+ * classifier run a row at a time (models/gpt.h: its backward inside the forward, in chunks):
+ * the gradients, the classifier's among them, still those of the loss. */
+Test(model, classifier_in_chunks_of_rows_matches_finite_differences)
+{
+    pt_gpt_config wide = tiny;
+    wide.vocab_size = 700;
+    pt_gpt_slice *s = make_slice(&wide, 0, wide.n_layer);
+    cr_assert_lt(s->head_rows, B * T, "the classifier runs in chunks");
+    pt_gpt_slice_free(s);
+    check_gradients_by_finite_differences(&wide);
+    wide.tie_weights = true;
+    check_gradients_by_finite_differences(&wide);
+}
+
+/* pipeline.recompute runs the forward again before the backward: the gradient of ln_f comes
+ * back the same and the classifier weight's gradient is not added a second time, so the
+ * backward ends with the gradients of one forward and backward. */
+Test(model, a_recomputed_forward_adds_no_gradient)
+{
+    pt_gpt_config wide = tiny;
+    wide.vocab_size = 700;
+    pt_gpt_slice *once = make_slice(&wide, 0, wide.n_layer);
+    pt_gpt_slice *again = make_slice(&wide, 0, wide.n_layer);
+    random_tokens(once->tokens, once->targets, wide.vocab_size, 3);
+    memcpy(again->tokens, once->tokens, sizeof(int32_t) * B * T);
+    memcpy(again->targets, once->targets, sizeof(int32_t) * B * T);
+    const size_t NC = (size_t)B * T * wide.n_embd;
+    float *dln_f = malloc(NC * sizeof(float));
+    pt_gpt_slice *both[2] = {once, again};
+    for (int m = 0; m < 2; m++) {
+        pt_gpt_zero_grads(both[m]);
+        pt_gpt_forward(both[m], 0.5f, NULL);
+    }
+    memcpy(dln_f, again->dln_f, NC * sizeof(float));
+    memset(again->dln_f, 0, NC * sizeof(float));
+    pt_gpt_recompute(again, 0.5f);
+    cr_expect_arr_eq(again->dln_f, dln_f, NC * sizeof(float), "dln_f recomputed differs");
+    cr_expect_arr_eq(again->grads, once->grads, once->n_params * sizeof(float),
+                     "the recomputed forward added to the gradients");
+    for (int m = 0; m < 2; m++) pt_gpt_backward(both[m], NULL);
+    cr_expect_arr_eq(again->grads, once->grads, once->n_params * sizeof(float));
+    free(dln_f);
+    pt_gpt_slice_free(once);
+    pt_gpt_slice_free(again);
 }
 
 Test(model, parameter_count_matches_hand_count)

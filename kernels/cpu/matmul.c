@@ -57,15 +57,15 @@ void pt_cpu_matmul_backward(float *dinp, float *dweight, float *dbias, const flo
                             const float *inp, const float *weight, int N, int C, int OC,
                             pt_weight_layout layout)
 {
-    /* dinp[N,C] or NULL, dweight like weight, dbias[OC] or NULL, dout[N,OC], inp[N,C] */
+    /* dinp[N,C] or NULL, dweight like weight or NULL, dbias[OC] or NULL, dout[N,OC], inp[N,C] */
     int in_out = layout == PT_WEIGHT_IN_OUT;
     if (dinp) /* dinp += dout·Wᵀ */
         cblas_sgemm(CblasRowMajor, CblasNoTrans, in_out ? CblasTrans : CblasNoTrans, N, C, OC,
                     1.0f, dout, OC, weight, in_out ? OC : C, 1.0f, dinp, C);
-    if (in_out) /* dW[C,OC] += inpᵀ·dout */
+    if (dweight && in_out) /* dW[C,OC] += inpᵀ·dout */
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, C, OC, N, 1.0f, inp, C, dout, OC,
                     1.0f, dweight, OC);
-    else /* dW[OC,C] += doutᵀ·inp */
+    else if (dweight) /* dW[OC,C] += doutᵀ·inp */
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C,
                     1.0f, dweight, C);
     if (dbias) bias_backward(dbias, dout, N, OC);

@@ -78,10 +78,10 @@ static void matmul_backward_typed(float *dinp, float *dweight, float *dbias, con
             gemm_row_major(dinp, N, C, OC, {dout, OC}, CUBLAS_OP_N, {weight, C}, CUBLAS_OP_N,
                            type, 1.0f);
     }
-    if (in_out) /* dW[C,OC] += inpᵀ·dout */
+    if (dweight && in_out) /* dW[C,OC] += inpᵀ·dout */
         gemm_row_major(dweight, C, OC, N, {inp, C}, CUBLAS_OP_T, {dout, OC}, CUBLAS_OP_N, type,
                        1.0f);
-    else /* dW[OC,C] += doutᵀ·inp */
+    else if (dweight) /* dW[OC,C] += doutᵀ·inp */
         gemm_row_major(dweight, OC, C, N, {dout, OC}, CUBLAS_OP_T, {inp, C}, CUBLAS_OP_N, type,
                        1.0f);
     if (dbias) pt_column_sums_add(dbias, dout_value, N, OC);
@@ -98,7 +98,7 @@ void pt_cuda_matmul_backward(float *dinp, float *dweight, float *dbias, const fl
                              const float *inp, const float *weight, int N, int C, int OC,
                              pt_weight_layout layout)
 {
-    /* dinp[N,C] or NULL, dweight like weight, dbias[OC] or NULL, dout[N,OC], inp[N,C] */
+    /* dinp[N,C] or NULL, dweight like weight or NULL, dbias[OC] or NULL, dout[N,OC], inp[N,C] */
     matmul_backward_typed(dinp, dweight, dbias, dout, inp, weight, N, C, OC, layout, CUDA_R_32F,
                           pt_rows_f32{dout, OC});
 }
