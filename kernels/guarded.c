@@ -220,6 +220,24 @@ static void g_attention_backward(float *dq, const float *d, const float *q, cons
 {
     GUARDED(cpu->attention_backward(dq, d, q, a, B, T, C, NH));
 }
+static void g_attention_forward_bf16(float *o, float *a, const pt_bf16 *q, int B, int T, int C,
+                                     int NH)
+{
+    GUARDED(cpu->attention_forward_bf16(o, a, q, B, T, C, NH));
+}
+static void g_attention_backward_bf16(float *dq, const float *d, const pt_bf16 *q, const float *a,
+                                      int B, int T, int C, int NH)
+{
+    GUARDED(cpu->attention_backward_bf16(dq, d, q, a, B, T, C, NH));
+}
+static void g_gelu_forward_bf16(pt_bf16 *o, const pt_bf16 *i, size_t n)
+{
+    GUARDED(cpu->gelu_forward_bf16(o, i, n));
+}
+static void g_gelu_backward_bf16(float *di, const pt_bf16 *i, const float *d, size_t n)
+{
+    GUARDED(cpu->gelu_backward_bf16(di, i, d, n));
+}
 static void g_gelu_forward(float *o, const float *i, size_t n)
 {
     GUARDED(cpu->gelu_forward(o, i, n));
@@ -374,6 +392,10 @@ static pt_kernels guarded = {
     .attention_backward = g_attention_backward,
     .gelu_forward = g_gelu_forward,
     .gelu_backward = g_gelu_backward,
+    .attention_forward_bf16 = g_attention_forward_bf16,
+    .attention_backward_bf16 = g_attention_backward_bf16,
+    .gelu_forward_bf16 = g_gelu_forward_bf16,
+    .gelu_backward_bf16 = g_gelu_backward_bf16,
     .residual_forward = g_residual_forward,
     .crossentropy_forward = g_crossentropy_forward,
     .crossentropy_forward_backward = g_crossentropy_forward_backward,

@@ -133,10 +133,20 @@ typedef struct pt_kernels {
      * probabilities, B·NH·T·T. cuda (flash-style, docs/CUDA.md): each row's
      * log-sum-exp and a copy of out, B·NH·T + B·T·C. */
     size_t (*attention_saved_floats)(int B, int T, int C, int NH);
+    /* Attention on a bf16 qkv (runtime.precision = bf16): as above with every q, k and v value
+     * read as the bf16 it holds; out, att and dqkv fp32, the sums fp32. */
+    void (*attention_forward_bf16)(float *out, float *att, const pt_bf16 *qkv, int B, int T,
+                                   int C, int NH);
+    void (*attention_backward_bf16)(float *dqkv, const float *dout, const pt_bf16 *qkv,
+                                    const float *att, int B, int T, int C, int NH);
 
     /* GELU, tanh approximation */
     void (*gelu_forward)(float *out, const float *inp, size_t n);
     void (*gelu_backward)(float *dinp, const float *inp, const float *dout, size_t n);
+    /* The same on a bf16 input (runtime.precision = bf16): out[n] = bf16(gelu(inp[n])) with
+     * the GELU computed in fp32; dinp (fp32) += gelu'(inp)·dout */
+    void (*gelu_forward_bf16)(pt_bf16 *out, const pt_bf16 *inp, size_t n);
+    void (*gelu_backward_bf16)(float *dinp, const pt_bf16 *inp, const float *dout, size_t n);
 
     /* out = a + b */
     void (*residual_forward)(float *out, const float *a, const float *b, size_t n);
@@ -224,6 +234,9 @@ pt_attention_sizer pt_kernels_attention_sizer(pt_device_kind device);
 /* A runtime.device as estimates see it, without starting it (kernels/device.c's table). */
 typedef struct pt_device_traits {
     bool gpu; /* tensors live in a GPU's memory, apart from the host's */
+    /* memory is what runs short first: the model recomputes the GELU in its backward rather
+     * than keeping its output (models/gpt.h), a pass over [N, 4C] for 4·N·4C bytes a block */
+    bool recompute_gelu;
     pt_attention_sizer attention_sizer;
     pipert_result (*kernels)(const pt_kernels **out);
 } pt_device_traits;

@@ -7,7 +7,9 @@
 
 enum {
     K_ENCODER_FWD, K_ENCODER_BWD, K_LAYERNORM_FWD, K_LAYERNORM_BWD, K_MATMUL_FWD, K_MATMUL_BWD,
-    K_CAST_BF16, K_MATMUL_FWD_BF16, K_MATMUL_BWD_BF16, K_ATTENTION_FWD, K_ATTENTION_BWD, K_GELU_FWD, K_GELU_BWD, K_RESIDUAL_FWD, K_XENT_FWD,
+    K_CAST_BF16, K_MATMUL_FWD_BF16, K_MATMUL_BWD_BF16, K_ATTENTION_FWD, K_ATTENTION_BWD,
+    K_ATTENTION_FWD_BF16, K_ATTENTION_BWD_BF16, K_GELU_FWD, K_GELU_BWD, K_GELU_FWD_BF16,
+    K_GELU_BWD_BF16, K_RESIDUAL_FWD, K_XENT_FWD,
     K_XENT_FWD_BWD, K_ADAM, K_ADAM_EXTRAPOLATE, K_DELAY_COMPENSATE, K_SECANT_COMPENSATE,
     K_SUM_SQUARES, K_SUM, K_SCALE, K_ZERO, K_COPY, K_GATHER, K_SCATTER,
     K_COUNT
@@ -17,7 +19,8 @@ static const char *const kernel_names[K_COUNT] = {
     "encoder_forward", "encoder_backward", "layernorm_forward", "layernorm_backward",
     "matmul_forward", "matmul_backward", "cast_to_bf16", "matmul_forward_bf16",
     "matmul_backward_bf16", "attention_forward", "attention_backward",
-    "gelu_forward", "gelu_backward", "residual_forward", "crossentropy_forward",
+    "attention_forward_bf16", "attention_backward_bf16", "gelu_forward", "gelu_backward",
+    "gelu_forward_bf16", "gelu_backward_bf16", "residual_forward", "crossentropy_forward",
     "crossentropy_forward_backward", "adam_update", "adam_extrapolate", "delay_compensate",
     "secant_compensate", "sum_squares", "sum", "scale", "zero", "copy", "gather", "scatter",
 };
@@ -94,6 +97,24 @@ static void p_attention_backward(float *dq, const float *d, const float *q, cons
                                  int T, int C, int NH)
 {
     TIMED(K_ATTENTION_BWD, inner->attention_backward(dq, d, q, a, B, T, C, NH));
+}
+static void p_attention_forward_bf16(float *o, float *a, const pt_bf16 *q, int B, int T, int C,
+                                     int NH)
+{
+    TIMED(K_ATTENTION_FWD_BF16, inner->attention_forward_bf16(o, a, q, B, T, C, NH));
+}
+static void p_attention_backward_bf16(float *dq, const float *d, const pt_bf16 *q, const float *a,
+                                      int B, int T, int C, int NH)
+{
+    TIMED(K_ATTENTION_BWD_BF16, inner->attention_backward_bf16(dq, d, q, a, B, T, C, NH));
+}
+static void p_gelu_forward_bf16(pt_bf16 *o, const pt_bf16 *i, size_t n)
+{
+    TIMED(K_GELU_FWD_BF16, inner->gelu_forward_bf16(o, i, n));
+}
+static void p_gelu_backward_bf16(float *di, const pt_bf16 *i, const float *d, size_t n)
+{
+    TIMED(K_GELU_BWD_BF16, inner->gelu_backward_bf16(di, i, d, n));
 }
 static void p_gelu_forward(float *o, const float *i, size_t n)
 {
@@ -184,6 +205,10 @@ const pt_kernels *pt_kernels_profiled(const pt_kernels *wrapped)
     profiled.attention_backward = p_attention_backward;
     profiled.gelu_forward = p_gelu_forward;
     profiled.gelu_backward = p_gelu_backward;
+    profiled.attention_forward_bf16 = p_attention_forward_bf16;
+    profiled.attention_backward_bf16 = p_attention_backward_bf16;
+    profiled.gelu_forward_bf16 = p_gelu_forward_bf16;
+    profiled.gelu_backward_bf16 = p_gelu_backward_bf16;
     profiled.residual_forward = p_residual_forward;
     profiled.crossentropy_forward = p_crossentropy_forward;
     profiled.crossentropy_forward_backward = p_crossentropy_forward_backward;

@@ -157,15 +157,15 @@ static void carve_activations(pt_gpt_slice *s, carver *cv)
         a->ln_1 = carve_operand(s, cv, N * C);
         a->ln_1_mean = carve(cv, N);
         a->ln_1_rstd = carve(cv, N);
-        a->qkv = carve(cv, N * 3 * C);
+        a->qkv = carve_operand(s, cv, N * 3 * C);
         a->att = carve(cv, attention_saved_floats(s));
         a->atty = carve_operand(s, cv, N * C);
         a->residual_2 = carve(cv, N * C);
         a->ln_2 = carve_operand(s, cv, N * C);
         a->ln_2_mean = carve(cv, N);
         a->ln_2_rstd = carve(cv, N);
-        a->fc = carve(cv, N * 4 * C);
-        a->fc_gelu = carve_operand(s, cv, N * 4 * C);
+        a->fc = carve_operand(s, cv, N * 4 * C);
+        if (!s->config.recompute_gelu) a->fc_gelu = carve_operand(s, cv, N * 4 * C);
         a->residual_3 = carve(cv, N * C);
     }
     if (s->has_head) {
@@ -198,6 +198,10 @@ static void carve_activation_grads(pt_gpt_slice *s, carver *cv)
     s->dscratch_3c = carve(cv, N * 3 * C);
     s->dscratch_fc_gelu = carve(cv, N * 4 * C);
     s->dscratch_fc = carve(cv, N * 4 * C);
+    if (s->config.recompute_gelu)
+        s->gelu_again = s->config.precision == PT_PRECISION_BF16
+                            ? carve_operand(s, cv, N * 4 * C)
+                            : (pt_gpt_operand){.f32 = s->dscratch_fc};
     if (s->has_head) {
         s->head_rows = head_rows(s);
         s->logits = carve(cv, (size_t)s->head_rows * s->config.vocab_size);
@@ -215,9 +219,11 @@ static void carve_activation_grads(pt_gpt_slice *s, carver *cv)
 pt_gpt_config pt_gpt_config_from_settings(const pipert_config *cfg)
 {
     const pt_model_settings *m = &cfg->model;
+    const pt_device_traits *device = pt_device_traits_of(cfg->runtime.device);
+    if (!device) pt_error_clear(); /* a device no table has: refused where the job starts */
     return (pt_gpt_config){m->n_layer,     m->n_embd,      m->n_head,
                            m->block_size,  m->vocab_size,  m->tie_weights,
-                           cfg->runtime.precision};
+                           cfg->runtime.precision, device && device->recompute_gelu};
 }
 
 pipert_result pt_gpt_config_check(const pt_gpt_config *c, const char *where)
@@ -441,6 +447,27 @@ static void finish_operand(const pt_gpt_slice *s, pt_gpt_operand op, size_t n)
     if (op.bf16) s->kernels->cast_to_bf16(op.bf16, s->dscratch_fc, n);
 }
 
+/* The GELU's output as the MLP's product reads it: kept, or gelu_again. */
+static pt_gpt_operand gelu_output(const pt_gpt_slice *s, const pt_gpt_block_acts *a)
+{
+    return s->config.recompute_gelu ? s->gelu_again : a->fc_gelu;
+}
+
+static void gelu_forward(const pt_gpt_slice *s, const pt_gpt_block_acts *a, size_t n)
+{
+    const pt_gpt_operand out = gelu_output(s, a);
+    if (a->fc.bf16) s->kernels->gelu_forward_bf16(out.bf16, a->fc.bf16, n);
+    else s->kernels->gelu_forward(out.f32, a->fc.f32, n);
+}
+
+/* A product into an operand (qkv, fc): the output in the slice's precision. */
+static void matmul_into(pt_gpt_slice *s, pt_gpt_operand out, pt_gpt_operand inp,
+                        const float *weight, const float *bias, int N, int C, int OC)
+{
+    pt_gpt_matmul_forward(s, operand_out(s, out), inp, weight, bias, N, C, OC, PT_WEIGHT_IN_OUT);
+    finish_operand(s, out, (size_t)N * OC);
+}
+
 static void block_forward(pt_gpt_slice *s, int b)
 {
     const pt_kernels *k = s->kernels;
@@ -453,9 +480,10 @@ static void block_forward(pt_gpt_slice *s, int b)
     k->layernorm_forward(operand_out(s, a->ln_1), a->ln_1_mean, a->ln_1_rstd, x, p->ln_1_weight,
                          p->ln_1_bias, N, C);
     finish_operand(s, a->ln_1, NC);
-    pt_gpt_matmul_forward(s, a->qkv, a->ln_1, p->c_attn_weight, p->c_attn_bias, N, C, 3 * C,
-                          PT_WEIGHT_IN_OUT);
-    k->attention_forward(operand_out(s, a->atty), a->att, a->qkv, B, T, C, NH);
+    matmul_into(s, a->qkv, a->ln_1, p->c_attn_weight, p->c_attn_bias, N, C, 3 * C);
+    if (a->qkv.bf16)
+        k->attention_forward_bf16(operand_out(s, a->atty), a->att, a->qkv.bf16, B, T, C, NH);
+    else k->attention_forward(operand_out(s, a->atty), a->att, a->qkv.f32, B, T, C, NH);
     finish_operand(s, a->atty, NC);
     pt_gpt_matmul_forward(s, a->residual_2, a->atty, p->attn_proj_weight, p->attn_proj_bias, N, C,
                           C, PT_WEIGHT_IN_OUT);
@@ -464,11 +492,9 @@ static void block_forward(pt_gpt_slice *s, int b)
     k->layernorm_forward(operand_out(s, a->ln_2), a->ln_2_mean, a->ln_2_rstd, a->residual_2,
                          p->ln_2_weight, p->ln_2_bias, N, C);
     finish_operand(s, a->ln_2, NC);
-    pt_gpt_matmul_forward(s, a->fc, a->ln_2, p->c_fc_weight, p->c_fc_bias, N, C, 4 * C,
-                          PT_WEIGHT_IN_OUT);
-    k->gelu_forward(operand_out(s, a->fc_gelu), a->fc, 4 * NC);
-    finish_operand(s, a->fc_gelu, 4 * NC);
-    pt_gpt_matmul_forward(s, a->residual_3, a->fc_gelu, p->mlp_proj_weight, p->mlp_proj_bias, N,
+    matmul_into(s, a->fc, a->ln_2, p->c_fc_weight, p->c_fc_bias, N, C, 4 * C);
+    gelu_forward(s, a, 4 * NC);
+    pt_gpt_matmul_forward(s, a->residual_3, gelu_output(s, a), p->mlp_proj_weight, p->mlp_proj_bias, N,
                           4 * C, C, PT_WEIGHT_IN_OUT);
     k->residual_forward(a->residual_3, a->residual_3, a->residual_2, NC);
 }
@@ -588,11 +614,14 @@ static void block_backward(pt_gpt_slice *s, int b)
     float *dres = s->dresidual;
 
     /* MLP branch: residual_3 = residual_2 + c_proj(gelu(c_fc(ln_2(residual_2)))) */
+    if (s->config.recompute_gelu) gelu_forward(s, a, 4 * NC);
     k->zero(s->dscratch_fc_gelu, 4 * NC * sizeof(float));
     pt_gpt_matmul_backward(s, s->dscratch_fc_gelu, g->mlp_proj_weight, g->mlp_proj_bias, dres,
-                           a->fc_gelu, p->mlp_proj_weight, N, 4 * C, C, PT_WEIGHT_IN_OUT);
+                           gelu_output(s, a), p->mlp_proj_weight, N, 4 * C, C,
+                           PT_WEIGHT_IN_OUT);
     k->zero(s->dscratch_fc, 4 * NC * sizeof(float));
-    k->gelu_backward(s->dscratch_fc, a->fc, s->dscratch_fc_gelu, 4 * NC);
+    if (a->fc.bf16) k->gelu_backward_bf16(s->dscratch_fc, a->fc.bf16, s->dscratch_fc_gelu, 4 * NC);
+    else k->gelu_backward(s->dscratch_fc, a->fc.f32, s->dscratch_fc_gelu, 4 * NC);
     k->zero(s->dscratch_c, NC * sizeof(float));
     pt_gpt_matmul_backward(s, s->dscratch_c, g->c_fc_weight, g->c_fc_bias, s->dscratch_fc, a->ln_2,
                            p->c_fc_weight, N, C, 4 * C, PT_WEIGHT_IN_OUT);
@@ -604,7 +633,9 @@ static void block_backward(pt_gpt_slice *s, int b)
     pt_gpt_matmul_backward(s, s->dscratch_c, g->attn_proj_weight, g->attn_proj_bias, dres, a->atty,
                            p->attn_proj_weight, N, C, C, PT_WEIGHT_IN_OUT);
     k->zero(s->dscratch_3c, 3 * NC * sizeof(float));
-    k->attention_backward(s->dscratch_3c, s->dscratch_c, a->qkv, a->att, B, T, C, NH);
+    if (a->qkv.bf16)
+        k->attention_backward_bf16(s->dscratch_3c, s->dscratch_c, a->qkv.bf16, a->att, B, T, C, NH);
+    else k->attention_backward(s->dscratch_3c, s->dscratch_c, a->qkv.f32, a->att, B, T, C, NH);
     k->zero(s->dscratch_c, NC * sizeof(float));
     pt_gpt_matmul_backward(s, s->dscratch_c, g->c_attn_weight, g->c_attn_bias, s->dscratch_3c,
                            a->ln_1, p->c_attn_weight, N, C, 3 * C, PT_WEIGHT_IN_OUT);

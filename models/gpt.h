@@ -27,6 +27,9 @@ typedef struct pt_gpt_config {
     /* the matrix products' operands (runtime.precision; models/gpt_matmul.c); not a shape:
      * checkpoints and stages of either precision fit each other */
     pt_precision precision;
+    /* the GELU's output is not kept but computed again in the backward, from c_fc's output
+     * (the device's choice: pt_device_traits); the same values either way */
+    bool recompute_gelu;
 } pt_gpt_config;
 
 #define PT_TENSOR_NAME_MAX 64
@@ -61,9 +64,9 @@ typedef struct pt_gpt_head_params {
     float *lm_head;        /* [V, C]   (last stage; = wte when tied) */
 } pt_gpt_head_params;
 
-/* An activation that feeds a matrix product, kept in the precision the product reads: fp32,
- * or under runtime.precision = bf16 rounded to bf16 once, as it is made (all a product and
- * its backward read of it), in half the memory. Exactly one of the pointers is set. */
+/* An activation that feeds a matrix product, attention or the GELU, kept in the precision
+ * they read: fp32, or under runtime.precision = bf16 rounded to bf16 once, as it is made (all
+ * the forward and the backward read of it), in half the memory. Exactly one pointer is set. */
 typedef struct pt_gpt_operand {
     float *f32;
     pt_bf16 *bf16;
@@ -73,15 +76,15 @@ typedef struct pt_gpt_operand {
 typedef struct pt_gpt_block_acts {
     pt_gpt_operand ln_1;          /* [N, C] */
     float *ln_1_mean, *ln_1_rstd; /* [N] */
-    float *qkv;                   /* [N, 3C] */
+    pt_gpt_operand qkv;           /* [N, 3C] */
     float *att;                   /* what attention saves for its backward: [B, NH, T, T]
                                      probabilities (cpu), or per-row statistics (cuda) */
     pt_gpt_operand atty;          /* [N, C] attention output before c_proj */
     float *residual_2;            /* [N, C] x + attn(ln_1(x)) */
     pt_gpt_operand ln_2;          /* [N, C] */
     float *ln_2_mean, *ln_2_rstd; /* [N] */
-    float *fc;                    /* [N, 4C] before GELU */
-    pt_gpt_operand fc_gelu;       /* [N, 4C] */
+    pt_gpt_operand fc;            /* [N, 4C] before GELU */
+    pt_gpt_operand fc_gelu;       /* [N, 4C]; none with recompute_gelu: gelu_again */
     float *residual_3;            /* [N, C] block output */
 } pt_gpt_block_acts;
 
@@ -122,6 +125,9 @@ typedef struct pt_gpt_slice {
     float *dscratch_3c; /* [N, 3C] d qkv */
     float *dscratch_fc_gelu; /* [N, 4C] */
     float *dscratch_fc; /* [N, 4C]; in a forward, what bf16 operands are rounded from */
+    /* recompute_gelu: the GELU's output for the MLP's product, forward and backward, [N, 4C]
+     * (fp32: dscratch_fc, free until the GELU's backward; bf16: a buffer of its own) */
+    pt_gpt_operand gelu_again;
     /* the classifier's logits, then its dlogits, head_rows rows at a time ([head_rows, V]):
      * the B·T·V of them never exist at once (pt_gpt_forward) */
     float *logits;

@@ -90,7 +90,7 @@ static void serial_reference(const run_shape *r, double *losses)
     pt_config_defaults(&cfg);
     const pt_train_settings *t = &cfg.train;
     const pt_gpt_config model = {LAYERS, WIDTH, HEADS, T, cfg.model.vocab_size, false,
-                                 PT_PRECISION_FP32};
+                                 PT_PRECISION_FP32, false};
     pt_kernels_cpu_set_threads(1);
     pt_gpt_slice *m;
     cr_assert_eq(pt_gpt_slice_create(&m, &model, 0, LAYERS, B, T, pt_kernels_cpu()), PIPERT_OK);

@@ -28,7 +28,7 @@ static void make_stage(stage *st, pt_device_kind device)
     const pt_kernels *k;
     cr_assert_eq(pt_kernels_for_device(device, &k), PIPERT_OK, "%s", pipert_last_error());
     pt_config_defaults(&st->cfg);
-    const pt_gpt_config model = {2, 16, 2, 8, 32, false, PT_PRECISION_FP32};
+    const pt_gpt_config model = {2, 16, 2, 8, 32, false, PT_PRECISION_FP32, false};
     cr_assert_eq(pt_gpt_slice_create(&st->slice, &model, 0, 2, 1, 8, k), PIPERT_OK, "%s",
                  pipert_last_error());
     cr_assert_eq(pt_gpt_init(st->slice, 7), PIPERT_OK);

@@ -185,6 +185,8 @@ Test(cuda, table_is_complete)
         (void (*)(void))k->attention_forward, (void (*)(void))k->attention_backward,
         (void (*)(void))k->attention_saved_floats, (void (*)(void))k->gelu_forward,
         (void (*)(void))k->gelu_backward, (void (*)(void))k->residual_forward,
+        (void (*)(void))k->attention_forward_bf16, (void (*)(void))k->attention_backward_bf16,
+        (void (*)(void))k->gelu_forward_bf16, (void (*)(void))k->gelu_backward_bf16,
         (void (*)(void))k->crossentropy_forward, (void (*)(void))k->crossentropy_forward_backward,
         (void (*)(void))k->adam_update, (void (*)(void))k->adam_extrapolate,
         (void (*)(void))k->delay_compensate, (void (*)(void))k->alloc_host, (void (*)(void))k->free_host,
@@ -729,6 +731,68 @@ static void check_matmul_bf16(int N, int C, int OC, pt_weight_layout layout)
     free(zeros_inp), free(zeros_w), free(zeros_b);
 }
 
+/* Attention on a bf16 qkv: the GPU's kernels reading bf16 against the CPU's fp32 kernel on
+ * the same (exactly widened) values: the fp32 tolerances, as only the order of sums differs. */
+static void check_attention_bf16(int B, int T, int C, int NH)
+{
+    const pt_kernels *gpu = cuda_or_skip();
+    const size_t n_qkv = (size_t)B * T * 3 * C, n_out = (size_t)B * T * C;
+    float *qkv = random_floats(n_qkv, -2, 2), *dout = random_floats(n_out, -1, 1);
+    uint16_t *qkv16 = malloc(n_qkv * sizeof *qkv16);
+    for (size_t i = 0; i < n_qkv; i++) qkv16[i] = bf16_reference(qkv[i]);
+    float *wide = bf16_rounded(qkv, n_qkv);
+    float *out = random_floats(n_out, -9, 9), *dqkv = random_floats(n_qkv, -1, 1);
+    float *att = random_floats(cpu()->attention_saved_floats(B, T, C, NH), -9, 9);
+    void *d_qkv = upload(gpu, qkv16, n_qkv * 2);
+    float *d_dout = upload(gpu, dout, n_out * 4), *d_out = upload(gpu, out, n_out * 4),
+          *d_dqkv = upload(gpu, dqkv, n_qkv * 4), *d_att = NULL;
+    cr_assert_eq(gpu->alloc((void **)&d_att, gpu->attention_saved_floats(B, T, C, NH) * 4, "att"),
+                 PIPERT_OK);
+    cpu()->attention_forward(out, att, wide, B, T, C, NH);
+    gpu->attention_forward_bf16(d_out, d_att, d_qkv, B, T, C, NH);
+    expect_device_close(gpu, "bf16 attention out", d_out, out, n_out, FP32_TOL);
+    cpu()->attention_backward(dqkv, dout, wide, att, B, T, C, NH);
+    gpu->attention_backward_bf16(d_dqkv, d_dout, d_qkv, d_att, B, T, C, NH);
+    expect_device_close(gpu, "bf16 attention dqkv", d_dqkv, dqkv, n_qkv, LONG_TOL);
+    expect_no_cuda_error();
+    gpu->free(d_att), gpu->free(d_dqkv), gpu->free(d_out), gpu->free(d_dout), gpu->free(d_qkv);
+    free(qkv), free(dout), free(qkv16), free(wide), free(out), free(dqkv), free(att);
+}
+
+Test(cuda, bf16_attention_matches_the_fp32_kernel_on_its_values)
+{
+    check_attention_bf16(1, 1024, 128, 2); /* head size 64 at GPT-2's context */
+    check_attention_bf16(2, 67, 256, 2);   /* 128 */
+}
+
+/* The GELU of a bf16: forward within one bf16 rounding of the CPU's (tanhf differs in the last
+ * fp32 bits, which may cross a bf16 rounding boundary), backward as fp32. */
+Test(cuda, bf16_gelu_matches_cpu)
+{
+    const pt_kernels *gpu = cuda_or_skip();
+    const size_t n = (1 << 20) + 3;
+    float *x = random_floats(n, -6, 6), *dout = random_floats(n, -1, 1);
+    float *dx = random_floats(n, -1, 1), *y = malloc(n * sizeof *y);
+    uint16_t *x16 = malloc(n * sizeof *x16), *y16 = malloc(n * sizeof *y16);
+    for (size_t i = 0; i < n; i++) x16[i] = bf16_reference(x[i]);
+    float *wide = bf16_rounded(x, n);
+    void *d_x = upload(gpu, x16, n * 2), *d_y = upload(gpu, x16, n * 2);
+    float *d_dout = upload(gpu, dout, n * 4), *d_dx = upload(gpu, dx, n * 4);
+    cpu()->gelu_forward(y, wide, n);
+    gpu->gelu_forward_bf16(d_y, d_x, n);
+    gpu->copy_to_host(y16, d_y, n * 2);
+    size_t off = 0;
+    for (size_t i = 0; i < n; i++)
+        off += fabsf(bf16_to_float(y16[i]) - y[i]) > 0x1p-8f * fabsf(y[i]) + 1e-30f;
+    cr_expect_eq(off, 0, "%zu of %zu bf16 GELU outputs more than a bf16 rounding away", off, n);
+    cpu()->gelu_backward(dx, wide, dout, n);
+    gpu->gelu_backward_bf16(d_dx, d_x, d_dout, n);
+    expect_device_close(gpu, "bf16 gelu dinp", d_dx, dx, n, FP32_TOL);
+    expect_no_cuda_error();
+    gpu->free(d_dx), gpu->free(d_dout), gpu->free(d_y), gpu->free(d_x);
+    free(x), free(dout), free(dx), free(y), free(x16), free(y16), free(wide);
+}
+
 Test(cuda, bf16_matmul_matches_cpu)
 {
     check_matmul_bf16(256, 768, 3072, PT_WEIGHT_IN_OUT); /* GPT-2 c_fc */
@@ -854,7 +918,8 @@ Test(cuda, training_step_matches_cpu)
 Test(cuda, training_step_in_bf16_matches_the_cpus_emulation)
 {
     const pt_gpt_config config = {.n_layer = 2, .n_embd = 64, .n_head = 4, .block_size = 64,
-                                  .vocab_size = 101, .precision = PT_PRECISION_BF16};
+                                  .vocab_size = 101, .precision = PT_PRECISION_BF16,
+                                  .recompute_gelu = true}; /* as a cuda job runs */
     expect_training_step_like_cpu(&config, 1e-3f, BF16_TOL);
 }
 

@@ -124,7 +124,9 @@ Test(kernels, cpu_table_is_complete)
         (void (*)(void))k->cast_to_bf16, (void (*)(void))k->matmul_forward_bf16,
         (void (*)(void))k->matmul_backward_bf16, (void (*)(void))k->attention_forward, (void (*)(void))k->attention_backward,
         (void (*)(void))k->attention_saved_floats,
+        (void (*)(void))k->attention_forward_bf16, (void (*)(void))k->attention_backward_bf16,
         (void (*)(void))k->gelu_forward, (void (*)(void))k->gelu_backward,
+        (void (*)(void))k->gelu_forward_bf16, (void (*)(void))k->gelu_backward_bf16,
         (void (*)(void))k->residual_forward, (void (*)(void))k->crossentropy_forward,
         (void (*)(void))k->crossentropy_forward_backward, (void (*)(void))k->adam_update,
         (void (*)(void))k->adam_extrapolate, (void (*)(void))k->sum_squares,
@@ -447,6 +449,51 @@ Test(kernels, bf16_products_are_the_fp32_products_of_the_rounded_operands)
 {
     check_matmul_bf16(PT_WEIGHT_IN_OUT);
     check_matmul_bf16(PT_WEIGHT_OUT_IN);
+}
+
+/* x rounded to bf16 (cast_to_bf16, checked above) into x16, and x set to the values it holds. */
+static void round_in_place(float *x, pt_bf16 *x16, size_t n)
+{
+    cpu()->cast_to_bf16(x16, x, n);
+    for (size_t i = 0; i < n; i++) x[i] = bf16_value(x16[i]);
+}
+
+/* Attention and the GELU on bf16 inputs read the values the bf16 hold: the fp32 kernels
+ * (checked against the definitions below) on those values, bit for bit; a bf16 output is
+ * the nearest bf16 of the fp32 result. */
+Test(kernels, bf16_attention_and_gelu_are_the_fp32_kernels_of_the_rounded_inputs)
+{
+    const size_t n_qkv = (size_t)B * T * 3 * C, n_out = (size_t)B * T * C;
+    const size_t saved = cpu()->attention_saved_floats(B, T, C, NH);
+    float *qkv = random_floats(n_qkv, -2, 2), *dout = random_floats(n_out, -1, 1);
+    pt_bf16 *qkv16 = malloc(sizeof(pt_bf16) * n_qkv);
+    round_in_place(qkv, qkv16, n_qkv);
+    float *out = zero_floats(n_out), *out32 = zero_floats(n_out);
+    float *att = zero_floats(saved), *att32 = zero_floats(saved);
+    cpu()->attention_forward_bf16(out, att, qkv16, B, T, C, NH);
+    cpu()->attention_forward(out32, att32, qkv, B, T, C, NH);
+    cr_expect_eq(memcmp(out, out32, sizeof(float) * n_out), 0, "bf16 attention out");
+    cr_expect_eq(memcmp(att, att32, sizeof(float) * saved), 0, "bf16 attention saved state");
+    float *dqkv = random_floats(n_qkv, -1, 1), *dqkv32 = copy_floats(dqkv, n_qkv);
+    cpu()->attention_backward_bf16(dqkv, dout, qkv16, att, B, T, C, NH);
+    cpu()->attention_backward(dqkv32, dout, qkv, att32, B, T, C, NH);
+    cr_expect_eq(memcmp(dqkv, dqkv32, sizeof(float) * n_qkv), 0, "bf16 attention dqkv");
+
+    const size_t n = 1000;
+    float *x = random_floats(n, -6, 6), *y32 = zero_floats(n), *d = random_floats(n, -1, 1);
+    pt_bf16 *x16 = malloc(sizeof(pt_bf16) * n), *y16 = malloc(sizeof(pt_bf16) * n);
+    round_in_place(x, x16, n);
+    cpu()->gelu_forward_bf16(y16, x16, n);
+    cpu()->gelu_forward(y32, x, n);
+    for (size_t i = 0; i < n; i++)
+        cr_expect_eq(y16[i], nearest_bf16(y32[i]), "gelu(%g): 0x%04x, nearest of %.9g 0x%04x",
+                     x[i], y16[i], y32[i], nearest_bf16(y32[i]));
+    float *dx = random_floats(n, -1, 1), *dx32 = copy_floats(dx, n);
+    cpu()->gelu_backward_bf16(dx, x16, d, n);
+    cpu()->gelu_backward(dx32, x, d, n);
+    cr_expect_eq(memcmp(dx, dx32, sizeof(float) * n), 0, "bf16 gelu dinp");
+    free(qkv), free(dout), free(qkv16), free(out), free(out32), free(att), free(att32);
+    free(dqkv), free(dqkv32), free(x), free(y32), free(d), free(x16), free(y16), free(dx), free(dx32);
 }
 
 /* ---- attention ------------------------------------------------------------- */

@@ -142,6 +142,43 @@ Test(model, a_recomputed_forward_adds_no_gradient)
     pt_gpt_slice_free(again);
 }
 
+/* recompute_gelu (a GPU's choice): the GELU computed again in the backward gives the bits of
+ * the one kept, in either precision, for 4·N·4C bytes (fp32) or 2·N·4C (bf16) less a block. */
+static void check_recomputed_gelu(pt_precision precision)
+{
+    pt_gpt_config c = tiny;
+    c.precision = precision;
+    pt_gpt_slice *kept = make_slice(&c, 0, c.n_layer);
+    c.recompute_gelu = true;
+    pt_gpt_slice *again = make_slice(&c, 0, c.n_layer);
+    const size_t bf16 = precision == PT_PRECISION_BF16;
+    const size_t floats_a_block = (size_t)B * T * 4 * c.n_embd / (bf16 ? 2 : 1);
+    cr_expect_eq(kept->n_acts - again->n_acts, c.n_layer * floats_a_block, "activations: %zu, %zu",
+                 kept->n_acts, again->n_acts);
+    random_tokens(kept->tokens, kept->targets, c.vocab_size, 4);
+    memcpy(again->tokens, kept->tokens, sizeof(int32_t) * B * T);
+    memcpy(again->targets, kept->targets, sizeof(int32_t) * B * T);
+    float loss[2];
+    pt_gpt_slice *both[2] = {kept, again};
+    for (int m = 0; m < 2; m++) {
+        pt_gpt_zero_grads(both[m]);
+        pt_gpt_forward(both[m], 1.0f, &loss[m]);
+        pt_gpt_backward(both[m], NULL);
+    }
+    cr_expect_eq(loss[0], loss[1]);
+    cr_expect_arr_eq(again->grads, kept->grads, kept->n_params * sizeof(float),
+                     "gradients with the GELU recomputed differ (%s)",
+                     precision == PT_PRECISION_BF16 ? "bf16" : "fp32");
+    pt_gpt_slice_free(kept);
+    pt_gpt_slice_free(again);
+}
+
+Test(model, a_recomputed_gelu_gives_the_same_bits)
+{
+    check_recomputed_gelu(PT_PRECISION_FP32);
+    check_recomputed_gelu(PT_PRECISION_BF16);
+}
+
 Test(model, parameter_count_matches_hand_count)
 {
     pt_gpt_slice *s = make_slice(&tiny, 0, tiny.n_layer);

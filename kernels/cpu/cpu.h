@@ -70,13 +70,19 @@ void pt_cpu_matmul_backward(float *dinp, float *dweight, float *dbias, const flo
                             const float *inp, const float *weight, int N, int C, int OC,
                             pt_weight_layout layout);
 
-/* matmul_bf16.c */
+/* bf16.c */
 void pt_cpu_cast_to_bf16(pt_bf16 *out, const float *inp, size_t n);
 void pt_cpu_matmul_forward_bf16(float *out, const pt_bf16 *inp, const pt_bf16 *weight,
                                 const float *bias, int N, int C, int OC, pt_weight_layout layout);
 void pt_cpu_matmul_backward_bf16(float *dinp, float *dweight, float *dbias, const pt_bf16 *dout,
                                  const pt_bf16 *inp, const pt_bf16 *weight, int N, int C, int OC,
                                  pt_weight_layout layout);
+void pt_cpu_attention_forward_bf16(float *out, float *att, const pt_bf16 *qkv, int B, int T,
+                                   int C, int NH);
+void pt_cpu_attention_backward_bf16(float *dqkv, const float *dout, const pt_bf16 *qkv,
+                                    const float *att, int B, int T, int C, int NH);
+void pt_cpu_gelu_forward_bf16(pt_bf16 *out, const pt_bf16 *inp, size_t n);
+void pt_cpu_gelu_backward_bf16(float *dinp, const pt_bf16 *inp, const float *dout, size_t n);
 
 /* attention.c */
 void pt_cpu_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C,

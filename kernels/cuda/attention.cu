@@ -52,15 +52,21 @@ struct attention_shape {
     float scale_log2; /* log₂e/√hs: the score in base 2 */
 };
 
+/* A value of qkv (fp32, or bf16 under runtime.precision = bf16) as the fp32 the sums use. */
+__device__ inline float as_float(float x) { return x; }
+__device__ inline float as_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+
 /* Rows [r0, r0 + rows) of one head's slice of a [B, T, row_stride] buffer
  * into tile[rows][tile_stride], zero beyond T and beyond hs. `src` points at
  * (b, t = 0, first column of the head). All threads of the block take part. */
-__device__ void load_rows(float *tile, int rows, int tile_stride, const float *src,
+template <class Element>
+__device__ void load_rows(float *tile, int rows, int tile_stride, const Element *src,
                           size_t row_stride, int r0, int T, int hs, int HS)
 {
     for (int idx = threadIdx.x; idx < rows * HS; idx += blockDim.x) {
         int r = idx / HS, d = idx % HS, t = r0 + r;
-        tile[r * tile_stride + d] = t < T && d < hs ? src[(size_t)t * row_stride + d] : 0.0f;
+        tile[r * tile_stride + d] =
+            t < T && d < hs ? as_float(src[(size_t)t * row_stride + d]) : 0.0f;
     }
 }
 
@@ -90,7 +96,9 @@ __device__ inline block_rows own_rows(attention_shape s, bool last_rows_first)
 
 /* Pointers to (b, t = 0, head h) of q, k, v inside qkv[B, T, 3C], and of a
  * [B, T, C] buffer. */
-__device__ inline const float *qkv_head(const float *qkv, attention_shape s, int b, int h, int part)
+template <class Element>
+__device__ inline const Element *qkv_head(const Element *qkv, attention_shape s, int b, int h,
+                                          int part)
 {
     return qkv + (size_t)b * s.T * 3 * s.C + (size_t)part * s.C + (size_t)h * s.hs;
 }
@@ -101,17 +109,18 @@ __device__ inline size_t btc_head(attention_shape s, int b, int h)
 
 /* x = row i of a head's slice starting at src (zero beyond hs, or when the
  * thread has no row). */
-template <int HS>
-__device__ inline void load_own_row(float (&x)[HS], const float *src, size_t row_stride, int i,
+template <int HS, class Element>
+__device__ inline void load_own_row(float (&x)[HS], const Element *src, size_t row_stride, int i,
                                     bool active, int hs)
 {
 #pragma unroll
-    for (int d = 0; d < HS; d++) x[d] = active && d < hs ? src[(size_t)i * row_stride + d] : 0.0f;
+    for (int d = 0; d < HS; d++)
+        x[d] = active && d < hs ? as_float(src[(size_t)i * row_stride + d]) : 0.0f;
 }
 
 /* K and V rows [j0, j0 + TILE_ROWS) of the block's head into their tiles. */
-template <int HS>
-__device__ inline void load_kv_tiles(float *k_tile, float *v_tile, const float *qkv,
+template <int HS, class Element>
+__device__ inline void load_kv_tiles(float *k_tile, float *v_tile, const Element *qkv,
                                      attention_shape s, block_rows blk, int j0)
 {
     load_rows(k_tile, TILE_ROWS, HS, qkv_head(qkv, s, blk.b, blk.h, 1), 3 * (size_t)s.C, j0, s.T,
@@ -122,9 +131,9 @@ __device__ inline void load_kv_tiles(float *k_tile, float *v_tile, const float *
 
 /* ---- forward ------------------------------------------------------------------------ */
 
-template <int HS>
+template <int HS, class Element>
 __global__ void __launch_bounds__(ROWS_PER_BLOCK)
-    attention_forward_kernel(float *out, float *lse, float *o_saved, const float *qkv,
+    attention_forward_kernel(float *out, float *lse, float *o_saved, const Element *qkv,
                              attention_shape s)
 {
     /* out[B,T,C], lse[B,NH,T], o_saved[B,T,C], qkv[B,T,3C] */
@@ -188,9 +197,9 @@ __global__ void attention_delta_kernel(float *delta, const float *dout, const fl
     delta[((size_t)b * s.NH + h) * s.T + t] = acc;
 }
 
-template <int HS>
+template <int HS, class Element>
 __global__ void __launch_bounds__(ROWS_PER_BLOCK)
-    attention_backward_dq_kernel(float *dqkv, const float *dout, const float *qkv,
+    attention_backward_dq_kernel(float *dqkv, const float *dout, const Element *qkv,
                                  const float *lse, const float *delta, attention_shape s)
 {
     /* dqkv[B,T,3C] (+= into the q columns), dout[B,T,C], qkv[B,T,3C], lse and delta [B,NH,T] */
@@ -236,9 +245,9 @@ template <int HS> constexpr size_t dkdv_shared_floats()
     return 2 * (size_t)ROWS_PER_BLOCK * (HS + 1) + 2 * (size_t)TILE_ROWS * HS + 2 * TILE_ROWS;
 }
 
-template <int HS>
+template <int HS, class Element>
 __global__ void __launch_bounds__(ROWS_PER_BLOCK)
-    attention_backward_dkdv_kernel(float *dqkv, const float *dout, const float *qkv,
+    attention_backward_dkdv_kernel(float *dqkv, const float *dout, const Element *qkv,
                                    const float *lse, const float *delta, attention_shape s)
 {
     /* dqkv[B,T,3C] (+= into the k and v columns), dout[B,T,C], qkv[B,T,3C],
@@ -337,7 +346,7 @@ static unsigned attention_blocks(attention_shape s)
     return (unsigned)((size_t)s.B * s.NH * pt_cuda_ceil_div(s.T, ROWS_PER_BLOCK));
 }
 
-template <int HS> static pipert_result allow_dkdv_shared_memory(void)
+template <int HS, class Element> static pipert_result allow_dkdv_shared_memory(void)
 {
     size_t bytes = dkdv_shared_floats<HS>() * sizeof(float);
     if (bytes > pt_cuda.prop.sharedMemPerBlockOptin)
@@ -345,7 +354,7 @@ template <int HS> static pipert_result allow_dkdv_shared_memory(void)
                        "CUDA attention: the backward for head size %d needs %zu bytes of shared "
                        "memory per block; %s has %zu",
                        HS, bytes, pt_cuda.prop.name, (size_t)pt_cuda.prop.sharedMemPerBlockOptin);
-    cudaError_t err = cudaFuncSetAttribute(attention_backward_dkdv_kernel<HS>,
+    cudaError_t err = cudaFuncSetAttribute(attention_backward_dkdv_kernel<HS, Element>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
     if (err != cudaSuccess)
         return pt_fail(PIPERT_ERR_INTERNAL, "CUDA attention: cudaFuncSetAttribute: %s",
@@ -353,39 +362,47 @@ template <int HS> static pipert_result allow_dkdv_shared_memory(void)
     return PIPERT_OK;
 }
 
-pipert_result pt_cuda_attention_setup(void)
+template <class Element> static pipert_result allow_dkdv_shared_memory_all(void)
 {
-    PT_TRY(allow_dkdv_shared_memory<16>());
-    PT_TRY(allow_dkdv_shared_memory<32>());
-    PT_TRY(allow_dkdv_shared_memory<64>());
-    PT_TRY(allow_dkdv_shared_memory<128>());
+    PT_TRY((allow_dkdv_shared_memory<16, Element>()));
+    PT_TRY((allow_dkdv_shared_memory<32, Element>()));
+    PT_TRY((allow_dkdv_shared_memory<64, Element>()));
+    PT_TRY((allow_dkdv_shared_memory<128, Element>()));
     return PIPERT_OK;
 }
 
-template <int HS>
-static void forward_launch(float *out, float *att, const float *qkv, attention_shape s)
+pipert_result pt_cuda_attention_setup(void)
+{
+    PT_TRY(allow_dkdv_shared_memory_all<float>());
+    PT_TRY(allow_dkdv_shared_memory_all<__nv_bfloat16>());
+    return PIPERT_OK;
+}
+
+template <int HS, class Element>
+static void forward_launch(float *out, float *att, const Element *qkv, attention_shape s)
 {
     float *lse = att, *o_saved = att + (size_t)s.B * s.NH * s.T;
-    attention_forward_kernel<HS><<<attention_blocks(s), ROWS_PER_BLOCK, 0, pt_cuda.compute>>>(
+    attention_forward_kernel<HS, Element><<<attention_blocks(s), ROWS_PER_BLOCK, 0, pt_cuda.compute>>>(
         out, lse, o_saved, qkv, s);
     PT_CUDA_LAUNCHED("attention_forward_kernel");
 }
 
-template <int HS>
-static void backward_launch(float *dqkv, const float *dout, const float *qkv, const float *lse,
+template <int HS, class Element>
+static void backward_launch(float *dqkv, const float *dout, const Element *qkv, const float *lse,
                             const float *delta, attention_shape s)
 {
-    attention_backward_dq_kernel<HS><<<attention_blocks(s), ROWS_PER_BLOCK, 0, pt_cuda.compute>>>(
+    attention_backward_dq_kernel<HS, Element><<<attention_blocks(s), ROWS_PER_BLOCK, 0, pt_cuda.compute>>>(
         dqkv, dout, qkv, lse, delta, s);
     PT_CUDA_LAUNCHED("attention_backward_dq_kernel");
-    attention_backward_dkdv_kernel<HS>
+    attention_backward_dkdv_kernel<HS, Element>
         <<<attention_blocks(s), ROWS_PER_BLOCK, dkdv_shared_floats<HS>() * sizeof(float),
            pt_cuda.compute>>>(dqkv, dout, qkv, lse, delta, s);
     PT_CUDA_LAUNCHED("attention_backward_dkdv_kernel");
 }
 
-void pt_cuda_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C,
-                               int NH)
+template <class Element>
+static void attention_forward(float *out, float *att, const Element *qkv, int B, int T, int C,
+                              int NH)
 {
     /* out[B,T,C], att[pt_cuda_attention_saved_floats], qkv[B,T,3C] */
     attention_shape s;
@@ -398,8 +415,9 @@ void pt_cuda_attention_forward(float *out, float *att, const float *qkv, int B, 
     }
 }
 
-void pt_cuda_attention_backward(float *dqkv, const float *dout, const float *qkv,
-                                const float *att, int B, int T, int C, int NH)
+template <class Element>
+static void attention_backward(float *dqkv, const float *dout, const Element *qkv,
+                               const float *att, int B, int T, int C, int NH)
 {
     /* dqkv[B,T,3C] (+=), dout[B,T,C], qkv[B,T,3C], att as the forward left it */
     attention_shape s;
@@ -420,4 +438,30 @@ void pt_cuda_attention_backward(float *dqkv, const float *dout, const float *qkv
         }
     }
     pt_cuda_scratch_release(mark);
+}
+
+void pt_cuda_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C,
+                               int NH)
+{
+    attention_forward(out, att, qkv, B, T, C, NH);
+}
+
+void pt_cuda_attention_backward(float *dqkv, const float *dout, const float *qkv,
+                                const float *att, int B, int T, int C, int NH)
+{
+    attention_backward(dqkv, dout, qkv, att, B, T, C, NH);
+}
+
+/* runtime.precision = bf16: the same kernels reading a bf16 qkv, each value widened exactly
+ * as it is loaded (the sums, the saved state and the gradients stay fp32). */
+void pt_cuda_attention_forward_bf16(float *out, float *att, const pt_bf16 *qkv, int B, int T,
+                                    int C, int NH)
+{
+    attention_forward(out, att, (const __nv_bfloat16 *)qkv, B, T, C, NH);
+}
+
+void pt_cuda_attention_backward_bf16(float *dqkv, const float *dout, const pt_bf16 *qkv,
+                                     const float *att, int B, int T, int C, int NH)
+{
+    attention_backward(dqkv, dout, (const __nv_bfloat16 *)qkv, att, B, T, C, NH);
 }

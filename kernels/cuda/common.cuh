@@ -164,10 +164,16 @@ void pt_cuda_attention_forward(float *out, float *att, const float *qkv, int B, 
                                int NH);
 void pt_cuda_attention_backward(float *dqkv, const float *dout, const float *qkv,
                                 const float *att, int B, int T, int C, int NH);
+void pt_cuda_attention_forward_bf16(float *out, float *att, const pt_bf16 *qkv, int B, int T,
+                                    int C, int NH);
+void pt_cuda_attention_backward_bf16(float *dqkv, const float *dout, const pt_bf16 *qkv,
+                                     const float *att, int B, int T, int C, int NH);
 
 /* elementwise.cu */
 void pt_cuda_gelu_forward(float *out, const float *inp, size_t n);
 void pt_cuda_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n);
+void pt_cuda_gelu_forward_bf16(pt_bf16 *out, const pt_bf16 *inp, size_t n);
+void pt_cuda_gelu_backward_bf16(float *dinp, const pt_bf16 *inp, const float *dout, size_t n);
 void pt_cuda_residual_forward(float *out, const float *a, const float *b, size_t n);
 void pt_cuda_scale(float *x, float factor, size_t n);
 void pt_cuda_gather(float *out, const float *src, const uint32_t *index, size_t n);

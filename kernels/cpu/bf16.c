@@ -1,10 +1,12 @@
-/* The matrix products with bf16 operands on the CPU (kernels.h, runtime.precision = bf16): an
+/* The kernels on bf16 operands on the CPU (kernels.h, runtime.precision = bf16): an
  * emulation, for tests and for checking a bf16 run without a GPU. Each bf16 operand is widened
- * back to fp32 (exact: a bf16 is the upper half of a float) and the fp32 product of
- * matmul.c runs on it, so the result is the fp32 GEMM of the rounded values: what a tensor core
- * computes, up to the order of its fp32 sums. No faster than fp32.
+ * back to fp32 (exact: a bf16 is the upper half of a float) and the fp32 kernel runs on it, so
+ * a product is the fp32 GEMM of the rounded values (what a tensor core computes, up to the
+ * order of its fp32 sums), attention and GELU the fp32 ones of the rounded inputs. No faster
+ * than fp32.
  *
- * Naive reading: as matmul.c, with every inp, weight and dout value x read as bf16(x). */
+ * Naive reading: as matmul.c, attention.c and elementwise.c, with every bf16 value x read as
+ * the float it is, and a bf16 output the nearest bf16 of the fp32 result. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -73,4 +75,44 @@ void pt_cpu_matmul_backward_bf16(float *dinp, float *dweight, float *dbias, cons
     free(d);
     free(in);
     free(w);
+}
+
+void pt_cpu_attention_forward_bf16(float *out, float *att, const pt_bf16 *qkv, int B, int T,
+                                   int C, int NH)
+{
+    const size_t N = (size_t)B * T;
+    float *wide = widened(qkv, N * 3 * C);
+    if (wide) pt_cpu_attention_forward(out, att, wide, B, T, C, NH);
+    else poison(out, N * C);
+    free(wide);
+}
+
+void pt_cpu_attention_backward_bf16(float *dqkv, const float *dout, const pt_bf16 *qkv,
+                                    const float *att, int B, int T, int C, int NH)
+{
+    const size_t N = (size_t)B * T;
+    float *wide = widened(qkv, N * 3 * C);
+    if (wide) pt_cpu_attention_backward(dqkv, dout, wide, att, B, T, C, NH);
+    else poison(dqkv, N * 3 * C);
+    free(wide);
+}
+
+void pt_cpu_gelu_forward_bf16(pt_bf16 *out, const pt_bf16 *inp, size_t n)
+{
+    float *wide = widened(inp, n);
+    if (wide) {
+        pt_cpu_gelu_forward(wide, wide, n);
+        pt_cpu_cast_to_bf16(out, wide, n);
+    } else {
+        for (size_t i = 0; i < n; i++) out[i] = 0x7fc0; /* NaN */
+    }
+    free(wide);
+}
+
+void pt_cpu_gelu_backward_bf16(float *dinp, const pt_bf16 *inp, const float *dout, size_t n)
+{
+    float *wide = widened(inp, n);
+    if (wide) pt_cpu_gelu_backward(dinp, wide, dout, n);
+    else poison(dinp, n);
+    free(wide);
 }
