@@ -132,10 +132,13 @@ typedef struct pt_coupling_method {
      *   param_copies  parameter-sized buffers of its own (θ̃, momentum, an average),
      *                 device_param_copies of them in a GPU's memory (the rest are host
      *                 memory there; on a CPU all are);
+     *   device_share  floats per stage element it keeps in a GPU's memory besides those
+     *                 copies (NULL: none);
      *   host_share    the share of a stage's elements the host works through each step,
      *                 priced at the device's sparse_cpu_s_per_element (NULL: none). */
     void (*traffic)(const pipert_config *config, pt_coupling_traffic *out);
     int param_copies, device_param_copies;
+    double (*device_share)(const pipert_config *config);
     double (*host_share)(const pipert_config *config);
     pipert_result (*create)(const pt_coupling_options *options, void **state);
     pipert_result (*after_backward)(void *state, pt_coupling_point *at, pt_coupling_metrics *m);

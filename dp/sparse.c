@@ -845,14 +845,18 @@ static void sparse_traffic(const pipert_config *config, pt_coupling_traffic *out
 /* The host gathers, averages and scatters its fraction of the stage every step. */
 static double sparse_host_share(const pipert_config *config) { return config->dp.fraction; }
 
+/* On a GPU a step's partition crosses between θ and the host through device buffers of its
+ * indices and its values (read_partition): 2p floats' worth per element. */
+static double sparse_device_share(const pipert_config *config) { return 2 * config->dp.fraction; }
+
 const pt_coupling_method pt_dp_sparse = {
     .name = "sparse",
     .create = sparse_create,
     .host_parameters = false, /* it moves its partition between θ and the host itself */
     .traffic = sparse_traffic,
-    .param_copies = 2, /* the partition map and the EMA, in host memory (a codec adds one); on
-                          a GPU two partitions' worth (2p·P) besides, not counted */
+    .param_copies = 2, /* the partition map and the EMA, in host memory (a codec adds one) */
     .device_param_copies = 0,
+    .device_share = sparse_device_share,
     .host_share = sparse_host_share,
     .after_backward = sparse_after_backward,
     .after_step = sparse_after_step,

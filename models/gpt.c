@@ -140,7 +140,7 @@ static size_t attention_saved_floats(const pt_gpt_slice *s)
     return (size_t)s->B * NH * s->T * s->T;
 }
 
-/* An activation a product reads, in the slice's precision. */
+/* An activation that products, attention or the GELU read, in the slice's precision. */
 static pt_gpt_operand carve_operand(const pt_gpt_slice *s, carver *cv, size_t n)
 {
     if (s->config.precision == PT_PRECISION_BF16)
@@ -468,34 +468,48 @@ static void matmul_into(pt_gpt_slice *s, pt_gpt_operand out, pt_gpt_operand inp,
     finish_operand(s, out, (size_t)N * OC);
 }
 
+/* A layernorm into an operand (ln_1, ln_2, ln_f); its statistics fp32. */
+static void layernorm_into(const pt_gpt_slice *s, pt_gpt_operand out, float *mean, float *rstd,
+                           const float *inp, const float *weight, const float *bias)
+{
+    const int N = s->B * s->T, C = s->config.n_embd;
+    s->kernels->layernorm_forward(operand_out(s, out), mean, rstd, inp, weight, bias, N, C);
+    finish_operand(s, out, (size_t)N * C);
+}
+
+/* atty from qkv, in the slice's precision. */
+static void attention_forward(const pt_gpt_slice *s, pt_gpt_block_acts *a)
+{
+    const pt_kernels *k = s->kernels;
+    const int B = s->B, T = s->T, C = s->config.n_embd, NH = s->config.n_head;
+    float *out = operand_out(s, a->atty);
+    if (a->qkv.bf16) k->attention_forward_bf16(out, a->att, a->qkv.bf16, B, T, C, NH);
+    else k->attention_forward(out, a->att, a->qkv.f32, B, T, C, NH);
+    finish_operand(s, a->atty, (size_t)B * T * C);
+}
+
 static void block_forward(pt_gpt_slice *s, int b)
 {
     const pt_kernels *k = s->kernels;
-    const int B = s->B, T = s->T, N = B * T, C = s->config.n_embd, NH = s->config.n_head;
+    const int N = s->B * s->T, C = s->config.n_embd;
     const pt_gpt_block_params *p = &s->blocks[b];
     pt_gpt_block_acts *a = &s->block_acts[b];
     const float *x = block_input(s, b);
 
     const size_t NC = (size_t)N * C;
-    k->layernorm_forward(operand_out(s, a->ln_1), a->ln_1_mean, a->ln_1_rstd, x, p->ln_1_weight,
-                         p->ln_1_bias, N, C);
-    finish_operand(s, a->ln_1, NC);
+    layernorm_into(s, a->ln_1, a->ln_1_mean, a->ln_1_rstd, x, p->ln_1_weight, p->ln_1_bias);
     matmul_into(s, a->qkv, a->ln_1, p->c_attn_weight, p->c_attn_bias, N, C, 3 * C);
-    if (a->qkv.bf16)
-        k->attention_forward_bf16(operand_out(s, a->atty), a->att, a->qkv.bf16, B, T, C, NH);
-    else k->attention_forward(operand_out(s, a->atty), a->att, a->qkv.f32, B, T, C, NH);
-    finish_operand(s, a->atty, NC);
+    attention_forward(s, a);
     pt_gpt_matmul_forward(s, a->residual_2, a->atty, p->attn_proj_weight, p->attn_proj_bias, N, C,
                           C, PT_WEIGHT_IN_OUT);
     k->residual_forward(a->residual_2, a->residual_2, x, NC);
 
-    k->layernorm_forward(operand_out(s, a->ln_2), a->ln_2_mean, a->ln_2_rstd, a->residual_2,
-                         p->ln_2_weight, p->ln_2_bias, N, C);
-    finish_operand(s, a->ln_2, NC);
+    layernorm_into(s, a->ln_2, a->ln_2_mean, a->ln_2_rstd, a->residual_2, p->ln_2_weight,
+                   p->ln_2_bias);
     matmul_into(s, a->fc, a->ln_2, p->c_fc_weight, p->c_fc_bias, N, C, 4 * C);
     gelu_forward(s, a, 4 * NC);
-    pt_gpt_matmul_forward(s, a->residual_3, gelu_output(s, a), p->mlp_proj_weight, p->mlp_proj_bias, N,
-                          4 * C, C, PT_WEIGHT_IN_OUT);
+    pt_gpt_matmul_forward(s, a->residual_3, gelu_output(s, a), p->mlp_proj_weight,
+                          p->mlp_proj_bias, N, 4 * C, C, PT_WEIGHT_IN_OUT);
     k->residual_forward(a->residual_3, a->residual_3, a->residual_2, NC);
 }
 
@@ -512,10 +526,8 @@ static void trunk_forward(pt_gpt_slice *s)
 
 static void head_layernorm(pt_gpt_slice *s)
 {
-    const int N = s->B * s->T, C = s->config.n_embd;
-    s->kernels->layernorm_forward(operand_out(s, s->ln_f), s->ln_f_mean, s->ln_f_rstd,
-                                  pt_gpt_output(s), s->head.ln_f_weight, s->head.ln_f_bias, N, C);
-    finish_operand(s, s->ln_f, (size_t)N * C);
+    layernorm_into(s, s->ln_f, s->ln_f_mean, s->ln_f_rstd, pt_gpt_output(s), s->head.ln_f_weight,
+                   s->head.ln_f_bias);
 }
 
 /* The logits of positions [first, first + n) into s->logits. */

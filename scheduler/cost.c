@@ -44,12 +44,13 @@ static int weight_versions(const pipert_config *config, int stages, int stage)
     return slots + lookahead->extra_versions + (slots ? lookahead->extra_versions_when_stashing : 0);
 }
 
-/* The method's own copies of the parameters (cost.h, "coupling"): on a GPU only those it
- * keeps in the device's memory count. */
-static int coupling_copies(const pipert_config *config, const pt_coupling_method *method)
+/* The method's own copies of the parameters, in floats per element (cost.h, "coupling"): on a
+ * GPU only what it keeps in the device's memory counts. */
+static double coupling_copies(const pipert_config *config, const pt_coupling_method *method)
 {
     const pt_device_traits *device = pt_device_traits_of(config->runtime.device);
-    return device && device->gpu ? method->device_param_copies : method->param_copies;
+    if (!device || !device->gpu) return method->param_copies;
+    return method->device_param_copies + (method->device_share ? method->device_share(config) : 0);
 }
 
 pipert_result pt_cost_stage(const pipert_config *config, const pt_stage_plan *plan, int stage,
@@ -91,7 +92,8 @@ pipert_result pt_cost_stage(const pipert_config *config, const pt_stage_plan *pl
                        "slice of the model: %s", stage, out->first, out->last, pipert_last_error());
     out->params = (double)params;
     out->time.optimizer_s = out->params * OPTIMIZER_BYTES_PER_PARAM / device->memory_bytes_per_s;
-    const int copies = weight_versions(config, plan->stages, stage) + coupling_copies(config, method);
+    const double copies =
+        weight_versions(config, plan->stages, stage) + coupling_copies(config, method);
     out->bytes_fixed = 4.0 * out->params * (4 + copies);
     out->bytes_activations = 4.0 * (double)acts;
     out->bytes_activation_grads = 4.0 * (double)grad_acts;

@@ -30,7 +30,10 @@
  *   coupling     4·P·k: the method's own copies, its row's param_copies
  *                (dp/coupling.h; sparse, diloco, streaming-diloco, co2: 2;
  *                allreduce, none: 0); on a GPU only device_param_copies of them
- *                are in its memory (the outer methods' θ̃ for validation: 1)
+ *                are in its memory (the outer methods' θ̃ for validation: 1), and
+ *                its device_share (sparse: a step's partition, indices and values,
+ *                2p). Not counted: the device collective's chunk buffers (replicas
+ *                of one host, dp/device_collective.h: at most 2 × 32 MiB)
  *   activations  4·(acts · in flight + activation gradients), acts of one
  *                microbatch as models/gpt.c lays them out; how many are in
  *                flight comes from the simulation (1F1B: S−s)

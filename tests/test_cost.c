@@ -71,6 +71,27 @@ Test(cost, activations_follow_the_device)
     cr_expect_eq(a.bytes_fixed, b.bytes_fixed);
 }
 
+/* On a GPU, dp.method=sparse keeps only a step's partition there (its indices and values: 2p
+ * floats an element, dp/sparse.c); its map and EMA are host memory. */
+Test(cost, a_gpu_counts_sparses_partition_buffers)
+{
+    const char *cuda = "{\"model\": {\"n_layer\": 4}, \"runtime\": {\"device\": \"cuda\"}, "
+                       "\"dp\": {\"method\": \"%s\", \"fraction\": 0.125}}";
+    char text[256];
+    pt_stage_cost dense, sparse;
+    pt_stage_plan one;
+    snprintf(text, sizeof text, cuda, "allreduce");
+    pipert_config c = config_with(text);
+    const pt_gpt_config model = pt_gpt_config_from_settings(&c);
+    cr_assert_eq(pt_plan_balanced(&model, c.model.block_size, 1, &one), PIPERT_OK);
+    cr_assert_eq(pt_cost_stage(&c, &one, 0, &device, &dense), PIPERT_OK, "%s", pipert_last_error());
+    snprintf(text, sizeof text, cuda, "sparse");
+    c = config_with(text);
+    cr_assert_eq(pt_cost_stage(&c, &one, 0, &device, &sparse), PIPERT_OK, "%s", pipert_last_error());
+    cr_expect_float_eq(sparse.bytes_fixed - dense.bytes_fixed, 4.0 * dense.params * 2 * 0.125, 1.0,
+                       "sparse %g, allreduce %g bytes", sparse.bytes_fixed, dense.bytes_fixed);
+}
+
 Test(cost, stages_share_the_flops_and_keep_their_weight_copies)
 {
     const char *schedules[] = {"async-1f1b", "1f1b", "async-1f1b"};

@@ -23,6 +23,13 @@ static void random_tokens(int32_t *tokens, int32_t *targets, int V, uint64_t see
     }
 }
 
+/* `to` gets the tokens and targets of `from` (same shape). */
+static void same_batch(pt_gpt_slice *to, const pt_gpt_slice *from)
+{
+    memcpy(to->tokens, from->tokens, sizeof(int32_t) * B * T);
+    memcpy(to->targets, from->targets, sizeof(int32_t) * B * T);
+}
+
 static pt_gpt_slice *make_slice(const pt_gpt_config *c, int first, int last)
 {
     pt_gpt_slice *s = NULL;
@@ -120,8 +127,7 @@ Test(model, a_recomputed_forward_adds_no_gradient)
     pt_gpt_slice *once = make_slice(&wide, 0, wide.n_layer);
     pt_gpt_slice *again = make_slice(&wide, 0, wide.n_layer);
     random_tokens(once->tokens, once->targets, wide.vocab_size, 3);
-    memcpy(again->tokens, once->tokens, sizeof(int32_t) * B * T);
-    memcpy(again->targets, once->targets, sizeof(int32_t) * B * T);
+    same_batch(again, once);
     const size_t NC = (size_t)B * T * wide.n_embd;
     float *dln_f = malloc(NC * sizeof(float));
     pt_gpt_slice *both[2] = {once, again};
@@ -156,8 +162,7 @@ static void check_recomputed_gelu(pt_precision precision)
     cr_expect_eq(kept->n_acts - again->n_acts, c.n_layer * floats_a_block, "activations: %zu, %zu",
                  kept->n_acts, again->n_acts);
     random_tokens(kept->tokens, kept->targets, c.vocab_size, 4);
-    memcpy(again->tokens, kept->tokens, sizeof(int32_t) * B * T);
-    memcpy(again->targets, kept->targets, sizeof(int32_t) * B * T);
+    same_batch(again, kept);
     float loss[2];
     pt_gpt_slice *both[2] = {kept, again};
     for (int m = 0; m < 2; m++) {
@@ -287,8 +292,7 @@ static void check_bf16_follows_fp32(pt_gpt_config c)
     scramble_params(exact);
     scramble_params(rounded);
     random_tokens(exact->tokens, exact->targets, c.vocab_size, 9);
-    memcpy(rounded->tokens, exact->tokens, sizeof(int32_t) * B * T);
-    memcpy(rounded->targets, exact->targets, sizeof(int32_t) * B * T);
+    same_batch(rounded, exact);
     float loss32, loss16;
     pt_gpt_slice *both[2] = {exact, rounded};
     for (int m = 0; m < 2; m++) {
