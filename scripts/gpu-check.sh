@@ -264,6 +264,14 @@ run() {
   echo "  device memory per rank: the cost model's need (what pipert simulate says) and the arena's high-water mark"
   grep -h -E "by the cost model|high-water" "$jobs"/gpt2-*/logs/*.log 2>/dev/null | sed 's/^[0-9:.]* info  /  /'
 
+  echo "== GPT-2 124M in bf16 at B = 16, one process: the memory of a step (issue 27: at most 9.1 GB)"
+  # shellcheck disable=SC2086
+  timeout "$(left 90)" "$pipert" launch --quiet --stages 1 ${gpt2/--train.batch_size=8/--train.batch_size=16} \
+    --runtime.precision=bf16 --runtime.device=cuda --out "$jobs/bf16-b16" >"$jobs/bf16-b16.err" 2>&1 &&
+    { echo "  $(python3 -c "$median_step" "$jobs/bf16-b16/metrics.jsonl")"
+      grep -h -E "by the cost model|high-water" "$jobs"/bf16-b16/logs/*.log | sed 's/^[0-9:.]* info  /  /'; } ||
+    echo "  bf16 at B = 16: FAIL: $(why "$jobs/bf16-b16")"
+
   echo "== test_cuda"
   timeout "$(left 150)" "$carry/tests/test_cuda" -j1 >"$jobs/test_cuda.log" 2>&1 && echo "test_cuda: pass" ||
     { echo "test_cuda: FAIL"; grep -E "FAIL|CRASH" "$jobs/test_cuda.log" | head; }
