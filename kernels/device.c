@@ -25,11 +25,12 @@ static size_t cpu_attention_saved_floats(int B, int T, int C, int NH)
 static const pt_device_traits devices[PT_DEVICE_KINDS] = {
     /* the GELU kept: recomputing it costs 1.4% of the reference model's step (`pipert bench
      * --profile`), and host memory is rarely what runs short */
-    [PT_DEVICE_CPU] = {false, false, cpu_attention_saved_floats, cpu_kernels},
-    [PT_DEVICE_CUDA] = {true, true, pt_cuda_attention_saved_floats, pt_kernels_cuda},
+    [PT_DEVICE_CPU] = {false, false, false, cpu_attention_saved_floats, cpu_kernels},
+    [PT_DEVICE_CUDA] = {true, true, true, pt_cuda_attention_saved_floats, pt_kernels_cuda},
     /* the CPU's kernels on memory the host may not touch outside them (kernels/guarded.c):
-     * host memory all the same, and the model run as on a GPU */
-    [PT_DEVICE_CPU_GUARDED] = {false, true, cpu_attention_saved_floats, cpu_guarded_kernels},
+     * host memory all the same, the model run and its memory counted as on a GPU */
+    [PT_DEVICE_CPU_GUARDED] = {false, true, true, cpu_attention_saved_floats,
+                               cpu_guarded_kernels},
 };
 
 const pt_device_traits *pt_device_traits_of(pt_device_kind device)

@@ -48,6 +48,7 @@
 typedef struct allocation {
     uintptr_t start;
     size_t bytes; /* whole pages */
+    size_t asked; /* bytes, as alloc was asked for them */
 } allocation;
 
 static struct {
@@ -58,6 +59,7 @@ static struct {
     allocation *live;
     size_t n_live, capacity;
     size_t page;
+    size_t live_bytes, peak_bytes; /* asked for, live now and at most so far */
 } arena = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 static const pt_kernels *cpu;
@@ -105,7 +107,8 @@ static void leave(void)
         leave();                                                                                   \
     } while (0)
 
-static pipert_result remember_locked(uintptr_t start, size_t bytes, const char *what)
+static pipert_result remember_locked(uintptr_t start, size_t bytes, size_t asked,
+                                     const char *what)
 {
     if (arena.n_live == arena.capacity) {
         size_t capacity = arena.capacity ? 2 * arena.capacity : 64;
@@ -114,7 +117,9 @@ static pipert_result remember_locked(uintptr_t start, size_t bytes, const char *
         arena.live = grown;
         arena.capacity = capacity;
     }
-    arena.live[arena.n_live++] = (allocation){start, bytes};
+    arena.live[arena.n_live++] = (allocation){start, bytes, asked};
+    arena.live_bytes += asked;
+    if (arena.live_bytes > arena.peak_bytes) arena.peak_bytes = arena.live_bytes;
     return PIPERT_OK;
 }
 
@@ -131,7 +136,7 @@ static pipert_result g_alloc(void **out, size_t bytes, const char *what)
                      bytes,
                      arena.top, ARENA_BYTES >> 30);
     char *start = arena.base + arena.top;
-    if (rc == PIPERT_OK) rc = remember_locked((uintptr_t)start, rounded, what);
+    if (rc == PIPERT_OK) rc = remember_locked((uintptr_t)start, rounded, bytes, what);
     if (rc == PIPERT_OK) {
         arena.top += rounded; /* fresh pages: zero-filled */
         if (arena.inside) mprotect(arena.base, protected_bytes(), PROT_READ | PROT_WRITE);
@@ -148,6 +153,7 @@ static void g_free(void *ptr)
     for (size_t i = 0; i < arena.n_live; i++) {
         if (arena.live[i].start != (uintptr_t)ptr) continue;
         madvise(ptr, arena.live[i].bytes, MADV_DONTNEED); /* the memory back; the addresses stay */
+        arena.live_bytes -= arena.live[i].asked;
         arena.live[i] = arena.live[--arena.n_live];
         break;
     }
@@ -414,6 +420,14 @@ static void bind_cpu(void)
 {
     cpu = pt_kernels_cpu();
     guarded.attention_saved_floats = cpu->attention_saved_floats; /* pure arithmetic */
+}
+
+size_t pt_kernels_cpu_guarded_peak_bytes(void)
+{
+    pthread_mutex_lock(&arena.lock);
+    const size_t peak = arena.peak_bytes;
+    pthread_mutex_unlock(&arena.lock);
+    return peak;
 }
 
 const pt_kernels *pt_kernels_cpu_guarded(void)

@@ -213,6 +213,9 @@ const pt_kernels *pt_kernels_cpu(void);
 /* The CPU kernels on guarded memory (kernels/guarded.c): buffers the host
  * cannot read or write outside this table's calls, as on a GPU. For tests. */
 const pt_kernels *pt_kernels_cpu_guarded(void);
+/* The most bytes its buffers held at once so far in this process (as asked for: the GPU
+ * arena's high-water mark, on the stand-in). */
+size_t pt_kernels_cpu_guarded_peak_bytes(void);
 
 /* The CUDA backend, or NULL with PIPERT_ERR_NO_DEVICE/UNSUPPORTED when this
  * build or this machine has none. */
@@ -234,6 +237,9 @@ pt_attention_sizer pt_kernels_attention_sizer(pt_device_kind device);
 /* A runtime.device as estimates see it, without starting it (kernels/device.c's table). */
 typedef struct pt_device_traits {
     bool gpu; /* tensors live in a GPU's memory, apart from the host's */
+    /* the memory estimates count only what lives in the table's memory (a GPU's, or the
+     * stand-in's), not what a coupling keeps in host memory beside it */
+    bool memory_apart;
     /* memory is what runs short first: the model recomputes the GELU in its backward rather
      * than keeping its output (models/gpt.h), a pass over [N, 4C] for 4·N·4C bytes a block */
     bool recompute_gelu;

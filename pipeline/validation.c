@@ -70,9 +70,14 @@ pipert_result pt_validate_drained(const pt_validation_port *p, float *val_loss)
 
 /* ---- waves ------------------------------------------------------------------ */
 
+bool pt_eval_waves_wanted(bool async, int stages, long val_every, long last_step)
+{
+    return async && stages > 1 && val_every > 0 && val_every < last_step;
+}
+
 void pt_eval_waves_init(pt_eval_waves *w, bool async, int stages, long val_every, long last_step)
 {
-    *w = (pt_eval_waves){.enabled = async && stages > 1 && val_every > 0 && val_every < last_step,
+    *w = (pt_eval_waves){.enabled = pt_eval_waves_wanted(async, stages, val_every, last_step),
                          .val_every = val_every,
                          .last_step = last_step};
 }

@@ -68,6 +68,8 @@ typedef struct pt_eval_waves {
  * asynchronous schedule of more than one stage only). Then, once the port's model exists
  * (with an activation set of the waves' own, `slot`, which the stage sets), setup. */
 void pt_eval_waves_init(pt_eval_waves *w, bool async, int stages, long val_every, long last_step);
+/* Whether such a run validates in waves, with an activation set of each stage's own. */
+bool pt_eval_waves_wanted(bool async, int stages, long val_every, long last_step);
 pipert_result pt_eval_waves_setup(pt_eval_waves *w, const pt_validation_port *port);
 /* After the stage's optimizer step `step`: starts a wave, runs those due, ends the sends
  * the next stage took. */

@@ -7,6 +7,7 @@
 #include "kernels/kernels.h"
 #include "pipeline/lookahead.h"
 #include "pipeline/schedule.h"
+#include "pipeline/validation.h"
 #include "runtime/error.h"
 
 /* Every fact the model uses about a schedule, a look-ahead or a dp method is theirs (their
@@ -49,7 +50,7 @@ static int weight_versions(const pipert_config *config, int stages, int stage)
 static double coupling_copies(const pipert_config *config, const pt_coupling_method *method)
 {
     const pt_device_traits *device = pt_device_traits_of(config->runtime.device);
-    if (!device || !device->gpu) return method->param_copies;
+    if (!device || !device->memory_apart) return method->param_copies;
     return method->device_param_copies + (method->device_share ? method->device_share(config) : 0);
 }
 
@@ -97,6 +98,13 @@ pipert_result pt_cost_stage(const pipert_config *config, const pt_stage_plan *pl
     out->bytes_fixed = 4.0 * out->params * (4 + copies);
     out->bytes_activations = 4.0 * (double)acts;
     out->bytes_activation_grads = 4.0 * (double)grad_acts;
+    if (config->pipeline.recompute) { /* pipeline/executor.c: its input, its output being sent */
+        const double rows = (double)B * T, C = config->model.n_embd;
+        const bool first = stage == 0, last = stage == plan->stages - 1;
+        out->bytes_recompute_stash = 4.0 * ((first ? rows : rows * C) + (last ? rows : rows * C));
+    }
+    out->validation_sets = pt_eval_waves_wanted(is_async(config), plan->stages,
+                                                config->train.val_every, config->train.steps);
     out->bytes_message = 4.0 * B * T * config->model.n_embd;
     return PIPERT_OK;
 }
@@ -111,7 +119,11 @@ int pt_cost_in_flight(const pipert_config *config, int S, int s)
 
 double pt_cost_stage_memory(const pt_stage_cost *cost, int in_flight)
 {
-    return cost->bytes_fixed + cost->bytes_activations * (in_flight > 1 ? in_flight : 1) +
+    const int microbatches = in_flight > 1 ? in_flight : 1;
+    const bool recomputed = cost->bytes_recompute_stash > 0;
+    const int sets = (recomputed ? 1 : microbatches) + cost->validation_sets;
+    return cost->bytes_fixed + cost->bytes_activations * sets +
+           cost->bytes_recompute_stash * microbatches +
            cost->bytes_activation_grads;
 }
 

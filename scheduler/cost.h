@@ -34,9 +34,13 @@
  *                its device_share (sparse: a step's partition, indices and values,
  *                2p). Not counted: the device collective's chunk buffers (replicas
  *                of one host, dp/device_collective.h: at most 2 × 32 MiB)
- *   activations  4·(acts · in flight + activation gradients), acts of one
- *                microbatch as models/gpt.c lays them out; how many are in
- *                flight comes from the simulation (1F1B: S−s)
+ *   activations  4·(acts · (in flight + validation) + activation gradients),
+ *                acts of one microbatch as models/gpt.c lays them out; how many
+ *                are in flight comes from the simulation (1F1B: S−s); validation
+ *                one set more where the asynchronous pipeline validates in waves
+ *                (pipeline/validation.h). With pipeline.recompute one set serves
+ *                them all, and each microbatch in flight keeps only its input
+ *                (or tokens) and its output being sent (or targets)
  *
  * Coupling traffic per collective, for R replicas of a stage of P floats (a
  * ring all-reduce sends 2(R−1)/R of its buffer from each member), times the
@@ -90,7 +94,9 @@ typedef struct pt_stage_cost {
     double params;           /* P, floats */
     double bytes_fixed;      /* weights, versions and coupling state */
     double bytes_activations; /* one microbatch's activations */
+    double bytes_recompute_stash; /* pipeline.recompute: what each microbatch in flight keeps */
     double bytes_activation_grads;
+    int validation_sets;     /* activation sets of validation's own (0 or 1) */
     double bytes_message;    /* one microbatch's activations sent to the next stage */
 } pt_stage_cost;
 
@@ -103,7 +109,8 @@ pipert_result pt_cost_stage(const pipert_config *config, const pt_stage_plan *pl
  * for uniform stages: S − s for 1F1B and the asynchronous schedule, all M for GPipe). */
 int pt_cost_in_flight(const pipert_config *config, int S, int s);
 
-/* The device memory a stage needs with `in_flight` microbatches' activations. */
+/* The device memory a stage needs with `in_flight` microbatches' activations (and
+ * validation's). */
 double pt_cost_stage_memory(const pt_stage_cost *cost, int in_flight);
 
 /* The coupling's collectives for stages of params[s] floats whose method runs among

@@ -12,8 +12,8 @@
  * needs, by the cost model `pipert plan` and `pipert simulate` use
  * (scheduler/cost.h: parameters, gradients, moments, the weight versions of
  * its look-ahead, the coupling's copies, the activations of the microbatches
- * in flight and their gradients, one set more for validation while the
- * asynchronous schedule runs), with headroom: a quarter more, and 512 MiB for
+ * in flight and their gradients, one set more where the asynchronous pipeline
+ * validates in waves), with headroom: a quarter more, and 512 MiB for
  * scratch and what the model keeps beside its activations. So workers sharing
  * a GPU each take what they need, not all free memory; one that does not fit
  * fails naming the device, the bytes needed and the bytes free.
@@ -65,9 +65,7 @@ pipert_result pt_session_stage_memory(const pipert_session *s, int first, int la
     const pt_cost_device any = {1, 1, 0, 1, 0}; /* memory does not depend on the speed */
     pt_stage_cost cost;
     PT_TRY(pt_cost_stage(&s->config, &plan, stage, &any, &cost));
-    int in_flight = pt_cost_in_flight(&s->config, S, stage);
-    if (s->config.train.val_every > 0) in_flight++; /* validation's own activation set */
-    *bytes = pt_cost_stage_memory(&cost, in_flight);
+    *bytes = pt_cost_stage_memory(&cost, pt_cost_in_flight(&s->config, S, stage));
     return PIPERT_OK;
 }
 
@@ -110,8 +108,25 @@ void pt_session_share_device_memory(pipert_session *s)
     pt_transport_use_device_memory(s->job.transport, &s->device_memory);
 }
 
+/* On cpu-guarded, what the stand-in's buffers held at most beside the cost model's need, as a
+ * GPU's arena would: tests hold one to the other (test_device_guard). */
+static void report_guarded_memory(const pipert_session *s)
+{
+    const pt_gpt_slice *slice = pt_stage_executor_model(s->executor);
+    double needed;
+    if (pt_session_stage_memory(s, slice->first, slice->last, &needed) != PIPERT_OK) {
+        pt_error_clear();
+        return;
+    }
+    pt_info("stage %d: the guarded table's high-water mark was %.3f MiB (the stage needs %.3f "
+            "MiB by the cost model)",
+            s->job.stage, (double)pt_kernels_cpu_guarded_peak_bytes() / (1 << 20),
+            needed / (1 << 20));
+}
+
 void pt_session_report_device_memory(const pipert_session *s)
 {
+    if (s->config.runtime.device == PT_DEVICE_CPU_GUARDED) report_guarded_memory(s);
     if (!runs_on_a_gpu(s)) return;
     pt_cuda_device_info info;
     if (pt_cuda_device_query(&info) != PIPERT_OK) return;

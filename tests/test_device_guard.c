@@ -378,3 +378,46 @@ Test(guard, bf16_trains_like_fp32, .timeout = 300)
     remove_dir(exact);
     remove_dir(rounded);
 }
+
+/* ---- memory ---------------------------------------------------------------- */
+
+/* Each rank of `layout` on cpu-guarded logs the most its table's buffers held at once beside
+ * the cost model's need for its stage (session/device.c: what sizes a GPU's arena, and what
+ * `pipert simulate` says): within 5% of each other. On a GPU the issue's target is 10%; the
+ * stand-in allocates exactly what it is asked. Not counted by the model, and so left out
+ * here: the device mean's chunk buffer of replicas averaging on one host (dp.method=allreduce:
+ * at most 32 MiB, 0.3% of GPT-2's stage, but a tenth of this model's). */
+static void expect_memory_as_estimated(const char *layout, int ranks)
+{
+    char *dir = make_temp_dir();
+    run_pipert_ok_info("launch --quiet %s --out %s " MODEL
+                       " --train.steps=%d --runtime.device=cpu-guarded",
+                       layout, dir, STEPS);
+    for (int r = 0; r < ranks; r++) {
+        char name[64];
+        snprintf(name, sizeof name, "/logs/rank-%d.log", r);
+        char *log = read_named(dir, name);
+        const char *line = strstr(log, "the guarded table's high-water mark was ");
+        double peak = 0, need = 0;
+        cr_assert(line && sscanf(line, "the guarded table's high-water mark was %lf MiB (the stage "
+                                       "needs %lf MiB",
+                                 &peak, &need) == 2,
+                  "%s: rank %d logs no high-water mark:\n%s", layout, r, log);
+        cr_expect(fabs(peak - need) <= 0.05 * peak && need > 0,
+                  "%s: rank %d's buffers peaked at %.3f MiB, the cost model says %.3f", layout, r,
+                  peak, need);
+        free(log);
+    }
+    remove_dir(dir);
+}
+
+Test(guard, the_cost_models_memory_is_what_the_table_holds, .timeout = 300)
+{
+    expect_memory_as_estimated("--stages 1", 1); /* validation without an activation set of its own */
+    expect_memory_as_estimated("--stages 3 --pipeline.schedule=1f1b --pipeline.microbatches=4 "
+                               "--pipeline.recompute=true",
+                               3);
+    expect_memory_as_estimated("--stages 2 --pipeline.lookahead=nesterov-secant", 2);
+    expect_memory_as_estimated("--stages 2 --replicas 2 --dp.method=sparse --runtime.precision=bf16",
+                               4);
+}
