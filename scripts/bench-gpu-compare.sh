@@ -16,6 +16,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build-gpu-carry}
+[ -d "$build/lib" ] && scripts/unpack-carry.sh "$build"
 shape=${SHAPE:---batch 16 --seq 1024 --layers 12 --width 768 --heads 12 --vocab 50257}
 modes=${MODES:-fp32,tf32,bf16,bf16-compile}
 out=${OUT:-$(mktemp -d)}

@@ -52,12 +52,13 @@ prepare() {
   mkdir -p "$carry"/{tools,tests,lib,ucx,ref}
   cp build-gpu/tools/pipert "$carry/tools/"
   cp build-gpu/tests/test_cuda build-gpu/tests/bench_cuda "$carry/tests/" # bench: bench-gpu-compare.sh
-  cp -L build-gpu/libpipert.so.0 "$carry/"
-  strip "$carry/tools/pipert" "$carry/tests/test_cuda" "$carry/tests/bench_cuda" "$carry/libpipert.so.0"
+  strip "$carry/tools/pipert" "$carry/tests/test_cuda" "$carry/tests/bench_cuda"
   # host libraries a CUDA image lacks; glibc, libstdc++ and CUDA's stay the device's own
   ldd "$carry/tools/pipert" "$carry/tests/test_cuda" | awk '/=> \// {print $3}' | sort -u |
     grep -v -E '/(libc|libm|libstdc\+\+|libgcc_s|libpthread|libdl|librt|libresolv|libz|libcrypto|libffi|libudev|libcom_err|libkeyutils|libkrb5|libkrb5support|libk5crypto|libgssapi_krb5|libpcre2-8)\.so|/usr/local/cuda|libpipert|libcu|libnccl' |
     xargs -I{} cp -L {} "$carry/lib/"
+  # the large ones packed (OpenBLAS 36 MB → 4 MB), unpacked there by scripts/unpack-carry.sh
+  find "$carry/lib" -type f -size +8M -exec xz -9 -T2 {} +
   cp -L /usr/lib/x86_64-linux-gnu/ucx/*.so.0 "$carry/ucx/"
   cp -r /usr/share/games/fortunes "$carry/corpus"
   for c in "${CASES[@]}"; do
@@ -155,6 +156,7 @@ logged_checksum() {
 
 run() {
   [ -d "$carry" ] || { echo "no $carry: run 'scripts/gpu-check.sh prepare' on the CPU machine and carry it" >&2; exit 2; }
+  scripts/unpack-carry.sh "$carry"
   out=${OUT:-/tmp/gpu-check}
   deadline=$((SECONDS + ${BUDGET:-420}))
   mkdir -p "$out"
