@@ -460,6 +460,14 @@ static void gelu_forward(const pt_gpt_slice *s, const pt_gpt_block_acts *a, size
     else s->kernels->gelu_forward(out.f32, a->fc.f32, n);
 }
 
+/* dinp += gelu'(fc)·dout, fc in the slice's precision. */
+static void gelu_backward(const pt_gpt_slice *s, const pt_gpt_block_acts *a, float *dinp,
+                          const float *dout, size_t n)
+{
+    if (a->fc.bf16) s->kernels->gelu_backward_bf16(dinp, a->fc.bf16, dout, n);
+    else s->kernels->gelu_backward(dinp, a->fc.f32, dout, n);
+}
+
 /* A product into an operand (qkv, fc): the output in the slice's precision. */
 static void matmul_into(pt_gpt_slice *s, pt_gpt_operand out, pt_gpt_operand inp,
                         const float *weight, const float *bias, int N, int C, int OC)
@@ -486,6 +494,16 @@ static void attention_forward(const pt_gpt_slice *s, pt_gpt_block_acts *a)
     if (a->qkv.bf16) k->attention_forward_bf16(out, a->att, a->qkv.bf16, B, T, C, NH);
     else k->attention_forward(out, a->att, a->qkv.f32, B, T, C, NH);
     finish_operand(s, a->atty, (size_t)B * T * C);
+}
+
+/* dqkv += the gradient through attention of datty, qkv in the slice's precision. */
+static void attention_backward(const pt_gpt_slice *s, const pt_gpt_block_acts *a, float *dqkv,
+                               const float *datty)
+{
+    const pt_kernels *k = s->kernels;
+    const int B = s->B, T = s->T, C = s->config.n_embd, NH = s->config.n_head;
+    if (a->qkv.bf16) k->attention_backward_bf16(dqkv, datty, a->qkv.bf16, a->att, B, T, C, NH);
+    else k->attention_backward(dqkv, datty, a->qkv.f32, a->att, B, T, C, NH);
 }
 
 static void block_forward(pt_gpt_slice *s, int b)
@@ -561,8 +579,7 @@ static void head_loss_and_backward(pt_gpt_slice *s, float loss_scale, bool weigh
         pt_gpt_matmul_backward(s, s->dln_f + (size_t)first * C,
                                weight_gradient ? s->head_grads.lm_head : NULL, NULL, s->logits,
                                pt_gpt_operand_rows(s->ln_f, (size_t)first, (size_t)C),
-                               s->head.lm_head, n, C, V,
-                               PT_WEIGHT_OUT_IN);
+                               s->head.lm_head, n, C, V, PT_WEIGHT_OUT_IN);
     }
 }
 
@@ -617,7 +634,7 @@ void pt_gpt_forward_eval(pt_gpt_slice *s, float *loss)
 static void block_backward(pt_gpt_slice *s, int b)
 {
     const pt_kernels *k = s->kernels;
-    const int B = s->B, T = s->T, N = B * T, C = s->config.n_embd, NH = s->config.n_head;
+    const int N = s->B * s->T, C = s->config.n_embd;
     const size_t NC = (size_t)N * C;
     const pt_gpt_block_params *p = &s->blocks[b];
     pt_gpt_block_params *g = &s->block_grads[b];
@@ -632,8 +649,7 @@ static void block_backward(pt_gpt_slice *s, int b)
                            gelu_output(s, a), p->mlp_proj_weight, N, 4 * C, C,
                            PT_WEIGHT_IN_OUT);
     k->zero(s->dscratch_fc, 4 * NC * sizeof(float));
-    if (a->fc.bf16) k->gelu_backward_bf16(s->dscratch_fc, a->fc.bf16, s->dscratch_fc_gelu, 4 * NC);
-    else k->gelu_backward(s->dscratch_fc, a->fc.f32, s->dscratch_fc_gelu, 4 * NC);
+    gelu_backward(s, a, s->dscratch_fc, s->dscratch_fc_gelu, 4 * NC);
     k->zero(s->dscratch_c, NC * sizeof(float));
     pt_gpt_matmul_backward(s, s->dscratch_c, g->c_fc_weight, g->c_fc_bias, s->dscratch_fc, a->ln_2,
                            p->c_fc_weight, N, C, 4 * C, PT_WEIGHT_IN_OUT);
@@ -645,9 +661,7 @@ static void block_backward(pt_gpt_slice *s, int b)
     pt_gpt_matmul_backward(s, s->dscratch_c, g->attn_proj_weight, g->attn_proj_bias, dres, a->atty,
                            p->attn_proj_weight, N, C, C, PT_WEIGHT_IN_OUT);
     k->zero(s->dscratch_3c, 3 * NC * sizeof(float));
-    if (a->qkv.bf16)
-        k->attention_backward_bf16(s->dscratch_3c, s->dscratch_c, a->qkv.bf16, a->att, B, T, C, NH);
-    else k->attention_backward(s->dscratch_3c, s->dscratch_c, a->qkv.f32, a->att, B, T, C, NH);
+    attention_backward(s, a, s->dscratch_3c, s->dscratch_c);
     k->zero(s->dscratch_c, NC * sizeof(float));
     pt_gpt_matmul_backward(s, s->dscratch_c, g->c_attn_weight, g->c_attn_bias, s->dscratch_3c,
                            a->ln_1, p->c_attn_weight, N, C, 3 * C, PT_WEIGHT_IN_OUT);

@@ -29,8 +29,9 @@
  *                the flush schedules none
  *   coupling     4·P·k: the method's own copies, its row's param_copies
  *                (dp/coupling.h; sparse, diloco, streaming-diloco, co2: 2;
- *                allreduce, none: 0); on a GPU only device_param_copies of them
- *                are in its memory (the outer methods' θ̃ for validation: 1), and
+ *                allreduce, none: 0); on a GPU (and cpu-guarded, its stand-in:
+ *                memory_apart) only device_param_copies of them are in its memory
+ *                (the outer methods' θ̃ for validation: 1), and
  *                its device_share (sparse: a step's partition, indices and values,
  *                2p). Not counted: the device collective's chunk buffers (replicas
  *                of one host, dp/device_collective.h: at most 2 × 32 MiB)

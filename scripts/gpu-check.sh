@@ -169,7 +169,9 @@ run() {
   jobs=$out/jobs
   mkdir -p "$jobs"
   # every job's logs and metrics (not its checkpoints) come back as one file
-  trap 'tar -C "$jobs" --exclude="*.safetensors" -czf "$out/jobs.tar.gz" . 2>/dev/null || true' EXIT
+  # (a dry run here also packs the carry's libraries again: it is carried next)
+  trap 'tar -C "$jobs" --exclude="*.safetensors" -czf "$out/jobs.tar.gz" . 2>/dev/null || true
+        [ "$DEVICE" = cuda ] || scripts/unpack-carry.sh --remove "$carry"' EXIT
 
   echo "== $DEVICE against cpu ($STEPS steps; worst relative difference of a step's loss, of the validation loss)"
   printf '%-34s %5s %10s %10s %8s\n' case steps "train" "val" tol
