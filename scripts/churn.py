@@ -251,7 +251,15 @@ class Driver:
         if how == "exit 0" and r["state"] == "done":
             return
         self.unexpected.append({"at_s": round(self.now(), 2), "rank": r["rank"], "pid": pid,
-                                "how": how, "state": r["state"]})
+                                "how": how, "state": r["state"], "last_words": self.last_words(r["rank"])})
+
+    def last_words(self, rank, lines=3):
+        """The end of a rank's log (its processes' logs, one after another): why it exited."""
+        try:
+            with open(os.path.join(self.out, "logs", "rank-%d.log" % rank), errors="replace") as f:
+                return [line.rstrip()[:300] for line in f.readlines()[-lines:]]
+        except OSError:
+            return []
 
     def note_recovery(self, rep, ranks, now):
         """A fault is recovered from once it is lifted and its replica steps again with every

@@ -9,7 +9,9 @@ scripts/build.sh build
 if [ "$(id -u)" = 0 ]; then
   scripts/slurm-one-node.sh start || echo "test: no one-node SLURM here; the srun tests skip themselves"
 fi
-meson test -C build --print-errorlogs
+# On a failure, a digest of why each test failed is printed last (scripts/failure-digest.py):
+# a log cut to its end, as CI's is, shows it for a test that failed early in the suite too.
+meson test -C build --print-errorlogs || { scripts/failure-digest.py build; exit 1; }
 # The sanitizer build's command tests run every job on runtime.device=cpu-guarded: tensors the
 # host cannot read outside kernel calls, so host code touching "device" memory crashes as on a GPU.
 # The suite release_only (tests/meson.build: the churn bed's short form, shaped links between
@@ -20,7 +22,8 @@ meson test -C build --print-errorlogs
 scripts/build.sh build-sanitize -Dbuildtype=debugoptimized -Db_sanitize=address,undefined -Db_lundef=false \
   -Dtest_device=cpu-guarded -Dcuda=disabled
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-  meson test -C build-sanitize --print-errorlogs --timeout-multiplier 4 --no-suite release_only
+  meson test -C build-sanitize --print-errorlogs --timeout-multiplier 4 --no-suite release_only ||
+  { scripts/failure-digest.py build-sanitize; exit 1; }
 # Both builds replayed fuzz/corpus/ (suite fuzz); now a few seconds of real
 # fuzzing per harness, in clang's libFuzzer build (scripts/fuzz.sh, build-fuzz).
 scripts/fuzz.sh -t 3
