@@ -206,6 +206,10 @@ static void g_cast_to_bf16(pt_bf16 *o, const float *i, size_t n)
 {
     GUARDED(cpu->cast_to_bf16(o, i, n));
 }
+static void g_cast_from_bf16(float *o, const pt_bf16 *i, size_t n)
+{
+    GUARDED(cpu->cast_from_bf16(o, i, n));
+}
 static void g_matmul_forward_bf16(float *o, const pt_bf16 *i, const pt_bf16 *w, const float *b,
                                   int N, int C, int OC, pt_weight_layout l)
 {
@@ -392,6 +396,7 @@ static pt_kernels guarded = {
     .matmul_forward = g_matmul_forward,
     .matmul_backward = g_matmul_backward,
     .cast_to_bf16 = g_cast_to_bf16,
+    .cast_from_bf16 = g_cast_from_bf16,
     .matmul_forward_bf16 = g_matmul_forward_bf16,
     .matmul_backward_bf16 = g_matmul_backward_bf16,
     .attention_forward = g_attention_forward,

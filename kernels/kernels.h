@@ -112,8 +112,11 @@ typedef struct pt_kernels {
      * gradient), the bias is fp32; the sums run in fp32. cast_to_bf16: out[n] =
      * round-to-nearest-even(inp[n]). cuda: tensor cores; cpu: an emulation (each operand
      * widened back to fp32, exactly, and the fp32 product: the fp32 GEMM of the rounded
-     * values), for tests and for checking a bf16 run without a GPU, no faster than fp32. */
+     * values), for tests and for checking a bf16 run without a GPU, no faster than fp32.
+     * cast_from_bf16: out[n] = the float inp[n] is (exact); activations that crossed between
+     * stages in bf16 (pipeline.transfer) are widened so. */
     void (*cast_to_bf16)(pt_bf16 *out, const float *inp, size_t n);
+    void (*cast_from_bf16)(float *out, const pt_bf16 *inp, size_t n);
     void (*matmul_forward_bf16)(float *out, const pt_bf16 *inp, const pt_bf16 *weight,
                                 const float *bias, int N, int C, int OC, pt_weight_layout layout);
     void (*matmul_backward_bf16)(float *dinp, float *dweight, float *dbias, const pt_bf16 *dout,

@@ -103,7 +103,7 @@ static pipert_result alloc_slot_tables(pt_stage_executor *ex)
         else PT_TRY(k->alloc((void **)&ex->stash_tokens[i], N * sizeof(int32_t), "stashed tokens"));
         if (is_last_stage(ex))
             PT_TRY(k->alloc((void **)&ex->stash_targets[i], N * sizeof(int32_t), "stashed targets"));
-        else
+        else if (!ex->transfer_bf16) /* bf16: the rounded copy being sent (transfer.c) */
             PT_TRY(k->alloc((void **)&ex->send_copies[i], N * ex->C * sizeof(float),
                             "activations being sent (recompute)"));
     }
@@ -187,6 +187,7 @@ static pipert_result executor_setup(pt_stage_executor *ex)
     PT_TRY(build_model(ex));
     PT_TRY(pt_lookahead_setup(&ex->look, ex->lookahead, cfg, ex->kernels, is_async(ex),
                               pt_executor_stashes_weights(ex), ex->model));
+    PT_TRY(pt_transfer_setup(ex));
     PT_TRY(alloc_slot_tables(ex));
     PT_TRY(pt_staging_setup(ex));
     PT_TRY(load_data(ex));
@@ -204,14 +205,15 @@ static pipert_result executor_setup(pt_stage_executor *ex)
     ex->newest_slot = -1;
     snprintf(ex->description, sizeof ex->description,
              "stage %d/%d (blocks [%d, %d), %.2fM parameters), %s, lookahead %s, %s, %d "
-             "microbatch%s in flight%s%s",
+             "microbatch%s in flight%s%s%s",
              ex->options.stage, ex->options.stages, ex->options.first_layer,
              ex->options.last_layer, (double)ex->model->n_params / 1e6,
              pt_schedule_kind_name(ex->schedule_kind),
              is_async(ex) ? pt_lookahead_name(ex->lookahead) : "n/a (flush)",
              pt_optimizer_kind_name(ex->optimizer.settings.kind), ex->slots,
              ex->slots == 1 ? "" : "es", cfg->pipeline.recompute ? ", recompute" : "",
-             is_async(ex) && ex->schedule.synchronous ? ", the first steps synchronous" : "");
+             is_async(ex) && ex->schedule.synchronous ? ", the first steps synchronous" : "",
+             ex->transfer_bf16 ? ", bf16 between stages" : "");
     return PIPERT_OK;
 }
 
@@ -257,6 +259,7 @@ void pt_stage_executor_free(pt_stage_executor *ex)
     }
     finish_request(&ex->gradient_send);
     if (k) pt_staging_free(ex);
+    if (k) pt_transfer_free(ex);
     free(ex->slot_version);
     free(ex->slot_weights);
     free(ex->stash_input);
@@ -289,11 +292,11 @@ static uint32_t message_tag(uint32_t direction, long microbatch)
 }
 
 static pt_message_header activation_header(const pt_stage_executor *ex, uint16_t kind,
-                                           long microbatch)
+                                           long microbatch, pt_dtype dtype)
 {
     const size_t N = (size_t)ex->B * ex->T;
     return (pt_message_header){.kind = kind,
-                               .dtype = PT_DTYPE_F32,
+                               .dtype = dtype,
                                .replica = ex->options.replica,
                                .stage = ex->options.stage,
                                .microbatch = (int32_t)microbatch,
@@ -301,7 +304,7 @@ static pt_message_header activation_header(const pt_stage_executor *ex, uint16_t
                                .weight_version = ex->version,
                                .ndim = 3,
                                .shape = {ex->B, ex->T, ex->C},
-                               .nbytes = N * ex->C * sizeof(float)};
+                               .nbytes = N * ex->C * pt_dtype_size(dtype)};
 }
 
 /* Waits for a request in slices, asking should_stop in between. */
@@ -358,22 +361,25 @@ static pipert_result check_sender(const pt_stage_executor *ex, const pt_message_
     return PIPERT_OK;
 }
 
-/* Receives an [N, C] tensor of `kind` for `microbatch` from `peer` into dst. */
+/* Receives an [N, C] tensor of `kind` for `microbatch` from `peer` into dst; `rounded`: it
+ * crosses in bf16 (transfer.c), landing in rounded_received and widened into dst. */
 static pipert_result receive_tensor(pt_stage_executor *ex, int peer, uint16_t kind,
-                                    uint32_t direction, long microbatch, float *dst)
+                                    uint32_t direction, long microbatch, float *dst, bool rounded)
 {
     const double started = pt_trace_now_us();
-    pt_message_header expected = activation_header(ex, kind, microbatch);
+    const pt_dtype dtype = rounded ? PT_DTYPE_BF16 : PT_DTYPE_F32;
+    pt_message_header expected = activation_header(ex, kind, microbatch, dtype);
     pt_recv_expect expect = {.kind = kind,
-                             .dtype = PT_DTYPE_F32,
+                             .dtype = dtype,
                              .ndim = 3,
                              .shape = {ex->B, ex->T, ex->C},
                              .require_checksum = 1};
     pt_request *request = NULL;
-    float *incoming = pt_staging_incoming(ex, dst);
+    void *land = rounded ? (void *)ex->rounded_received : dst;
+    void *incoming = pt_staging_incoming(ex, land);
     /* A peer of this host may put it on the device itself (staging.c). */
     PT_TRY(pt_recv_device(ex->options.transport, peer, message_tag(direction, microbatch), &expect,
-                          incoming, incoming != dst ? dst : NULL, expected.nbytes, &request));
+                          incoming, incoming != land ? land : NULL, expected.nbytes, &request));
     char what[96];
     snprintf(what, sizeof what, "stage %d: receiving %s of microbatch %ld from rank %d",
              ex->options.stage, kind == PT_KIND_ACTIVATION_GRAD ? "the gradient" : "activations",
@@ -392,31 +398,45 @@ static pipert_result receive_tensor(pt_stage_executor *ex, int peer, uint16_t ki
     const bool on_device = pt_request_on_device(request);
     pt_request_free(request);
     trace_span(ex, "recv", started, microbatch);
-    if (rc == PIPERT_OK && incoming != dst && !on_device) {
+    if (rc == PIPERT_OK && incoming != land && !on_device) {
         const double copy_started = pt_trace_now_us();
-        pt_staging_arrived(ex, dst, expected.nbytes);
+        pt_staging_arrived(ex, land, expected.nbytes);
         trace_span(ex, "copy", copy_started, microbatch); /* host staging to the device */
+    }
+    if (rc == PIPERT_OK && rounded) {
+        const double widen_started = pt_trace_now_us();
+        ex->kernels->cast_from_bf16(dst, ex->rounded_received, (size_t)ex->B * ex->T * ex->C);
+        trace_compute_span(ex, "copy", widen_started, microbatch);
     }
     return rc;
 }
 
-/* Sends an [N, C] tensor from src, through `staging` (staging.c; NULL: src
- * is host memory already), or device to device to a peer of this host that copies it. */
+/* Sends an [N, C] tensor from src, rounded into `rounded` first (transfer.c; NULL: in fp32),
+ * through `staging` (staging.c; NULL: what is sent is host memory already), or device to
+ * device to a peer of this host that copies it. */
 static pipert_result send_tensor(pt_stage_executor *ex, int peer, uint16_t kind,
                                  uint32_t direction, long microbatch, const float *src,
-                                 float *staging, pt_request **request)
+                                 pt_bf16 *rounded, void *staging, pt_request **request)
 {
-    pt_message_header header = activation_header(ex, kind, microbatch);
+    const void *payload = src;
+    if (rounded) {
+        const double started = pt_trace_now_us();
+        ex->kernels->cast_to_bf16(rounded, src, (size_t)ex->B * ex->T * ex->C);
+        trace_compute_span(ex, "copy", started, microbatch);
+        payload = rounded;
+    }
+    pt_message_header header =
+        activation_header(ex, kind, microbatch, rounded ? PT_DTYPE_BF16 : PT_DTYPE_F32);
     const uint32_t tag = message_tag(direction, microbatch);
     pipert_result rc;
     if (staging && pt_staging_device_to(ex, peer, header.nbytes)) {
         const double started = pt_trace_now_us();
-        rc = pt_staging_send_device(ex, peer, tag, &header, src, request);
+        rc = pt_staging_send_device(ex, peer, tag, &header, payload, request);
         trace_span(ex, "send", started, microbatch);
     } else {
         const double copy_started = pt_trace_now_us();
-        const float *outgoing = pt_staging_outgoing(ex, staging, src, header.nbytes);
-        if (outgoing != src) trace_span(ex, "copy", copy_started, microbatch); /* to host staging */
+        const void *outgoing = pt_staging_outgoing(ex, staging, payload, header.nbytes);
+        if (outgoing != payload) trace_span(ex, "copy", copy_started, microbatch); /* to host staging */
         const double started = pt_trace_now_us();
         rc = pt_send(ex->options.transport, peer, tag, &header, outgoing, PT_SEND_CHECKSUM, request);
         trace_span(ex, "send", started, microbatch);
@@ -502,7 +522,8 @@ static pipert_result recv_activation(pt_stage_executor *ex, long g)
 {
     use_activations_of(ex, g);
     float *dst = ex->config.pipeline.recompute ? ex->stash_input[slot_of(ex, g)] : ex->model->input;
-    return receive_tensor(ex, ex->options.prev_rank, PT_KIND_ACTIVATION, TAG_ACTIVATION, g, dst);
+    return receive_tensor(ex, ex->options.prev_rank, PT_KIND_ACTIVATION, TAG_ACTIVATION, g, dst,
+                          ex->transfer_bf16);
 }
 
 /* The last stage draws its own targets: batches are a pure function of
@@ -589,20 +610,21 @@ static pipert_result send_activation(pt_stage_executor *ex, long g)
 {
     const int slot = slot_of(ex, g);
     const float *output = pt_gpt_output(ex->model);
-    if (ex->config.pipeline.recompute) { /* the activation set is every microbatch's */
+    pt_bf16 *rounded = pt_transfer_rounded(ex, slot); /* a copy of the slot's own */
+    if (ex->config.pipeline.recompute && !rounded) { /* the activation set is every microbatch's */
         ex->kernels->copy(ex->send_copies[slot], output,
                           (size_t)ex->B * ex->T * ex->C * sizeof(float));
         output = ex->send_copies[slot];
     }
     return send_tensor(ex, ex->options.next_rank, PT_KIND_ACTIVATION, TAG_ACTIVATION, g, output,
-                       ex->activation_staging ? ex->activation_staging[slot] : NULL,
+                       rounded, ex->activation_staging ? ex->activation_staging[slot] : NULL,
                        &ex->activation_sends[slot]);
 }
 
 static pipert_result recv_gradient(pt_stage_executor *ex, long g)
 {
     return receive_tensor(ex, ex->options.next_rank, PT_KIND_ACTIVATION_GRAD, TAG_GRADIENT, g,
-                          ex->dout);
+                          ex->dout, ex->transfer_bf16);
 }
 
 static pipert_result backward(pt_stage_executor *ex, long g, float loss_scale)
@@ -634,7 +656,8 @@ static pipert_result backward(pt_stage_executor *ex, long g, float loss_scale)
 static pipert_result send_gradient(pt_stage_executor *ex, long g)
 {
     return send_tensor(ex, ex->options.prev_rank, PT_KIND_ACTIVATION_GRAD, TAG_GRADIENT, g,
-                       ex->model->dresidual, ex->gradient_staging, &ex->gradient_send);
+                       ex->model->dresidual, pt_transfer_rounded(ex, -1), ex->gradient_staging,
+                       &ex->gradient_send);
 }
 
 /* ---- the optimizer step -------------------------------------------------- */
@@ -860,14 +883,14 @@ static pipert_result port_receive(void *stage, bool wave, long id, float *dst)
 {
     pt_stage_executor *ex = stage;
     return receive_tensor(ex, ex->options.prev_rank, PT_KIND_ACTIVATION,
-                          wave ? TAG_EVAL_WAVE : TAG_EVAL, id, dst);
+                          wave ? TAG_EVAL_WAVE : TAG_EVAL, id, dst, false);
 }
 
 static pipert_result port_send(void *stage, long id, const float *src)
 {
     pt_stage_executor *ex = stage;
     pt_request *request = NULL;
-    PT_TRY(send_tensor(ex, ex->options.next_rank, PT_KIND_ACTIVATION, TAG_EVAL, id, src,
+    PT_TRY(send_tensor(ex, ex->options.next_rank, PT_KIND_ACTIVATION, TAG_EVAL, id, src, NULL,
                        pt_staging_sync(ex), &request));
     return complete_send(ex, &request);
 }
@@ -886,7 +909,7 @@ static pipert_result port_post(void *stage, long id, const float *copy, pt_reque
 {
     pt_stage_executor *ex = stage;
     return send_tensor(ex, ex->options.next_rank, PT_KIND_ACTIVATION, TAG_EVAL_WAVE, id, copy,
-                       NULL, request);
+                       NULL, NULL, request);
 }
 
 static pipert_result port_complete(void *stage, pt_request **request)

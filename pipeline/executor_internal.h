@@ -47,6 +47,13 @@ struct pt_stage_executor {
                                  * device to device */
     float *sync_staging;        /* transfers that end before the call returns: every
                                    receive lands here first; validation's sends */
+    /* pipeline.transfer = bf16 (transfer.c): what training sends is rounded into these, and
+     * what it receives lands in rounded_received and is widened; in the table's memory. */
+    bool transfer_bf16;
+    pt_bf16 **rounded_sends;    /* per slot: the activations being sent (not the last stage);
+                                 * with recompute, the one copy of the output being sent */
+    pt_bf16 *rounded_gradient;  /* the gradient being sent (not stage 0) */
+    pt_bf16 *rounded_received;  /* a receive of activations or a gradient, before widening */
 
     /* where the run is: the next instruction of the schedule */
     int cursor;
@@ -89,19 +96,26 @@ pipert_result pt_executor_build_schedule(const pt_stage_executor *ex, pt_schedul
  * host can read it); copy_out fills one from the table's memory. */
 pipert_result pt_staging_setup(pt_stage_executor *ex);
 void pt_staging_free(pt_stage_executor *ex);
-const float *pt_staging_outgoing(pt_stage_executor *ex, float *staging, const float *src,
-                                 size_t bytes);
-float *pt_staging_incoming(pt_stage_executor *ex, float *dst);
-void pt_staging_arrived(pt_stage_executor *ex, float *dst, size_t bytes);
+const void *pt_staging_outgoing(pt_stage_executor *ex, void *staging, const void *src,
+                                size_t bytes);
+void *pt_staging_incoming(pt_stage_executor *ex, void *dst);
+void pt_staging_arrived(pt_stage_executor *ex, void *dst, size_t bytes);
 /* Whether a tensor of `bytes` to `peer` goes device to device, and sending it so. */
 bool pt_staging_device_to(pt_stage_executor *ex, int peer, size_t bytes);
 pipert_result pt_staging_send_device(pt_stage_executor *ex, int peer, uint32_t tag,
-                                     const pt_message_header *header, const float *src,
+                                     const pt_message_header *header, const void *src,
                                      pt_request **request);
 float *pt_staging_sync(pt_stage_executor *ex); /* sync_staging: NULL when nothing is staged */
 pipert_result pt_staging_alloc(pt_stage_executor *ex, void **out, size_t bytes, const char *what);
 void pt_staging_release(pt_stage_executor *ex, void *buffer);
 void pt_staging_copy_out(pt_stage_executor *ex, void *dst, const void *src, size_t bytes);
+
+/* transfer.c: the bf16 copies of what crosses to the neighbours (pipeline.transfer; nothing
+ * under fp32). setup/free: the executor's own. rounded: the bf16 buffer a send of training's
+ * rounds `src` into, for slot `slot` (-1: the gradient's), or NULL when it crosses in fp32. */
+pipert_result pt_transfer_setup(pt_stage_executor *ex);
+void pt_transfer_free(pt_stage_executor *ex);
+pt_bf16 *pt_transfer_rounded(pt_stage_executor *ex, int slot);
 
 /* Slot of microbatch g: in-flight microbatches rotate through `slots` sets. */
 static inline int pt_executor_slot_of(const pt_stage_executor *ex, long microbatch)

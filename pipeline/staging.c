@@ -50,7 +50,7 @@ bool pt_staging_device_to(pt_stage_executor *ex, int peer, size_t bytes)
 }
 
 pipert_result pt_staging_send_device(pt_stage_executor *ex, int peer, uint32_t tag,
-                                     const pt_message_header *header, const float *src,
+                                     const pt_message_header *header, const void *src,
                                      pt_request **request)
 {
     const int next = peer == ex->options.next_rank;
@@ -91,20 +91,20 @@ void pt_staging_free(pt_stage_executor *ex)
     ex->gradient_staging = ex->sync_staging = NULL;
 }
 
-const float *pt_staging_outgoing(pt_stage_executor *ex, float *staging, const float *src,
-                                 size_t bytes)
+const void *pt_staging_outgoing(pt_stage_executor *ex, void *staging, const void *src,
+                                size_t bytes)
 {
     if (!staging) return src;
     ex->kernels->copy_to_host(staging, src, bytes);
     return staging;
 }
 
-float *pt_staging_incoming(pt_stage_executor *ex, float *dst)
+void *pt_staging_incoming(pt_stage_executor *ex, void *dst)
 {
     return staged(ex) ? ex->sync_staging : dst;
 }
 
-void pt_staging_arrived(pt_stage_executor *ex, float *dst, size_t bytes)
+void pt_staging_arrived(pt_stage_executor *ex, void *dst, size_t bytes)
 {
     if (staged(ex)) ex->kernels->copy_to_device(dst, ex->sync_staging, bytes);
 }

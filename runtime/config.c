@@ -99,6 +99,8 @@ static const char *const device_names[] = {
     [PT_DEVICE_CPU] = "cpu", [PT_DEVICE_CUDA] = "cuda", [PT_DEVICE_CPU_GUARDED] = "cpu-guarded"};
 static const char *const precision_names[] = {[PT_PRECISION_FP32] = "fp32",
                                               [PT_PRECISION_BF16] = "bf16"};
+static const char *const transfer_names[] = {
+    [PT_TRANSFER_AUTO] = "auto", [PT_TRANSFER_FP32] = "fp32", [PT_TRANSFER_BF16] = "bf16"};
 static const char *const schedule_names[] = {[PT_SCHEDULE_GPIPE] = "gpipe",
                                              [PT_SCHEDULE_1F1B] = "1f1b",
                                              [PT_SCHEDULE_ASYNC_1F1B] = "async-1f1b"};
@@ -133,6 +135,7 @@ static const char *const sampling_names[] = {[PT_SAMPLING_RANDOM] = "random",
                                              [PT_SAMPLING_SEQUENTIAL] = "sequential"};
 _Static_assert(sizeof device_names / sizeof *device_names == PT_DEVICE_KINDS, "runtime.device");
 _Static_assert(sizeof precision_names / sizeof *precision_names == PT_PRECISIONS, "precision");
+_Static_assert(sizeof transfer_names / sizeof *transfer_names == PT_TRANSFERS, "transfer");
 _Static_assert(sizeof schedule_names / sizeof *schedule_names == PT_SCHEDULE_KINDS, "schedule");
 _Static_assert(sizeof lookahead_names / sizeof *lookahead_names == PT_LOOKAHEADS, "lookahead");
 _Static_assert(sizeof optimizer_names / sizeof *optimizer_names == PT_OPTIMIZER_KINDS, "optimizer");
@@ -144,7 +147,7 @@ _Static_assert(sizeof format_names / sizeof *format_names == PT_DATA_FORMATS, "d
 _Static_assert(sizeof sampling_names / sizeof *sampling_names == PT_SAMPLINGS, "data.sampling");
 /* a choice's field is written and read as an int */
 _Static_assert(sizeof(pt_device_kind) == sizeof(int) && sizeof(pt_precision) == sizeof(int) &&
-                   sizeof(pt_schedule_kind) == sizeof(int) &&
+                   sizeof(pt_schedule_kind) == sizeof(int) && sizeof(pt_transfer) == sizeof(int) &&
                    sizeof(pt_lookahead) == sizeof(int) && sizeof(pt_optimizer_kind) == sizeof(int) &&
                    sizeof(pt_codec_kind) == sizeof(int) && sizeof(pt_sparse_rule) == sizeof(int) &&
                    sizeof(pt_co2_penalty) == sizeof(int) && sizeof(pt_data_format) == sizeof(int) &&
@@ -245,6 +248,11 @@ static const config_key schema[] = {
                "microbatches per optimizer step (gpipe, 1f1b); async-1f1b steps after each"),
     BOOL_KEY(pipeline.recompute, false,
              "keep only each stage's input and recompute activations at backward time"),
+    CHOICE_KEY(pipeline.transfer, transfer_names, "auto",
+               "what activations and their gradients cross between stages as: bf16 (rounded, "
+               "half the bytes), fp32 (as the model keeps them: a pipeline then equals one "
+               "worker bit for bit), or auto = bf16 under runtime.precision=bf16, else fp32; "
+               "validation's activations cross in fp32"),
     BOOL_KEY(pipeline.trace, true, "write a Chrome/Perfetto trace (trace-rank-N.json) per rank"),
 
     CHOICE_KEY(dp.method, method_names, "allreduce",

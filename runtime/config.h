@@ -66,6 +66,7 @@ typedef struct pt_pipeline_settings {
     long sync_steps;                      /* async-1f1b: steps run without staleness first */
     int microbatches;                     /* per optimizer step (gpipe, 1f1b) */
     bool recompute;                       /* recompute activations at backward time */
+    pt_transfer transfer;                 /* what activations and their gradients cross as */
     bool trace;                           /* write a Chrome trace per rank */
 } pt_pipeline_settings;
 

@@ -21,8 +21,10 @@ static const char *const digested_keys[PT_DIGEST_PARTS][16] = {
     /* activations' batch dimension, microbatches per step, and the step the run ends at (where
      * every replica's last exchange is) */
     [PT_DIGEST_BATCH] = {"train.batch_size", "train.grad_accum", "train.steps"},
-    /* which messages cross between stages, and in which order */
-    [PT_DIGEST_SCHEDULE] = {"pipeline.schedule", "pipeline.microbatches", "pipeline.sync_steps"},
+    /* which messages cross between stages, in which order, and as what (pipeline.transfer,
+     * whose auto follows runtime.precision) */
+    [PT_DIGEST_SCHEDULE] = {"pipeline.schedule", "pipeline.microbatches", "pipeline.sync_steps",
+                            "pipeline.transfer", "runtime.precision"},
     /* what the replicas exchange, how it is encoded, and when */
     [PT_DIGEST_DP] = {"dp.method", "dp.compress", "dp.block", "dp.delay", "dp.fraction",
                       "dp.partition_block", "dp.period", "dp.fragments", "dp.overlap", "dp.nccl"},

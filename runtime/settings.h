@@ -22,6 +22,14 @@ typedef enum pt_precision {
     PT_PRECISIONS
 } pt_precision;
 
+/* pipeline.transfer: pipeline/transfer.c (what crosses between stages) */
+typedef enum pt_transfer {
+    PT_TRANSFER_AUTO, /* bf16 under runtime.precision = bf16, fp32 otherwise */
+    PT_TRANSFER_FP32, /* activations and their gradients as the model keeps them */
+    PT_TRANSFER_BF16, /* rounded to bf16: half the bytes */
+    PT_TRANSFERS
+} pt_transfer;
+
 /* pipeline.schedule: pipeline/schedule.c */
 typedef enum pt_schedule_kind {
     PT_SCHEDULE_GPIPE,      /* all forwards, all backwards, one optimizer step (flush) */

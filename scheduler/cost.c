@@ -7,6 +7,7 @@
 #include "kernels/kernels.h"
 #include "pipeline/lookahead.h"
 #include "pipeline/schedule.h"
+#include "pipeline/transfer.h"
 #include "pipeline/validation.h"
 #include "runtime/error.h"
 
@@ -43,6 +44,25 @@ static int weight_versions(const pipert_config *config, int stages, int stage)
     const pt_lookahead_traits *lookahead = async_lookahead(config);
     const int slots = stages - stage > 1 ? stages - stage : 0;
     return slots + lookahead->extra_versions + (slots ? lookahead->extra_versions_when_stashing : 0);
+}
+
+/* What a stage's exchanges with its neighbours take (pipeline/executor.c, transfer.c): a
+ * microbatch's activations on the link, in fp32 or bf16; with recompute, each microbatch in
+ * flight keeps its input and its output being sent (fp32, or the bf16 copy sent); in bf16
+ * without recompute, that copy; in bf16, one buffer for the gradient sent, one a receive lands in. */
+static void stage_transfers(const pipert_config *config, int stages, int stage, double rows,
+                            pt_stage_cost *out)
+{
+    const double C = config->model.n_embd, value = (double)pt_transfer_value_bytes(config);
+    const bool first = stage == 0, last = stage == stages - 1;
+    const bool rounded = stages > 1 && pt_transfer_in_bf16(config);
+    out->bytes_message = value * rows * C;
+    const double sent_copy = last ? 0 : rounded ? 2.0 * rows * C : 4.0 * rows * C;
+    if (config->pipeline.recompute)
+        out->bytes_recompute_stash = 4.0 * (first ? rows : rows * C) + (last ? 4.0 * rows : sent_copy);
+    else if (rounded)
+        out->bytes_rounded_send = sent_copy;
+    if (rounded) out->bytes_transfer = 2.0 * rows * C * (first ? 1 : 2);
 }
 
 /* The method's own copies of the parameters, in floats per element (cost.h, "coupling"): on a
@@ -98,14 +118,9 @@ pipert_result pt_cost_stage(const pipert_config *config, const pt_stage_plan *pl
     out->bytes_fixed = 4.0 * out->params * (4 + copies);
     out->bytes_activations = 4.0 * (double)acts;
     out->bytes_activation_grads = 4.0 * (double)grad_acts;
-    if (config->pipeline.recompute) { /* pipeline/executor.c: its input, its output being sent */
-        const double rows = (double)B * T, C = config->model.n_embd;
-        const bool first = stage == 0, last = stage == plan->stages - 1;
-        out->bytes_recompute_stash = 4.0 * ((first ? rows : rows * C) + (last ? rows : rows * C));
-    }
+    stage_transfers(config, plan->stages, stage, B * T, out);
     out->validation_sets = pt_eval_waves_wanted(is_async(config), plan->stages,
                                                 config->train.val_every, config->train.steps);
-    out->bytes_message = 4.0 * B * T * config->model.n_embd;
     return PIPERT_OK;
 }
 
@@ -123,8 +138,8 @@ double pt_cost_stage_memory(const pt_stage_cost *cost, int in_flight)
     const bool recomputed = cost->bytes_recompute_stash > 0;
     const int sets = (recomputed ? 1 : microbatches) + cost->validation_sets;
     return cost->bytes_fixed + cost->bytes_activations * sets +
-           cost->bytes_recompute_stash * microbatches +
-           cost->bytes_activation_grads;
+           (cost->bytes_recompute_stash + cost->bytes_rounded_send) * microbatches +
+           cost->bytes_activation_grads + cost->bytes_transfer;
 }
 
 double pt_cost_codec_bits(const pipert_config *config)

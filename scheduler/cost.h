@@ -96,9 +96,13 @@ typedef struct pt_stage_cost {
     double bytes_fixed;      /* weights, versions and coupling state */
     double bytes_activations; /* one microbatch's activations */
     double bytes_recompute_stash; /* pipeline.recompute: what each microbatch in flight keeps */
+    double bytes_rounded_send; /* pipeline.transfer=bf16, no recompute: the bf16 copy of each
+                                * microbatch in flight's activations being sent */
+    double bytes_transfer;    /* pipeline.transfer=bf16: the gradient sent and a receive, bf16 */
     double bytes_activation_grads;
     int validation_sets;     /* activation sets of validation's own (0 or 1) */
-    double bytes_message;    /* one microbatch's activations sent to the next stage */
+    double bytes_message;    /* one microbatch's activations sent to the next stage (fp32 or
+                              * bf16: pipeline.transfer) */
 } pt_stage_cost;
 
 /* Stage `stage` of `plan` on `device`, under `config` (model, batch size,

@@ -103,7 +103,7 @@ static const char *const all_keys[] = {
     "dp.clip", "dp.nccl", "runtime.threads", "runtime.device", "runtime.precision",
     "runtime.authenticate_messages", "runtime.coordinator_check_steps", "pipeline.schedule",
     "pipeline.lookahead", "pipeline.lookahead_warmup", "pipeline.dc_lambda", "pipeline.sync_steps",
-    "pipeline.microbatches", "pipeline.recompute", "pipeline.trace",
+    "pipeline.microbatches", "pipeline.recompute", "pipeline.transfer", "pipeline.trace",
     "wan.bandwidth", "wan.latency", "plan.layers", "seed",
 };
 enum { ALL_KEYS = sizeof all_keys / sizeof all_keys[0] };
@@ -720,6 +720,7 @@ Test(config, job_digest_covers_what_workers_exchange_and_nothing_else)
         {"dp.period=7", PT_DIGEST_DP},                {"dp.fragments=2", PT_DIGEST_DP},
         {"dp.overlap=2", PT_DIGEST_DP},               {"runtime.authenticate_messages=true", PT_DIGEST_AUTH},
         {"dp.nccl=true", PT_DIGEST_DP},
+        {"pipeline.transfer=bf16", PT_DIGEST_SCHEDULE}, {"runtime.precision=bf16", PT_DIGEST_SCHEDULE},
     };
     for (size_t i = 0; i < sizeof included / sizeof included[0]; i++) {
         pipert_config cfg = base;
@@ -820,6 +821,7 @@ Test(config, every_choice_is_a_row_of_its_owners_table)
     cr_expect_eq(pt_config_choice_value("data.sampling", "sequential"), PT_SAMPLING_SEQUENTIAL);
     cr_expect_eq(pt_config_choice_value("data.format", "tokens"), PT_DATA_TOKENS);
     cr_expect_eq(pt_config_choice_value("runtime.precision", "bf16"), PT_PRECISION_BF16);
+    cr_expect_str_eq(pt_config_choices("pipeline.transfer", text, sizeof text), "auto|fp32|bf16");
     cr_expect_eq(pt_config_choice_value("pipeline.lookahead", "sgd"), -1);
     cr_expect(strstr(pipert_last_error(), "pipeline.lookahead: unknown \"sgd\" (known: none|stash"),
               "%s", pipert_last_error());

@@ -92,6 +92,41 @@ Test(cost, a_gpu_counts_sparses_partition_buffers)
                        "sparse %g, allreduce %g bytes", sparse.bytes_fixed, dense.bytes_fixed);
 }
 
+/* pipeline.transfer (pipeline/transfer.c): a message between stages is B·T·C values of 4 bytes,
+ * or 2 in bf16 (auto under runtime.precision=bf16), and a stage in bf16 keeps a bf16 copy of
+ * each microbatch in flight's activations being sent (not the last stage), one of the gradient
+ * it sends (not the first) and one a receive lands in. */
+Test(cost, bf16_between_stages_halves_the_messages_and_keeps_bf16_copies)
+{
+    pipert_config fp32 = config_with("{\"model\": {\"n_layer\": 4}, "
+                                     "\"runtime\": {\"precision\": \"bf16\"}, "
+                                     "\"pipeline\": {\"transfer\": \"fp32\"}}");
+    pipert_config bf16 = config_with("{\"model\": {\"n_layer\": 4}, "
+                                     "\"runtime\": {\"precision\": \"bf16\"}}");
+    const pt_gpt_config model = pt_gpt_config_from_settings(&fp32);
+    pt_stage_plan three;
+    cr_assert_eq(pt_plan_balanced(&model, fp32.model.block_size, 3, &three), PIPERT_OK);
+    const double values = (double)fp32.train.batch_size * fp32.model.block_size * fp32.model.n_embd;
+    for (int s = 0; s < 3; s++) {
+        pt_stage_cost a, b;
+        cr_assert_eq(pt_cost_stage(&fp32, &three, s, &device, &a), PIPERT_OK);
+        cr_assert_eq(pt_cost_stage(&bf16, &three, s, &device, &b), PIPERT_OK);
+        cr_expect_eq(a.bytes_message, 4 * values, "stage %d in fp32: %g bytes", s, a.bytes_message);
+        cr_expect_eq(b.bytes_message, 2 * values, "stage %d in bf16: %g bytes", s, b.bytes_message);
+        const int in_flight = 3 - s;
+        const double copies = (s < 2 ? in_flight : 0) + (s > 0 ? 2 : 1);
+        cr_expect_float_eq(pt_cost_stage_memory(&b, in_flight) - pt_cost_stage_memory(&a, in_flight),
+                           2 * values * copies, 1.0, "stage %d", s);
+    }
+    /* one stage sends nothing */
+    pt_stage_plan one;
+    cr_assert_eq(pt_plan_balanced(&model, fp32.model.block_size, 1, &one), PIPERT_OK);
+    pt_stage_cost a, b;
+    cr_assert_eq(pt_cost_stage(&fp32, &one, 0, &device, &a), PIPERT_OK);
+    cr_assert_eq(pt_cost_stage(&bf16, &one, 0, &device, &b), PIPERT_OK);
+    cr_expect_eq(pt_cost_stage_memory(&a, 1), pt_cost_stage_memory(&b, 1));
+}
+
 Test(cost, stages_share_the_flops_and_keep_their_weight_copies)
 {
     const char *schedules[] = {"async-1f1b", "1f1b", "async-1f1b"};

@@ -420,4 +420,8 @@ Test(guard, the_cost_models_memory_is_what_the_table_holds, .timeout = 300)
     expect_memory_as_estimated("--stages 2 --pipeline.lookahead=nesterov-secant", 2);
     expect_memory_as_estimated("--stages 2 --replicas 2 --dp.method=sparse --runtime.precision=bf16",
                                4);
+    /* bf16 between stages with recompute: the rounded copies are what each microbatch sends */
+    expect_memory_as_estimated("--stages 3 --pipeline.schedule=1f1b --pipeline.microbatches=4 "
+                               "--pipeline.recompute=true --runtime.precision=bf16",
+                               3);
 }

@@ -121,7 +121,8 @@ Test(kernels, cpu_table_is_complete)
         (void (*)(void))k->encoder_forward, (void (*)(void))k->encoder_backward,
         (void (*)(void))k->layernorm_forward, (void (*)(void))k->layernorm_backward,
         (void (*)(void))k->matmul_forward, (void (*)(void))k->matmul_backward,
-        (void (*)(void))k->cast_to_bf16, (void (*)(void))k->matmul_forward_bf16,
+        (void (*)(void))k->cast_to_bf16, (void (*)(void))k->cast_from_bf16,
+        (void (*)(void))k->matmul_forward_bf16,
         (void (*)(void))k->matmul_backward_bf16, (void (*)(void))k->attention_forward, (void (*)(void))k->attention_backward,
         (void (*)(void))k->attention_saved_floats,
         (void (*)(void))k->attention_forward_bf16, (void (*)(void))k->attention_backward_bf16,
@@ -400,6 +401,30 @@ Test(kernels, bf16_cast_rounds_to_the_nearest_ties_to_even)
     cr_expect(isnan(bf16_value(out[1])), "NaN stays NaN: 0x%04x", out[1]);
     free(x);
     free(b);
+}
+
+/* Widening is exact (a bf16 is the upper half of a float), and a widened value rounds to itself. */
+Test(kernels, bf16_widens_to_the_float_it_is)
+{
+    const size_t n = 1 << 16; /* every bf16 */
+    pt_bf16 *b = malloc(n * sizeof *b), *again = malloc(n * sizeof *again);
+    float *wide = malloc(n * sizeof *wide);
+    for (size_t i = 0; i < n; i++) b[i] = (pt_bf16)i;
+    cpu()->cast_from_bf16(wide, b, n);
+    cpu()->cast_to_bf16(again, wide, n);
+    for (size_t i = 0; i < n; i++) {
+        const float want = bf16_value(b[i]);
+        if (isnan(want)) {
+            cr_expect(isnan(wide[i]), "0x%04zx is a NaN, widened %g", i, wide[i]);
+            continue;
+        }
+        cr_expect(memcmp(&wide[i], &want, sizeof want) == 0, "0x%04zx: %g, expected %g", i, wide[i],
+                  want);
+        cr_expect_eq(again[i], b[i], "0x%04zx rounds to 0x%04x", i, again[i]);
+    }
+    free(b);
+    free(again);
+    free(wide);
 }
 
 /* The bf16 products are the products of the rounded operands, summed in fp32: against naive

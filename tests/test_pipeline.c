@@ -76,6 +76,50 @@ Test(pipeline, an_explicit_uneven_split_equals_one_worker)
     check_flush_schedule("1f1b", 2, 1, "--plan.layers=3,1");
 }
 
+/* pipeline.transfer (pipeline/transfer.c): under runtime.precision=bf16 the stages exchange
+ * bf16 by default: each stage sends M·B·T·C·2 bytes a step fewer than in fp32 (metrics'
+ * bytes_site; stage 0 the activations, stage 1 their gradients), and trains as the fp32
+ * exchange does within bf16's rounding, which does act (some loss differs). With
+ * pipeline.transfer=fp32 a bf16 pipeline equals one bf16 worker. */
+Test(pipeline, bf16_between_stages_halves_the_bytes_of_fp32)
+{
+    enum { M = 4, B = 2, T = 32, C = 32 };
+    const char *bf16 = "--runtime.precision=bf16 --runtime.threads=1";
+    char *reference = make_temp_dir(), *in_fp32 = make_temp_dir(), *in_bf16 = make_temp_dir();
+    run_pipert_ok("train --quiet --out %s " MODEL " --train.steps=%d --train.batch_size=%d "
+                  "--train.grad_accum=%d %s", reference, STEPS, B, M, bf16);
+    const char *launch = "launch --quiet --stages 2 --out %s " MODEL " --train.steps=%d "
+                         "--train.batch_size=%d --pipeline.schedule=1f1b "
+                         "--pipeline.microbatches=%d %s %s";
+    run_pipert_ok(launch, in_fp32, STEPS, B, M, bf16, "--pipeline.transfer=fp32");
+    run_pipert_ok(launch, in_bf16, STEPS, B, M, bf16, "");
+    expect_same_losses(reference, in_fp32, "bf16, 2 stages, pipeline.transfer=fp32");
+    for (int stage = 0; stage < 2; stage++) {
+        char file[64];
+        snprintf(file, sizeof file, "metrics-stage-%d.jsonl", stage);
+        double wide[STEPS], narrow[STEPS];
+        cr_assert_eq(read_metric_steps(in_fp32, file, "bytes_site", wide, STEPS), STEPS);
+        cr_assert_eq(read_metric_steps(in_bf16, file, "bytes_site", narrow, STEPS), STEPS);
+        for (int i = 0; i < STEPS; i++)
+            cr_expect_eq(wide[i] - narrow[i], (double)M * B * T * C * 2,
+                         "stage %d, step %d: %.0f bytes sent in fp32, %.0f in bf16", stage, i + 1,
+                         wide[i], narrow[i]);
+    }
+    double exact[STEPS], rounded[STEPS];
+    cr_assert_eq(read_metric_steps(in_fp32, "metrics.jsonl", "loss", exact, STEPS), STEPS);
+    cr_assert_eq(read_metric_steps(in_bf16, "metrics.jsonl", "loss", rounded, STEPS), STEPS);
+    int differ = 0;
+    for (int i = 0; i < STEPS; i++) {
+        differ += rounded[i] != exact[i];
+        cr_expect(fabs(rounded[i] - exact[i]) <= 1e-2 * exact[i],
+                  "step %d: %.6f exchanging bf16, %.6f fp32", i + 1, rounded[i], exact[i]);
+    }
+    cr_expect_gt(differ, 0, "bf16 between stages changed no loss: was anything rounded?");
+    remove_dir(reference);
+    remove_dir(in_fp32);
+    remove_dir(in_bf16);
+}
+
 /* The asynchronous pipeline trains (the loss falls) with every look-ahead,
  * and stage s measures the staleness S−1−s the schedule implies. */
 Test(pipeline, asynchronous_schedule_measures_its_staleness)

@@ -29,16 +29,20 @@ void pt_cpu_cast_to_bf16(pt_bf16 *out, const float *inp, size_t n)
     for (size_t i = 0; i < n; i++) out[i] = to_bf16(inp[i]);
 }
 
+void pt_cpu_cast_from_bf16(float *out, const pt_bf16 *inp, size_t n)
+{
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        const uint32_t bits = (uint32_t)inp[i] << 16;
+        memcpy(&out[i], &bits, sizeof bits);
+    }
+}
+
 /* x as fp32 values in a new buffer (free it), or NULL when memory is short. */
 static float *widened(const pt_bf16 *x, size_t n)
 {
     float *out = malloc((n ? n : 1) * sizeof *out);
-    if (!out) return NULL;
-#pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; i++) {
-        const uint32_t bits = (uint32_t)x[i] << 16;
-        memcpy(&out[i], &bits, sizeof bits);
-    }
+    if (out) pt_cpu_cast_from_bf16(out, x, n);
     return out;
 }
 

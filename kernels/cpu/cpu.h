@@ -72,6 +72,7 @@ void pt_cpu_matmul_backward(float *dinp, float *dweight, float *dbias, const flo
 
 /* bf16.c */
 void pt_cpu_cast_to_bf16(pt_bf16 *out, const float *inp, size_t n);
+void pt_cpu_cast_from_bf16(float *out, const pt_bf16 *inp, size_t n);
 void pt_cpu_matmul_forward_bf16(float *out, const pt_bf16 *inp, const pt_bf16 *weight,
                                 const float *bias, int N, int C, int OC, pt_weight_layout layout);
 void pt_cpu_matmul_backward_bf16(float *dinp, float *dweight, float *dbias, const pt_bf16 *dout,
