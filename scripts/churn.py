@@ -159,7 +159,8 @@ class Driver:
         self.args, self.out, self.launcher, self.rng = args, out, launcher, rng
         self.replicas = [Replica(r) for r in range(REPLICAS)]
         self.events, self.unexpected, self.killed_pids = [], [], set()
-        self.cut_off_exits = 0    # replacements that could not start while the link was down
+        self.cut_off_exits = 0    # replacements that could not get back in: their site's link was
+                                  # down, or the coordinator was killed while they rejoined
         self.longest_stall = 0.0
         self.longest_stall_at = None
         self.started = time.monotonic()
@@ -245,6 +246,15 @@ class Driver:
         if how == "exit 1" and rep.fault is not None and rep.fault.kind == "link":
             # a replacement started while its site's link was down: it cannot start (UCX finds
             # no device) or reach the coordinator; the launcher starts it again later
+            rep.fault.left = True
+            self.cut_off_exits += 1
+            return
+        if how == "exit 1" and rep.fault is not None and r["state"] in ("registering", "joining") \
+                and any(e.kind == "coordinator" and e.at >= rep.fault.at for e in self.events):
+            # a replacement rejoining when the coordinator was killed: the one started again
+            # does not take back a replica that was coming back (comm/coordinator_recover.c);
+            # its new processes give up (a registration it never answered, a partner that gave
+            # up first) and the launcher starts them again later
             rep.fault.left = True
             self.cut_off_exits += 1
             return
