@@ -387,7 +387,13 @@ Test(guard, bf16_trains_like_fp32, .timeout = 300)
  * stand-in allocates exactly what it is asked. Not counted by the model, and so left out
  * here: the device mean's chunk buffer of replicas averaging on one host (dp.method=allreduce:
  * at most 32 MiB, 0.3% of GPT-2's stage, but a tenth of this model's). */
-static void expect_memory_as_estimated(const char *layout, int ranks)
+typedef struct memory_seen {
+    double peak, need; /* MiB */
+} memory_seen;
+
+/* Runs `layout` on cpu-guarded; seen[r]: what rank r logged of its table's high-water mark and
+ * of the cost model's need. */
+static void run_for_memory(const char *layout, int ranks, memory_seen *seen)
 {
     char *dir = make_temp_dir();
     run_pipert_ok_info("launch --quiet %s --out %s " MODEL
@@ -398,17 +404,23 @@ static void expect_memory_as_estimated(const char *layout, int ranks)
         snprintf(name, sizeof name, "/logs/rank-%d.log", r);
         char *log = read_named(dir, name);
         const char *line = strstr(log, "the guarded table's high-water mark was ");
-        double peak = 0, need = 0;
         cr_assert(line && sscanf(line, "the guarded table's high-water mark was %lf MiB (the stage "
                                        "needs %lf MiB",
-                                 &peak, &need) == 2,
+                                 &seen[r].peak, &seen[r].need) == 2,
                   "%s: rank %d logs no high-water mark:\n%s", layout, r, log);
-        cr_expect(fabs(peak - need) <= 0.05 * peak && need > 0,
-                  "%s: rank %d's buffers peaked at %.3f MiB, the cost model says %.3f", layout, r,
-                  peak, need);
         free(log);
     }
     remove_dir(dir);
+}
+
+static void expect_memory_as_estimated(const char *layout, int ranks)
+{
+    memory_seen seen[8];
+    run_for_memory(layout, ranks, seen);
+    for (int r = 0; r < ranks; r++)
+        cr_expect(fabs(seen[r].peak - seen[r].need) <= 0.05 * seen[r].peak && seen[r].need > 0,
+                  "%s: rank %d's buffers peaked at %.3f MiB, the cost model says %.3f", layout, r,
+                  seen[r].peak, seen[r].need);
 }
 
 Test(guard, the_cost_models_memory_is_what_the_table_holds, .timeout = 300)
@@ -420,8 +432,31 @@ Test(guard, the_cost_models_memory_is_what_the_table_holds, .timeout = 300)
     expect_memory_as_estimated("--stages 2 --pipeline.lookahead=nesterov-secant", 2);
     expect_memory_as_estimated("--stages 2 --replicas 2 --dp.method=sparse --runtime.precision=bf16",
                                4);
-    /* bf16 between stages with recompute: the rounded copies are what each microbatch sends */
-    expect_memory_as_estimated("--stages 3 --pipeline.schedule=1f1b --pipeline.microbatches=4 "
-                               "--pipeline.recompute=true --runtime.precision=bf16",
-                               3);
+}
+
+/* pipeline.transfer=bf16 (pipeline/transfer.c) against fp32, in the same layout: what the bf16
+ * copies add to each rank's high-water mark, or save (with recompute, the copy being sent is
+ * bf16 instead of fp32), is what the cost model adds (each a few KiB here, under the 5% above:
+ * so held apart, to the byte's rounding in the log). */
+static void expect_transfer_memory_as_estimated(const char *layout, int ranks)
+{
+    memory_seen fp32[8], bf16[8];
+    char text[512];
+    snprintf(text, sizeof text, "%s --runtime.precision=bf16 --pipeline.transfer=fp32", layout);
+    run_for_memory(text, ranks, fp32);
+    snprintf(text, sizeof text, "%s --runtime.precision=bf16", layout);
+    run_for_memory(text, ranks, bf16);
+    for (int r = 0; r < ranks; r++) {
+        const double seen = bf16[r].peak - fp32[r].peak, said = bf16[r].need - fp32[r].need;
+        cr_expect(fabs(seen - said) <= 0.002, "%s: rank %d's high-water mark moved %+.3f MiB "
+                  "with bf16 between stages, the cost model's need %+.3f", layout, r, seen, said);
+    }
+}
+
+Test(guard, bf16_between_stages_takes_the_memory_the_cost_model_says, .timeout = 300)
+{
+    expect_transfer_memory_as_estimated("--stages 2", 2);
+    expect_transfer_memory_as_estimated("--stages 3 --pipeline.schedule=1f1b "
+                                        "--pipeline.microbatches=4 --pipeline.recompute=true",
+                                        3);
 }
