@@ -18,7 +18,8 @@ WHY = re.compile(r"\[----\]|\[FAIL\]|\bFAIL\b|missed|error|Assertion|Sanitizer|S
 
 
 def digest(entry, lines):
-    out = (entry.get("stdout") or "").splitlines()
+    # meson keeps a test's stderr apart when it has any (Criterion writes there)
+    out = ((entry.get("stdout") or "") + (entry.get("stderr") or "")).splitlines()
     hits = [line for line in out if WHY.search(line)]
     # the first hits name the cause; the last ones what the test concluded
     shown = hits if len(hits) <= lines else hits[:lines // 2] + ["..."] + hits[-(lines - lines // 2):]
