@@ -361,7 +361,10 @@ Test(wan, async_method_keeps_computing_while_the_link_is_down, .timeout = 300)
 {
     outage o = run_with_outage("sparse", 150);
     cr_expect_eq(o.status, 0, "the job recovers");
-    cr_expect_geq(o.steps_at_up - o.steps_at_down, 8,
+    /* It runs until its queue of exchanges in flight is full (dp/sparse.c: 16 with dp.delay =
+     * −1): 14 steps on a quiet machine; 6 in a loaded suite, whose replicas had drifted apart,
+     * so that more were in flight when the link went down. allreduce takes at most 2. */
+    cr_expect_geq(o.steps_at_up - o.steps_at_down, 3,
                   "sparse ran %d steps during the 5 s outage: it should keep computing",
                   o.steps_at_up - o.steps_at_down);
     /* It logs a wait only if the outage outlasted its exchanges in flight (a
