@@ -214,14 +214,19 @@ Test(resume, asynchronous_pipeline_resumes_with_the_same_losses)
 
 /* Three stages: two microbatches in flight at stage 0, a middle stage that
  * replays from its predecessor's replay; weight prediction (its stashes are
- * ŵ and its staleness estimate is state), with recomputation; and 2
- * replicas, which restore replica 0's stashes. */
+ * ŵ and its staleness estimate is state), with recomputation, also in bf16 (the
+ * replays cross in bf16 too: pipeline/transfer.c); and 2 replicas, which restore
+ * replica 0's stashes. */
 Test(resume, asynchronous_pipeline_resumes_exactly_with_three_stages_or_two_replicas)
 {
     check_asynchronous("--stages 3 --replicas 1 --train.batch_size=2 "
                        "--pipeline.schedule=async-1f1b --pipeline.lookahead=predict "
                        "--pipeline.recompute=true",
                        "async-1f1b, 3 stages, predict, recompute");
+    check_asynchronous("--stages 3 --replicas 1 --train.batch_size=2 "
+                       "--pipeline.schedule=async-1f1b --pipeline.lookahead=predict "
+                       "--pipeline.recompute=true --runtime.precision=bf16",
+                       "async-1f1b, 3 stages, predict, recompute, bf16 between the stages");
     check_asynchronous("--stages 2 --replicas 2 --train.batch_size=2 "
                        "--pipeline.schedule=async-1f1b --pipeline.lookahead=stash",
                        "async-1f1b, 2 stages x 2 replicas, stash");
