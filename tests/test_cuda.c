@@ -33,6 +33,7 @@
 
 #include "kernels/cuda/cuda.h"
 #include "kernels/kernels.h"
+#include "tests/kernel_table.h"
 #include "tests/random_data.h"
 #include "models/gpt.h"
 #include "train/optimizer.h"
@@ -173,29 +174,7 @@ Test(cuda, missing_device_is_a_clear_error)
 Test(cuda, table_is_complete)
 {
     const pt_kernels *k = cuda_or_skip();
-    void (*const entries[])(void) = {
-        (void (*)(void))k->alloc, (void (*)(void))k->free, (void (*)(void))k->zero,
-        (void (*)(void))k->copy_to_device, (void (*)(void))k->copy_to_host,
-        (void (*)(void))k->copy, (void (*)(void))k->synchronize,
-        (void (*)(void))k->encoder_forward, (void (*)(void))k->encoder_backward,
-        (void (*)(void))k->layernorm_forward, (void (*)(void))k->layernorm_backward,
-        (void (*)(void))k->matmul_forward, (void (*)(void))k->matmul_backward,
-        (void (*)(void))k->cast_to_bf16, (void (*)(void))k->cast_from_bf16,
-        (void (*)(void))k->matmul_forward_bf16,
-        (void (*)(void))k->matmul_backward_bf16,
-        (void (*)(void))k->attention_forward, (void (*)(void))k->attention_backward,
-        (void (*)(void))k->attention_saved_floats, (void (*)(void))k->gelu_forward,
-        (void (*)(void))k->gelu_backward, (void (*)(void))k->residual_forward,
-        (void (*)(void))k->attention_forward_bf16, (void (*)(void))k->attention_backward_bf16,
-        (void (*)(void))k->gelu_forward_bf16, (void (*)(void))k->gelu_backward_bf16,
-        (void (*)(void))k->crossentropy_forward, (void (*)(void))k->crossentropy_forward_backward,
-        (void (*)(void))k->adam_update, (void (*)(void))k->adam_extrapolate,
-        (void (*)(void))k->delay_compensate, (void (*)(void))k->alloc_host, (void (*)(void))k->free_host,
-        (void (*)(void))k->secant_compensate, (void (*)(void))k->sum_squares, (void (*)(void))k->sum, (void (*)(void))k->scale,
-        (void (*)(void))k->gather, (void (*)(void))k->scatter,
-    };
-    for (size_t i = 0; i < sizeof entries / sizeof entries[0]; i++)
-        cr_expect(entries[i] != NULL, "entry %zu of the cuda table is NULL", i);
+    expect_a_complete_table(k);
     /* flash-style: one log-sum-exp per row and a copy of the output, not T×T */
     cr_expect_eq(k->attention_saved_floats(16, 1024, 768, 12), (size_t)16 * 12 * 1024 + (size_t)16 * 1024 * 768);
     pt_cuda_device_info info;

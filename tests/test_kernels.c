@@ -15,6 +15,8 @@
 #include <string.h>
 
 #include "kernels/kernels.h"
+#include "kernels/profile.h"
+#include "tests/kernel_table.h"
 #include "tests/random_data.h"
 
 #define FD_STEP 2e-3f
@@ -110,32 +112,15 @@ static void check_close(const char *what, const float *got, const double *expect
 
 /* ---- the table ------------------------------------------------------------- */
 
-Test(kernels, cpu_table_is_complete)
+/* The cpu table, the guarded one over it and the profiling wrapper pass every entry on. */
+Test(kernels, cpu_tables_are_complete)
 {
-    const pt_kernels *k = cpu();
+    const pt_kernels *k = cpu(), *guarded;
     cr_assert_str_eq(k->name, "cpu");
-    void (*const entries[])(void) = {
-        (void (*)(void))k->alloc, (void (*)(void))k->free, (void (*)(void))k->zero,
-        (void (*)(void))k->copy_to_device, (void (*)(void))k->copy_to_host,
-        (void (*)(void))k->copy, (void (*)(void))k->synchronize,
-        (void (*)(void))k->encoder_forward, (void (*)(void))k->encoder_backward,
-        (void (*)(void))k->layernorm_forward, (void (*)(void))k->layernorm_backward,
-        (void (*)(void))k->matmul_forward, (void (*)(void))k->matmul_backward,
-        (void (*)(void))k->cast_to_bf16, (void (*)(void))k->cast_from_bf16,
-        (void (*)(void))k->matmul_forward_bf16,
-        (void (*)(void))k->matmul_backward_bf16, (void (*)(void))k->attention_forward, (void (*)(void))k->attention_backward,
-        (void (*)(void))k->attention_saved_floats,
-        (void (*)(void))k->attention_forward_bf16, (void (*)(void))k->attention_backward_bf16,
-        (void (*)(void))k->gelu_forward, (void (*)(void))k->gelu_backward,
-        (void (*)(void))k->gelu_forward_bf16, (void (*)(void))k->gelu_backward_bf16,
-        (void (*)(void))k->residual_forward, (void (*)(void))k->crossentropy_forward,
-        (void (*)(void))k->crossentropy_forward_backward, (void (*)(void))k->adam_update,
-        (void (*)(void))k->adam_extrapolate, (void (*)(void))k->sum_squares,
-        (void (*)(void))k->sum, (void (*)(void))k->scale, (void (*)(void))k->gather,
-        (void (*)(void))k->scatter,
-    };
-    for (size_t i = 0; i < sizeof entries / sizeof entries[0]; i++)
-        cr_expect(entries[i] != NULL, "entry %zu of the cpu table is NULL", i);
+    expect_a_complete_table(k);
+    cr_assert_eq(pt_kernels_for_device(PT_DEVICE_CPU_GUARDED, &guarded), PIPERT_OK);
+    expect_a_complete_table(guarded);
+    expect_a_complete_table(pt_kernels_profiled(k));
 }
 
 Test(kernels, memory_is_zeroed_aligned_and_copies)
