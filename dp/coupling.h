@@ -22,7 +22,7 @@
  * over all replicas, in a ring ordered by site. It reports what it sent and how long the step waited for it, and saves
  * and restores its own state in checkpoints. Adding a method is a new file in
  * dp/, one line in the method table (coupling.c) and its name among
- * dp.method's values (runtime/config.c's schema checks it); it never touches the
+ * dp.method's values (runtime/config_schema.c's schema checks it); it never touches the
  * executor, nor the cost model, which prices it from its row (traffic,
  * param_copies, host_share below).
  */

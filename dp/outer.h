@@ -38,7 +38,7 @@ typedef struct pt_outer_rule {
 } pt_outer_rule;
 
 /* The outer step's η and μ as a method takes them: dp.outer_lr and dp.outer_momentum where they
- * are set, the method's own where they are left at theirs (η 0, μ negative: runtime/config.c).
+ * are set, the method's own where they are left at theirs (η 0, μ negative: runtime/config_schema.c).
  * The method's own are the values measured best for it (BENCHMARKS.md "Defaults"). */
 static inline pt_outer_rule pt_outer_rule_of(const pt_dp_settings *dp, double own_lr,
                                              double own_momentum, bool nesterov)

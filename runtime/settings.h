@@ -1,6 +1,6 @@
 /* The settings whose value is one of a list: what the configuration holds once it is read
  * (runtime/config.h's fields have these types), so that no code past the reading compares a
- * setting's name. The names users write are runtime/config.c's, one per value; each value's
+ * setting's name. The names users write are runtime/config_schema.c's, one per value; each value's
  * facts are a row of its owner's table, indexed by these numbers (the owner in each comment).
  * The config test `every_choice_is_a_row_of_its_owners_table` holds the names and the rows
  * together. Checkpoints and logs write names (pt_config_choice_name), never these numbers. */

@@ -13,7 +13,7 @@
 #include "kernels/kernels.h"
 #include "runtime/settings.h"
 
-/* PyTorch NAdam's momentum_decay; also train.momentum_decay's default (runtime/config.c,
+/* PyTorch NAdam's momentum_decay; also train.momentum_decay's default (runtime/config_schema.c,
  * which sits below train/ and so repeats the number). */
 #define PT_NADAM_PSI 0.004
 
