@@ -436,7 +436,8 @@ static pipert_result send_tensor(pt_stage_executor *ex, int peer, uint16_t kind,
     } else {
         const double copy_started = pt_trace_now_us();
         const void *outgoing = pt_staging_outgoing(ex, staging, payload, header.nbytes);
-        if (outgoing != payload) trace_span(ex, "copy", copy_started, microbatch); /* to host staging */
+        if (outgoing != payload) /* to host staging */
+            trace_span(ex, "copy", copy_started, microbatch);
         const double started = pt_trace_now_us();
         rc = pt_send(ex->options.transport, peer, tag, &header, outgoing, PT_SEND_CHECKSUM, request);
         trace_span(ex, "send", started, microbatch);

@@ -49,7 +49,8 @@ static int weight_versions(const pipert_config *config, int stages, int stage)
 /* What a stage's exchanges with its neighbours take (pipeline/executor.c, transfer.c): a
  * microbatch's activations on the link, in fp32 or bf16; with recompute, each microbatch in
  * flight keeps its input and its output being sent (fp32, or the bf16 copy sent); in bf16
- * without recompute, that copy; in bf16, one buffer for the gradient sent, one a receive lands in. */
+ * without recompute, that copy; in bf16, one buffer for the gradient sent, one a receive
+ * lands in. */
 static void stage_transfers(const pipert_config *config, int stages, int stage, double rows,
                             pt_stage_cost *out)
 {
@@ -58,8 +59,9 @@ static void stage_transfers(const pipert_config *config, int stages, int stage, 
     const bool rounded = stages > 1 && pt_transfer_in_bf16(config);
     out->bytes_message = value * rows * C;
     const double sent_copy = last ? 0 : rounded ? 2.0 * rows * C : 4.0 * rows * C;
-    if (config->pipeline.recompute)
-        out->bytes_recompute_stash = 4.0 * (first ? rows : rows * C) + (last ? 4.0 * rows : sent_copy);
+    if (config->pipeline.recompute) /* the input (tokens first), the output (targets last) */
+        out->bytes_recompute_stash =
+            4.0 * (first ? rows : rows * C) + (last ? 4.0 * rows : sent_copy);
     else if (rounded)
         out->bytes_rounded_send = sent_copy;
     if (rounded) out->bytes_transfer = 2.0 * rows * C * (first ? 1 : 2);

@@ -22,7 +22,8 @@ def digest(entry, lines):
     out = ((entry.get("stdout") or "") + (entry.get("stderr") or "")).splitlines()
     hits = [line for line in out if WHY.search(line)]
     # the first hits name the cause; the last ones what the test concluded
-    shown = hits if len(hits) <= lines else hits[:lines // 2] + ["..."] + hits[-(lines - lines // 2):]
+    half = lines // 2
+    shown = hits if len(hits) <= lines else hits[:half] + ["..."] + hits[-(lines - half):]
     if not shown:
         shown = out[-lines:]
     return [line if len(line) <= 400 else line[:400] + " ..." for line in shown]
@@ -41,7 +42,8 @@ def main():
         print("failure digest: cannot read %s: %s" % (path, e), file=sys.stderr)
         return 1
     failed = [e for e in entries if e.get("result") not in ("OK", "SKIP", "EXPECTEDFAIL")]
-    print("==== failure digest of %s: %d of %d tests failed" % (args.build, len(failed), len(entries)))
+    print("==== failure digest of %s: %d of %d tests failed" %
+          (args.build, len(failed), len(entries)))
     for e in failed:
         print("---- %s: %s (%.0f s)" % (e.get("name"), e.get("result"), e.get("duration", 0)))
         for line in digest(e, args.lines):
