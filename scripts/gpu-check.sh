@@ -280,6 +280,13 @@ run() {
     { echo "  $(python3 -c "$median_step" "$jobs/bf16-b16/metrics.jsonl")"
       grep -h -E "by the cost model|high-water" "$jobs"/bf16-b16/logs/*.log | sed 's/^[0-9:.]* info  /  /'; } ||
     echo "  bf16 at B = 16: FAIL: $(why "$jobs/bf16-b16")"
+  # the same step with attention on CUDA cores (attention.cu) rather than tensor cores (attention_mma.cuh)
+  # shellcheck disable=SC2086
+  PIPERT_CUDA_MMA_ATTENTION=0 timeout "$(left 90)" "$pipert" launch --quiet --stages 1 \
+    ${gpt2/--train.batch_size=8/--train.batch_size=16} --runtime.precision=bf16 --runtime.device=cuda \
+    --out "$jobs/bf16-b16-simt" >"$jobs/bf16-b16-simt.err" 2>&1 &&
+    echo "  attention on CUDA cores (PIPERT_CUDA_MMA_ATTENTION=0): $(python3 -c "$median_step" "$jobs/bf16-b16-simt/metrics.jsonl")" ||
+    echo "  bf16 at B = 16, attention on CUDA cores: FAIL: $(why "$jobs/bf16-b16-simt")"
   echo "== GPT-2 124M in bf16 at B = 8, one process and 2 stages: the stages exchange bf16 (pipeline.transfer)"
   # shellcheck disable=SC2086
   timeout "$(left 90)" "$pipert" launch --quiet --stages 1 $gpt2 --runtime.precision=bf16 --runtime.device=cuda \
@@ -297,6 +304,11 @@ run() {
   timeout "$(left 150)" "$carry/tests/test_cuda" -j1 >"$jobs/test_cuda.log" 2>&1 && echo "test_cuda: pass" ||
     { echo "test_cuda: FAIL"; grep -E "FAIL|CRASH" "$jobs/test_cuda.log" | head; }
   tail -n 1 "$jobs/test_cuda.log"
+  grep -h "normwise error" "$jobs/test_cuda.log" | sed 's/^/  /'
+  echo "== compute-sanitizer memcheck: the tensor-core attention"
+  timeout "$(left 60)" compute-sanitizer --tool memcheck "$carry/tests/test_cuda" -j1 \
+    --filter 'cuda/bf16_attention_on_tensor_cores*' >"$jobs/memcheck.log" 2>&1 &&
+    grep -h "ERROR SUMMARY" "$jobs/memcheck.log" || { echo "memcheck: FAIL"; tail -n 5 "$jobs/memcheck.log"; }
   echo "== $((SECONDS)) s"
 }
 

@@ -711,17 +711,39 @@ static void check_matmul_bf16(int N, int C, int OC, pt_weight_layout layout)
     free(zeros_inp), free(zeros_w), free(zeros_b);
 }
 
-/* Attention on a bf16 qkv: the GPU's kernels reading bf16 against the CPU's fp32 kernel on
- * the same (exactly widened) values: the fp32 tolerances, as only the order of sums differs. */
-static void check_attention_bf16(int B, int T, int C, int NH)
+/* ‖got − ref‖ / ‖ref − before‖ over n device floats: the change a kernel made to a
+ * buffer it adds into, against the change the CPU made. */
+static double normwise_error(const pt_kernels *gpu, const void *dev, const float *ref,
+                             const float *before, size_t n)
+{
+    float *got = download(gpu, dev, n);
+    double err = 0.0, norm = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        err += ((double)got[i] - ref[i]) * ((double)got[i] - ref[i]);
+        norm += ((double)ref[i] - before[i]) * ((double)ref[i] - before[i]);
+    }
+    free(got);
+    return sqrt(err / norm);
+}
+
+/* Attention on a bf16 qkv against the CPU's fp32 kernel on the same (exactly widened) values.
+ * On CUDA cores (PIPERT_CUDA_MMA_ATTENTION=0) only the order of sums differs: the fp32
+ * tolerances. On tensor cores (attention_mma.cuh) P, dO and dS are rounded to bf16 for the
+ * products: out within u·max|v| (u = 2^-8) element by element, a bound; the gradient within
+ * 2^-6 normwise (test_attention_mma.cpp derives both; its host emulation of these kernels
+ * measured 2.7e-3). */
+static void check_attention_bf16(int B, int T, int C, int NH, bool tensor_cores)
 {
     const pt_kernels *gpu = cuda_or_skip();
+    pt_cuda_set_mma_attention(tensor_cores);
     const size_t n_qkv = (size_t)B * T * 3 * C, n_out = (size_t)B * T * C;
     float *qkv = random_floats(n_qkv, -2, 2), *dout = random_floats(n_out, -1, 1);
     uint16_t *qkv16 = malloc(n_qkv * sizeof *qkv16);
     for (size_t i = 0; i < n_qkv; i++) qkv16[i] = bf16_reference(qkv[i]);
     float *wide = bf16_rounded(qkv, n_qkv);
     float *out = random_floats(n_out, -9, 9), *dqkv = random_floats(n_qkv, -1, 1);
+    float *dqkv_before = malloc(n_qkv * sizeof *dqkv_before);
+    memcpy(dqkv_before, dqkv, n_qkv * sizeof *dqkv);
     float *att = random_floats(cpu()->attention_saved_floats(B, T, C, NH), -9, 9);
     void *d_qkv = upload(gpu, qkv16, n_qkv * 2);
     float *d_dout = upload(gpu, dout, n_out * 4), *d_out = upload(gpu, out, n_out * 4),
@@ -730,19 +752,45 @@ static void check_attention_bf16(int B, int T, int C, int NH)
                  PIPERT_OK);
     cpu()->attention_forward(out, att, wide, B, T, C, NH);
     gpu->attention_forward_bf16(d_out, d_att, d_qkv, B, T, C, NH);
-    expect_device_close(gpu, "bf16 attention out", d_out, out, n_out, FP32_TOL);
     cpu()->attention_backward(dqkv, dout, wide, att, B, T, C, NH);
     gpu->attention_backward_bf16(d_dqkv, d_dout, d_qkv, d_att, B, T, C, NH);
-    expect_device_close(gpu, "bf16 attention dqkv", d_dqkv, dqkv, n_qkv, LONG_TOL);
+    char what[128];
+    snprintf(what, sizeof what, "bf16 attention on %s, B=%d T=%d C=%d NH=%d",
+             tensor_cores ? "tensor cores" : "CUDA cores", B, T, C, NH);
+    if (!tensor_cores) {
+        expect_device_close(gpu, what, d_out, out, n_out, FP32_TOL);
+        expect_device_close(gpu, what, d_dqkv, dqkv, n_qkv, LONG_TOL);
+    } else {
+        float *got = download(gpu, d_out, n_out);
+        const double bound = ldexp(1.0, -8) * 2.0 + 1e-5; /* |v| ≤ 2 */
+        for (size_t i = 0; i < n_out; i++)
+            if (!(fabsf(got[i] - out[i]) <= bound))
+                cr_assert_fail("%s: out[%zu] = %.7g, the CPU %.7g (bound %.3g)", what, i, got[i],
+                               out[i], bound);
+        free(got);
+        double rel = normwise_error(gpu, d_dqkv, dqkv, dqkv_before, n_qkv);
+        printf("%s: dqkv normwise error %.2e\n", what, rel);
+        cr_expect(rel <= ldexp(1.0, -6), "%s: dqkv normwise error %.3g over 2^-6", what, rel);
+    }
     expect_no_cuda_error();
+    pt_cuda_set_mma_attention(1);
     gpu->free(d_att), gpu->free(d_dqkv), gpu->free(d_out), gpu->free(d_dout), gpu->free(d_qkv);
     free(qkv), free(dout), free(qkv16), free(wide), free(out), free(dqkv), free(att);
+    free(dqkv_before);
 }
 
-Test(cuda, bf16_attention_matches_the_fp32_kernel_on_its_values)
+Test(cuda, bf16_attention_on_cuda_cores_matches_the_fp32_kernel_on_its_values)
 {
-    check_attention_bf16(1, 1024, 128, 2); /* head size 64 at GPT-2's context */
-    check_attention_bf16(2, 67, 256, 2);   /* 128 */
+    check_attention_bf16(1, 1024, 128, 2, false); /* head size 64 at GPT-2's context */
+    check_attention_bf16(2, 67, 256, 2, false);   /* 128 */
+}
+
+Test(cuda, bf16_attention_on_tensor_cores_matches_the_fp32_kernel_within_bf16)
+{
+    check_attention_bf16(1, 1024, 128, 2, true);  /* head size 64 at GPT-2's context */
+    check_attention_bf16(2, 67, 256, 2, true);    /* 128, T not a multiple of 64 */
+    check_attention_bf16(1, 4096, 128, 1, true);  /* the longest context the issue names */
+    check_attention_bf16(2, 200, 96, 2, true);    /* head size 48: the CUDA-core kernels take it */
 }
 
 /* The GELU of a bf16: forward within one bf16 rounding of the CPU's (tanhf differs in the last

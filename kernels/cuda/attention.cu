@@ -33,8 +33,9 @@
  * no atomics, every sum in a fixed order). Row blocks are scheduled longest
  * first.
  *
- * These are fp32 CUDA-core kernels, clear rather than fast: a tensor-core
- * (mma, bf16) version is the next step once a GPU can measure it.
+ * These are fp32 CUDA-core kernels, clear rather than fast. A bf16 qkv of head
+ * size 64 or 128 goes to the tensor-core kernels of attention_mma.cuh (the
+ * same saved state and D; P, dO and dS rounded to bf16 for the products).
  */
 #include <math.h>
 #include <stdio.h>
@@ -400,6 +401,25 @@ static void backward_launch(float *dqkv, const float *dout, const Element *qkv, 
     PT_CUDA_LAUNCHED("attention_backward_dkdv_kernel");
 }
 
+/* A bf16 qkv goes to the tensor-core kernels (attention_mma.cu) where they take its shape. */
+static bool on_tensor_cores(const float *qkv, int C, int NH) { return false; }
+static bool on_tensor_cores(const __nv_bfloat16 *qkv, int C, int NH)
+{
+    return pt_cuda_attention_mma_takes(qkv, C, NH);
+}
+
+template <class Element>
+static void backward_for_head_size(float *dqkv, const float *dout, const Element *qkv,
+                                   const float *lse, const float *delta, attention_shape s)
+{
+    switch (head_size_class(s.hs)) {
+    case 16: backward_launch<16>(dqkv, dout, qkv, lse, delta, s); break;
+    case 32: backward_launch<32>(dqkv, dout, qkv, lse, delta, s); break;
+    case 64: backward_launch<64>(dqkv, dout, qkv, lse, delta, s); break;
+    default: backward_launch<128>(dqkv, dout, qkv, lse, delta, s); break;
+    }
+}
+
 template <class Element>
 static void attention_forward(float *out, float *att, const Element *qkv, int B, int T, int C,
                               int NH)
@@ -407,6 +427,11 @@ static void attention_forward(float *out, float *att, const Element *qkv, int B,
     /* out[B,T,C], att[pt_cuda_attention_saved_floats], qkv[B,T,3C] */
     attention_shape s;
     if (!shape_for(&s, B, T, C, NH, "attention_forward")) return;
+    if (on_tensor_cores(qkv, C, NH)) {
+        pt_cuda_attention_mma_forward(out, att, att + (size_t)B * NH * T,
+                                      (const __nv_bfloat16 *)qkv, B, T, C, NH);
+        return;
+    }
     switch (head_size_class(s.hs)) {
     case 16: forward_launch<16>(out, att, qkv, s); break;
     case 32: forward_launch<32>(out, att, qkv, s); break;
@@ -430,12 +455,11 @@ static void attention_backward(float *dqkv, const float *dout, const Element *qk
         attention_delta_kernel<<<(unsigned)((rows + PT_CUDA_THREADS - 1) / PT_CUDA_THREADS),
                                  PT_CUDA_THREADS, 0, pt_cuda.compute>>>(delta, dout, o_saved, s);
         PT_CUDA_LAUNCHED("attention_delta_kernel");
-        switch (head_size_class(s.hs)) {
-        case 16: backward_launch<16>(dqkv, dout, qkv, lse, delta, s); break;
-        case 32: backward_launch<32>(dqkv, dout, qkv, lse, delta, s); break;
-        case 64: backward_launch<64>(dqkv, dout, qkv, lse, delta, s); break;
-        default: backward_launch<128>(dqkv, dout, qkv, lse, delta, s); break;
-        }
+        if (on_tensor_cores(qkv, C, NH))
+            pt_cuda_attention_mma_backward(dqkv, dout, (const __nv_bfloat16 *)qkv, lse, delta, B,
+                                           T, C, NH);
+        else
+            backward_for_head_size(dqkv, dout, qkv, lse, delta, s);
     }
     pt_cuda_scratch_release(mark);
 }

@@ -20,6 +20,7 @@ pt_cuda_context pt_cuda;
 
 static std::mutex start_lock;
 static int tf32_request = -1; /* pt_cuda_set_tf32: -1 none, else overrides PIPERT_CUDA_TF32 */
+static int mma_attention_request = -1; /* pt_cuda_set_mma_attention, over PIPERT_CUDA_MMA_ATTENTION */
 
 /* ---- errors ------------------------------------------------------------------------ */
 
@@ -145,6 +146,10 @@ static pipert_result create_streams_and_handles(void)
     long long tf32;
     PT_TRY(env_integer("PIPERT_CUDA_TF32", 0, &tf32));
     pt_cuda.tf32 = tf32_request >= 0 ? tf32_request != 0 : tf32 != 0;
+    long long mma_attention;
+    PT_TRY(env_integer("PIPERT_CUDA_MMA_ATTENTION", 1, &mma_attention));
+    pt_cuda.mma_attention =
+        mma_attention_request >= 0 ? mma_attention_request != 0 : mma_attention != 0;
     return PIPERT_OK;
 }
 
@@ -185,15 +190,17 @@ static pipert_result context_create(void)
     if (rc == PIPERT_OK) rc = create_streams_and_handles();
     if (rc == PIPERT_OK) rc = create_arena();
     if (rc == PIPERT_OK) rc = pt_cuda_attention_setup();
+    if (rc == PIPERT_OK) rc = pt_cuda_attention_mma_setup();
     if (rc != PIPERT_OK) {
         context_destroy();
         return rc;
     }
     pt_cuda.ready = true;
-    pt_info("cuda: device %d, %s (compute capability %d.%d, %d SMs), arena %zu MiB, TF32 %s",
+    pt_info("cuda: device %d, %s (compute capability %d.%d, %d SMs), arena %zu MiB, TF32 %s, "
+            "bf16 attention on %s",
             pt_cuda.device, pt_cuda.prop.name, pt_cuda.prop.major, pt_cuda.prop.minor,
             pt_cuda.prop.multiProcessorCount, pt_cuda.arena.capacity >> 20,
-            pt_cuda.tf32 ? "on" : "off");
+            pt_cuda.tf32 ? "on" : "off", pt_cuda.mma_attention ? "tensor cores" : "CUDA cores");
     return PIPERT_OK;
 }
 
@@ -208,6 +215,13 @@ extern "C" void pt_cuda_set_tf32(int enabled)
     std::lock_guard<std::mutex> guard(start_lock);
     tf32_request = enabled != 0;
     pt_cuda.tf32 = enabled != 0; /* also for a backend started later */
+}
+
+extern "C" void pt_cuda_set_mma_attention(int enabled)
+{
+    std::lock_guard<std::mutex> guard(start_lock);
+    mma_attention_request = enabled != 0;
+    pt_cuda.mma_attention = enabled != 0;
 }
 
 /* ---- the table ------------------------------------------------------------------------ */

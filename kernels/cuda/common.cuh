@@ -48,6 +48,7 @@ struct pt_cuda_context {
     cudaEvent_t copy_mark;    /* recorded on copy after it; compute waits on it */
     cublasHandle_t cublas;
     bool tf32;
+    bool mma_attention; /* a bf16 qkv's attention on tensor cores (attention_mma.cu) */
     pt_cuda_arena arena;
     double *host_partials; /* pinned [PT_CUDA_REDUCE_BLOCKS] */
 
@@ -168,6 +169,15 @@ void pt_cuda_attention_forward_bf16(float *out, float *att, const pt_bf16 *qkv, 
                                     int C, int NH);
 void pt_cuda_attention_backward_bf16(float *dqkv, const float *dout, const pt_bf16 *qkv,
                                      const float *att, int B, int T, int C, int NH);
+
+/* attention_mma.cu: the tensor-core kernels attention.cu hands a bf16 qkv to when they take it */
+pipert_result pt_cuda_attention_mma_setup(void);
+bool pt_cuda_attention_mma_takes(const void *qkv, int C, int NH);
+void pt_cuda_attention_mma_forward(float *out, float *lse, float *o_saved,
+                                   const __nv_bfloat16 *qkv, int B, int T, int C, int NH);
+void pt_cuda_attention_mma_backward(float *dqkv, const float *dout, const __nv_bfloat16 *qkv,
+                                    const float *lse, const float *delta, int B, int T, int C,
+                                    int NH);
 
 /* elementwise.cu */
 void pt_cuda_gelu_forward(float *out, const float *inp, size_t n);

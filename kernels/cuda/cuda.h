@@ -29,6 +29,9 @@
  *   PIPERT_CUDA_ARENA_MB  arena size in MiB (default: free memory − 2 GiB)
  *   PIPERT_CUDA_TF32      1: fp32 GEMMs may round their inputs to TF32
  *                         (faster, ~1e-3 relative); default 0, exact fp32
+ *   PIPERT_CUDA_MMA_ATTENTION  0: a bf16 qkv's attention on the CUDA-core
+ *                         kernels (exact on its values) rather than tensor
+ *                         cores (attention_mma.cuh); default 1
  */
 #ifndef PT_KERNELS_CUDA_H
 #define PT_KERNELS_CUDA_H
@@ -82,6 +85,10 @@ void pt_cuda_shutdown(void);
 
 /* Lets fp32 GEMMs use TF32 (overrides PIPERT_CUDA_TF32). */
 void pt_cuda_set_tf32(int enabled);
+
+/* Runs a bf16 qkv's attention on tensor cores (1) or CUDA cores (0);
+ * overrides PIPERT_CUDA_MMA_ATTENTION. */
+void pt_cuda_set_mma_attention(int enabled);
 
 /* Floats the CUDA attention saves for its backward (kernels.h,
  * attention_saved_floats). Pure C: in every build. */

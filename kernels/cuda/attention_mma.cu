@@ -1,0 +1,186 @@
+/* Causal attention on tensor cores for a bf16 qkv (runtime.precision = bf16):
+ * the launches of attention_mma.cuh's bodies, whose comment says what they
+ * compute and how. attention.cu calls these for head sizes 64 and 128 unless
+ * PIPERT_CUDA_MMA_ATTENTION=0 (pt_cuda_set_mma_attention), and keeps the rest:
+ * the shape checks, D = rowsum(dO ⊙ O), the CUDA-core kernels for every other
+ * case, and the layout of the saved state (the same here).
+ */
+#include <stdio.h>
+
+#include "kernels/cuda/common.cuh"
+
+/* ---- the primitives attention_mma.cuh asks for, on the device ----------------------- */
+
+#define PT_MMA_FN __device__ __forceinline__
+
+__device__ __forceinline__ void pt_block_sync() { __syncthreads(); }
+
+__device__ __forceinline__ float pt_shfl_xor(float v, int mask)
+{
+    return __shfl_xor_sync(0xffffffffu, v, mask);
+}
+
+/* d += A·B: one warp's m16n8k16 product, bf16 operands, fp32 sums. */
+__device__ __forceinline__ void pt_mma_bf16(float (&d)[4], const uint32_t (&a)[4],
+                                            const uint32_t (&b)[2])
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+__device__ __forceinline__ uint32_t pt_pack_bf16x2(float lo, float hi)
+{
+    __nv_bfloat162 pair = __floats2bfloat162_rn(lo, hi); /* .x = lo: the low half */
+    return *reinterpret_cast<uint32_t *>(&pair);
+}
+
+__device__ __forceinline__ uint32_t pt_load32(const uint16_t *p)
+{
+    return *reinterpret_cast<const uint32_t *>(p);
+}
+
+__device__ __forceinline__ void pt_copy16(uint16_t *dst, const uint16_t *src)
+{
+    *reinterpret_cast<uint4 *>(dst) = *reinterpret_cast<const uint4 *>(src);
+}
+
+__device__ __forceinline__ void pt_zero16(uint16_t *dst)
+{
+    *reinterpret_cast<uint4 *>(dst) = make_uint4(0, 0, 0, 0);
+}
+
+#include "kernels/cuda/attention_mma.cuh"
+
+/* ---- kernels ------------------------------------------------------------------------- */
+
+template <int HS>
+__global__ void __launch_bounds__(PT_MMA_THREADS)
+    mma_forward_kernel(float *out, float *lse, float *o_saved, const uint16_t *qkv, pt_mma_shape s)
+{
+    extern __shared__ __align__(16) unsigned char shared[];
+    pt_mma_attention_forward<HS>(out, lse, o_saved, qkv, s, (int)blockIdx.x, (int)threadIdx.x,
+                                 shared);
+}
+
+template <int HS>
+__global__ void __launch_bounds__(PT_MMA_THREADS)
+    mma_dq_kernel(float *dqkv, const float *dout, const uint16_t *qkv, const float *lse,
+                  const float *delta, pt_mma_shape s)
+{
+    extern __shared__ __align__(16) unsigned char shared[];
+    pt_mma_attention_dq<HS>(dqkv, dout, qkv, lse, delta, s, (int)blockIdx.x, (int)threadIdx.x,
+                            shared);
+}
+
+template <int HS>
+__global__ void __launch_bounds__(PT_MMA_THREADS)
+    mma_dkdv_kernel(float *dqkv, const float *dout, const uint16_t *qkv, const float *lse,
+                    const float *delta, pt_mma_shape s)
+{
+    extern __shared__ __align__(16) unsigned char shared[];
+    pt_mma_attention_dkdv<HS>(dqkv, dout, qkv, lse, delta, s, (int)blockIdx.x, (int)threadIdx.x,
+                              shared);
+}
+
+/* ---- set-up ----------------------------------------------------------------------------- */
+
+template <class Kernel>
+static pipert_result allow_shared(Kernel kernel, size_t bytes, const char *name, int hs)
+{
+    if (bytes > pt_cuda.prop.sharedMemPerBlockOptin)
+        return pt_fail(PIPERT_ERR_UNSUPPORTED,
+                       "CUDA attention: %s for head size %d needs %zu bytes of shared memory per "
+                       "block; %s has %zu",
+                       name, hs, bytes, pt_cuda.prop.name,
+                       (size_t)pt_cuda.prop.sharedMemPerBlockOptin);
+    cudaError_t err =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+    if (err != cudaSuccess)
+        return pt_fail(PIPERT_ERR_INTERNAL, "CUDA attention: cudaFuncSetAttribute (%s): %s", name,
+                       cudaGetErrorString(err));
+    return PIPERT_OK;
+}
+
+template <int HS> static pipert_result allow_shared_for(void)
+{
+    PT_TRY(allow_shared(mma_forward_kernel<HS>, pt_mma_forward_shared_bytes<HS>(), "the forward", HS));
+    PT_TRY(allow_shared(mma_dq_kernel<HS>, pt_mma_dq_shared_bytes<HS>(), "dq", HS));
+    PT_TRY(allow_shared(mma_dkdv_kernel<HS>, pt_mma_dkdv_shared_bytes<HS>(), "dkdv", HS));
+    return PIPERT_OK;
+}
+
+pipert_result pt_cuda_attention_mma_setup(void)
+{
+    PT_TRY(allow_shared_for<64>());
+    return allow_shared_for<128>();
+}
+
+/* ---- dispatch ---------------------------------------------------------------------------- */
+
+/* Whether these kernels take the shape: head size 64 or 128, and 16-byte rows
+ * of qkv (three rows of C bf16 values) at a 16-byte aligned qkv. */
+bool pt_cuda_attention_mma_takes(const void *qkv, int C, int NH)
+{
+    const int hs = C / NH;
+    return pt_cuda.mma_attention && hs * NH == C && (hs == 64 || hs == 128) &&
+           (uintptr_t)qkv % 16 == 0;
+}
+
+static pt_mma_shape mma_shape(int B, int T, int C, int NH)
+{
+    const float hs = (float)(C / NH);
+    return pt_mma_shape{B, T, C, NH, 1.0f / sqrtf(hs), 1.4426950408889634f / sqrtf(hs)};
+}
+
+static unsigned mma_blocks(int B, int T, int NH)
+{
+    return (unsigned)((size_t)B * NH * pt_cuda_ceil_div(T, PT_MMA_ROWS));
+}
+
+template <int HS>
+static void forward_launch(float *out, float *lse, float *o_saved, const uint16_t *qkv,
+                           pt_mma_shape s)
+{
+    mma_forward_kernel<HS><<<mma_blocks(s.B, s.T, s.NH), PT_MMA_THREADS,
+                             pt_mma_forward_shared_bytes<HS>(), pt_cuda.compute>>>(out, lse, o_saved,
+                                                                                   qkv, s);
+    PT_CUDA_LAUNCHED("mma_forward_kernel");
+}
+
+template <int HS>
+static void backward_launch(float *dqkv, const float *dout, const uint16_t *qkv, const float *lse,
+                            const float *delta, pt_mma_shape s)
+{
+    const unsigned blocks = mma_blocks(s.B, s.T, s.NH);
+    mma_dq_kernel<HS><<<blocks, PT_MMA_THREADS, pt_mma_dq_shared_bytes<HS>(), pt_cuda.compute>>>(
+        dqkv, dout, qkv, lse, delta, s);
+    PT_CUDA_LAUNCHED("mma_dq_kernel");
+    mma_dkdv_kernel<HS><<<blocks, PT_MMA_THREADS, pt_mma_dkdv_shared_bytes<HS>(), pt_cuda.compute>>>(
+        dqkv, dout, qkv, lse, delta, s);
+    PT_CUDA_LAUNCHED("mma_dkdv_kernel");
+}
+
+void pt_cuda_attention_mma_forward(float *out, float *lse, float *o_saved,
+                                   const __nv_bfloat16 *qkv, int B, int T, int C, int NH)
+{
+    const pt_mma_shape s = mma_shape(B, T, C, NH);
+    const uint16_t *bits = reinterpret_cast<const uint16_t *>(qkv);
+    if (C / NH == 64)
+        forward_launch<64>(out, lse, o_saved, bits, s);
+    else
+        forward_launch<128>(out, lse, o_saved, bits, s);
+}
+
+void pt_cuda_attention_mma_backward(float *dqkv, const float *dout, const __nv_bfloat16 *qkv,
+                                    const float *lse, const float *delta, int B, int T, int C,
+                                    int NH)
+{
+    const pt_mma_shape s = mma_shape(B, T, C, NH);
+    const uint16_t *bits = reinterpret_cast<const uint16_t *>(qkv);
+    if (C / NH == 64)
+        backward_launch<64>(dqkv, dout, bits, lse, delta, s);
+    else
+        backward_launch<128>(dqkv, dout, bits, lse, delta, s);
+}

@@ -1,0 +1,270 @@
+/* The tensor-core attention kernels (kernels/cuda/attention_mma.cuh) run on
+ * the host by tests/warp_emulator.hpp, against the CPU backend's fp32
+ * attention on the same bf16 inputs (itself checked against finite
+ * differences in test_kernels.c). On a GPU test_cuda runs the same bodies on
+ * the hardware; this suite checks their indexing, causal masks, online
+ * softmax, fragment layouts and barriers on every CI run, without one.
+ *
+ * Tolerances. The kernels round to bf16 (unit roundoff u = 2⁻⁸) what the CPU
+ * keeps in fp32: P before P·V, and in the backward dO, P and dS.
+ *   forward   out = Σ p̃ⱼvⱼ / Σ pⱼ with |p̃ⱼ − pⱼ| ≤ u·pⱼ, so |out − ref| ≤ u·max|v|
+ *             for every element (a bound, not a statistic); lse has no rounding
+ *             beyond fp32 sums (1e-5).
+ *   exact     q = 0: every score is 0, so every p = 2⁰ = 1 exactly and out is
+ *             the plain mean of v over j ≤ i: fp32 agreement (1e-5), which an
+ *             off-by-one in the mask (±|v|/i ≥ 1e-3 at T = 200) cannot meet.
+ *   backward  each gradient element is a sum of products with two or three
+ *             rounded factors: independent errors of ≤ u each, so the error of
+ *             a sum of n terms is ~u·rms(term)·√n against a sum of size
+ *             ~rms(term)·√n for random signs; normwise 2⁻⁶ (4u) holds with room
+ *             (measured: below 2⁻⁸), and a wrong layout or mask errs by ~100%.
+ */
+#include <criterion/criterion.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include "tests/warp_emulator.hpp"
+
+#include "kernels/cuda/attention_mma.cuh"
+
+extern "C" {
+#include "kernels/kernels.h"
+}
+
+using std::vector;
+
+namespace {
+
+struct inputs {
+    int B, T, C, NH;
+    vector<uint16_t> qkv16; /* bf16 bits */
+    vector<float> qkv;      /* the same values, exactly widened */
+    vector<float> dout;     /* fp32, as the model hands it */
+    vector<float> dqkv;     /* what the gradient held before: the kernels add */
+};
+
+uint64_t rng = 0x2545f4914f6cdd1dull;
+float uniform(float lo, float hi)
+{
+    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+    return lo + (hi - lo) * (float)((rng >> 11) * 0x1.0p-53);
+}
+
+inputs make_inputs(int B, int T, int C, int NH, bool zero_q)
+{
+    inputs in{B, T, C, NH, {}, {}, {}, {}};
+    const size_t n_qkv = (size_t)B * T * 3 * C, n_out = (size_t)B * T * C;
+    in.qkv16.resize(n_qkv), in.qkv.resize(n_qkv), in.dout.resize(n_out), in.dqkv.resize(n_qkv);
+    for (size_t i = 0; i < n_qkv; i++) {
+        const bool is_q = (i % (3 * (size_t)C)) < (size_t)C;
+        in.qkv16[i] = warp_emulator::float_to_bf16(zero_q && is_q ? 0.0f : uniform(-2, 2));
+        in.qkv[i] = warp_emulator::bf16_to_float(in.qkv16[i]);
+        in.dqkv[i] = uniform(-1, 1);
+    }
+    for (float &x : in.dout) x = uniform(-1, 1);
+    return in;
+}
+
+pt_mma_shape shape_of(const inputs &in)
+{
+    const float hs = (float)(in.C / in.NH);
+    return pt_mma_shape{in.B, in.T, in.C, in.NH, 1.0f / std::sqrt(hs),
+                        1.4426950408889634f / std::sqrt(hs)};
+}
+
+int blocks_of(const inputs &in) { return in.B * in.NH * ((in.T + PT_MMA_ROWS - 1) / PT_MMA_ROWS); }
+
+struct result {
+    vector<float> out, lse, o_saved, dqkv;
+};
+
+template <int HS> result run_kernels(const inputs &in)
+{
+    const pt_mma_shape s = shape_of(in);
+    const size_t n_out = in.dout.size(), n_rows = (size_t)in.B * in.NH * in.T;
+    result r{vector<float>(n_out), vector<float>(n_rows), vector<float>(n_out), in.dqkv};
+    warp_emulator::launch(blocks_of(in), PT_MMA_THREADS, pt_mma_forward_shared_bytes<HS>(),
+                          [&](int block, int tid, unsigned char *shared) {
+                              pt_mma_attention_forward<HS>(r.out.data(), r.lse.data(),
+                                                           r.o_saved.data(), in.qkv16.data(), s,
+                                                           block, tid, shared);
+                          });
+    /* D = rowsum(dO ⊙ O) per (b, h, t), as attention.cu's delta kernel */
+    vector<float> delta(n_rows);
+    for (int b = 0; b < in.B; b++)
+        for (int t = 0; t < in.T; t++)
+            for (int h = 0; h < in.NH; h++) {
+                const size_t row = ((size_t)b * in.T + t) * in.C + (size_t)h * HS;
+                float acc = 0.0f;
+                for (int d = 0; d < HS; d++) acc += in.dout[row + d] * r.o_saved[row + d];
+                delta[((size_t)b * in.NH + h) * in.T + t] = acc;
+            }
+    warp_emulator::launch(blocks_of(in), PT_MMA_THREADS, pt_mma_dq_shared_bytes<HS>(),
+                          [&](int block, int tid, unsigned char *shared) {
+                              pt_mma_attention_dq<HS>(r.dqkv.data(), in.dout.data(),
+                                                      in.qkv16.data(), r.lse.data(), delta.data(),
+                                                      s, block, tid, shared);
+                          });
+    warp_emulator::launch(blocks_of(in), PT_MMA_THREADS, pt_mma_dkdv_shared_bytes<HS>(),
+                          [&](int block, int tid, unsigned char *shared) {
+                              pt_mma_attention_dkdv<HS>(r.dqkv.data(), in.dout.data(),
+                                                        in.qkv16.data(), r.lse.data(),
+                                                        delta.data(), s, block, tid, shared);
+                          });
+    return r;
+}
+
+/* The CPU backend's fp32 attention on the widened values. */
+result reference(const inputs &in)
+{
+    const pt_kernels *cpu = pt_kernels_cpu();
+    result r{vector<float>(in.dout.size()), {}, {}, in.dqkv};
+    vector<float> att(cpu->attention_saved_floats(in.B, in.T, in.C, in.NH));
+    cpu->attention_forward(r.out.data(), att.data(), in.qkv.data(), in.B, in.T, in.C, in.NH);
+    cpu->attention_backward(r.dqkv.data(), in.dout.data(), in.qkv.data(), att.data(), in.B, in.T,
+                            in.C, in.NH);
+    return r;
+}
+
+/* L[i] = log₂ Σ_{j≤i} 2^(scale_log2 · q_i·k_j), in double. */
+double reference_lse(const inputs &in, int b, int h, int i)
+{
+    const int hs = in.C / in.NH;
+    const float *q = &in.qkv[((size_t)b * in.T + i) * 3 * in.C + (size_t)h * hs];
+    double sum = 0.0;
+    for (int j = 0; j <= i; j++) {
+        const float *k = &in.qkv[((size_t)b * in.T + j) * 3 * in.C + in.C + (size_t)h * hs];
+        double dot = 0.0;
+        for (int d = 0; d < hs; d++) dot += (double)q[d] * k[d];
+        sum += std::exp2(dot * 1.4426950408889634 / std::sqrt((double)hs));
+    }
+    return std::log2(sum);
+}
+
+double max_abs(const vector<float> &x)
+{
+    double m = 0.0;
+    for (float v : x) m = std::fmax(m, std::fabs(v));
+    return m;
+}
+
+/* Normwise ‖got − want‖ / ‖want − before‖ over the elements that `part` (0 q, 1 k, 2 v) of
+ * dqkv holds, or over all of x when part < 0: the change the kernels made against the
+ * change they should have made. */
+double relative_error(const vector<float> &got, const vector<float> &want,
+                      const vector<float> &before, int C, int part)
+{
+    double err = 0.0, norm = 0.0;
+    for (size_t i = 0; i < got.size(); i++) {
+        if (part >= 0 && (int)(i % (3 * (size_t)C) / C) != part) continue;
+        const double change = want[i] - (before.empty() ? 0.0 : before[i]);
+        err += ((double)got[i] - want[i]) * ((double)got[i] - want[i]);
+        norm += change * change;
+    }
+    return std::sqrt(err / norm);
+}
+
+template <int HS> void check(int B, int T, int NH)
+{
+    const int C = HS * NH;
+    const inputs in = make_inputs(B, T, C, NH, false);
+    const result got = run_kernels<HS>(in), want = reference(in);
+    const double bound = std::ldexp(1.0, -8) * max_abs(in.qkv) + 1e-5;
+    for (size_t i = 0; i < want.out.size(); i++)
+        if (!(std::fabs(got.out[i] - want.out[i]) <= bound))
+            cr_assert_fail("HS %d T %d: out[%zu] = %.7g, the CPU %.7g (bound %.3g)", HS, T, i,
+                     got.out[i], want.out[i], bound);
+    cr_expect(got.o_saved == got.out, "the saved copy of out is out");
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++)
+            for (int i = 0; i < T; i++) {
+                const double L = reference_lse(in, b, h, i);
+                const float kernel = got.lse[((size_t)b * NH + h) * T + i];
+                if (!(std::fabs(kernel - L) <= 1e-5 * (std::fabs(L) + 1)))
+                    cr_assert_fail("HS %d T %d: lse[%d][%d][%d] = %.7g, want %.7g", HS, T, b, h, i,
+                             kernel, L);
+            }
+    const char *names[] = {"dq", "dk", "dv"};
+    for (int part = 0; part < 3; part++) {
+        const double rel = relative_error(got.dqkv, want.dqkv, in.dqkv, C, part);
+        std::printf("HS %d B %d T %d NH %d: %s relative error %.2e\n", HS, B, T, NH, names[part], rel);
+        cr_expect(rel <= std::ldexp(1.0, -6), "HS %d T %d: %s relative error %.3g over 2^-6", HS,
+                  T, names[part], rel);
+    }
+}
+
+} // namespace
+
+Test(attention_mma, forward_and_backward_match_the_fp32_kernel_at_head_size_64, .timeout = 600)
+{
+    check<64>(2, 200, 2); /* T past three tiles, not a multiple of 64 */
+    check<64>(1, 64, 1);  /* exactly one tile */
+}
+
+Test(attention_mma, forward_and_backward_match_the_fp32_kernel_at_head_size_128, .timeout = 600)
+{
+    check<128>(1, 70, 1); /* a second tile of 6 rows */
+}
+
+Test(attention_mma, uniform_scores_give_the_exact_mean_of_v, .timeout = 600)
+{
+    const int B = 1, T = 200, NH = 2, C = 64 * NH;
+    const inputs in = make_inputs(B, T, C, NH, true);
+    const result got = run_kernels<64>(in);
+    for (int t = 0; t < T; t++)
+        for (int c = 0; c < C; c++) {
+            double mean = 0.0;
+            for (int j = 0; j <= t; j++) mean += in.qkv[(size_t)j * 3 * C + 2 * C + c];
+            mean /= t + 1;
+            const float kernel = got.out[(size_t)t * C + c];
+            if (!(std::fabs(kernel - mean) <= 1e-5 * (std::fabs(mean) + 1)))
+                cr_assert_fail("out[%d][%d] = %.7g, the mean of v over j <= %d is %.7g", t, c, kernel,
+                         t, mean);
+        }
+}
+
+Test(attention_mma, the_emulated_mma_is_a_matrix_product)
+{
+    /* The emulator's own check: one warp multiplies A (16×16) by B (16×8), each lane
+     * loading its registers from shared tiles by attention_mma.cuh's fragment loaders,
+     * against the product computed directly. */
+    constexpr int HS = 64;
+    vector<uint16_t> a_tile(64 * pt_mma_stride<HS>), b_tile(64 * pt_mma_stride<HS>);
+    for (uint16_t &x : a_tile) x = warp_emulator::float_to_bf16(uniform(-1, 1));
+    for (uint16_t &x : b_tile) x = warp_emulator::float_to_bf16(uniform(-1, 1));
+    vector<float> d(16 * 8), d_cols(16 * 8);
+    warp_emulator::launch(1, 32, 0, [&](int, int tid, unsigned char *) {
+        const pt_mma_lane l = pt_mma_lane_of(tid);
+        uint32_t a[4], b[2], b2[2];
+        pt_mma_a_fragment<HS>(a, a_tile.data(), 0, 0, l);
+        pt_mma_b_of_rows<HS>(b, b_tile.data(), 0, 0, l);     /* B[k][n] = b_tile[n][k] */
+        pt_mma_b_of_columns<HS>(b2, b_tile.data(), 0, 0, l); /* B[k][n] = b_tile[k][n] */
+        float acc[4] = {}, acc2[4] = {};
+        pt_mma_bf16(acc, a, b);
+        pt_mma_bf16(acc2, a, b2);
+        for (int e = 0; e < 4; e++) {
+            const int row = l.g + 8 * (e >= 2), col = pt_mma_column(0, e, l);
+            d[row * 8 + col] = acc[e];
+            d_cols[row * 8 + col] = acc2[e];
+        }
+    });
+    const int S = pt_mma_stride<HS>;
+    auto at = [&](const vector<uint16_t> &t, int r, int c) {
+        return warp_emulator::bf16_to_float(t[r * S + c]);
+    };
+    for (int i = 0; i < 16; i++)
+        for (int n = 0; n < 8; n++) {
+            double rows = 0.0, cols = 0.0;
+            for (int k = 0; k < 16; k++) {
+                rows += (double)at(a_tile, i, k) * at(b_tile, n, k);
+                cols += (double)at(a_tile, i, k) * at(b_tile, k, n);
+            }
+            cr_expect(std::fabs(d[i * 8 + n] - rows) <= 1e-5, "A·Bᵀ[%d][%d] = %g, want %g", i, n,
+                      d[i * 8 + n], rows);
+            cr_expect(std::fabs(d_cols[i * 8 + n] - cols) <= 1e-5, "A·B[%d][%d] = %g, want %g", i,
+                      n, d_cols[i * 8 + n], cols);
+        }
+}

@@ -1,0 +1,162 @@
+/* Runs CUDA kernel bodies written against the primitives of
+ * kernels/cuda/attention_mma.cuh on the host: every thread of a block is a
+ * thread of the host, and the warp-wide operations are emulated from their
+ * documented semantics, so that a body's indexing, masking, fragment layouts
+ * and synchronisation are checked on a machine without a GPU.
+ *
+ *   pt_block_sync     a barrier of the block's threads (__syncthreads)
+ *   pt_shfl_xor       each lane publishes its value, a warp barrier, each reads
+ *                     lane ^ mask's, a second barrier before the slots are reused
+ *   pt_mma_bf16       each lane publishes its A and B registers; after a warp
+ *                     barrier each computes its own four D elements from the
+ *                     whole 16×16 A and 16×8 B, reassembled by the register
+ *                     layout of mma.m16n8k16 in the PTX ISA (the same table as
+ *                     attention_mma.cuh's comment, written out independently
+ *                     below as "who holds element (row, k)")
+ *
+ * What it cannot check: the hardware's own rounding inside an mma (fp32 sums
+ * here, in k order), bank conflicts, speed. A lane that skips a warp-wide
+ * operation its fellows reach deadlocks the emulation (the test times out),
+ * as such a kernel is undefined on a GPU. Shared memory starts as bf16 and
+ * fp32 NaNs, so a read of a tile not yet written poisons the result.
+ */
+#ifndef PT_TESTS_WARP_EMULATOR_HPP
+#define PT_TESTS_WARP_EMULATOR_HPP
+
+#include <barrier>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <thread>
+#include <vector>
+
+namespace warp_emulator {
+
+constexpr int lanes = 32;
+
+struct warp {
+    std::barrier<> step{lanes};
+    float value[lanes];
+    uint32_t a[lanes][4], b[lanes][2];
+};
+
+struct block {
+    explicit block(int threads) : sync(threads), warps(threads / lanes) {}
+    std::barrier<> sync;
+    std::vector<warp> warps;
+};
+
+inline thread_local block *this_block;
+inline thread_local int this_thread;
+
+inline warp &this_warp() { return this_block->warps[this_thread / lanes]; }
+inline int this_lane() { return this_thread % lanes; }
+
+inline float bf16_to_float(uint16_t bits)
+{
+    uint32_t wide = (uint32_t)bits << 16;
+    float x;
+    std::memcpy(&x, &wide, sizeof x);
+    return x;
+}
+
+/* Round to nearest even; a NaN stays a NaN. */
+inline uint16_t float_to_bf16(float x)
+{
+    uint32_t bits;
+    std::memcpy(&bits, &x, sizeof bits);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x0040u);
+    bits += 0x7fffu + ((bits >> 16) & 1u);
+    return (uint16_t)(bits >> 16);
+}
+
+inline float half_of(uint32_t pair, int high) { return bf16_to_float((uint16_t)(pair >> (16 * high))); }
+
+/* A[row][k] of the warp's 16×16 A: row r < 8 is held by lanes 4r.., rows 8–15
+ * in the odd registers; k < 8 in registers 0–1, k ≥ 8 in 2–3; lane 4·(r mod 8)
+ * + (k mod 8)/2 holds the pair, k's parity picks the half. */
+inline float a_element(const warp &w, int row, int k)
+{
+    const int holder = 4 * (row % 8) + (k % 8) / 2, reg = (row >= 8) + 2 * (k >= 8);
+    return half_of(w.a[holder][reg], k & 1);
+}
+
+/* B[k][n] of the 16×8 B: column n is held by lanes 4n..4n+3, k < 8 in b0. */
+inline float b_element(const warp &w, int k, int n)
+{
+    const int holder = 4 * n + (k % 8) / 2;
+    return half_of(w.b[holder][k >= 8], k & 1);
+}
+
+} // namespace warp_emulator
+
+#define PT_MMA_FN inline
+
+inline void pt_block_sync() { warp_emulator::this_block->sync.arrive_and_wait(); }
+
+inline float pt_shfl_xor(float v, int mask)
+{
+    warp_emulator::warp &w = warp_emulator::this_warp();
+    const int lane = warp_emulator::this_lane();
+    w.value[lane] = v;
+    w.step.arrive_and_wait();
+    const float other = w.value[lane ^ mask];
+    w.step.arrive_and_wait();
+    return other;
+}
+
+inline void pt_mma_bf16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2])
+{
+    using namespace warp_emulator;
+    warp &w = this_warp();
+    const int lane = this_lane();
+    std::memcpy(w.a[lane], a, sizeof a);
+    std::memcpy(w.b[lane], b, sizeof b);
+    w.step.arrive_and_wait();
+    for (int e = 0; e < 4; e++) { /* D[g + 8·(e ≥ 2)][2t + (e mod 2)] */
+        const int row = lane / 4 + 8 * (e >= 2), col = 2 * (lane % 4) + (e & 1);
+        float sum = d[e];
+        for (int k = 0; k < 16; k++) sum += a_element(w, row, k) * b_element(w, k, col);
+        d[e] = sum;
+    }
+    w.step.arrive_and_wait();
+}
+
+inline uint32_t pt_pack_bf16x2(float lo, float hi)
+{
+    return (uint32_t)warp_emulator::float_to_bf16(lo) |
+           (uint32_t)warp_emulator::float_to_bf16(hi) << 16;
+}
+
+inline uint32_t pt_load32(const uint16_t *p)
+{
+    uint32_t v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
+}
+inline void pt_copy16(uint16_t *dst, const uint16_t *src) { std::memcpy(dst, src, 16); }
+inline void pt_zero16(uint16_t *dst) { std::memset(dst, 0, 16); }
+
+namespace warp_emulator {
+
+/* body(block, thread, shared) for every thread of every block, a block at a time. */
+template <class Body> void launch(int blocks, int threads, size_t shared_bytes, Body body)
+{
+    std::vector<uint32_t> shared((shared_bytes + 3) / 4);
+    for (int blk = 0; blk < blocks; blk++) {
+        for (uint32_t &word : shared) word = 0x7fc07fc0u; /* NaN as bf16 pairs and as fp32 */
+        block state(threads);
+        std::vector<std::thread> pool;
+        for (int t = 0; t < threads; t++)
+            pool.emplace_back([&, t] {
+                this_block = &state;
+                this_thread = t;
+                body(blk, t, (unsigned char *)shared.data());
+            });
+        for (std::thread &thread : pool) thread.join();
+    }
+}
+
+} // namespace warp_emulator
+
+#endif
