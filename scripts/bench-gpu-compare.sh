@@ -11,8 +11,9 @@
 #                                              shape; its median "N tok/s" is reported
 #
 # Prints each system's tokens/s over its median timed step, the ratio to pipert's exact fp32
-# step, and the peak device memory where the system reports it; the raw outputs go to
-# $OUT (or a temporary folder).
+# step, and the peak device memory where the system reports it (pipert bf16 twice: attention on
+# tensor cores, its default, and on CUDA cores), then pipert bf16's step kernel by kernel; the
+# raw outputs go to $OUT (or a temporary folder).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build-gpu-carry}
@@ -39,6 +40,18 @@ for flag in "" --tf32 --bf16; do
     rows+=("$name|failed (see $log)|")
   fi
 done
+
+# bf16 with attention on CUDA cores (attention.cu) rather than tensor cores (attention_mma.cuh)
+log="$out/pipert-bf16-simt.log"
+# shellcheck disable=SC2086
+if PIPERT_CUDA_MMA_ATTENTION=0 "$build/tests/bench_cuda" $shape --steps 10 --bf16 >"$log" 2>&1; then
+  rows+=("pipert bf16, CUDA-core attention|$(pipert_rate "$log")|$(pipert_memory "$log")")
+else
+  rows+=("pipert bf16, CUDA-core attention|failed (see $log)|")
+fi
+# where a bf16 step's time goes, kernel by kernel (synchronised one by one), printed after the table
+# shellcheck disable=SC2086
+"$build/tests/bench_cuda" $shape --steps 4 --bf16 --profile >"$out/pipert-bf16-profile.log" 2>&1 || true
 
 # shellcheck disable=SC2086
 if "$python" scripts/bench-torch-gpt2.py $shape --modes "$modes" >"$out/torch.jsonl" 2>"$out/torch.err"; then
@@ -80,3 +93,5 @@ for row in "${rows[@]}"; do
   printf '%-34s %12s %10s %12s\n' "$name" "$rate" "$ratio" "$memory"
 done
 echo "raw outputs: $out"
+echo "pipert bf16, per kernel (bench_cuda --bf16 --profile):"
+sed -n '/^kernel  *calls/,$p' "$out/pipert-bf16-profile.log" | head -n 24
