@@ -221,6 +221,11 @@ static void g_matmul_backward_bf16(float *di, float *dw, float *db, const pt_bf1
 {
     GUARDED(cpu->matmul_backward_bf16(di, dw, db, d, i, w, N, C, OC, l));
 }
+static void g_matmul_forward_bf16_to_bf16(pt_bf16 *o, const pt_bf16 *i, const pt_bf16 *w, int N,
+                                          int C, int OC, pt_weight_layout l)
+{
+    GUARDED(cpu->matmul_forward_bf16_to_bf16(o, i, w, N, C, OC, l));
+}
 static void g_attention_forward(float *o, float *a, const float *q, int B, int T, int C, int NH)
 {
     GUARDED(cpu->attention_forward(o, a, q, B, T, C, NH));
@@ -268,6 +273,15 @@ static void g_crossentropy_forward_backward(float *l, float *x, const int32_t *t
                                             float d)
 {
     GUARDED(cpu->crossentropy_forward_backward(l, x, t, N, V, d));
+}
+static void g_crossentropy_forward_bf16(float *l, const pt_bf16 *x, const int32_t *t, int N, int V)
+{
+    GUARDED(cpu->crossentropy_forward_bf16(l, x, t, N, V));
+}
+static void g_crossentropy_forward_backward_bf16(float *l, pt_bf16 *x, const int32_t *t, int N,
+                                                 int V, float d)
+{
+    GUARDED(cpu->crossentropy_forward_backward_bf16(l, x, t, N, V, d));
 }
 static void g_adam_update(float *p, const float *g, float *m, float *v, size_t n,
                           const pt_adam_coeffs *c)
@@ -399,6 +413,7 @@ static pt_kernels guarded = {
     .cast_from_bf16 = g_cast_from_bf16,
     .matmul_forward_bf16 = g_matmul_forward_bf16,
     .matmul_backward_bf16 = g_matmul_backward_bf16,
+    .matmul_forward_bf16_to_bf16 = g_matmul_forward_bf16_to_bf16,
     .attention_forward = g_attention_forward,
     .attention_backward = g_attention_backward,
     .gelu_forward = g_gelu_forward,
@@ -410,6 +425,8 @@ static pt_kernels guarded = {
     .residual_forward = g_residual_forward,
     .crossentropy_forward = g_crossentropy_forward,
     .crossentropy_forward_backward = g_crossentropy_forward_backward,
+    .crossentropy_forward_bf16 = g_crossentropy_forward_bf16,
+    .crossentropy_forward_backward_bf16 = g_crossentropy_forward_backward_bf16,
     .adam_update = g_adam_update,
     .adam_extrapolate = g_adam_extrapolate,
     .delay_compensate = g_delay_compensate,

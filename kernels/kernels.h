@@ -122,6 +122,10 @@ typedef struct pt_kernels {
     void (*matmul_backward_bf16)(float *dinp, float *dweight, float *dbias, const pt_bf16 *dout,
                                  const pt_bf16 *inp, const pt_bf16 *weight, int N, int C, int OC,
                                  pt_weight_layout layout);
+    /* out = bf16(inp·W), no bias: a product kept in bf16 as it is made (the classifier's
+     * logits under bf16), rounded once from the fp32 sums. */
+    void (*matmul_forward_bf16_to_bf16)(pt_bf16 *out, const pt_bf16 *inp, const pt_bf16 *weight,
+                                        int N, int C, int OC, pt_weight_layout layout);
 
     /* Causal self-attention. qkv[B,T,3C] holds q, k, v side by side, head h
      * in columns [h·hs, (h+1)·hs) of each; out[B,T,C]; att holds what the forward
@@ -161,6 +165,13 @@ typedef struct pt_kernels {
      * dlogits = dloss·(softmax(logits) − onehot(targets)). */
     void (*crossentropy_forward_backward)(float *losses, float *logits, const int32_t *targets,
                                           int N, int V, float dloss);
+    /* The same on bf16 logits (the classifier under bf16): each value read as the bf16 it
+     * holds, the softmax and the loss in fp32; dlogits rounded to bf16 in place, as the bf16
+     * products that take them next would round them. */
+    void (*crossentropy_forward_bf16)(float *losses, const pt_bf16 *logits,
+                                      const int32_t *targets, int N, int V);
+    void (*crossentropy_forward_backward_bf16)(float *losses, pt_bf16 *logits,
+                                               const int32_t *targets, int N, int V, float dloss);
 
     /* ---- optimizer and reductions ---- */
     void (*adam_update)(float *param, const float *grad, float *m, float *v, size_t n,

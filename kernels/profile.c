@@ -10,7 +10,8 @@ enum {
     K_CAST_BF16, K_CAST_FROM_BF16, K_MATMUL_FWD_BF16, K_MATMUL_BWD_BF16, K_ATTENTION_FWD, K_ATTENTION_BWD,
     K_ATTENTION_FWD_BF16, K_ATTENTION_BWD_BF16, K_GELU_FWD, K_GELU_BWD, K_GELU_FWD_BF16,
     K_GELU_BWD_BF16, K_RESIDUAL_FWD, K_XENT_FWD,
-    K_XENT_FWD_BWD, K_ADAM, K_ADAM_EXTRAPOLATE, K_DELAY_COMPENSATE, K_SECANT_COMPENSATE,
+    K_XENT_FWD_BWD, K_MATMUL_FWD_TO_BF16, K_XENT_FWD_BF16, K_XENT_FWD_BWD_BF16, K_ADAM,
+    K_ADAM_EXTRAPOLATE, K_DELAY_COMPENSATE, K_SECANT_COMPENSATE,
     K_SUM_SQUARES, K_SUM, K_SCALE, K_ZERO, K_COPY, K_GATHER, K_SCATTER,
     K_COUNT
 };
@@ -21,7 +22,8 @@ static const char *const kernel_names[K_COUNT] = {
     "matmul_backward_bf16", "attention_forward", "attention_backward",
     "attention_forward_bf16", "attention_backward_bf16", "gelu_forward", "gelu_backward",
     "gelu_forward_bf16", "gelu_backward_bf16", "residual_forward", "crossentropy_forward",
-    "crossentropy_forward_backward", "adam_update", "adam_extrapolate", "delay_compensate",
+    "crossentropy_forward_backward", "matmul_forward_bf16_to_bf16", "crossentropy_forward_bf16",
+    "crossentropy_forward_backward_bf16", "adam_update", "adam_extrapolate", "delay_compensate",
     "secant_compensate", "sum_squares", "sum", "scale", "zero", "copy", "gather", "scatter",
 };
 
@@ -141,6 +143,20 @@ static void p_crossentropy_forward_backward(float *l, float *x, const int32_t *t
 {
     TIMED(K_XENT_FWD_BWD, inner->crossentropy_forward_backward(l, x, t, N, V, d));
 }
+static void p_matmul_forward_bf16_to_bf16(pt_bf16 *o, const pt_bf16 *i, const pt_bf16 *w, int N,
+                                          int C, int OC, pt_weight_layout l)
+{
+    TIMED(K_MATMUL_FWD_TO_BF16, inner->matmul_forward_bf16_to_bf16(o, i, w, N, C, OC, l));
+}
+static void p_crossentropy_forward_bf16(float *l, const pt_bf16 *x, const int32_t *t, int N, int V)
+{
+    TIMED(K_XENT_FWD_BF16, inner->crossentropy_forward_bf16(l, x, t, N, V));
+}
+static void p_crossentropy_forward_backward_bf16(float *l, pt_bf16 *x, const int32_t *t, int N,
+                                                 int V, float d)
+{
+    TIMED(K_XENT_FWD_BWD_BF16, inner->crossentropy_forward_backward_bf16(l, x, t, N, V, d));
+}
 static void p_adam_update(float *p, const float *g, float *m, float *v, size_t n,
                           const pt_adam_coeffs *c)
 {
@@ -217,6 +233,9 @@ const pt_kernels *pt_kernels_profiled(const pt_kernels *wrapped)
     profiled.residual_forward = p_residual_forward;
     profiled.crossentropy_forward = p_crossentropy_forward;
     profiled.crossentropy_forward_backward = p_crossentropy_forward_backward;
+    profiled.matmul_forward_bf16_to_bf16 = p_matmul_forward_bf16_to_bf16;
+    profiled.crossentropy_forward_bf16 = p_crossentropy_forward_bf16;
+    profiled.crossentropy_forward_backward_bf16 = p_crossentropy_forward_backward_bf16;
     profiled.adam_update = p_adam_update;
     /* optional: a backend without it stays without it (callers test for NULL) */
     profiled.adam_extrapolate = wrapped->adam_extrapolate ? p_adam_extrapolate : NULL;

@@ -204,7 +204,7 @@ static void carve_activation_grads(pt_gpt_slice *s, carver *cv)
                             : (pt_gpt_operand){.f32 = s->dscratch_fc};
     if (s->has_head) {
         s->head_rows = head_rows(s);
-        s->logits = carve(cv, (size_t)s->head_rows * s->config.vocab_size);
+        s->logits = carve_operand(s, cv, (size_t)s->head_rows * s->config.vocab_size);
     }
     size_t rows, weight;
     pt_gpt_matmul_scratch(s, &rows, &weight);
@@ -552,8 +552,9 @@ static void head_layernorm(pt_gpt_slice *s)
 static void head_logits(pt_gpt_slice *s, int first, int n)
 {
     const int C = s->config.n_embd, V = s->config.vocab_size;
-    pt_gpt_matmul_forward(s, s->logits, pt_gpt_operand_rows(s->ln_f, (size_t)first, (size_t)C),
-                          s->head.lm_head, NULL, n, C, V, PT_WEIGHT_OUT_IN);
+    pt_gpt_matmul_forward_operand(s, s->logits,
+                                  pt_gpt_operand_rows(s->ln_f, (size_t)first, (size_t)C),
+                                  s->head.lm_head, n, C, V, PT_WEIGHT_OUT_IN);
 }
 
 static int rows_from(const pt_gpt_slice *s, int first)
@@ -574,12 +575,16 @@ static void head_loss_and_backward(pt_gpt_slice *s, float loss_scale, bool weigh
     for (int first = 0; first < N; first += s->head_rows) {
         const int n = rows_from(s, first);
         head_logits(s, first, n);
-        k->crossentropy_forward_backward(s->losses + first, s->logits, s->targets + first, n, V,
-                                         loss_scale / (float)N);
-        pt_gpt_matmul_backward(s, s->dln_f + (size_t)first * C,
-                               weight_gradient ? s->head_grads.lm_head : NULL, NULL, s->logits,
-                               pt_gpt_operand_rows(s->ln_f, (size_t)first, (size_t)C),
-                               s->head.lm_head, n, C, V, PT_WEIGHT_OUT_IN);
+        if (s->logits.bf16)
+            k->crossentropy_forward_backward_bf16(s->losses + first, s->logits.bf16,
+                                                  s->targets + first, n, V, loss_scale / (float)N);
+        else
+            k->crossentropy_forward_backward(s->losses + first, s->logits.f32, s->targets + first,
+                                             n, V, loss_scale / (float)N);
+        pt_gpt_matmul_backward_operand(s, s->dln_f + (size_t)first * C,
+                                       weight_gradient ? s->head_grads.lm_head : NULL, s->logits,
+                                       pt_gpt_operand_rows(s->ln_f, (size_t)first, (size_t)C),
+                                       s->head.lm_head, n, C, V, PT_WEIGHT_OUT_IN);
     }
 }
 
@@ -590,8 +595,12 @@ static void head_loss(pt_gpt_slice *s)
     for (int first = 0; first < N; first += s->head_rows) {
         const int n = rows_from(s, first);
         head_logits(s, first, n);
-        s->kernels->crossentropy_forward(s->losses + first, s->logits, s->targets + first, n,
-                                         s->config.vocab_size);
+        if (s->logits.bf16)
+            s->kernels->crossentropy_forward_bf16(s->losses + first, s->logits.bf16,
+                                                  s->targets + first, n, s->config.vocab_size);
+        else
+            s->kernels->crossentropy_forward(s->losses + first, s->logits.f32, s->targets + first,
+                                             n, s->config.vocab_size);
     }
 }
 

@@ -129,8 +129,9 @@ typedef struct pt_gpt_slice {
      * (fp32: dscratch_fc, free until the GELU's backward; bf16: a buffer of its own) */
     pt_gpt_operand gelu_again;
     /* the classifier's logits, then its dlogits, head_rows rows at a time ([head_rows, V]):
-     * the B·T·V of them never exist at once (pt_gpt_forward) */
-    float *logits;
+     * the B·T·V of them never exist at once (pt_gpt_forward); in the slice's precision (bf16:
+     * the product rounds them as it makes them, the cross-entropy its dlogits in place) */
+    pt_gpt_operand logits;
     int head_rows;
     /* precision = bf16 (models/gpt_matmul.c): the operands rounded as they are used: an
      * upstream gradient's rows (bf16_rows elements of bf16_out), the weight matrix */

@@ -21,9 +21,9 @@ void pt_gpt_matmul_scratch(const pt_gpt_slice *s, size_t *rows, size_t *weight)
     if (s->config.precision != PT_PRECISION_BF16) return;
     const size_t N = (size_t)s->B * s->T, C = (size_t)s->config.n_embd;
     const size_t V = s->has_head ? (size_t)s->config.vocab_size : 0;
-    /* the widest upstream gradient of a block is [N, 4C] (c_fc's); the classifier's chunk of
-     * dlogits is at most that wide, or one row of V */
-    *rows = N * 4 * C > V ? N * 4 * C : V;
+    /* the widest upstream gradient of a block is [N, 4C] (c_fc's); the classifier's dlogits
+     * are made in bf16 (pt_gpt_matmul_backward_operand) */
+    *rows = N * 4 * C;
     *weight = 4 * C * C > V * C ? 4 * C * C : V * C;
 }
 
@@ -76,4 +76,29 @@ void pt_gpt_matmul_backward(pt_gpt_slice *s, float *dinp, float *dweight, float 
                                 s->bf16_out, inp.bf16 + (size_t)first * C, s->bf16_weight, n, C,
                                 OC, layout);
     }
+}
+
+void pt_gpt_matmul_forward_operand(pt_gpt_slice *s, pt_gpt_operand out, pt_gpt_operand inp,
+                                   const float *weight, int N, int C, int OC,
+                                   pt_weight_layout layout)
+{
+    if (!out.bf16) {
+        pt_gpt_matmul_forward(s, out.f32, inp, weight, NULL, N, C, OC, layout);
+        return;
+    }
+    round_weight(s, weight, (size_t)C * OC);
+    s->kernels->matmul_forward_bf16_to_bf16(out.bf16, inp.bf16, s->bf16_weight, N, C, OC, layout);
+}
+
+void pt_gpt_matmul_backward_operand(pt_gpt_slice *s, float *dinp, float *dweight,
+                                    pt_gpt_operand dout, pt_gpt_operand inp, const float *weight,
+                                    int N, int C, int OC, pt_weight_layout layout)
+{
+    if (!dout.bf16) {
+        pt_gpt_matmul_backward(s, dinp, dweight, NULL, dout.f32, inp, weight, N, C, OC, layout);
+        return;
+    }
+    round_weight(s, weight, (size_t)C * OC);
+    s->kernels->matmul_backward_bf16(dinp, dweight, NULL, dout.bf16, inp.bf16, s->bf16_weight, N,
+                                     C, OC, layout);
 }

@@ -23,6 +23,16 @@ void pt_gpt_matmul_backward(pt_gpt_slice *s, float *dinp, float *dweight, float 
                             const float *dout, pt_gpt_operand inp, const float *weight, int N,
                             int C, int OC, pt_weight_layout layout);
 
+/* The classifier's product, its output in the slice's precision (an operand: logits kept in
+ * bf16 under bf16, rounded once from the fp32 sums), no bias; and its backward from an
+ * upstream gradient in that precision (dlogits, rounded where they were made). */
+void pt_gpt_matmul_forward_operand(pt_gpt_slice *s, pt_gpt_operand out, pt_gpt_operand inp,
+                                   const float *weight, int N, int C, int OC,
+                                   pt_weight_layout layout);
+void pt_gpt_matmul_backward_operand(pt_gpt_slice *s, float *dinp, float *dweight,
+                                    pt_gpt_operand dout, pt_gpt_operand inp, const float *weight,
+                                    int N, int C, int OC, pt_weight_layout layout);
+
 /* Rows [first, …) of an operand of `width` columns. */
 pt_gpt_operand pt_gpt_operand_rows(pt_gpt_operand op, size_t first, size_t width);
 

@@ -795,6 +795,64 @@ Test(cuda, bf16_attention_on_tensor_cores_matches_the_fp32_kernel_within_bf16)
 
 /* The GELU of a bf16: forward within one bf16 rounding of the CPU's (tanhf differs in the last
  * fp32 bits, which may cross a bf16 rounding boundary), backward as fp32. */
+/* bf16 values of two arrays that differ by more than one step of the bf16 grid (a sum in
+ * another order may land across a rounding boundary, so neighbours are allowed). */
+static size_t bf16_apart(const uint16_t *a, const uint16_t *b, size_t n, size_t *first)
+{
+    size_t count = 0;
+    for (size_t i = 0; i < n; i++) {
+        const int gap = (int)a[i] - (int)b[i];
+        if (gap > 1 || gap < -1) {
+            if (!count) *first = i;
+            count++;
+        }
+    }
+    return count;
+}
+
+/* The classifier under bf16: logits made in bf16 by cuBLAS against the CPU's (each within one
+ * bf16 step), then the cross-entropy of the same logits: losses to fp32's tolerance, dlogits
+ * within one bf16 step (expf differs in its last bits). GPT-2's vocabulary. */
+Test(cuda, bf16_logits_and_crossentropy_match_cpu)
+{
+    const pt_kernels *gpu = cuda_or_skip();
+    const int N = 64, C = 128, V = 50257;
+    const size_t n_in = (size_t)N * C, n_w = (size_t)V * C, n_out = (size_t)N * V;
+    float *inp = random_floats(n_in, -1, 1), *w = random_floats(n_w, -0.3, 0.3);
+    uint16_t *inp16 = malloc(n_in * 2), *w16 = malloc(n_w * 2), *logits = malloc(n_out * 2);
+    uint16_t *got = malloc(n_out * 2);
+    for (size_t i = 0; i < n_in; i++) inp16[i] = bf16_reference(inp[i]);
+    for (size_t i = 0; i < n_w; i++) w16[i] = bf16_reference(w[i]);
+    void *d_inp = upload(gpu, inp16, n_in * 2), *d_w = upload(gpu, w16, n_w * 2);
+    void *d_logits = upload(gpu, logits, n_out * 2);
+    cpu()->matmul_forward_bf16_to_bf16(logits, inp16, w16, N, C, V, PT_WEIGHT_OUT_IN);
+    gpu->matmul_forward_bf16_to_bf16(d_logits, d_inp, d_w, N, C, V, PT_WEIGHT_OUT_IN);
+    gpu->synchronize();
+    gpu->copy(got, d_logits, n_out * 2);
+    size_t first = 0, apart = bf16_apart(got, logits, n_out, &first);
+    cr_expect_eq(apart, 0, "%zu bf16 logits more than a step from the CPU's; first [%zu]: 0x%04x "
+                 "against 0x%04x", apart, first, got[first], logits[first]);
+
+    int32_t *targets = malloc(N * sizeof *targets);
+    for (int n = 0; n < N; n++) targets[n] = (int32_t)((n * 7919) % V);
+    float losses[64], losses_cpu[64];
+    void *d_targets = upload(gpu, targets, N * sizeof *targets);
+    float *d_losses = upload(gpu, losses, sizeof losses);
+    gpu->copy(d_logits, logits, n_out * 2); /* both sides from the CPU's logits */
+    gpu->crossentropy_forward_backward_bf16(d_losses, d_logits, d_targets, N, V, 0.125f);
+    cpu()->crossentropy_forward_backward_bf16(losses_cpu, logits, targets, N, V, 0.125f);
+    expect_device_close(gpu, "bf16 crossentropy losses", d_losses, losses_cpu, N, FP32_TOL);
+    gpu->synchronize();
+    gpu->copy(got, d_logits, n_out * 2);
+    apart = bf16_apart(got, logits, n_out, &first);
+    cr_expect_eq(apart, 0, "%zu bf16 dlogits more than a step from the CPU's; first [%zu]", apart,
+                 first);
+    expect_no_cuda_error();
+    gpu->free(d_losses), gpu->free(d_targets), gpu->free(d_logits), gpu->free(d_w);
+    gpu->free(d_inp);
+    free(inp), free(w), free(inp16), free(w16), free(logits), free(got), free(targets);
+}
+
 Test(cuda, bf16_gelu_matches_cpu)
 {
     const pt_kernels *gpu = cuda_or_skip();

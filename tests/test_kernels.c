@@ -722,6 +722,49 @@ Test(kernels, crossentropy_gradient)
     check_gradient("crossentropy dlogits", p.logits, dlogits, N * V, crossentropy_objective, &p);
 }
 
+/* The classifier under bf16: logits made in bf16 (the nearest bf16 of the exact product of
+ * the rounded operands, or its neighbour when the fp32 sum lands across a rounding boundary),
+ * and the cross-entropy on them: the losses the fp32 kernel gives on the values they hold, the
+ * dlogits the nearest bf16 of its dlogits. */
+Test(kernels, bf16_logits_and_their_crossentropy)
+{
+    const int rows = 5, Cin = 33, vocab = 1031;
+    float *inp = random_floats((size_t)rows * Cin, -1, 1);
+    float *W = random_floats((size_t)vocab * Cin, -1, 1);
+    pt_bf16 *inp16 = malloc(sizeof(pt_bf16) * rows * Cin);
+    pt_bf16 *W16 = malloc(sizeof(pt_bf16) * vocab * Cin);
+    round_in_place(inp, inp16, (size_t)rows * Cin);
+    round_in_place(W, W16, (size_t)vocab * Cin);
+    pt_bf16 *logits16 = malloc(sizeof(pt_bf16) * rows * vocab);
+    cpu()->matmul_forward_bf16_to_bf16(logits16, inp16, W16, rows, Cin, vocab, PT_WEIGHT_OUT_IN);
+    float *logits = malloc(sizeof(float) * rows * vocab);
+    for (int n = 0; n < rows; n++)
+        for (int v = 0; v < vocab; v++) {
+            double acc = 0;
+            for (int c = 0; c < Cin; c++) acc += (double)inp[n * Cin + c] * W[v * Cin + c];
+            const pt_bf16 got = logits16[n * vocab + v], want = nearest_bf16((float)acc);
+            cr_expect(got == want || got == want + 1 || got + 1 == want,
+                      "logit [%d][%d] = %g, the product rounds to %g", n, v, bf16_value(got),
+                      bf16_value(want));
+            logits[n * vocab + v] = bf16_value(got);
+        }
+
+    int32_t targets[5] = {0, vocab - 1, 17, 1000, 3};
+    float losses[5], losses16[5], losses_fb16[5], losses_fb[5];
+    const float dloss = 0.5f;
+    cpu()->crossentropy_forward_bf16(losses16, logits16, targets, rows, vocab);
+    cpu()->crossentropy_forward(losses, logits, targets, rows, vocab);
+    cr_expect_eq(memcmp(losses16, losses, sizeof losses), 0, "bf16 losses = fp32 losses");
+    cpu()->crossentropy_forward_backward_bf16(losses_fb16, logits16, targets, rows, vocab, dloss);
+    cpu()->crossentropy_forward_backward(losses_fb, logits, targets, rows, vocab, dloss);
+    cr_expect_eq(memcmp(losses_fb16, losses_fb, sizeof losses), 0, "bf16 losses, with gradient");
+    for (int i = 0; i < rows * vocab; i++)
+        if (logits16[i] != nearest_bf16(logits[i]))
+            cr_assert_fail("dlogits[%d] = %g, the nearest bf16 of %g", i, bf16_value(logits16[i]),
+                           logits[i]);
+    free(inp), free(W), free(inp16), free(W16), free(logits16), free(logits);
+}
+
 /* ---- reductions and adam --------------------------------------------------- */
 
 /* gather and scatter follow an index (a shuffled permutation's first part, as a sparse

@@ -46,6 +46,7 @@ static const pt_kernels cpu_kernels = {
     .cast_from_bf16 = pt_cpu_cast_from_bf16,
     .matmul_forward_bf16 = pt_cpu_matmul_forward_bf16,
     .matmul_backward_bf16 = pt_cpu_matmul_backward_bf16,
+    .matmul_forward_bf16_to_bf16 = pt_cpu_matmul_forward_bf16_to_bf16,
     .attention_forward = pt_cpu_attention_forward,
     .attention_backward = pt_cpu_attention_backward,
     .attention_saved_floats = cpu_attention_saved_floats,
@@ -58,6 +59,8 @@ static const pt_kernels cpu_kernels = {
     .residual_forward = pt_cpu_residual_forward,
     .crossentropy_forward = pt_cpu_crossentropy_forward,
     .crossentropy_forward_backward = pt_cpu_crossentropy_forward_backward,
+    .crossentropy_forward_bf16 = pt_cpu_crossentropy_forward_bf16,
+    .crossentropy_forward_backward_bf16 = pt_cpu_crossentropy_forward_backward_bf16,
 
     .adam_update = pt_cpu_adam_update,
     .adam_extrapolate = pt_cpu_adam_extrapolate,

@@ -52,6 +52,10 @@ static void poison(float *x, size_t n)
 {
     for (size_t i = 0; x && i < n; i++) x[i] = NAN;
 }
+static void poison_bf16(pt_bf16 *x, size_t n)
+{
+    for (size_t i = 0; x && i < n; i++) x[i] = 0x7fc0; /* NaN */
+}
 
 void pt_cpu_matmul_forward_bf16(float *out, const pt_bf16 *inp, const pt_bf16 *weight,
                                 const float *bias, int N, int C, int OC, pt_weight_layout layout)
@@ -79,6 +83,46 @@ void pt_cpu_matmul_backward_bf16(float *dinp, float *dweight, float *dbias, cons
     free(d);
     free(in);
     free(w);
+}
+
+/* The same kept in bf16: the fp32 product of the widened operands, rounded once. */
+void pt_cpu_matmul_forward_bf16_to_bf16(pt_bf16 *out, const pt_bf16 *inp, const pt_bf16 *weight,
+                                        int N, int C, int OC, pt_weight_layout layout)
+{
+    const size_t n = (size_t)N * OC;
+    float *product = malloc((n ? n : 1) * sizeof *product);
+    if (!product) {
+        poison_bf16(out, n);
+        return;
+    }
+    pt_cpu_matmul_forward_bf16(product, inp, weight, NULL, N, C, OC, layout);
+    pt_cpu_cast_to_bf16(out, product, n);
+    free(product);
+}
+
+/* Cross-entropy on bf16 logits: the fp32 kernel on their exact values; the gradient's
+ * form rounds dlogits back into the logits. */
+void pt_cpu_crossentropy_forward_bf16(float *losses, const pt_bf16 *logits, const int32_t *targets,
+                                      int N, int V)
+{
+    float *x = widened(logits, (size_t)N * V);
+    if (x) pt_cpu_crossentropy_forward(losses, x, targets, N, V);
+    else poison(losses, (size_t)N);
+    free(x);
+}
+
+void pt_cpu_crossentropy_forward_backward_bf16(float *losses, pt_bf16 *logits,
+                                               const int32_t *targets, int N, int V, float dloss)
+{
+    float *x = widened(logits, (size_t)N * V);
+    if (x) {
+        pt_cpu_crossentropy_forward_backward(losses, x, targets, N, V, dloss);
+        pt_cpu_cast_to_bf16(logits, x, (size_t)N * V);
+    } else {
+        poison(losses, (size_t)N);
+        poison_bf16(logits, (size_t)N * V);
+    }
+    free(x);
 }
 
 void pt_cpu_attention_forward_bf16(float *out, float *att, const pt_bf16 *qkv, int B, int T,

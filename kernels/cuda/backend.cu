@@ -253,6 +253,7 @@ static const pt_kernels cuda_kernels = {
     .cast_from_bf16 = pt_cuda_cast_from_bf16,
     .matmul_forward_bf16 = pt_cuda_matmul_forward_bf16,
     .matmul_backward_bf16 = pt_cuda_matmul_backward_bf16,
+    .matmul_forward_bf16_to_bf16 = pt_cuda_matmul_forward_bf16_to_bf16,
     .attention_forward = pt_cuda_attention_forward,
     .attention_backward = pt_cuda_attention_backward,
     .attention_saved_floats = pt_cuda_attention_saved_floats,
@@ -265,6 +266,8 @@ static const pt_kernels cuda_kernels = {
     .residual_forward = pt_cuda_residual_forward,
     .crossentropy_forward = pt_cuda_crossentropy_forward,
     .crossentropy_forward_backward = pt_cuda_crossentropy_forward_backward,
+    .crossentropy_forward_bf16 = pt_cuda_crossentropy_forward_bf16,
+    .crossentropy_forward_backward_bf16 = pt_cuda_crossentropy_forward_backward_bf16,
 
     .adam_update = pt_cuda_adam_update,
     .adam_extrapolate = pt_cuda_adam_extrapolate,

@@ -159,6 +159,10 @@ void pt_cuda_matmul_backward(float *dinp, float *dweight, float *dbias, const fl
                              const float *inp, const float *weight, int N, int C, int OC,
                              pt_weight_layout layout);
 
+/* matmul.cu, beside cuda.h's bf16 products */
+void pt_cuda_matmul_forward_bf16_to_bf16(pt_bf16 *out, const pt_bf16 *inp, const pt_bf16 *weight,
+                                         int N, int C, int OC, pt_weight_layout layout);
+
 /* attention.cu */
 pipert_result pt_cuda_attention_setup(void); /* shared-memory limits, once per context */
 void pt_cuda_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C,
@@ -198,6 +202,10 @@ void pt_cuda_crossentropy_forward(float *losses, const float *logits, const int3
                                   int N, int V);
 void pt_cuda_crossentropy_forward_backward(float *losses, float *logits, const int32_t *targets,
                                            int N, int V, float dloss);
+void pt_cuda_crossentropy_forward_bf16(float *losses, const pt_bf16 *logits,
+                                       const int32_t *targets, int N, int V);
+void pt_cuda_crossentropy_forward_backward_bf16(float *losses, pt_bf16 *logits,
+                                                const int32_t *targets, int N, int V, float dloss);
 
 /* adam.cu */
 void pt_cuda_adam_update(float *param, const float *grad, float *m, float *v, size_t n,

@@ -25,19 +25,28 @@ struct gemm_operand {
     int ld; /* row length of the row-major buffer */
 };
 
-/* D[rows_d, cols_d] (row-major, fp32) = α·op(A)·op(B) + β·D, with inner
- * dimension k; A and B of the element type `type` (fp32 or bf16). */
-static void gemm_row_major(float *D, int rows_d, int cols_d, int k, gemm_operand A,
-                           cublasOperation_t op_a, gemm_operand B, cublasOperation_t op_b,
-                           cudaDataType type, float beta)
+/* D[rows_d, cols_d] (row-major, of d_type: fp32, or bf16 rounded from the fp32 sums) =
+ * α·op(A)·op(B) + β·D, with inner dimension k; A and B of the element type `type` (fp32 or
+ * bf16). */
+static void gemm_row_major_to(void *D, cudaDataType d_type, int rows_d, int cols_d, int k,
+                              gemm_operand A, cublasOperation_t op_a, gemm_operand B,
+                              cublasOperation_t op_b, cudaDataType type, float beta)
 {
     if (rows_d <= 0 || cols_d <= 0) return;
     const float alpha = 1.0f;
     cublasComputeType_t compute =
         type == CUDA_R_32F && pt_cuda.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
     PT_CUBLAS_CHECK(cublasGemmEx(pt_cuda.cublas, op_b, op_a, cols_d, rows_d, k, &alpha, B.data,
-                                 type, B.ld, A.data, type, A.ld, &beta, D, CUDA_R_32F, cols_d,
+                                 type, B.ld, A.data, type, A.ld, &beta, D, d_type, cols_d,
                                  compute, CUBLAS_GEMM_DEFAULT));
+}
+
+/* The same into an fp32 D. */
+static void gemm_row_major(float *D, int rows_d, int cols_d, int k, gemm_operand A,
+                           cublasOperation_t op_a, gemm_operand B, cublasOperation_t op_b,
+                           cudaDataType type, float beta)
+{
+    gemm_row_major_to(D, CUDA_R_32F, rows_d, cols_d, k, A, op_a, B, op_b, type, beta);
 }
 
 __global__ void bias_rows_kernel(float *out, const float *bias, int OC, size_t n)
@@ -117,4 +126,16 @@ extern "C" void pt_cuda_matmul_backward_bf16(float *dinp, float *dweight, float 
 {
     matmul_backward_typed(dinp, dweight, dbias, dout, inp, weight, N, C, OC, layout, CUDA_R_16BF,
                           pt_rows_bf16{(const __nv_bfloat16 *)dout, OC});
+}
+
+void pt_cuda_matmul_forward_bf16_to_bf16(pt_bf16 *out, const pt_bf16 *inp, const pt_bf16 *weight,
+                                         int N, int C, int OC, pt_weight_layout layout)
+{
+    /* out[N,OC] bf16 = inp·W rounded once from the fp32 sums (cuBLAS: bf16 C and D, 32F compute) */
+    if (layout == PT_WEIGHT_IN_OUT)
+        gemm_row_major_to(out, CUDA_R_16BF, N, OC, C, {inp, C}, CUBLAS_OP_N, {weight, OC},
+                          CUBLAS_OP_N, CUDA_R_16BF, 0.0f);
+    else
+        gemm_row_major_to(out, CUDA_R_16BF, N, OC, C, {inp, C}, CUBLAS_OP_N, {weight, C},
+                          CUBLAS_OP_T, CUDA_R_16BF, 0.0f);
 }
