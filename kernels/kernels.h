@@ -117,6 +117,9 @@ typedef struct pt_kernels {
      * stages in bf16 (pipeline.transfer) are widened so. */
     void (*cast_to_bf16)(pt_bf16 *out, const float *inp, size_t n);
     void (*cast_from_bf16)(float *out, const pt_bf16 *inp, size_t n);
+    /* out[n][o] = bf16(inp[n][o] + bias[o]): a product's fp32 sums and its bias, rounded once
+     * (the products kept in bf16 under bf16: qkv, fc), in one pass instead of three. */
+    void (*add_bias_to_bf16)(pt_bf16 *out, const float *inp, const float *bias, int N, int OC);
     void (*matmul_forward_bf16)(float *out, const pt_bf16 *inp, const pt_bf16 *weight,
                                 const float *bias, int N, int C, int OC, pt_weight_layout layout);
     void (*matmul_backward_bf16)(float *dinp, float *dweight, float *dbias, const pt_bf16 *dout,

@@ -468,12 +468,20 @@ static void gelu_backward(const pt_gpt_slice *s, const pt_gpt_block_acts *a, flo
     else s->kernels->gelu_backward(dinp, a->fc.f32, dout, n);
 }
 
-/* A product into an operand (qkv, fc): the output in the slice's precision. */
+/* A product into an operand (qkv, fc): the output in the slice's precision. In bf16 the
+ * product's fp32 sums go to scratch and add_bias_to_bf16 adds the bias and rounds them in one
+ * pass (not the bias written first, the product added onto it, then a cast: three). */
 static void matmul_into(pt_gpt_slice *s, pt_gpt_operand out, pt_gpt_operand inp,
                         const float *weight, const float *bias, int N, int C, int OC)
 {
-    pt_gpt_matmul_forward(s, operand_out(s, out), inp, weight, bias, N, C, OC, PT_WEIGHT_IN_OUT);
-    finish_operand(s, out, (size_t)N * OC);
+    if (!out.bf16 || !bias) {
+        pt_gpt_matmul_forward(s, operand_out(s, out), inp, weight, bias, N, C, OC,
+                              PT_WEIGHT_IN_OUT);
+        finish_operand(s, out, (size_t)N * OC);
+        return;
+    }
+    pt_gpt_matmul_forward(s, s->dscratch_fc, inp, weight, NULL, N, C, OC, PT_WEIGHT_IN_OUT);
+    s->kernels->add_bias_to_bf16(out.bf16, s->dscratch_fc, bias, N, OC);
 }
 
 /* A layernorm into an operand (ln_1, ln_2, ln_f); its statistics fp32. */

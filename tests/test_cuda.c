@@ -795,6 +795,27 @@ Test(cuda, bf16_attention_on_tensor_cores_matches_the_fp32_kernel_within_bf16)
 
 /* The GELU of a bf16: forward within one bf16 rounding of the CPU's (tanhf differs in the last
  * fp32 bits, which may cross a bf16 rounding boundary), backward as fp32. */
+/* The bias added to fp32 sums and rounded once: the same float addition and rounding as the
+ * CPU, so the same bits. */
+Test(cuda, bf16_bias_add_matches_cpu)
+{
+    const pt_kernels *gpu = cuda_or_skip();
+    const int N = 1000, OC = 2304;
+    const size_t n = (size_t)N * OC;
+    float *inp = random_floats(n, -4, 4), *bias = random_floats(OC, -1, 1);
+    uint16_t *want = malloc(n * 2), *got = malloc(n * 2);
+    float *d_inp = upload(gpu, inp, n * 4), *d_bias = upload(gpu, bias, OC * 4);
+    void *d_out = upload(gpu, want, n * 2);
+    cpu()->add_bias_to_bf16(want, inp, bias, N, OC);
+    gpu->add_bias_to_bf16(d_out, d_inp, d_bias, N, OC);
+    gpu->synchronize();
+    gpu->copy(got, d_out, n * 2);
+    cr_expect_eq(memcmp(got, want, n * 2), 0, "add_bias_to_bf16: cuda and cpu differ");
+    expect_no_cuda_error();
+    gpu->free(d_out), gpu->free(d_bias), gpu->free(d_inp);
+    free(inp), free(bias), free(want), free(got);
+}
+
 /* bf16 values of two arrays that differ by more than one step of the bf16 grid (a sum in
  * another order may land across a rounding boundary, so neighbours are allowed). */
 static size_t bf16_apart(const uint16_t *a, const uint16_t *b, size_t n, size_t *first)

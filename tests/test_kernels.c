@@ -722,6 +722,23 @@ Test(kernels, crossentropy_gradient)
     check_gradient("crossentropy dlogits", p.logits, dlogits, N * V, crossentropy_objective, &p);
 }
 
+/* A product's bias added to its fp32 sums and the sum rounded once, as the products kept in
+ * bf16 (qkv, fc) are made: the nearest bf16 of the float sum, element by element. */
+Test(kernels, bf16_bias_is_added_before_the_one_rounding)
+{
+    const int rows = 7, cols = 300;
+    float *inp = random_floats((size_t)rows * cols, -4, 4), *bias = random_floats(cols, -1, 1);
+    pt_bf16 *out = malloc(sizeof(pt_bf16) * rows * cols);
+    cpu()->add_bias_to_bf16(out, inp, bias, rows, cols);
+    for (int n = 0; n < rows; n++)
+        for (int o = 0; o < cols; o++) {
+            const float sum = inp[n * cols + o] + bias[o];
+            cr_expect_eq(out[n * cols + o], nearest_bf16(sum), "[%d][%d]: %g, the nearest of %.9g",
+                         n, o, bf16_value(out[n * cols + o]), sum);
+        }
+    free(inp), free(bias), free(out);
+}
+
 /* The classifier under bf16: logits made in bf16 (the nearest bf16 of the exact product of
  * the rounded operands, or its neighbour when the fp32 sum lands across a rounding boundary),
  * and the cross-entropy on them: the losses the fp32 kernel gives on the values they hold, the

@@ -44,6 +44,7 @@ static const pt_kernels cpu_kernels = {
     .matmul_backward = pt_cpu_matmul_backward,
     .cast_to_bf16 = pt_cpu_cast_to_bf16,
     .cast_from_bf16 = pt_cpu_cast_from_bf16,
+    .add_bias_to_bf16 = pt_cpu_add_bias_to_bf16,
     .matmul_forward_bf16 = pt_cpu_matmul_forward_bf16,
     .matmul_backward_bf16 = pt_cpu_matmul_backward_bf16,
     .matmul_forward_bf16_to_bf16 = pt_cpu_matmul_forward_bf16_to_bf16,

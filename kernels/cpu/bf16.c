@@ -85,6 +85,14 @@ void pt_cpu_matmul_backward_bf16(float *dinp, float *dweight, float *dbias, cons
     free(w);
 }
 
+void pt_cpu_add_bias_to_bf16(pt_bf16 *out, const float *inp, const float *bias, int N, int OC)
+{
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++)
+        for (int o = 0; o < OC; o++)
+            out[(size_t)n * OC + o] = to_bf16(inp[(size_t)n * OC + o] + bias[o]);
+}
+
 /* The same kept in bf16: the fp32 product of the widened operands, rounded once. */
 void pt_cpu_matmul_forward_bf16_to_bf16(pt_bf16 *out, const pt_bf16 *inp, const pt_bf16 *weight,
                                         int N, int C, int OC, pt_weight_layout layout)

@@ -251,6 +251,7 @@ static const pt_kernels cuda_kernels = {
     .matmul_backward = pt_cuda_matmul_backward,
     .cast_to_bf16 = pt_cuda_cast_to_bf16,
     .cast_from_bf16 = pt_cuda_cast_from_bf16,
+    .add_bias_to_bf16 = pt_cuda_add_bias_to_bf16,
     .matmul_forward_bf16 = pt_cuda_matmul_forward_bf16,
     .matmul_backward_bf16 = pt_cuda_matmul_backward_bf16,
     .matmul_forward_bf16_to_bf16 = pt_cuda_matmul_forward_bf16_to_bf16,

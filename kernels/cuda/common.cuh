@@ -159,6 +159,9 @@ void pt_cuda_matmul_backward(float *dinp, float *dweight, float *dbias, const fl
                              const float *inp, const float *weight, int N, int C, int OC,
                              pt_weight_layout layout);
 
+/* elementwise.cu, beside cuda.h's casts */
+void pt_cuda_add_bias_to_bf16(pt_bf16 *out, const float *inp, const float *bias, int N, int OC);
+
 /* matmul.cu, beside cuda.h's bf16 products */
 void pt_cuda_matmul_forward_bf16_to_bf16(pt_bf16 *out, const pt_bf16 *inp, const pt_bf16 *weight,
                                          int N, int C, int OC, pt_weight_layout layout);

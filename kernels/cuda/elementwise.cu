@@ -78,6 +78,13 @@ __global__ void cast_from_bf16_kernel(float *out, const __nv_bfloat16 *inp, size
     PT_GRID_STRIDE_LOOP(i, n) out[i] = __bfloat162float(inp[i]);
 }
 
+__global__ void add_bias_to_bf16_kernel(__nv_bfloat16 *out, const float *inp, const float *bias,
+                                        int OC, size_t n)
+{
+    /* out[N, OC] = bf16(inp[N, OC] + bias[OC]); n = N·OC */
+    PT_GRID_STRIDE_LOOP(i, n) out[i] = __float2bfloat16_rn(inp[i] + bias[i % OC]);
+}
+
 void pt_cuda_gelu_forward(float *out, const float *inp, size_t n)
 {
     PT_LAUNCH_ELEMENTWISE(gelu_forward_kernel, n, out, inp, n);
@@ -122,6 +129,12 @@ void pt_cuda_scatter(float *dst, const uint32_t *index, const float *values, siz
 extern "C" void pt_cuda_cast_to_bf16(pt_bf16 *out, const float *inp, size_t n)
 {
     PT_LAUNCH_ELEMENTWISE(cast_to_bf16_kernel, n, (__nv_bfloat16 *)out, inp, n);
+}
+
+void pt_cuda_add_bias_to_bf16(pt_bf16 *out, const float *inp, const float *bias, int N, int OC)
+{
+    const size_t n = (size_t)N * OC;
+    PT_LAUNCH_ELEMENTWISE(add_bias_to_bf16_kernel, n, (__nv_bfloat16 *)out, inp, bias, OC, n);
 }
 
 extern "C" void pt_cuda_cast_from_bf16(float *out, const pt_bf16 *inp, size_t n)
