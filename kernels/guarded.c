@@ -210,6 +210,11 @@ static void g_cast_from_bf16(float *o, const pt_bf16 *i, size_t n)
 {
     GUARDED(cpu->cast_from_bf16(o, i, n));
 }
+static void g_layernorm_forward_bf16(pt_bf16 *o, float *m, float *r, const float *i,
+                                     const float *w, const float *b, int N, int C)
+{
+    GUARDED(cpu->layernorm_forward_bf16(o, m, r, i, w, b, N, C));
+}
 static void g_add_bias_to_bf16(pt_bf16 *o, const float *i, const float *b, int N, int OC)
 {
     GUARDED(cpu->add_bias_to_bf16(o, i, b, N, OC));
@@ -416,6 +421,7 @@ static pt_kernels guarded = {
     .cast_to_bf16 = g_cast_to_bf16,
     .cast_from_bf16 = g_cast_from_bf16,
     .add_bias_to_bf16 = g_add_bias_to_bf16,
+    .layernorm_forward_bf16 = g_layernorm_forward_bf16,
     .matmul_forward_bf16 = g_matmul_forward_bf16,
     .matmul_backward_bf16 = g_matmul_backward_bf16,
     .matmul_forward_bf16_to_bf16 = g_matmul_forward_bf16_to_bf16,

@@ -94,6 +94,10 @@ typedef struct pt_kernels {
     /* out[N,C], mean[N], rstd[N] from inp[N,C]; ε = 1e-5 */
     void (*layernorm_forward)(float *out, float *mean, float *rstd, const float *inp,
                               const float *weight, const float *bias, int N, int C);
+    /* The same with out rounded to bf16 as it is written (ln_1, ln_2, ln_f under bf16: the
+     * operands of products); mean and rstd fp32. */
+    void (*layernorm_forward_bf16)(pt_bf16 *out, float *mean, float *rstd, const float *inp,
+                                   const float *weight, const float *bias, int N, int C);
     void (*layernorm_backward)(float *dinp, float *dweight, float *dbias, const float *dout,
                                const float *inp, const float *weight, const float *mean,
                                const float *rstd, int N, int C);

@@ -489,8 +489,10 @@ static void layernorm_into(const pt_gpt_slice *s, pt_gpt_operand out, float *mea
                            const float *inp, const float *weight, const float *bias)
 {
     const int N = s->B * s->T, C = s->config.n_embd;
-    s->kernels->layernorm_forward(operand_out(s, out), mean, rstd, inp, weight, bias, N, C);
-    finish_operand(s, out, (size_t)N * C);
+    if (out.bf16)
+        s->kernels->layernorm_forward_bf16(out.bf16, mean, rstd, inp, weight, bias, N, C);
+    else
+        s->kernels->layernorm_forward(out.f32, mean, rstd, inp, weight, bias, N, C);
 }
 
 /* atty from qkv, in the slice's precision. */

@@ -795,6 +795,50 @@ Test(cuda, bf16_attention_on_tensor_cores_matches_the_fp32_kernel_within_bf16)
 
 /* The GELU of a bf16: forward within one bf16 rounding of the CPU's (tanhf differs in the last
  * fp32 bits, which may cross a bf16 rounding boundary), backward as fp32. */
+/* bf16 values of two arrays that differ by more than one step of the bf16 grid (a sum in
+ * another order may land across a rounding boundary, so neighbours are allowed). */
+static size_t bf16_apart(const uint16_t *a, const uint16_t *b, size_t n, size_t *first)
+{
+    size_t count = 0;
+    for (size_t i = 0; i < n; i++) {
+        const int gap = (int)a[i] - (int)b[i];
+        if (gap > 1 || gap < -1) {
+            if (!count) *first = i;
+            count++;
+        }
+    }
+    return count;
+}
+
+/* The layernorm written in bf16: its statistics as the fp32 kernel's against the CPU, each
+ * output within one bf16 step of the CPU's (the fp32 values differ in their last bits). */
+Test(cuda, bf16_layernorm_matches_cpu)
+{
+    const pt_kernels *gpu = cuda_or_skip();
+    const int N = 4096, C = 768;
+    const size_t n = (size_t)N * C;
+    float *inp = random_floats(n, -3, 5), *w = random_floats(C, 0.5, 1.5);
+    float *b = random_floats(C, -1, 1), *mean = malloc(N * 4), *rstd = malloc(N * 4);
+    uint16_t *want = malloc(n * 2), *got = malloc(n * 2);
+    float *d_inp = upload(gpu, inp, n * 4), *d_w = upload(gpu, w, C * 4),
+          *d_b = upload(gpu, b, C * 4), *d_mean = upload(gpu, mean, N * 4),
+          *d_rstd = upload(gpu, rstd, N * 4);
+    void *d_out = upload(gpu, want, n * 2);
+    cpu()->layernorm_forward_bf16(want, mean, rstd, inp, w, b, N, C);
+    gpu->layernorm_forward_bf16(d_out, d_mean, d_rstd, d_inp, d_w, d_b, N, C);
+    expect_device_close(gpu, "bf16 layernorm mean", d_mean, mean, N, FP32_TOL);
+    expect_device_close(gpu, "bf16 layernorm rstd", d_rstd, rstd, N, FP32_TOL);
+    gpu->synchronize();
+    gpu->copy(got, d_out, n * 2);
+    size_t first = 0, apart = bf16_apart(got, want, n, &first);
+    cr_expect_eq(apart, 0, "%zu bf16 layernorm outputs more than a step from the CPU's; first [%zu]",
+                 apart, first);
+    expect_no_cuda_error();
+    gpu->free(d_out), gpu->free(d_rstd), gpu->free(d_mean), gpu->free(d_b), gpu->free(d_w);
+    gpu->free(d_inp);
+    free(inp), free(w), free(b), free(mean), free(rstd), free(want), free(got);
+}
+
 /* The bias added to fp32 sums and rounded once: the same float addition and rounding as the
  * CPU, so the same bits. */
 Test(cuda, bf16_bias_add_matches_cpu)
@@ -814,21 +858,6 @@ Test(cuda, bf16_bias_add_matches_cpu)
     expect_no_cuda_error();
     gpu->free(d_out), gpu->free(d_bias), gpu->free(d_inp);
     free(inp), free(bias), free(want), free(got);
-}
-
-/* bf16 values of two arrays that differ by more than one step of the bf16 grid (a sum in
- * another order may land across a rounding boundary, so neighbours are allowed). */
-static size_t bf16_apart(const uint16_t *a, const uint16_t *b, size_t n, size_t *first)
-{
-    size_t count = 0;
-    for (size_t i = 0; i < n; i++) {
-        const int gap = (int)a[i] - (int)b[i];
-        if (gap > 1 || gap < -1) {
-            if (!count) *first = i;
-            count++;
-        }
-    }
-    return count;
 }
 
 /* The classifier under bf16: logits made in bf16 by cuBLAS against the CPU's (each within one

@@ -722,6 +722,24 @@ Test(kernels, crossentropy_gradient)
     check_gradient("crossentropy dlogits", p.logits, dlogits, N * V, crossentropy_objective, &p);
 }
 
+/* A layernorm written in bf16 is the fp32 layernorm rounded, with the same statistics. */
+Test(kernels, bf16_layernorm_is_the_fp32_layernorm_rounded)
+{
+    const int rows = 9, width = 130;
+    float *inp = random_floats((size_t)rows * width, -3, 5), *w = random_floats(width, 0.5, 1.5);
+    float *b = random_floats(width, -1, 1), *out = malloc(sizeof(float) * rows * width);
+    float mean[9], rstd[9], mean16[9], rstd16[9];
+    pt_bf16 *out16 = malloc(sizeof(pt_bf16) * rows * width);
+    cpu()->layernorm_forward(out, mean, rstd, inp, w, b, rows, width);
+    cpu()->layernorm_forward_bf16(out16, mean16, rstd16, inp, w, b, rows, width);
+    cr_expect_eq(memcmp(mean, mean16, sizeof mean), 0, "mean");
+    cr_expect_eq(memcmp(rstd, rstd16, sizeof rstd), 0, "rstd");
+    for (int i = 0; i < rows * width; i++)
+        cr_expect_eq(out16[i], nearest_bf16(out[i]), "[%d]: %g, the nearest of %.9g", i,
+                     bf16_value(out16[i]), out[i]);
+    free(inp), free(w), free(b), free(out), free(out16);
+}
+
 /* A product's bias added to its fp32 sums and the sum rounded once, as the products kept in
  * bf16 (qkv, fc) are made: the nearest bf16 of the float sum, element by element. */
 Test(kernels, bf16_bias_is_added_before_the_one_rounding)

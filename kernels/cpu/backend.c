@@ -40,6 +40,7 @@ static const pt_kernels cpu_kernels = {
     .encoder_backward = pt_cpu_encoder_backward,
     .layernorm_forward = pt_cpu_layernorm_forward,
     .layernorm_backward = pt_cpu_layernorm_backward,
+    .layernorm_forward_bf16 = pt_cpu_layernorm_forward_bf16,
     .matmul_forward = pt_cpu_matmul_forward,
     .matmul_backward = pt_cpu_matmul_backward,
     .cast_to_bf16 = pt_cpu_cast_to_bf16,

@@ -85,6 +85,22 @@ void pt_cpu_matmul_backward_bf16(float *dinp, float *dweight, float *dbias, cons
     free(w);
 }
 
+/* The fp32 layernorm a row at a time into a row buffer, rounded as it is copied out. */
+void pt_cpu_layernorm_forward_bf16(pt_bf16 *out, float *mean, float *rstd, const float *inp,
+                                   const float *weight, const float *bias, int N, int C)
+{
+    float *row = malloc((C > 0 ? (size_t)C : 1) * sizeof *row);
+    if (!row) {
+        poison_bf16(out, (size_t)N * C);
+        return;
+    }
+    for (int n = 0; n < N; n++) {
+        pt_cpu_layernorm_forward(row, mean + n, rstd + n, inp + (size_t)n * C, weight, bias, 1, C);
+        pt_cpu_cast_to_bf16(out + (size_t)n * C, row, (size_t)C);
+    }
+    free(row);
+}
+
 void pt_cpu_add_bias_to_bf16(pt_bf16 *out, const float *inp, const float *bias, int N, int OC)
 {
 #pragma omp parallel for schedule(static)

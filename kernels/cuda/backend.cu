@@ -246,6 +246,7 @@ static const pt_kernels cuda_kernels = {
     .encoder_forward = pt_cuda_encoder_forward,
     .encoder_backward = pt_cuda_encoder_backward,
     .layernorm_forward = pt_cuda_layernorm_forward,
+    .layernorm_forward_bf16 = pt_cuda_layernorm_forward_bf16,
     .layernorm_backward = pt_cuda_layernorm_backward,
     .matmul_forward = pt_cuda_matmul_forward,
     .matmul_backward = pt_cuda_matmul_backward,

@@ -159,6 +159,10 @@ void pt_cuda_matmul_backward(float *dinp, float *dweight, float *dbias, const fl
                              const float *inp, const float *weight, int N, int C, int OC,
                              pt_weight_layout layout);
 
+/* layernorm.cu */
+void pt_cuda_layernorm_forward_bf16(pt_bf16 *out, float *mean, float *rstd, const float *inp,
+                                    const float *weight, const float *bias, int N, int C);
+
 /* elementwise.cu, beside cuda.h's casts */
 void pt_cuda_add_bias_to_bf16(pt_bf16 *out, const float *inp, const float *bias, int N, int OC);
 

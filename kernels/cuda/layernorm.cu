@@ -15,21 +15,27 @@
 #define LAYERNORM_EPS 1e-5f
 #define ROWS_PER_BLOCK 8 /* warps per block */
 
-__global__ void layernorm_forward_kernel(float *out, float *mean, float *rstd, const float *inp,
+/* An output value as its element type: fp32, or bf16 rounded to nearest even. */
+__device__ inline void store(float *y, float v) { *y = v; }
+__device__ inline void store(__nv_bfloat16 *y, float v) { *y = __float2bfloat16_rn(v); }
+
+template <class Element>
+__global__ void layernorm_forward_kernel(Element *out, float *mean, float *rstd, const float *inp,
                                          const float *weight, const float *bias, int N, int C)
 {
-    /* out[N,C], mean[N], rstd[N], inp[N,C], weight[C], bias[C]; one warp per row */
+    /* out[N,C] (fp32, or bf16 under runtime.precision = bf16), mean[N], rstd[N], inp[N,C],
+     * weight[C], bias[C]; one warp per row */
     int n = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (n >= N) return;
     const float *x = inp + (size_t)n * C;
-    float *y = out + (size_t)n * C;
+    Element *y = out + (size_t)n * C;
     float sum = 0.0f;
     for (int c = lane; c < C; c += 32) sum += x[c];
     float mu = pt_warp_sum(sum) / (float)C;
     float squares = 0.0f;
     for (int c = lane; c < C; c += 32) squares += (x[c] - mu) * (x[c] - mu);
     float s = 1.0f / sqrtf(pt_warp_sum(squares) / (float)C + LAYERNORM_EPS);
-    for (int c = lane; c < C; c += 32) y[c] = (x[c] - mu) * s * weight[c] + bias[c];
+    for (int c = lane; c < C; c += 32) store(&y[c], (x[c] - mu) * s * weight[c] + bias[c]);
     if (lane == 0) {
         mean[n] = mu;
         rstd[n] = s;
@@ -79,6 +85,15 @@ void pt_cuda_layernorm_forward(float *out, float *mean, float *rstd, const float
     layernorm_forward_kernel<<<row_blocks(N), 32 * ROWS_PER_BLOCK, 0, pt_cuda.compute>>>(
         out, mean, rstd, inp, weight, bias, N, C);
     PT_CUDA_LAUNCHED("layernorm_forward_kernel");
+}
+
+void pt_cuda_layernorm_forward_bf16(pt_bf16 *out, float *mean, float *rstd, const float *inp,
+                                    const float *weight, const float *bias, int N, int C)
+{
+    if (N <= 0) return;
+    layernorm_forward_kernel<<<row_blocks(N), 32 * ROWS_PER_BLOCK, 0, pt_cuda.compute>>>(
+        (__nv_bfloat16 *)out, mean, rstd, inp, weight, bias, N, C);
+    PT_CUDA_LAUNCHED("layernorm_forward_kernel<bf16>");
 }
 
 void pt_cuda_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
