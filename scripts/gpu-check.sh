@@ -178,6 +178,19 @@ run() {
   trap 'tar -C "$jobs" --exclude="*.safetensors" -czf "$out/jobs.tar.gz" . 2>/dev/null || true
         [ "$DEVICE" = cuda ] || scripts/unpack-carry.sh --remove "$carry"' EXIT
 
+  if [ "$DEVICE" = cuda ]; then
+    # first: the kernels no GPU has run yet (sessions 28-32) are checked before anything uses them
+    echo "== test_cuda"
+    timeout "$(left 150)" "$carry/tests/test_cuda" -j1 >"$jobs/test_cuda.log" 2>&1 && echo "test_cuda: pass" ||
+      { echo "test_cuda: FAIL"; grep -E "FAIL|CRASH" "$jobs/test_cuda.log" | head; }
+    tail -n 1 "$jobs/test_cuda.log"
+    grep -h "normwise error" "$jobs/test_cuda.log" | sed 's/^/  /'
+    echo "== compute-sanitizer memcheck: the tensor-core attention"
+    timeout "$(left 60)" compute-sanitizer --tool memcheck "$carry/tests/test_cuda" -j1 \
+      --filter 'cuda/bf16_attention_on_tensor_cores*' >"$jobs/memcheck.log" 2>&1 &&
+      grep -h "ERROR SUMMARY" "$jobs/memcheck.log" || { echo "memcheck: FAIL"; tail -n 5 "$jobs/memcheck.log"; }
+  fi
+
   echo "== $DEVICE against cpu ($STEPS steps; worst relative difference of a step's loss, of the validation loss)"
   printf '%-34s %5s %10s %10s %8s\n' case steps "train" "val" tol
   for c in "${CASES[@]}"; do
@@ -300,15 +313,6 @@ run() {
       transfer_share "$jobs/bf16-two/trace.json" "$(python3 -c "$median_step" "$jobs/bf16-one/metrics.jsonl")"; } ||
     echo "  2 stages in bf16: FAIL: $(why "$jobs/bf16-two")"
 
-  echo "== test_cuda"
-  timeout "$(left 150)" "$carry/tests/test_cuda" -j1 >"$jobs/test_cuda.log" 2>&1 && echo "test_cuda: pass" ||
-    { echo "test_cuda: FAIL"; grep -E "FAIL|CRASH" "$jobs/test_cuda.log" | head; }
-  tail -n 1 "$jobs/test_cuda.log"
-  grep -h "normwise error" "$jobs/test_cuda.log" | sed 's/^/  /'
-  echo "== compute-sanitizer memcheck: the tensor-core attention"
-  timeout "$(left 60)" compute-sanitizer --tool memcheck "$carry/tests/test_cuda" -j1 \
-    --filter 'cuda/bf16_attention_on_tensor_cores*' >"$jobs/memcheck.log" 2>&1 &&
-    grep -h "ERROR SUMMARY" "$jobs/memcheck.log" || { echo "memcheck: FAIL"; tail -n 5 "$jobs/memcheck.log"; }
   echo "== $((SECONDS)) s"
 }
 
