@@ -215,6 +215,10 @@ static void g_layernorm_forward_bf16(pt_bf16 *o, float *m, float *r, const float
 {
     GUARDED(cpu->layernorm_forward_bf16(o, m, r, i, w, b, N, C));
 }
+static void g_gelu_backward_to_bf16(pt_bf16 *di, const pt_bf16 *i, const float *d, size_t n)
+{
+    GUARDED(cpu->gelu_backward_to_bf16(di, i, d, n));
+}
 static void g_add_bias_to_bf16(pt_bf16 *o, const float *i, const float *b, int N, int OC)
 {
     GUARDED(cpu->add_bias_to_bf16(o, i, b, N, OC));
@@ -433,6 +437,7 @@ static pt_kernels guarded = {
     .attention_backward_bf16 = g_attention_backward_bf16,
     .gelu_forward_bf16 = g_gelu_forward_bf16,
     .gelu_backward_bf16 = g_gelu_backward_bf16,
+    .gelu_backward_to_bf16 = g_gelu_backward_to_bf16,
     .residual_forward = g_residual_forward,
     .crossentropy_forward = g_crossentropy_forward,
     .crossentropy_forward_backward = g_crossentropy_forward_backward,

@@ -161,6 +161,9 @@ typedef struct pt_kernels {
      * the GELU computed in fp32; dinp (fp32) += gelu'(inp)·dout */
     void (*gelu_forward_bf16)(pt_bf16 *out, const pt_bf16 *inp, size_t n);
     void (*gelu_backward_bf16)(float *dinp, const pt_bf16 *inp, const float *dout, size_t n);
+    /* dinp = bf16(gelu'(inp)·dout), written, not added: the gradient of the MLP's first
+     * product's output under bf16, made in the precision that product's backward reads it */
+    void (*gelu_backward_to_bf16)(pt_bf16 *dinp, const pt_bf16 *inp, const float *dout, size_t n);
 
     /* out = a + b */
     void (*residual_forward)(float *out, const float *a, const float *b, size_t n);

@@ -7,7 +7,7 @@
 
 enum {
     K_ENCODER_FWD, K_ENCODER_BWD, K_LAYERNORM_FWD, K_LAYERNORM_BWD, K_MATMUL_FWD, K_MATMUL_BWD,
-    K_CAST_BF16, K_CAST_FROM_BF16, K_ADD_BIAS_BF16, K_LAYERNORM_FWD_BF16,
+    K_CAST_BF16, K_CAST_FROM_BF16, K_ADD_BIAS_BF16, K_LAYERNORM_FWD_BF16, K_GELU_BWD_TO_BF16,
     K_MATMUL_FWD_BF16, K_MATMUL_BWD_BF16, K_ATTENTION_FWD, K_ATTENTION_BWD,
     K_ATTENTION_FWD_BF16, K_ATTENTION_BWD_BF16, K_GELU_FWD, K_GELU_BWD, K_GELU_FWD_BF16,
     K_GELU_BWD_BF16, K_RESIDUAL_FWD, K_XENT_FWD,
@@ -20,6 +20,7 @@ enum {
 static const char *const kernel_names[K_COUNT] = {
     "encoder_forward", "encoder_backward", "layernorm_forward", "layernorm_backward",
     "matmul_forward", "matmul_backward", "cast_to_bf16", "cast_from_bf16", "add_bias_to_bf16", "layernorm_forward_bf16",
+    "gelu_backward_to_bf16",
     "matmul_forward_bf16",
     "matmul_backward_bf16", "attention_forward", "attention_backward",
     "attention_forward_bf16", "attention_backward_bf16", "gelu_forward", "gelu_backward",
@@ -90,6 +91,10 @@ static void p_layernorm_forward_bf16(pt_bf16 *o, float *m, float *r, const float
                                      const float *w, const float *b, int N, int C)
 {
     TIMED(K_LAYERNORM_FWD_BF16, inner->layernorm_forward_bf16(o, m, r, i, w, b, N, C));
+}
+static void p_gelu_backward_to_bf16(pt_bf16 *di, const pt_bf16 *i, const float *d, size_t n)
+{
+    TIMED(K_GELU_BWD_TO_BF16, inner->gelu_backward_to_bf16(di, i, d, n));
 }
 static void p_add_bias_to_bf16(pt_bf16 *o, const float *i, const float *b, int N, int OC)
 {
@@ -232,6 +237,7 @@ const pt_kernels *pt_kernels_profiled(const pt_kernels *wrapped)
     profiled.cast_to_bf16 = p_cast_to_bf16;
     profiled.cast_from_bf16 = p_cast_from_bf16;
     profiled.add_bias_to_bf16 = p_add_bias_to_bf16;
+    profiled.gelu_backward_to_bf16 = p_gelu_backward_to_bf16;
     profiled.layernorm_forward_bf16 = p_layernorm_forward_bf16;
     profiled.matmul_forward_bf16 = p_matmul_forward_bf16;
     profiled.matmul_backward_bf16 = p_matmul_backward_bf16;

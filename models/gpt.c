@@ -460,12 +460,20 @@ static void gelu_forward(const pt_gpt_slice *s, const pt_gpt_block_acts *a, size
     else s->kernels->gelu_forward(out.f32, a->fc.f32, n);
 }
 
-/* dinp += gelu'(fc)·dout, fc in the slice's precision. */
-static void gelu_backward(const pt_gpt_slice *s, const pt_gpt_block_acts *a, float *dinp,
-                          const float *dout, size_t n)
+/* The gradient of fc, gelu'(fc)·dout, in the slice's precision: fp32 in dscratch_fc, or
+ * rounded into bf16_out as it is made (what c_fc's backward reads; no fp32 copy, no cast). */
+static pt_gpt_operand gelu_gradient(const pt_gpt_slice *s, const pt_gpt_block_acts *a,
+                                    const float *dout)
 {
-    if (a->fc.bf16) s->kernels->gelu_backward_bf16(dinp, a->fc.bf16, dout, n);
-    else s->kernels->gelu_backward(dinp, a->fc.f32, dout, n);
+    const pt_kernels *k = s->kernels;
+    const size_t n = (size_t)s->B * s->T * 4 * s->config.n_embd;
+    if (a->fc.bf16) {
+        k->gelu_backward_to_bf16(s->bf16_out, a->fc.bf16, dout, n);
+        return (pt_gpt_operand){.bf16 = s->bf16_out};
+    }
+    k->zero(s->dscratch_fc, n * sizeof(float));
+    k->gelu_backward(s->dscratch_fc, a->fc.f32, dout, n);
+    return (pt_gpt_operand){.f32 = s->dscratch_fc};
 }
 
 /* A product into an operand (qkv, fc): the output in the slice's precision. In bf16 the
@@ -592,7 +600,8 @@ static void head_loss_and_backward(pt_gpt_slice *s, float loss_scale, bool weigh
             k->crossentropy_forward_backward(s->losses + first, s->logits.f32, s->targets + first,
                                              n, V, loss_scale / (float)N);
         pt_gpt_matmul_backward_operand(s, s->dln_f + (size_t)first * C,
-                                       weight_gradient ? s->head_grads.lm_head : NULL, s->logits,
+                                       weight_gradient ? s->head_grads.lm_head : NULL, NULL,
+                                       s->logits,
                                        pt_gpt_operand_rows(s->ln_f, (size_t)first, (size_t)C),
                                        s->head.lm_head, n, C, V, PT_WEIGHT_OUT_IN);
     }
@@ -667,11 +676,10 @@ static void block_backward(pt_gpt_slice *s, int b)
     pt_gpt_matmul_backward(s, s->dscratch_fc_gelu, g->mlp_proj_weight, g->mlp_proj_bias, dres,
                            gelu_output(s, a), p->mlp_proj_weight, N, 4 * C, C,
                            PT_WEIGHT_IN_OUT);
-    k->zero(s->dscratch_fc, 4 * NC * sizeof(float));
-    gelu_backward(s, a, s->dscratch_fc, s->dscratch_fc_gelu, 4 * NC);
     k->zero(s->dscratch_c, NC * sizeof(float));
-    pt_gpt_matmul_backward(s, s->dscratch_c, g->c_fc_weight, g->c_fc_bias, s->dscratch_fc, a->ln_2,
-                           p->c_fc_weight, N, C, 4 * C, PT_WEIGHT_IN_OUT);
+    pt_gpt_matmul_backward_operand(s, s->dscratch_c, g->c_fc_weight, g->c_fc_bias,
+                                   gelu_gradient(s, a, s->dscratch_fc_gelu), a->ln_2,
+                                   p->c_fc_weight, N, C, 4 * C, PT_WEIGHT_IN_OUT);
     k->layernorm_backward(dres, g->ln_2_weight, g->ln_2_bias, s->dscratch_c, a->residual_2,
                           p->ln_2_weight, a->ln_2_mean, a->ln_2_rstd, N, C);
 

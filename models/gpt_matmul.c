@@ -90,15 +90,15 @@ void pt_gpt_matmul_forward_operand(pt_gpt_slice *s, pt_gpt_operand out, pt_gpt_o
     s->kernels->matmul_forward_bf16_to_bf16(out.bf16, inp.bf16, s->bf16_weight, N, C, OC, layout);
 }
 
-void pt_gpt_matmul_backward_operand(pt_gpt_slice *s, float *dinp, float *dweight,
+void pt_gpt_matmul_backward_operand(pt_gpt_slice *s, float *dinp, float *dweight, float *dbias,
                                     pt_gpt_operand dout, pt_gpt_operand inp, const float *weight,
                                     int N, int C, int OC, pt_weight_layout layout)
 {
     if (!dout.bf16) {
-        pt_gpt_matmul_backward(s, dinp, dweight, NULL, dout.f32, inp, weight, N, C, OC, layout);
+        pt_gpt_matmul_backward(s, dinp, dweight, dbias, dout.f32, inp, weight, N, C, OC, layout);
         return;
     }
     round_weight(s, weight, (size_t)C * OC);
-    s->kernels->matmul_backward_bf16(dinp, dweight, NULL, dout.bf16, inp.bf16, s->bf16_weight, N,
+    s->kernels->matmul_backward_bf16(dinp, dweight, dbias, dout.bf16, inp.bf16, s->bf16_weight, N,
                                      C, OC, layout);
 }

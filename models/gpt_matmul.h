@@ -24,12 +24,13 @@ void pt_gpt_matmul_backward(pt_gpt_slice *s, float *dinp, float *dweight, float 
                             int C, int OC, pt_weight_layout layout);
 
 /* The classifier's product, its output in the slice's precision (an operand: logits kept in
- * bf16 under bf16, rounded once from the fp32 sums), no bias; and its backward from an
- * upstream gradient in that precision (dlogits, rounded where they were made). */
+ * bf16 under bf16, rounded once from the fp32 sums), no bias; and a product's backward from
+ * an upstream gradient in that precision, rounded where it was made (dlogits; the MLP's
+ * dfc, made by gelu_backward_to_bf16 in the slice's bf16_out). */
 void pt_gpt_matmul_forward_operand(pt_gpt_slice *s, pt_gpt_operand out, pt_gpt_operand inp,
                                    const float *weight, int N, int C, int OC,
                                    pt_weight_layout layout);
-void pt_gpt_matmul_backward_operand(pt_gpt_slice *s, float *dinp, float *dweight,
+void pt_gpt_matmul_backward_operand(pt_gpt_slice *s, float *dinp, float *dweight, float *dbias,
                                     pt_gpt_operand dout, pt_gpt_operand inp, const float *weight,
                                     int N, int C, int OC, pt_weight_layout layout);
 

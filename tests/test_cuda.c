@@ -839,6 +839,29 @@ Test(cuda, bf16_layernorm_matches_cpu)
     free(inp), free(w), free(b), free(mean), free(rstd), free(want), free(got);
 }
 
+/* The GELU's gradient written in bf16: within one bf16 step of the CPU's (tanhf differs in
+ * its last bits). */
+Test(cuda, bf16_gelu_gradient_matches_cpu)
+{
+    const pt_kernels *gpu = cuda_or_skip();
+    const size_t n = (1 << 20) + 5;
+    float *x = random_floats(n, -6, 6), *dout = random_floats(n, -1, 1);
+    uint16_t *x16 = malloc(n * 2), *want = malloc(n * 2), *got = malloc(n * 2);
+    for (size_t i = 0; i < n; i++) x16[i] = bf16_reference(x[i]);
+    void *d_x = upload(gpu, x16, n * 2), *d_out = upload(gpu, x16, n * 2);
+    float *d_dout = upload(gpu, dout, n * 4);
+    cpu()->gelu_backward_to_bf16(want, x16, dout, n);
+    gpu->gelu_backward_to_bf16(d_out, d_x, d_dout, n);
+    gpu->synchronize();
+    gpu->copy(got, d_out, n * 2);
+    size_t first = 0, apart = bf16_apart(got, want, n, &first);
+    cr_expect_eq(apart, 0, "%zu bf16 GELU gradients more than a step from the CPU's; first [%zu]",
+                 apart, first);
+    expect_no_cuda_error();
+    gpu->free(d_dout), gpu->free(d_out), gpu->free(d_x);
+    free(x), free(dout), free(x16), free(want), free(got);
+}
+
 /* The bias added to fp32 sums and rounded once: the same float addition and rounding as the
  * CPU, so the same bits. */
 Test(cuda, bf16_bias_add_matches_cpu)

@@ -740,6 +740,21 @@ Test(kernels, bf16_layernorm_is_the_fp32_layernorm_rounded)
     free(inp), free(w), free(b), free(out), free(out16);
 }
 
+/* The GELU's gradient written in bf16: gelu_backward_bf16 onto zeros, rounded. */
+Test(kernels, bf16_gelu_gradient_is_the_fp32_gradient_rounded)
+{
+    const size_t n = 5000;
+    float *x = random_floats(n, -6, 6), *dout = random_floats(n, -1, 1), *d = zero_floats(n);
+    pt_bf16 *x16 = malloc(sizeof(pt_bf16) * n), *d16 = malloc(sizeof(pt_bf16) * n);
+    round_in_place(x, x16, n);
+    cpu()->gelu_backward_bf16(d, x16, dout, n);
+    cpu()->gelu_backward_to_bf16(d16, x16, dout, n);
+    for (size_t i = 0; i < n; i++)
+        cr_expect_eq(d16[i], nearest_bf16(d[i]), "[%zu]: %g, the nearest of %.9g", i,
+                     bf16_value(d16[i]), d[i]);
+    free(x), free(dout), free(d), free(x16), free(d16);
+}
+
 /* A product's bias added to its fp32 sums and the sum rounded once, as the products kept in
  * bf16 (qkv, fc) are made: the nearest bf16 of the float sum, element by element. */
 Test(kernels, bf16_bias_is_added_before_the_one_rounding)

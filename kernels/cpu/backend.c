@@ -56,6 +56,7 @@ static const pt_kernels cpu_kernels = {
     .attention_backward_bf16 = pt_cpu_attention_backward_bf16,
     .gelu_forward_bf16 = pt_cpu_gelu_forward_bf16,
     .gelu_backward_bf16 = pt_cpu_gelu_backward_bf16,
+    .gelu_backward_to_bf16 = pt_cpu_gelu_backward_to_bf16,
     .gelu_forward = pt_cpu_gelu_forward,
     .gelu_backward = pt_cpu_gelu_backward,
     .residual_forward = pt_cpu_residual_forward,

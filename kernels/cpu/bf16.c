@@ -101,6 +101,19 @@ void pt_cpu_layernorm_forward_bf16(pt_bf16 *out, float *mean, float *rstd, const
     free(row);
 }
 
+/* gelu_backward_bf16 onto zeros, rounded: the same bits as the two kernels in turn. */
+void pt_cpu_gelu_backward_to_bf16(pt_bf16 *dinp, const pt_bf16 *inp, const float *dout, size_t n)
+{
+    float *d = calloc(n ? n : 1, sizeof *d);
+    if (!d) {
+        poison_bf16(dinp, n);
+        return;
+    }
+    pt_cpu_gelu_backward_bf16(d, inp, dout, n);
+    pt_cpu_cast_to_bf16(dinp, d, n);
+    free(d);
+}
+
 void pt_cpu_add_bias_to_bf16(pt_bf16 *out, const float *inp, const float *bias, int N, int OC)
 {
 #pragma omp parallel for schedule(static)

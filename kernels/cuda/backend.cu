@@ -265,6 +265,7 @@ static const pt_kernels cuda_kernels = {
     .gelu_backward = pt_cuda_gelu_backward,
     .gelu_forward_bf16 = pt_cuda_gelu_forward_bf16,
     .gelu_backward_bf16 = pt_cuda_gelu_backward_bf16,
+    .gelu_backward_to_bf16 = pt_cuda_gelu_backward_to_bf16,
     .residual_forward = pt_cuda_residual_forward,
     .crossentropy_forward = pt_cuda_crossentropy_forward,
     .crossentropy_forward_backward = pt_cuda_crossentropy_forward_backward,

@@ -165,6 +165,7 @@ void pt_cuda_layernorm_forward_bf16(pt_bf16 *out, float *mean, float *rstd, cons
 
 /* elementwise.cu, beside cuda.h's casts */
 void pt_cuda_add_bias_to_bf16(pt_bf16 *out, const float *inp, const float *bias, int N, int OC);
+void pt_cuda_gelu_backward_to_bf16(pt_bf16 *dinp, const pt_bf16 *inp, const float *dout, size_t n);
 
 /* matmul.cu, beside cuda.h's bf16 products */
 void pt_cuda_matmul_forward_bf16_to_bf16(pt_bf16 *out, const pt_bf16 *inp, const pt_bf16 *weight,

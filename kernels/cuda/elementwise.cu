@@ -48,6 +48,17 @@ __global__ void gelu_backward_bf16_kernel(float *dinp, const __nv_bfloat16 *inp,
     PT_GRID_STRIDE_LOOP(i, n) dinp[i] += gelu_derivative(__bfloat162float(inp[i])) * dout[i];
 }
 
+/* the same written (not added) and rounded: 0 + g as gelu_backward_bf16 onto zeros gives */
+__global__ void gelu_backward_to_bf16_kernel(__nv_bfloat16 *dinp, const __nv_bfloat16 *inp,
+                                             const float *dout, size_t n)
+{
+    PT_GRID_STRIDE_LOOP(i, n)
+    {
+        const float zero = 0.0f, g = gelu_derivative(__bfloat162float(inp[i])) * dout[i];
+        dinp[i] = __float2bfloat16_rn(__fadd_rn(zero, g));
+    }
+}
+
 __global__ void residual_forward_kernel(float *out, const float *a, const float *b, size_t n)
 {
     PT_GRID_STRIDE_LOOP(i, n) out[i] = a[i] + b[i];
@@ -129,6 +140,12 @@ void pt_cuda_scatter(float *dst, const uint32_t *index, const float *values, siz
 extern "C" void pt_cuda_cast_to_bf16(pt_bf16 *out, const float *inp, size_t n)
 {
     PT_LAUNCH_ELEMENTWISE(cast_to_bf16_kernel, n, (__nv_bfloat16 *)out, inp, n);
+}
+
+void pt_cuda_gelu_backward_to_bf16(pt_bf16 *dinp, const pt_bf16 *inp, const float *dout, size_t n)
+{
+    PT_LAUNCH_ELEMENTWISE(gelu_backward_to_bf16_kernel, n, (__nv_bfloat16 *)dinp,
+                          (const __nv_bfloat16 *)inp, dout, n);
 }
 
 void pt_cuda_add_bias_to_bf16(pt_bf16 *out, const float *inp, const float *bias, int N, int OC)
