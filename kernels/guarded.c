@@ -210,6 +210,13 @@ static void g_cast_from_bf16(float *o, const pt_bf16 *i, size_t n)
 {
     GUARDED(cpu->cast_from_bf16(o, i, n));
 }
+static void g_matmul_backward_bf16_dinp_written(float *di, float *dw, float *db,
+                                                const pt_bf16 *d, const pt_bf16 *i,
+                                                const pt_bf16 *w, int N, int C, int OC,
+                                                pt_weight_layout l)
+{
+    GUARDED(cpu->matmul_backward_bf16_dinp_written(di, dw, db, d, i, w, N, C, OC, l));
+}
 static void g_layernorm_forward_bf16(pt_bf16 *o, float *m, float *r, const float *i,
                                      const float *w, const float *b, int N, int C)
 {
@@ -428,6 +435,7 @@ static pt_kernels guarded = {
     .layernorm_forward_bf16 = g_layernorm_forward_bf16,
     .matmul_forward_bf16 = g_matmul_forward_bf16,
     .matmul_backward_bf16 = g_matmul_backward_bf16,
+    .matmul_backward_bf16_dinp_written = g_matmul_backward_bf16_dinp_written,
     .matmul_forward_bf16_to_bf16 = g_matmul_forward_bf16_to_bf16,
     .attention_forward = g_attention_forward,
     .attention_backward = g_attention_backward,

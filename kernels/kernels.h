@@ -129,6 +129,12 @@ typedef struct pt_kernels {
     void (*matmul_backward_bf16)(float *dinp, float *dweight, float *dbias, const pt_bf16 *dout,
                                  const pt_bf16 *inp, const pt_bf16 *weight, int N, int C, int OC,
                                  pt_weight_layout layout);
+    /* matmul_backward_bf16 with dinp written, not added to (β = 0: no pass to zero it first, and
+     * the product does not read it); dweight and dbias still accumulate. */
+    void (*matmul_backward_bf16_dinp_written)(float *dinp, float *dweight, float *dbias,
+                                              const pt_bf16 *dout, const pt_bf16 *inp,
+                                              const pt_bf16 *weight, int N, int C, int OC,
+                                              pt_weight_layout layout);
     /* out = bf16(inp·W), no bias: a product kept in bf16 as it is made (the classifier's
      * logits under bf16), rounded once from the fp32 sums. */
     void (*matmul_forward_bf16_to_bf16)(pt_bf16 *out, const pt_bf16 *inp, const pt_bf16 *weight,

@@ -583,13 +583,12 @@ static int rows_from(const pt_gpt_slice *s, int first)
 
 /* The losses and, for the loss scaled by loss_scale / N, dln_f and (weight_gradient) the
  * classifier weight's gradient: each chunk's logits become its dlogits in place and go
- * into both before the next chunk overwrites them. */
+ * into both before the next chunk overwrites them (each chunk writes its rows of dln_f). */
 static void head_loss_and_backward(pt_gpt_slice *s, float loss_scale, bool weight_gradient)
 {
     const pt_kernels *k = s->kernels;
     const int N = s->B * s->T, C = s->config.n_embd, V = s->config.vocab_size;
     head_layernorm(s);
-    k->zero(s->dln_f, (size_t)N * C * sizeof(float));
     for (int first = 0; first < N; first += s->head_rows) {
         const int n = rows_from(s, first);
         head_logits(s, first, n);
@@ -672,11 +671,9 @@ static void block_backward(pt_gpt_slice *s, int b)
 
     /* MLP branch: residual_3 = residual_2 + c_proj(gelu(c_fc(ln_2(residual_2)))) */
     if (s->config.recompute_gelu) gelu_forward(s, a, 4 * NC);
-    k->zero(s->dscratch_fc_gelu, 4 * NC * sizeof(float));
     pt_gpt_matmul_backward(s, s->dscratch_fc_gelu, g->mlp_proj_weight, g->mlp_proj_bias, dres,
                            gelu_output(s, a), p->mlp_proj_weight, N, 4 * C, C,
                            PT_WEIGHT_IN_OUT);
-    k->zero(s->dscratch_c, NC * sizeof(float));
     pt_gpt_matmul_backward_operand(s, s->dscratch_c, g->c_fc_weight, g->c_fc_bias,
                                    gelu_gradient(s, a, s->dscratch_fc_gelu), a->ln_2,
                                    p->c_fc_weight, N, C, 4 * C, PT_WEIGHT_IN_OUT);
@@ -684,12 +681,10 @@ static void block_backward(pt_gpt_slice *s, int b)
                           p->ln_2_weight, a->ln_2_mean, a->ln_2_rstd, N, C);
 
     /* attention branch: residual_2 = x + c_proj(attn(c_attn(ln_1(x)))) */
-    k->zero(s->dscratch_c, NC * sizeof(float));
     pt_gpt_matmul_backward(s, s->dscratch_c, g->attn_proj_weight, g->attn_proj_bias, dres, a->atty,
                            p->attn_proj_weight, N, C, C, PT_WEIGHT_IN_OUT);
     k->zero(s->dscratch_3c, 3 * NC * sizeof(float));
     attention_backward(s, a, s->dscratch_3c, s->dscratch_c);
-    k->zero(s->dscratch_c, NC * sizeof(float));
     pt_gpt_matmul_backward(s, s->dscratch_c, g->c_attn_weight, g->c_attn_bias, s->dscratch_3c,
                            a->ln_1, p->c_attn_weight, N, C, 3 * C, PT_WEIGHT_IN_OUT);
     k->layernorm_backward(dres, g->ln_1_weight, g->ln_1_bias, s->dscratch_c, x, p->ln_1_weight,

@@ -61,7 +61,8 @@ void pt_gpt_matmul_backward(pt_gpt_slice *s, float *dinp, float *dweight, float 
                             int C, int OC, pt_weight_layout layout)
 {
     const pt_kernels *k = s->kernels;
-    if (!inp.bf16) {
+    if (!inp.bf16) { /* the fp32 table adds into dinp: from zero */
+        if (dinp) k->zero(dinp, (size_t)N * C * sizeof(float));
         k->matmul_backward(dinp, dweight, dbias, dout, inp.f32, weight, N, C, OC, layout);
         return;
     }
@@ -72,9 +73,9 @@ void pt_gpt_matmul_backward(pt_gpt_slice *s, float *dinp, float *dweight, float 
         const int n = N - first < rows ? N - first : rows;
         k->cast_to_bf16(s->bf16_out, dout + (size_t)first * OC, (size_t)n * OC);
         /* dweight and dbias accumulate over the chunks as over microbatches */
-        k->matmul_backward_bf16(dinp ? dinp + (size_t)first * C : NULL, dweight, dbias,
-                                s->bf16_out, inp.bf16 + (size_t)first * C, s->bf16_weight, n, C,
-                                OC, layout);
+        k->matmul_backward_bf16_dinp_written(dinp ? dinp + (size_t)first * C : NULL, dweight,
+                                             dbias, s->bf16_out, inp.bf16 + (size_t)first * C,
+                                             s->bf16_weight, n, C, OC, layout);
     }
 }
 
@@ -99,6 +100,6 @@ void pt_gpt_matmul_backward_operand(pt_gpt_slice *s, float *dinp, float *dweight
         return;
     }
     round_weight(s, weight, (size_t)C * OC);
-    s->kernels->matmul_backward_bf16(dinp, dweight, dbias, dout.bf16, inp.bf16, s->bf16_weight, N,
-                                     C, OC, layout);
+    s->kernels->matmul_backward_bf16_dinp_written(dinp, dweight, dbias, dout.bf16, inp.bf16,
+                                                  s->bf16_weight, N, C, OC, layout);
 }

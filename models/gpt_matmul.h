@@ -15,7 +15,9 @@ void pt_gpt_matmul_begin_pass(pt_gpt_slice *s);
 
 /* kernels.h's matmul_forward and matmul_backward, in the slice's precision: `inp` in it (an
  * operand of the slice's), the rest fp32. In bf16, a weight matrix rounded for one product
- * serves the next ones on it in the same pass (the classifier's chunks). */
+ * serves the next ones on it in the same pass (the classifier's chunks). Unlike the table's,
+ * the backward *writes* dinp (bf16: a product that does not read it, matmul_backward_bf16_
+ * dinp_written; fp32: zeroed, then added to); dweight and dbias accumulate. */
 void pt_gpt_matmul_forward(pt_gpt_slice *s, float *out, pt_gpt_operand inp,
                            const float *weight, const float *bias, int N, int C, int OC,
                            pt_weight_layout layout);

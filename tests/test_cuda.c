@@ -702,6 +702,15 @@ static void check_matmul_bf16(int N, int C, int OC, pt_weight_layout layout)
         expect_device_close(gpu, what, d_dbias, dbias, OC, tol);
         free(out), free(dinp), free(dweight), free(dbias);
     }
+    /* dinp written, not added to: whatever it held before is gone */
+    float *garbage = random_floats(n_inp, -9, 9), *dinp = calloc(n_inp, 4);
+    gpu->copy(d_dinp, garbage, n_inp * 4);
+    gpu->matmul_backward_bf16_dinp_written(d_dinp, NULL, NULL, d_dout, d_inp, d_weight, N, C, OC,
+                                           layout);
+    cpu()->matmul_backward(dinp, NULL, NULL, dout_r, inp_r, weight_r, N, C, OC, layout);
+    snprintf(what, sizeof what, "%s dinp written (not added) vs cpu", name);
+    expect_device_close(gpu, what, d_dinp, dinp, n_inp, LONG_TOL);
+    free(garbage), free(dinp);
     expect_no_cuda_error();
     void *device_buffers[] = {d_dbias, d_dweight, d_dinp, d_out, d_bias, d_dout, d_weight,
                               d_inp, d_dout32, d_weight32, d_inp32};

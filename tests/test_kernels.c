@@ -451,6 +451,13 @@ static void check_matmul_bf16(pt_weight_layout layout)
     cr_expect_eq(memcmp(db, db32, sizeof(float) * Cout), 0, "bf16 dbias");
     cpu()->matmul_backward_bf16(dinp, dW, db, dout16, inp16, W16, rows, Cin, Cout, layout);
     check_doubled("bf16 matmul dweight", dW32, dW, Cin * Cout);
+    /* dinp written, not added to; dweight still accumulates (a third time) */
+    cpu()->matmul_backward_bf16_dinp_written(dinp, dW, NULL, dout16, inp16, W16, rows, Cin, Cout,
+                                             layout);
+    cr_expect_eq(memcmp(dinp, dinp32, sizeof(float) * rows * Cin), 0, "bf16 dinp written");
+    for (int i = 0; i < Cin * Cout; i++)
+        cr_expect(fabsf(dW[i] - 3 * dW32[i]) <= 1e-5f * (fabsf(dW32[i]) + 1e-3f),
+                  "dweight [%d]: %g after three backwards of %g", i, dW[i], dW32[i]);
     free(inp), free(W), free(bias), free(dout), free(inp16), free(W16), free(dout16);
     free(out), free(expected), free(dinp), free(dW), free(db), free(dinp32), free(dW32), free(db32);
 }

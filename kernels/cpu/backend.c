@@ -48,6 +48,7 @@ static const pt_kernels cpu_kernels = {
     .add_bias_to_bf16 = pt_cpu_add_bias_to_bf16,
     .matmul_forward_bf16 = pt_cpu_matmul_forward_bf16,
     .matmul_backward_bf16 = pt_cpu_matmul_backward_bf16,
+    .matmul_backward_bf16_dinp_written = pt_cpu_matmul_backward_bf16_dinp_written,
     .matmul_forward_bf16_to_bf16 = pt_cpu_matmul_forward_bf16_to_bf16,
     .attention_forward = pt_cpu_attention_forward,
     .attention_backward = pt_cpu_attention_backward,

@@ -85,6 +85,16 @@ void pt_cpu_matmul_backward_bf16(float *dinp, float *dweight, float *dbias, cons
     free(w);
 }
 
+/* dinp zeroed, then added to: the same bits as the model's zero and product before. */
+void pt_cpu_matmul_backward_bf16_dinp_written(float *dinp, float *dweight, float *dbias,
+                                              const pt_bf16 *dout, const pt_bf16 *inp,
+                                              const pt_bf16 *weight, int N, int C, int OC,
+                                              pt_weight_layout layout)
+{
+    if (dinp) memset(dinp, 0, (size_t)N * C * sizeof *dinp);
+    pt_cpu_matmul_backward_bf16(dinp, dweight, dbias, dout, inp, weight, N, C, OC, layout);
+}
+
 /* The fp32 layernorm a row at a time into a row buffer, rounded as it is copied out. */
 void pt_cpu_layernorm_forward_bf16(pt_bf16 *out, float *mean, float *rstd, const float *inp,
                                    const float *weight, const float *bias, int N, int C)

@@ -255,6 +255,7 @@ static const pt_kernels cuda_kernels = {
     .add_bias_to_bf16 = pt_cuda_add_bias_to_bf16,
     .matmul_forward_bf16 = pt_cuda_matmul_forward_bf16,
     .matmul_backward_bf16 = pt_cuda_matmul_backward_bf16,
+    .matmul_backward_bf16_dinp_written = pt_cuda_matmul_backward_bf16_dinp_written,
     .matmul_forward_bf16_to_bf16 = pt_cuda_matmul_forward_bf16_to_bf16,
     .attention_forward = pt_cuda_attention_forward,
     .attention_backward = pt_cuda_attention_backward,

@@ -168,6 +168,10 @@ void pt_cuda_add_bias_to_bf16(pt_bf16 *out, const float *inp, const float *bias,
 void pt_cuda_gelu_backward_to_bf16(pt_bf16 *dinp, const pt_bf16 *inp, const float *dout, size_t n);
 
 /* matmul.cu, beside cuda.h's bf16 products */
+void pt_cuda_matmul_backward_bf16_dinp_written(float *dinp, float *dweight, float *dbias,
+                                               const pt_bf16 *dout, const pt_bf16 *inp,
+                                               const pt_bf16 *weight, int N, int C, int OC,
+                                               pt_weight_layout layout);
 void pt_cuda_matmul_forward_bf16_to_bf16(pt_bf16 *out, const pt_bf16 *inp, const pt_bf16 *weight,
                                          int N, int C, int OC, pt_weight_layout layout);
 

@@ -72,20 +72,22 @@ static void matmul_forward_typed(float *out, const void *inp, const void *weight
         gemm_row_major(out, N, OC, C, {inp, C}, CUBLAS_OP_N, {weight, C}, CUBLAS_OP_T, type, beta);
 }
 
-/* The backward of either element type; value reads dout[n, o] for the bias. */
+/* The backward of either element type; value reads dout[n, o] for the bias. dinp_beta 1
+ * adds into dinp (the table's rule for gradients), 0 writes it. */
 template <class Value>
 static void matmul_backward_typed(float *dinp, float *dweight, float *dbias, const void *dout,
                                   const void *inp, const void *weight, int N, int C, int OC,
-                                  pt_weight_layout layout, cudaDataType type, Value dout_value)
+                                  pt_weight_layout layout, cudaDataType type, Value dout_value,
+                                  float dinp_beta = 1.0f)
 {
     const bool in_out = layout == PT_WEIGHT_IN_OUT;
-    if (dinp) { /* dinp[N,C] += dout·Wᵀ (in-out) or dout·W (out-in) */
+    if (dinp) { /* dinp[N,C] (+)= dout·Wᵀ (in-out) or dout·W (out-in) */
         if (in_out)
             gemm_row_major(dinp, N, C, OC, {dout, OC}, CUBLAS_OP_N, {weight, OC}, CUBLAS_OP_T,
-                           type, 1.0f);
+                           type, dinp_beta);
         else
             gemm_row_major(dinp, N, C, OC, {dout, OC}, CUBLAS_OP_N, {weight, C}, CUBLAS_OP_N,
-                           type, 1.0f);
+                           type, dinp_beta);
     }
     if (dweight && in_out) /* dW[C,OC] += inpᵀ·dout */
         gemm_row_major(dweight, C, OC, N, {inp, C}, CUBLAS_OP_T, {dout, OC}, CUBLAS_OP_N, type,
@@ -126,6 +128,15 @@ extern "C" void pt_cuda_matmul_backward_bf16(float *dinp, float *dweight, float 
 {
     matmul_backward_typed(dinp, dweight, dbias, dout, inp, weight, N, C, OC, layout, CUDA_R_16BF,
                           pt_rows_bf16{(const __nv_bfloat16 *)dout, OC});
+}
+
+void pt_cuda_matmul_backward_bf16_dinp_written(float *dinp, float *dweight, float *dbias,
+                                               const pt_bf16 *dout, const pt_bf16 *inp,
+                                               const pt_bf16 *weight, int N, int C, int OC,
+                                               pt_weight_layout layout)
+{
+    matmul_backward_typed(dinp, dweight, dbias, dout, inp, weight, N, C, OC, layout, CUDA_R_16BF,
+                          pt_rows_bf16{(const __nv_bfloat16 *)dout, OC}, 0.0f);
 }
 
 void pt_cuda_matmul_forward_bf16_to_bf16(pt_bf16 *out, const pt_bf16 *inp, const pt_bf16 *weight,
