@@ -514,14 +514,22 @@ static void attention_forward(const pt_gpt_slice *s, pt_gpt_block_acts *a)
     finish_operand(s, a->atty, (size_t)B * T * C);
 }
 
-/* dqkv += the gradient through attention of datty, qkv in the slice's precision. */
-static void attention_backward(const pt_gpt_slice *s, const pt_gpt_block_acts *a, float *dqkv,
-                               const float *datty)
+/* The gradient of qkv through attention of datty, in the slice's precision: fp32 in
+ * dscratch_3c, or written in bf16 into bf16_out as attention's backward makes it (what
+ * c_attn's backward reads; dscratch_3c is the backend's scratch then). */
+static pt_gpt_operand attention_gradient(const pt_gpt_slice *s, const pt_gpt_block_acts *a,
+                                         const float *datty)
 {
     const pt_kernels *k = s->kernels;
     const int B = s->B, T = s->T, C = s->config.n_embd, NH = s->config.n_head;
-    if (a->qkv.bf16) k->attention_backward_bf16(dqkv, datty, a->qkv.bf16, a->att, B, T, C, NH);
-    else k->attention_backward(dqkv, datty, a->qkv.f32, a->att, B, T, C, NH);
+    if (a->qkv.bf16) {
+        k->attention_backward_bf16_to_bf16(s->bf16_out, s->dscratch_3c, datty, a->qkv.bf16,
+                                           a->att, B, T, C, NH);
+        return (pt_gpt_operand){.bf16 = s->bf16_out};
+    }
+    k->zero(s->dscratch_3c, (size_t)B * T * 3 * C * sizeof(float));
+    k->attention_backward(s->dscratch_3c, datty, a->qkv.f32, a->att, B, T, C, NH);
+    return (pt_gpt_operand){.f32 = s->dscratch_3c};
 }
 
 static void block_forward(pt_gpt_slice *s, int b)
@@ -683,10 +691,9 @@ static void block_backward(pt_gpt_slice *s, int b)
     /* attention branch: residual_2 = x + c_proj(attn(c_attn(ln_1(x)))) */
     pt_gpt_matmul_backward(s, s->dscratch_c, g->attn_proj_weight, g->attn_proj_bias, dres, a->atty,
                            p->attn_proj_weight, N, C, C, PT_WEIGHT_IN_OUT);
-    k->zero(s->dscratch_3c, 3 * NC * sizeof(float));
-    attention_backward(s, a, s->dscratch_3c, s->dscratch_c);
-    pt_gpt_matmul_backward(s, s->dscratch_c, g->c_attn_weight, g->c_attn_bias, s->dscratch_3c,
-                           a->ln_1, p->c_attn_weight, N, C, 3 * C, PT_WEIGHT_IN_OUT);
+    pt_gpt_matmul_backward_operand(s, s->dscratch_c, g->c_attn_weight, g->c_attn_bias,
+                                   attention_gradient(s, a, s->dscratch_c), a->ln_1,
+                                   p->c_attn_weight, N, C, 3 * C, PT_WEIGHT_IN_OUT);
     k->layernorm_backward(dres, g->ln_1_weight, g->ln_1_bias, s->dscratch_c, x, p->ln_1_weight,
                           a->ln_1_mean, a->ln_1_rstd, N, C);
 }

@@ -13,6 +13,8 @@
  *   exact     q = 0: every score is 0, so every p = 2⁰ = 1 exactly and out is
  *             the plain mean of v over j ≤ i: fp32 agreement (1e-5), which an
  *             off-by-one in the mask (±|v|/i ≥ 1e-3 at T = 200) cannot meet.
+ *   bf16 dqkv the same kernels writing a bf16 gradient (attention_backward_bf16_to_bf16)
+ *             give, element by element, the rounding of what they add into zeros.
  *   backward  each gradient element is a sum of products with two or three
  *             rounded factors: independent errors of ≤ u each, so the error of
  *             a sum of n terms is ~u·rms(term)·√n against a sum of size
@@ -79,13 +81,16 @@ int blocks_of(const inputs &in) { return in.B * in.NH * ((in.T + PT_MMA_ROWS - 1
 
 struct result {
     vector<float> out, lse, o_saved, dqkv;
+    vector<float> dqkv_from_zero;  /* the fp32 kernels' gradient added into zeros */
+    vector<uint16_t> dqkv_bf16;    /* the same kernels writing a bf16 dqkv */
 };
 
-template <int HS> result run_kernels(const inputs &in)
+template <int HS> result run_kernels(const inputs &in, bool with_bf16_gradient = false)
 {
     const pt_mma_shape s = shape_of(in);
     const size_t n_out = in.dout.size(), n_rows = (size_t)in.B * in.NH * in.T;
-    result r{vector<float>(n_out), vector<float>(n_rows), vector<float>(n_out), in.dqkv};
+    result r{vector<float>(n_out), vector<float>(n_rows), vector<float>(n_out), in.dqkv,
+             vector<float>(in.dqkv.size(), 0.0f), vector<uint16_t>(in.dqkv.size(), 0x7fc0)};
     warp_emulator::launch(blocks_of(in), PT_MMA_THREADS, pt_mma_forward_shared_bytes<HS>(),
                           [&](int block, int tid, unsigned char *shared) {
                               pt_mma_attention_forward<HS>(r.out.data(), r.lse.data(),
@@ -102,18 +107,25 @@ template <int HS> result run_kernels(const inputs &in)
                 for (int d = 0; d < HS; d++) acc += in.dout[row + d] * r.o_saved[row + d];
                 delta[((size_t)b * in.NH + h) * in.T + t] = acc;
             }
-    warp_emulator::launch(blocks_of(in), PT_MMA_THREADS, pt_mma_dq_shared_bytes<HS>(),
-                          [&](int block, int tid, unsigned char *shared) {
-                              pt_mma_attention_dq<HS>(r.dqkv.data(), in.dout.data(),
-                                                      in.qkv16.data(), r.lse.data(), delta.data(),
-                                                      s, block, tid, shared);
-                          });
-    warp_emulator::launch(blocks_of(in), PT_MMA_THREADS, pt_mma_dkdv_shared_bytes<HS>(),
-                          [&](int block, int tid, unsigned char *shared) {
-                              pt_mma_attention_dkdv<HS>(r.dqkv.data(), in.dout.data(),
-                                                        in.qkv16.data(), r.lse.data(),
-                                                        delta.data(), s, block, tid, shared);
-                          });
+    auto backward = [&](auto *dqkv) {
+        warp_emulator::launch(blocks_of(in), PT_MMA_THREADS, pt_mma_dq_shared_bytes<HS>(),
+                              [&](int block, int tid, unsigned char *shared) {
+                                  pt_mma_attention_dq<HS>(dqkv, in.dout.data(), in.qkv16.data(),
+                                                          r.lse.data(), delta.data(), s, block,
+                                                          tid, shared);
+                              });
+        warp_emulator::launch(blocks_of(in), PT_MMA_THREADS, pt_mma_dkdv_shared_bytes<HS>(),
+                              [&](int block, int tid, unsigned char *shared) {
+                                  pt_mma_attention_dkdv<HS>(dqkv, in.dout.data(), in.qkv16.data(),
+                                                            r.lse.data(), delta.data(), s, block,
+                                                            tid, shared);
+                              });
+    };
+    backward(r.dqkv.data());
+    if (with_bf16_gradient) {
+        backward(r.dqkv_from_zero.data());
+        backward(r.dqkv_bf16.data());
+    }
     return r;
 }
 
@@ -121,7 +133,7 @@ template <int HS> result run_kernels(const inputs &in)
 result reference(const inputs &in)
 {
     const pt_kernels *cpu = pt_kernels_cpu();
-    result r{vector<float>(in.dout.size()), {}, {}, in.dqkv};
+    result r{vector<float>(in.dout.size()), {}, {}, in.dqkv, {}, {}};
     vector<float> att(cpu->attention_saved_floats(in.B, in.T, in.C, in.NH));
     cpu->attention_forward(r.out.data(), att.data(), in.qkv.data(), in.B, in.T, in.C, in.NH);
     cpu->attention_backward(r.dqkv.data(), in.dout.data(), in.qkv.data(), att.data(), in.B, in.T,
@@ -167,11 +179,11 @@ double relative_error(const vector<float> &got, const vector<float> &want,
     return std::sqrt(err / norm);
 }
 
-template <int HS> void check(int B, int T, int NH)
+template <int HS> void check(int B, int T, int NH, bool with_bf16_gradient = false)
 {
     const int C = HS * NH;
     const inputs in = make_inputs(B, T, C, NH, false);
-    const result got = run_kernels<HS>(in), want = reference(in);
+    const result got = run_kernels<HS>(in, with_bf16_gradient), want = reference(in);
     const double bound = std::ldexp(1.0, -8) * max_abs(in.qkv) + 1e-5;
     for (size_t i = 0; i < want.out.size(); i++)
         if (!(std::fabs(got.out[i] - want.out[i]) <= bound))
@@ -194,19 +206,26 @@ template <int HS> void check(int B, int T, int NH)
         cr_expect(rel <= std::ldexp(1.0, -6), "HS %d T %d: %s relative error %.3g over 2^-6", HS,
                   T, names[part], rel);
     }
+    if (!with_bf16_gradient) return;
+    /* written in bf16: every element (none left NaN) the rounding of the fp32 gradient */
+    for (size_t i = 0; i < got.dqkv_bf16.size(); i++)
+        if (got.dqkv_bf16[i] != warp_emulator::float_to_bf16(got.dqkv_from_zero[i]))
+            cr_assert_fail("HS %d T %d: bf16 dqkv[%zu] = 0x%04x, the fp32 gradient %.9g rounds to "
+                           "0x%04x", HS, T, i, got.dqkv_bf16[i], got.dqkv_from_zero[i],
+                           warp_emulator::float_to_bf16(got.dqkv_from_zero[i]));
 }
 
 } // namespace
 
 Test(attention_mma, forward_and_backward_match_the_fp32_kernel_at_head_size_64, .timeout = 600)
 {
-    check<64>(2, 200, 2); /* T past three tiles, not a multiple of 64 */
+    check<64>(2, 200, 2, true); /* T past three tiles, not a multiple of 64; a bf16 dqkv too */
     check<64>(1, 64, 1);  /* exactly one tile */
 }
 
 Test(attention_mma, forward_and_backward_match_the_fp32_kernel_at_head_size_128, .timeout = 600)
 {
-    check<128>(1, 70, 1); /* a second tile of 6 rows */
+    check<128>(1, 70, 1, true); /* a second tile of 6 rows */
 }
 
 Test(attention_mma, uniform_scores_give_the_exact_mean_of_v, .timeout = 600)

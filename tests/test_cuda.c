@@ -781,6 +781,29 @@ static void check_attention_bf16(int B, int T, int C, int NH, bool tensor_cores)
         printf("%s: dqkv normwise error %.2e\n", what, rel);
         cr_expect(rel <= ldexp(1.0, -6), "%s: dqkv normwise error %.3g over 2^-6", what, rel);
     }
+    /* the gradient written in bf16 (attention_backward_bf16_to_bf16) against the CPU's into
+     * zeros: within bf16's error normwise, every element written (the output starts as NaNs) */
+    float *dqkv_zero = calloc(n_qkv, sizeof *dqkv_zero);
+    uint16_t *nans = malloc(n_qkv * 2);
+    for (size_t i = 0; i < n_qkv; i++) nans[i] = 0x7fc0;
+    cpu()->attention_backward(dqkv_zero, dout, wide, att, B, T, C, NH);
+    void *d_dqkv16 = upload(gpu, nans, n_qkv * 2);
+    float *d_scratch = upload(gpu, dqkv, n_qkv * 4);
+    gpu->attention_backward_bf16_to_bf16(d_dqkv16, d_scratch, d_dout, d_qkv, d_att, B, T, C, NH);
+    gpu->synchronize();
+    gpu->copy(nans, d_dqkv16, n_qkv * 2);
+    float *written = malloc(n_qkv * sizeof *written);
+    for (size_t i = 0; i < n_qkv; i++) written[i] = bf16_to_float(nans[i]);
+    double err = 0.0, norm = 0.0;
+    for (size_t i = 0; i < n_qkv; i++) {
+        err += ((double)written[i] - dqkv_zero[i]) * ((double)written[i] - dqkv_zero[i]);
+        norm += (double)dqkv_zero[i] * dqkv_zero[i];
+    }
+    const double rel = sqrt(err / norm);
+    printf("%s: bf16 dqkv written, normwise error %.2e\n", what, rel);
+    cr_expect(rel <= ldexp(1.0, -6), "%s: the bf16 dqkv written errs by %.3g normwise", what, rel);
+    gpu->free(d_scratch), gpu->free(d_dqkv16);
+    free(dqkv_zero), free(nans), free(written);
     expect_no_cuda_error();
     pt_cuda_set_mma_attention(1);
     gpu->free(d_att), gpu->free(d_dqkv), gpu->free(d_out), gpu->free(d_dout), gpu->free(d_qkv);

@@ -762,6 +762,28 @@ Test(kernels, bf16_gelu_gradient_is_the_fp32_gradient_rounded)
     free(x), free(dout), free(d), free(x16), free(d16);
 }
 
+/* Attention's gradient written in bf16: the fp32 gradient of the bf16 qkv added into zeros,
+ * rounded; whatever the output and the scratch held before is gone. */
+Test(kernels, bf16_attention_gradient_written_in_bf16)
+{
+    const int b_ = 2, t_ = 9, c_ = 12, nh = 3;
+    const size_t n_qkv = (size_t)b_ * t_ * 3 * c_, n_out = (size_t)b_ * t_ * c_;
+    float *qkv = random_floats(n_qkv, -2, 2), *dout = random_floats(n_out, -1, 1);
+    float *out = zero_floats(n_out), *d = zero_floats(n_qkv);
+    float *scratch = random_floats(n_qkv, -9, 9);
+    float *att = zero_floats(cpu()->attention_saved_floats(b_, t_, c_, nh));
+    pt_bf16 *qkv16 = malloc(sizeof(pt_bf16) * n_qkv), *d16 = malloc(sizeof(pt_bf16) * n_qkv);
+    for (size_t i = 0; i < n_qkv; i++) d16[i] = 0x7fc0;
+    round_in_place(qkv, qkv16, n_qkv);
+    cpu()->attention_forward_bf16(out, att, qkv16, b_, t_, c_, nh);
+    cpu()->attention_backward_bf16(d, dout, qkv16, att, b_, t_, c_, nh);
+    cpu()->attention_backward_bf16_to_bf16(d16, scratch, dout, qkv16, att, b_, t_, c_, nh);
+    for (size_t i = 0; i < n_qkv; i++)
+        cr_expect_eq(d16[i], nearest_bf16(d[i]), "dqkv[%zu]: %g, the nearest of %.9g", i,
+                     bf16_value(d16[i]), d[i]);
+    free(qkv), free(dout), free(out), free(d), free(scratch), free(att), free(qkv16), free(d16);
+}
+
 /* A product's bias added to its fp32 sums and the sum rounded once, as the products kept in
  * bf16 (qkv, fc) are made: the nearest bf16 of the float sum, element by element. */
 Test(kernels, bf16_bias_is_added_before_the_one_rounding)

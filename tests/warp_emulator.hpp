@@ -128,6 +128,8 @@ inline uint32_t pt_pack_bf16x2(float lo, float hi)
            (uint32_t)warp_emulator::float_to_bf16(hi) << 16;
 }
 
+inline uint16_t pt_round_bf16(float x) { return warp_emulator::float_to_bf16(x); }
+
 inline uint32_t pt_load32(const uint16_t *p)
 {
     uint32_t v;

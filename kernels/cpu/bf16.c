@@ -95,6 +95,17 @@ void pt_cpu_matmul_backward_bf16_dinp_written(float *dinp, float *dweight, float
     pt_cpu_matmul_backward_bf16(dinp, dweight, dbias, dout, inp, weight, N, C, OC, layout);
 }
 
+/* Into the zeroed scratch, then rounded: the same bits as the fp32 gradient's cast. */
+void pt_cpu_attention_backward_bf16_to_bf16(pt_bf16 *dqkv, float *scratch, const float *dout,
+                                            const pt_bf16 *qkv, const float *att, int B, int T,
+                                            int C, int NH)
+{
+    const size_t n = (size_t)B * T * 3 * C;
+    memset(scratch, 0, n * sizeof *scratch);
+    pt_cpu_attention_backward_bf16(scratch, dout, qkv, att, B, T, C, NH);
+    pt_cpu_cast_to_bf16(dqkv, scratch, n);
+}
+
 /* The fp32 layernorm a row at a time into a row buffer, rounded as it is copied out. */
 void pt_cpu_layernorm_forward_bf16(pt_bf16 *out, float *mean, float *rstd, const float *inp,
                                    const float *weight, const float *bias, int N, int C)

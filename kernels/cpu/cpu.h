@@ -82,6 +82,9 @@ void pt_cpu_matmul_backward_bf16_dinp_written(float *dinp, float *dweight, float
                                               const pt_bf16 *dout, const pt_bf16 *inp,
                                               const pt_bf16 *weight, int N, int C, int OC,
                                               pt_weight_layout layout);
+void pt_cpu_attention_backward_bf16_to_bf16(pt_bf16 *dqkv, float *scratch, const float *dout,
+                                            const pt_bf16 *qkv, const float *att, int B, int T,
+                                            int C, int NH);
 void pt_cpu_layernorm_forward_bf16(pt_bf16 *out, float *mean, float *rstd, const float *inp,
                                    const float *weight, const float *bias, int N, int C);
 void pt_cpu_gelu_backward_to_bf16(pt_bf16 *dinp, const pt_bf16 *inp, const float *dout, size_t n);

@@ -408,6 +408,21 @@ static bool on_tensor_cores(const __nv_bfloat16 *qkv, int C, int NH)
     return pt_cuda_attention_mma_takes(qkv, C, NH);
 }
 
+/* D = rowsum(dO ⊙ O) per (b, h, t) into scratch (the caller releases it), or NULL when the
+ * arena has no room (recorded). */
+static const float *delta_of(const float *dout, const float *att, attention_shape s)
+{
+    const float *o_saved = att + (size_t)s.B * s.NH * s.T;
+    float *delta =
+        (float *)pt_cuda_scratch((size_t)s.B * s.NH * s.T * sizeof(float), "attention delta");
+    if (!delta) return NULL;
+    size_t rows = (size_t)s.B * s.T * s.NH;
+    attention_delta_kernel<<<(unsigned)((rows + PT_CUDA_THREADS - 1) / PT_CUDA_THREADS),
+                             PT_CUDA_THREADS, 0, pt_cuda.compute>>>(delta, dout, o_saved, s);
+    PT_CUDA_LAUNCHED("attention_delta_kernel");
+    return delta;
+}
+
 template <class Element>
 static void backward_for_head_size(float *dqkv, const float *dout, const Element *qkv,
                                    const float *lse, const float *delta, attention_shape s)
@@ -447,20 +462,14 @@ static void attention_backward(float *dqkv, const float *dout, const Element *qk
     /* dqkv[B,T,3C] (+=), dout[B,T,C], qkv[B,T,3C], att as the forward left it */
     attention_shape s;
     if (!shape_for(&s, B, T, C, NH, "attention_backward")) return;
-    const float *lse = att, *o_saved = att + (size_t)B * NH * T;
+    const float *lse = att;
     size_t mark = pt_cuda_scratch_mark();
-    float *delta = (float *)pt_cuda_scratch((size_t)B * NH * T * sizeof(float), "attention delta");
-    if (delta) {
-        size_t rows = (size_t)B * T * NH;
-        attention_delta_kernel<<<(unsigned)((rows + PT_CUDA_THREADS - 1) / PT_CUDA_THREADS),
-                                 PT_CUDA_THREADS, 0, pt_cuda.compute>>>(delta, dout, o_saved, s);
-        PT_CUDA_LAUNCHED("attention_delta_kernel");
-        if (on_tensor_cores(qkv, C, NH))
-            pt_cuda_attention_mma_backward(dqkv, dout, (const __nv_bfloat16 *)qkv, lse, delta, B,
-                                           T, C, NH);
-        else
-            backward_for_head_size(dqkv, dout, qkv, lse, delta, s);
-    }
+    const float *delta = delta_of(dout, att, s);
+    if (delta && on_tensor_cores(qkv, C, NH))
+        pt_cuda_attention_mma_backward(dqkv, dout, (const __nv_bfloat16 *)qkv, lse, delta, B, T,
+                                       C, NH);
+    else if (delta)
+        backward_for_head_size(dqkv, dout, qkv, lse, delta, s);
     pt_cuda_scratch_release(mark);
 }
 
@@ -488,4 +497,27 @@ void pt_cuda_attention_backward_bf16(float *dqkv, const float *dout, const pt_bf
                                      const float *att, int B, int T, int C, int NH)
 {
     attention_backward(dqkv, dout, (const __nv_bfloat16 *)qkv, att, B, T, C, NH);
+}
+
+/* The gradient of a bf16 qkv written in bf16 (kernels.h): the tensor-core kernels round each
+ * element as they write it; other shapes run the CUDA-core kernels into the fp32 scratch
+ * (zeroed, added into) and cast it. */
+void pt_cuda_attention_backward_bf16_to_bf16(pt_bf16 *dqkv, float *scratch, const float *dout,
+                                             const pt_bf16 *qkv, const float *att, int B, int T,
+                                             int C, int NH)
+{
+    const __nv_bfloat16 *q = (const __nv_bfloat16 *)qkv;
+    if (!on_tensor_cores(q, C, NH)) {
+        const size_t n = (size_t)B * T * 3 * C;
+        pt_cuda_zero(scratch, n * sizeof(float));
+        attention_backward(scratch, dout, q, att, B, T, C, NH);
+        pt_cuda_cast_to_bf16(dqkv, scratch, n);
+        return;
+    }
+    attention_shape s;
+    if (!shape_for(&s, B, T, C, NH, "attention_backward_bf16_to_bf16")) return;
+    size_t mark = pt_cuda_scratch_mark();
+    const float *delta = delta_of(dout, att, s);
+    if (delta) pt_cuda_attention_mma_backward_to_bf16(dqkv, dout, q, att, delta, B, T, C, NH);
+    pt_cuda_scratch_release(mark);
 }

@@ -36,6 +36,11 @@ __device__ __forceinline__ uint32_t pt_pack_bf16x2(float lo, float hi)
     return *reinterpret_cast<uint32_t *>(&pair);
 }
 
+__device__ __forceinline__ uint16_t pt_round_bf16(float x)
+{
+    return __bfloat16_as_ushort(__float2bfloat16_rn(x));
+}
+
 __device__ __forceinline__ uint32_t pt_load32(const uint16_t *p)
 {
     return *reinterpret_cast<const uint32_t *>(p);
@@ -64,9 +69,10 @@ __global__ void __launch_bounds__(PT_MMA_THREADS)
                                  shared);
 }
 
-template <int HS>
+/* Gradient: float (dqkv added into) or uint16_t (a bf16 dqkv written) */
+template <int HS, class Gradient>
 __global__ void __launch_bounds__(PT_MMA_THREADS)
-    mma_dq_kernel(float *dqkv, const float *dout, const uint16_t *qkv, const float *lse,
+    mma_dq_kernel(Gradient *dqkv, const float *dout, const uint16_t *qkv, const float *lse,
                   const float *delta, pt_mma_shape s)
 {
     extern __shared__ __align__(16) unsigned char shared[];
@@ -74,9 +80,9 @@ __global__ void __launch_bounds__(PT_MMA_THREADS)
                             shared);
 }
 
-template <int HS>
+template <int HS, class Gradient>
 __global__ void __launch_bounds__(PT_MMA_THREADS)
-    mma_dkdv_kernel(float *dqkv, const float *dout, const uint16_t *qkv, const float *lse,
+    mma_dkdv_kernel(Gradient *dqkv, const float *dout, const uint16_t *qkv, const float *lse,
                     const float *delta, pt_mma_shape s)
 {
     extern __shared__ __align__(16) unsigned char shared[];
@@ -103,12 +109,17 @@ static pipert_result allow_shared(Kernel kernel, size_t bytes, const char *name,
     return PIPERT_OK;
 }
 
+template <int HS, class Gradient> static pipert_result allow_backward_shared(void)
+{
+    PT_TRY(allow_shared(mma_dq_kernel<HS, Gradient>, pt_mma_dq_shared_bytes<HS>(), "dq", HS));
+    return allow_shared(mma_dkdv_kernel<HS, Gradient>, pt_mma_dkdv_shared_bytes<HS>(), "dkdv", HS);
+}
+
 template <int HS> static pipert_result allow_shared_for(void)
 {
     PT_TRY(allow_shared(mma_forward_kernel<HS>, pt_mma_forward_shared_bytes<HS>(), "the forward", HS));
-    PT_TRY(allow_shared(mma_dq_kernel<HS>, pt_mma_dq_shared_bytes<HS>(), "dq", HS));
-    PT_TRY(allow_shared(mma_dkdv_kernel<HS>, pt_mma_dkdv_shared_bytes<HS>(), "dkdv", HS));
-    return PIPERT_OK;
+    PT_TRY((allow_backward_shared<HS, float>()));
+    return allow_backward_shared<HS, uint16_t>();
 }
 
 pipert_result pt_cuda_attention_mma_setup(void)
@@ -149,15 +160,15 @@ static void forward_launch(float *out, float *lse, float *o_saved, const uint16_
     PT_CUDA_LAUNCHED("mma_forward_kernel");
 }
 
-template <int HS>
-static void backward_launch(float *dqkv, const float *dout, const uint16_t *qkv, const float *lse,
+template <int HS, class Gradient>
+static void backward_launch(Gradient *dqkv, const float *dout, const uint16_t *qkv, const float *lse,
                             const float *delta, pt_mma_shape s)
 {
     const unsigned blocks = mma_blocks(s.B, s.T, s.NH);
-    mma_dq_kernel<HS><<<blocks, PT_MMA_THREADS, pt_mma_dq_shared_bytes<HS>(), pt_cuda.compute>>>(
+    mma_dq_kernel<HS, Gradient><<<blocks, PT_MMA_THREADS, pt_mma_dq_shared_bytes<HS>(), pt_cuda.compute>>>(
         dqkv, dout, qkv, lse, delta, s);
     PT_CUDA_LAUNCHED("mma_dq_kernel");
-    mma_dkdv_kernel<HS><<<blocks, PT_MMA_THREADS, pt_mma_dkdv_shared_bytes<HS>(), pt_cuda.compute>>>(
+    mma_dkdv_kernel<HS, Gradient><<<blocks, PT_MMA_THREADS, pt_mma_dkdv_shared_bytes<HS>(), pt_cuda.compute>>>(
         dqkv, dout, qkv, lse, delta, s);
     PT_CUDA_LAUNCHED("mma_dkdv_kernel");
 }
@@ -173,9 +184,9 @@ void pt_cuda_attention_mma_forward(float *out, float *lse, float *o_saved,
         forward_launch<128>(out, lse, o_saved, bits, s);
 }
 
-void pt_cuda_attention_mma_backward(float *dqkv, const float *dout, const __nv_bfloat16 *qkv,
-                                    const float *lse, const float *delta, int B, int T, int C,
-                                    int NH)
+template <class Gradient>
+static void backward(Gradient *dqkv, const float *dout, const __nv_bfloat16 *qkv, const float *lse,
+                     const float *delta, int B, int T, int C, int NH)
 {
     const pt_mma_shape s = mma_shape(B, T, C, NH);
     const uint16_t *bits = reinterpret_cast<const uint16_t *>(qkv);
@@ -183,4 +194,18 @@ void pt_cuda_attention_mma_backward(float *dqkv, const float *dout, const __nv_b
         backward_launch<64>(dqkv, dout, bits, lse, delta, s);
     else
         backward_launch<128>(dqkv, dout, bits, lse, delta, s);
+}
+
+void pt_cuda_attention_mma_backward(float *dqkv, const float *dout, const __nv_bfloat16 *qkv,
+                                    const float *lse, const float *delta, int B, int T, int C,
+                                    int NH)
+{
+    backward(dqkv, dout, qkv, lse, delta, B, T, C, NH);
+}
+
+void pt_cuda_attention_mma_backward_to_bf16(pt_bf16 *dqkv, const float *dout,
+                                            const __nv_bfloat16 *qkv, const float *lse,
+                                            const float *delta, int B, int T, int C, int NH)
+{
+    backward(reinterpret_cast<uint16_t *>(dqkv), dout, qkv, lse, delta, B, T, C, NH);
 }

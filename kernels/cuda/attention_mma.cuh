@@ -15,6 +15,7 @@
  *   pt_shfl_xor(float v, int mask)   __shfl_xor_sync over the full warp
  *   pt_mma_bf16(d, a, b)             d[4] += A·B, one warp's 16×8×16 product
  *   pt_pack_bf16x2(lo, hi)           two floats rounded to nearest even, lo in bits 0–15
+ *   pt_round_bf16(x)                 one float rounded to nearest even, as bf16 bits
  *   pt_load32(p), pt_copy16(dst, src), pt_zero16(dst)
  *
  * Register layouts of mma.sync.m16n8k16.row.col (PTX ISA, "Matrix fragments
@@ -230,6 +231,11 @@ PT_MMA_FN float pt_mma_row_max(float x)
     return fmaxf(x, pt_shfl_xor(x, 2));
 }
 
+/* A gradient element: added into an fp32 dqkv (the table's rule for gradients), or written
+ * into a bf16 one, rounded (attention_backward_bf16_to_bf16: what the product after reads). */
+PT_MMA_FN void pt_mma_store_gradient(float *dst, float value) { *dst += value; }
+PT_MMA_FN void pt_mma_store_gradient(uint16_t *dst, float value) { *dst = pt_round_bf16(value); }
+
 /* Pointers to (b, t = 0, head h) of q, k or v (part 0, 1, 2) in qkv[B, T, 3C],
  * and of a [B, T, C] buffer. */
 template <class Element>
@@ -331,9 +337,10 @@ PT_MMA_FN bool pt_mma_causal(pt_mma_rows_cols rc, int r, int col, int T)
     return rc.rows_are_keys ? col >= row : col <= row;
 }
 
-/* dqkv[B,T,3C] (+= into the q columns), dout[B,T,C], qkv[B,T,3C] bf16, lse and delta [B,NH,T] */
-template <int HS>
-PT_MMA_FN void pt_mma_attention_dq(float *dqkv, const float *dout, const uint16_t *qkv,
+/* dqkv[B,T,3C] (fp32: += into the q columns; bf16: the q columns written), dout[B,T,C],
+ * qkv[B,T,3C] bf16, lse and delta [B,NH,T] */
+template <int HS, class Gradient>
+PT_MMA_FN void pt_mma_attention_dq(Gradient *dqkv, const float *dout, const uint16_t *qkv,
                                    const float *lse, const float *delta, pt_mma_shape s, int block,
                                    int tid, unsigned char *shared)
 {
@@ -380,15 +387,17 @@ PT_MMA_FN void pt_mma_attention_dq(float *dqkv, const float *dout, const uint16_
     }
     for (int r = 0; r < 2; r++) {
         if (rc.row[r] >= s.T) continue;
-        float *dst = pt_mma_qkv_head(dqkv, s, blk, HS, 0) + (size_t)rc.row[r] * stride;
+        Gradient *dst = pt_mma_qkv_head(dqkv, s, blk, HS, 0) + (size_t)rc.row[r] * stride;
         for (int d = 0; d < HS / 8; d++)
-            for (int e = 2 * r; e < 2 * r + 2; e++) dst[pt_mma_column(d, e, l)] += dq[d][e] * s.scale;
+            for (int e = 2 * r; e < 2 * r + 2; e++)
+                pt_mma_store_gradient(&dst[pt_mma_column(d, e, l)], dq[d][e] * s.scale);
     }
 }
 
-/* dqkv[B,T,3C] (+= into the k and v columns), dout[B,T,C], qkv[B,T,3C] bf16, lse and delta [B,NH,T] */
-template <int HS>
-PT_MMA_FN void pt_mma_attention_dkdv(float *dqkv, const float *dout, const uint16_t *qkv,
+/* dqkv[B,T,3C] (fp32: += into the k and v columns; bf16: those written), dout[B,T,C],
+ * qkv[B,T,3C] bf16, lse and delta [B,NH,T] */
+template <int HS, class Gradient>
+PT_MMA_FN void pt_mma_attention_dkdv(Gradient *dqkv, const float *dout, const uint16_t *qkv,
                                      const float *lse, const float *delta, pt_mma_shape s,
                                      int block, int tid, unsigned char *shared)
 {
@@ -435,13 +444,13 @@ PT_MMA_FN void pt_mma_attention_dkdv(float *dqkv, const float *dout, const uint1
     }
     for (int r = 0; r < 2; r++) {
         if (rc.row[r] >= s.T) continue;
-        float *dk_dst = pt_mma_qkv_head(dqkv, s, blk, HS, 1) + (size_t)rc.row[r] * stride;
-        float *dv_dst = dk_dst + s.C;
+        Gradient *dk_dst = pt_mma_qkv_head(dqkv, s, blk, HS, 1) + (size_t)rc.row[r] * stride;
+        Gradient *dv_dst = dk_dst + s.C;
         for (int d = 0; d < HS / 8; d++)
             for (int e = 2 * r; e < 2 * r + 2; e++) {
                 const int c = pt_mma_column(d, e, l);
-                dk_dst[c] += dk[d][e] * s.scale;
-                dv_dst[c] += dv[d][e];
+                pt_mma_store_gradient(&dk_dst[c], dk[d][e] * s.scale);
+                pt_mma_store_gradient(&dv_dst[c], dv[d][e]);
             }
     }
 }

@@ -185,6 +185,9 @@ void pt_cuda_attention_forward_bf16(float *out, float *att, const pt_bf16 *qkv, 
                                     int C, int NH);
 void pt_cuda_attention_backward_bf16(float *dqkv, const float *dout, const pt_bf16 *qkv,
                                      const float *att, int B, int T, int C, int NH);
+void pt_cuda_attention_backward_bf16_to_bf16(pt_bf16 *dqkv, float *scratch, const float *dout,
+                                             const pt_bf16 *qkv, const float *att, int B, int T,
+                                             int C, int NH);
 
 /* attention_mma.cu: the tensor-core kernels attention.cu hands a bf16 qkv to when they take it */
 pipert_result pt_cuda_attention_mma_setup(void);
@@ -194,6 +197,9 @@ void pt_cuda_attention_mma_forward(float *out, float *lse, float *o_saved,
 void pt_cuda_attention_mma_backward(float *dqkv, const float *dout, const __nv_bfloat16 *qkv,
                                     const float *lse, const float *delta, int B, int T, int C,
                                     int NH);
+void pt_cuda_attention_mma_backward_to_bf16(pt_bf16 *dqkv, const float *dout,
+                                            const __nv_bfloat16 *qkv, const float *lse,
+                                            const float *delta, int B, int T, int C, int NH);
 
 /* elementwise.cu */
 void pt_cuda_gelu_forward(float *out, const float *inp, size_t n);
