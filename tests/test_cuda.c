@@ -704,7 +704,7 @@ static void check_matmul_bf16(int N, int C, int OC, pt_weight_layout layout)
     }
     /* dinp written, not added to: whatever it held before is gone */
     float *garbage = random_floats(n_inp, -9, 9), *dinp = calloc(n_inp, 4);
-    gpu->copy(d_dinp, garbage, n_inp * 4);
+    gpu->copy_to_device(d_dinp, garbage, n_inp * 4);
     gpu->matmul_backward_bf16_dinp_written(d_dinp, NULL, NULL, d_dout, d_inp, d_weight, N, C, OC,
                                            layout);
     cpu()->matmul_backward(dinp, NULL, NULL, dout_r, inp_r, weight_r, N, C, OC, layout);
@@ -790,8 +790,7 @@ static void check_attention_bf16(int B, int T, int C, int NH, bool tensor_cores)
     void *d_dqkv16 = upload(gpu, nans, n_qkv * 2);
     float *d_scratch = upload(gpu, dqkv, n_qkv * 4);
     gpu->attention_backward_bf16_to_bf16(d_dqkv16, d_scratch, d_dout, d_qkv, d_att, B, T, C, NH);
-    gpu->synchronize();
-    gpu->copy(nans, d_dqkv16, n_qkv * 2);
+    gpu->copy_to_host(nans, d_dqkv16, n_qkv * 2);
     float *written = malloc(n_qkv * sizeof *written);
     for (size_t i = 0; i < n_qkv; i++) written[i] = bf16_to_float(nans[i]);
     double err = 0.0, norm = 0.0;
@@ -860,8 +859,7 @@ Test(cuda, bf16_layernorm_matches_cpu)
     gpu->layernorm_forward_bf16(d_out, d_mean, d_rstd, d_inp, d_w, d_b, N, C);
     expect_device_close(gpu, "bf16 layernorm mean", d_mean, mean, N, FP32_TOL);
     expect_device_close(gpu, "bf16 layernorm rstd", d_rstd, rstd, N, FP32_TOL);
-    gpu->synchronize();
-    gpu->copy(got, d_out, n * 2);
+    gpu->copy_to_host(got, d_out, n * 2);
     size_t first = 0, apart = bf16_apart(got, want, n, &first);
     cr_expect_eq(apart, 0, "%zu bf16 layernorm outputs more than a step from the CPU's; first [%zu]",
                  apart, first);
@@ -884,8 +882,7 @@ Test(cuda, bf16_gelu_gradient_matches_cpu)
     float *d_dout = upload(gpu, dout, n * 4);
     cpu()->gelu_backward_to_bf16(want, x16, dout, n);
     gpu->gelu_backward_to_bf16(d_out, d_x, d_dout, n);
-    gpu->synchronize();
-    gpu->copy(got, d_out, n * 2);
+    gpu->copy_to_host(got, d_out, n * 2);
     size_t first = 0, apart = bf16_apart(got, want, n, &first);
     cr_expect_eq(apart, 0, "%zu bf16 GELU gradients more than a step from the CPU's; first [%zu]",
                  apart, first);
@@ -907,8 +904,7 @@ Test(cuda, bf16_bias_add_matches_cpu)
     void *d_out = upload(gpu, want, n * 2);
     cpu()->add_bias_to_bf16(want, inp, bias, N, OC);
     gpu->add_bias_to_bf16(d_out, d_inp, d_bias, N, OC);
-    gpu->synchronize();
-    gpu->copy(got, d_out, n * 2);
+    gpu->copy_to_host(got, d_out, n * 2);
     cr_expect_eq(memcmp(got, want, n * 2), 0, "add_bias_to_bf16: cuda and cpu differ");
     expect_no_cuda_error();
     gpu->free(d_out), gpu->free(d_bias), gpu->free(d_inp);
@@ -932,8 +928,7 @@ Test(cuda, bf16_logits_and_crossentropy_match_cpu)
     void *d_logits = upload(gpu, logits, n_out * 2);
     cpu()->matmul_forward_bf16_to_bf16(logits, inp16, w16, N, C, V, PT_WEIGHT_OUT_IN);
     gpu->matmul_forward_bf16_to_bf16(d_logits, d_inp, d_w, N, C, V, PT_WEIGHT_OUT_IN);
-    gpu->synchronize();
-    gpu->copy(got, d_logits, n_out * 2);
+    gpu->copy_to_host(got, d_logits, n_out * 2);
     size_t first = 0, apart = bf16_apart(got, logits, n_out, &first);
     cr_expect_eq(apart, 0, "%zu bf16 logits more than a step from the CPU's; first [%zu]: 0x%04x "
                  "against 0x%04x", apart, first, got[first], logits[first]);
@@ -943,12 +938,11 @@ Test(cuda, bf16_logits_and_crossentropy_match_cpu)
     float losses[64], losses_cpu[64];
     void *d_targets = upload(gpu, targets, N * sizeof *targets);
     float *d_losses = upload(gpu, losses, sizeof losses);
-    gpu->copy(d_logits, logits, n_out * 2); /* both sides from the CPU's logits */
+    gpu->copy_to_device(d_logits, logits, n_out * 2); /* both sides from the CPU's logits */
     gpu->crossentropy_forward_backward_bf16(d_losses, d_logits, d_targets, N, V, 0.125f);
     cpu()->crossentropy_forward_backward_bf16(losses_cpu, logits, targets, N, V, 0.125f);
     expect_device_close(gpu, "bf16 crossentropy losses", d_losses, losses_cpu, N, FP32_TOL);
-    gpu->synchronize();
-    gpu->copy(got, d_logits, n_out * 2);
+    gpu->copy_to_host(got, d_logits, n_out * 2);
     apart = bf16_apart(got, logits, n_out, &first);
     cr_expect_eq(apart, 0, "%zu bf16 dlogits more than a step from the CPU's; first [%zu]", apart,
                  first);
