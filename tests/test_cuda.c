@@ -826,14 +826,21 @@ Test(cuda, bf16_attention_on_tensor_cores_matches_the_fp32_kernel_within_bf16)
 
 /* The GELU of a bf16: forward within one bf16 rounding of the CPU's (tanhf differs in the last
  * fp32 bits, which may cross a bf16 rounding boundary), backward as fp32. */
-/* bf16 values of two arrays that differ by more than one step of the bf16 grid (a sum in
- * another order may land across a rounding boundary, so neighbours are allowed). */
+/* Elements of two bf16 arrays more than one step of the bf16 grid apart (a sum in another
+ * order may land across a rounding boundary, so neighbours are allowed; so are values that
+ * differ by less than 1e-6 of the array's rms, where a cancellation near 0 may flip a sign). */
 static size_t bf16_apart(const uint16_t *a, const uint16_t *b, size_t n, size_t *first)
 {
+    double squares = 0;
+    for (size_t i = 0; i < n; i++) squares += (double)bf16_to_float(b[i]) * bf16_to_float(b[i]);
+    const double floor = 1e-6 * sqrt(squares / (double)(n ? n : 1));
     size_t count = 0;
     for (size_t i = 0; i < n; i++) {
-        const int gap = (int)a[i] - (int)b[i];
-        if (gap > 1 || gap < -1) {
+        const double x = bf16_to_float(a[i]), y = bf16_to_float(b[i]);
+        int exponent;
+        frexp(fmax(fabs(x), fabs(y)), &exponent); /* |value| in [2^(e-1), 2^e): a step 2^(e-8) */
+        const double step = ldexp(1.0, exponent - 8);
+        if (!(fabs(x - y) <= fmax(step, floor))) {
             if (!count) *first = i;
             count++;
         }
