@@ -23,7 +23,13 @@
  * and peer_copy reads it through /proc/PID/mem, which (unlike
  * process_vm_readv) reads pages a process keeps PROT_NONE, as a debugger
  * does. So a peer's guarded tensors are reached through this table's
- * peer_copy only, as a GPU's are through CUDA IPC only. */
+ * peer_copy only, as a GPU's are through CUDA IPC only.
+ *
+ * Copies check their direction: copy is device to device, copy_to_device
+ * host to device, copy_to_host device to host. A pointer on the wrong side
+ * (a host buffer given to copy, a device one as copy_to_host's destination)
+ * makes cudaMemcpy fail on a GPU; here it is logged and faults, by reading
+ * a page of the arena that is never handed out, so a test sees a crash. */
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -36,6 +42,7 @@
 
 #include "kernels/kernels.h"
 #include "runtime/error.h"
+#include "runtime/log.h"
 #include "runtime/memory.h"
 
 /* Address space reserved for every allocation of the process's lifetime. */
@@ -161,13 +168,40 @@ static void g_free(void *ptr)
 }
 
 static void g_zero(void *p, size_t n) { GUARDED(cpu->zero(p, n)); }
-static void g_copy(void *d, const void *s, size_t n) { GUARDED(cpu->copy(d, s, n)); }
+
+/* Whether [p, p + n) lies in memory this table handed out: "device" memory. */
+static bool on_device(const void *p, size_t n)
+{
+    pthread_mutex_lock(&arena.lock);
+    const uintptr_t start = (uintptr_t)p, base = (uintptr_t)arena.base;
+    const bool inside = arena.base && start >= base && start - base + n <= arena.top;
+    pthread_mutex_unlock(&arena.lock);
+    return inside;
+}
+
+/* A copy with a pointer on the wrong side, named, then a fault (the header says why). */
+static void wrong_side(const char *copy, const void *d, const void *s, size_t n)
+{
+    pt_error("cpu-guarded: %s of %zu bytes from %p (%s memory) to %p (%s memory): a pointer on "
+             "the wrong side, which a GPU's copy refuses",
+             copy, n, s, on_device(s, n) ? "device" : "host", d, on_device(d, n) ? "device" : "host");
+    volatile const char *never_handed_out = arena.base + ARENA_BYTES - 1;
+    (void)*never_handed_out;
+}
+
+static void g_copy(void *d, const void *s, size_t n)
+{
+    if (n && (!on_device(d, n) || !on_device(s, n))) wrong_side("copy", d, s, n);
+    GUARDED(cpu->copy(d, s, n));
+}
 static void g_copy_to_device(void *d, const void *s, size_t n)
 {
+    if (n && (!on_device(d, n) || on_device(s, n))) wrong_side("copy_to_device", d, s, n);
     GUARDED(cpu->copy_to_device(d, s, n));
 }
 static void g_copy_to_host(void *d, const void *s, size_t n)
 {
+    if (n && (on_device(d, n) || !on_device(s, n))) wrong_side("copy_to_host", d, s, n);
     GUARDED(cpu->copy_to_host(d, s, n));
 }
 static void g_synchronize(void) {}
