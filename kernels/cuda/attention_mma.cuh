@@ -174,6 +174,14 @@ PT_MMA_FN void pt_mma_b_of_columns(uint32_t (&b)[2], const uint16_t *tile, int k
     b[1] = (uint32_t)p[8 * S] | (uint32_t)p[9 * S] << 16;
 }
 
+/* This warp's 16 rows of a tile, over the head's HS columns, as A fragments (Q, dO, K, V
+ * kept in registers for a whole kernel). */
+template <int HS>
+PT_MMA_FN void pt_mma_warp_rows(uint32_t (&a)[HS / 16][4], const uint16_t *tile, pt_mma_lane l)
+{
+    for (int ks = 0; ks < HS / 16; ks++) pt_mma_a_fragment<HS>(a[ks], tile, l.warp * 16, ks * 16, l);
+}
+
 /* The A fragment of [left | right], two 16×8 results side by side, rounded. */
 PT_MMA_FN void pt_mma_c_to_a(uint32_t (&a)[4], const float (&left)[4], const float (&right)[4])
 {
@@ -236,6 +244,12 @@ PT_MMA_FN float pt_mma_row_max(float x)
 PT_MMA_FN void pt_mma_store_gradient(float *dst, float value) { *dst += value; }
 PT_MMA_FN void pt_mma_store_gradient(uint16_t *dst, float value) { *dst = pt_round_bf16(value); }
 
+/* The last row a block of own query rows sees keys up to (causal). */
+PT_MMA_FN int pt_mma_last_row(pt_mma_block blk, int T)
+{
+    return (blk.r0 + PT_MMA_ROWS < T ? blk.r0 + PT_MMA_ROWS : T) - 1;
+}
+
 /* Pointers to (b, t = 0, head h) of q, k or v (part 0, 1, 2) in qkv[B, T, 3C],
  * and of a [B, T, C] buffer. */
 template <class Element>
@@ -247,6 +261,19 @@ template <class Element>
 PT_MMA_FN Element *pt_mma_btc_head(Element *x, pt_mma_shape s, pt_mma_block blk, int hs)
 {
     return x + (size_t)blk.b * s.T * s.C + (size_t)blk.h * hs;
+}
+
+/* K and V rows [j0, j0 + 64) of the block's head into their tiles, once every thread is done
+ * with the last ones. */
+template <int HS>
+PT_MMA_FN void pt_mma_next_kv_tiles(uint16_t *k_tile, uint16_t *v_tile, const uint16_t *qkv,
+                                    pt_mma_shape s, pt_mma_block blk, int j0, int tid)
+{
+    const size_t stride = 3 * (size_t)s.C;
+    pt_block_sync();
+    pt_mma_load_tile<HS>(k_tile, pt_mma_qkv_head(qkv, s, blk, HS, 1), stride, j0, s.T, tid);
+    pt_mma_load_tile<HS>(v_tile, pt_mma_qkv_head(qkv, s, blk, HS, 2), stride, j0, s.T, tid);
+    pt_block_sync();
 }
 
 /* ---- forward -------------------------------------------------------------------- */
@@ -266,17 +293,14 @@ PT_MMA_FN void pt_mma_attention_forward(float *out, float *lse, float *o_saved,
     pt_mma_load_tile<HS>(q_tile, pt_mma_qkv_head(qkv, s, blk, HS, 0), stride, blk.r0, s.T, tid);
     pt_block_sync();
     uint32_t q[HS / 16][4];
-    for (int ks = 0; ks < HS / 16; ks++) pt_mma_a_fragment<HS>(q[ks], q_tile, l.warp * 16, ks * 16, l);
+    pt_mma_warp_rows<HS>(q, q_tile, l);
 
     const int row[2] = {blk.r0 + l.warp * 16 + l.g, blk.r0 + l.warp * 16 + l.g + 8};
     float o[HS / 8][4] = {};
     float m[2] = {-INFINITY, -INFINITY}, sum[2] = {0.0f, 0.0f}; /* this lane's share of l */
-    const int last_row = (blk.r0 + PT_MMA_ROWS < s.T ? blk.r0 + PT_MMA_ROWS : s.T) - 1;
+    const int last_row = pt_mma_last_row(blk, s.T);
     for (int j0 = 0; j0 <= last_row; j0 += PT_MMA_TILE) {
-        pt_block_sync(); /* the last tile's readers are done */
-        pt_mma_load_tile<HS>(k_tile, pt_mma_qkv_head(qkv, s, blk, HS, 1), stride, j0, s.T, tid);
-        pt_mma_load_tile<HS>(v_tile, pt_mma_qkv_head(qkv, s, blk, HS, 2), stride, j0, s.T, tid);
-        pt_block_sync();
+        pt_mma_next_kv_tiles<HS>(k_tile, v_tile, qkv, s, blk, j0, tid);
         float p[PT_MMA_TILE / 8][4];
         pt_mma_times_rows<HS>(p, q, k_tile, l);
         float tile_max[2] = {-INFINITY, -INFINITY};
@@ -320,13 +344,11 @@ PT_MMA_FN void pt_mma_attention_forward(float *out, float *lse, float *o_saved,
 
 /* ---- backward ------------------------------------------------------------------- */
 
-/* dS (into p) from S (in p) and dP (in dp): P = 2^(S·scale_log2 − L) where
- * the element is causal and inside T, else 0; dS = P·(dP − D). `rows_are_keys`:
- * the transposed form of dkdv (rows are keys, columns queries). When `keep_p`,
- * P goes to p and dS to dp. */
+/* A lane's two rows of a backward kernel's 16×64 results, for the causal mask: query rows
+ * (dq: a column j counts where j ≤ i) or key rows (dkdv, transposed: a column i counts where
+ * i ≥ j); both inside T. */
 struct pt_mma_rows_cols {
-    int row[2];       /* the lane's two rows (absolute) */
-    int col0;         /* the tile's first column (absolute) */
+    int row[2]; /* the lane's two rows (absolute) */
     bool rows_are_keys;
 };
 
@@ -354,11 +376,9 @@ PT_MMA_FN void pt_mma_attention_dq(Gradient *dqkv, const float *dout, const uint
     pt_mma_load_tile_rounded<HS>(do_tile, pt_mma_btc_head(dout, s, blk, HS), s.C, blk.r0, s.T, tid);
     pt_block_sync();
     uint32_t q[HS / 16][4], d_o[HS / 16][4];
-    for (int ks = 0; ks < HS / 16; ks++) {
-        pt_mma_a_fragment<HS>(q[ks], q_tile, l.warp * 16, ks * 16, l);
-        pt_mma_a_fragment<HS>(d_o[ks], do_tile, l.warp * 16, ks * 16, l);
-    }
-    pt_mma_rows_cols rc = {{blk.r0 + l.warp * 16 + l.g, blk.r0 + l.warp * 16 + l.g + 8}, 0, false};
+    pt_mma_warp_rows<HS>(q, q_tile, l);
+    pt_mma_warp_rows<HS>(d_o, do_tile, l);
+    pt_mma_rows_cols rc = {{blk.r0 + l.warp * 16 + l.g, blk.r0 + l.warp * 16 + l.g + 8}, false};
     float L[2], D[2];
     for (int r = 0; r < 2; r++) {
         const bool inside = rc.row[r] < s.T;
@@ -366,12 +386,9 @@ PT_MMA_FN void pt_mma_attention_dq(Gradient *dqkv, const float *dout, const uint
         D[r] = inside ? delta[(size_t)blk.bh * s.T + rc.row[r]] : 0.0f;
     }
     float dq[HS / 8][4] = {};
-    const int last_row = (blk.r0 + PT_MMA_ROWS < s.T ? blk.r0 + PT_MMA_ROWS : s.T) - 1;
+    const int last_row = pt_mma_last_row(blk, s.T);
     for (int j0 = 0; j0 <= last_row; j0 += PT_MMA_TILE) {
-        pt_block_sync();
-        pt_mma_load_tile<HS>(k_tile, pt_mma_qkv_head(qkv, s, blk, HS, 1), stride, j0, s.T, tid);
-        pt_mma_load_tile<HS>(v_tile, pt_mma_qkv_head(qkv, s, blk, HS, 2), stride, j0, s.T, tid);
-        pt_block_sync();
+        pt_mma_next_kv_tiles<HS>(k_tile, v_tile, qkv, s, blk, j0, tid);
         float ds[PT_MMA_TILE / 8][4], dp[PT_MMA_TILE / 8][4];
         pt_mma_times_rows<HS>(ds, q, k_tile, l);
         pt_mma_times_rows<HS>(dp, d_o, v_tile, l);
@@ -412,11 +429,9 @@ PT_MMA_FN void pt_mma_attention_dkdv(Gradient *dqkv, const float *dout, const ui
     pt_mma_load_tile<HS>(v_own, pt_mma_qkv_head(qkv, s, blk, HS, 2), stride, blk.r0, s.T, tid);
     pt_block_sync();
     uint32_t k[HS / 16][4], v[HS / 16][4];
-    for (int ks = 0; ks < HS / 16; ks++) {
-        pt_mma_a_fragment<HS>(k[ks], k_own, l.warp * 16, ks * 16, l);
-        pt_mma_a_fragment<HS>(v[ks], v_own, l.warp * 16, ks * 16, l);
-    }
-    pt_mma_rows_cols rc = {{blk.r0 + l.warp * 16 + l.g, blk.r0 + l.warp * 16 + l.g + 8}, 0, true};
+    pt_mma_warp_rows<HS>(k, k_own, l);
+    pt_mma_warp_rows<HS>(v, v_own, l);
+    pt_mma_rows_cols rc = {{blk.r0 + l.warp * 16 + l.g, blk.r0 + l.warp * 16 + l.g + 8}, true};
     float dk[HS / 8][4] = {}, dv[HS / 8][4] = {};
     for (int i0 = blk.r0; i0 < s.T; i0 += PT_MMA_TILE) { /* queries i ≥ j ≥ r0 */
         pt_block_sync();
