@@ -251,6 +251,11 @@ static void g_matmul_backward_bf16_dinp_written(float *di, float *dw, float *db,
 {
     GUARDED(cpu->matmul_backward_bf16_dinp_written(di, dw, db, d, i, w, N, C, OC, l));
 }
+static void g_attention_forward_bf16_to_bf16(pt_bf16 *o, float *x, float *a, const pt_bf16 *q,
+                                             int B, int T, int C, int NH)
+{
+    GUARDED(cpu->attention_forward_bf16_to_bf16(o, x, a, q, B, T, C, NH));
+}
 static void g_attention_backward_bf16_to_bf16(pt_bf16 *dq, float *x, const float *d,
                                               const pt_bf16 *q, const float *a, int B, int T,
                                               int C, int NH)
@@ -483,6 +488,7 @@ static pt_kernels guarded = {
     .gelu_backward = g_gelu_backward,
     .attention_forward_bf16 = g_attention_forward_bf16,
     .attention_backward_bf16 = g_attention_backward_bf16,
+    .attention_forward_bf16_to_bf16 = g_attention_forward_bf16_to_bf16,
     .attention_backward_bf16_to_bf16 = g_attention_backward_bf16_to_bf16,
     .gelu_forward_bf16 = g_gelu_forward_bf16,
     .gelu_backward_bf16 = g_gelu_backward_bf16,

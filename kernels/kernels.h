@@ -159,6 +159,11 @@ typedef struct pt_kernels {
                                    int C, int NH);
     void (*attention_backward_bf16)(float *dqkv, const float *dout, const pt_bf16 *qkv,
                                     const float *att, int B, int T, int C, int NH);
+    /* The forward with out rounded to bf16 as it is written (atty: what the product after
+     * attention reads); att as attention_forward_bf16's. scratch[B,T,C] (fp32) is the
+     * backend's to use where it cannot write bf16 itself. */
+    void (*attention_forward_bf16_to_bf16)(pt_bf16 *out, float *scratch, float *att,
+                                           const pt_bf16 *qkv, int B, int T, int C, int NH);
     /* The same gradient written (not added) into a bf16 dqkv, each element rounded: what the
      * product before attention reads next. scratch[B,T,3C] (fp32) is the backend's to use
      * where it cannot write bf16 itself (cpu; cuda at head sizes other than 64 and 128). */

@@ -7,7 +7,7 @@
 
 enum {
     K_ENCODER_FWD, K_ENCODER_BWD, K_LAYERNORM_FWD, K_LAYERNORM_BWD, K_MATMUL_FWD, K_MATMUL_BWD,
-    K_CAST_BF16, K_CAST_FROM_BF16, K_ADD_BIAS_BF16, K_LAYERNORM_FWD_BF16, K_GELU_BWD_TO_BF16, K_MATMUL_BWD_BF16_SET, K_ATTENTION_BWD_TO_BF16,
+    K_CAST_BF16, K_CAST_FROM_BF16, K_ADD_BIAS_BF16, K_LAYERNORM_FWD_BF16, K_GELU_BWD_TO_BF16, K_MATMUL_BWD_BF16_SET, K_ATTENTION_BWD_TO_BF16, K_ATTENTION_FWD_TO_BF16,
     K_MATMUL_FWD_BF16, K_MATMUL_BWD_BF16, K_ATTENTION_FWD, K_ATTENTION_BWD,
     K_ATTENTION_FWD_BF16, K_ATTENTION_BWD_BF16, K_GELU_FWD, K_GELU_BWD, K_GELU_FWD_BF16,
     K_GELU_BWD_BF16, K_RESIDUAL_FWD, K_XENT_FWD,
@@ -21,7 +21,7 @@ static const char *const kernel_names[K_COUNT] = {
     "encoder_forward", "encoder_backward", "layernorm_forward", "layernorm_backward",
     "matmul_forward", "matmul_backward", "cast_to_bf16", "cast_from_bf16", "add_bias_to_bf16", "layernorm_forward_bf16",
     "gelu_backward_to_bf16", "matmul_backward_bf16_dinp_written",
-    "attention_backward_bf16_to_bf16",
+    "attention_backward_bf16_to_bf16", "attention_forward_bf16_to_bf16",
     "matmul_forward_bf16",
     "matmul_backward_bf16", "attention_forward", "attention_backward",
     "attention_forward_bf16", "attention_backward_bf16", "gelu_forward", "gelu_backward",
@@ -95,6 +95,11 @@ static void p_matmul_backward_bf16_dinp_written(float *di, float *dw, float *db,
 {
     TIMED(K_MATMUL_BWD_BF16_SET,
           inner->matmul_backward_bf16_dinp_written(di, dw, db, d, i, w, N, C, OC, l));
+}
+static void p_attention_forward_bf16_to_bf16(pt_bf16 *o, float *x, float *a, const pt_bf16 *q,
+                                             int B, int T, int C, int NH)
+{
+    TIMED(K_ATTENTION_FWD_TO_BF16, inner->attention_forward_bf16_to_bf16(o, x, a, q, B, T, C, NH));
 }
 static void p_attention_backward_bf16_to_bf16(pt_bf16 *dq, float *x, const float *d,
                                               const pt_bf16 *q, const float *a, int B, int T,
@@ -254,6 +259,7 @@ const pt_kernels *pt_kernels_profiled(const pt_kernels *wrapped)
     profiled.cast_from_bf16 = p_cast_from_bf16;
     profiled.add_bias_to_bf16 = p_add_bias_to_bf16;
     profiled.gelu_backward_to_bf16 = p_gelu_backward_to_bf16;
+    profiled.attention_forward_bf16_to_bf16 = p_attention_forward_bf16_to_bf16;
     profiled.attention_backward_bf16_to_bf16 = p_attention_backward_bf16_to_bf16;
     profiled.matmul_backward_bf16_dinp_written = p_matmul_backward_bf16_dinp_written;
     profiled.layernorm_forward_bf16 = p_layernorm_forward_bf16;

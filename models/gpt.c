@@ -508,10 +508,11 @@ static void attention_forward(const pt_gpt_slice *s, pt_gpt_block_acts *a)
 {
     const pt_kernels *k = s->kernels;
     const int B = s->B, T = s->T, C = s->config.n_embd, NH = s->config.n_head;
-    float *out = operand_out(s, a->atty);
-    if (a->qkv.bf16) k->attention_forward_bf16(out, a->att, a->qkv.bf16, B, T, C, NH);
-    else k->attention_forward(out, a->att, a->qkv.f32, B, T, C, NH);
-    finish_operand(s, a->atty, (size_t)B * T * C);
+    if (a->qkv.bf16)
+        k->attention_forward_bf16_to_bf16(a->atty.bf16, s->dscratch_fc, a->att, a->qkv.bf16, B, T,
+                                          C, NH);
+    else
+        k->attention_forward(a->atty.f32, a->att, a->qkv.f32, B, T, C, NH);
 }
 
 /* The gradient of qkv through attention of datty, in the slice's precision: fp32 in

@@ -13,8 +13,9 @@
  *   exact     q = 0: every score is 0, so every p = 2⁰ = 1 exactly and out is
  *             the plain mean of v over j ≤ i: fp32 agreement (1e-5), which an
  *             off-by-one in the mask (±|v|/i ≥ 1e-3 at T = 200) cannot meet.
- *   bf16 dqkv the same kernels writing a bf16 gradient (attention_backward_bf16_to_bf16)
- *             give, element by element, the rounding of what they add into zeros.
+ *   bf16 out  the kernels writing bf16 (attention_forward_bf16_to_bf16 and _backward_)
+ *             give, element by element, the rounding of their fp32 out and of the gradient
+ *             they add into zeros.
  *   backward  each gradient element is a sum of products with two or three
  *             rounded factors: independent errors of ≤ u each, so the error of
  *             a sum of n terms is ~u·rms(term)·√n against a sum of size
@@ -83,6 +84,7 @@ struct result {
     vector<float> out, lse, o_saved, dqkv;
     vector<float> dqkv_from_zero;  /* the fp32 kernels' gradient added into zeros */
     vector<uint16_t> dqkv_bf16;    /* the same kernels writing a bf16 dqkv */
+    vector<uint16_t> out_bf16;     /* the forward writing a bf16 out */
 };
 
 template <int HS> result run_kernels(const inputs &in, bool with_bf16_gradient = false)
@@ -90,7 +92,8 @@ template <int HS> result run_kernels(const inputs &in, bool with_bf16_gradient =
     const pt_mma_shape s = shape_of(in);
     const size_t n_out = in.dout.size(), n_rows = (size_t)in.B * in.NH * in.T;
     result r{vector<float>(n_out), vector<float>(n_rows), vector<float>(n_out), in.dqkv,
-             vector<float>(in.dqkv.size(), 0.0f), vector<uint16_t>(in.dqkv.size(), 0x7fc0)};
+             vector<float>(in.dqkv.size(), 0.0f), vector<uint16_t>(in.dqkv.size(), 0x7fc0),
+             vector<uint16_t>(n_out, 0x7fc0)};
     warp_emulator::launch(blocks_of(in), PT_MMA_THREADS, pt_mma_forward_shared_bytes<HS>(),
                           [&](int block, int tid, unsigned char *shared) {
                               pt_mma_attention_forward<HS>(r.out.data(), r.lse.data(),
@@ -123,6 +126,13 @@ template <int HS> result run_kernels(const inputs &in, bool with_bf16_gradient =
     };
     backward(r.dqkv.data());
     if (with_bf16_gradient) {
+        vector<float> lse(n_rows), o_saved(n_out);
+        warp_emulator::launch(blocks_of(in), PT_MMA_THREADS, pt_mma_forward_shared_bytes<HS>(),
+                              [&](int block, int tid, unsigned char *shared) {
+                                  pt_mma_attention_forward<HS>(r.out_bf16.data(), lse.data(),
+                                                               o_saved.data(), in.qkv16.data(), s,
+                                                               block, tid, shared);
+                              });
         backward(r.dqkv_from_zero.data());
         backward(r.dqkv_bf16.data());
     }
@@ -133,7 +143,7 @@ template <int HS> result run_kernels(const inputs &in, bool with_bf16_gradient =
 result reference(const inputs &in)
 {
     const pt_kernels *cpu = pt_kernels_cpu();
-    result r{vector<float>(in.dout.size()), {}, {}, in.dqkv, {}, {}};
+    result r{vector<float>(in.dout.size()), {}, {}, in.dqkv, {}, {}, {}};
     vector<float> att(cpu->attention_saved_floats(in.B, in.T, in.C, in.NH));
     cpu->attention_forward(r.out.data(), att.data(), in.qkv.data(), in.B, in.T, in.C, in.NH);
     cpu->attention_backward(r.dqkv.data(), in.dout.data(), in.qkv.data(), att.data(), in.B, in.T,
@@ -207,6 +217,12 @@ template <int HS> void check(int B, int T, int NH, bool with_bf16_gradient = fal
                   T, names[part], rel);
     }
     if (!with_bf16_gradient) return;
+    /* the forward writing a bf16 out: the rounding of its fp32 out, every element */
+    for (size_t i = 0; i < got.out_bf16.size(); i++)
+        if (got.out_bf16[i] != warp_emulator::float_to_bf16(got.out[i]))
+            cr_assert_fail("HS %d T %d: bf16 out[%zu] = 0x%04x, the fp32 out %.9g rounds to 0x%04x",
+                           HS, T, i, got.out_bf16[i], got.out[i],
+                           warp_emulator::float_to_bf16(got.out[i]));
     /* written in bf16: every element (none left NaN) the rounding of the fp32 gradient */
     for (size_t i = 0; i < got.dqkv_bf16.size(); i++)
         if (got.dqkv_bf16[i] != warp_emulator::float_to_bf16(got.dqkv_from_zero[i]))

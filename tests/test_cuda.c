@@ -823,8 +823,20 @@ static void check_attention_bf16(int B, int T, int C, int NH, bool tensor_cores)
     const double rel = sqrt(err / norm);
     printf("%s: bf16 dqkv written, normwise error %.2e\n", what, rel);
     cr_expect(rel <= ldexp(1.0, -6), "%s: the bf16 dqkv written errs by %.3g normwise", what, rel);
-    gpu->free(d_scratch), gpu->free(d_dqkv16);
-    free(dqkv_zero), free(nans), free(written);
+    /* the output written in bf16 (attention_forward_bf16_to_bf16): the rounding of the same
+     * kernels' fp32 output above, bit for bit */
+    float *out_fp32 = download(gpu, d_out, n_out);
+    uint16_t *out16 = malloc(n_out * 2);
+    for (size_t i = 0; i < n_out; i++) out16[i] = 0x7fc0;
+    void *d_out16 = upload(gpu, out16, n_out * 2);
+    gpu->attention_forward_bf16_to_bf16(d_out16, d_scratch, d_att, d_qkv, B, T, C, NH);
+    gpu->copy_to_host(out16, d_out16, n_out * 2);
+    size_t unequal = 0;
+    for (size_t i = 0; i < n_out; i++) unequal += out16[i] != bf16_reference(out_fp32[i]);
+    cr_expect_eq(unequal, 0, "%s: %zu of the bf16 out are not the rounding of the fp32 out", what,
+                 unequal);
+    gpu->free(d_out16), gpu->free(d_scratch), gpu->free(d_dqkv16);
+    free(dqkv_zero), free(nans), free(written), free(out_fp32), free(out16);
     expect_no_cuda_error();
     pt_cuda_set_mma_attention(1);
     gpu->free(d_att), gpu->free(d_dqkv), gpu->free(d_out), gpu->free(d_dout), gpu->free(d_qkv);

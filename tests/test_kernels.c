@@ -762,8 +762,9 @@ Test(kernels, bf16_gelu_gradient_is_the_fp32_gradient_rounded)
     free(x), free(dout), free(d), free(x16), free(d16);
 }
 
-/* Attention's gradient written in bf16: the fp32 gradient of the bf16 qkv added into zeros,
- * rounded; whatever the output and the scratch held before is gone. */
+/* Attention's gradient and output written in bf16: the fp32 gradient of the bf16 qkv added
+ * into zeros, and the fp32 output, rounded; whatever the output and the scratch held before is
+ * gone. */
 Test(kernels, bf16_attention_gradient_written_in_bf16)
 {
     const int b_ = 2, t_ = 9, c_ = 12, nh = 3;
@@ -778,6 +779,12 @@ Test(kernels, bf16_attention_gradient_written_in_bf16)
     cpu()->attention_forward_bf16(out, att, qkv16, b_, t_, c_, nh);
     cpu()->attention_backward_bf16(d, dout, qkv16, att, b_, t_, c_, nh);
     cpu()->attention_backward_bf16_to_bf16(d16, scratch, dout, qkv16, att, b_, t_, c_, nh);
+    pt_bf16 *out16 = malloc(sizeof(pt_bf16) * n_out);
+    cpu()->attention_forward_bf16_to_bf16(out16, scratch, att, qkv16, b_, t_, c_, nh);
+    for (size_t i = 0; i < n_out; i++)
+        cr_expect_eq(out16[i], nearest_bf16(out[i]), "out[%zu]: %g, the nearest of %.9g", i,
+                     bf16_value(out16[i]), out[i]);
+    free(out16);
     for (size_t i = 0; i < n_qkv; i++)
         cr_expect_eq(d16[i], nearest_bf16(d[i]), "dqkv[%zu]: %g, the nearest of %.9g", i,
                      bf16_value(d16[i]), d[i]);

@@ -55,6 +55,7 @@ static const pt_kernels cpu_kernels = {
     .attention_saved_floats = cpu_attention_saved_floats,
     .attention_forward_bf16 = pt_cpu_attention_forward_bf16,
     .attention_backward_bf16 = pt_cpu_attention_backward_bf16,
+    .attention_forward_bf16_to_bf16 = pt_cpu_attention_forward_bf16_to_bf16,
     .attention_backward_bf16_to_bf16 = pt_cpu_attention_backward_bf16_to_bf16,
     .gelu_forward_bf16 = pt_cpu_gelu_forward_bf16,
     .gelu_backward_bf16 = pt_cpu_gelu_backward_bf16,

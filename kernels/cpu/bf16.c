@@ -95,6 +95,14 @@ void pt_cpu_matmul_backward_bf16_dinp_written(float *dinp, float *dweight, float
     pt_cpu_matmul_backward_bf16(dinp, dweight, dbias, dout, inp, weight, N, C, OC, layout);
 }
 
+/* Into the scratch, then rounded: the same bits as the fp32 output's cast. */
+void pt_cpu_attention_forward_bf16_to_bf16(pt_bf16 *out, float *scratch, float *att,
+                                           const pt_bf16 *qkv, int B, int T, int C, int NH)
+{
+    pt_cpu_attention_forward_bf16(scratch, att, qkv, B, T, C, NH);
+    pt_cpu_cast_to_bf16(out, scratch, (size_t)B * T * C);
+}
+
 /* Into the zeroed scratch, then rounded: the same bits as the fp32 gradient's cast. */
 void pt_cpu_attention_backward_bf16_to_bf16(pt_bf16 *dqkv, float *scratch, const float *dout,
                                             const pt_bf16 *qkv, const float *att, int B, int T,

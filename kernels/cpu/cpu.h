@@ -82,6 +82,8 @@ void pt_cpu_matmul_backward_bf16_dinp_written(float *dinp, float *dweight, float
                                               const pt_bf16 *dout, const pt_bf16 *inp,
                                               const pt_bf16 *weight, int N, int C, int OC,
                                               pt_weight_layout layout);
+void pt_cpu_attention_forward_bf16_to_bf16(pt_bf16 *out, float *scratch, float *att,
+                                           const pt_bf16 *qkv, int B, int T, int C, int NH);
 void pt_cpu_attention_backward_bf16_to_bf16(pt_bf16 *dqkv, float *scratch, const float *dout,
                                             const pt_bf16 *qkv, const float *att, int B, int T,
                                             int C, int NH);

@@ -521,3 +521,19 @@ void pt_cuda_attention_backward_bf16_to_bf16(pt_bf16 *dqkv, float *scratch, cons
     if (delta) pt_cuda_attention_mma_backward_to_bf16(dqkv, dout, q, att, delta, B, T, C, NH);
     pt_cuda_scratch_release(mark);
 }
+
+/* out written in bf16 (kernels.h): the tensor-core kernels round it as they write it, beside
+ * the fp32 copy they save; other shapes run the CUDA-core forward into scratch and cast. */
+void pt_cuda_attention_forward_bf16_to_bf16(pt_bf16 *out, float *scratch, float *att,
+                                            const pt_bf16 *qkv, int B, int T, int C, int NH)
+{
+    const __nv_bfloat16 *q = (const __nv_bfloat16 *)qkv;
+    if (!on_tensor_cores(q, C, NH)) {
+        attention_forward(scratch, att, q, B, T, C, NH);
+        pt_cuda_cast_to_bf16(out, scratch, (size_t)B * T * C);
+        return;
+    }
+    attention_shape s;
+    if (!shape_for(&s, B, T, C, NH, "attention_forward_bf16_to_bf16")) return;
+    pt_cuda_attention_mma_forward_to_bf16(out, att, att + (size_t)B * NH * T, q, B, T, C, NH);
+}

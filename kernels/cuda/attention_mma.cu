@@ -60,9 +60,10 @@ __device__ __forceinline__ void pt_zero16(uint16_t *dst)
 
 /* ---- kernels ------------------------------------------------------------------------- */
 
-template <int HS>
+/* Output: float, or uint16_t (a bf16 out written rounded) */
+template <int HS, class Output>
 __global__ void __launch_bounds__(PT_MMA_THREADS)
-    mma_forward_kernel(float *out, float *lse, float *o_saved, const uint16_t *qkv, pt_mma_shape s)
+    mma_forward_kernel(Output *out, float *lse, float *o_saved, const uint16_t *qkv, pt_mma_shape s)
 {
     extern __shared__ __align__(16) unsigned char shared[];
     pt_mma_attention_forward<HS>(out, lse, o_saved, qkv, s, (int)blockIdx.x, (int)threadIdx.x,
@@ -117,7 +118,10 @@ template <int HS, class Gradient> static pipert_result allow_backward_shared(voi
 
 template <int HS> static pipert_result allow_shared_for(void)
 {
-    PT_TRY(allow_shared(mma_forward_kernel<HS>, pt_mma_forward_shared_bytes<HS>(), "the forward", HS));
+    PT_TRY(allow_shared(mma_forward_kernel<HS, float>, pt_mma_forward_shared_bytes<HS>(),
+                        "the forward", HS));
+    PT_TRY(allow_shared(mma_forward_kernel<HS, uint16_t>, pt_mma_forward_shared_bytes<HS>(),
+                        "the forward", HS));
     PT_TRY((allow_backward_shared<HS, float>()));
     return allow_backward_shared<HS, uint16_t>();
 }
@@ -150,11 +154,11 @@ static unsigned mma_blocks(int B, int T, int NH)
     return (unsigned)((size_t)B * NH * pt_cuda_ceil_div(T, PT_MMA_ROWS));
 }
 
-template <int HS>
-static void forward_launch(float *out, float *lse, float *o_saved, const uint16_t *qkv,
+template <int HS, class Output>
+static void forward_launch(Output *out, float *lse, float *o_saved, const uint16_t *qkv,
                            pt_mma_shape s)
 {
-    mma_forward_kernel<HS><<<mma_blocks(s.B, s.T, s.NH), PT_MMA_THREADS,
+    mma_forward_kernel<HS, Output><<<mma_blocks(s.B, s.T, s.NH), PT_MMA_THREADS,
                              pt_mma_forward_shared_bytes<HS>(), pt_cuda.compute>>>(out, lse, o_saved,
                                                                                    qkv, s);
     PT_CUDA_LAUNCHED("mma_forward_kernel");
@@ -173,8 +177,9 @@ static void backward_launch(Gradient *dqkv, const float *dout, const uint16_t *q
     PT_CUDA_LAUNCHED("mma_dkdv_kernel");
 }
 
-void pt_cuda_attention_mma_forward(float *out, float *lse, float *o_saved,
-                                   const __nv_bfloat16 *qkv, int B, int T, int C, int NH)
+template <class Output>
+static void forward(Output *out, float *lse, float *o_saved, const __nv_bfloat16 *qkv, int B,
+                    int T, int C, int NH)
 {
     const pt_mma_shape s = mma_shape(B, T, C, NH);
     const uint16_t *bits = reinterpret_cast<const uint16_t *>(qkv);
@@ -182,6 +187,18 @@ void pt_cuda_attention_mma_forward(float *out, float *lse, float *o_saved,
         forward_launch<64>(out, lse, o_saved, bits, s);
     else
         forward_launch<128>(out, lse, o_saved, bits, s);
+}
+
+void pt_cuda_attention_mma_forward(float *out, float *lse, float *o_saved,
+                                   const __nv_bfloat16 *qkv, int B, int T, int C, int NH)
+{
+    forward(out, lse, o_saved, qkv, B, T, C, NH);
+}
+
+void pt_cuda_attention_mma_forward_to_bf16(pt_bf16 *out, float *lse, float *o_saved,
+                                           const __nv_bfloat16 *qkv, int B, int T, int C, int NH)
+{
+    forward(reinterpret_cast<uint16_t *>(out), lse, o_saved, qkv, B, T, C, NH);
 }
 
 template <class Gradient>

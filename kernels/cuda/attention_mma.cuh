@@ -278,9 +278,14 @@ PT_MMA_FN void pt_mma_next_kv_tiles(uint16_t *k_tile, uint16_t *v_tile, const ui
 
 /* ---- forward -------------------------------------------------------------------- */
 
-/* out[B,T,C], lse[B,NH,T], o_saved[B,T,C], qkv[B,T,3C] in bf16 */
-template <int HS>
-PT_MMA_FN void pt_mma_attention_forward(float *out, float *lse, float *o_saved,
+/* An output element: fp32, or bf16 rounded (attention_forward_bf16_to_bf16: atty as the
+ * product after attention reads it). */
+PT_MMA_FN void pt_mma_store_output(float *dst, float value) { *dst = value; }
+PT_MMA_FN void pt_mma_store_output(uint16_t *dst, float value) { *dst = pt_round_bf16(value); }
+
+/* out[B,T,C] (fp32, or bf16 rounded), lse[B,NH,T], o_saved[B,T,C] (fp32), qkv[B,T,3C] in bf16 */
+template <int HS, class Output>
+PT_MMA_FN void pt_mma_attention_forward(Output *out, float *lse, float *o_saved,
                                         const uint16_t *qkv, pt_mma_shape s, int block, int tid,
                                         unsigned char *shared)
 {
@@ -331,12 +336,13 @@ PT_MMA_FN void pt_mma_attention_forward(float *out, float *lse, float *o_saved,
     for (int r = 0; r < 2; r++) {
         const float total = pt_mma_row_sum(sum[r]);
         if (row[r] >= s.T) continue;
-        float *dst = pt_mma_btc_head(out, s, blk, HS) + (size_t)row[r] * s.C;
+        Output *dst = pt_mma_btc_head(out, s, blk, HS) + (size_t)row[r] * s.C;
         float *kept = pt_mma_btc_head(o_saved, s, blk, HS) + (size_t)row[r] * s.C;
         for (int d = 0; d < HS / 8; d++)
             for (int e = 2 * r; e < 2 * r + 2; e++) {
                 const int c = pt_mma_column(d, e, l);
-                dst[c] = kept[c] = o[d][e] / total;
+                kept[c] = o[d][e] / total;
+                pt_mma_store_output(&dst[c], kept[c]);
             }
         if (l.t == 0) lse[(size_t)blk.bh * s.T + row[r]] = m[r] + log2f(total);
     }

@@ -262,6 +262,7 @@ static const pt_kernels cuda_kernels = {
     .attention_saved_floats = pt_cuda_attention_saved_floats,
     .attention_forward_bf16 = pt_cuda_attention_forward_bf16,
     .attention_backward_bf16 = pt_cuda_attention_backward_bf16,
+    .attention_forward_bf16_to_bf16 = pt_cuda_attention_forward_bf16_to_bf16,
     .attention_backward_bf16_to_bf16 = pt_cuda_attention_backward_bf16_to_bf16,
     .gelu_forward = pt_cuda_gelu_forward,
     .gelu_backward = pt_cuda_gelu_backward,

@@ -185,6 +185,8 @@ void pt_cuda_attention_forward_bf16(float *out, float *att, const pt_bf16 *qkv, 
                                     int C, int NH);
 void pt_cuda_attention_backward_bf16(float *dqkv, const float *dout, const pt_bf16 *qkv,
                                      const float *att, int B, int T, int C, int NH);
+void pt_cuda_attention_forward_bf16_to_bf16(pt_bf16 *out, float *scratch, float *att,
+                                            const pt_bf16 *qkv, int B, int T, int C, int NH);
 void pt_cuda_attention_backward_bf16_to_bf16(pt_bf16 *dqkv, float *scratch, const float *dout,
                                              const pt_bf16 *qkv, const float *att, int B, int T,
                                              int C, int NH);
@@ -194,6 +196,8 @@ pipert_result pt_cuda_attention_mma_setup(void);
 bool pt_cuda_attention_mma_takes(const void *qkv, int C, int NH);
 void pt_cuda_attention_mma_forward(float *out, float *lse, float *o_saved,
                                    const __nv_bfloat16 *qkv, int B, int T, int C, int NH);
+void pt_cuda_attention_mma_forward_to_bf16(pt_bf16 *out, float *lse, float *o_saved,
+                                           const __nv_bfloat16 *qkv, int B, int T, int C, int NH);
 void pt_cuda_attention_mma_backward(float *dqkv, const float *dout, const __nv_bfloat16 *qkv,
                                     const float *lse, const float *delta, int B, int T, int C,
                                     int NH);
