@@ -166,7 +166,7 @@ typedef struct pt_kernels {
                                            const pt_bf16 *qkv, int B, int T, int C, int NH);
     /* The same gradient written (not added) into a bf16 dqkv, each element rounded: what the
      * product before attention reads next. scratch[B,T,3C] (fp32) is the backend's to use
-     * where it cannot write bf16 itself (cpu; cuda at head sizes other than 64 and 128). */
+     * where it cannot write bf16 itself (cpu; cuda at head sizes other than 32, 64 and 128). */
     void (*attention_backward_bf16_to_bf16)(pt_bf16 *dqkv, float *scratch, const float *dout,
                                             const pt_bf16 *qkv, const float *att, int B, int T,
                                             int C, int NH);

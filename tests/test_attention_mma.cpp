@@ -239,6 +239,11 @@ Test(attention_mma, forward_and_backward_match_the_fp32_kernel_at_head_size_64, 
     check<64>(1, 64, 1);  /* exactly one tile */
 }
 
+Test(attention_mma, forward_and_backward_match_the_fp32_kernel_at_head_size_32, .timeout = 600)
+{
+    check<32>(1, 100, 3, true); /* the default model's head size; a second tile of 36 rows */
+}
+
 Test(attention_mma, forward_and_backward_match_the_fp32_kernel_at_head_size_128, .timeout = 600)
 {
     check<128>(1, 70, 1, true); /* a second tile of 6 rows */

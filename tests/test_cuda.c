@@ -854,6 +854,7 @@ Test(cuda, bf16_attention_on_tensor_cores_matches_the_fp32_kernel_within_bf16)
 {
     check_attention_bf16(1, 1024, 128, 2, true);  /* head size 64 at GPT-2's context */
     check_attention_bf16(2, 67, 256, 2, true);    /* 128, T not a multiple of 64 */
+    check_attention_bf16(4, 256, 192, 6, true);   /* 32: the default model's shape */
     check_attention_bf16(1, 4096, 128, 1, true);  /* the longest context the issue names */
     check_attention_bf16(2, 200, 96, 2, true);    /* head size 48: the CUDA-core kernels take it */
 }

@@ -34,7 +34,7 @@
  * first.
  *
  * These are fp32 CUDA-core kernels, clear rather than fast. A bf16 qkv of head
- * size 64 or 128 goes to the tensor-core kernels of attention_mma.cuh (the
+ * size 32, 64 or 128 goes to the tensor-core kernels of attention_mma.cuh (the
  * same saved state and D; P, dO and dS rounded to bf16 for the products).
  */
 #include <math.h>

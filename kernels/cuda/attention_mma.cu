@@ -1,6 +1,6 @@
 /* Causal attention on tensor cores for a bf16 qkv (runtime.precision = bf16):
  * the launches of attention_mma.cuh's bodies, whose comment says what they
- * compute and how. attention.cu calls these for head sizes 64 and 128 unless
+ * compute and how. attention.cu calls these for head sizes 32, 64 and 128 unless
  * PIPERT_CUDA_MMA_ATTENTION=0 (pt_cuda_set_mma_attention), and keeps the rest:
  * the shape checks, D = rowsum(dO ⊙ O), the CUDA-core kernels for every other
  * case, and the layout of the saved state (the same here).
@@ -128,18 +128,19 @@ template <int HS> static pipert_result allow_shared_for(void)
 
 pipert_result pt_cuda_attention_mma_setup(void)
 {
+    PT_TRY(allow_shared_for<32>());
     PT_TRY(allow_shared_for<64>());
     return allow_shared_for<128>();
 }
 
 /* ---- dispatch ---------------------------------------------------------------------------- */
 
-/* Whether these kernels take the shape: head size 64 or 128, and 16-byte rows
- * of qkv (three rows of C bf16 values) at a 16-byte aligned qkv. */
+/* Whether these kernels take the shape: head size 32, 64 or 128, and 16-byte
+ * rows of qkv (three rows of C bf16 values) at a 16-byte aligned qkv. */
 bool pt_cuda_attention_mma_takes(const void *qkv, int C, int NH)
 {
     const int hs = C / NH;
-    return pt_cuda.mma_attention && hs * NH == C && (hs == 64 || hs == 128) &&
+    return pt_cuda.mma_attention && hs * NH == C && (hs == 32 || hs == 64 || hs == 128) &&
            (uintptr_t)qkv % 16 == 0;
 }
 
@@ -183,10 +184,11 @@ static void forward(Output *out, float *lse, float *o_saved, const __nv_bfloat16
 {
     const pt_mma_shape s = mma_shape(B, T, C, NH);
     const uint16_t *bits = reinterpret_cast<const uint16_t *>(qkv);
-    if (C / NH == 64)
-        forward_launch<64>(out, lse, o_saved, bits, s);
-    else
-        forward_launch<128>(out, lse, o_saved, bits, s);
+    switch (C / NH) {
+    case 32: forward_launch<32>(out, lse, o_saved, bits, s); break;
+    case 64: forward_launch<64>(out, lse, o_saved, bits, s); break;
+    default: forward_launch<128>(out, lse, o_saved, bits, s); break;
+    }
 }
 
 void pt_cuda_attention_mma_forward(float *out, float *lse, float *o_saved,
@@ -207,10 +209,11 @@ static void backward(Gradient *dqkv, const float *dout, const __nv_bfloat16 *qkv
 {
     const pt_mma_shape s = mma_shape(B, T, C, NH);
     const uint16_t *bits = reinterpret_cast<const uint16_t *>(qkv);
-    if (C / NH == 64)
-        backward_launch<64>(dqkv, dout, bits, lse, delta, s);
-    else
-        backward_launch<128>(dqkv, dout, bits, lse, delta, s);
+    switch (C / NH) {
+    case 32: backward_launch<32>(dqkv, dout, bits, lse, delta, s); break;
+    case 64: backward_launch<64>(dqkv, dout, bits, lse, delta, s); break;
+    default: backward_launch<128>(dqkv, dout, bits, lse, delta, s); break;
+    }
 }
 
 void pt_cuda_attention_mma_backward(float *dqkv, const float *dout, const __nv_bfloat16 *qkv,
