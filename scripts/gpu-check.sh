@@ -76,6 +76,8 @@ prepare() {
     cp "$carry/ref/$name.run/metrics.jsonl" "$carry/ref/$name.jsonl"
     rm -rf "$carry/ref/$name.run"
   done
+  # the binaries packed too, now that the references ran them (11 MB each → ~3 MB)
+  find "$carry/tools" "$carry/tests" -type f -size +4M -exec xz -9 -T2 {} +
   du -sh "$carry"
 }
 
