@@ -62,8 +62,9 @@ struct pt_mma_shape {
     float scale_log2; /* log₂e/√hs: scores in base 2, as attention.cu */
 };
 
-/* bf16 elements per shared row: 16 bytes of padding put row r + 1 four banks
- * after row r, so lanes (g, t) reading [g][2t] hit banks 4g + t. */
+/* bf16 elements per shared row: 16 bytes of padding start row r + 1 four banks
+ * after row r (head sizes 64, 128; twenty at 32), so the 8 rows × 4 words a
+ * warp's fragment load reads, lanes (g, t) at [g][2t], hit 32 different banks. */
 template <int HS> constexpr int pt_mma_stride = HS + 8;
 
 template <int HS> constexpr size_t pt_mma_tile_bytes()
