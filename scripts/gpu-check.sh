@@ -57,8 +57,8 @@ prepare() {
   rm -rf "$carry"
   mkdir -p "$carry"/{tools,tests,lib,ucx,ref}
   cp build-gpu/tools/pipert "$carry/tools/"
-  cp build-gpu/tests/test_cuda build-gpu/tests/bench_cuda "$carry/tests/" # bench: bench-gpu-compare.sh
-  strip "$carry/tools/pipert" "$carry/tests/test_cuda" "$carry/tests/bench_cuda"
+  cp build-gpu/tests/test_cuda build-gpu/tests/test_cuda_bf16 build-gpu/tests/bench_cuda "$carry/tests/"
+  strip "$carry/tools/pipert" "$carry/tests/"*
   # host libraries a CUDA image lacks; glibc, libstdc++ and CUDA's stay the device's own
   ldd "$carry/tools/pipert" "$carry/tests/test_cuda" | awk '/=> \// {print $3}' | sort -u |
     grep -v -E '/(libc|libm|libstdc\+\+|libgcc_s|libpthread|libdl|librt|libresolv|libz|libcrypto|libffi|libudev|libcom_err|libkeyutils|libkrb5|libkrb5support|libk5crypto|libgssapi_krb5|libpcre2-8)\.so|/usr/local/cuda|libpipert|libcu|libnccl' |
@@ -188,13 +188,15 @@ run() {
 
   if [ "$DEVICE" = cuda ]; then
     # first: the kernels no GPU has run yet (sessions 28-32) are checked before anything uses them
-    echo "== test_cuda"
-    timeout "$(left 150)" "$carry/tests/test_cuda" -j1 >"$jobs/test_cuda.log" 2>&1 && echo "test_cuda: pass" ||
-      { echo "test_cuda: FAIL"; grep -E "FAIL|CRASH" "$jobs/test_cuda.log" | head; }
-    tail -n 1 "$jobs/test_cuda.log"
-    grep -h "normwise error" "$jobs/test_cuda.log" | sed 's/^/  /'
+    for binary in test_cuda test_cuda_bf16; do
+      echo "== $binary"
+      timeout "$(left 150)" "$carry/tests/$binary" -j1 >"$jobs/$binary.log" 2>&1 && echo "$binary: pass" ||
+        { echo "$binary: FAIL"; grep -E "FAIL|CRASH" "$jobs/$binary.log" | head; }
+      tail -n 1 "$jobs/$binary.log"
+      grep -h "normwise error" "$jobs/$binary.log" | sed 's/^/  /'
+    done
     echo "== compute-sanitizer memcheck: the tensor-core attention"
-    timeout "$(left 60)" compute-sanitizer --tool memcheck "$carry/tests/test_cuda" -j1 \
+    timeout "$(left 60)" compute-sanitizer --tool memcheck "$carry/tests/test_cuda_bf16" -j1 \
       --filter 'cuda/bf16_attention_on_tensor_cores*' >"$jobs/memcheck.log" 2>&1 &&
       grep -h "ERROR SUMMARY" "$jobs/memcheck.log" || { echo "memcheck: FAIL"; tail -n 5 "$jobs/memcheck.log"; }
   fi

@@ -1,0 +1,160 @@
+/* What every CUDA test binary shares (test_cuda.c, test_cuda_bf16.c; each includes it once):
+ * the tolerances, the sanitizer hooks and the suite's small arena, the table (CUDA, or
+ * cpu-guarded standing in without a GPU: PIPERT_TEST_CUDA_STANDIN), uploads, downloads and the
+ * comparisons against the CPU.
+ *
+ * Tolerances. An element passes when |cuda − cpu| ≤ tol·(|cpu| + rms(cpu)),
+ * rms over the whole array: relative where values are large, relative to the
+ * array's scale where a value is a cancellation near 0.
+ *   FP32_TOL  1e-5  one float rounding per operation, sums in another order
+ *   LONG_TOL  1e-4  attention's backward (T = 1024 terms per sum, and
+ *                   dP − D cancels) and a whole training step
+ *   BF16_TOL  3e-2  bf16 operands against the fp32 CPU on unrounded inputs.
+ *                   Rounding an operand to bf16 errs by up to 2^-8 of it
+ *                   (std 2^-8/√3), so a product by ~0.32% and a sum of K
+ *                   random products by ~0.32% of its rms: a GEMM's millions
+ *                   of elements reach 5–6 of those σ (the first run on an
+ *                   H100 found 1 element in 2.4M at 1.1% of the rms, against
+ *                   1e-2 then). 3e-2 is ~9σ; a wrong layout or operand errs
+ *                   by ~100%. The kernel itself is held to LONG_TOL against
+ *                   the CPU on the same rounded operands.
+ */
+#ifndef PT_TESTS_CUDA_CHECKS_H
+#define PT_TESTS_CUDA_CHECKS_H
+
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cuda/cuda.h"
+#include "kernels/kernels.h"
+#include "tests/kernel_table.h"
+#include "tests/random_data.h"
+
+#define FP32_TOL 1e-5
+#define LONG_TOL 1e-4
+#define BF16_TOL 3e-2
+
+/* In the sanitizer build on a GPU machine: the CUDA driver maps memory where
+ * AddressSanitizer protects its shadow gap (cudaMalloc then fails), and the
+ * driver and cuBLAS keep allocations to the end that LeakSanitizer would
+ * report. These hooks are read by the sanitizer runtimes at start-up;
+ * ASAN_OPTIONS and LSAN_OPTIONS still override them. Without sanitizers they
+ * are unused functions. */
+const char *__asan_default_options(void);
+const char *__asan_default_options(void) { return "protect_shadow_gap=0"; }
+const char *__lsan_default_suppressions(void);
+const char *__lsan_default_suppressions(void)
+{
+    return "leak:libcuda.so\nleak:libcudart.so\nleak:libcublas\nleak:libnccl.so\n";
+}
+
+/* Each test runs in its own process and holds its own arena: keep it small
+ * so that Criterion's parallel test processes share the device. */
+static inline void limit_arena(void) { setenv("PIPERT_CUDA_ARENA_MB", "2048", 0); }
+
+TestSuite(cuda, .init = limit_arena);
+
+/* ---- helpers --------------------------------------------------------------- */
+
+static inline int32_t *random_tokens(size_t n, int vocab)
+{
+    int32_t *t = malloc(n * sizeof *t);
+    cr_assert(t);
+    for (size_t i = 0; i < n; i++) t[i] = (int32_t)(uniform(0, vocab) * 0.9999);
+    return t;
+}
+
+static inline const pt_kernels *cpu(void) { return pt_kernels_cpu(); }
+
+/* The CUDA backend itself (the tests that call pt_cuda_* beyond the table), or the test is
+ * skipped. */
+static inline const pt_kernels *cuda_backend_or_skip(void)
+{
+    const pt_kernels *k = NULL;
+    if (pt_kernels_cuda(&k) != PIPERT_OK) {
+        const char *why = pipert_last_error(), *prefix = "no CUDA device: ";
+        if (!strncmp(why, prefix, strlen(prefix))) why += strlen(prefix);
+        cr_skip_test("no CUDA device: %s", why);
+    }
+    cr_assert(k && !strcmp(k->name, "cuda"), "pt_kernels_cuda returned no cuda table");
+    return k;
+}
+
+/* Without a GPU, PIPERT_TEST_CUDA_STANDIN=cpu-guarded runs the tests that use only the kernel
+ * table on runtime.device=cpu-guarded: "device" memory the host cannot touch and copies
+ * checked for their direction (kernels/guarded.c), so CI checks these tests' own handling of
+ * device memory, and that they run, before a GPU session spends minutes on them. Their
+ * tolerances then hold trivially (the stand-in is the CPU's arithmetic). */
+static bool standing_in;
+
+static inline const pt_kernels *cuda_or_skip(void)
+{
+    const pt_kernels *k = NULL;
+    const char *standin = getenv("PIPERT_TEST_CUDA_STANDIN");
+    if (pt_kernels_cuda(&k) != PIPERT_OK && standin && !strcmp(standin, "cpu-guarded")) {
+        pt_error_clear();
+        standing_in = true;
+        return pt_kernels_cpu_guarded();
+    }
+    return cuda_backend_or_skip();
+}
+
+/* A device copy of host[bytes]. */
+static inline void *upload(const pt_kernels *k, const void *host, size_t bytes)
+{
+    void *d = NULL;
+    cr_assert_eq(k->alloc(&d, bytes, "test buffer"), PIPERT_OK, "cuda alloc of %zu bytes: %s",
+                 bytes, pipert_last_error());
+    k->copy_to_device(d, host, bytes);
+    return d;
+}
+
+static inline float *download(const pt_kernels *k, const void *dev, size_t n)
+{
+    float *h = malloc((n ? n : 1) * sizeof *h);
+    cr_assert(h);
+    k->copy_to_host(h, dev, n * sizeof *h);
+    return h;
+}
+
+/* Every element within tol·(|ref| + rms(ref)); NaN fails. */
+static inline void expect_close(const char *what, const float *got, const float *ref, size_t n,
+                         double tol)
+{
+    double squares = 0;
+    for (size_t i = 0; i < n; i++) squares += (double)ref[i] * ref[i];
+    double rms = sqrt(squares / (double)(n ? n : 1));
+    cr_expect(rms > 0, "%s: the CPU reference is all zeros: the comparison proves nothing", what);
+    size_t bad = 0, worst = 0;
+    double worst_ratio = -1;
+    for (size_t i = 0; i < n; i++) {
+        double allowed = tol * (fabs(ref[i]) + rms), error = fabs((double)got[i] - ref[i]);
+        double ratio = error <= allowed ? error / (allowed + 1e-300) : INFINITY;
+        if (!(error <= allowed)) bad++;
+        if (!(ratio <= worst_ratio)) worst_ratio = ratio, worst = i;
+    }
+    cr_expect(bad == 0,
+              "%s: %zu of %zu elements differ by more than %.0e·(|cpu| + rms %.3g); e.g. [%zu]: "
+              "cuda %.9g, cpu %.9g",
+              what, bad, n, tol, rms, worst, got[worst], ref[worst]);
+}
+
+/* The device copy dev[n] against the host reference. */
+static inline void expect_device_close(const pt_kernels *gpu, const char *what, const void *dev,
+                                const float *ref, size_t n, double tol)
+{
+    float *got = download(gpu, dev, n);
+    expect_close(what, got, ref, n, tol);
+    free(got);
+}
+
+static inline void expect_no_cuda_error(void)
+{
+    if (standing_in) return; /* no CUDA backend runs */
+    cr_expect_eq(pt_cuda_status(), PIPERT_OK, "CUDA error: %s", pipert_last_error());
+}
+
+#endif

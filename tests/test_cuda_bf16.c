@@ -1,0 +1,415 @@
+/* The CUDA backend's bf16 kernels (runtime.precision = bf16) against the CPU's emulation of
+ * them: the casts, the bf16 products, attention on CUDA cores (exact on its values) and on
+ * tensor cores (within bf16's error; kernels/cuda/attention_mma.cuh), and the kernels that
+ * write bf16 themselves (layernorm, bias, GELU gradient, logits and cross-entropy, attention's
+ * output and gradient). Tolerances and helpers: tests/cuda_checks.h; without a GPU these run
+ * on cpu-guarded under PIPERT_TEST_CUDA_STANDIN (the cuda_bf16-standin test). */
+#include "tests/cuda_checks.h"
+
+/* ---- bf16 --------------------------------------------------------------------------- */
+
+/* bf16 bits of x, round to nearest even (x finite): the reference. */
+static uint16_t bf16_reference(float x)
+{
+    uint32_t bits;
+    memcpy(&bits, &x, 4);
+    bits += 0x7fffu + ((bits >> 16) & 1u);
+    return (uint16_t)(bits >> 16);
+}
+
+static float bf16_to_float(uint16_t b)
+{
+    uint32_t bits = (uint32_t)b << 16;
+    float x;
+    memcpy(&x, &bits, 4);
+    return x;
+}
+
+static float *bf16_rounded(const float *x, size_t n)
+{
+    float *y = malloc(n * sizeof *y);
+    cr_assert(y);
+    for (size_t i = 0; i < n; i++) y[i] = bf16_to_float(bf16_reference(x[i]));
+    return y;
+}
+
+Test(cuda, bf16_casts_round_to_nearest_even)
+{
+    const pt_kernels *gpu = cuda_or_skip();
+    const size_t n = 4099;
+    float *x = random_floats(n, -100, 100);
+    x[0] = 1.0f + 0x1p-8f;     /* half an ulp above 1: ties to even, 1 */
+    x[1] = 1.0f + 3 * 0x1p-8f; /* one and a half ulp: ties to even, 1 + 2 ulp */
+    x[2] = -0.0f, x[3] = 3.0e38f;
+    float *d_x = upload(gpu, x, n * 4), *d_back = NULL;
+    pt_bf16 *d_b = NULL;
+    cr_assert_eq(gpu->alloc((void **)&d_b, n * sizeof(pt_bf16), "bf16"), PIPERT_OK);
+    cr_assert_eq(gpu->alloc((void **)&d_back, n * 4, "back"), PIPERT_OK);
+    gpu->cast_to_bf16(d_b, d_x, n);
+    gpu->cast_from_bf16(d_back, d_b, n);
+    pt_bf16 *b = malloc(n * sizeof *b);
+    gpu->copy_to_host(b, d_b, n * sizeof *b);
+    float *back = download(gpu, d_back, n);
+    for (size_t i = 0; i < n; i++) {
+        cr_expect_eq(b[i], bf16_reference(x[i]), "bf16(%.9g): cuda 0x%04x, reference 0x%04x", x[i],
+                     b[i], bf16_reference(x[i]));
+        cr_expect_eq(back[i], bf16_to_float(b[i]), "bf16 0x%04x back to float", b[i]);
+    }
+    cr_expect_eq(b[0], 0x3f80, "1 + 2^-8 rounds to 0x%04x", b[0]);
+    cr_expect_eq(b[1], 0x3f82, "1 + 3·2^-8 rounds to 0x%04x", b[1]);
+    expect_no_cuda_error();
+}
+
+/* bf16 operands, fp32 results: against the CPU on the bf16-rounded inputs
+ * (the products are then exact in fp32: only the summation order differs)
+ * and on the unrounded ones (what switching to bf16 costs). */
+static void check_matmul_bf16(int N, int C, int OC, pt_weight_layout layout)
+{
+    const pt_kernels *gpu = cuda_or_skip();
+    size_t n_inp = (size_t)N * C, n_w = (size_t)C * OC, n_out = (size_t)N * OC;
+    float *inp = random_floats(n_inp, -1, 1), *weight = random_floats(n_w, -1, 1);
+    float *dout = random_floats(n_out, -1, 1), *bias = random_floats(OC, -1, 1);
+    float *inp_r = bf16_rounded(inp, n_inp), *weight_r = bf16_rounded(weight, n_w),
+          *dout_r = bf16_rounded(dout, n_out);
+    float *zeros_inp = calloc(n_inp, 4), *zeros_w = calloc(n_w, 4), *zeros_b = calloc(OC, 4);
+    /* bf16 operands, cast on the device from fp32 copies */
+    float *d_inp32 = upload(gpu, inp, n_inp * 4), *d_weight32 = upload(gpu, weight, n_w * 4),
+          *d_dout32 = upload(gpu, dout, n_out * 4);
+    pt_bf16 *d_inp, *d_weight, *d_dout;
+    cr_assert_eq(gpu->alloc((void **)&d_inp, n_inp * 2, "inp"), PIPERT_OK);
+    cr_assert_eq(gpu->alloc((void **)&d_weight, n_w * 2, "weight"), PIPERT_OK);
+    cr_assert_eq(gpu->alloc((void **)&d_dout, n_out * 2, "dout"), PIPERT_OK);
+    gpu->cast_to_bf16(d_inp, d_inp32, n_inp);
+    gpu->cast_to_bf16(d_weight, d_weight32, n_w);
+    gpu->cast_to_bf16(d_dout, d_dout32, n_out);
+    float *d_bias = upload(gpu, bias, OC * 4), *d_out = NULL;
+    cr_assert_eq(gpu->alloc((void **)&d_out, n_out * 4, "out"), PIPERT_OK);
+    float *d_dinp = upload(gpu, zeros_inp, n_inp * 4), *d_dweight = upload(gpu, zeros_w, n_w * 4),
+          *d_dbias = upload(gpu, zeros_b, OC * 4);
+
+    gpu->matmul_forward_bf16(d_out, d_inp, d_weight, d_bias, N, C, OC, layout);
+    gpu->matmul_backward_bf16(d_dinp, d_dweight, d_dbias, d_dout, d_inp, d_weight, N, C, OC,
+                              layout);
+    const char *name = layout == PT_WEIGHT_IN_OUT ? "bf16 in-out" : "bf16 out-in";
+    char what[96];
+    for (int rounded = 1; rounded >= 0; rounded--) {
+        float *out = calloc(n_out, 4), *dinp = calloc(n_inp, 4), *dweight = calloc(n_w, 4),
+              *dbias = calloc(OC, 4);
+        const float *x = rounded ? inp_r : inp, *w = rounded ? weight_r : weight,
+                    *dy = rounded ? dout_r : dout;
+        double tol = rounded ? LONG_TOL : BF16_TOL;
+        const char *inputs = rounded ? "rounded inputs" : "fp32 inputs";
+        cpu()->matmul_forward(out, x, w, bias, N, C, OC, layout);
+        cpu()->matmul_backward(dinp, dweight, dbias, dy, x, w, N, C, OC, layout);
+        snprintf(what, sizeof what, "%s out vs cpu on %s", name, inputs);
+        expect_device_close(gpu, what, d_out, out, n_out, tol);
+        snprintf(what, sizeof what, "%s dinp vs cpu on %s", name, inputs);
+        expect_device_close(gpu, what, d_dinp, dinp, n_inp, tol);
+        snprintf(what, sizeof what, "%s dweight vs cpu on %s", name, inputs);
+        expect_device_close(gpu, what, d_dweight, dweight, n_w, tol);
+        snprintf(what, sizeof what, "%s dbias vs cpu on %s", name, inputs);
+        expect_device_close(gpu, what, d_dbias, dbias, OC, tol);
+        free(out), free(dinp), free(dweight), free(dbias);
+    }
+    /* dinp written, not added to: whatever it held before is gone */
+    float *garbage = random_floats(n_inp, -9, 9), *dinp = calloc(n_inp, 4);
+    gpu->copy_to_device(d_dinp, garbage, n_inp * 4);
+    gpu->matmul_backward_bf16_dinp_written(d_dinp, NULL, NULL, d_dout, d_inp, d_weight, N, C, OC,
+                                           layout);
+    cpu()->matmul_backward(dinp, NULL, NULL, dout_r, inp_r, weight_r, N, C, OC, layout);
+    snprintf(what, sizeof what, "%s dinp written (not added) vs cpu", name);
+    expect_device_close(gpu, what, d_dinp, dinp, n_inp, LONG_TOL);
+    free(garbage), free(dinp);
+    expect_no_cuda_error();
+    void *device_buffers[] = {d_dbias, d_dweight, d_dinp, d_out, d_bias, d_dout, d_weight,
+                              d_inp, d_dout32, d_weight32, d_inp32};
+    for (size_t i = 0; i < sizeof device_buffers / sizeof device_buffers[0]; i++)
+        gpu->free(device_buffers[i]); /* newest first: the arena takes them back */
+    free(inp), free(weight), free(dout), free(bias), free(inp_r), free(weight_r), free(dout_r);
+    free(zeros_inp), free(zeros_w), free(zeros_b);
+}
+
+/* ‖got − ref‖ / ‖ref − before‖ over n device floats: the change a kernel made to a
+ * buffer it adds into, against the change the CPU made. */
+static double normwise_error(const pt_kernels *gpu, const void *dev, const float *ref,
+                             const float *before, size_t n)
+{
+    float *got = download(gpu, dev, n);
+    double err = 0.0, norm = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        err += ((double)got[i] - ref[i]) * ((double)got[i] - ref[i]);
+        norm += ((double)ref[i] - before[i]) * ((double)ref[i] - before[i]);
+    }
+    free(got);
+    return sqrt(err / norm);
+}
+
+/* Attention on a bf16 qkv against the CPU's fp32 kernel on the same (exactly widened) values.
+ * On CUDA cores (PIPERT_CUDA_MMA_ATTENTION=0) only the order of sums differs: the fp32
+ * tolerances. On tensor cores (attention_mma.cuh) P, dO and dS are rounded to bf16 for the
+ * products: out within u·max|v| (u = 2^-8) element by element, a bound; the gradient within
+ * 2^-6 normwise (test_attention_mma.cpp derives both; its host emulation of these kernels
+ * measured 2.7e-3). */
+static void check_attention_bf16(int B, int T, int C, int NH, bool tensor_cores)
+{
+    const pt_kernels *gpu = cuda_or_skip();
+    pt_cuda_set_mma_attention(tensor_cores);
+    const size_t n_qkv = (size_t)B * T * 3 * C, n_out = (size_t)B * T * C;
+    float *qkv = random_floats(n_qkv, -2, 2), *dout = random_floats(n_out, -1, 1);
+    uint16_t *qkv16 = malloc(n_qkv * sizeof *qkv16);
+    for (size_t i = 0; i < n_qkv; i++) qkv16[i] = bf16_reference(qkv[i]);
+    float *wide = bf16_rounded(qkv, n_qkv);
+    float *out = random_floats(n_out, -9, 9), *dqkv = random_floats(n_qkv, -1, 1);
+    float *dqkv_before = malloc(n_qkv * sizeof *dqkv_before);
+    memcpy(dqkv_before, dqkv, n_qkv * sizeof *dqkv);
+    float *att = random_floats(cpu()->attention_saved_floats(B, T, C, NH), -9, 9);
+    void *d_qkv = upload(gpu, qkv16, n_qkv * 2);
+    float *d_dout = upload(gpu, dout, n_out * 4), *d_out = upload(gpu, out, n_out * 4),
+          *d_dqkv = upload(gpu, dqkv, n_qkv * 4), *d_att = NULL;
+    cr_assert_eq(gpu->alloc((void **)&d_att, gpu->attention_saved_floats(B, T, C, NH) * 4, "att"),
+                 PIPERT_OK);
+    cpu()->attention_forward(out, att, wide, B, T, C, NH);
+    gpu->attention_forward_bf16(d_out, d_att, d_qkv, B, T, C, NH);
+    cpu()->attention_backward(dqkv, dout, wide, att, B, T, C, NH);
+    gpu->attention_backward_bf16(d_dqkv, d_dout, d_qkv, d_att, B, T, C, NH);
+    char what[128];
+    snprintf(what, sizeof what, "bf16 attention on %s, B=%d T=%d C=%d NH=%d",
+             tensor_cores ? "tensor cores" : "CUDA cores", B, T, C, NH);
+    if (!tensor_cores) {
+        expect_device_close(gpu, what, d_out, out, n_out, FP32_TOL);
+        expect_device_close(gpu, what, d_dqkv, dqkv, n_qkv, LONG_TOL);
+    } else {
+        float *got = download(gpu, d_out, n_out);
+        const double bound = ldexp(1.0, -8) * 2.0 + 1e-5; /* |v| ≤ 2 */
+        for (size_t i = 0; i < n_out; i++)
+            if (!(fabsf(got[i] - out[i]) <= bound))
+                cr_assert_fail("%s: out[%zu] = %.7g, the CPU %.7g (bound %.3g)", what, i, got[i],
+                               out[i], bound);
+        free(got);
+        double rel = normwise_error(gpu, d_dqkv, dqkv, dqkv_before, n_qkv);
+        printf("%s: dqkv normwise error %.2e\n", what, rel);
+        cr_expect(rel <= ldexp(1.0, -6), "%s: dqkv normwise error %.3g over 2^-6", what, rel);
+    }
+    /* the gradient written in bf16 (attention_backward_bf16_to_bf16) against the CPU's into
+     * zeros: within bf16's error normwise, every element written (the output starts as NaNs) */
+    float *dqkv_zero = calloc(n_qkv, sizeof *dqkv_zero);
+    uint16_t *nans = malloc(n_qkv * 2);
+    for (size_t i = 0; i < n_qkv; i++) nans[i] = 0x7fc0;
+    cpu()->attention_backward(dqkv_zero, dout, wide, att, B, T, C, NH);
+    void *d_dqkv16 = upload(gpu, nans, n_qkv * 2);
+    float *d_scratch = upload(gpu, dqkv, n_qkv * 4);
+    gpu->attention_backward_bf16_to_bf16(d_dqkv16, d_scratch, d_dout, d_qkv, d_att, B, T, C, NH);
+    gpu->copy_to_host(nans, d_dqkv16, n_qkv * 2);
+    float *written = malloc(n_qkv * sizeof *written);
+    for (size_t i = 0; i < n_qkv; i++) written[i] = bf16_to_float(nans[i]);
+    double err = 0.0, norm = 0.0;
+    for (size_t i = 0; i < n_qkv; i++) {
+        err += ((double)written[i] - dqkv_zero[i]) * ((double)written[i] - dqkv_zero[i]);
+        norm += (double)dqkv_zero[i] * dqkv_zero[i];
+    }
+    const double rel = sqrt(err / norm);
+    printf("%s: bf16 dqkv written, normwise error %.2e\n", what, rel);
+    cr_expect(rel <= ldexp(1.0, -6), "%s: the bf16 dqkv written errs by %.3g normwise", what, rel);
+    /* the output written in bf16 (attention_forward_bf16_to_bf16): the rounding of the same
+     * kernels' fp32 output above, bit for bit */
+    float *out_fp32 = download(gpu, d_out, n_out);
+    uint16_t *out16 = malloc(n_out * 2);
+    for (size_t i = 0; i < n_out; i++) out16[i] = 0x7fc0;
+    void *d_out16 = upload(gpu, out16, n_out * 2);
+    gpu->attention_forward_bf16_to_bf16(d_out16, d_scratch, d_att, d_qkv, B, T, C, NH);
+    gpu->copy_to_host(out16, d_out16, n_out * 2);
+    size_t unequal = 0;
+    for (size_t i = 0; i < n_out; i++) unequal += out16[i] != bf16_reference(out_fp32[i]);
+    cr_expect_eq(unequal, 0, "%s: %zu of the bf16 out are not the rounding of the fp32 out", what,
+                 unequal);
+    gpu->free(d_out16), gpu->free(d_scratch), gpu->free(d_dqkv16);
+    free(dqkv_zero), free(nans), free(written), free(out_fp32), free(out16);
+    expect_no_cuda_error();
+    pt_cuda_set_mma_attention(1);
+    gpu->free(d_att), gpu->free(d_dqkv), gpu->free(d_out), gpu->free(d_dout), gpu->free(d_qkv);
+    free(qkv), free(dout), free(qkv16), free(wide), free(out), free(dqkv), free(att);
+    free(dqkv_before);
+}
+
+Test(cuda, bf16_attention_on_cuda_cores_matches_the_fp32_kernel_on_its_values)
+{
+    check_attention_bf16(1, 1024, 128, 2, false); /* head size 64 at GPT-2's context */
+    check_attention_bf16(2, 67, 256, 2, false);   /* 128 */
+}
+
+Test(cuda, bf16_attention_on_tensor_cores_matches_the_fp32_kernel_within_bf16)
+{
+    check_attention_bf16(1, 1024, 128, 2, true);  /* head size 64 at GPT-2's context */
+    check_attention_bf16(2, 67, 256, 2, true);    /* 128, T not a multiple of 64 */
+    check_attention_bf16(4, 256, 192, 6, true);   /* 32: the default model's shape */
+    check_attention_bf16(1, 4096, 128, 1, true);  /* the longest context the issue names */
+    check_attention_bf16(2, 200, 96, 2, true);    /* head size 48: the CUDA-core kernels take it */
+}
+
+/* The GELU of a bf16: forward within one bf16 rounding of the CPU's (tanhf differs in the last
+ * fp32 bits, which may cross a bf16 rounding boundary), backward as fp32. */
+/* Elements of two bf16 arrays more than one step of the bf16 grid apart (a sum in another
+ * order may land across a rounding boundary, so neighbours are allowed; so are values that
+ * differ by less than 1e-6 of the array's rms, where a cancellation near 0 may flip a sign). */
+static size_t bf16_apart(const uint16_t *a, const uint16_t *b, size_t n, size_t *first)
+{
+    double squares = 0;
+    for (size_t i = 0; i < n; i++) squares += (double)bf16_to_float(b[i]) * bf16_to_float(b[i]);
+    const double floor = 1e-6 * sqrt(squares / (double)(n ? n : 1));
+    size_t count = 0;
+    for (size_t i = 0; i < n; i++) {
+        const double x = bf16_to_float(a[i]), y = bf16_to_float(b[i]);
+        int exponent;
+        frexp(fmax(fabs(x), fabs(y)), &exponent); /* |value| in [2^(e-1), 2^e): a step 2^(e-8) */
+        const double step = ldexp(1.0, exponent - 8);
+        if (!(fabs(x - y) <= fmax(step, floor))) {
+            if (!count) *first = i;
+            count++;
+        }
+    }
+    return count;
+}
+
+/* The layernorm written in bf16: its statistics as the fp32 kernel's against the CPU, each
+ * output within one bf16 step of the CPU's (the fp32 values differ in their last bits). */
+Test(cuda, bf16_layernorm_matches_cpu)
+{
+    const pt_kernels *gpu = cuda_or_skip();
+    const int N = 4096, C = 768;
+    const size_t n = (size_t)N * C;
+    float *inp = random_floats(n, -3, 5), *w = random_floats(C, 0.5, 1.5);
+    float *b = random_floats(C, -1, 1), *mean = malloc(N * 4), *rstd = malloc(N * 4);
+    uint16_t *want = malloc(n * 2), *got = malloc(n * 2);
+    float *d_inp = upload(gpu, inp, n * 4), *d_w = upload(gpu, w, C * 4),
+          *d_b = upload(gpu, b, C * 4), *d_mean = upload(gpu, mean, N * 4),
+          *d_rstd = upload(gpu, rstd, N * 4);
+    void *d_out = upload(gpu, want, n * 2);
+    cpu()->layernorm_forward_bf16(want, mean, rstd, inp, w, b, N, C);
+    gpu->layernorm_forward_bf16(d_out, d_mean, d_rstd, d_inp, d_w, d_b, N, C);
+    expect_device_close(gpu, "bf16 layernorm mean", d_mean, mean, N, FP32_TOL);
+    expect_device_close(gpu, "bf16 layernorm rstd", d_rstd, rstd, N, FP32_TOL);
+    gpu->copy_to_host(got, d_out, n * 2);
+    size_t first = 0, apart = bf16_apart(got, want, n, &first);
+    cr_expect_eq(apart, 0, "%zu bf16 layernorm outputs more than a step from the CPU's; first [%zu]",
+                 apart, first);
+    expect_no_cuda_error();
+    gpu->free(d_out), gpu->free(d_rstd), gpu->free(d_mean), gpu->free(d_b), gpu->free(d_w);
+    gpu->free(d_inp);
+    free(inp), free(w), free(b), free(mean), free(rstd), free(want), free(got);
+}
+
+/* The GELU's gradient written in bf16: within one bf16 step of the CPU's (tanhf differs in
+ * its last bits). */
+Test(cuda, bf16_gelu_gradient_matches_cpu)
+{
+    const pt_kernels *gpu = cuda_or_skip();
+    const size_t n = (1 << 20) + 5;
+    float *x = random_floats(n, -6, 6), *dout = random_floats(n, -1, 1);
+    uint16_t *x16 = malloc(n * 2), *want = malloc(n * 2), *got = malloc(n * 2);
+    for (size_t i = 0; i < n; i++) x16[i] = bf16_reference(x[i]);
+    void *d_x = upload(gpu, x16, n * 2), *d_out = upload(gpu, x16, n * 2);
+    float *d_dout = upload(gpu, dout, n * 4);
+    cpu()->gelu_backward_to_bf16(want, x16, dout, n);
+    gpu->gelu_backward_to_bf16(d_out, d_x, d_dout, n);
+    gpu->copy_to_host(got, d_out, n * 2);
+    size_t first = 0, apart = bf16_apart(got, want, n, &first);
+    cr_expect_eq(apart, 0, "%zu bf16 GELU gradients more than a step from the CPU's; first [%zu]",
+                 apart, first);
+    expect_no_cuda_error();
+    gpu->free(d_dout), gpu->free(d_out), gpu->free(d_x);
+    free(x), free(dout), free(x16), free(want), free(got);
+}
+
+/* The bias added to fp32 sums and rounded once: the same float addition and rounding as the
+ * CPU, so the same bits. */
+Test(cuda, bf16_bias_add_matches_cpu)
+{
+    const pt_kernels *gpu = cuda_or_skip();
+    const int N = 1000, OC = 2304;
+    const size_t n = (size_t)N * OC;
+    float *inp = random_floats(n, -4, 4), *bias = random_floats(OC, -1, 1);
+    uint16_t *want = malloc(n * 2), *got = malloc(n * 2);
+    float *d_inp = upload(gpu, inp, n * 4), *d_bias = upload(gpu, bias, OC * 4);
+    void *d_out = upload(gpu, want, n * 2);
+    cpu()->add_bias_to_bf16(want, inp, bias, N, OC);
+    gpu->add_bias_to_bf16(d_out, d_inp, d_bias, N, OC);
+    gpu->copy_to_host(got, d_out, n * 2);
+    cr_expect_eq(memcmp(got, want, n * 2), 0, "add_bias_to_bf16: cuda and cpu differ");
+    expect_no_cuda_error();
+    gpu->free(d_out), gpu->free(d_bias), gpu->free(d_inp);
+    free(inp), free(bias), free(want), free(got);
+}
+
+/* The classifier under bf16: logits made in bf16 by cuBLAS against the CPU's (each within one
+ * bf16 step), then the cross-entropy of the same logits: losses to fp32's tolerance, dlogits
+ * within one bf16 step (expf differs in its last bits). GPT-2's vocabulary. */
+Test(cuda, bf16_logits_and_crossentropy_match_cpu)
+{
+    const pt_kernels *gpu = cuda_or_skip();
+    const int N = 64, C = 128, V = 50257;
+    const size_t n_in = (size_t)N * C, n_w = (size_t)V * C, n_out = (size_t)N * V;
+    float *inp = random_floats(n_in, -1, 1), *w = random_floats(n_w, -0.3, 0.3);
+    uint16_t *inp16 = malloc(n_in * 2), *w16 = malloc(n_w * 2), *logits = malloc(n_out * 2);
+    uint16_t *got = malloc(n_out * 2);
+    for (size_t i = 0; i < n_in; i++) inp16[i] = bf16_reference(inp[i]);
+    for (size_t i = 0; i < n_w; i++) w16[i] = bf16_reference(w[i]);
+    void *d_inp = upload(gpu, inp16, n_in * 2), *d_w = upload(gpu, w16, n_w * 2);
+    void *d_logits = upload(gpu, logits, n_out * 2);
+    cpu()->matmul_forward_bf16_to_bf16(logits, inp16, w16, N, C, V, PT_WEIGHT_OUT_IN);
+    gpu->matmul_forward_bf16_to_bf16(d_logits, d_inp, d_w, N, C, V, PT_WEIGHT_OUT_IN);
+    gpu->copy_to_host(got, d_logits, n_out * 2);
+    size_t first = 0, apart = bf16_apart(got, logits, n_out, &first);
+    cr_expect_eq(apart, 0, "%zu bf16 logits more than a step from the CPU's; first [%zu]: 0x%04x "
+                 "against 0x%04x", apart, first, got[first], logits[first]);
+
+    int32_t *targets = malloc(N * sizeof *targets);
+    for (int n = 0; n < N; n++) targets[n] = (int32_t)((n * 7919) % V);
+    float losses[64], losses_cpu[64];
+    void *d_targets = upload(gpu, targets, N * sizeof *targets);
+    float *d_losses = upload(gpu, losses, sizeof losses);
+    gpu->copy_to_device(d_logits, logits, n_out * 2); /* both sides from the CPU's logits */
+    gpu->crossentropy_forward_backward_bf16(d_losses, d_logits, d_targets, N, V, 0.125f);
+    cpu()->crossentropy_forward_backward_bf16(losses_cpu, logits, targets, N, V, 0.125f);
+    expect_device_close(gpu, "bf16 crossentropy losses", d_losses, losses_cpu, N, FP32_TOL);
+    gpu->copy_to_host(got, d_logits, n_out * 2);
+    apart = bf16_apart(got, logits, n_out, &first);
+    cr_expect_eq(apart, 0, "%zu bf16 dlogits more than a step from the CPU's; first [%zu]", apart,
+                 first);
+    expect_no_cuda_error();
+    gpu->free(d_losses), gpu->free(d_targets), gpu->free(d_logits), gpu->free(d_w);
+    gpu->free(d_inp);
+    free(inp), free(w), free(inp16), free(w16), free(logits), free(got), free(targets);
+}
+
+Test(cuda, bf16_gelu_matches_cpu)
+{
+    const pt_kernels *gpu = cuda_or_skip();
+    const size_t n = (1 << 20) + 3;
+    float *x = random_floats(n, -6, 6), *dout = random_floats(n, -1, 1);
+    float *dx = random_floats(n, -1, 1), *y = malloc(n * sizeof *y);
+    uint16_t *x16 = malloc(n * sizeof *x16), *y16 = malloc(n * sizeof *y16);
+    for (size_t i = 0; i < n; i++) x16[i] = bf16_reference(x[i]);
+    float *wide = bf16_rounded(x, n);
+    void *d_x = upload(gpu, x16, n * 2), *d_y = upload(gpu, x16, n * 2);
+    float *d_dout = upload(gpu, dout, n * 4), *d_dx = upload(gpu, dx, n * 4);
+    cpu()->gelu_forward(y, wide, n);
+    gpu->gelu_forward_bf16(d_y, d_x, n);
+    gpu->copy_to_host(y16, d_y, n * 2);
+    size_t off = 0;
+    for (size_t i = 0; i < n; i++)
+        off += fabsf(bf16_to_float(y16[i]) - y[i]) > 0x1p-8f * fabsf(y[i]) + 1e-30f;
+    cr_expect_eq(off, 0, "%zu of %zu bf16 GELU outputs more than a bf16 rounding away", off, n);
+    cpu()->gelu_backward(dx, wide, dout, n);
+    gpu->gelu_backward_bf16(d_dx, d_x, d_dout, n);
+    expect_device_close(gpu, "bf16 gelu dinp", d_dx, dx, n, FP32_TOL);
+    expect_no_cuda_error();
+    gpu->free(d_dx), gpu->free(d_dout), gpu->free(d_y), gpu->free(d_x);
+    free(x), free(dout), free(dx), free(y), free(x16), free(y16), free(wide);
+}
+
+Test(cuda, bf16_matmul_matches_cpu)
+{
+    check_matmul_bf16(256, 768, 3072, PT_WEIGHT_IN_OUT); /* GPT-2 c_fc */
+    check_matmul_bf16(64, 768, 5000, PT_WEIGHT_OUT_IN);  /* a head */
+    check_matmul_bf16(37, 19, 23, PT_WEIGHT_IN_OUT);
+}
