@@ -114,20 +114,20 @@ void pt_cpu_attention_backward_bf16_to_bf16(pt_bf16 *dqkv, float *scratch, const
     pt_cpu_cast_to_bf16(dqkv, scratch, n);
 }
 
-/* The fp32 layernorm a row at a time into a row buffer, rounded as it is copied out. */
+/* The fp32 layernorm into a buffer of its own, rounded as it is copied out (one parallel pass
+ * each, not a call per row). */
 void pt_cpu_layernorm_forward_bf16(pt_bf16 *out, float *mean, float *rstd, const float *inp,
                                    const float *weight, const float *bias, int N, int C)
 {
-    float *row = malloc((C > 0 ? (size_t)C : 1) * sizeof *row);
-    if (!row) {
-        poison_bf16(out, (size_t)N * C);
+    const size_t n = (size_t)N * C;
+    float *y = malloc((n ? n : 1) * sizeof *y);
+    if (!y) {
+        poison_bf16(out, n);
         return;
     }
-    for (int n = 0; n < N; n++) {
-        pt_cpu_layernorm_forward(row, mean + n, rstd + n, inp + (size_t)n * C, weight, bias, 1, C);
-        pt_cpu_cast_to_bf16(out + (size_t)n * C, row, (size_t)C);
-    }
-    free(row);
+    pt_cpu_layernorm_forward(y, mean, rstd, inp, weight, bias, N, C);
+    pt_cpu_cast_to_bf16(out, y, n);
+    free(y);
 }
 
 /* gelu_backward_bf16 onto zeros, rounded: the same bits as the two kernels in turn. */
