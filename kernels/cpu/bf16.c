@@ -57,6 +57,21 @@ static void poison_bf16(pt_bf16 *x, size_t n)
     for (size_t i = 0; x && i < n; i++) x[i] = 0x7fc0; /* NaN */
 }
 
+/* The fp32 buffer a kernel writing bf16 computes into (zeroed when it adds into it), or NULL
+ * with out poisoned when memory is short; rounded_into then rounds it into out and frees it. */
+static float *fp32_for(pt_bf16 *out, size_t n, bool zeroed)
+{
+    float *y = zeroed ? calloc(n ? n : 1, sizeof *y) : malloc((n ? n : 1) * sizeof *y);
+    if (!y) poison_bf16(out, n);
+    return y;
+}
+
+static void rounded_into(pt_bf16 *out, float *y, size_t n)
+{
+    pt_cpu_cast_to_bf16(out, y, n);
+    free(y);
+}
+
 void pt_cpu_matmul_forward_bf16(float *out, const pt_bf16 *inp, const pt_bf16 *weight,
                                 const float *bias, int N, int C, int OC, pt_weight_layout layout)
 {
@@ -120,27 +135,19 @@ void pt_cpu_layernorm_forward_bf16(pt_bf16 *out, float *mean, float *rstd, const
                                    const float *weight, const float *bias, int N, int C)
 {
     const size_t n = (size_t)N * C;
-    float *y = malloc((n ? n : 1) * sizeof *y);
-    if (!y) {
-        poison_bf16(out, n);
-        return;
-    }
+    float *y = fp32_for(out, n, false);
+    if (!y) return;
     pt_cpu_layernorm_forward(y, mean, rstd, inp, weight, bias, N, C);
-    pt_cpu_cast_to_bf16(out, y, n);
-    free(y);
+    rounded_into(out, y, n);
 }
 
 /* gelu_backward_bf16 onto zeros, rounded: the same bits as the two kernels in turn. */
 void pt_cpu_gelu_backward_to_bf16(pt_bf16 *dinp, const pt_bf16 *inp, const float *dout, size_t n)
 {
-    float *d = calloc(n ? n : 1, sizeof *d);
-    if (!d) {
-        poison_bf16(dinp, n);
-        return;
-    }
+    float *d = fp32_for(dinp, n, true);
+    if (!d) return;
     pt_cpu_gelu_backward_bf16(d, inp, dout, n);
-    pt_cpu_cast_to_bf16(dinp, d, n);
-    free(d);
+    rounded_into(dinp, d, n);
 }
 
 void pt_cpu_add_bias_to_bf16(pt_bf16 *out, const float *inp, const float *bias, int N, int OC)
@@ -156,14 +163,10 @@ void pt_cpu_matmul_forward_bf16_to_bf16(pt_bf16 *out, const pt_bf16 *inp, const 
                                         int N, int C, int OC, pt_weight_layout layout)
 {
     const size_t n = (size_t)N * OC;
-    float *product = malloc((n ? n : 1) * sizeof *product);
-    if (!product) {
-        poison_bf16(out, n);
-        return;
-    }
+    float *product = fp32_for(out, n, false);
+    if (!product) return;
     pt_cpu_matmul_forward_bf16(product, inp, weight, NULL, N, C, OC, layout);
-    pt_cpu_cast_to_bf16(out, product, n);
-    free(product);
+    rounded_into(out, product, n);
 }
 
 /* Cross-entropy on bf16 logits: the fp32 kernel on their exact values; the gradient's
