@@ -195,10 +195,13 @@ run() {
       tail -n 1 "$jobs/$binary.log"
       grep -h "normwise error" "$jobs/$binary.log" | sed 's/^/  /'
     done
-    echo "== compute-sanitizer memcheck: the tensor-core attention"
-    timeout "$(left 60)" compute-sanitizer --tool memcheck "$carry/tests/test_cuda_bf16" -j1 \
-      --filter 'cuda/bf16_attention_on_tensor_cores*' >"$jobs/memcheck.log" 2>&1 &&
-      grep -h "ERROR SUMMARY" "$jobs/memcheck.log" || { echo "memcheck: FAIL"; tail -n 5 "$jobs/memcheck.log"; }
+    echo "== compute-sanitizer memcheck: the tensor-core attention, then the bf16 classifier"
+    for filter in 'cuda/bf16_attention_on_tensor_cores*' 'cuda/bf16_logits_and_crossentropy*'; do
+      log="$jobs/memcheck-${filter//[^a-z0-9_]/}.log"
+      timeout "$(left 60)" compute-sanitizer --tool memcheck "$carry/tests/test_cuda_bf16" -j1 \
+        --filter "$filter" >"$log" 2>&1 &&
+        grep -h "ERROR SUMMARY" "$log" || { echo "memcheck $filter: FAIL"; tail -n 5 "$log"; }
+    done
   fi
 
   echo "== $DEVICE against cpu ($STEPS steps; worst relative difference of a step's loss, of the validation loss)"
