@@ -267,13 +267,17 @@ static void g_layernorm_forward_bf16(pt_bf16 *o, float *m, float *r, const float
 {
     GUARDED(cpu->layernorm_forward_bf16(o, m, r, i, w, b, N, C));
 }
-static void g_gelu_backward_to_bf16(pt_bf16 *di, const pt_bf16 *i, const float *d, size_t n)
+static void g_residual_layernorm_forward(float *x, float *o, float *m, float *r, const float *a,
+                                         const float *b, const float *w, const float *bi, int N,
+                                         int C)
 {
-    GUARDED(cpu->gelu_backward_to_bf16(di, i, d, n));
+    GUARDED(cpu->residual_layernorm_forward(x, o, m, r, a, b, w, bi, N, C));
 }
-static void g_add_bias_to_bf16(pt_bf16 *o, const float *i, const float *b, int N, int OC)
+static void g_residual_layernorm_forward_bf16(float *x, pt_bf16 *o, float *m, float *r,
+                                              const float *a, const float *b, const float *w,
+                                              const float *bi, int N, int C)
 {
-    GUARDED(cpu->add_bias_to_bf16(o, i, b, N, OC));
+    GUARDED(cpu->residual_layernorm_forward_bf16(x, o, m, r, a, b, w, bi, N, C));
 }
 static void g_matmul_forward_bf16(float *o, const pt_bf16 *i, const pt_bf16 *w, const float *b,
                                   int N, int C, int OC, pt_weight_layout l)
@@ -286,10 +290,17 @@ static void g_matmul_backward_bf16(float *di, float *dw, float *db, const pt_bf1
 {
     GUARDED(cpu->matmul_backward_bf16(di, dw, db, d, i, w, N, C, OC, l));
 }
-static void g_matmul_forward_bf16_to_bf16(pt_bf16 *o, const pt_bf16 *i, const pt_bf16 *w, int N,
-                                          int C, int OC, pt_weight_layout l)
+static void g_matmul_forward_bf16_to_bf16(pt_bf16 *o, float *x, const pt_bf16 *i,
+                                          const pt_bf16 *w, const float *b, int N, int C, int OC,
+                                          pt_weight_layout l)
 {
-    GUARDED(cpu->matmul_forward_bf16_to_bf16(o, i, w, N, C, OC, l));
+    GUARDED(cpu->matmul_forward_bf16_to_bf16(o, x, i, w, b, N, C, OC, l));
+}
+static void g_matmul_gelu_backward_bf16(pt_bf16 *dp, float *x, float *dw, float *db,
+                                        const pt_bf16 *d, const pt_bf16 *i, const pt_bf16 *p,
+                                        const pt_bf16 *w, int N, int C, int OC, pt_weight_layout l)
+{
+    GUARDED(cpu->matmul_gelu_backward_bf16(dp, x, dw, db, d, i, p, w, N, C, OC, l));
 }
 static void g_attention_forward(float *o, float *a, const float *q, int B, int T, int C, int NH)
 {
@@ -476,12 +487,14 @@ static pt_kernels guarded = {
     .matmul_backward = g_matmul_backward,
     .cast_to_bf16 = g_cast_to_bf16,
     .cast_from_bf16 = g_cast_from_bf16,
-    .add_bias_to_bf16 = g_add_bias_to_bf16,
     .layernorm_forward_bf16 = g_layernorm_forward_bf16,
+    .residual_layernorm_forward = g_residual_layernorm_forward,
+    .residual_layernorm_forward_bf16 = g_residual_layernorm_forward_bf16,
     .matmul_forward_bf16 = g_matmul_forward_bf16,
     .matmul_backward_bf16 = g_matmul_backward_bf16,
     .matmul_backward_bf16_dinp_written = g_matmul_backward_bf16_dinp_written,
     .matmul_forward_bf16_to_bf16 = g_matmul_forward_bf16_to_bf16,
+    .matmul_gelu_backward_bf16 = g_matmul_gelu_backward_bf16,
     .attention_forward = g_attention_forward,
     .attention_backward = g_attention_backward,
     .gelu_forward = g_gelu_forward,
@@ -492,7 +505,6 @@ static pt_kernels guarded = {
     .attention_backward_bf16_to_bf16 = g_attention_backward_bf16_to_bf16,
     .gelu_forward_bf16 = g_gelu_forward_bf16,
     .gelu_backward_bf16 = g_gelu_backward_bf16,
-    .gelu_backward_to_bf16 = g_gelu_backward_to_bf16,
     .residual_forward = g_residual_forward,
     .crossentropy_forward = g_crossentropy_forward,
     .crossentropy_forward_backward = g_crossentropy_forward_backward,

@@ -98,6 +98,15 @@ typedef struct pt_kernels {
      * operands of products); mean and rstd fp32. */
     void (*layernorm_forward_bf16)(pt_bf16 *out, float *mean, float *rstd, const float *inp,
                                    const float *weight, const float *bias, int N, int C);
+    /* residual[N,C] = a + b (residual may be a or b), then the layernorm of residual into out
+     * as layernorm_forward(_bf16)'s: the residual stream's addition and the layernorm that
+     * reads it next, in one pass. */
+    void (*residual_layernorm_forward)(float *residual, float *out, float *mean, float *rstd,
+                                       const float *a, const float *b, const float *weight,
+                                       const float *bias, int N, int C);
+    void (*residual_layernorm_forward_bf16)(float *residual, pt_bf16 *out, float *mean,
+                                            float *rstd, const float *a, const float *b,
+                                            const float *weight, const float *bias, int N, int C);
     void (*layernorm_backward)(float *dinp, float *dweight, float *dbias, const float *dout,
                                const float *inp, const float *weight, const float *mean,
                                const float *rstd, int N, int C);
@@ -121,9 +130,6 @@ typedef struct pt_kernels {
      * stages in bf16 (pipeline.transfer) are widened so. */
     void (*cast_to_bf16)(pt_bf16 *out, const float *inp, size_t n);
     void (*cast_from_bf16)(float *out, const pt_bf16 *inp, size_t n);
-    /* out[n][o] = bf16(inp[n][o] + bias[o]): a product's fp32 sums and its bias, rounded once
-     * (the products kept in bf16 under bf16: qkv, fc), in one pass instead of three. */
-    void (*add_bias_to_bf16)(pt_bf16 *out, const float *inp, const float *bias, int N, int OC);
     void (*matmul_forward_bf16)(float *out, const pt_bf16 *inp, const pt_bf16 *weight,
                                 const float *bias, int N, int C, int OC, pt_weight_layout layout);
     void (*matmul_backward_bf16)(float *dinp, float *dweight, float *dbias, const pt_bf16 *dout,
@@ -135,10 +141,23 @@ typedef struct pt_kernels {
                                               const pt_bf16 *dout, const pt_bf16 *inp,
                                               const pt_bf16 *weight, int N, int C, int OC,
                                               pt_weight_layout layout);
-    /* out = bf16(inp·W), no bias: a product kept in bf16 as it is made (the classifier's
-     * logits under bf16), rounded once from the fp32 sums. */
-    void (*matmul_forward_bf16_to_bf16)(pt_bf16 *out, const pt_bf16 *inp, const pt_bf16 *weight,
-                                        int N, int C, int OC, pt_weight_layout layout);
+    /* out[n][o] = bf16(bias[o] + Σ_c inp[n][c]·W[c][o]) (bias may be NULL): a product kept in
+     * bf16 as it is made (qkv and fc, the classifier's logits under bf16), its fp32 sums and
+     * the bias rounded once. scratch[N,OC] (fp32) is the backend's to use where it cannot add
+     * the bias and round in the product itself; it may be NULL when bias is. */
+    void (*matmul_forward_bf16_to_bf16)(pt_bf16 *out, float *scratch, const pt_bf16 *inp,
+                                        const pt_bf16 *weight, const float *bias, int N, int C,
+                                        int OC, pt_weight_layout layout);
+    /* The backward of out = gelu(pre)·W + bias through the GELU (the MLP's second product under
+     * bf16): inp[N,C] holds gelu(pre) in bf16, pre[N,C] the GELU's input; dpre[N,C] =
+     * bf16(gelu'(pre)·Σ_o dout[n][o]·W[c][o]) is written, not added (what the MLP's first
+     * product's backward reads); dweight += inpᵀ·dout, dbias += Σ_n dout as
+     * matmul_backward_bf16's. scratch[N,C] (fp32) is the backend's to use where it cannot apply
+     * the GELU's gradient in the product itself. */
+    void (*matmul_gelu_backward_bf16)(pt_bf16 *dpre, float *scratch, float *dweight, float *dbias,
+                                      const pt_bf16 *dout, const pt_bf16 *inp, const pt_bf16 *pre,
+                                      const pt_bf16 *weight, int N, int C, int OC,
+                                      pt_weight_layout layout);
 
     /* Causal self-attention. qkv[B,T,3C] holds q, k, v side by side, head h
      * in columns [h·hs, (h+1)·hs) of each; out[B,T,C]; att holds what the forward
@@ -178,9 +197,6 @@ typedef struct pt_kernels {
      * the GELU computed in fp32; dinp (fp32) += gelu'(inp)·dout */
     void (*gelu_forward_bf16)(pt_bf16 *out, const pt_bf16 *inp, size_t n);
     void (*gelu_backward_bf16)(float *dinp, const pt_bf16 *inp, const float *dout, size_t n);
-    /* dinp = bf16(gelu'(inp)·dout), written, not added: the gradient of the MLP's first
-     * product's output under bf16, made in the precision that product's backward reads it */
-    void (*gelu_backward_to_bf16)(pt_bf16 *dinp, const pt_bf16 *inp, const float *dout, size_t n);
 
     /* out = a + b */
     void (*residual_forward)(float *out, const float *a, const float *b, size_t n);

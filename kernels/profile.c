@@ -7,25 +7,26 @@
 
 enum {
     K_ENCODER_FWD, K_ENCODER_BWD, K_LAYERNORM_FWD, K_LAYERNORM_BWD, K_MATMUL_FWD, K_MATMUL_BWD,
-    K_CAST_BF16, K_CAST_FROM_BF16, K_ADD_BIAS_BF16, K_LAYERNORM_FWD_BF16, K_GELU_BWD_TO_BF16, K_MATMUL_BWD_BF16_SET, K_ATTENTION_BWD_TO_BF16, K_ATTENTION_FWD_TO_BF16,
-    K_MATMUL_FWD_BF16, K_MATMUL_BWD_BF16, K_ATTENTION_FWD, K_ATTENTION_BWD,
-    K_ATTENTION_FWD_BF16, K_ATTENTION_BWD_BF16, K_GELU_FWD, K_GELU_BWD, K_GELU_FWD_BF16,
-    K_GELU_BWD_BF16, K_RESIDUAL_FWD, K_XENT_FWD,
-    K_XENT_FWD_BWD, K_MATMUL_FWD_TO_BF16, K_XENT_FWD_BF16, K_XENT_FWD_BWD_BF16, K_ADAM,
-    K_ADAM_EXTRAPOLATE, K_DELAY_COMPENSATE, K_SECANT_COMPENSATE,
-    K_SUM_SQUARES, K_SUM, K_SCALE, K_ZERO, K_COPY, K_GATHER, K_SCATTER,
+    K_CAST_BF16, K_CAST_FROM_BF16, K_LAYERNORM_FWD_BF16, K_RESIDUAL_LAYERNORM,
+    K_RESIDUAL_LAYERNORM_BF16, K_MATMUL_GELU_BWD_BF16, K_MATMUL_BWD_BF16_SET,
+    K_ATTENTION_BWD_TO_BF16, K_ATTENTION_FWD_TO_BF16, K_MATMUL_FWD_BF16, K_MATMUL_BWD_BF16,
+    K_ATTENTION_FWD, K_ATTENTION_BWD, K_ATTENTION_FWD_BF16, K_ATTENTION_BWD_BF16, K_GELU_FWD,
+    K_GELU_BWD, K_GELU_FWD_BF16, K_GELU_BWD_BF16, K_RESIDUAL_FWD, K_XENT_FWD, K_XENT_FWD_BWD,
+    K_MATMUL_FWD_TO_BF16, K_XENT_FWD_BF16, K_XENT_FWD_BWD_BF16, K_ADAM, K_ADAM_EXTRAPOLATE,
+    K_DELAY_COMPENSATE, K_SECANT_COMPENSATE, K_SUM_SQUARES, K_SUM, K_SCALE, K_ZERO, K_COPY,
+    K_GATHER, K_SCATTER,
     K_COUNT
 };
 
 static const char *const kernel_names[K_COUNT] = {
     "encoder_forward", "encoder_backward", "layernorm_forward", "layernorm_backward",
-    "matmul_forward", "matmul_backward", "cast_to_bf16", "cast_from_bf16", "add_bias_to_bf16", "layernorm_forward_bf16",
-    "gelu_backward_to_bf16", "matmul_backward_bf16_dinp_written",
-    "attention_backward_bf16_to_bf16", "attention_forward_bf16_to_bf16",
-    "matmul_forward_bf16",
-    "matmul_backward_bf16", "attention_forward", "attention_backward",
-    "attention_forward_bf16", "attention_backward_bf16", "gelu_forward", "gelu_backward",
-    "gelu_forward_bf16", "gelu_backward_bf16", "residual_forward", "crossentropy_forward",
+    "matmul_forward", "matmul_backward", "cast_to_bf16", "cast_from_bf16",
+    "layernorm_forward_bf16", "residual_layernorm_forward", "residual_layernorm_forward_bf16",
+    "matmul_gelu_backward_bf16", "matmul_backward_bf16_dinp_written",
+    "attention_backward_bf16_to_bf16", "attention_forward_bf16_to_bf16", "matmul_forward_bf16",
+    "matmul_backward_bf16", "attention_forward", "attention_backward", "attention_forward_bf16",
+    "attention_backward_bf16", "gelu_forward", "gelu_backward", "gelu_forward_bf16",
+    "gelu_backward_bf16", "residual_forward", "crossentropy_forward",
     "crossentropy_forward_backward", "matmul_forward_bf16_to_bf16", "crossentropy_forward_bf16",
     "crossentropy_forward_backward_bf16", "adam_update", "adam_extrapolate", "delay_compensate",
     "secant_compensate", "sum_squares", "sum", "scale", "zero", "copy", "gather", "scatter",
@@ -113,13 +114,18 @@ static void p_layernorm_forward_bf16(pt_bf16 *o, float *m, float *r, const float
 {
     TIMED(K_LAYERNORM_FWD_BF16, inner->layernorm_forward_bf16(o, m, r, i, w, b, N, C));
 }
-static void p_gelu_backward_to_bf16(pt_bf16 *di, const pt_bf16 *i, const float *d, size_t n)
+static void p_residual_layernorm_forward(float *x, float *o, float *m, float *r, const float *a,
+                                         const float *b, const float *w, const float *bi, int N,
+                                         int C)
 {
-    TIMED(K_GELU_BWD_TO_BF16, inner->gelu_backward_to_bf16(di, i, d, n));
+    TIMED(K_RESIDUAL_LAYERNORM, inner->residual_layernorm_forward(x, o, m, r, a, b, w, bi, N, C));
 }
-static void p_add_bias_to_bf16(pt_bf16 *o, const float *i, const float *b, int N, int OC)
+static void p_residual_layernorm_forward_bf16(float *x, pt_bf16 *o, float *m, float *r,
+                                              const float *a, const float *b, const float *w,
+                                              const float *bi, int N, int C)
 {
-    TIMED(K_ADD_BIAS_BF16, inner->add_bias_to_bf16(o, i, b, N, OC));
+    TIMED(K_RESIDUAL_LAYERNORM_BF16,
+          inner->residual_layernorm_forward_bf16(x, o, m, r, a, b, w, bi, N, C));
 }
 static void p_matmul_forward_bf16(float *o, const pt_bf16 *i, const pt_bf16 *w, const float *b,
                                   int N, int C, int OC, pt_weight_layout l)
@@ -180,10 +186,18 @@ static void p_crossentropy_forward_backward(float *l, float *x, const int32_t *t
 {
     TIMED(K_XENT_FWD_BWD, inner->crossentropy_forward_backward(l, x, t, N, V, d));
 }
-static void p_matmul_forward_bf16_to_bf16(pt_bf16 *o, const pt_bf16 *i, const pt_bf16 *w, int N,
-                                          int C, int OC, pt_weight_layout l)
+static void p_matmul_forward_bf16_to_bf16(pt_bf16 *o, float *x, const pt_bf16 *i,
+                                          const pt_bf16 *w, const float *b, int N, int C, int OC,
+                                          pt_weight_layout l)
 {
-    TIMED(K_MATMUL_FWD_TO_BF16, inner->matmul_forward_bf16_to_bf16(o, i, w, N, C, OC, l));
+    TIMED(K_MATMUL_FWD_TO_BF16, inner->matmul_forward_bf16_to_bf16(o, x, i, w, b, N, C, OC, l));
+}
+static void p_matmul_gelu_backward_bf16(pt_bf16 *dp, float *x, float *dw, float *db,
+                                        const pt_bf16 *d, const pt_bf16 *i, const pt_bf16 *p,
+                                        const pt_bf16 *w, int N, int C, int OC, pt_weight_layout l)
+{
+    TIMED(K_MATMUL_GELU_BWD_BF16,
+          inner->matmul_gelu_backward_bf16(dp, x, dw, db, d, i, p, w, N, C, OC, l));
 }
 static void p_crossentropy_forward_bf16(float *l, const pt_bf16 *x, const int32_t *t, int N, int V)
 {
@@ -257,8 +271,9 @@ const pt_kernels *pt_kernels_profiled(const pt_kernels *wrapped)
     profiled.matmul_backward = p_matmul_backward;
     profiled.cast_to_bf16 = p_cast_to_bf16;
     profiled.cast_from_bf16 = p_cast_from_bf16;
-    profiled.add_bias_to_bf16 = p_add_bias_to_bf16;
-    profiled.gelu_backward_to_bf16 = p_gelu_backward_to_bf16;
+    profiled.matmul_gelu_backward_bf16 = p_matmul_gelu_backward_bf16;
+    profiled.residual_layernorm_forward = p_residual_layernorm_forward;
+    profiled.residual_layernorm_forward_bf16 = p_residual_layernorm_forward_bf16;
     profiled.attention_forward_bf16_to_bf16 = p_attention_forward_bf16_to_bf16;
     profiled.attention_backward_bf16_to_bf16 = p_attention_backward_bf16_to_bf16;
     profiled.matmul_backward_bf16_dinp_written = p_matmul_backward_bf16_dinp_written;

@@ -435,18 +435,6 @@ static const float *block_input(const pt_gpt_slice *s, int b)
 
 const float *pt_gpt_output(const pt_gpt_slice *s) { return block_input(s, s->last - s->first); }
 
-/* Where a kernel writes an operand's values: the operand itself (fp32), or the scratch
- * finish_operand rounds into it (bf16): dscratch_fc, which only a backward uses otherwise. */
-static float *operand_out(const pt_gpt_slice *s, pt_gpt_operand op)
-{
-    return op.f32 ? op.f32 : s->dscratch_fc;
-}
-
-static void finish_operand(const pt_gpt_slice *s, pt_gpt_operand op, size_t n)
-{
-    if (op.bf16) s->kernels->cast_to_bf16(op.bf16, s->dscratch_fc, n);
-}
-
 /* The GELU's output as the MLP's product reads it: kept, or gelu_again. */
 static pt_gpt_operand gelu_output(const pt_gpt_slice *s, const pt_gpt_block_acts *a)
 {
@@ -460,36 +448,30 @@ static void gelu_forward(const pt_gpt_slice *s, const pt_gpt_block_acts *a, size
     else s->kernels->gelu_forward(out.f32, a->fc.f32, n);
 }
 
-/* The gradient of fc, gelu'(fc)·dout, in the slice's precision: fp32 in dscratch_fc, or
- * rounded into bf16_out as it is made (what c_fc's backward reads; no fp32 copy, no cast). */
-static pt_gpt_operand gelu_gradient(const pt_gpt_slice *s, const pt_gpt_block_acts *a,
-                                    const float *dout)
+/* The MLP's second product's backward through the GELU: fc's gradient in the slice's
+ * precision (what c_fc's backward reads), from s->dresidual, the product's upstream gradient.
+ * fp32: the product's dinp in dscratch_fc_gelu, then gelu'(fc)·dinp in dscratch_fc. bf16: one
+ * call that writes it rounded into dscratch_fc's memory (the product's fp32 sums stay in the
+ * backend, or go to dscratch_fc_gelu where it cannot apply the GELU's gradient itself). */
+static pt_gpt_operand mlp_proj_backward(pt_gpt_slice *s, const pt_gpt_block_acts *a,
+                                        pt_gpt_block_params *g, const pt_gpt_block_params *p)
 {
     const pt_kernels *k = s->kernels;
-    const size_t n = (size_t)s->B * s->T * 4 * s->config.n_embd;
+    const int N = s->B * s->T, C = s->config.n_embd;
+    const size_t n = (size_t)N * 4 * C;
     if (a->fc.bf16) {
-        k->gelu_backward_to_bf16(s->bf16_out, a->fc.bf16, dout, n);
-        return (pt_gpt_operand){.bf16 = s->bf16_out};
+        pt_bf16 *dfc = (pt_bf16 *)s->dscratch_fc;
+        pt_gpt_matmul_gelu_backward(s, dfc, g->mlp_proj_weight, g->mlp_proj_bias, s->dresidual,
+                                    gelu_output(s, a), a->fc.bf16, p->mlp_proj_weight, N, 4 * C,
+                                    C);
+        return (pt_gpt_operand){.bf16 = dfc};
     }
+    pt_gpt_matmul_backward(s, s->dscratch_fc_gelu, g->mlp_proj_weight, g->mlp_proj_bias,
+                           s->dresidual, gelu_output(s, a), p->mlp_proj_weight, N, 4 * C, C,
+                           PT_WEIGHT_IN_OUT);
     k->zero(s->dscratch_fc, n * sizeof(float));
-    k->gelu_backward(s->dscratch_fc, a->fc.f32, dout, n);
+    k->gelu_backward(s->dscratch_fc, a->fc.f32, s->dscratch_fc_gelu, n);
     return (pt_gpt_operand){.f32 = s->dscratch_fc};
-}
-
-/* A product into an operand (qkv, fc): the output in the slice's precision. In bf16 the
- * product's fp32 sums go to scratch and add_bias_to_bf16 adds the bias and rounds them in one
- * pass (not the bias written first, the product added onto it, then a cast: three). */
-static void matmul_into(pt_gpt_slice *s, pt_gpt_operand out, pt_gpt_operand inp,
-                        const float *weight, const float *bias, int N, int C, int OC)
-{
-    if (!out.bf16 || !bias) {
-        pt_gpt_matmul_forward(s, operand_out(s, out), inp, weight, bias, N, C, OC,
-                              PT_WEIGHT_IN_OUT);
-        finish_operand(s, out, (size_t)N * OC);
-        return;
-    }
-    pt_gpt_matmul_forward(s, s->dscratch_fc, inp, weight, NULL, N, C, OC, PT_WEIGHT_IN_OUT);
-    s->kernels->add_bias_to_bf16(out.bf16, s->dscratch_fc, bias, N, OC);
 }
 
 /* A layernorm into an operand (ln_1, ln_2, ln_f); its statistics fp32. */
@@ -501,6 +483,21 @@ static void layernorm_into(const pt_gpt_slice *s, pt_gpt_operand out, float *mea
         s->kernels->layernorm_forward_bf16(out.bf16, mean, rstd, inp, weight, bias, N, C);
     else
         s->kernels->layernorm_forward(out.f32, mean, rstd, inp, weight, bias, N, C);
+}
+
+/* residual = a + b, the residual stream's sum (residual may be a), and the layernorm of it into
+ * an operand, in one pass. */
+static void residual_layernorm_into(const pt_gpt_slice *s, float *residual, const float *a,
+                                    const float *b, pt_gpt_operand out, float *mean, float *rstd,
+                                    const float *weight, const float *bias)
+{
+    const int N = s->B * s->T, C = s->config.n_embd;
+    if (out.bf16)
+        s->kernels->residual_layernorm_forward_bf16(residual, out.bf16, mean, rstd, a, b, weight,
+                                                    bias, N, C);
+    else
+        s->kernels->residual_layernorm_forward(residual, out.f32, mean, rstd, a, b, weight, bias,
+                                               N, C);
 }
 
 /* atty from qkv, in the slice's precision. */
@@ -533,6 +530,9 @@ static pt_gpt_operand attention_gradient(const pt_gpt_slice *s, const pt_gpt_blo
     return (pt_gpt_operand){.f32 = s->dscratch_3c};
 }
 
+/* Block b's forward. Its ln_1 is made before (block 0) or by the block before it, which adds
+ * its residual stream and takes the layernorm after it in one pass, as each block does for
+ * its own ln_2 and the next block's ln_1. */
 static void block_forward(pt_gpt_slice *s, int b)
 {
     const pt_kernels *k = s->kernels;
@@ -541,21 +541,29 @@ static void block_forward(pt_gpt_slice *s, int b)
     pt_gpt_block_acts *a = &s->block_acts[b];
     const float *x = block_input(s, b);
 
-    const size_t NC = (size_t)N * C;
-    layernorm_into(s, a->ln_1, a->ln_1_mean, a->ln_1_rstd, x, p->ln_1_weight, p->ln_1_bias);
-    matmul_into(s, a->qkv, a->ln_1, p->c_attn_weight, p->c_attn_bias, N, C, 3 * C);
+    if (b == 0)
+        layernorm_into(s, a->ln_1, a->ln_1_mean, a->ln_1_rstd, x, p->ln_1_weight, p->ln_1_bias);
+    pt_gpt_matmul_forward_operand(s, a->qkv, a->ln_1, p->c_attn_weight, p->c_attn_bias, N, C,
+                                  3 * C, PT_WEIGHT_IN_OUT);
     attention_forward(s, a);
     pt_gpt_matmul_forward(s, a->residual_2, a->atty, p->attn_proj_weight, p->attn_proj_bias, N, C,
                           C, PT_WEIGHT_IN_OUT);
-    k->residual_forward(a->residual_2, a->residual_2, x, NC);
+    residual_layernorm_into(s, a->residual_2, a->residual_2, x, a->ln_2, a->ln_2_mean,
+                            a->ln_2_rstd, p->ln_2_weight, p->ln_2_bias);
 
-    layernorm_into(s, a->ln_2, a->ln_2_mean, a->ln_2_rstd, a->residual_2, p->ln_2_weight,
-                   p->ln_2_bias);
-    matmul_into(s, a->fc, a->ln_2, p->c_fc_weight, p->c_fc_bias, N, C, 4 * C);
-    gelu_forward(s, a, 4 * NC);
+    pt_gpt_matmul_forward_operand(s, a->fc, a->ln_2, p->c_fc_weight, p->c_fc_bias, N, C, 4 * C,
+                                  PT_WEIGHT_IN_OUT);
+    gelu_forward(s, a, (size_t)N * 4 * C);
     pt_gpt_matmul_forward(s, a->residual_3, gelu_output(s, a), p->mlp_proj_weight,
                           p->mlp_proj_bias, N, 4 * C, C, PT_WEIGHT_IN_OUT);
-    k->residual_forward(a->residual_3, a->residual_3, a->residual_2, NC);
+    if (b + 1 == s->last - s->first) {
+        k->residual_forward(a->residual_3, a->residual_3, a->residual_2, (size_t)N * C);
+        return;
+    }
+    pt_gpt_block_acts *next = &s->block_acts[b + 1];
+    const pt_gpt_block_params *np = &s->blocks[b + 1];
+    residual_layernorm_into(s, a->residual_3, a->residual_3, a->residual_2, next->ln_1,
+                            next->ln_1_mean, next->ln_1_rstd, np->ln_1_weight, np->ln_1_bias);
 }
 
 /* Embeddings (stage 0) and every block of the slice. */
@@ -581,7 +589,7 @@ static void head_logits(pt_gpt_slice *s, int first, int n)
     const int C = s->config.n_embd, V = s->config.vocab_size;
     pt_gpt_matmul_forward_operand(s, s->logits,
                                   pt_gpt_operand_rows(s->ln_f, (size_t)first, (size_t)C),
-                                  s->head.lm_head, n, C, V, PT_WEIGHT_OUT_IN);
+                                  s->head.lm_head, NULL, n, C, V, PT_WEIGHT_OUT_IN);
 }
 
 static int rows_from(const pt_gpt_slice *s, int first)
@@ -680,12 +688,9 @@ static void block_backward(pt_gpt_slice *s, int b)
 
     /* MLP branch: residual_3 = residual_2 + c_proj(gelu(c_fc(ln_2(residual_2)))) */
     if (s->config.recompute_gelu) gelu_forward(s, a, 4 * NC);
-    pt_gpt_matmul_backward(s, s->dscratch_fc_gelu, g->mlp_proj_weight, g->mlp_proj_bias, dres,
-                           gelu_output(s, a), p->mlp_proj_weight, N, 4 * C, C,
-                           PT_WEIGHT_IN_OUT);
     pt_gpt_matmul_backward_operand(s, s->dscratch_c, g->c_fc_weight, g->c_fc_bias,
-                                   gelu_gradient(s, a, s->dscratch_fc_gelu), a->ln_2,
-                                   p->c_fc_weight, N, C, 4 * C, PT_WEIGHT_IN_OUT);
+                                   mlp_proj_backward(s, a, g, p), a->ln_2, p->c_fc_weight, N, C,
+                                   4 * C, PT_WEIGHT_IN_OUT);
     k->layernorm_backward(dres, g->ln_2_weight, g->ln_2_bias, s->dscratch_c, a->residual_2,
                           p->ln_2_weight, a->ln_2_mean, a->ln_2_rstd, N, C);
 

@@ -80,15 +80,16 @@ void pt_gpt_matmul_backward(pt_gpt_slice *s, float *dinp, float *dweight, float 
 }
 
 void pt_gpt_matmul_forward_operand(pt_gpt_slice *s, pt_gpt_operand out, pt_gpt_operand inp,
-                                   const float *weight, int N, int C, int OC,
+                                   const float *weight, const float *bias, int N, int C, int OC,
                                    pt_weight_layout layout)
 {
     if (!out.bf16) {
-        pt_gpt_matmul_forward(s, out.f32, inp, weight, NULL, N, C, OC, layout);
+        pt_gpt_matmul_forward(s, out.f32, inp, weight, bias, N, C, OC, layout);
         return;
     }
     round_weight(s, weight, (size_t)C * OC);
-    s->kernels->matmul_forward_bf16_to_bf16(out.bf16, inp.bf16, s->bf16_weight, N, C, OC, layout);
+    s->kernels->matmul_forward_bf16_to_bf16(out.bf16, bias ? s->dscratch_fc : NULL, inp.bf16,
+                                            s->bf16_weight, bias, N, C, OC, layout);
 }
 
 void pt_gpt_matmul_backward_operand(pt_gpt_slice *s, float *dinp, float *dweight, float *dbias,
@@ -102,4 +103,21 @@ void pt_gpt_matmul_backward_operand(pt_gpt_slice *s, float *dinp, float *dweight
     round_weight(s, weight, (size_t)C * OC);
     s->kernels->matmul_backward_bf16_dinp_written(dinp, dweight, dbias, dout.bf16, inp.bf16,
                                                   s->bf16_weight, N, C, OC, layout);
+}
+
+void pt_gpt_matmul_gelu_backward(pt_gpt_slice *s, pt_bf16 *dpre, float *dweight, float *dbias,
+                                 const float *dout, pt_gpt_operand inp, const pt_bf16 *pre,
+                                 const float *weight, int N, int C, int OC)
+{
+    round_weight(s, weight, (size_t)C * OC);
+    const size_t fit = s->bf16_rows / (size_t)OC;
+    const int rows = fit >= (size_t)N ? N : (int)fit;
+    for (int first = 0; first < N; first += rows) {
+        const int n = N - first < rows ? N - first : rows;
+        const size_t at = (size_t)first * C;
+        s->kernels->cast_to_bf16(s->bf16_out, dout + (size_t)first * OC, (size_t)n * OC);
+        s->kernels->matmul_gelu_backward_bf16(dpre + at, s->dscratch_fc_gelu + at, dweight, dbias,
+                                              s->bf16_out, inp.bf16 + at, pre + at,
+                                              s->bf16_weight, n, C, OC, PT_WEIGHT_IN_OUT);
+    }
 }

@@ -25,16 +25,23 @@ void pt_gpt_matmul_backward(pt_gpt_slice *s, float *dinp, float *dweight, float 
                             const float *dout, pt_gpt_operand inp, const float *weight, int N,
                             int C, int OC, pt_weight_layout layout);
 
-/* The classifier's product, its output in the slice's precision (an operand: logits kept in
- * bf16 under bf16, rounded once from the fp32 sums), no bias; and a product's backward from
- * an upstream gradient in that precision, rounded where it was made (dlogits; the MLP's
- * dfc, made by gelu_backward_to_bf16 in the slice's bf16_out). */
+/* A product into an operand of the slice's precision (bf16: qkv and fc, the classifier's
+ * logits; made rounded, its fp32 sums and bias rounded once); and a product's backward from
+ * an upstream gradient in that precision, rounded where it was made (dlogits, the MLP's dfc). */
 void pt_gpt_matmul_forward_operand(pt_gpt_slice *s, pt_gpt_operand out, pt_gpt_operand inp,
-                                   const float *weight, int N, int C, int OC,
+                                   const float *weight, const float *bias, int N, int C, int OC,
                                    pt_weight_layout layout);
 void pt_gpt_matmul_backward_operand(pt_gpt_slice *s, float *dinp, float *dweight, float *dbias,
                                     pt_gpt_operand dout, pt_gpt_operand inp, const float *weight,
                                     int N, int C, int OC, pt_weight_layout layout);
+
+/* bf16 only: the backward of out = gelu(pre)·W + bias (the MLP's second product, W in-out)
+ * through the GELU, from the fp32 upstream gradient dout: dpre[N,C] = bf16(gelu'(pre)·
+ * dout·Wᵀ) written, dweight and dbias accumulated; inp holds gelu(pre). The table's
+ * matmul_gelu_backward_bf16, dout rounded in chunks as pt_gpt_matmul_backward's. */
+void pt_gpt_matmul_gelu_backward(pt_gpt_slice *s, pt_bf16 *dpre, float *dweight, float *dbias,
+                                 const float *dout, pt_gpt_operand inp, const pt_bf16 *pre,
+                                 const float *weight, int N, int C, int OC);
 
 /* Rows [first, …) of an operand of `width` columns. */
 pt_gpt_operand pt_gpt_operand_rows(pt_gpt_operand op, size_t first, size_t width);

@@ -11,8 +11,9 @@
 #                                              shape; its median "N tok/s" is reported
 #
 # Prints each system's tokens/s over its median timed step, the ratio to pipert's exact fp32
-# step, and the peak device memory where the system reports it (pipert bf16 twice: attention on
-# tensor cores, its default, and on CUDA cores), then pipert bf16's step kernel by kernel; the
+# step, and the peak device memory where the system reports it (pipert bf16 three times: as it
+# runs by default, with attention on CUDA cores, and with the products' epilogues as kernels of
+# ours, PIPERT_CUDA_LT=0), then pipert bf16's step kernel by kernel; the
 # raw outputs go to $OUT (or a temporary folder).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,26 +30,26 @@ pipert_rate() { sed -n 's/^median step [0-9.]* ms, \([0-9]*\) tokens\/s.*/\1/p' 
 pipert_memory() { sed -n 's/^peak device memory \([0-9.]*\) GB.*/\1 GB/p' "$1" | tail -n 1; }
 
 rows=()
-for flag in "" --tf32 --bf16; do
-  mode=${flag#--}
-  name="pipert ${mode:-fp32}"
-  log="$out/pipert${mode:+-$mode}.log"
+# name|environment|bench_cuda's flag|log: the three precisions, then bf16 without one of its
+# speed-ups each (attention on CUDA cores, attention.cu; the products' epilogues as kernels of
+# ours after cuBLAS, matmul.cu), so that each one's share is measured in the same call
+variants=(
+  "pipert fp32|||pipert"
+  "pipert tf32||--tf32|pipert-tf32"
+  "pipert bf16||--bf16|pipert-bf16"
+  "pipert bf16, CUDA-core attention|PIPERT_CUDA_MMA_ATTENTION=0|--bf16|pipert-bf16-simt"
+  "pipert bf16, epilogues as kernels|PIPERT_CUDA_LT=0|--bf16|pipert-bf16-no-lt"
+)
+for variant in "${variants[@]}"; do
+  IFS='|' read -r name environment flag logname <<<"$variant"
+  log="$out/$logname.log"
   # shellcheck disable=SC2086
-  if "$build/tests/bench_cuda" $shape --steps 10 $flag >"$log" 2>&1; then
+  if env $environment "$build/tests/bench_cuda" $shape --steps 10 $flag >"$log" 2>&1; then
     rows+=("$name|$(pipert_rate "$log")|$(pipert_memory "$log")")
   else
     rows+=("$name|failed (see $log)|")
   fi
 done
-
-# bf16 with attention on CUDA cores (attention.cu) rather than tensor cores (attention_mma.cuh)
-log="$out/pipert-bf16-simt.log"
-# shellcheck disable=SC2086
-if PIPERT_CUDA_MMA_ATTENTION=0 "$build/tests/bench_cuda" $shape --steps 10 --bf16 >"$log" 2>&1; then
-  rows+=("pipert bf16, CUDA-core attention|$(pipert_rate "$log")|$(pipert_memory "$log")")
-else
-  rows+=("pipert bf16, CUDA-core attention|failed (see $log)|")
-fi
 # where a bf16 step's time goes, kernel by kernel (synchronised one by one), printed after the table
 # shellcheck disable=SC2086
 "$build/tests/bench_cuda" $shape --steps 4 --bf16 --profile >"$out/pipert-bf16-profile.log" 2>&1 || true

@@ -26,6 +26,11 @@ static inline void expect_a_complete_table(const pt_kernels *k)
         ENTRY(crossentropy_forward), ENTRY(crossentropy_forward_backward), ENTRY(adam_update),
         ENTRY(adam_extrapolate), ENTRY(delay_compensate), ENTRY(secant_compensate),
         ENTRY(sum_squares), ENTRY(sum), ENTRY(scale), ENTRY(gather), ENTRY(scatter),
+        ENTRY(layernorm_forward_bf16), ENTRY(residual_layernorm_forward),
+        ENTRY(residual_layernorm_forward_bf16), ENTRY(matmul_backward_bf16_dinp_written),
+        ENTRY(matmul_forward_bf16_to_bf16), ENTRY(matmul_gelu_backward_bf16),
+        ENTRY(attention_forward_bf16_to_bf16), ENTRY(attention_backward_bf16_to_bf16),
+        ENTRY(crossentropy_forward_bf16), ENTRY(crossentropy_forward_backward_bf16),
     };
 #undef ENTRY
     for (size_t i = 0; i < sizeof entries / sizeof entries[0]; i++)

@@ -194,6 +194,40 @@ Test(cuda, layernorm_matches_cpu)
     check_layernorm(1000, 37); /* rows not a multiple of the block, C not of the warp */
 }
 
+/* The residual's sum and the layernorm after it in one pass, the sum written over its first
+ * addend as the model does: the sum exactly the CPU's (one fp32 addition), the rest to fp32's
+ * tolerance. */
+static void check_residual_layernorm(int N, int C)
+{
+    const pt_kernels *gpu = cuda_or_skip();
+    const size_t NC = (size_t)N * C;
+    float *a = random_floats(NC, -2, 3), *b = random_floats(NC, -1, 1);
+    float *weight = random_floats(C, 0.5, 1.5), *bias = random_floats(C, -1, 1);
+    float *residual = malloc(NC * 4), *out = random_floats(NC, -9, 9);
+    float *mean = random_floats(N, -9, 9), *rstd = random_floats(N, -9, 9);
+    float *d_a = upload(gpu, a, NC * 4), *d_b = upload(gpu, b, NC * 4),
+          *d_weight = upload(gpu, weight, C * 4), *d_bias = upload(gpu, bias, C * 4),
+          *d_out = upload(gpu, out, NC * 4), *d_mean = upload(gpu, mean, N * 4),
+          *d_rstd = upload(gpu, rstd, N * 4);
+    cpu()->residual_layernorm_forward(residual, out, mean, rstd, a, b, weight, bias, N, C);
+    gpu->residual_layernorm_forward(d_a, d_out, d_mean, d_rstd, d_a, d_b, d_weight, d_bias, N, C);
+    expect_device_close(gpu, "residual of residual_layernorm", d_a, residual, NC, 0.0);
+    expect_device_close(gpu, "residual_layernorm out", d_out, out, NC, FP32_TOL);
+    expect_device_close(gpu, "residual_layernorm mean", d_mean, mean, N, FP32_TOL);
+    expect_device_close(gpu, "residual_layernorm rstd", d_rstd, rstd, N, FP32_TOL);
+    expect_no_cuda_error();
+    float *device_buffers[] = {d_rstd, d_mean, d_out, d_bias, d_weight, d_b, d_a};
+    for (size_t i = 0; i < sizeof device_buffers / sizeof device_buffers[0]; i++)
+        gpu->free(device_buffers[i]);
+    free(a), free(b), free(weight), free(bias), free(residual), free(out), free(mean), free(rstd);
+}
+
+Test(cuda, residual_layernorm_matches_cpu)
+{
+    check_residual_layernorm(256, 768);
+    check_residual_layernorm(1000, 37);
+}
+
 /* ---- matmul ------------------------------------------------------------------- */
 
 static void check_matmul(int N, int C, int OC, pt_weight_layout layout, int with_bias,

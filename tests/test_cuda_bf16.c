@@ -1,8 +1,8 @@
 /* The CUDA backend's bf16 kernels (runtime.precision = bf16) against the CPU's emulation of
  * them: the casts, the bf16 products, attention on CUDA cores (exact on its values) and on
  * tensor cores (within bf16's error; kernels/cuda/attention_mma.cuh), and the kernels that
- * write bf16 themselves (layernorm, bias, GELU gradient, logits and cross-entropy, attention's
- * output and gradient). Tolerances and helpers: tests/cuda_checks.h; without a GPU these run
+ * write bf16 themselves (layernorm, products with their bias, the product backward through the
+ * GELU, logits and cross-entropy, attention's output and gradient). Tolerances and helpers: tests/cuda_checks.h; without a GPU these run
  * on cpu-guarded under PIPERT_TEST_CUDA_STANDIN (the cuda_bf16-standin test). */
 #include "tests/cuda_checks.h"
 
@@ -298,46 +298,127 @@ Test(cuda, bf16_layernorm_matches_cpu)
     free(inp), free(w), free(b), free(mean), free(rstd), free(want), free(got);
 }
 
-/* The GELU's gradient written in bf16: within one bf16 step of the CPU's (tanhf differs in
- * its last bits). */
-Test(cuda, bf16_gelu_gradient_matches_cpu)
+/* The residual's sum and the layernorm after it, written in bf16: the sum exactly the CPU's,
+ * mean and rstd to fp32's tolerance, each output within one bf16 step of the CPU's. */
+Test(cuda, bf16_residual_layernorm_matches_cpu)
 {
     const pt_kernels *gpu = cuda_or_skip();
-    const size_t n = (1 << 20) + 5;
-    float *x = random_floats(n, -6, 6), *dout = random_floats(n, -1, 1);
-    uint16_t *x16 = malloc(n * 2), *want = malloc(n * 2), *got = malloc(n * 2);
-    for (size_t i = 0; i < n; i++) x16[i] = bf16_reference(x[i]);
-    void *d_x = upload(gpu, x16, n * 2), *d_out = upload(gpu, x16, n * 2);
-    float *d_dout = upload(gpu, dout, n * 4);
-    cpu()->gelu_backward_to_bf16(want, x16, dout, n);
-    gpu->gelu_backward_to_bf16(d_out, d_x, d_dout, n);
+    const int N = 1000, C = 768;
+    const size_t n = (size_t)N * C;
+    float *a = random_floats(n, -3, 5), *b = random_floats(n, -1, 1), *residual = malloc(n * 4);
+    float *w = random_floats(C, 0.5, 1.5), *bias = random_floats(C, -1, 1);
+    float *mean = malloc(N * 4), *rstd = malloc(N * 4);
+    uint16_t *want = malloc(n * 2), *got = malloc(n * 2);
+    float *d_a = upload(gpu, a, n * 4), *d_b = upload(gpu, b, n * 4), *d_w = upload(gpu, w, C * 4),
+          *d_bias = upload(gpu, bias, C * 4), *d_residual = upload(gpu, b, n * 4),
+          *d_mean = upload(gpu, a, N * 4), *d_rstd = upload(gpu, a, N * 4);
+    void *d_out = upload(gpu, b, n * 2);
+    cpu()->residual_layernorm_forward_bf16(residual, want, mean, rstd, a, b, w, bias, N, C);
+    gpu->residual_layernorm_forward_bf16(d_residual, d_out, d_mean, d_rstd, d_a, d_b, d_w, d_bias,
+                                         N, C);
+    expect_device_close(gpu, "bf16 residual_layernorm's residual", d_residual, residual, n, 0.0);
+    expect_device_close(gpu, "bf16 residual_layernorm mean", d_mean, mean, N, FP32_TOL);
+    expect_device_close(gpu, "bf16 residual_layernorm rstd", d_rstd, rstd, N, FP32_TOL);
     gpu->copy_to_host(got, d_out, n * 2);
     size_t first = 0, apart = bf16_apart(got, want, n, &first);
-    cr_expect_eq(apart, 0, "%zu bf16 GELU gradients more than a step from the CPU's; first [%zu]",
-                 apart, first);
+    cr_expect_eq(apart, 0, "%zu bf16 outputs more than a step from the CPU's; first [%zu]", apart,
+                 first);
     expect_no_cuda_error();
-    gpu->free(d_dout), gpu->free(d_out), gpu->free(d_x);
-    free(x), free(dout), free(x16), free(want), free(got);
+    void *device_buffers[] = {d_out, d_rstd, d_mean, d_residual, d_bias, d_w, d_b, d_a};
+    for (size_t i = 0; i < sizeof device_buffers / sizeof device_buffers[0]; i++)
+        gpu->free(device_buffers[i]);
+    free(a), free(b), free(residual), free(w), free(bias), free(mean), free(rstd), free(want);
+    free(got);
 }
 
-/* The bias added to fp32 sums and rounded once: the same float addition and rounding as the
- * CPU, so the same bits. */
-Test(cuda, bf16_bias_add_matches_cpu)
+/* Each test below runs the products both ways the backend can make them: cuBLASLt with the
+ * bias or GELU gradient in its epilogue, and cuBLAS with the separate kernel (kernels/cuda/
+ * matmul.cu; pt_cuda_set_lt). On the cpu-guarded stand-in the switch does nothing. */
+static const char *const lt_ways[2] = {"cuBLAS and a kernel", "cuBLASLt's epilogue"};
+
+/* A product kept in bf16 with its bias (qkv's shape at 512 positions): each output within
+ * one bf16 step of the CPU's (only the order of the fp32 sums differs), whatever the scratch
+ * held. */
+Test(cuda, bf16_product_with_bias_matches_cpu)
 {
     const pt_kernels *gpu = cuda_or_skip();
-    const int N = 1000, OC = 2304;
-    const size_t n = (size_t)N * OC;
-    float *inp = random_floats(n, -4, 4), *bias = random_floats(OC, -1, 1);
-    uint16_t *want = malloc(n * 2), *got = malloc(n * 2);
-    float *d_inp = upload(gpu, inp, n * 4), *d_bias = upload(gpu, bias, OC * 4);
-    void *d_out = upload(gpu, want, n * 2);
-    cpu()->add_bias_to_bf16(want, inp, bias, N, OC);
-    gpu->add_bias_to_bf16(d_out, d_inp, d_bias, N, OC);
-    gpu->copy_to_host(got, d_out, n * 2);
-    cr_expect_eq(memcmp(got, want, n * 2), 0, "add_bias_to_bf16: cuda and cpu differ");
+    const int N = 512, C = 768, OC = 2304;
+    const size_t n_in = (size_t)N * C, n_w = (size_t)C * OC, n_out = (size_t)N * OC;
+    float *inp = random_floats(n_in, -1, 1), *w = random_floats(n_w, -0.2, 0.2);
+    float *bias = random_floats(OC, -1, 1), *garbage = random_floats(n_out, -9, 9);
+    uint16_t *inp16 = malloc(n_in * 2), *w16 = malloc(n_w * 2), *want = malloc(n_out * 2);
+    uint16_t *got = malloc(n_out * 2);
+    for (size_t i = 0; i < n_in; i++) inp16[i] = bf16_reference(inp[i]);
+    for (size_t i = 0; i < n_w; i++) w16[i] = bf16_reference(w[i]);
+    void *d_inp = upload(gpu, inp16, n_in * 2), *d_w = upload(gpu, w16, n_w * 2);
+    float *d_bias = upload(gpu, bias, OC * 4), *d_scratch = upload(gpu, garbage, n_out * 4);
+    void *d_out = upload(gpu, got, n_out * 2);
+    cpu()->matmul_forward_bf16_to_bf16(want, NULL, inp16, w16, bias, N, C, OC, PT_WEIGHT_IN_OUT);
+    for (int lt = 0; lt < 2; lt++) {
+        pt_cuda_set_lt(lt);
+        gpu->copy_to_device(d_scratch, garbage, n_out * 4);
+        gpu->matmul_forward_bf16_to_bf16(d_out, d_scratch, d_inp, d_w, d_bias, N, C, OC,
+                                         PT_WEIGHT_IN_OUT);
+        gpu->copy_to_host(got, d_out, n_out * 2);
+        size_t first = 0, apart = bf16_apart(got, want, n_out, &first);
+        cr_expect_eq(apart, 0, "%s: %zu bf16 outputs more than a step from the CPU's; first [%zu]",
+                     lt_ways[lt], apart, first);
+    }
+    pt_cuda_set_lt(1);
     expect_no_cuda_error();
-    gpu->free(d_out), gpu->free(d_bias), gpu->free(d_inp);
-    free(inp), free(bias), free(want), free(got);
+    gpu->free(d_out), gpu->free(d_scratch), gpu->free(d_bias), gpu->free(d_w), gpu->free(d_inp);
+    free(inp), free(w), free(bias), free(garbage), free(inp16), free(w16), free(want), free(got);
+}
+
+/* The MLP's second product's backward through the GELU (its shape at 512 positions): dpre
+ * within one bf16 step of the CPU's (the fp32 sums' order and tanhf's last bits differ), written
+ * over whatever it held; dweight and dbias added to what they held, to the products' tolerance. */
+Test(cuda, bf16_product_backward_through_the_gelu_matches_cpu)
+{
+    const pt_kernels *gpu = cuda_or_skip();
+    const int N = 512, C = 3072, OC = 768;
+    const size_t n_in = (size_t)N * C, n_w = (size_t)C * OC, n_out = (size_t)N * OC;
+    float *pre = random_floats(n_in, -4, 4), *gelu = random_floats(n_in, -0.2, 3);
+    float *dout = random_floats(n_out, -1, 1), *w = random_floats(n_w, -0.2, 0.2);
+    float *dw0 = random_floats(n_w, -1, 1), *db0 = random_floats(OC, -1, 1);
+    uint16_t *pre16 = malloc(n_in * 2), *gelu16 = malloc(n_in * 2), *dout16 = malloc(n_out * 2);
+    uint16_t *w16 = malloc(n_w * 2), *want = malloc(n_in * 2), *got = malloc(n_in * 2);
+    for (size_t i = 0; i < n_in; i++) pre16[i] = bf16_reference(pre[i]);
+    for (size_t i = 0; i < n_in; i++) gelu16[i] = bf16_reference(gelu[i]);
+    for (size_t i = 0; i < n_out; i++) dout16[i] = bf16_reference(dout[i]);
+    for (size_t i = 0; i < n_w; i++) w16[i] = bf16_reference(w[i]);
+    float *dw = malloc(n_w * 4), *db = malloc(OC * 4);
+    memcpy(dw, dw0, n_w * 4), memcpy(db, db0, OC * 4);
+    cpu()->matmul_gelu_backward_bf16(want, NULL, dw, db, dout16, gelu16, pre16, w16, N, C, OC,
+                                     PT_WEIGHT_IN_OUT);
+    void *d_pre = upload(gpu, pre16, n_in * 2), *d_gelu = upload(gpu, gelu16, n_in * 2);
+    void *d_dout = upload(gpu, dout16, n_out * 2), *d_w = upload(gpu, w16, n_w * 2);
+    void *d_dpre = upload(gpu, gelu16, n_in * 2);
+    float *d_scratch = upload(gpu, pre, n_in * 4), *d_dw = upload(gpu, dw0, n_w * 4),
+          *d_db = upload(gpu, db0, OC * 4);
+    char what[96];
+    for (int lt = 0; lt < 2; lt++) {
+        pt_cuda_set_lt(lt);
+        gpu->copy_to_device(d_dw, dw0, n_w * 4), gpu->copy_to_device(d_db, db0, OC * 4);
+        gpu->copy_to_device(d_dpre, gelu16, n_in * 2);
+        gpu->matmul_gelu_backward_bf16(d_dpre, d_scratch, d_dw, d_db, d_dout, d_gelu, d_pre, d_w, N,
+                                       C, OC, PT_WEIGHT_IN_OUT);
+        gpu->copy_to_host(got, d_dpre, n_in * 2);
+        size_t first = 0, apart = bf16_apart(got, want, n_in, &first);
+        cr_expect_eq(apart, 0, "%s: %zu of dpre more than a bf16 step from the CPU's; first [%zu]",
+                     lt_ways[lt], apart, first);
+        snprintf(what, sizeof what, "%s: dweight through the GELU", lt_ways[lt]);
+        expect_device_close(gpu, what, d_dw, dw, n_w, LONG_TOL);
+        snprintf(what, sizeof what, "%s: dbias through the GELU", lt_ways[lt]);
+        expect_device_close(gpu, what, d_db, db, OC, LONG_TOL);
+    }
+    pt_cuda_set_lt(1);
+    expect_no_cuda_error();
+    void *device_buffers[] = {d_db, d_dw, d_scratch, d_dpre, d_w, d_dout, d_gelu, d_pre};
+    for (size_t i = 0; i < sizeof device_buffers / sizeof device_buffers[0]; i++)
+        gpu->free(device_buffers[i]);
+    free(pre), free(gelu), free(dout), free(w), free(dw0), free(db0), free(pre16), free(gelu16);
+    free(dout16), free(w16), free(want), free(got), free(dw), free(db);
 }
 
 /* The classifier under bf16: logits made in bf16 by cuBLAS against the CPU's (each within one
@@ -355,8 +436,8 @@ Test(cuda, bf16_logits_and_crossentropy_match_cpu)
     for (size_t i = 0; i < n_w; i++) w16[i] = bf16_reference(w[i]);
     void *d_inp = upload(gpu, inp16, n_in * 2), *d_w = upload(gpu, w16, n_w * 2);
     void *d_logits = upload(gpu, logits, n_out * 2);
-    cpu()->matmul_forward_bf16_to_bf16(logits, inp16, w16, N, C, V, PT_WEIGHT_OUT_IN);
-    gpu->matmul_forward_bf16_to_bf16(d_logits, d_inp, d_w, N, C, V, PT_WEIGHT_OUT_IN);
+    cpu()->matmul_forward_bf16_to_bf16(logits, NULL, inp16, w16, NULL, N, C, V, PT_WEIGHT_OUT_IN);
+    gpu->matmul_forward_bf16_to_bf16(d_logits, NULL, d_inp, d_w, NULL, N, C, V, PT_WEIGHT_OUT_IN);
     gpu->copy_to_host(got, d_logits, n_out * 2);
     size_t first = 0, apart = bf16_apart(got, logits, n_out, &first);
     cr_expect_eq(apart, 0, "%zu bf16 logits more than a step from the CPU's; first [%zu]: 0x%04x "

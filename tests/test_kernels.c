@@ -221,6 +221,30 @@ Test(kernels, layernorm_gradients)
     check_doubled("layernorm dbias", dbias1, dbias, C);
 }
 
+/* The residual stream's sum and the layernorm after it in one call: the bits of the two kernels
+ * in turn, also with the sum written over its first addend (as the model calls it). */
+Test(kernels, residual_layernorm_is_the_sum_then_the_layernorm)
+{
+    const int rows = 11, width = 70;
+    const size_t n = (size_t)rows * width;
+    float *a = random_floats(n, -2, 3), *b = random_floats(n, -1, 1);
+    float *w = random_floats(width, 0.5, 1.5), *bias = random_floats(width, -1, 1);
+    float *sum = zero_floats(n), *out = zero_floats(n), *mean = zero_floats(rows),
+          *rstd = zero_floats(rows);
+    float *residual = copy_floats(a, n), *fused = zero_floats(n), *fused_mean = zero_floats(rows),
+          *fused_rstd = zero_floats(rows);
+    cpu()->residual_forward(sum, a, b, n);
+    cpu()->layernorm_forward(out, mean, rstd, sum, w, bias, rows, width);
+    cpu()->residual_layernorm_forward(residual, fused, fused_mean, fused_rstd, residual, b, w, bias,
+                                      rows, width);
+    cr_expect_eq(memcmp(residual, sum, n * sizeof *sum), 0, "the residual: a + b");
+    cr_expect_eq(memcmp(fused, out, n * sizeof *out), 0, "the layernorm of a + b");
+    cr_expect_eq(memcmp(fused_mean, mean, rows * sizeof *mean), 0, "mean");
+    cr_expect_eq(memcmp(fused_rstd, rstd, rows * sizeof *rstd), 0, "rstd");
+    free(a), free(b), free(w), free(bias), free(sum), free(out), free(mean), free(rstd);
+    free(residual), free(fused), free(fused_mean), free(fused_rstd);
+}
+
 /* ---- matmul ---------------------------------------------------------------- */
 
 /* W[c][o] of either layout. */

@@ -214,19 +214,77 @@ Test(kernels, bf16_layernorm_is_the_fp32_layernorm_rounded)
     free(inp), free(w), free(b), free(out), free(out16);
 }
 
-/* The GELU's gradient written in bf16: gelu_backward_bf16 onto zeros, rounded. */
-Test(kernels, bf16_gelu_gradient_is_the_fp32_gradient_rounded)
+/* gelu'(x) of the tanh approximation, in double: an independent reference for the kernels'. */
+static double gelu_slope(double x)
 {
-    const size_t n = 5000;
-    float *x = random_floats(n, -6, 6), *dout = random_floats(n, -1, 1), *d = zero_floats(n);
-    pt_bf16 *x16 = malloc(sizeof(pt_bf16) * n), *d16 = malloc(sizeof(pt_bf16) * n);
-    round_in_place(x, x16, n);
-    cpu()->gelu_backward_bf16(d, x16, dout, n);
-    cpu()->gelu_backward_to_bf16(d16, x16, dout, n);
-    for (size_t i = 0; i < n; i++)
-        cr_expect_eq(d16[i], nearest_bf16(d[i]), "[%zu]: %g, the nearest of %.9g", i,
-                     bf16_value(d16[i]), d[i]);
-    free(x), free(dout), free(d), free(x16), free(d16);
+    const double a = sqrt(2.0 / M_PI), u = a * (x + 0.044715 * x * x * x), t = tanh(u);
+    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * a * (1.0 + 3.0 * 0.044715 * x * x);
+}
+
+/* The residual's sum and the layernorm after it, written in bf16: the sum, then
+ * layernorm_forward_bf16 of it, bit for bit. */
+Test(kernels, bf16_residual_layernorm_is_the_sum_then_the_layernorm)
+{
+    const int rows = 9, width = 130;
+    const size_t n = (size_t)rows * width;
+    float *a = random_floats(n, -3, 5), *b = random_floats(n, -1, 1), *sum = malloc(4 * n);
+    float *w = random_floats(width, 0.5, 1.5), *bias = random_floats(width, -1, 1);
+    float *residual = malloc(4 * n), mean[9], rstd[9], fused_mean[9], fused_rstd[9];
+    pt_bf16 *out = malloc(2 * n), *fused = malloc(2 * n);
+    cpu()->residual_forward(sum, a, b, n);
+    cpu()->layernorm_forward_bf16(out, mean, rstd, sum, w, bias, rows, width);
+    cpu()->residual_layernorm_forward_bf16(residual, fused, fused_mean, fused_rstd, a, b, w, bias,
+                                           rows, width);
+    cr_expect_eq(memcmp(residual, sum, 4 * n), 0, "the residual: a + b");
+    cr_expect_eq(memcmp(fused, out, 2 * n), 0, "the layernorm of a + b, in bf16");
+    cr_expect_eq(memcmp(fused_mean, mean, sizeof mean), 0, "mean");
+    cr_expect_eq(memcmp(fused_rstd, rstd, sizeof rstd), 0, "rstd");
+    free(a), free(b), free(sum), free(w), free(bias), free(residual), free(out), free(fused);
+}
+
+/* The MLP's second product's backward through the GELU under bf16: dpre written (whatever it
+ * and the scratch held is gone) with the bits of the product's dinp, the fp32 GELU gradient on
+ * it and the cast in turn, and within one bf16 step of gelu'(pre)·dout·Wᵀ computed in double;
+ * dweight and dbias accumulate as matmul_backward_bf16's, bit for bit. */
+Test(kernels, bf16_product_backward_through_the_gelu)
+{
+    const int rows = 6, cin = 40, cout = 24;
+    const size_t n_in = (size_t)rows * cin, n_out = (size_t)rows * cout, n_w = (size_t)cin * cout;
+    float *pre = random_floats(n_in, -4, 4), *gelu = random_floats(n_in, -1, 3);
+    float *dout = random_floats(n_out, -1, 1), *w = random_floats(n_w, -1, 1);
+    pt_bf16 *pre16 = malloc(2 * n_in), *gelu16 = malloc(2 * n_in), *dout16 = malloc(2 * n_out);
+    pt_bf16 *w16 = malloc(2 * n_w), *dpre16 = malloc(2 * n_in);
+    round_in_place(pre, pre16, n_in), round_in_place(gelu, gelu16, n_in);
+    round_in_place(dout, dout16, n_out), round_in_place(w, w16, n_w);
+    for (size_t i = 0; i < n_in; i++) dpre16[i] = 0x7fc0;
+    float *scratch = random_floats(n_in, -9, 9);
+    float *dw = random_floats(n_w, -1, 1), *db = random_floats(cout, -1, 1);
+    float *dw_want = malloc(4 * n_w), *db_want = malloc(4 * (size_t)cout);
+    memcpy(dw_want, dw, 4 * n_w), memcpy(db_want, db, 4 * (size_t)cout);
+    float *dinp = zero_floats(n_in), *dpre = zero_floats(n_in);
+
+    cpu()->matmul_gelu_backward_bf16(dpre16, scratch, dw, db, dout16, gelu16, pre16, w16, rows,
+                                     cin, cout, PT_WEIGHT_IN_OUT);
+    cpu()->matmul_backward_bf16(dinp, dw_want, db_want, dout16, gelu16, w16, rows, cin, cout,
+                                PT_WEIGHT_IN_OUT);
+    cpu()->gelu_backward_bf16(dpre, pre16, dinp, n_in);
+    cr_expect_eq(memcmp(dw, dw_want, 4 * n_w), 0, "dweight as matmul_backward_bf16's");
+    cr_expect_eq(memcmp(db, db_want, 4 * (size_t)cout), 0, "dbias as matmul_backward_bf16's");
+    for (int n = 0; n < rows; n++)
+        for (int c = 0; c < cin; c++) {
+            const size_t i = (size_t)n * cin + c;
+            cr_expect_eq(dpre16[i], nearest_bf16(dpre[i]), "dpre[%zu]: %g, the nearest of %.9g", i,
+                         bf16_value(dpre16[i]), dpre[i]);
+            double acc = 0;
+            for (int o = 0; o < cout; o++) acc += (double)dout[n * cout + o] * w[c * cout + o];
+            const pt_bf16 want = nearest_bf16((float)(gelu_slope(pre[i]) * acc));
+            cr_expect(dpre16[i] == want || dpre16[i] == want + 1 || dpre16[i] + 1 == want,
+                      "dpre[%d][%d] = %g, gelu'(pre)·dout·Wᵀ rounds to %g", n, c,
+                      bf16_value(dpre16[i]), bf16_value(want));
+        }
+    free(pre), free(gelu), free(dout), free(w), free(pre16), free(gelu16), free(dout16);
+    free(w16), free(dpre16), free(scratch), free(dw), free(db), free(dw_want), free(db_want);
+    free(dinp), free(dpre);
 }
 
 /* Attention's gradient and output written in bf16: the fp32 gradient of the bf16 qkv added
@@ -258,21 +316,40 @@ Test(kernels, bf16_attention_gradient_written_in_bf16)
     free(qkv), free(dout), free(out), free(d), free(scratch), free(att), free(qkv16), free(d16);
 }
 
-/* A product's bias added to its fp32 sums and the sum rounded once, as the products kept in
- * bf16 (qkv, fc) are made: the nearest bf16 of the float sum, element by element. */
-Test(kernels, bf16_bias_is_added_before_the_one_rounding)
+/* A product kept in bf16 with its bias (qkv, fc): the fp32 sums and the bias rounded once,
+ * the nearest bf16 of the float sum of matmul_forward_bf16's product and the bias, and within
+ * one bf16 step of the sum in double; the same bits with the backend's scratch or without. */
+Test(kernels, bf16_product_and_bias_are_rounded_once)
 {
-    const int rows = 7, cols = 300;
-    float *inp = random_floats((size_t)rows * cols, -4, 4), *bias = random_floats(cols, -1, 1);
-    pt_bf16 *out = malloc(sizeof(pt_bf16) * rows * cols);
-    cpu()->add_bias_to_bf16(out, inp, bias, rows, cols);
+    const int rows = 7, cin = 19, cols = 300;
+    const size_t n_in = (size_t)rows * cin, n_out = (size_t)rows * cols, n_w = (size_t)cin * cols;
+    float *inp = random_floats(n_in, -2, 2), *w = random_floats(n_w, -1, 1);
+    float *bias = random_floats(cols, -1, 1), *product = malloc(4 * n_out);
+    float *scratch = random_floats(n_out, -9, 9);
+    pt_bf16 *inp16 = malloc(2 * n_in), *w16 = malloc(2 * n_w);
+    pt_bf16 *out = malloc(2 * n_out), *out_alone = malloc(2 * n_out);
+    round_in_place(inp, inp16, n_in), round_in_place(w, w16, n_w);
+    cpu()->matmul_forward_bf16_to_bf16(out, scratch, inp16, w16, bias, rows, cin, cols,
+                                       PT_WEIGHT_IN_OUT);
+    cpu()->matmul_forward_bf16_to_bf16(out_alone, NULL, inp16, w16, bias, rows, cin, cols,
+                                       PT_WEIGHT_IN_OUT);
+    cpu()->matmul_forward_bf16(product, inp16, w16, NULL, rows, cin, cols, PT_WEIGHT_IN_OUT);
+    cr_expect_eq(memcmp(out, out_alone, 2 * n_out), 0, "with the scratch or without");
     for (int n = 0; n < rows; n++)
         for (int o = 0; o < cols; o++) {
-            const float sum = inp[n * cols + o] + bias[o];
-            cr_expect_eq(out[n * cols + o], nearest_bf16(sum), "[%d][%d]: %g, the nearest of %.9g",
-                         n, o, bf16_value(out[n * cols + o]), sum);
+            const size_t i = (size_t)n * cols + o;
+            const float sum = product[i] + bias[o];
+            cr_expect_eq(out[i], nearest_bf16(sum), "[%d][%d]: %g, the nearest of %.9g", n, o,
+                         bf16_value(out[i]), sum);
+            double acc = bias[o];
+            for (int c = 0; c < cin; c++) acc += (double)inp[n * cin + c] * w[c * cols + o];
+            const pt_bf16 want = nearest_bf16((float)acc);
+            cr_expect(out[i] == want || out[i] == want + 1 || out[i] + 1 == want,
+                      "[%d][%d] = %g, the product and bias round to %g", n, o, bf16_value(out[i]),
+                      bf16_value(want));
         }
-    free(inp), free(bias), free(out);
+    free(inp), free(w), free(bias), free(product), free(scratch), free(inp16), free(w16);
+    free(out), free(out_alone);
 }
 
 /* The classifier under bf16: logits made in bf16 (the nearest bf16 of the exact product of
@@ -289,7 +366,8 @@ Test(kernels, bf16_logits_and_their_crossentropy)
     round_in_place(inp, inp16, (size_t)rows * Cin);
     round_in_place(W, W16, (size_t)vocab * Cin);
     pt_bf16 *logits16 = malloc(sizeof(pt_bf16) * rows * vocab);
-    cpu()->matmul_forward_bf16_to_bf16(logits16, inp16, W16, rows, Cin, vocab, PT_WEIGHT_OUT_IN);
+    cpu()->matmul_forward_bf16_to_bf16(logits16, NULL, inp16, W16, NULL, rows, Cin, vocab,
+                                       PT_WEIGHT_OUT_IN);
     float *logits = malloc(sizeof(float) * rows * vocab);
     for (int n = 0; n < rows; n++)
         for (int v = 0; v < vocab; v++) {

@@ -141,32 +141,51 @@ void pt_cpu_layernorm_forward_bf16(pt_bf16 *out, float *mean, float *rstd, const
     rounded_into(out, y, n);
 }
 
-/* gelu_backward_bf16 onto zeros, rounded: the same bits as the two kernels in turn. */
-void pt_cpu_gelu_backward_to_bf16(pt_bf16 *dinp, const pt_bf16 *inp, const float *dout, size_t n)
+void pt_cpu_residual_layernorm_forward_bf16(float *residual, pt_bf16 *out, float *mean,
+                                            float *rstd, const float *a, const float *b,
+                                            const float *weight, const float *bias, int N, int C)
 {
-    float *d = fp32_for(dinp, n, true);
-    if (!d) return;
-    pt_cpu_gelu_backward_bf16(d, inp, dout, n);
-    rounded_into(dinp, d, n);
+    pt_cpu_residual_forward(residual, a, b, (size_t)N * C);
+    pt_cpu_layernorm_forward_bf16(out, mean, rstd, residual, weight, bias, N, C);
 }
 
-void pt_cpu_add_bias_to_bf16(pt_bf16 *out, const float *inp, const float *bias, int N, int OC)
-{
-#pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++)
-        for (int o = 0; o < OC; o++)
-            out[(size_t)n * OC + o] = to_bf16(inp[(size_t)n * OC + o] + bias[o]);
-}
-
-/* The same kept in bf16: the fp32 product of the widened operands, rounded once. */
-void pt_cpu_matmul_forward_bf16_to_bf16(pt_bf16 *out, const pt_bf16 *inp, const pt_bf16 *weight,
-                                        int N, int C, int OC, pt_weight_layout layout)
+/* The fp32 product of the widened operands into scratch (a buffer of its own when there is
+ * none), then bias added and rounded once: the same bits as the product, then the bias, then
+ * the cast. */
+void pt_cpu_matmul_forward_bf16_to_bf16(pt_bf16 *out, float *scratch, const pt_bf16 *inp,
+                                        const pt_bf16 *weight, const float *bias, int N, int C,
+                                        int OC, pt_weight_layout layout)
 {
     const size_t n = (size_t)N * OC;
-    float *product = fp32_for(out, n, false);
+    float *product = scratch ? scratch : fp32_for(out, n, false);
     if (!product) return;
     pt_cpu_matmul_forward_bf16(product, inp, weight, NULL, N, C, OC, layout);
-    rounded_into(out, product, n);
+#pragma omp parallel for schedule(static)
+    for (int row = 0; row < N; row++)
+        for (int o = 0; o < OC; o++) {
+            const size_t i = (size_t)row * OC + o;
+            out[i] = to_bf16(bias ? product[i] + bias[o] : product[i]);
+        }
+    if (product != scratch) free(product);
+}
+
+/* The product's dinp written into scratch, then gelu'(pre)·dinp onto zeros, rounded: the same
+ * bits as the product, the fp32 GELU backward and the cast in turn. */
+void pt_cpu_matmul_gelu_backward_bf16(pt_bf16 *dpre, float *scratch, float *dweight, float *dbias,
+                                      const pt_bf16 *dout, const pt_bf16 *inp, const pt_bf16 *pre,
+                                      const pt_bf16 *weight, int N, int C, int OC,
+                                      pt_weight_layout layout)
+{
+    const size_t n = (size_t)N * C;
+    float *product = scratch ? scratch : fp32_for(dpre, n, false);
+    float *gradient = product ? fp32_for(dpre, n, true) : NULL;
+    if (gradient) {
+        pt_cpu_matmul_backward_bf16_dinp_written(product, dweight, dbias, dout, inp, weight, N, C,
+                                                 OC, layout);
+        pt_cpu_gelu_backward_bf16(gradient, pre, product, n);
+        rounded_into(dpre, gradient, n);
+    }
+    if (product != scratch) free(product);
 }
 
 /* Cross-entropy on bf16 logits: the fp32 kernel on their exact values; the gradient's

@@ -89,10 +89,19 @@ void pt_cpu_attention_backward_bf16_to_bf16(pt_bf16 *dqkv, float *scratch, const
                                             int C, int NH);
 void pt_cpu_layernorm_forward_bf16(pt_bf16 *out, float *mean, float *rstd, const float *inp,
                                    const float *weight, const float *bias, int N, int C);
-void pt_cpu_gelu_backward_to_bf16(pt_bf16 *dinp, const pt_bf16 *inp, const float *dout, size_t n);
-void pt_cpu_add_bias_to_bf16(pt_bf16 *out, const float *inp, const float *bias, int N, int OC);
-void pt_cpu_matmul_forward_bf16_to_bf16(pt_bf16 *out, const pt_bf16 *inp, const pt_bf16 *weight,
-                                        int N, int C, int OC, pt_weight_layout layout);
+void pt_cpu_residual_layernorm_forward(float *residual, float *out, float *mean, float *rstd,
+                                       const float *a, const float *b, const float *weight,
+                                       const float *bias, int N, int C);
+void pt_cpu_residual_layernorm_forward_bf16(float *residual, pt_bf16 *out, float *mean,
+                                            float *rstd, const float *a, const float *b,
+                                            const float *weight, const float *bias, int N, int C);
+void pt_cpu_matmul_forward_bf16_to_bf16(pt_bf16 *out, float *scratch, const pt_bf16 *inp,
+                                        const pt_bf16 *weight, const float *bias, int N, int C,
+                                        int OC, pt_weight_layout layout);
+void pt_cpu_matmul_gelu_backward_bf16(pt_bf16 *dpre, float *scratch, float *dweight, float *dbias,
+                                      const pt_bf16 *dout, const pt_bf16 *inp, const pt_bf16 *pre,
+                                      const pt_bf16 *weight, int N, int C, int OC,
+                                      pt_weight_layout layout);
 void pt_cpu_crossentropy_forward_bf16(float *losses, const pt_bf16 *logits, const int32_t *targets,
                                       int N, int V);
 void pt_cpu_crossentropy_forward_backward_bf16(float *losses, pt_bf16 *logits,

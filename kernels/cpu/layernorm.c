@@ -93,6 +93,16 @@ static void layernorm_backward_params(float *dweight, float *dbias, const float 
     }
 }
 
+/* The residual's sum, then the layernorm of it: the same bits as the two kernels in turn (the
+ * CPU gains nothing from one pass: the row is in cache for the second). */
+void pt_cpu_residual_layernorm_forward(float *residual, float *out, float *mean, float *rstd,
+                                       const float *a, const float *b, const float *weight,
+                                       const float *bias, int N, int C)
+{
+    pt_cpu_residual_forward(residual, a, b, (size_t)N * C);
+    pt_cpu_layernorm_forward(out, mean, rstd, residual, weight, bias, N, C);
+}
+
 void pt_cpu_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                                const float *inp, const float *weight, const float *mean,
                                const float *rstd, int N, int C)

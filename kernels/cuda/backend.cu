@@ -21,6 +21,7 @@ pt_cuda_context pt_cuda;
 static std::mutex start_lock;
 static int tf32_request = -1; /* pt_cuda_set_tf32: -1 none, else overrides PIPERT_CUDA_TF32 */
 static int mma_attention_request = -1; /* pt_cuda_set_mma_attention, over PIPERT_CUDA_MMA_ATTENTION */
+static int lt_request = -1;            /* pt_cuda_set_lt, over PIPERT_CUDA_LT */
 
 /* ---- errors ------------------------------------------------------------------------ */
 
@@ -150,7 +151,10 @@ static pipert_result create_streams_and_handles(void)
     PT_TRY(env_integer("PIPERT_CUDA_MMA_ATTENTION", 1, &mma_attention));
     pt_cuda.mma_attention =
         mma_attention_request >= 0 ? mma_attention_request != 0 : mma_attention != 0;
-    return PIPERT_OK;
+    long long lt;
+    PT_TRY(env_integer("PIPERT_CUDA_LT", 1, &lt));
+    pt_cuda.lt = lt_request >= 0 ? lt_request != 0 : lt != 0;
+    return pt_cuda_lt_start();
 }
 
 static pipert_result create_arena(void)
@@ -174,6 +178,7 @@ static void context_destroy(void)
     if (pt_cuda.copy) cudaStreamSynchronize(pt_cuda.copy);
     pt_cuda_peer_close();
     pt_cuda_arena_destroy();
+    pt_cuda_lt_stop();
     if (pt_cuda.cublas) cublasDestroy(pt_cuda.cublas);
     if (pt_cuda.host_partials) cudaFreeHost(pt_cuda.host_partials);
     if (pt_cuda.compute_mark) cudaEventDestroy(pt_cuda.compute_mark);
@@ -197,10 +202,11 @@ static pipert_result context_create(void)
     }
     pt_cuda.ready = true;
     pt_info("cuda: device %d, %s (compute capability %d.%d, %d SMs), arena %zu MiB, TF32 %s, "
-            "bf16 attention on %s",
+            "bf16 attention on %s, epilogues %s",
             pt_cuda.device, pt_cuda.prop.name, pt_cuda.prop.major, pt_cuda.prop.minor,
             pt_cuda.prop.multiProcessorCount, pt_cuda.arena.capacity >> 20,
-            pt_cuda.tf32 ? "on" : "off", pt_cuda.mma_attention ? "tensor cores" : "CUDA cores");
+            pt_cuda.tf32 ? "on" : "off", pt_cuda.mma_attention ? "tensor cores" : "CUDA cores",
+            pt_cuda.lt ? "fused by cuBLASLt" : "as kernels");
     return PIPERT_OK;
 }
 
@@ -222,6 +228,13 @@ extern "C" void pt_cuda_set_mma_attention(int enabled)
     std::lock_guard<std::mutex> guard(start_lock);
     mma_attention_request = enabled != 0;
     pt_cuda.mma_attention = enabled != 0;
+}
+
+extern "C" void pt_cuda_set_lt(int enabled)
+{
+    std::lock_guard<std::mutex> guard(start_lock);
+    lt_request = enabled != 0;
+    pt_cuda.lt = enabled != 0;
 }
 
 /* ---- the table ------------------------------------------------------------------------ */
@@ -247,16 +260,18 @@ static const pt_kernels cuda_kernels = {
     .encoder_backward = pt_cuda_encoder_backward,
     .layernorm_forward = pt_cuda_layernorm_forward,
     .layernorm_forward_bf16 = pt_cuda_layernorm_forward_bf16,
+    .residual_layernorm_forward = pt_cuda_residual_layernorm_forward,
+    .residual_layernorm_forward_bf16 = pt_cuda_residual_layernorm_forward_bf16,
     .layernorm_backward = pt_cuda_layernorm_backward,
     .matmul_forward = pt_cuda_matmul_forward,
     .matmul_backward = pt_cuda_matmul_backward,
     .cast_to_bf16 = pt_cuda_cast_to_bf16,
     .cast_from_bf16 = pt_cuda_cast_from_bf16,
-    .add_bias_to_bf16 = pt_cuda_add_bias_to_bf16,
     .matmul_forward_bf16 = pt_cuda_matmul_forward_bf16,
     .matmul_backward_bf16 = pt_cuda_matmul_backward_bf16,
     .matmul_backward_bf16_dinp_written = pt_cuda_matmul_backward_bf16_dinp_written,
     .matmul_forward_bf16_to_bf16 = pt_cuda_matmul_forward_bf16_to_bf16,
+    .matmul_gelu_backward_bf16 = pt_cuda_matmul_gelu_backward_bf16,
     .attention_forward = pt_cuda_attention_forward,
     .attention_backward = pt_cuda_attention_backward,
     .attention_saved_floats = pt_cuda_attention_saved_floats,
@@ -268,7 +283,6 @@ static const pt_kernels cuda_kernels = {
     .gelu_backward = pt_cuda_gelu_backward,
     .gelu_forward_bf16 = pt_cuda_gelu_forward_bf16,
     .gelu_backward_bf16 = pt_cuda_gelu_backward_bf16,
-    .gelu_backward_to_bf16 = pt_cuda_gelu_backward_to_bf16,
     .residual_forward = pt_cuda_residual_forward,
     .crossentropy_forward = pt_cuda_crossentropy_forward,
     .crossentropy_forward_backward = pt_cuda_crossentropy_forward_backward,

@@ -6,6 +6,7 @@
 #ifndef PT_KERNELS_CUDA_COMMON_CUH
 #define PT_KERNELS_CUDA_COMMON_CUH
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -47,6 +48,9 @@ struct pt_cuda_context {
     cudaEvent_t compute_mark; /* recorded on compute before a copy-stream transfer */
     cudaEvent_t copy_mark;    /* recorded on copy after it; compute waits on it */
     cublasHandle_t cublas;
+    cublasLtHandle_t cublas_lt; /* the products with an epilogue (gemm_lt.cu) */
+    void *lt_workspace;         /* cuBLASLt's, LT_WORKSPACE_BYTES, outside the arena */
+    bool lt;                    /* products with an epilogue through cuBLASLt (pt_cuda_set_lt) */
     bool tf32;
     bool mma_attention; /* a bf16 qkv's attention on tensor cores (attention_mma.cu) */
     pt_cuda_arena arena;
@@ -162,8 +166,15 @@ void pt_cuda_matmul_backward(float *dinp, float *dweight, float *dbias, const fl
 /* layernorm.cu */
 void pt_cuda_layernorm_forward_bf16(pt_bf16 *out, float *mean, float *rstd, const float *inp,
                                     const float *weight, const float *bias, int N, int C);
+void pt_cuda_residual_layernorm_forward(float *residual, float *out, float *mean, float *rstd,
+                                        const float *a, const float *b, const float *weight,
+                                        const float *bias, int N, int C);
+void pt_cuda_residual_layernorm_forward_bf16(float *residual, pt_bf16 *out, float *mean,
+                                             float *rstd, const float *a, const float *b,
+                                             const float *weight, const float *bias, int N, int C);
 
-/* elementwise.cu, beside cuda.h's casts */
+/* elementwise.cu, beside cuda.h's casts: what matmul.cu does after cuBLAS where cuBLASLt's
+ * epilogue does not */
 void pt_cuda_add_bias_to_bf16(pt_bf16 *out, const float *inp, const float *bias, int N, int OC);
 void pt_cuda_gelu_backward_to_bf16(pt_bf16 *dinp, const pt_bf16 *inp, const float *dout, size_t n);
 
@@ -172,8 +183,41 @@ void pt_cuda_matmul_backward_bf16_dinp_written(float *dinp, float *dweight, floa
                                                const pt_bf16 *dout, const pt_bf16 *inp,
                                                const pt_bf16 *weight, int N, int C, int OC,
                                                pt_weight_layout layout);
-void pt_cuda_matmul_forward_bf16_to_bf16(pt_bf16 *out, const pt_bf16 *inp, const pt_bf16 *weight,
-                                         int N, int C, int OC, pt_weight_layout layout);
+void pt_cuda_matmul_forward_bf16_to_bf16(pt_bf16 *out, float *scratch, const pt_bf16 *inp,
+                                         const pt_bf16 *weight, const float *bias, int N, int C,
+                                         int OC, pt_weight_layout layout);
+void pt_cuda_matmul_gelu_backward_bf16(pt_bf16 *dpre, float *scratch, float *dweight,
+                                       float *dbias, const pt_bf16 *dout, const pt_bf16 *inp,
+                                       const pt_bf16 *pre, const pt_bf16 *weight, int N, int C,
+                                       int OC, pt_weight_layout layout);
+
+/* ---- products with an epilogue (gemm_lt.cu) ---------------------------------- */
+
+/* One operand or result of a GEMM, as its row-major buffer. */
+struct pt_gemm_operand {
+    const void *data;
+    int ld; /* row length of the row-major buffer */
+};
+
+/* What cuBLASLt applies to a product's fp32 sums before it stores them (matmul.cu's products):
+ * + bias[col] (fp32), or · gelu'(aux[row][col]) (aux bf16, a row-major buffer like D). */
+enum pt_gemm_epilogue_kind { PT_GEMM_BIAS, PT_GEMM_GELU_GRADIENT };
+struct pt_gemm_epilogue {
+    pt_gemm_epilogue_kind kind;
+    const float *bias;         /* PT_GEMM_BIAS */
+    const __nv_bfloat16 *aux;  /* PT_GEMM_GELU_GRADIENT */
+};
+
+pipert_result pt_cuda_lt_start(void); /* the handle and workspace, once per context */
+void pt_cuda_lt_stop(void);
+
+/* D[rows_d, cols_d] (row-major, of d_type) = epilogue(op(A)·op(B)), inner dimension k, A and B
+ * of `type`, as matmul.cu's gemm_row_major_to with β = 0. false, with nothing launched, when
+ * the products with an epilogue are off (pt_cuda_set_lt) or cuBLASLt has no algorithm for
+ * this one: the caller makes it another way. */
+bool pt_cuda_gemm_lt(void *D, cudaDataType d_type, int rows_d, int cols_d, int k,
+                     pt_gemm_operand A, cublasOperation_t op_a, pt_gemm_operand B,
+                     cublasOperation_t op_b, cudaDataType type, const pt_gemm_epilogue &epilogue);
 
 /* attention.cu */
 pipert_result pt_cuda_attention_setup(void); /* shared-memory limits, once per context */

@@ -90,6 +90,11 @@ void pt_cuda_set_tf32(int enabled);
  * overrides PIPERT_CUDA_MMA_ATTENTION. */
 void pt_cuda_set_mma_attention(int enabled);
 
+/* Makes the products that have an epilogue (a bias; the GELU's gradient) through cuBLASLt
+ * with it fused (1, the default), or through cuBLAS and a kernel of ours (0); overrides
+ * PIPERT_CUDA_LT. cuBLASLt declining a product falls back to the second way by itself. */
+void pt_cuda_set_lt(int enabled);
+
 /* Floats the CUDA attention saves for its backward (kernels.h,
  * attention_saved_floats). Pure C: in every build. */
 size_t pt_cuda_attention_saved_floats(int B, int T, int C, int NH);

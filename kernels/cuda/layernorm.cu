@@ -7,6 +7,9 @@
  *             dinp += rstd·(g − mean(g) − x̂·mean(g·x̂));
  *             dweight += Σ_n dout·x̂;  dbias += Σ_n dout
  *
+ * With a residual (residual_layernorm_forward): x = a + b, written to residual in
+ * the first pass, the residual stream's sum and the layernorm after it in one.
+ *
  * One warp per row for everything per row (two passes for the variance, as
  * on the CPU: no cancellation for large means); the parameter gradients are
  * deterministic column sums (reduce.cuh). */
@@ -19,18 +22,31 @@
 __device__ inline void store(float *y, float v) { *y = v; }
 __device__ inline void store(__nv_bfloat16 *y, float v) { *y = __float2bfloat16_rn(v); }
 
-template <class Element>
-__global__ void layernorm_forward_kernel(Element *out, float *mean, float *rstd, const float *inp,
-                                         const float *weight, const float *bias, int N, int C)
+/* One warp per row. WITH_RESIDUAL: the row is a + b, written to residual as the first pass
+ * makes it and read back from there by the later passes (each lane its own columns: no
+ * barrier); residual may be a or b. Otherwise the row is a. */
+template <class Element, bool WITH_RESIDUAL>
+__global__ void layernorm_forward_kernel(Element *out, float *mean, float *rstd, float *residual,
+                                         const float *a, const float *b, const float *weight,
+                                         const float *bias, int N, int C)
 {
-    /* out[N,C] (fp32, or bf16 under runtime.precision = bf16), mean[N], rstd[N], inp[N,C],
-     * weight[C], bias[C]; one warp per row */
+    /* out[N,C] (fp32, or bf16 under runtime.precision = bf16), mean[N], rstd[N], residual, a,
+     * b [N,C] (residual and b only WITH_RESIDUAL), weight[C], bias[C] */
     int n = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (n >= N) return;
-    const float *x = inp + (size_t)n * C;
-    Element *y = out + (size_t)n * C;
+    const size_t row = (size_t)n * C;
+    const float *x = WITH_RESIDUAL ? residual + row : a + row;
+    Element *y = out + row;
     float sum = 0.0f;
-    for (int c = lane; c < C; c += 32) sum += x[c];
+    for (int c = lane; c < C; c += 32) {
+        if (WITH_RESIDUAL) {
+            const float r = a[row + c] + b[row + c];
+            residual[row + c] = r;
+            sum += r;
+        } else {
+            sum += x[c];
+        }
+    }
     float mu = pt_warp_sum(sum) / (float)C;
     float squares = 0.0f;
     for (int c = lane; c < C; c += 32) squares += (x[c] - mu) * (x[c] - mu);
@@ -78,22 +94,51 @@ struct normalized_gradient {
 
 static unsigned row_blocks(int N) { return (unsigned)pt_cuda_ceil_div(N, ROWS_PER_BLOCK); }
 
+/* out = layernorm(a), or (b given) residual = a + b and out = layernorm(residual) */
+template <class Element>
+static void launch_forward(Element *out, float *mean, float *rstd, float *residual, const float *a,
+                           const float *b, const float *weight, const float *bias, int N, int C,
+                           const char *name)
+{
+    if (N <= 0) return;
+    if (b)
+        layernorm_forward_kernel<Element, true><<<row_blocks(N), 32 * ROWS_PER_BLOCK, 0,
+                                                  pt_cuda.compute>>>(out, mean, rstd, residual, a,
+                                                                     b, weight, bias, N, C);
+    else
+        layernorm_forward_kernel<Element, false><<<row_blocks(N), 32 * ROWS_PER_BLOCK, 0,
+                                                   pt_cuda.compute>>>(out, mean, rstd, NULL, a,
+                                                                      NULL, weight, bias, N, C);
+    PT_CUDA_LAUNCHED(name);
+}
+
 void pt_cuda_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
                                const float *weight, const float *bias, int N, int C)
 {
-    if (N <= 0) return;
-    layernorm_forward_kernel<<<row_blocks(N), 32 * ROWS_PER_BLOCK, 0, pt_cuda.compute>>>(
-        out, mean, rstd, inp, weight, bias, N, C);
-    PT_CUDA_LAUNCHED("layernorm_forward_kernel");
+    launch_forward(out, mean, rstd, NULL, inp, NULL, weight, bias, N, C, "layernorm_forward_kernel");
 }
 
 void pt_cuda_layernorm_forward_bf16(pt_bf16 *out, float *mean, float *rstd, const float *inp,
                                     const float *weight, const float *bias, int N, int C)
 {
-    if (N <= 0) return;
-    layernorm_forward_kernel<<<row_blocks(N), 32 * ROWS_PER_BLOCK, 0, pt_cuda.compute>>>(
-        (__nv_bfloat16 *)out, mean, rstd, inp, weight, bias, N, C);
-    PT_CUDA_LAUNCHED("layernorm_forward_kernel<bf16>");
+    launch_forward((__nv_bfloat16 *)out, mean, rstd, NULL, inp, NULL, weight, bias, N, C,
+                   "layernorm_forward_kernel<bf16>");
+}
+
+void pt_cuda_residual_layernorm_forward(float *residual, float *out, float *mean, float *rstd,
+                                        const float *a, const float *b, const float *weight,
+                                        const float *bias, int N, int C)
+{
+    launch_forward(out, mean, rstd, residual, a, b, weight, bias, N, C,
+                   "layernorm_forward_kernel<residual>");
+}
+
+void pt_cuda_residual_layernorm_forward_bf16(float *residual, pt_bf16 *out, float *mean,
+                                             float *rstd, const float *a, const float *b,
+                                             const float *weight, const float *bias, int N, int C)
+{
+    launch_forward((__nv_bfloat16 *)out, mean, rstd, residual, a, b, weight, bias, N, C,
+                   "layernorm_forward_kernel<residual, bf16>");
 }
 
 void pt_cuda_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,

@@ -13,23 +13,22 @@
  * column-major product Dᵀ = op(B)ᵀ·op(A)ᵀ: call cuBLAS with the operands
  * swapped (B's buffer first), the same op letters, m = cols(D), n = rows(D).
  *
- * The bias is written into out first and the GEMM adds onto it (β = 1), as
- * on the CPU. fp32 GEMMs compute in exact fp32 (CUBLAS_COMPUTE_32F) unless
- * TF32 is allowed (PIPERT_CUDA_TF32=1, pt_cuda_set_tf32).
+ * A bias is added by cuBLASLt's epilogue to the fp32 sums before they are stored
+ * (gemm_lt.cu); where it declines, the bias is written into out first and the
+ * GEMM adds onto it (β = 1), as on the CPU, or (a bf16 out) the fp32 product goes
+ * to the caller's scratch and a kernel adds the bias and rounds. The backward
+ * through the GELU is the same: cuBLASLt's DGELU epilogue, or the product into
+ * scratch and the GELU's gradient kernel. fp32 GEMMs compute in exact fp32
+ * (CUBLAS_COMPUTE_32F) unless TF32 is allowed (PIPERT_CUDA_TF32=1,
+ * pt_cuda_set_tf32).
  */
 #include "kernels/cuda/reduce.cuh"
-
-/* One operand or result of a GEMM, as its row-major buffer. */
-struct gemm_operand {
-    const void *data;
-    int ld; /* row length of the row-major buffer */
-};
 
 /* D[rows_d, cols_d] (row-major, of d_type: fp32, or bf16 rounded from the fp32 sums) =
  * α·op(A)·op(B) + β·D, with inner dimension k; A and B of the element type `type` (fp32 or
  * bf16). */
 static void gemm_row_major_to(void *D, cudaDataType d_type, int rows_d, int cols_d, int k,
-                              gemm_operand A, cublasOperation_t op_a, gemm_operand B,
+                              pt_gemm_operand A, cublasOperation_t op_a, pt_gemm_operand B,
                               cublasOperation_t op_b, cudaDataType type, float beta)
 {
     if (rows_d <= 0 || cols_d <= 0) return;
@@ -42,8 +41,8 @@ static void gemm_row_major_to(void *D, cudaDataType d_type, int rows_d, int cols
 }
 
 /* The same into an fp32 D. */
-static void gemm_row_major(float *D, int rows_d, int cols_d, int k, gemm_operand A,
-                           cublasOperation_t op_a, gemm_operand B, cublasOperation_t op_b,
+static void gemm_row_major(float *D, int rows_d, int cols_d, int k, pt_gemm_operand A,
+                           cublasOperation_t op_a, pt_gemm_operand B, cublasOperation_t op_b,
                            cudaDataType type, float beta)
 {
     gemm_row_major_to(D, CUDA_R_32F, rows_d, cols_d, k, A, op_a, B, op_b, type, beta);
@@ -55,21 +54,45 @@ __global__ void bias_rows_kernel(float *out, const float *bias, int OC, size_t n
     PT_GRID_STRIDE_LOOP(i, n) out[i] = bias[i % OC];
 }
 
+/* The product's operands for out[N,OC] = inp[N,C]·W: W [C, OC] (in-out) or [OC, C] read
+ * transposed (out-in). */
+struct forward_operands {
+    pt_gemm_operand inp, weight;
+    cublasOperation_t weight_op;
+};
+static forward_operands forward_of(const void *inp, const void *weight, int C, int OC,
+                                   pt_weight_layout layout)
+{
+    if (layout == PT_WEIGHT_IN_OUT) return {{inp, C}, {weight, OC}, CUBLAS_OP_N};
+    return {{inp, C}, {weight, C}, CUBLAS_OP_T};
+}
+
+/* out[N,OC] (of out_type) = inp[N,C]·W + bias through cuBLASLt's bias epilogue; false where it
+ * declines (nothing done). */
+static bool forward_with_bias_lt(void *out, cudaDataType out_type, const void *inp,
+                                 const void *weight, const float *bias, int N, int C, int OC,
+                                 pt_weight_layout layout, cudaDataType type)
+{
+    const forward_operands f = forward_of(inp, weight, C, OC, layout);
+    return pt_cuda_gemm_lt(out, out_type, N, OC, C, f.inp, CUBLAS_OP_N, f.weight, f.weight_op,
+                           type, {PT_GEMM_BIAS, bias, NULL});
+}
+
 /* The forward of either element type: out[N,OC] = inp[N,C]·W (+ bias). */
 static void matmul_forward_typed(float *out, const void *inp, const void *weight,
                                  const float *bias, int N, int C, int OC, pt_weight_layout layout,
                                  cudaDataType type)
 {
+    if (bias && forward_with_bias_lt(out, CUDA_R_32F, inp, weight, bias, N, C, OC, layout, type))
+        return;
     float beta = 0.0f;
     if (bias) {
         size_t n = (size_t)N * OC;
         PT_LAUNCH_ELEMENTWISE(bias_rows_kernel, n, out, bias, OC, n);
         beta = 1.0f;
     }
-    if (layout == PT_WEIGHT_IN_OUT) /* out = inp·W,  W [C, OC] */
-        gemm_row_major(out, N, OC, C, {inp, C}, CUBLAS_OP_N, {weight, OC}, CUBLAS_OP_N, type, beta);
-    else /* out = inp·Wᵀ,  W [OC, C] */
-        gemm_row_major(out, N, OC, C, {inp, C}, CUBLAS_OP_N, {weight, C}, CUBLAS_OP_T, type, beta);
+    const forward_operands f = forward_of(inp, weight, C, OC, layout);
+    gemm_row_major(out, N, OC, C, f.inp, CUBLAS_OP_N, f.weight, f.weight_op, type, beta);
 }
 
 /* The backward of either element type; value reads dout[n, o] for the bias. dinp_beta 1
@@ -139,14 +162,45 @@ void pt_cuda_matmul_backward_bf16_dinp_written(float *dinp, float *dweight, floa
                           pt_rows_bf16{(const __nv_bfloat16 *)dout, OC}, 0.0f);
 }
 
-void pt_cuda_matmul_forward_bf16_to_bf16(pt_bf16 *out, const pt_bf16 *inp, const pt_bf16 *weight,
-                                         int N, int C, int OC, pt_weight_layout layout)
+void pt_cuda_matmul_forward_bf16_to_bf16(pt_bf16 *out, float *scratch, const pt_bf16 *inp,
+                                         const pt_bf16 *weight, const float *bias, int N, int C,
+                                         int OC, pt_weight_layout layout)
 {
-    /* out[N,OC] bf16 = inp·W rounded once from the fp32 sums (cuBLAS: bf16 C and D, 32F compute) */
-    if (layout == PT_WEIGHT_IN_OUT)
-        gemm_row_major_to(out, CUDA_R_16BF, N, OC, C, {inp, C}, CUBLAS_OP_N, {weight, OC},
-                          CUBLAS_OP_N, CUDA_R_16BF, 0.0f);
-    else
-        gemm_row_major_to(out, CUDA_R_16BF, N, OC, C, {inp, C}, CUBLAS_OP_N, {weight, C},
-                          CUBLAS_OP_T, CUDA_R_16BF, 0.0f);
+    /* out[N,OC] bf16 = inp·W + bias rounded once from the fp32 sums: cuBLASLt's epilogue;
+     * without a bias, cuBLAS with a bf16 C and D; else the fp32 product in scratch, then a
+     * kernel adds the bias and rounds */
+    if (bias && forward_with_bias_lt(out, CUDA_R_16BF, inp, weight, bias, N, C, OC, layout,
+                                     CUDA_R_16BF))
+        return;
+    const forward_operands f = forward_of(inp, weight, C, OC, layout);
+    if (!bias) {
+        gemm_row_major_to(out, CUDA_R_16BF, N, OC, C, f.inp, CUBLAS_OP_N, f.weight, f.weight_op,
+                          CUDA_R_16BF, 0.0f);
+        return;
+    }
+    gemm_row_major(scratch, N, OC, C, f.inp, CUBLAS_OP_N, f.weight, f.weight_op, CUDA_R_16BF,
+                   0.0f);
+    pt_cuda_add_bias_to_bf16(out, scratch, bias, N, OC);
+}
+
+void pt_cuda_matmul_gelu_backward_bf16(pt_bf16 *dpre, float *scratch, float *dweight,
+                                       float *dbias, const pt_bf16 *dout, const pt_bf16 *inp,
+                                       const pt_bf16 *pre, const pt_bf16 *weight, int N, int C,
+                                       int OC, pt_weight_layout layout)
+{
+    /* dpre[N,C] = bf16(gelu'(pre)·dout·Wᵀ): cuBLASLt's DGELU epilogue on the dinp product, or
+     * that product into scratch and the GELU's gradient kernel; then dweight and dbias as
+     * matmul_backward_bf16's (dinp NULL: not made again) */
+    const bool in_out = layout == PT_WEIGHT_IN_OUT;
+    const pt_gemm_operand W = {weight, in_out ? OC : C};
+    const cublasOperation_t w_op = in_out ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const pt_gemm_epilogue gelu_gradient = {PT_GEMM_GELU_GRADIENT, NULL,
+                                            (const __nv_bfloat16 *)pre};
+    if (!pt_cuda_gemm_lt(dpre, CUDA_R_16BF, N, C, OC, {dout, OC}, CUBLAS_OP_N, W, w_op,
+                         CUDA_R_16BF, gelu_gradient)) {
+        gemm_row_major(scratch, N, C, OC, {dout, OC}, CUBLAS_OP_N, W, w_op, CUDA_R_16BF, 0.0f);
+        pt_cuda_gelu_backward_to_bf16(dpre, pre, scratch, (size_t)N * C);
+    }
+    matmul_backward_typed(NULL, dweight, dbias, dout, inp, weight, N, C, OC, layout, CUDA_R_16BF,
+                          pt_rows_bf16{(const __nv_bfloat16 *)dout, OC});
 }

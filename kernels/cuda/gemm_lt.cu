@@ -1,0 +1,194 @@
+/* Products with an epilogue through cuBLASLt: the bias added, or the GELU's gradient applied,
+ * to the fp32 sums inside the GEMM before they are stored (rounded once to D's type), instead
+ * of a separate pass of ours that reads the product back (matmul.cu's fallbacks).
+ *
+ * Naive reading, per element of D[row][col] = Σ_k op(A)[row][k]·op(B)[k][col] (fp32 sums):
+ *   PT_GEMM_BIAS:          D = sum + bias[col]
+ *   PT_GEMM_GELU_GRADIENT: D = sum · gelu'(aux[row][col])   (GELU: the tanh approximation)
+ *
+ * The row-major to column-major mapping is matmul.cu's: the row-major D = op(A)·op(B) is the
+ * column-major Dᵀ = op(B)ᵀ·op(A)ᵀ, so B's buffer is cuBLASLt's first operand, m = cols_d and
+ * n = rows_d; the bias runs along cuBLASLt's rows (length m), and aux has D's layout.
+ *
+ * cuBLASLt chooses an algorithm per call (its heuristic, one answer) for the pointers'
+ * actual alignment: the operands are often rows inside a larger buffer, not the 256 bytes it
+ * assumes by default. Where it has none (a type pair or epilogue it does not fuse, an aux row
+ * length not a multiple of 8) the caller falls back, and the first such refusal of each kind
+ * is logged once. */
+#include <stdint.h>
+
+#include "kernels/cuda/common.cuh"
+
+extern "C" {
+#include "runtime/log.h"
+}
+
+#define LT_WORKSPACE_BYTES ((size_t)32 << 20) /* what NVIDIA suggests for Hopper */
+
+pipert_result pt_cuda_lt_start(void)
+{
+    cublasStatus_t status = cublasLtCreate(&pt_cuda.cublas_lt);
+    if (status != CUBLAS_STATUS_SUCCESS)
+        return pt_fail(PIPERT_ERR_INTERNAL, "cuBLASLt: %s", cublasGetStatusString(status));
+    cudaError_t err = cudaMalloc(&pt_cuda.lt_workspace, LT_WORKSPACE_BYTES);
+    if (err != cudaSuccess)
+        return pt_fail(PIPERT_ERR_NOMEM, "CUDA device %d: cuBLASLt's workspace of %zu MiB: %s",
+                       pt_cuda.device, LT_WORKSPACE_BYTES >> 20, cudaGetErrorString(err));
+    return PIPERT_OK;
+}
+
+void pt_cuda_lt_stop(void)
+{
+    if (pt_cuda.lt_workspace) cudaFree(pt_cuda.lt_workspace);
+    if (pt_cuda.cublas_lt) cublasLtDestroy(pt_cuda.cublas_lt);
+    pt_cuda.lt_workspace = NULL;
+    pt_cuda.cublas_lt = NULL;
+}
+
+/* The largest power of two up to 256 that divides the address. */
+static uint32_t alignment_of(const void *p)
+{
+    uint32_t a = 256;
+    while (a > 1 && (uintptr_t)p % a) a /= 2;
+    return a;
+}
+
+static const char *epilogue_name(pt_gemm_epilogue_kind kind)
+{
+    return kind == PT_GEMM_BIAS ? "the bias" : "the GELU's gradient";
+}
+
+/* Logs the first refusal of each epilogue kind: the products then run without it. */
+static void note_declined(pt_gemm_epilogue_kind kind, const char *why, int m, int n, int k)
+{
+    static bool noted[2];
+    if (noted[kind]) return;
+    noted[kind] = true;
+    pt_info("cuda: cuBLASLt does not fuse %s into a %d×%d×%d product (%s); such products run "
+            "as cuBLAS and a kernel", epilogue_name(kind), m, n, k, why);
+}
+
+/* The descriptors of one call, destroyed together. */
+struct lt_call {
+    cublasLtMatmulDesc_t desc = NULL;
+    cublasLtMatrixLayout_t first = NULL, second = NULL, out = NULL;
+    cublasLtMatmulPreference_t preference = NULL;
+    ~lt_call()
+    {
+        if (preference) cublasLtMatmulPreferenceDestroy(preference);
+        if (out) cublasLtMatrixLayoutDestroy(out);
+        if (second) cublasLtMatrixLayoutDestroy(second);
+        if (first) cublasLtMatrixLayoutDestroy(first);
+        if (desc) cublasLtMatmulDescDestroy(desc);
+    }
+};
+
+template <class Value>
+static bool set(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t what, Value value)
+{
+    return cublasLtMatmulDescSetAttribute(desc, what, &value, sizeof value) ==
+           CUBLAS_STATUS_SUCCESS;
+}
+
+static bool describe_epilogue(cublasLtMatmulDesc_t desc, const pt_gemm_epilogue &e, int m)
+{
+    if (e.kind == PT_GEMM_BIAS)
+        return set(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_BIAS) &&
+               set(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, (const void *)e.bias) &&
+               set(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, (int32_t)CUDA_R_32F);
+    return set(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_DGELU) &&
+           set(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, (const void *)e.aux) &&
+           set(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, (int64_t)m); /* aux of D's type: bf16 */
+}
+
+/* A layout of a row-major buffer as cuBLASLt's column-major operand: op N reads it as
+ * [rows, cols] with leading dimension ld, op T as its transpose stored [cols, rows]. */
+static bool describe(cublasLtMatrixLayout_t *layout, cudaDataType type, cublasOperation_t op,
+                     int rows, int cols, int ld)
+{
+    const bool plain = op == CUBLAS_OP_N;
+    return cublasLtMatrixLayoutCreate(layout, type, plain ? rows : cols, plain ? cols : rows, ld) ==
+           CUBLAS_STATUS_SUCCESS;
+}
+
+/* The workspace, and the operands' actual alignment (the bias's and aux's pointers are in the
+ * descriptor: the heuristic reads them there). */
+static bool prefer(cublasLtMatmulPreference_t *p, const void *D, pt_gemm_operand A,
+                   pt_gemm_operand B)
+{
+    const uint64_t workspace = LT_WORKSPACE_BYTES;
+    if (cublasLtMatmulPreferenceCreate(p) != CUBLAS_STATUS_SUCCESS) return false;
+    const struct {
+        cublasLtMatmulPreferenceAttributes_t what;
+        uint32_t bytes;
+    } aligned[] = {
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, alignment_of(B.data)},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, alignment_of(A.data)},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, alignment_of(D)},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, alignment_of(D)},
+    };
+    bool ok = cublasLtMatmulPreferenceSetAttribute(*p, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                   &workspace, sizeof workspace) ==
+              CUBLAS_STATUS_SUCCESS;
+    for (const auto &a : aligned)
+        ok = ok && cublasLtMatmulPreferenceSetAttribute(*p, a.what, &a.bytes, sizeof a.bytes) ==
+                       CUBLAS_STATUS_SUCCESS;
+    return ok;
+}
+
+bool pt_cuda_gemm_lt(void *D, cudaDataType d_type, int rows_d, int cols_d, int k,
+                     pt_gemm_operand A, cublasOperation_t op_a, pt_gemm_operand B,
+                     cublasOperation_t op_b, cudaDataType type, const pt_gemm_epilogue &epilogue)
+{
+    /* a combination cuBLASLt refused at the call itself is not asked again */
+    static bool refused[2][2];
+    const bool wide = d_type == CUDA_R_32F;
+    if (!pt_cuda.lt || !pt_cuda.cublas_lt || refused[epilogue.kind][wide]) return false;
+    if (rows_d <= 0 || cols_d <= 0) return true; /* nothing to make */
+    const int m = cols_d, n = rows_d;
+    if (epilogue.kind == PT_GEMM_GELU_GRADIENT && m % 8) {
+        note_declined(epilogue.kind, "aux rows must be a multiple of 8 long", m, n, k);
+        return false;
+    }
+    const cublasComputeType_t compute =
+        type == CUDA_R_32F && pt_cuda.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    lt_call call;
+    bool described =
+        cublasLtMatmulDescCreate(&call.desc, compute, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS &&
+        set(call.desc, CUBLASLT_MATMUL_DESC_TRANSA, (int32_t)op_b) &&
+        set(call.desc, CUBLASLT_MATMUL_DESC_TRANSB, (int32_t)op_a) &&
+        describe_epilogue(call.desc, epilogue, m) &&
+        describe(&call.first, type, op_b, m, k, B.ld) &&
+        describe(&call.second, type, op_a, k, n, A.ld) &&
+        describe(&call.out, d_type, CUBLAS_OP_N, m, n, m) &&
+        prefer(&call.preference, D, A, B);
+    if (!described) {
+        note_declined(epilogue.kind, "its descriptors were refused", m, n, k);
+        return false;
+    }
+    cublasLtMatmulHeuristicResult_t chosen = {};
+    int found = 0;
+    const cublasStatus_t asked =
+        cublasLtMatmulAlgoGetHeuristic(pt_cuda.cublas_lt, call.desc, call.first, call.second,
+                                       call.out, call.out, call.preference, 1, &chosen, &found);
+    if (asked != CUBLAS_STATUS_SUCCESS || found == 0) {
+        note_declined(epilogue.kind,
+                      asked != CUBLAS_STATUS_SUCCESS ? cublasGetStatusString(asked)
+                                                     : "no algorithm",
+                      m, n, k);
+        return false;
+    }
+    const float alpha = 1.0f, beta = 0.0f;
+    const cublasStatus_t ran =
+        cublasLtMatmul(pt_cuda.cublas_lt, call.desc, &alpha, B.data, call.first, A.data,
+                       call.second, &beta, D, call.out, D, call.out, &chosen.algo,
+                       pt_cuda.lt_workspace, LT_WORKSPACE_BYTES, pt_cuda.compute);
+    if (ran == CUBLAS_STATUS_NOT_SUPPORTED || ran == CUBLAS_STATUS_INVALID_VALUE) {
+        /* refused before anything was launched (a type it does not take in this epilogue) */
+        refused[epilogue.kind][wide] = true;
+        note_declined(epilogue.kind, cublasGetStatusString(ran), m, n, k);
+        return false;
+    }
+    pt_cublas_ok(ran, "cublasLtMatmul", __FILE__, __LINE__);
+    return true;
+}
