@@ -131,9 +131,9 @@ static void print_profile(void)
     int n = pt_kernel_profile_read(times, 64);
     double total = 0;
     for (int i = 0; i < n; i++) total += times[i].seconds;
-    printf("kernel                          calls     ms total   share\n");
+    printf("%-34s %6s %12s %7s\n", "kernel", "calls", "ms total", "share");
     for (int i = 0; i < n; i++)
-        printf("%-30s %6ld %12.1f %6.1f%%\n", times[i].name, times[i].calls,
+        printf("%-34s %6ld %12.1f %6.1f%%\n", times[i].name, times[i].calls,
                1e3 * times[i].seconds, total > 0 ? 100 * times[i].seconds / total : 0);
 }
 

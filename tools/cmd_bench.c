@@ -43,17 +43,17 @@ static pipert_result time_steps(pt_stage_executor *ex, int warmup, int steps, do
 
 static void print_profile(double mean_step_seconds, int steps)
 {
-    pt_kernel_time times[32];
-    int n = pt_kernel_profile_read(times, 32);
+    pt_kernel_time times[64];
+    int n = pt_kernel_profile_read(times, 64);
     double total = 0;
     for (int i = 0; i < n; i++) total += times[i].seconds;
     printf("\nwhere a step's time goes (profiled run, kernels synchronised one by one):\n");
-    printf("  %-30s %10s %7s %8s\n", "kernel", "ms/step", "share", "calls");
+    printf("  %-34s %10s %7s %8s\n", "kernel", "ms/step", "share", "calls");
     for (int i = 0; i < n; i++)
-        printf("  %-30s %10.2f %6.1f%% %8ld\n", times[i].name, 1e3 * times[i].seconds / steps,
+        printf("  %-34s %10.2f %6.1f%% %8ld\n", times[i].name, 1e3 * times[i].seconds / steps,
                100 * times[i].seconds / total, times[i].calls / steps);
-    printf("  %-30s %10.2f\n", "outside kernels", 1e3 * (mean_step_seconds - total / steps));
-    printf("  %-30s %10.2f\n", "step (mean)", 1e3 * mean_step_seconds);
+    printf("  %-34s %10.2f\n", "outside kernels", 1e3 * (mean_step_seconds - total / steps));
+    printf("  %-34s %10.2f\n", "step (mean)", 1e3 * mean_step_seconds);
 }
 
 /* One worker's engine: the executor with a single stage. */
