@@ -40,6 +40,13 @@ typedef struct pt_adam_coeffs {
     float c_grad, c_mom;
 } pt_adam_coeffs;
 
+/* A tensor inside a flat parameter buffer (and its gradient's and moments', at the same
+ * offset); decay: weight decay applies (2-D tensors only). */
+typedef struct pt_param_region {
+    size_t offset, numel;
+    int decay;
+} pt_param_region;
+
 /* The secant delay compensation's constants for one call (secant_compensate). */
 typedef struct pt_secant_coeffs {
     float beta;      /* weight of the past in the running means of Δg·Δw and Δw² */
@@ -217,8 +224,13 @@ typedef struct pt_kernels {
                                                const int32_t *targets, int N, int V, float dloss);
 
     /* ---- optimizer and reductions ---- */
-    void (*adam_update)(float *param, const float *grad, float *m, float *v, size_t n,
-                        const pt_adam_coeffs *coeffs);
+    /* One step over every region of the flat buffers param, grad, m and v (regions: host
+     * memory), with the `decayed` coefficients where the region decays and `plain` elsewhere;
+     * elements outside the regions are not touched. cuda: one launch for up to a few dozen
+     * regions (a model's tensors are ~150), not one each. */
+    void (*adam_update)(float *param, const float *grad, float *m, float *v,
+                        const pt_param_region *regions, int n_regions,
+                        const pt_adam_coeffs *decayed, const pt_adam_coeffs *plain);
     /* Weight prediction (ALGORITHMS.md §3, lookahead = predict): `steps`
      * applications of the update above with the gradient term left out and
      * the moments frozen, extrapolated linearly; m and v are only read:

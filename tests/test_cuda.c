@@ -402,24 +402,38 @@ Test(cuda, crossentropy_matches_cpu)
     expect_no_cuda_error();
 }
 
+/* Regions of every kind in one call: more than one launch's batch (300 regions), empty ones,
+ * gaps between them, decayed and not; against the CPU over three steps, the gaps untouched. */
 Test(cuda, adam_update_matches_cpu)
 {
     const pt_kernels *gpu = cuda_or_skip();
-    const size_t n = 100003;
+    enum { REGIONS = 300 };
+    pt_param_region regions[REGIONS];
+    size_t n = 0;
+    for (int r = 0; r < REGIONS; r++) {
+        const size_t numel = r % 17 == 0 ? 0 : (size_t)(r * 7919 % 1500) + 1;
+        regions[r] = (pt_param_region){n, numel, r % 3 != 0};
+        n += numel + (r % 5 == 0 ? 3 : 0); /* every fifth region leaves a gap after it */
+    }
     float *param = random_floats(n, -1, 1), *grad = random_floats(n, -1, 1);
     float *m = random_floats(n, -0.1, 0.1), *v = random_floats(n, 0, 0.01);
     float *d_param = upload(gpu, param, n * 4), *d_grad = upload(gpu, grad, n * 4),
           *d_m = upload(gpu, m, n * 4), *d_v = upload(gpu, v, n * 4);
-    pt_adam_coeffs c = {.decay = 0.99f, .beta1 = 0.9f, .beta2 = 0.95f, .bias2 = 0.2f,
-                        .eps = 1e-3f, .c_grad = 0.01f, .c_mom = 0.02f};
+    const pt_adam_coeffs decayed = {.decay = 0.99f, .beta1 = 0.9f, .beta2 = 0.95f, .bias2 = 0.2f,
+                                    .eps = 1e-3f, .c_grad = 0.01f, .c_mom = 0.02f};
+    pt_adam_coeffs plain = decayed;
+    plain.decay = 1.0f;
+    plain.c_mom = 0.03f;
     for (int step = 0; step < 3; step++) {
-        cpu()->adam_update(param, grad, m, v, n, &c);
-        gpu->adam_update(d_param, d_grad, d_m, d_v, n, &c);
+        cpu()->adam_update(param, grad, m, v, regions, REGIONS, &decayed, &plain);
+        gpu->adam_update(d_param, d_grad, d_m, d_v, regions, REGIONS, &decayed, &plain);
     }
     expect_device_close(gpu, "adam param", d_param, param, n, FP32_TOL);
     expect_device_close(gpu, "adam m", d_m, m, n, FP32_TOL);
     expect_device_close(gpu, "adam v", d_v, v, n, FP32_TOL);
     expect_no_cuda_error();
+    gpu->free(d_v), gpu->free(d_m), gpu->free(d_grad), gpu->free(d_param);
+    free(param), free(grad), free(m), free(v);
 }
 
 /* lookahead = predict's kernel (kernels.h), in place and out of place; steps = 0 is θ exactly. */

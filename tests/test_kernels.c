@@ -599,7 +599,8 @@ Test(kernels, adam_update_follows_its_formula)
     float *p0 = copy_floats(param, n), *m0 = copy_floats(m, n), *v0 = copy_floats(v, n);
     pt_adam_coeffs c = {.decay = 0.99f, .beta1 = 0.9f, .beta2 = 0.95f, .bias2 = 0.2f,
                         .eps = 1e-3f, .c_grad = 0.01f, .c_mom = 0.02f};
-    cpu()->adam_update(param, grad, m, v, n, &c);
+    const pt_param_region all = {0, n, 1};
+    cpu()->adam_update(param, grad, m, v, &all, 1, &c, NULL);
     for (size_t i = 0; i < n; i++) {
         double mi = 0.9 * m0[i] + 0.1 * grad[i], vi = 0.95 * v0[i] + 0.05 * grad[i] * grad[i];
         double d = sqrt(vi / 0.2) + 1e-3;
@@ -608,6 +609,38 @@ Test(kernels, adam_update_follows_its_formula)
         cr_expect(fabs(param[i] - expected) < 1e-5 * fabs(expected) + 1e-6,
                   "param[%zu]: %.7g, expected %.7g", i, param[i], expected);
     }
+}
+
+/* Several regions in one call: each moves as a call on it alone with its own coefficients
+ * (decayed or plain), bit for bit; elements between regions are not touched. */
+Test(kernels, adam_update_takes_each_region_with_its_coefficients)
+{
+    const size_t n = 400;
+    const pt_param_region regions[] = {{0, 50, 1}, {50, 7, 0}, {60, 0, 1}, {60, 200, 1},
+                                       {300, 99, 0}};
+    const pt_adam_coeffs decayed = {.decay = 0.99f, .beta1 = 0.9f, .beta2 = 0.95f, .bias2 = 0.2f,
+                                    .eps = 1e-3f, .c_grad = 0.01f, .c_mom = 0.02f};
+    pt_adam_coeffs plain = decayed;
+    plain.decay = 1.0f;
+    float *param = random_floats(n, -1, 1), *grad = random_floats(n, -1, 1);
+    float *m = random_floats(n, -0.1, 0.1), *v = random_floats(n, 0, 0.01);
+    float *p1 = copy_floats(param, n), *m1 = copy_floats(m, n), *v1 = copy_floats(v, n);
+    cpu()->adam_update(param, grad, m, v, regions, 5, &decayed, &plain);
+    for (int r = 0; r < 5; r++) {
+        const pt_param_region alone = {regions[r].offset, regions[r].numel, 1};
+        cpu()->adam_update(p1, grad, m1, v1, &alone, 1, regions[r].decay ? &decayed : &plain,
+                           NULL);
+    }
+    cr_expect_eq(memcmp(param, p1, n * sizeof *param), 0, "parameters as region by region");
+    cr_expect_eq(memcmp(m, m1, n * sizeof *m), 0, "m as region by region");
+    cr_expect_eq(memcmp(v, v1, n * sizeof *v), 0, "v as region by region");
+    const size_t gaps[] = {57, 58, 59, 260, 299, 399};
+    float *p0 = copy_floats(p1, n);
+    cpu()->adam_update(p0, grad, m1, v1, regions, 5, &decayed, &plain);
+    for (size_t i = 0; i < sizeof gaps / sizeof gaps[0]; i++)
+        cr_expect_eq(p0[gaps[i]], p1[gaps[i]], "[%zu] lies in no region: untouched", gaps[i]);
+    cr_expect_neq(p0[0], p1[0], "[0] lies in a region: moved");
+    free(param), free(grad), free(m), free(v), free(p1), free(m1), free(v1), free(p0);
 }
 
 /* adam_extrapolate against its formula in double. beta1, beta2 and c_grad are
@@ -669,7 +702,8 @@ Test(kernels, adam_extrapolate_one_step_repeats_an_adamw_update)
     float *before = copy_floats(param, n), *out = zero_floats(n);
     pt_adam_coeffs c = {.decay = 0.995f, .beta1 = 0.9f, .beta2 = 0.95f, .bias2 = 0.1426f,
                         .eps = 1e-8f, .c_grad = 0.0f, .c_mom = 0.0369f};
-    cpu()->adam_update(param, grad, m, v, n, &c);
+    const pt_param_region all = {0, n, 0};
+    cpu()->adam_update(param, grad, m, v, &all, 1, NULL, &c);
     cpu()->adam_extrapolate(out, before, m, v, n, &c, 1.0f);
     double largest_move = 0;
     for (size_t i = 0; i < n; i++) {

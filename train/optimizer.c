@@ -133,12 +133,8 @@ void pt_optimizer_step(pt_optimizer *opt, float *params, const float *grads,
     opt->t++;
     const pt_adam_coeffs decayed = pt_optimizer_coeffs(s, opt->t, opt->mu_product, lr, 1);
     const pt_adam_coeffs plain = pt_optimizer_coeffs(s, opt->t, opt->mu_product, lr, 0);
-    for (int i = 0; i < n_regions; i++) {
-        const pt_param_region *r = &regions[i];
-        if (r->numel == 0) continue;
-        opt->kernels->adam_update(params + r->offset, grads + r->offset, opt->m + r->offset,
-                                  opt->v + r->offset, r->numel, r->decay ? &decayed : &plain);
-    }
+    opt->kernels->adam_update(params, grads, opt->m, opt->v, regions, n_regions, &decayed,
+                              &plain);
     if (s->kind == PT_OPTIMIZER_NADAMW) opt->mu_product *= pt_nadam_mu(s, opt->t);
 }
 

@@ -26,13 +26,6 @@ typedef struct pt_optimizer_settings {
     double momentum_shift;
 } pt_optimizer_settings;
 
-/* A tensor inside the flat parameter buffer; decay: weight decay applies
- * (2-D tensors only). */
-typedef struct pt_param_region {
-    size_t offset, numel;
-    int decay;
-} pt_param_region;
-
 typedef struct pt_optimizer {
     pt_optimizer_settings settings;
     const pt_kernels *kernels;

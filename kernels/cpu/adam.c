@@ -20,8 +20,8 @@
 
 #include "kernels/cpu/cpu.h"
 
-void pt_cpu_adam_update(float *param, const float *grad, float *m, float *v, size_t n,
-                        const pt_adam_coeffs *coeffs)
+static void adam_update_span(float *param, const float *grad, float *m, float *v, size_t n,
+                             const pt_adam_coeffs *coeffs)
 {
     /* param[n], grad[n], m[n], v[n] */
     const pt_adam_coeffs c = *coeffs;
@@ -35,6 +35,17 @@ void pt_cpu_adam_update(float *param, const float *grad, float *m, float *v, siz
         param[i] = param[i] * c.decay - (c.c_grad * g + c.c_mom * mi) / d;
         m[i] = mi;
         v[i] = vi;
+    }
+}
+
+void pt_cpu_adam_update(float *param, const float *grad, float *m, float *v,
+                        const pt_param_region *regions, int n_regions,
+                        const pt_adam_coeffs *decayed, const pt_adam_coeffs *plain)
+{
+    for (int i = 0; i < n_regions; i++) {
+        const pt_param_region *r = &regions[i];
+        adam_update_span(param + r->offset, grad + r->offset, m + r->offset, v + r->offset,
+                         r->numel, r->decay ? decayed : plain);
     }
 }
 

@@ -1,7 +1,9 @@
-/* One Adam-family step over a flat buffer, one thread per element; the
- * coefficients (AdamW or NAdamW, bias corrections, learning rate) come folded
- * into pt_adam_coeffs (kernels.h, train/optimizer.c). Parameters and moments
- * are fp32 (the master copy, also when the matrix products run in bf16).
+/* One Adam-family step over the regions of a flat buffer, one thread per
+ * element, a batch of regions a launch (adam_batch); the coefficients (AdamW or
+ * NAdamW, bias corrections, learning rate) come folded into pt_adam_coeffs
+ * (kernels.h, train/optimizer.c), one set for decayed regions and one for the
+ * rest. Parameters and moments are fp32 (the master copy, also when the matrix
+ * products run in bf16).
  *
  * Naive reading, per element:
  *   m ← β1·m + (1−β1)·g;  v ← β2·v + (1−β2)·g²;  d = √(v/bias2) + ε
@@ -16,27 +18,74 @@
  */
 #include "kernels/cuda/common.cuh"
 
-__global__ void adam_update_kernel(float *param, const float *grad, float *m, float *v, size_t n,
-                                   pt_adam_coeffs c)
+/* Up to this many regions in one launch: the batch travels as the kernel's parameter (4 KiB
+ * at most, this one ~2.1 KiB), so a GPT-2 stage's ~150 tensors are a few launches, not ~150. */
+#define ADAM_REGIONS_PER_LAUNCH 120
+
+/* A batch of regions laid end to end: element j of the batch is element
+ * j − start[r] of region r, at offset[r] in the flat buffers, for the r with
+ * start[r] ≤ j < start[r + 1]. */
+struct adam_batch {
+    unsigned long long start[ADAM_REGIONS_PER_LAUNCH + 1];
+    unsigned long long offset[ADAM_REGIONS_PER_LAUNCH];
+    unsigned char decay[ADAM_REGIONS_PER_LAUNCH];
+    int count;
+};
+
+/* The region holding batch element j: the last r with start[r] ≤ j. */
+__device__ inline int region_of(const adam_batch &b, unsigned long long j)
 {
-    /* param[n], grad[n], m[n], v[n] */
-    const float inv_bias2 = 1.0f / c.bias2;
-    PT_GRID_STRIDE_LOOP(i, n)
+    int lo = 0, hi = b.count - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (b.start[mid] <= j) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
+/* __grid_constant__: the batch is read where the parameters live, not copied per thread */
+__global__ void adam_update_kernel(float *param, const float *grad, float *m, float *v,
+                                   const __grid_constant__ adam_batch batch, pt_adam_coeffs decayed,
+                                   pt_adam_coeffs plain)
+{
+    /* param, grad, m, v: the flat buffers; each element of the batch's regions once */
+    const float inv_plain = 1.0f / plain.bias2, inv_decayed = 1.0f / decayed.bias2;
+    PT_GRID_STRIDE_LOOP(j, (size_t)batch.start[batch.count])
     {
+        const int r = region_of(batch, j);
+        const pt_adam_coeffs &c = batch.decay[r] ? decayed : plain;
+        const size_t i = batch.offset[r] + (j - batch.start[r]);
         float g = grad[i];
         float mi = c.beta1 * m[i] + (1.0f - c.beta1) * g;
         float vi = c.beta2 * v[i] + (1.0f - c.beta2) * g * g;
-        float d = sqrtf(vi * inv_bias2) + c.eps;
+        float d = sqrtf(vi * (batch.decay[r] ? inv_decayed : inv_plain)) + c.eps;
         param[i] = param[i] * c.decay - (c.c_grad * g + c.c_mom * mi) / d;
         m[i] = mi;
         v[i] = vi;
     }
 }
 
-void pt_cuda_adam_update(float *param, const float *grad, float *m, float *v, size_t n,
-                         const pt_adam_coeffs *coeffs)
+void pt_cuda_adam_update(float *param, const float *grad, float *m, float *v,
+                         const pt_param_region *regions, int n_regions,
+                         const pt_adam_coeffs *decayed, const pt_adam_coeffs *plain)
 {
-    PT_LAUNCH_ELEMENTWISE(adam_update_kernel, n, param, grad, m, v, n, *coeffs);
+    for (int first = 0; first < n_regions;) {
+        adam_batch batch = {};
+        size_t total = 0;
+        for (; first < n_regions && batch.count < ADAM_REGIONS_PER_LAUNCH; first++) {
+            const pt_param_region *r = &regions[first];
+            if (r->numel == 0) continue;
+            batch.start[batch.count] = total;
+            batch.offset[batch.count] = r->offset;
+            batch.decay[batch.count] = r->decay != 0;
+            batch.count++;
+            total += r->numel;
+        }
+        batch.start[batch.count] = total;
+        PT_LAUNCH_ELEMENTWISE(adam_update_kernel, total, param, grad, m, v, batch, *decayed,
+                              *plain);
+    }
 }
 
 __global__ void adam_extrapolate_kernel(float *out, const float *param, const float *m,
