@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/cuda/adam_batch.h"
 #include "kernels/kernels.h"
 #include "kernels/profile.h"
 #include "tests/kernel_checks.h"
@@ -641,6 +642,51 @@ Test(kernels, adam_update_takes_each_region_with_its_coefficients)
         cr_expect_eq(p0[gaps[i]], p1[gaps[i]], "[%zu] lies in no region: untouched", gaps[i]);
     cr_expect_neq(p0[0], p1[0], "[0] lies in a region: moved");
     free(param), free(grad), free(m), free(v), free(p1), free(m1), free(v1), free(p0);
+}
+
+/* How the CUDA backend packs regions into launches (kernels/cuda/adam_batch.h, plain C): 500
+ * regions, some empty, with gaps, in batches that fit the kernel's parameter; every element of
+ * every region reached exactly once, at its offset, with its decay flag, and nothing else. */
+Test(kernels, adam_batches_reach_every_region_element_once)
+{
+    enum { REGIONS = 500 };
+    pt_param_region regions[REGIONS];
+    size_t n = 0;
+    for (int r = 0; r < REGIONS; r++) {
+        const size_t numel = r % 13 == 0 ? 0 : (size_t)(r * 7919 % 300) + 1;
+        regions[r] = (pt_param_region){n, numel, r % 3 != 0};
+        n += numel + (r % 4 == 0 ? 2 : 0);
+    }
+    int *reached = calloc(n, sizeof *reached), *decay = calloc(n, sizeof *decay);
+    int launches = 0;
+    for (int first = 0; first < REGIONS; launches++) {
+        pt_adam_batch b;
+        const int next = pt_adam_batch_fill(&b, regions, REGIONS, first);
+        cr_assert(next > first && b.count <= PT_ADAM_REGIONS_PER_LAUNCH, "a batch moves on");
+        for (unsigned long long j = 0; j < b.start[b.count]; j++) {
+            const int r = pt_adam_batch_region(&b, j);
+            cr_assert(r >= 0 && r < b.count && b.start[r] <= j && j < b.start[r + 1],
+                      "element %llu: region %d of %d", j, r, b.count);
+            const size_t i = b.offset[r] + (j - b.start[r]);
+            cr_assert(i < n);
+            reached[i]++;
+            decay[i] = b.decay[r];
+        }
+        first = next;
+    }
+    cr_expect_gt(launches, 3, "500 regions take several launches");
+    char *in_region = calloc(n, 1);
+    for (int r = 0; r < REGIONS; r++)
+        for (size_t i = 0; i < regions[r].numel; i++) {
+            const size_t at = regions[r].offset + i;
+            in_region[at] = 1;
+            cr_expect_eq(reached[at], 1, "region %d element %zu reached %d times", r, i,
+                         reached[at]);
+            cr_expect_eq(decay[at], regions[r].decay, "region %d's decay flag", r);
+        }
+    for (size_t i = 0; i < n; i++)
+        if (!in_region[i]) cr_expect_eq(reached[i], 0, "[%zu] lies in no region", i);
+    free(reached), free(decay), free(in_region);
 }
 
 /* adam_extrapolate against its formula in double. beta1, beta2 and c_grad are

@@ -1,5 +1,5 @@
 /* One Adam-family step over the regions of a flat buffer, one thread per
- * element, a batch of regions a launch (adam_batch); the coefficients (AdamW or
+ * element, a batch of regions a launch (adam_batch.h); the coefficients (AdamW or
  * NAdamW, bias corrections, learning rate) come folded into pt_adam_coeffs
  * (kernels.h, train/optimizer.c), one set for decayed regions and one for the
  * rest. Parameters and moments are fp32 (the master copy, also when the matrix
@@ -16,45 +16,20 @@
  *   g ← g + λ·g·g·(now − used)/d
  * and nesterov-secant's, with a running secant κ per element (kernels.h).
  */
-#include "kernels/cuda/common.cuh"
-
-/* Up to this many regions in one launch: the batch travels as the kernel's parameter (4 KiB
- * at most, this one ~2.1 KiB), so a GPT-2 stage's ~150 tensors are a few launches, not ~150. */
-#define ADAM_REGIONS_PER_LAUNCH 120
-
-/* A batch of regions laid end to end: element j of the batch is element
- * j − start[r] of region r, at offset[r] in the flat buffers, for the r with
- * start[r] ≤ j < start[r + 1]. */
-struct adam_batch {
-    unsigned long long start[ADAM_REGIONS_PER_LAUNCH + 1];
-    unsigned long long offset[ADAM_REGIONS_PER_LAUNCH];
-    unsigned char decay[ADAM_REGIONS_PER_LAUNCH];
-    int count;
-};
-
-/* The region holding batch element j: the last r with start[r] ≤ j. */
-__device__ inline int region_of(const adam_batch &b, unsigned long long j)
-{
-    int lo = 0, hi = b.count - 1;
-    while (lo < hi) {
-        const int mid = (lo + hi + 1) / 2;
-        if (b.start[mid] <= j) lo = mid;
-        else hi = mid - 1;
-    }
-    return lo;
-}
+#include "kernels/cuda/common.cuh" /* first: it takes kernels.h in as C */
+#include "kernels/cuda/adam_batch.h"
 
 /* __grid_constant__: the batch is read where the parameters live, not copied per thread */
 __global__ void adam_update_kernel(float *param, const float *grad, float *m, float *v,
-                                   const __grid_constant__ adam_batch batch, pt_adam_coeffs decayed,
-                                   pt_adam_coeffs plain)
+                                   const __grid_constant__ pt_adam_batch batch,
+                                   pt_adam_coeffs decayed, pt_adam_coeffs plain)
 {
     /* param, grad, m, v: the flat buffers; each element of the batch's regions once */
     const float inv_plain = 1.0f / plain.bias2, inv_decayed = 1.0f / decayed.bias2;
     PT_GRID_STRIDE_LOOP(j, (size_t)batch.start[batch.count])
     {
-        const int r = region_of(batch, j);
-        const pt_adam_coeffs &c = batch.decay[r] ? decayed : plain;
+        const int r = pt_adam_batch_region(&batch, j);
+        const pt_adam_coeffs c = batch.decay[r] ? decayed : plain;
         const size_t i = batch.offset[r] + (j - batch.start[r]);
         float g = grad[i];
         float mi = c.beta1 * m[i] + (1.0f - c.beta1) * g;
@@ -71,18 +46,9 @@ void pt_cuda_adam_update(float *param, const float *grad, float *m, float *v,
                          const pt_adam_coeffs *decayed, const pt_adam_coeffs *plain)
 {
     for (int first = 0; first < n_regions;) {
-        adam_batch batch = {};
-        size_t total = 0;
-        for (; first < n_regions && batch.count < ADAM_REGIONS_PER_LAUNCH; first++) {
-            const pt_param_region *r = &regions[first];
-            if (r->numel == 0) continue;
-            batch.start[batch.count] = total;
-            batch.offset[batch.count] = r->offset;
-            batch.decay[batch.count] = r->decay != 0;
-            batch.count++;
-            total += r->numel;
-        }
-        batch.start[batch.count] = total;
+        pt_adam_batch batch;
+        first = pt_adam_batch_fill(&batch, regions, n_regions, first);
+        const size_t total = batch.start[batch.count];
         PT_LAUNCH_ELEMENTWISE(adam_update_kernel, total, param, grad, m, v, batch, *decayed,
                               *plain);
     }
