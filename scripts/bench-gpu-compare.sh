@@ -30,11 +30,14 @@ pipert_rate() { sed -n 's/^median step [0-9.]* ms, \([0-9]*\) tokens\/s.*/\1/p' 
 pipert_memory() { sed -n 's/^peak device memory \([0-9.]*\) GB.*/\1 GB/p' "$1" | tail -n 1; }
 
 rows=()
-# name|environment|bench_cuda's flag|log: the three precisions, then bf16 without one of its
-# speed-ups each (attention on CUDA cores, attention.cu; the products' epilogues as kernels of
-# ours after cuBLAS, matmul.cu), so that each one's share is measured in the same call
+# name|environment|bench_cuda's flag|log: the three precisions, each beside itself without one
+# of its speed-ups (fp32: attention on CUDA cores rather than cuBLAS, attention_gemm.cu; bf16:
+# attention on CUDA cores rather than tensor cores, attention_mma.cuh, and the products'
+# epilogues as kernels of ours after cuBLAS, matmul.cu), so that each one's share is measured
+# in the same call
 variants=(
   "pipert fp32|||pipert"
+  "pipert fp32, attention on CUDA cores|PIPERT_CUDA_GEMM_ATTENTION=0||pipert-fp32-simt"
   "pipert tf32||--tf32|pipert-tf32"
   "pipert bf16||--bf16|pipert-bf16"
   "pipert bf16, CUDA-core attention|PIPERT_CUDA_MMA_ATTENTION=0|--bf16|pipert-bf16-simt"

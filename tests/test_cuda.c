@@ -279,11 +279,13 @@ Test(cuda, matmul_matches_cpu)
 /* ---- attention ----------------------------------------------------------------- */
 
 /* The forward's output and the backward's dqkv (pre-filled, so accumulation
- * is compared too) of both backends, each with its own saved state. */
-static void check_attention(int B, int T, int C, int NH)
+ * is compared too) of both backends, each with its own saved state; cuda's
+ * through cuBLAS (gemms, attention_gemm.cu) or its CUDA-core kernels. */
+static void check_attention_way(int B, int T, int C, int NH, int gemms)
 {
     const pt_kernels *gpu = cuda_or_skip();
-    char what[96];
+    pt_cuda_set_gemm_attention(gemms);
+    char what[128];
     size_t n_qkv = (size_t)B * T * 3 * C, n_out = (size_t)B * T * C;
     size_t cpu_saved = cpu()->attention_saved_floats(B, T, C, NH);
     size_t gpu_saved = gpu->attention_saved_floats(B, T, C, NH);
@@ -297,16 +299,24 @@ static void check_attention(int B, int T, int C, int NH)
 
     cpu()->attention_forward(out, att, qkv, B, T, C, NH);
     gpu->attention_forward(d_out, d_att, d_qkv, B, T, C, NH);
-    snprintf(what, sizeof what, "attention B=%d T=%d C=%d NH=%d out", B, T, C, NH);
+    const char *way = gemms ? "cuBLAS" : "CUDA cores";
+    snprintf(what, sizeof what, "attention (%s) B=%d T=%d C=%d NH=%d out", way, B, T, C, NH);
     expect_device_close(gpu, what, d_out, out, n_out, FP32_TOL);
 
     cpu()->attention_backward(dqkv, dout, qkv, att, B, T, C, NH);
     gpu->attention_backward(d_dqkv, d_dout, d_qkv, d_att, B, T, C, NH);
-    snprintf(what, sizeof what, "attention B=%d T=%d C=%d NH=%d dqkv", B, T, C, NH);
+    snprintf(what, sizeof what, "attention (%s) B=%d T=%d C=%d NH=%d dqkv", way, B, T, C, NH);
     expect_device_close(gpu, what, d_dqkv, dqkv, n_qkv, LONG_TOL);
     expect_no_cuda_error();
     gpu->free(d_att), gpu->free(d_dqkv), gpu->free(d_out), gpu->free(d_dout), gpu->free(d_qkv);
     free(qkv), free(dout), free(out), free(dqkv), free(att);
+    pt_cuda_set_gemm_attention(1);
+}
+
+static void check_attention(int B, int T, int C, int NH)
+{
+    check_attention_way(B, T, C, NH, 1);
+    check_attention_way(B, T, C, NH, 0);
 }
 
 Test(cuda, attention_matches_cpu_at_T_1024)

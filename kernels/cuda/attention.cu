@@ -35,10 +35,14 @@
  *
  * These are fp32 CUDA-core kernels, clear rather than fast. A bf16 qkv of head
  * size 32, 64 or 128 goes to the tensor-core kernels of attention_mma.cuh (the
- * same saved state and D; P, dO and dS rounded to bf16 for the products).
+ * same saved state and D; P, dO and dS rounded to bf16 for the products); an
+ * fp32 qkv to cuBLAS's products (attention_gemm.cu, the same saved state and D)
+ * where their T×T scratch fits. PIPERT_CUDA_MMA_ATTENTION=0 and
+ * PIPERT_CUDA_GEMM_ATTENTION=0 keep each here.
  */
 #include <math.h>
 #include <stdio.h>
+#include <type_traits>
 
 #include "kernels/cuda/common.cuh"
 
@@ -408,6 +412,13 @@ static bool on_tensor_cores(const __nv_bfloat16 *qkv, int C, int NH)
     return pt_cuda_attention_mma_takes(qkv, C, NH);
 }
 
+/* An fp32 qkv's backward goes through cuBLAS (attention_gemm.cu) where its scratch fits. */
+static bool on_gemms(const float *qkv, int T, int C, int NH)
+{
+    return pt_cuda_attention_gemm_takes(T, C, NH, true);
+}
+static bool on_gemms(const __nv_bfloat16 *qkv, int T, int C, int NH) { return false; }
+
 /* D = rowsum(dO ⊙ O) per (b, h, t) into scratch (the caller releases it), or NULL when the
  * arena has no room (recorded). */
 static const float *delta_of(const float *dout, const float *att, attention_shape s)
@@ -447,6 +458,11 @@ static void attention_forward(float *out, float *att, const Element *qkv, int B,
                                       (const __nv_bfloat16 *)qkv, B, T, C, NH);
         return;
     }
+    if constexpr (std::is_same_v<Element, float>)
+        if (pt_cuda_attention_gemm_takes(T, C, NH, false)) {
+            pt_cuda_attention_gemm_forward(out, att, att + (size_t)B * NH * T, qkv, B, T, C, NH);
+            return;
+        }
     switch (head_size_class(s.hs)) {
     case 16: forward_launch<16>(out, att, qkv, s); break;
     case 32: forward_launch<32>(out, att, qkv, s); break;
@@ -468,6 +484,8 @@ static void attention_backward(float *dqkv, const float *dout, const Element *qk
     if (delta && on_tensor_cores(qkv, C, NH))
         pt_cuda_attention_mma_backward(dqkv, dout, (const __nv_bfloat16 *)qkv, lse, delta, B, T,
                                        C, NH);
+    else if (delta && on_gemms(qkv, T, C, NH))
+        pt_cuda_attention_gemm_backward(dqkv, dout, (const float *)qkv, lse, delta, B, T, C, NH);
     else if (delta)
         backward_for_head_size(dqkv, dout, qkv, lse, delta, s);
     pt_cuda_scratch_release(mark);

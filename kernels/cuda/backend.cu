@@ -22,6 +22,7 @@ static std::mutex start_lock;
 static int tf32_request = -1; /* pt_cuda_set_tf32: -1 none, else overrides PIPERT_CUDA_TF32 */
 static int mma_attention_request = -1; /* pt_cuda_set_mma_attention, over PIPERT_CUDA_MMA_ATTENTION */
 static int lt_request = -1;            /* pt_cuda_set_lt, over PIPERT_CUDA_LT */
+static int gemm_attention_request = -1; /* pt_cuda_set_gemm_attention, over PIPERT_CUDA_GEMM_ATTENTION */
 
 /* ---- errors ------------------------------------------------------------------------ */
 
@@ -151,6 +152,10 @@ static pipert_result create_streams_and_handles(void)
     PT_TRY(env_integer("PIPERT_CUDA_MMA_ATTENTION", 1, &mma_attention));
     pt_cuda.mma_attention =
         mma_attention_request >= 0 ? mma_attention_request != 0 : mma_attention != 0;
+    long long gemm_attention;
+    PT_TRY(env_integer("PIPERT_CUDA_GEMM_ATTENTION", 1, &gemm_attention));
+    pt_cuda.gemm_attention =
+        gemm_attention_request >= 0 ? gemm_attention_request != 0 : gemm_attention != 0;
     long long lt;
     PT_TRY(env_integer("PIPERT_CUDA_LT", 1, &lt));
     pt_cuda.lt = lt_request >= 0 ? lt_request != 0 : lt != 0;
@@ -202,10 +207,11 @@ static pipert_result context_create(void)
     }
     pt_cuda.ready = true;
     pt_info("cuda: device %d, %s (compute capability %d.%d, %d SMs), arena %zu MiB, TF32 %s, "
-            "bf16 attention on %s, epilogues %s",
+            "bf16 attention on %s, fp32 attention %s, epilogues %s",
             pt_cuda.device, pt_cuda.prop.name, pt_cuda.prop.major, pt_cuda.prop.minor,
             pt_cuda.prop.multiProcessorCount, pt_cuda.arena.capacity >> 20,
             pt_cuda.tf32 ? "on" : "off", pt_cuda.mma_attention ? "tensor cores" : "CUDA cores",
+            pt_cuda.gemm_attention ? "through cuBLAS" : "on CUDA cores",
             pt_cuda.lt ? "fused by cuBLASLt" : "as kernels");
     return PIPERT_OK;
 }
@@ -228,6 +234,13 @@ extern "C" void pt_cuda_set_mma_attention(int enabled)
     std::lock_guard<std::mutex> guard(start_lock);
     mma_attention_request = enabled != 0;
     pt_cuda.mma_attention = enabled != 0;
+}
+
+extern "C" void pt_cuda_set_gemm_attention(int enabled)
+{
+    std::lock_guard<std::mutex> guard(start_lock);
+    gemm_attention_request = enabled != 0;
+    pt_cuda.gemm_attention = enabled != 0;
 }
 
 extern "C" void pt_cuda_set_lt(int enabled)

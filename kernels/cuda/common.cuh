@@ -53,6 +53,7 @@ struct pt_cuda_context {
     bool lt;                    /* products with an epilogue through cuBLASLt (pt_cuda_set_lt) */
     bool tf32;
     bool mma_attention; /* a bf16 qkv's attention on tensor cores (attention_mma.cu) */
+    bool gemm_attention; /* an fp32 qkv's attention through cuBLAS (attention_gemm.cu) */
     pt_cuda_arena arena;
     double *host_partials; /* pinned [PT_CUDA_REDUCE_BLOCKS] */
 
@@ -248,6 +249,14 @@ void pt_cuda_attention_mma_backward(float *dqkv, const float *dout, const __nv_b
 void pt_cuda_attention_mma_backward_to_bf16(pt_bf16 *dqkv, const float *dout,
                                             const __nv_bfloat16 *qkv, const float *lse,
                                             const float *delta, int B, int T, int C, int NH);
+
+/* attention_gemm.cu: an fp32 qkv's attention through cuBLAS, where attention.cu hands it */
+bool pt_cuda_attention_gemm_takes(int T, int C, int NH, bool backward);
+void pt_cuda_attention_gemm_forward(float *out, float *lse, float *o_saved, const float *qkv,
+                                    int B, int T, int C, int NH);
+void pt_cuda_attention_gemm_backward(float *dqkv, const float *dout, const float *qkv,
+                                     const float *lse, const float *delta, int B, int T, int C,
+                                     int NH);
 
 /* elementwise.cu */
 void pt_cuda_gelu_forward(float *out, const float *inp, size_t n);

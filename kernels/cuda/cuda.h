@@ -90,6 +90,10 @@ void pt_cuda_set_tf32(int enabled);
  * overrides PIPERT_CUDA_MMA_ATTENTION. */
 void pt_cuda_set_mma_attention(int enabled);
 
+/* Runs an fp32 qkv's attention through cuBLAS's products (1, the default, where its T×T
+ * scratch fits) or the CUDA-core kernels (0); overrides PIPERT_CUDA_GEMM_ATTENTION. */
+void pt_cuda_set_gemm_attention(int enabled);
+
 /* Makes the products that have an epilogue (a bias; the GELU's gradient) through cuBLASLt
  * with it fused (1, the default), or through cuBLAS and a kernel of ours (0); overrides
  * PIPERT_CUDA_LT. cuBLASLt declining a product falls back to the second way by itself. */
