@@ -413,11 +413,11 @@ static bool on_tensor_cores(const __nv_bfloat16 *qkv, int C, int NH)
 }
 
 /* An fp32 qkv's backward goes through cuBLAS (attention_gemm.cu) where its scratch fits. */
-static bool on_gemms(const float *qkv, int T, int C, int NH)
+static bool on_gemms(const float *qkv, int B, int T, int C, int NH)
 {
-    return pt_cuda_attention_gemm_takes(T, C, NH, true);
+    return pt_cuda_attention_gemm_takes(B, T, C, NH, true);
 }
-static bool on_gemms(const __nv_bfloat16 *qkv, int T, int C, int NH) { return false; }
+static bool on_gemms(const __nv_bfloat16 *qkv, int B, int T, int C, int NH) { return false; }
 
 /* D = rowsum(dO ⊙ O) per (b, h, t) into scratch (the caller releases it), or NULL when the
  * arena has no room (recorded). */
@@ -459,7 +459,7 @@ static void attention_forward(float *out, float *att, const Element *qkv, int B,
         return;
     }
     if constexpr (std::is_same_v<Element, float>)
-        if (pt_cuda_attention_gemm_takes(T, C, NH, false)) {
+        if (pt_cuda_attention_gemm_takes(B, T, C, NH, false)) {
             pt_cuda_attention_gemm_forward(out, att, att + (size_t)B * NH * T, qkv, B, T, C, NH);
             return;
         }
@@ -484,7 +484,7 @@ static void attention_backward(float *dqkv, const float *dout, const Element *qk
     if (delta && on_tensor_cores(qkv, C, NH))
         pt_cuda_attention_mma_backward(dqkv, dout, (const __nv_bfloat16 *)qkv, lse, delta, B, T,
                                        C, NH);
-    else if (delta && on_gemms(qkv, T, C, NH))
+    else if (delta && on_gemms(qkv, B, T, C, NH))
         pt_cuda_attention_gemm_backward(dqkv, dout, (const float *)qkv, lse, delta, B, T, C, NH);
     else if (delta)
         backward_for_head_size(dqkv, dout, qkv, lse, delta, s);

@@ -251,7 +251,7 @@ void pt_cuda_attention_mma_backward_to_bf16(pt_bf16 *dqkv, const float *dout,
                                             const float *delta, int B, int T, int C, int NH);
 
 /* attention_gemm.cu: an fp32 qkv's attention through cuBLAS, where attention.cu hands it */
-bool pt_cuda_attention_gemm_takes(int T, int C, int NH, bool backward);
+bool pt_cuda_attention_gemm_takes(int B, int T, int C, int NH, bool backward);
 void pt_cuda_attention_gemm_forward(float *out, float *lse, float *o_saved, const float *qkv,
                                     int B, int T, int C, int NH);
 void pt_cuda_attention_gemm_backward(float *dqkv, const float *dout, const float *qkv,
