@@ -226,8 +226,8 @@ typedef struct pt_kernels {
     /* ---- optimizer and reductions ---- */
     /* One step over every region of the flat buffers param, grad, m and v (regions: host
      * memory), with the `decayed` coefficients where the region decays and `plain` elsewhere;
-     * elements outside the regions are not touched. cuda: one launch for up to a few dozen
-     * regions (a model's tensors are ~150), not one each. */
+     * elements outside the regions are not touched. cuda: one launch for up to 120 regions
+     * (a model's tensors are ~150), not one each. */
     void (*adam_update)(float *param, const float *grad, float *m, float *v,
                         const pt_param_region *regions, int n_regions,
                         const pt_adam_coeffs *decayed, const pt_adam_coeffs *plain);

@@ -99,6 +99,10 @@ void pt_cuda_set_gemm_attention(int enabled);
  * PIPERT_CUDA_LT. cuBLASLt declining a product falls back to the second way by itself. */
 void pt_cuda_set_lt(int enabled);
 
+/* Products cuBLASLt has made with their epilogue since the process started: a test's way to
+ * see that the fused path ran rather than declined to the fallback. */
+long pt_cuda_lt_products(void);
+
 /* Floats the CUDA attention saves for its backward (kernels.h,
  * attention_saved_floats). Pure C: in every build. */
 size_t pt_cuda_attention_saved_floats(int B, int T, int C, int NH);

@@ -25,6 +25,10 @@ extern "C" {
 
 #define LT_WORKSPACE_BYTES ((size_t)32 << 20) /* what NVIDIA suggests for Hopper */
 
+static long products_made; /* pt_cuda_lt_products */
+
+extern "C" long pt_cuda_lt_products(void) { return products_made; }
+
 pipert_result pt_cuda_lt_start(void)
 {
     cublasStatus_t status = cublasLtCreate(&pt_cuda.cublas_lt);
@@ -189,6 +193,6 @@ bool pt_cuda_gemm_lt(void *D, cudaDataType d_type, int rows_d, int cols_d, int k
         note_declined(epilogue.kind, cublasGetStatusString(ran), m, n, k);
         return false;
     }
-    pt_cublas_ok(ran, "cublasLtMatmul", __FILE__, __LINE__);
+    if (pt_cublas_ok(ran, "cublasLtMatmul", __FILE__, __LINE__)) products_made++;
     return true;
 }
