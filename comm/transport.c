@@ -42,7 +42,7 @@ static bool may_use_tcp(void)
     return strstr(tls, "tcp") || strstr(tls, "all");
 }
 
-static pipert_result open_ucx(pt_transport *t)
+static pipert_result open_context(pt_transport *t)
 {
     ucp_params_t params = {
         .field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED,
@@ -75,12 +75,33 @@ static pipert_result open_ucx(pt_transport *t)
                            getenv("UCX_TLS") ? getenv("UCX_TLS") : "(not set)");
         return pt_transport_ucx_fail(status, "ucp_init");
     }
+    return PIPERT_OK;
+}
+
+/* ucp_init lists the network devices; ucp_worker_create opens an interface on each. A device
+ * that went away in between (a veth of a network namespace another job just removed) fails the
+ * worker with "No such device": a fresh context lists the devices again. */
+#define WORKER_ATTEMPTS 3
+
+static pipert_result open_ucx(pt_transport *t)
+{
     ucp_worker_params_t worker_params = {
         .field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
         /* Created here, driven by the progress thread, destroyed here: one at a time. */
         .thread_mode = UCS_THREAD_MODE_SERIALIZED,
     };
-    status = ucp_worker_create(t->context, &worker_params, &t->worker);
+    ucs_status_t status = UCS_ERR_NO_DEVICE;
+    for (int attempt = 1; attempt <= WORKER_ATTEMPTS && status == UCS_ERR_NO_DEVICE; attempt++) {
+        if (attempt > 1) {
+            pt_warn("transport: ucp_worker_create: %s (a network device went away?); listing "
+                    "the devices again", ucs_status_string(status));
+            ucp_cleanup(t->context);
+            t->context = NULL;
+            usleep(100000);
+        }
+        PT_TRY(open_context(t));
+        status = ucp_worker_create(t->context, &worker_params, &t->worker);
+    }
     if (status != UCS_OK) {
         t->worker = NULL;
         return pt_transport_ucx_fail(status, "ucp_worker_create");

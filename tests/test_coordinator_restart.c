@@ -95,6 +95,21 @@ static bool taken_over(const char *dir, long times)
     return done;
 }
 
+/* SIGKILL to the coordinator `pid`. A coordinator already gone was reaped by its launcher:
+ * it ended on its own, or the whole job did; the failure shows the launcher's word on it. */
+static void kill_or_explain(pid_t launcher, const char *dir, pid_t pid)
+{
+    if (kill(pid, SIGKILL) == 0) return;
+    const int error = errno;
+    int status = 0;
+    const pid_t ended = waitpid(launcher, &status, WNOHANG);
+    char *out = file_in(dir, "launch.out");
+    cr_assert_fail("kill %d (the coordinator in %s/coordinator.pid): %s; pipert launch %s "
+                   "(status %d), its output:\n%s",
+                   (int)pid, dir, strerror(error), ended == launcher ? "had ended" : "runs on",
+                   status, out ? out : "(none)");
+}
+
 /* Kills the coordinator `kills` times, each after the new one took the job over and the job
  * trained on; the launcher's pid. */
 static pid_t kill_the_coordinator_again_and_again(const char *dir, const char *options, int kills)
@@ -104,7 +119,7 @@ static pid_t kill_the_coordinator_again_and_again(const char *dir, const char *o
     for (int k = 1; k <= kills; k++) {
         const pid_t pid = coordinator_pid(dir);
         cr_assert_gt(pid, 0, "no coordinator.pid in %s", dir);
-        cr_assert_eq(kill(pid, SIGKILL), 0, "kill %d: %s", (int)pid, strerror(errno));
+        kill_or_explain(launcher, dir, pid);
         wait_for(launcher, dir, taken_over, k, "a new coordinator's taking the job over");
         const long step = logged_step(dir);
         wait_for(launcher, dir, reached_step, step + STEPS_BETWEEN_KILLS, "steps after a kill");
@@ -177,8 +192,8 @@ Test(coordinator_restart, a_worker_killed_with_the_coordinator_takes_its_replica
     free(pids);
     cr_assert_gt(rank3, 0);
     const long killed_at = logged_step(dir);
-    cr_assert_eq(kill(coordinator_pid(dir), SIGKILL), 0);
-    cr_assert_eq(kill(rank3, SIGKILL), 0);
+    kill_or_explain(launcher, dir, coordinator_pid(dir));
+    cr_assert_eq(kill(rank3, SIGKILL), 0, "kill rank 3 (%d): %s", rank3, strerror(errno));
     wait_for(launcher, dir, taken_over, 2, "a new coordinator's taking the job over");
     long last;
     const int status = stop_launcher_at(launcher, dir, killed_at + 2 * STEPS_BEFORE_STOP, &last);

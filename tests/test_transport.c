@@ -1167,15 +1167,19 @@ Test(transport, checksum_sees_every_bit)
 
 /* ---- a peer across a link that is down ----------------------------------- */
 
-/* A network namespace joined to this one by a veth pair (10.250.N.1 here, .2 there). */
+/* Two network namespaces joined by a veth pair: the dialler's ("near", 10.250.N.1) and the
+ * peer's ("far", .2). Neither end is in the test's own namespace: UCX lists every device there
+ * when a transport starts, so a veth that went away under the unit tests running beside this
+ * one failed their ucp_worker_create ("No such device") or the connections they had made
+ * over it. */
 typedef struct dark_site {
-    char name[32], here[16], there[16], address[24];
+    char near[32], far[32], here[16], there[16], address[24];
 } dark_site;
 
 static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static int sh(const char *fmt, ...)
 {
-    char command[512];
+    char command[768];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(command, sizeof command, fmt, ap);
@@ -1186,42 +1190,81 @@ static int sh(const char *fmt, ...)
 static bool dark_site_create(dark_site *d)
 {
     const int id = (int)getpid();
-    snprintf(d->name, sizeof d->name, "pt-dark-%d", id);
+    snprintf(d->near, sizeof d->near, "pt-dark-%d-n", id);
+    snprintf(d->far, sizeof d->far, "pt-dark-%d-f", id);
     snprintf(d->here, sizeof d->here, "ptd%dh", id);
     snprintf(d->there, sizeof d->there, "ptd%dt", id);
     const int subnet = 1 + id % 250;
     snprintf(d->address, sizeof d->address, "10.250.%d.2", subnet);
-    return sh("ip netns add %s && ip link add %s type veth peer name %s netns %s && "
-              "ip addr add 10.250.%d.1/24 dev %s && ip link set %s up && "
+    return sh("ip netns add %s && ip netns add %s && "
+              "ip -n %s link add %s type veth peer name %s netns %s && "
+              "ip -n %s addr add 10.250.%d.1/24 dev %s && ip -n %s link set %s up && "
               "ip -n %s addr add %s/24 dev %s && ip -n %s link set %s up",
-              d->name, d->here, d->there, d->name, subnet, d->here, d->here, d->name,
-              d->address, d->there, d->name, d->there) == 0;
+              d->near, d->far, d->near, d->here, d->there, d->far, d->near, subnet, d->here,
+              d->near, d->here, d->far, d->address, d->there, d->far, d->there) == 0 &&
+           /* a veth has its carrier a moment after both ends are up: UCX lists only devices
+            * that are running */
+           sh("for i in $(seq 100); do ip -n %s -br link show %s | grep -q ' UP ' && "
+              "ip -n %s -br link show %s | grep -q ' UP ' && exit 0; sleep 0.05; done; exit 1",
+              d->near, d->here, d->far, d->there) == 0;
 }
 
 static void dark_site_remove(const dark_site *d)
 {
-    sh("ip link del %s 2>/dev/null; ip netns del %s 2>/dev/null", d->here, d->name);
+    sh("ip netns del %s 2>/dev/null; ip netns del %s 2>/dev/null", d->near, d->far);
 }
 
-/* In the namespace: a transport of rank 1 over TCP; its address to `fd`, then it waits. */
-static void peer_in_dark_site(const dark_site *d, int fd)
+/* This process into namespace `name`, with a /sys of the namespace's own, where UCX looks for
+ * its devices (as `ip netns exec`); _exit(2) when it cannot. */
+static void enter_namespace(const char *name)
 {
     char path[64];
-    snprintf(path, sizeof path, "/var/run/netns/%s", d->name);
+    snprintf(path, sizeof path, "/var/run/netns/%s", name);
     const int ns = open(path, O_RDONLY | O_CLOEXEC);
-    /* and a /sys of the namespace's own, where UCX looks for its devices (as `ip netns exec`) */
     if (ns < 0 || setns(ns, CLONE_NEWNET) != 0 || unshare(CLONE_NEWNS) != 0 ||
         mount("", "/", NULL, MS_SLAVE | MS_REC, NULL) != 0)
         _exit(2);
     umount2("/sys", MNT_DETACH);
     if (mount("sysfs", "/sys", "sysfs", 0, NULL) != 0) _exit(2);
+}
+
+/* A child process (killed with the test) that runs `body(d, fd)`, fd the pipe's write end; the
+ * read end to *read_fd. */
+static pid_t start_in_child(const dark_site *d, void (*body)(const dark_site *, int),
+                            int *read_fd)
+{
+    int pipe_fds[2];
+    cr_assert_eq(pipe(pipe_fds), 0);
+    const pid_t child = fork();
+    cr_assert_geq(child, 0);
+    if (child == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* not left behind by a test that timed out */
+        close(pipe_fds[0]);
+        body(d, pipe_fds[1]);
+        _exit(0);
+    }
+    close(pipe_fds[1]);
+    *read_fd = pipe_fds[0];
+    return child;
+}
+
+static pipert_result create_rank(int rank, double connect_timeout_s, pt_transport **t)
+{
     pt_transport_options options = PT_TRANSPORT_OPTIONS_INIT;
-    options.rank = 1;
+    options.rank = rank;
     options.secret = JOB_SECRET;
     options.job = JOB_ID;
+    if (connect_timeout_s > 0) options.connect_timeout_s = connect_timeout_s;
+    return pt_transport_create(&options, t);
+}
+
+/* In the far namespace: a transport of rank 1 over TCP; its address to `fd`, then it waits. */
+static void peer_in_dark_site(const dark_site *d, int fd)
+{
+    enter_namespace(d->far);
     pt_transport *t;
-    if (pt_transport_create(&options, &t) != PIPERT_OK) {
-        fprintf(stderr, "the peer in %s: %s\n", d->name, pipert_last_error());
+    if (create_rank(1, 0, &t) != PIPERT_OK) {
+        fprintf(stderr, "the peer in %s: %s\n", d->far, pipert_last_error());
         _exit(3);
     }
     const char *address = pt_transport_address(t);
@@ -1229,6 +1272,48 @@ static void peer_in_dark_site(const dark_site *d, int fd)
     close(fd);
     pause();
     _exit(0);
+}
+
+/* What the dialler saw, through its pipe. */
+typedef struct dial_outcome {
+    char failed[256]; /* "": the dial was made */
+    pipert_result rc;
+    double took_s;
+    char why[512];
+} dial_outcome;
+
+#define DIAL_TIMEOUT_S 3.0
+static char dark_peer_address[ADDRESS_MAX];
+
+/* In the near namespace: rank 0 dials the peer (its address in dark_peer_address); the outcome
+ * to `fd`. A dial stuck in the progress thread leaves the transport undestroyed (that would
+ * hold this up for minutes): the process exits. */
+static void dial_from_near_site(const dark_site *d, int fd)
+{
+    enter_namespace(d->near);
+    dial_outcome o = {.rc = PIPERT_OK};
+    pt_transport *t = NULL;
+    if (create_rank(0, DIAL_TIMEOUT_S, &t) != PIPERT_OK)
+        snprintf(o.failed, sizeof o.failed, "rank 0: %s", pipert_last_error());
+    const double started = pt_now_s();
+    if (!o.failed[0]) o.rc = pt_transport_connect(t, 1, dark_peer_address);
+    o.took_s = pt_now_s() - started;
+    snprintf(o.why, sizeof o.why, "%s", pipert_last_error());
+    if (write(fd, &o, sizeof o) != (ssize_t)sizeof o) _exit(4);
+    _exit(0);
+}
+
+/* Reads exactly `size` bytes, or up to the first NUL when `text`; the count read. */
+static size_t read_from(int fd, void *into, size_t size, bool text)
+{
+    size_t got = 0;
+    ssize_t n;
+    while (got < size && (n = read(fd, (char *)into + got, size - got)) > 0) {
+        got += (size_t)n;
+        if (text && memchr(into, 0, got)) break;
+    }
+    close(fd);
+    return got;
 }
 
 /* Dialling a peer whose site went dark after it gave its address (the churn bed: a survivor
@@ -1244,54 +1329,38 @@ Test(transport, dialling_a_peer_behind_a_link_that_is_down_leaves_the_progress_t
     dark_site d;
     if (!dark_site_create(&d)) {
         dark_site_remove(&d); /* what part of it was made */
-        cr_assert_fail("could not create the namespace %s", d.name);
+        cr_assert_fail("could not create the namespaces %s and %s", d.near, d.far);
     }
-    int pipe_fds[2];
-    cr_assert_eq(pipe(pipe_fds), 0);
-    const pid_t peer = fork();
-    if (peer == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL); /* not left behind by a test that timed out */
-        close(pipe_fds[0]);
-        peer_in_dark_site(&d, pipe_fds[1]);
-    }
-    close(pipe_fds[1]);
-    static char address[ADDRESS_MAX];
-    ssize_t got = 0, n;
-    while ((n = read(pipe_fds[0], address + got, sizeof address - 1 - (size_t)got)) > 0) {
-        got += n;
-        if (memchr(address, 0, (size_t)got)) break;
-    }
-    close(pipe_fds[0]);
+    int from_peer;
+    const pid_t peer = start_in_child(&d, peer_in_dark_site, &from_peer);
+    const size_t got = read_from(from_peer, dark_peer_address, sizeof dark_peer_address - 1, true);
     const char *failed = NULL;
-    if (got <= 0 || !memchr(address, 0, (size_t)got)) failed = "the peer in it gave no address";
+    if (got == 0 || !memchr(dark_peer_address, 0, got)) failed = "the peer in it gave no address";
     /* the peer's site goes dark: packets to it vanish, no error comes back (its neighbour
      * entry stays, as across a router: no ARP failure ends the wait) */
-    if (!failed && sh("ip neigh replace %s lladdr $(cat /sys/class/net/%s/address 2>/dev/null || "
-                      "ip -n %s -br link show %s | awk '{print $3}') dev %s nud permanent && "
-                      "ip -n %s link set %s down",
-                      d.address, d.there, d.name, d.there, d.here, d.name, d.there) != 0)
+    if (!failed && sh("ip -n %s neigh replace %s lladdr $(ip -n %s -br link show %s | "
+                      "awk '{print $3}') dev %s nud permanent && ip -n %s link set %s down",
+                      d.near, d.address, d.far, d.there, d.here, d.far, d.there) != 0)
         failed = "link down";
-
-    pt_transport_options options = PT_TRANSPORT_OPTIONS_INIT;
-    options.rank = 0;
-    options.secret = JOB_SECRET;
-    options.job = JOB_ID;
-    options.connect_timeout_s = 3.0;
-    pt_transport *t = NULL;
-    if (!failed && pt_transport_create(&options, &t) != PIPERT_OK) failed = pipert_last_error();
-    const double started = pt_now_s();
-    const pipert_result rc = failed ? PIPERT_OK : pt_transport_connect(t, 1, address);
-    const double took = pt_now_s() - started;
-    char why[512];
-    snprintf(why, sizeof why, "%s", pipert_last_error());
-    const bool stuck = strstr(why, "no answer from the progress thread") != NULL;
-    if (t && !stuck) pt_transport_destroy(t); /* a stuck one would hold this up for minutes */
-    kill(peer, SIGKILL);
+    dial_outcome o = {.rc = PIPERT_OK};
+    pid_t dialler = 0;
+    if (!failed) {
+        int from_dialler;
+        dialler = start_in_child(&d, dial_from_near_site, &from_dialler);
+        if (read_from(from_dialler, &o, sizeof o, false) != sizeof o)
+            failed = "the dialler ended without a word";
+        else if (o.failed[0]) failed = o.failed;
+    }
     int status = 0;
+    if (dialler > 0) {
+        kill(dialler, SIGKILL);
+        waitpid(dialler, NULL, 0);
+    }
+    kill(peer, SIGKILL);
     waitpid(peer, &status, 0);
     dark_site_remove(&d);
     cr_assert(!failed, "setting the dark site up: %s (the peer's status 0x%x)", failed, status);
-    cr_expect_neq(rc, PIPERT_OK, "a peer in a dark site answered");
-    cr_expect(!stuck, "%s", why);
-    cr_expect_lt(took, options.connect_timeout_s + 2.0, "the dial took %.1f s: %s", took, why);
+    cr_expect_neq(o.rc, PIPERT_OK, "a peer in a dark site answered");
+    cr_expect(!strstr(o.why, "no answer from the progress thread"), "%s", o.why);
+    cr_expect_lt(o.took_s, DIAL_TIMEOUT_S + 2.0, "the dial took %.1f s: %s", o.took_s, o.why);
 }
