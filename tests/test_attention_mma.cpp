@@ -268,43 +268,47 @@ Test(attention_mma, uniform_scores_give_the_exact_mean_of_v, .timeout = 600)
 
 Test(attention_mma, the_emulated_mma_is_a_matrix_product)
 {
-    /* The emulator's own check: one warp multiplies A (16×16) by B (16×8), each lane
-     * loading its registers from shared tiles by attention_mma.cuh's fragment loaders,
-     * against the product computed directly. */
-    constexpr int HS = 64;
+    /* The emulator's own check: one warp multiplies A (16×16) by B (16×16, two 8-column
+     * blocks), each lane loading its registers from shared tiles by attention_mma.cuh's
+     * fragment loaders (ldmatrix), against the product computed directly. */
+    constexpr int HS = 64, N = 16;
     vector<uint16_t> a_tile(64 * pt_mma_stride<HS>), b_tile(64 * pt_mma_stride<HS>);
     for (uint16_t &x : a_tile) x = warp_emulator::float_to_bf16(uniform(-1, 1));
     for (uint16_t &x : b_tile) x = warp_emulator::float_to_bf16(uniform(-1, 1));
-    vector<float> d(16 * 8), d_cols(16 * 8);
+    /* away from the tiles' corners: row and column offsets as the kernels use them */
+    const int a_row = 16, a_k = 32, b_n = 24, b_k = 16;
+    vector<float> d(16 * N), d_cols(16 * N);
     warp_emulator::launch(1, 32, 0, [&](int, int tid, unsigned char *) {
         const pt_mma_lane l = pt_mma_lane_of(tid);
-        uint32_t a[4], b[2], b2[2];
-        pt_mma_a_fragment<HS>(a, a_tile.data(), 0, 0, l);
-        pt_mma_b_of_rows<HS>(b, b_tile.data(), 0, 0, l);     /* B[k][n] = b_tile[n][k] */
-        pt_mma_b_of_columns<HS>(b2, b_tile.data(), 0, 0, l); /* B[k][n] = b_tile[k][n] */
-        float acc[4] = {}, acc2[4] = {};
-        pt_mma_bf16(acc, a, b);
-        pt_mma_bf16(acc2, a, b2);
-        for (int e = 0; e < 4; e++) {
-            const int row = l.g + 8 * (e >= 2), col = pt_mma_column(0, e, l);
-            d[row * 8 + col] = acc[e];
-            d_cols[row * 8 + col] = acc2[e];
-        }
+        uint32_t a[4], b[4], b2[4];
+        pt_mma_a_fragment<HS>(a, a_tile.data(), a_row, a_k, l);
+        pt_mma_b_of_rows<HS>(b, b_tile.data(), b_n, b_k, l);     /* B[k][n] = b_tile[n][k] */
+        pt_mma_b_of_columns<HS>(b2, b_tile.data(), b_k, b_n, l); /* B[k][n] = b_tile[k][n] */
+        float acc[2][4] = {}, acc2[2][4] = {};
+        pt_mma_bf16_pair(acc[0], acc[1], a, b);
+        pt_mma_bf16_pair(acc2[0], acc2[1], a, b2);
+        for (int half = 0; half < 2; half++)
+            for (int e = 0; e < 4; e++) {
+                const int row = l.g + 8 * (e >= 2), col = pt_mma_column(half, e, l);
+                d[row * N + col] = acc[half][e];
+                d_cols[row * N + col] = acc2[half][e];
+            }
     });
     const int S = pt_mma_stride<HS>;
     auto at = [&](const vector<uint16_t> &t, int r, int c) {
         return warp_emulator::bf16_to_float(t[r * S + c]);
     };
     for (int i = 0; i < 16; i++)
-        for (int n = 0; n < 8; n++) {
+        for (int n = 0; n < N; n++) {
             double rows = 0.0, cols = 0.0;
             for (int k = 0; k < 16; k++) {
-                rows += (double)at(a_tile, i, k) * at(b_tile, n, k);
-                cols += (double)at(a_tile, i, k) * at(b_tile, k, n);
+                const double x = at(a_tile, a_row + i, a_k + k);
+                rows += x * at(b_tile, b_n + n, b_k + k);
+                cols += x * at(b_tile, b_k + k, b_n + n);
             }
-            cr_expect(std::fabs(d[i * 8 + n] - rows) <= 1e-5, "A·Bᵀ[%d][%d] = %g, want %g", i, n,
-                      d[i * 8 + n], rows);
-            cr_expect(std::fabs(d_cols[i * 8 + n] - cols) <= 1e-5, "A·B[%d][%d] = %g, want %g", i,
-                      n, d_cols[i * 8 + n], cols);
+            cr_expect(std::fabs(d[i * N + n] - rows) <= 1e-5, "A·Bᵀ[%d][%d] = %g, want %g", i, n,
+                      d[i * N + n], rows);
+            cr_expect(std::fabs(d_cols[i * N + n] - cols) <= 1e-5, "A·B[%d][%d] = %g, want %g", i,
+                      n, d_cols[i * N + n], cols);
         }
 }

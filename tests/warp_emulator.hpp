@@ -14,6 +14,21 @@
  *                     attention_mma.cuh's comment, written out independently
  *                     below as "who holds element (row, k)")
  *
+ *   pt_ldmatrix_x4    each lane publishes the row address it gives; after a warp
+ *   (and _trans)      barrier each assembles its four registers from the four 8×8
+ *                     matrices those rows make, by ldmatrix's layout in the PTX ISA
+ *                     ("Warp-level matrix load instruction: ldmatrix"): lanes 8i..8i+7
+ *                     give rows 0–7 of matrix i, register i of lane l holds matrix
+ *                     i's (row l/4, columns 2(l mod 4), +1), of its transpose with
+ *                     .trans; each row address must be 16-byte aligned
+ *
+ *   pt_cp_async16/4   cp.async: the copy is queued, not made; pt_cp_async_commit
+ *   pt_cp_async_wait  closes this thread's group of them; pt_cp_async_wait<N> makes
+ *                     the copies of all but the N newest groups, as cp.async.wait_group
+ *                     lets them land. A kernel that reads a tile before waiting for it
+ *                     (or before the barrier after) reads what was there before: NaN
+ *                     or the previous tile, and the comparisons fail.
+ *
  * What it cannot check: the hardware's own rounding inside an mma (fp32 sums
  * here, in k order), bank conflicts, speed. A lane that skips a warp-wide
  * operation its fellows reach deadlocks the emulation (the test times out),
@@ -25,7 +40,10 @@
 
 #include <barrier>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -38,6 +56,7 @@ struct warp {
     std::barrier<> step{lanes};
     float value[lanes];
     uint32_t a[lanes][4], b[lanes][2];
+    const uint16_t *row[lanes]; /* ldmatrix's row addresses */
 };
 
 struct block {
@@ -48,6 +67,17 @@ struct block {
 
 inline thread_local block *this_block;
 inline thread_local int this_thread;
+
+/* cp.async's copies of this thread: the group being formed, and those committed, oldest
+ * first. A kernel's leftover copies are dropped when its thread ends (they were never
+ * waited for, so never read). */
+struct async_copy {
+    void *dst;
+    const void *src;
+    size_t bytes;
+};
+inline thread_local std::vector<async_copy> forming;
+inline thread_local std::deque<std::vector<async_copy>> committed;
 
 inline warp &this_warp() { return this_block->warps[this_thread / lanes]; }
 inline int this_lane() { return this_thread % lanes; }
@@ -122,6 +152,68 @@ inline void pt_mma_bf16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&
     w.step.arrive_and_wait();
 }
 
+namespace warp_emulator {
+
+/* ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16: matrix i's rows are the 16 bytes at the
+ * addresses lanes 8i..8i+7 give; lane l's register i is the pair (row l/4, columns 2(l mod 4)
+ * and 2(l mod 4) + 1) of matrix i, or of its transpose, the lower column in the low half. */
+inline void ldmatrix_x4(uint32_t (&r)[4], const uint16_t *row, bool transposed)
+{
+    warp &w = this_warp();
+    const int lane = this_lane();
+    if ((uintptr_t)row % 16 != 0) {
+        std::fprintf(stderr, "ldmatrix: lane %d's row address %p is not 16-byte aligned\n", lane,
+                     (const void *)row);
+        std::abort(); /* undefined on the GPU: the test fails here */
+    }
+    w.row[lane] = row;
+    w.step.arrive_and_wait();
+    for (int i = 0; i < 4; i++) {
+        uint32_t pair = 0;
+        for (int half = 0; half < 2; half++) {
+            const int r = lane / 4, c = 2 * (lane % 4) + half;
+            /* element (r, c) of matrix i, or (c, r) of it when transposed */
+            const uint16_t element = transposed ? w.row[8 * i + c][r] : w.row[8 * i + r][c];
+            pair |= (uint32_t)element << (16 * half);
+        }
+        r[i] = pair;
+    }
+    w.step.arrive_and_wait();
+}
+
+} // namespace warp_emulator
+
+inline void pt_cp_async16(void *dst, const void *src)
+{
+    warp_emulator::forming.push_back({dst, src, 16});
+}
+inline void pt_cp_async4(void *dst, const void *src)
+{
+    warp_emulator::forming.push_back({dst, src, 4});
+}
+inline void pt_cp_async_commit()
+{
+    warp_emulator::committed.push_back(std::move(warp_emulator::forming));
+    warp_emulator::forming.clear();
+}
+template <int N> inline void pt_cp_async_wait()
+{
+    while (warp_emulator::committed.size() > (size_t)N) {
+        for (const warp_emulator::async_copy &c : warp_emulator::committed.front())
+            std::memcpy(c.dst, c.src, c.bytes);
+        warp_emulator::committed.pop_front();
+    }
+}
+
+inline void pt_ldmatrix_x4(uint32_t (&r)[4], const uint16_t *row)
+{
+    warp_emulator::ldmatrix_x4(r, row, false);
+}
+inline void pt_ldmatrix_x4_trans(uint32_t (&r)[4], const uint16_t *row)
+{
+    warp_emulator::ldmatrix_x4(r, row, true);
+}
+
 inline uint32_t pt_pack_bf16x2(float lo, float hi)
 {
     return (uint32_t)warp_emulator::float_to_bf16(lo) |
@@ -130,13 +222,6 @@ inline uint32_t pt_pack_bf16x2(float lo, float hi)
 
 inline uint16_t pt_round_bf16(float x) { return warp_emulator::float_to_bf16(x); }
 
-inline uint32_t pt_load32(const uint16_t *p)
-{
-    uint32_t v;
-    std::memcpy(&v, p, sizeof v);
-    return v;
-}
-inline void pt_copy16(uint16_t *dst, const uint16_t *src) { std::memcpy(dst, src, 16); }
 inline void pt_zero16(uint16_t *dst) { std::memset(dst, 0, 16); }
 
 namespace warp_emulator {
@@ -144,9 +229,13 @@ namespace warp_emulator {
 /* body(block, thread, shared) for every thread of every block, a block at a time. */
 template <class Body> void launch(int blocks, int threads, size_t shared_bytes, Body body)
 {
-    std::vector<uint32_t> shared((shared_bytes + 3) / 4);
+    struct alignas(16) chunk { /* shared memory is 16-byte aligned (ldmatrix's rows need it) */
+        uint32_t word[4];
+    };
+    std::vector<chunk> shared((shared_bytes + 15) / 16);
     for (int blk = 0; blk < blocks; blk++) {
-        for (uint32_t &word : shared) word = 0x7fc07fc0u; /* NaN as bf16 pairs and as fp32 */
+        for (chunk &c : shared) /* NaN as bf16 pairs and as fp32 */
+            for (uint32_t &word : c.word) word = 0x7fc07fc0u;
         block state(threads);
         std::vector<std::thread> pool;
         for (int t = 0; t < threads; t++)
@@ -154,6 +243,8 @@ template <class Body> void launch(int blocks, int threads, size_t shared_bytes, 
                 this_block = &state;
                 this_thread = t;
                 body(blk, t, (unsigned char *)shared.data());
+                forming.clear();
+                committed.clear();
             });
         for (std::thread &thread : pool) thread.join();
     }

@@ -41,14 +41,41 @@ __device__ __forceinline__ uint16_t pt_round_bf16(float x)
     return __bfloat16_as_ushort(__float2bfloat16_rn(x));
 }
 
-__device__ __forceinline__ uint32_t pt_load32(const uint16_t *p)
+__device__ __forceinline__ void pt_ldmatrix_x4(uint32_t (&r)[4], const uint16_t *row)
 {
-    return *reinterpret_cast<const uint32_t *>(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"((uint32_t)__cvta_generic_to_shared(row)));
 }
 
-__device__ __forceinline__ void pt_copy16(uint16_t *dst, const uint16_t *src)
+__device__ __forceinline__ void pt_ldmatrix_x4_trans(uint32_t (&r)[4], const uint16_t *row)
 {
-    *reinterpret_cast<uint4 *>(dst) = *reinterpret_cast<const uint4 *>(src);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"((uint32_t)__cvta_generic_to_shared(row)));
+}
+
+/* cp.async: global to shared memory without a trip through registers; .cg (16 bytes) keeps the
+ * line out of L1, where a tile is read once. */
+__device__ __forceinline__ void pt_cp_async16(void *dst, const void *src)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n"
+                 :
+                 : "r"((uint32_t)__cvta_generic_to_shared(dst)), "l"(src));
+}
+
+__device__ __forceinline__ void pt_cp_async4(void *dst, const void *src)
+{
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n"
+                 :
+                 : "r"((uint32_t)__cvta_generic_to_shared(dst)), "l"(src));
+}
+
+__device__ __forceinline__ void pt_cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+
+template <int N> __device__ __forceinline__ void pt_cp_async_wait()
+{
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
 __device__ __forceinline__ void pt_zero16(uint16_t *dst)

@@ -16,7 +16,13 @@
  *   pt_mma_bf16(d, a, b)             d[4] += A·B, one warp's 16×8×16 product
  *   pt_pack_bf16x2(lo, hi)           two floats rounded to nearest even, lo in bits 0–15
  *   pt_round_bf16(x)                 one float rounded to nearest even, as bf16 bits
- *   pt_load32(p), pt_copy16(dst, src), pt_zero16(dst)
+ *   pt_ldmatrix_x4(r, row)           ldmatrix .x4: lane l gives row l mod 8 of 8×8 matrix
+ *   pt_ldmatrix_x4_trans(r, row)     l / 8 (16 bytes, aligned); r[i] = matrix i's (or its
+ *                                    transpose's) pair at row l/4, columns 2(l mod 4), +1
+ *   pt_cp_async16(dst, src)          cp.async of 16 bytes (4 with pt_cp_async4) into shared
+ *   pt_cp_async_commit()             memory: this thread's copies since the last commit form a
+ *   pt_cp_async_wait<N>()            group; wait until all but the N newest groups landed
+ *   pt_zero16(dst)
  *
  * Register layouts of mma.sync.m16n8k16.row.col (PTX ISA, "Matrix fragments
  * for mma.m16n8k16"), with g = lane / 4 and t = lane % 4:
@@ -29,9 +35,18 @@
  * results are, packed in pairs, the A fragment of their 16×16 concatenation:
  * P never leaves registers between S = QKᵀ and O += P·V (c_to_a).
  *
+ * Fragments come from shared memory by ldmatrix, four 8×8 matrices a warp-wide instruction:
+ * an A fragment is the four quarters of a 16×16 tile; a B fragment, two 8×8 matrices (k
+ * 0–7 and 8–15), so one ldmatrix gives the B fragments of two neighbouring 8-column blocks.
+ * B[k][n] = tile[n][k] (the tile's rows are B's columns: Kᵀ, Vᵀ, Qᵀ, dOᵀ) is ldmatrix's
+ * layout as it is; B[k][n] = tile[k][n] (V, K, dO, Q as right operands) its .trans.
+ *
  * Work split. A block is 4 warps and owns 64 rows, 16 a warp; the other side
  * passes through shared memory in tiles of 64 rows (bf16, rows padded by 8
- * elements so that the fragment loads of a warp hit 32 different banks).
+ * elements so that the fragment loads of a warp hit 32 different banks), two
+ * buffers of them: the copy engine fetches the next tiles (cp.async) while the
+ * warps compute on this one. The own rows arrive first in the second buffer,
+ * whose tiles they leave once they are in registers.
  *   forward  own query rows; tiles of K and V; online softmax as attention.cu
  *   dq       own query rows; tiles of K and V; P and dS recomputed
  *   dkdv     own key rows; tiles of Q and dO (with L and D); Sᵀ = K·Qᵀ and
@@ -71,11 +86,19 @@ template <int HS> constexpr size_t pt_mma_tile_bytes()
 {
     return (size_t)PT_MMA_TILE * pt_mma_stride<HS> * 2;
 }
-template <int HS> constexpr size_t pt_mma_forward_shared_bytes() { return 3 * pt_mma_tile_bytes<HS>(); }
+/* Two buffers of two tiles (K and V; Q and dO for dkdv, with its L and D rows). */
+template <int HS> constexpr size_t pt_mma_forward_shared_bytes() { return 4 * pt_mma_tile_bytes<HS>(); }
 template <int HS> constexpr size_t pt_mma_dq_shared_bytes() { return 4 * pt_mma_tile_bytes<HS>(); }
 template <int HS> constexpr size_t pt_mma_dkdv_shared_bytes()
 {
-    return 4 * pt_mma_tile_bytes<HS>() + 2 * PT_MMA_TILE * sizeof(float);
+    return 4 * pt_mma_tile_bytes<HS>() + 4 * PT_MMA_TILE * sizeof(float);
+}
+
+/* Buffer `which` (0, 1) of the two, and its first or second tile. */
+template <int HS>
+PT_MMA_FN uint16_t *pt_mma_buffer_tile(unsigned char *shared, int which, int second)
+{
+    return (uint16_t *)shared + (2 * which + second) * PT_MMA_TILE * pt_mma_stride<HS>;
 }
 
 /* Blocks: B·NH heads × ceil(T/64) row blocks, row-block major, so that the
@@ -103,20 +126,30 @@ PT_MMA_FN pt_mma_lane pt_mma_lane_of(int tid) { return {tid >> 5, (tid & 31) >> 
 /* ---- tiles ---------------------------------------------------------------------- */
 
 /* Rows [r0, r0 + 64) of a head's slice of a bf16 [B, T, row_stride] buffer
- * (src: its row 0, first column of the head) into tile[64][HS + 8]; rows at or
- * past T are zero. 16 bytes per thread per pass. */
+ * (src: its row 0, first column of the head) into tile[64][HS + 8], fetched by cp.async (the
+ * caller commits and waits); rows at or past T are zero, stored at once. 16 bytes per thread
+ * per pass. */
 template <int HS>
-PT_MMA_FN void pt_mma_load_tile(uint16_t *tile, const uint16_t *src, size_t row_stride, int r0,
-                                int T, int tid)
+PT_MMA_FN void pt_mma_fetch_tile(uint16_t *tile, const uint16_t *src, size_t row_stride, int r0,
+                                 int T, int tid)
 {
     constexpr int chunks = HS / 8;
     for (int idx = tid; idx < PT_MMA_TILE * chunks; idx += PT_MMA_THREADS) {
         const int r = idx / chunks, c = (idx % chunks) * 8;
         uint16_t *dst = tile + r * pt_mma_stride<HS> + c;
         if (r0 + r < T)
-            pt_copy16(dst, src + (size_t)(r0 + r) * row_stride + c);
+            pt_cp_async16(dst, src + (size_t)(r0 + r) * row_stride + c);
         else
             pt_zero16(dst);
+    }
+}
+
+/* rows[r] = x[r0 + r] for the 64 rows of a tile, 0 past T (L and D), by cp.async. */
+PT_MMA_FN void pt_mma_fetch_rows(float *rows, const float *x, int r0, int T, int tid)
+{
+    for (int r = tid; r < PT_MMA_TILE; r += PT_MMA_THREADS) {
+        if (r0 + r < T) pt_cp_async4(rows + r, x + r0 + r);
+        else rows[r] = 0.0f;
     }
 }
 
@@ -141,38 +174,44 @@ PT_MMA_FN void pt_mma_load_tile_rounded(uint16_t *tile, const float *src, size_t
 
 /* ---- fragments -------------------------------------------------------------------- */
 
-/* A = tile[row0 .. row0 + 16][k0 .. k0 + 16]. */
+/* A = tile[row0 .. row0 + 16][k0 .. k0 + 16]: matrices i = 0..3 are its quarters (rows
+ * + 8·(i mod 2), columns + 8·(i / 2)), in a0..a3's order. */
 template <int HS>
 PT_MMA_FN void pt_mma_a_fragment(uint32_t (&a)[4], const uint16_t *tile, int row0, int k0,
                                  pt_mma_lane l)
 {
-    constexpr int S = pt_mma_stride<HS>;
-    const uint16_t *top = tile + (row0 + l.g) * S + k0 + 2 * l.t, *bottom = top + 8 * S;
-    a[0] = pt_load32(top);
-    a[1] = pt_load32(bottom);
-    a[2] = pt_load32(top + 8);
-    a[3] = pt_load32(bottom + 8);
+    const int lane = l.g * 4 + l.t, i = lane >> 3;
+    pt_ldmatrix_x4(a, tile + (row0 + (lane & 7) + 8 * (i & 1)) * pt_mma_stride<HS> + k0 + 8 * (i >> 1));
 }
 
-/* B[k][n] = tile[n0 + n][k0 + k]: the tile's rows are B's columns (Kᵀ, Vᵀ, Qᵀ, dOᵀ). */
+/* b[0..1] and b[2..3]: the B fragments of columns n0..n0+7 and n0+8..n0+15 over k0..k0+15,
+ * B[k][n] = tile[n][k] (Kᵀ, Vᵀ, Qᵀ, dOᵀ). Matrix i: tile rows n0 + 8·(i / 2) + 0..7, columns
+ * k0 + 8·(i mod 2): register i is then b0, b1 of the first block, b0, b1 of the second. */
 template <int HS>
-PT_MMA_FN void pt_mma_b_of_rows(uint32_t (&b)[2], const uint16_t *tile, int n0, int k0,
+PT_MMA_FN void pt_mma_b_of_rows(uint32_t (&b)[4], const uint16_t *tile, int n0, int k0,
                                 pt_mma_lane l)
 {
-    const uint16_t *p = tile + (n0 + l.g) * pt_mma_stride<HS> + k0 + 2 * l.t;
-    b[0] = pt_load32(p);
-    b[1] = pt_load32(p + 8);
+    const int lane = l.g * 4 + l.t, i = lane >> 3;
+    pt_ldmatrix_x4(b, tile + (n0 + 8 * (i >> 1) + (lane & 7)) * pt_mma_stride<HS> + k0 + 8 * (i & 1));
 }
 
-/* B[k][n] = tile[k0 + k][n0 + n]: the tile as it is (V, K, dO, Q as right operands). */
+/* The same with B[k][n] = tile[k][n] (V, K, dO, Q as right operands): matrix i is tile rows
+ * k0 + 8·(i mod 2) + 0..7, columns n0 + 8·(i / 2), transposed. */
 template <int HS>
-PT_MMA_FN void pt_mma_b_of_columns(uint32_t (&b)[2], const uint16_t *tile, int k0, int n0,
+PT_MMA_FN void pt_mma_b_of_columns(uint32_t (&b)[4], const uint16_t *tile, int k0, int n0,
                                    pt_mma_lane l)
 {
-    constexpr int S = pt_mma_stride<HS>;
-    const uint16_t *p = tile + (k0 + 2 * l.t) * S + n0 + l.g;
-    b[0] = (uint32_t)p[0] | (uint32_t)p[S] << 16;
-    b[1] = (uint32_t)p[8 * S] | (uint32_t)p[9 * S] << 16;
+    const int lane = l.g * 4 + l.t, i = lane >> 3;
+    pt_ldmatrix_x4_trans(b, tile + (k0 + 8 * (i & 1) + (lane & 7)) * pt_mma_stride<HS> + n0 + 8 * (i >> 1));
+}
+
+/* d += A·B twice: with the first and the second 8-column block of a pair b from above. */
+PT_MMA_FN void pt_mma_bf16_pair(float (&first)[4], float (&second)[4], const uint32_t (&a)[4],
+                                const uint32_t (&b)[4])
+{
+    const uint32_t b_first[2] = {b[0], b[1]}, b_second[2] = {b[2], b[3]};
+    pt_mma_bf16(first, a, b_first);
+    pt_mma_bf16(second, a, b_second);
 }
 
 /* This warp's 16 rows of a tile, over the head's HS columns, as A fragments (Q, dO, K, V
@@ -198,14 +237,14 @@ template <int HS>
 PT_MMA_FN void pt_mma_times_rows(float (&acc)[PT_MMA_TILE / 8][4], const uint32_t (&a)[HS / 16][4],
                                  const uint16_t *tile, pt_mma_lane l)
 {
-    for (int n = 0; n < PT_MMA_TILE / 8; n++) {
+    for (int n = 0; n < PT_MMA_TILE / 8; n++)
         for (int e = 0; e < 4; e++) acc[n][e] = 0.0f;
+    for (int n = 0; n < PT_MMA_TILE / 8; n += 2)
         for (int ks = 0; ks < HS / 16; ks++) {
-            uint32_t b[2];
+            uint32_t b[4];
             pt_mma_b_of_rows<HS>(b, tile, n * 8, ks * 16, l);
-            pt_mma_bf16(acc[n], a[ks], b);
+            pt_mma_bf16_pair(acc[n], acc[n + 1], a[ks], b);
         }
-    }
 }
 
 /* out[d] += X·tile, X the 16×64 result in C fragments (P, Pᵀ, dS, dSᵀ), the
@@ -217,10 +256,10 @@ PT_MMA_FN void pt_mma_accumulate(float (&out)[HS / 8][4], const float (&x)[PT_MM
     for (int kk = 0; kk < PT_MMA_TILE / 16; kk++) {
         uint32_t a[4];
         pt_mma_c_to_a(a, x[2 * kk], x[2 * kk + 1]);
-        for (int d = 0; d < HS / 8; d++) {
-            uint32_t b[2];
+        for (int d = 0; d < HS / 8; d += 2) {
+            uint32_t b[4];
             pt_mma_b_of_columns<HS>(b, tile, kk * 16, d * 8, l);
-            pt_mma_bf16(out[d], a, b);
+            pt_mma_bf16_pair(out[d], out[d + 1], a, b);
         }
     }
 }
@@ -264,16 +303,33 @@ PT_MMA_FN Element *pt_mma_btc_head(Element *x, pt_mma_shape s, pt_mma_block blk,
     return x + (size_t)blk.b * s.T * s.C + (size_t)blk.h * hs;
 }
 
-/* K and V rows [j0, j0 + 64) of the block's head into their tiles, once every thread is done
- * with the last ones. */
+/* K and V rows [j0, j0 + 64) of the block's head into buffer `which`: one group of copies. */
 template <int HS>
-PT_MMA_FN void pt_mma_next_kv_tiles(uint16_t *k_tile, uint16_t *v_tile, const uint16_t *qkv,
-                                    pt_mma_shape s, pt_mma_block blk, int j0, int tid)
+PT_MMA_FN void pt_mma_fetch_kv(unsigned char *shared, int which, const uint16_t *qkv,
+                               pt_mma_shape s, pt_mma_block blk, int j0, int tid)
 {
     const size_t stride = 3 * (size_t)s.C;
+    pt_mma_fetch_tile<HS>(pt_mma_buffer_tile<HS>(shared, which, 0),
+                          pt_mma_qkv_head(qkv, s, blk, HS, 1), stride, j0, s.T, tid);
+    pt_mma_fetch_tile<HS>(pt_mma_buffer_tile<HS>(shared, which, 1),
+                          pt_mma_qkv_head(qkv, s, blk, HS, 2), stride, j0, s.T, tid);
+    pt_cp_async_commit();
+}
+
+/* The step over keys [j0, j0 + 64), whose K and V were fetched into buffer `which`: once every
+ * thread is done with the other buffer, the next keys' fetch into it starts (when there are
+ * any up to last_row), then this step's tiles are waited for and seen by every thread. */
+template <int HS>
+PT_MMA_FN void pt_mma_kv_step(unsigned char *shared, int which, const uint16_t *qkv,
+                              pt_mma_shape s, pt_mma_block blk, int j0, int last_row, int tid)
+{
     pt_block_sync();
-    pt_mma_load_tile<HS>(k_tile, pt_mma_qkv_head(qkv, s, blk, HS, 1), stride, j0, s.T, tid);
-    pt_mma_load_tile<HS>(v_tile, pt_mma_qkv_head(qkv, s, blk, HS, 2), stride, j0, s.T, tid);
+    if (j0 + PT_MMA_TILE <= last_row) {
+        pt_mma_fetch_kv<HS>(shared, 1 - which, qkv, s, blk, j0 + PT_MMA_TILE, tid);
+        pt_cp_async_wait<1>();
+    } else {
+        pt_cp_async_wait<0>();
+    }
     pt_block_sync();
 }
 
@@ -290,13 +346,14 @@ PT_MMA_FN void pt_mma_attention_forward(Output *out, float *lse, float *o_saved,
                                         const uint16_t *qkv, pt_mma_shape s, int block, int tid,
                                         unsigned char *shared)
 {
-    constexpr int S = pt_mma_stride<HS>;
-    uint16_t *q_tile = (uint16_t *)shared, *k_tile = q_tile + PT_MMA_TILE * S,
-             *v_tile = k_tile + PT_MMA_TILE * S;
+    uint16_t *q_tile = pt_mma_buffer_tile<HS>(shared, 1, 0);
     const pt_mma_block blk = pt_mma_own_rows(s, block, true);
     const pt_mma_lane l = pt_mma_lane_of(tid);
     const size_t stride = 3 * (size_t)s.C;
-    pt_mma_load_tile<HS>(q_tile, pt_mma_qkv_head(qkv, s, blk, HS, 0), stride, blk.r0, s.T, tid);
+    pt_mma_fetch_tile<HS>(q_tile, pt_mma_qkv_head(qkv, s, blk, HS, 0), stride, blk.r0, s.T, tid);
+    pt_cp_async_commit();
+    pt_mma_fetch_kv<HS>(shared, 0, qkv, s, blk, 0, tid);
+    pt_cp_async_wait<1>(); /* Q */
     pt_block_sync();
     uint32_t q[HS / 16][4];
     pt_mma_warp_rows<HS>(q, q_tile, l);
@@ -305,8 +362,10 @@ PT_MMA_FN void pt_mma_attention_forward(Output *out, float *lse, float *o_saved,
     float o[HS / 8][4] = {};
     float m[2] = {-INFINITY, -INFINITY}, sum[2] = {0.0f, 0.0f}; /* this lane's share of l */
     const int last_row = pt_mma_last_row(blk, s.T);
-    for (int j0 = 0; j0 <= last_row; j0 += PT_MMA_TILE) {
-        pt_mma_next_kv_tiles<HS>(k_tile, v_tile, qkv, s, blk, j0, tid);
+    for (int j0 = 0, which = 0; j0 <= last_row; j0 += PT_MMA_TILE, which = 1 - which) {
+        pt_mma_kv_step<HS>(shared, which, qkv, s, blk, j0, last_row, tid);
+        const uint16_t *k_tile = pt_mma_buffer_tile<HS>(shared, which, 0),
+                       *v_tile = pt_mma_buffer_tile<HS>(shared, which, 1);
         float p[PT_MMA_TILE / 8][4];
         pt_mma_times_rows<HS>(p, q, k_tile, l);
         float tile_max[2] = {-INFINITY, -INFINITY};
@@ -373,14 +432,16 @@ PT_MMA_FN void pt_mma_attention_dq(Gradient *dqkv, const float *dout, const uint
                                    const float *lse, const float *delta, pt_mma_shape s, int block,
                                    int tid, unsigned char *shared)
 {
-    constexpr int S = pt_mma_stride<HS>;
-    uint16_t *q_tile = (uint16_t *)shared, *do_tile = q_tile + PT_MMA_TILE * S,
-             *k_tile = do_tile + PT_MMA_TILE * S, *v_tile = k_tile + PT_MMA_TILE * S;
+    uint16_t *q_tile = pt_mma_buffer_tile<HS>(shared, 1, 0),
+             *do_tile = pt_mma_buffer_tile<HS>(shared, 1, 1);
     const pt_mma_block blk = pt_mma_own_rows(s, block, true);
     const pt_mma_lane l = pt_mma_lane_of(tid);
     const size_t stride = 3 * (size_t)s.C;
-    pt_mma_load_tile<HS>(q_tile, pt_mma_qkv_head(qkv, s, blk, HS, 0), stride, blk.r0, s.T, tid);
+    pt_mma_fetch_tile<HS>(q_tile, pt_mma_qkv_head(qkv, s, blk, HS, 0), stride, blk.r0, s.T, tid);
+    pt_cp_async_commit();
+    pt_mma_fetch_kv<HS>(shared, 0, qkv, s, blk, 0, tid);
     pt_mma_load_tile_rounded<HS>(do_tile, pt_mma_btc_head(dout, s, blk, HS), s.C, blk.r0, s.T, tid);
+    pt_cp_async_wait<1>(); /* Q */
     pt_block_sync();
     uint32_t q[HS / 16][4], d_o[HS / 16][4];
     pt_mma_warp_rows<HS>(q, q_tile, l);
@@ -394,8 +455,10 @@ PT_MMA_FN void pt_mma_attention_dq(Gradient *dqkv, const float *dout, const uint
     }
     float dq[HS / 8][4] = {};
     const int last_row = pt_mma_last_row(blk, s.T);
-    for (int j0 = 0; j0 <= last_row; j0 += PT_MMA_TILE) {
-        pt_mma_next_kv_tiles<HS>(k_tile, v_tile, qkv, s, blk, j0, tid);
+    for (int j0 = 0, which = 0; j0 <= last_row; j0 += PT_MMA_TILE, which = 1 - which) {
+        pt_mma_kv_step<HS>(shared, which, qkv, s, blk, j0, last_row, tid);
+        const uint16_t *k_tile = pt_mma_buffer_tile<HS>(shared, which, 0),
+                       *v_tile = pt_mma_buffer_tile<HS>(shared, which, 1);
         float ds[PT_MMA_TILE / 8][4], dp[PT_MMA_TILE / 8][4];
         pt_mma_times_rows<HS>(ds, q, k_tile, l);
         pt_mma_times_rows<HS>(dp, d_o, v_tile, l);
@@ -425,30 +488,41 @@ PT_MMA_FN void pt_mma_attention_dkdv(Gradient *dqkv, const float *dout, const ui
                                      const float *lse, const float *delta, pt_mma_shape s,
                                      int block, int tid, unsigned char *shared)
 {
-    constexpr int S = pt_mma_stride<HS>;
-    uint16_t *k_own = (uint16_t *)shared, *v_own = k_own + PT_MMA_TILE * S,
-             *q_tile = v_own + PT_MMA_TILE * S, *do_tile = q_tile + PT_MMA_TILE * S;
-    float *L_tile = (float *)(do_tile + PT_MMA_TILE * S), *D_tile = L_tile + PT_MMA_TILE;
+    /* buffer w: its Q and dO tiles, and its L and D rows after the four tiles */
+    float *rows = (float *)pt_mma_buffer_tile<HS>(shared, 2, 0);
     const pt_mma_block blk = pt_mma_own_rows(s, block, false);
     const pt_mma_lane l = pt_mma_lane_of(tid);
     const size_t stride = 3 * (size_t)s.C;
-    pt_mma_load_tile<HS>(k_own, pt_mma_qkv_head(qkv, s, blk, HS, 1), stride, blk.r0, s.T, tid);
-    pt_mma_load_tile<HS>(v_own, pt_mma_qkv_head(qkv, s, blk, HS, 2), stride, blk.r0, s.T, tid);
+    auto fetch_queries = [&](int which, int i0) { /* Q, L and D of queries [i0, i0 + 64) */
+        pt_mma_fetch_tile<HS>(pt_mma_buffer_tile<HS>(shared, which, 0),
+                              pt_mma_qkv_head(qkv, s, blk, HS, 0), stride, i0, s.T, tid);
+        pt_mma_fetch_rows(rows + 2 * which * PT_MMA_TILE, lse + (size_t)blk.bh * s.T, i0, s.T, tid);
+        pt_mma_fetch_rows(rows + (2 * which + 1) * PT_MMA_TILE, delta + (size_t)blk.bh * s.T, i0,
+                          s.T, tid);
+        pt_cp_async_commit();
+    };
+    uint16_t *k_own = pt_mma_buffer_tile<HS>(shared, 1, 0), *v_own = pt_mma_buffer_tile<HS>(shared, 1, 1);
+    pt_mma_fetch_tile<HS>(k_own, pt_mma_qkv_head(qkv, s, blk, HS, 1), stride, blk.r0, s.T, tid);
+    pt_mma_fetch_tile<HS>(v_own, pt_mma_qkv_head(qkv, s, blk, HS, 2), stride, blk.r0, s.T, tid);
+    pt_cp_async_commit();
+    fetch_queries(0, blk.r0);
+    pt_cp_async_wait<1>(); /* K and V */
     pt_block_sync();
     uint32_t k[HS / 16][4], v[HS / 16][4];
     pt_mma_warp_rows<HS>(k, k_own, l);
     pt_mma_warp_rows<HS>(v, v_own, l);
     pt_mma_rows_cols rc = {{blk.r0 + l.warp * 16 + l.g, blk.r0 + l.warp * 16 + l.g + 8}, true};
     float dk[HS / 8][4] = {}, dv[HS / 8][4] = {};
-    for (int i0 = blk.r0; i0 < s.T; i0 += PT_MMA_TILE) { /* queries i ≥ j ≥ r0 */
+    /* queries i ≥ j ≥ r0; dO is rounded on its way in, so it comes by ordinary loads */
+    for (int i0 = blk.r0, which = 0; i0 < s.T; i0 += PT_MMA_TILE, which = 1 - which) {
+        const uint16_t *q_tile = pt_mma_buffer_tile<HS>(shared, which, 0);
+        uint16_t *do_tile = pt_mma_buffer_tile<HS>(shared, which, 1);
+        const float *L_tile = rows + 2 * which * PT_MMA_TILE, *D_tile = L_tile + PT_MMA_TILE;
         pt_block_sync();
-        pt_mma_load_tile<HS>(q_tile, pt_mma_qkv_head(qkv, s, blk, HS, 0), stride, i0, s.T, tid);
+        if (i0 + PT_MMA_TILE < s.T) fetch_queries(1 - which, i0 + PT_MMA_TILE);
         pt_mma_load_tile_rounded<HS>(do_tile, pt_mma_btc_head(dout, s, blk, HS), s.C, i0, s.T, tid);
-        for (int r = tid; r < PT_MMA_TILE; r += PT_MMA_THREADS) {
-            const bool inside = i0 + r < s.T;
-            L_tile[r] = inside ? lse[(size_t)blk.bh * s.T + i0 + r] : 0.0f;
-            D_tile[r] = inside ? delta[(size_t)blk.bh * s.T + i0 + r] : 0.0f;
-        }
+        if (i0 + PT_MMA_TILE < s.T) pt_cp_async_wait<1>();
+        else pt_cp_async_wait<0>();
         pt_block_sync();
         float p[PT_MMA_TILE / 8][4], ds[PT_MMA_TILE / 8][4]; /* Pᵀ and dSᵀ: rows keys, columns queries */
         pt_mma_times_rows<HS>(p, k, q_tile, l);
