@@ -192,6 +192,8 @@ Test(cuda, layernorm_matches_cpu)
 {
     check_layernorm(256, 768);
     check_layernorm(1000, 37); /* rows not a multiple of the block, C not of the warp */
+    check_layernorm(5001, 768); /* the one-pass backward's fixed grid: warps of 1 and 2 rows */
+    check_layernorm(300, 2000); /* its sums too large for shared memory: three kernels */
 }
 
 /* The residual's sum and the layernorm after it in one pass, the sum written over its first

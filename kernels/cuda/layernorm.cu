@@ -12,7 +12,15 @@
  *
  * One warp per row for everything per row (two passes for the variance, as
  * on the CPU: no cancellation for large means); the parameter gradients are
- * deterministic column sums (reduce.cuh). */
+ * deterministic column sums (reduce.cuh).
+ *
+ * The backward in one pass over dout and inp where the parameter gradients' partial sums fit
+ * in shared memory: each warp adds its rows' dout·x̂ and dout into sums of its own (lane l owns
+ * columns l + 32k, so no two lanes touch one word), the block adds its warps' in warp order
+ * into a partial of its own, and a second kernel adds the partials in block order: the same
+ * bits every run, as the column sums, from a grid of a fixed size. Three kernels read dout
+ * and inp before (dinp's, then dweight's and dbias's column sums): ~150 MB less a GPT-2
+ * layernorm at B = 16. */
 #include "kernels/cuda/reduce.cuh"
 
 #define LAYERNORM_EPS 1e-5f
@@ -81,6 +89,80 @@ __global__ void layernorm_backward_input_kernel(float *dinp, const float *dout, 
     }
 }
 
+#define FUSED_WARPS 4      /* a block of the one-pass backward */
+#define FUSED_BLOCKS 1024  /* at most, a fixed number (the sums' order is the grid's) */
+#define FUSED_SHARED_MAX (48 * 1024)
+
+static size_t fused_shared_bytes(int C) { return (size_t)FUSED_WARPS * 2 * C * sizeof(float); }
+
+__global__ void layernorm_backward_fused_kernel(float *dinp, float *partials, const float *dout,
+                                                const float *inp, const float *weight,
+                                                const float *mean, const float *rstd, int N, int C)
+{
+    /* dinp[N,C] +=; partials[2][gridDim.x][C]: the block's Σ dout·x̂ (dweight's), then its
+     * Σ dout (dbias's); the rest as layernorm_backward_input_kernel */
+    extern __shared__ float sums[]; /* [FUSED_WARPS][2][C] */
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    float *dw = sums + (size_t)warp * 2 * C, *db = dw + C;
+    for (int c = lane; c < C; c += 32) dw[c] = db[c] = 0.0f;
+    for (int n = blockIdx.x * FUSED_WARPS + warp; n < N; n += gridDim.x * FUSED_WARPS) {
+        const float *x = inp + (size_t)n * C, *dy = dout + (size_t)n * C;
+        float *dx = dinp + (size_t)n * C;
+        const float mu = mean[n], s = rstd[n];
+        float g_sum = 0.0f, g_xhat_sum = 0.0f;
+        for (int c = lane; c < C; c += 32) {
+            float g = dy[c] * weight[c];
+            g_sum += g;
+            g_xhat_sum += g * (x[c] - mu) * s;
+        }
+        float g_mean = pt_warp_sum(g_sum) / (float)C,
+              g_xhat_mean = pt_warp_sum(g_xhat_sum) / (float)C;
+        for (int c = lane; c < C; c += 32) {
+            const float xhat = (x[c] - mu) * s, d = dy[c];
+            dx[c] += s * (d * weight[c] - g_mean - xhat * g_xhat_mean);
+            dw[c] += d * xhat;
+            db[c] += d;
+        }
+    }
+    __syncthreads();
+    float *block_dw = partials + (size_t)blockIdx.x * C, *block_db = block_dw + (size_t)gridDim.x * C;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        float w = 0.0f, b = 0.0f;
+        for (int k = 0; k < FUSED_WARPS; k++) {
+            w += sums[(size_t)k * 2 * C + c];
+            b += sums[(size_t)k * 2 * C + C + c];
+        }
+        block_dw[c] = w;
+        block_db[c] = b;
+    }
+}
+
+/* The one-pass backward; false (nothing done) where its sums do not fit in shared memory or
+ * the arena has no room for the partials. */
+static bool layernorm_backward_fused(float *dinp, float *dweight, float *dbias, const float *dout,
+                                     const float *inp, const float *weight, const float *mean,
+                                     const float *rstd, int N, int C)
+{
+    if (fused_shared_bytes(C) > FUSED_SHARED_MAX) return false;
+    const int blocks = (int)min((size_t)FUSED_BLOCKS, (size_t)pt_cuda_ceil_div(N, FUSED_WARPS));
+    const size_t bytes = (size_t)2 * blocks * C * sizeof(float);
+    if (bytes > pt_cuda.arena.capacity - pt_cuda.arena.top) return false; /* not an error here */
+    const size_t mark = pt_cuda_scratch_mark();
+    float *partials = (float *)pt_cuda_scratch(bytes, "layernorm backward partials");
+    layernorm_backward_fused_kernel<<<blocks, 32 * FUSED_WARPS, fused_shared_bytes(C),
+                                      pt_cuda.compute>>>(dinp, partials, dout, inp, weight, mean,
+                                                         rstd, N, C);
+    PT_CUDA_LAUNCHED("layernorm_backward_fused_kernel");
+    const unsigned columns = (unsigned)pt_cuda_ceil_div(C, PT_CUDA_THREADS);
+    pt_column_finish_kernel<<<columns, PT_CUDA_THREADS, 0, pt_cuda.compute>>>(dweight, partials,
+                                                                            blocks, C);
+    pt_column_finish_kernel<<<columns, PT_CUDA_THREADS, 0, pt_cuda.compute>>>(
+        dbias, partials + (size_t)blocks * C, blocks, C);
+    PT_CUDA_LAUNCHED("pt_column_finish_kernel");
+    pt_cuda_scratch_release(mark);
+    return true;
+}
+
 /* value(n, c) = dout[n, c]·x̂[n, c], the summand of dweight */
 struct normalized_gradient {
     const float *dout, *inp, *mean, *rstd;
@@ -147,6 +229,7 @@ void pt_cuda_layernorm_backward(float *dinp, float *dweight, float *dbias, const
 {
     /* dinp[N,C], dweight[C], dbias[C], dout[N,C], inp[N,C], weight[C], mean[N], rstd[N] */
     if (N <= 0) return;
+    if (layernorm_backward_fused(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C)) return;
     layernorm_backward_input_kernel<<<row_blocks(N), 32 * ROWS_PER_BLOCK, 0, pt_cuda.compute>>>(
         dinp, dout, inp, weight, mean, rstd, N, C);
     PT_CUDA_LAUNCHED("layernorm_backward_input_kernel");
