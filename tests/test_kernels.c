@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "kernels/cuda/adam_batch.h"
+#include "kernels/cuda/row_parts.h"
 #include "kernels/kernels.h"
 #include "kernels/profile.h"
 #include "tests/kernel_checks.h"
@@ -775,4 +776,37 @@ Test(kernels, thread_count_does_not_change_results)
     attention_objective(&p);
     for (int i = 0; i < 2 * 33 * 8; i++)
         cr_assert_eq(one[i], p.out[i], "attention out[%d] differs between 1 and 2 threads", i);
+}
+
+/* How crossentropy.cu splits a row for 16-byte loads (kernels/cuda/row_parts.h, plain C): for
+ * every start address modulo 16 and lengths around the vector width and GPT-2's vocabulary,
+ * head, vectors and tail visit each element exactly once, and the vectors start on a 16-byte
+ * boundary. */
+Test(kernels, row_parts_cover_a_row_once_with_aligned_vectors)
+{
+    static unsigned char seen[50300];
+    const int lengths[] = {0, 1, 2, 3, 7, 8, 9, 15, 16, 17, 31, 50257, 50264};
+    for (int element_size = 2; element_size <= 4; element_size += 2)
+        for (int offset = 0; offset < 16; offset += element_size)
+            for (size_t k = 0; k < sizeof lengths / sizeof lengths[0]; k++) {
+                const int n = lengths[k], width = 16 / element_size;
+                const uintptr_t address = 4096 + (uintptr_t)offset;
+                const pt_row_parts p = pt_row_parts_of(address, n, element_size);
+                memset(seen, 0, sizeof seen);
+                for (int v = 0; v < p.head; v++) seen[v]++;
+                for (int i = 0; i < p.vectors; i++)
+                    for (int e = 0; e < width; e++) seen[p.head + i * width + e]++;
+                for (int v = p.tail_start; v < n; v++) seen[v]++;
+                int wrong = 0;
+                for (int v = 0; v < n; v++) wrong += seen[v] != 1;
+                cr_expect_eq(wrong, 0, "size %d, offset %d, V %d: %d elements not visited once",
+                             element_size, offset, n, wrong);
+                cr_expect(p.vectors == 0 ||
+                              (address + (uintptr_t)p.head * element_size) % 16 == 0,
+                          "size %d, offset %d, V %d: vectors start off a 16-byte boundary",
+                          element_size, offset, n);
+                cr_expect(p.head < width && n - p.tail_start < width,
+                          "size %d, offset %d, V %d: a head or tail as long as a vector (%d %d %d)",
+                          element_size, offset, n, p.head, p.vectors, p.tail_start);
+            }
 }

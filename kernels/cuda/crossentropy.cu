@@ -5,10 +5,15 @@
  *   loss = log Σ_v exp(x_v) − x_y, computed as m + log Σ_v exp(x_v − m) with
  *   m = max_v x_v so that no exponential overflows;
  *   dlogits_v = dloss·(softmax(x)_v − [v = y])
- * Three passes over the row (max, sum, write), the row stays in L2 between
- * them. Logits in fp32, or in bf16 (the classifier under bf16: read as the
- * values they hold, the sums fp32, dlogits rounded to bf16). */
+ * Here the max and the sum come in one pass (session 34; three before): each thread keeps a
+ * running max m_t and s_t = Σ exp(x − m_t) over its share, rescaled when m_t grows; then the
+ * block's m = max m_t and Σ s_t·exp(m_t − m). A second pass writes dlogits. The row is read
+ * 16 bytes a load (4 fp32 or 8 bf16 values) between its unaligned ends (GPT-2's V = 50257 is
+ * odd, so most rows start off a 16-byte boundary), and stays in L2 between the passes. Logits
+ * in fp32, or in bf16 (the classifier under bf16: read as the values they hold, the sums fp32,
+ * dlogits rounded to bf16). */
 #include "kernels/cuda/reduce.cuh"
+#include "kernels/cuda/row_parts.h"
 
 #define CROSSENTROPY_THREADS 1024
 
@@ -18,6 +23,42 @@ __device__ inline float logit_value(__nv_bfloat16 x) { return __bfloat162float(x
 __device__ inline void store_gradient(float *x, float g) { *x = g; }
 __device__ inline void store_gradient(__nv_bfloat16 *x, float g) { *x = __float2bfloat16_rn(g); }
 
+/* f(v, x_v) for each element of this thread's share of the row. */
+template <class Element, class F>
+__device__ inline void for_each_logit(const Element *x, int V, F f)
+{
+    constexpr int width = 16 / sizeof(Element);
+    const pt_row_parts parts = pt_row_parts_of((uintptr_t)x, V, sizeof(Element));
+    for (int v = threadIdx.x; v < parts.head; v += blockDim.x) f(v, logit_value(x[v]));
+    const uint4 *body = reinterpret_cast<const uint4 *>(x + parts.head);
+    for (int i = threadIdx.x; i < parts.vectors; i += blockDim.x) {
+        const uint4 raw = body[i];
+        const Element *e = reinterpret_cast<const Element *>(&raw);
+        for (int k = 0; k < width; k++) f(parts.head + i * width + k, logit_value(e[k]));
+    }
+    for (int v = parts.tail_start + threadIdx.x; v < V; v += blockDim.x) f(v, logit_value(x[v]));
+}
+
+/* x_v ← g(v, x_v) (rounded to the element type) for each element of this thread's share. */
+template <class Element, class G>
+__device__ inline void rewrite_logits(Element *x, int V, G g)
+{
+    constexpr int width = 16 / sizeof(Element);
+    const pt_row_parts parts = pt_row_parts_of((uintptr_t)x, V, sizeof(Element));
+    for (int v = threadIdx.x; v < parts.head; v += blockDim.x)
+        store_gradient(&x[v], g(v, logit_value(x[v])));
+    uint4 *body = reinterpret_cast<uint4 *>(x + parts.head);
+    for (int i = threadIdx.x; i < parts.vectors; i += blockDim.x) {
+        uint4 raw = body[i];
+        Element *e = reinterpret_cast<Element *>(&raw);
+        for (int k = 0; k < width; k++)
+            store_gradient(&e[k], g(parts.head + i * width + k, logit_value(e[k])));
+        body[i] = raw;
+    }
+    for (int v = parts.tail_start + threadIdx.x; v < V; v += blockDim.x)
+        store_gradient(&x[v], g(v, logit_value(x[v])));
+}
+
 template <class Element, bool WITH_GRADIENT>
 __global__ void crossentropy_kernel(float *losses, Element *logits, const int32_t *targets, int V,
                                     float dloss)
@@ -25,22 +66,27 @@ __global__ void crossentropy_kernel(float *losses, Element *logits, const int32_
     /* losses[N], logits[N, V] (fp32 or bf16; overwritten by dlogits WITH_GRADIENT), targets[N] */
     const int n = blockIdx.x;
     Element *x = logits + (size_t)n * V;
-    float max = -INFINITY;
-    for (int v = threadIdx.x; v < V; v += blockDim.x) max = fmaxf(max, logit_value(x[v]));
-    max = pt_block_reduce<float, true>(max);
-    float sum = 0.0f;
-    for (int v = threadIdx.x; v < V; v += blockDim.x) sum += expf(logit_value(x[v]) - max);
-    sum = pt_block_reduce(sum);
+    float m = -INFINITY, s = 0.0f; /* this thread's running max and Σ exp(x − m) */
+    for_each_logit(x, V, [&](int, float value) {
+        if (value > m) {
+            s = s * expf(m - value) + 1.0f; /* expf(−∞) = 0: the first value */
+            m = value;
+        } else {
+            s += expf(value - m);
+        }
+    });
+    const float max = pt_block_reduce<float, true>(m);
+    const float sum = pt_block_reduce(m == -INFINITY ? 0.0f : s * expf(m - max));
     const int target = targets[n];
     const float target_logit = logit_value(x[target]);
     __syncthreads(); /* every thread has read x[target] before anyone overwrites it */
     if (threadIdx.x == 0) losses[n] = max + logf(sum) - target_logit;
     if (!WITH_GRADIENT) return;
     const float factor = dloss / sum;
-    for (int v = threadIdx.x; v < V; v += blockDim.x) {
-        float p = expf(logit_value(x[v]) - max) * factor;
-        store_gradient(&x[v], v == target ? p - dloss : p);
-    }
+    rewrite_logits(x, V, [&](int v, float value) {
+        const float p = expf(value - max) * factor;
+        return v == target ? p - dloss : p;
+    });
 }
 
 void pt_cuda_crossentropy_forward(float *losses, const float *logits, const int32_t *targets,
