@@ -66,13 +66,13 @@ __global__ void layernorm_forward_kernel(Element *out, float *mean, float *rstd,
     }
 }
 
-__global__ void layernorm_backward_input_kernel(float *dinp, const float *dout, const float *inp,
-                                                const float *weight, const float *mean,
-                                                const float *rstd, int N, int C)
+/* One warp's row n of the backward: dinp's row +=, and with dw, db (this warp's sums, lane l
+ * owning columns l + 32k) the row's dout·x̂ and dout added into them. */
+__device__ inline void layernorm_backward_row(float *dinp, float *dw, float *db, const float *dout,
+                                              const float *inp, const float *weight,
+                                              const float *mean, const float *rstd, int n, int C,
+                                              int lane)
 {
-    /* dinp[N,C] +=, dout[N,C], inp[N,C], weight[C], mean[N], rstd[N]; one warp per row */
-    int n = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (n >= N) return;
     const float *x = inp + (size_t)n * C, *dy = dout + (size_t)n * C;
     float *dx = dinp + (size_t)n * C;
     const float mu = mean[n], s = rstd[n];
@@ -84,9 +84,23 @@ __global__ void layernorm_backward_input_kernel(float *dinp, const float *dout, 
     }
     float g_mean = pt_warp_sum(g_sum) / (float)C, g_xhat_mean = pt_warp_sum(g_xhat_sum) / (float)C;
     for (int c = lane; c < C; c += 32) {
-        float xhat = (x[c] - mu) * s;
-        dx[c] += s * (dy[c] * weight[c] - g_mean - xhat * g_xhat_mean);
+        const float xhat = (x[c] - mu) * s, d = dy[c];
+        dx[c] += s * (d * weight[c] - g_mean - xhat * g_xhat_mean);
+        if (dw) {
+            dw[c] += d * xhat;
+            db[c] += d;
+        }
     }
+}
+
+__global__ void layernorm_backward_input_kernel(float *dinp, const float *dout, const float *inp,
+                                                const float *weight, const float *mean,
+                                                const float *rstd, int N, int C)
+{
+    /* dinp[N,C] +=, dout[N,C], inp[N,C], weight[C], mean[N], rstd[N]; one warp per row */
+    int n = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (n >= N) return;
+    layernorm_backward_row(dinp, NULL, NULL, dout, inp, weight, mean, rstd, n, C, lane);
 }
 
 #define FUSED_WARPS 4      /* a block of the one-pass backward */
@@ -105,25 +119,8 @@ __global__ void layernorm_backward_fused_kernel(float *dinp, float *partials, co
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     float *dw = sums + (size_t)warp * 2 * C, *db = dw + C;
     for (int c = lane; c < C; c += 32) dw[c] = db[c] = 0.0f;
-    for (int n = blockIdx.x * FUSED_WARPS + warp; n < N; n += gridDim.x * FUSED_WARPS) {
-        const float *x = inp + (size_t)n * C, *dy = dout + (size_t)n * C;
-        float *dx = dinp + (size_t)n * C;
-        const float mu = mean[n], s = rstd[n];
-        float g_sum = 0.0f, g_xhat_sum = 0.0f;
-        for (int c = lane; c < C; c += 32) {
-            float g = dy[c] * weight[c];
-            g_sum += g;
-            g_xhat_sum += g * (x[c] - mu) * s;
-        }
-        float g_mean = pt_warp_sum(g_sum) / (float)C,
-              g_xhat_mean = pt_warp_sum(g_xhat_sum) / (float)C;
-        for (int c = lane; c < C; c += 32) {
-            const float xhat = (x[c] - mu) * s, d = dy[c];
-            dx[c] += s * (d * weight[c] - g_mean - xhat * g_xhat_mean);
-            dw[c] += d * xhat;
-            db[c] += d;
-        }
-    }
+    for (int n = blockIdx.x * FUSED_WARPS + warp; n < N; n += gridDim.x * FUSED_WARPS)
+        layernorm_backward_row(dinp, dw, db, dout, inp, weight, mean, rstd, n, C, lane);
     __syncthreads();
     float *block_dw = partials + (size_t)blockIdx.x * C, *block_db = block_dw + (size_t)gridDim.x * C;
     for (int c = threadIdx.x; c < C; c += blockDim.x) {
