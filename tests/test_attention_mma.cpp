@@ -110,16 +110,19 @@ template <int HS> result run_kernels(const inputs &in, bool with_bf16_gradient =
                 for (int d = 0; d < HS; d++) acc += in.dout[row + d] * r.o_saved[row + d];
                 delta[((size_t)b * in.NH + h) * in.T + t] = acc;
             }
+    /* dO rounded once, as the launcher does before the kernels */
+    vector<uint16_t> dout16(n_out);
+    for (size_t i = 0; i < n_out; i++) dout16[i] = warp_emulator::float_to_bf16(in.dout[i]);
     auto backward = [&](auto *dqkv) {
         warp_emulator::launch(blocks_of(in), PT_MMA_THREADS, pt_mma_dq_shared_bytes<HS>(),
                               [&](int block, int tid, unsigned char *shared) {
-                                  pt_mma_attention_dq<HS>(dqkv, in.dout.data(), in.qkv16.data(),
+                                  pt_mma_attention_dq<HS>(dqkv, dout16.data(), in.qkv16.data(),
                                                           r.lse.data(), delta.data(), s, block,
                                                           tid, shared);
                               });
         warp_emulator::launch(blocks_of(in), PT_MMA_THREADS, pt_mma_dkdv_shared_bytes<HS>(),
                               [&](int block, int tid, unsigned char *shared) {
-                                  pt_mma_attention_dkdv<HS>(dqkv, in.dout.data(), in.qkv16.data(),
+                                  pt_mma_attention_dkdv<HS>(dqkv, dout16.data(), in.qkv16.data(),
                                                             r.lse.data(), delta.data(), s, block,
                                                             tid, shared);
                               });

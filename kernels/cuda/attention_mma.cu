@@ -100,7 +100,7 @@ __global__ void __launch_bounds__(PT_MMA_THREADS)
 /* Gradient: float (dqkv added into) or uint16_t (a bf16 dqkv written) */
 template <int HS, class Gradient>
 __global__ void __launch_bounds__(PT_MMA_THREADS)
-    mma_dq_kernel(Gradient *dqkv, const float *dout, const uint16_t *qkv, const float *lse,
+    mma_dq_kernel(Gradient *dqkv, const uint16_t *dout, const uint16_t *qkv, const float *lse,
                   const float *delta, pt_mma_shape s)
 {
     extern __shared__ __align__(16) unsigned char shared[];
@@ -110,7 +110,7 @@ __global__ void __launch_bounds__(PT_MMA_THREADS)
 
 template <int HS, class Gradient>
 __global__ void __launch_bounds__(PT_MMA_THREADS)
-    mma_dkdv_kernel(Gradient *dqkv, const float *dout, const uint16_t *qkv, const float *lse,
+    mma_dkdv_kernel(Gradient *dqkv, const uint16_t *dout, const uint16_t *qkv, const float *lse,
                     const float *delta, pt_mma_shape s)
 {
     extern __shared__ __align__(16) unsigned char shared[];
@@ -193,7 +193,7 @@ static void forward_launch(Output *out, float *lse, float *o_saved, const uint16
 }
 
 template <int HS, class Gradient>
-static void backward_launch(Gradient *dqkv, const float *dout, const uint16_t *qkv, const float *lse,
+static void backward_launch(Gradient *dqkv, const uint16_t *dout, const uint16_t *qkv, const float *lse,
                             const float *delta, pt_mma_shape s)
 {
     const unsigned blocks = mma_blocks(s.B, s.T, s.NH);
@@ -236,11 +236,18 @@ static void backward(Gradient *dqkv, const float *dout, const __nv_bfloat16 *qkv
 {
     const pt_mma_shape s = mma_shape(B, T, C, NH);
     const uint16_t *bits = reinterpret_cast<const uint16_t *>(qkv);
+    /* dO rounded once, so that its tiles come by cp.async as Q's (dkdv reads each ~T/128 times) */
+    const size_t n = (size_t)B * T * C, mark = pt_cuda_scratch_mark();
+    pt_bf16 *dout16 = (pt_bf16 *)pt_cuda_scratch(n * sizeof(pt_bf16), "attention dO in bf16");
+    if (!dout16) return; /* recorded */
+    pt_cuda_cast_to_bf16(dout16, dout, n);
+    const uint16_t *do_bits = reinterpret_cast<const uint16_t *>(dout16);
     switch (C / NH) {
-    case 32: backward_launch<32>(dqkv, dout, bits, lse, delta, s); break;
-    case 64: backward_launch<64>(dqkv, dout, bits, lse, delta, s); break;
-    default: backward_launch<128>(dqkv, dout, bits, lse, delta, s); break;
+    case 32: backward_launch<32>(dqkv, do_bits, bits, lse, delta, s); break;
+    case 64: backward_launch<64>(dqkv, do_bits, bits, lse, delta, s); break;
+    default: backward_launch<128>(dqkv, do_bits, bits, lse, delta, s); break;
     }
+    pt_cuda_scratch_release(mark);
 }
 
 void pt_cuda_attention_mma_backward(float *dqkv, const float *dout, const __nv_bfloat16 *qkv,

@@ -55,7 +55,8 @@
  *
  * Roundings to bf16 beyond the inputs' (each errs by at most 2⁻⁸ of the value):
  * the probabilities P before P·V and Pᵀ·dO, the output gradient dO before it
- * meets V, Q and Pᵀ (it arrives in fp32), and dS before dS·K and dSᵀ·Q.
+ * meets V, Q and Pᵀ (it arrives in fp32: the launcher rounds it once, into a
+ * bf16 copy the tiles come from), and dS before dS·K and dSᵀ·Q.
  * Row sums of P (l) and D use the unrounded values. The CUDA-core kernels
  * round nothing after the inputs: the tests hold these to bf16's error
  * against them, and exactly where the roundings are exact.
@@ -150,25 +151,6 @@ PT_MMA_FN void pt_mma_fetch_rows(float *rows, const float *x, int r0, int T, int
     for (int r = tid; r < PT_MMA_TILE; r += PT_MMA_THREADS) {
         if (r0 + r < T) pt_cp_async4(rows + r, x + r0 + r);
         else rows[r] = 0.0f;
-    }
-}
-
-/* The same from an fp32 buffer, rounding each value to bf16 (dO). */
-template <int HS>
-PT_MMA_FN void pt_mma_load_tile_rounded(uint16_t *tile, const float *src, size_t row_stride,
-                                        int r0, int T, int tid)
-{
-    constexpr int pairs = HS / 2;
-    for (int idx = tid; idx < PT_MMA_TILE * pairs; idx += PT_MMA_THREADS) {
-        const int r = idx / pairs, c = (idx % pairs) * 2;
-        uint32_t packed = 0;
-        if (r0 + r < T) {
-            const float *x = src + (size_t)(r0 + r) * row_stride + c;
-            packed = pt_pack_bf16x2(x[0], x[1]);
-        }
-        uint16_t *dst = tile + r * pt_mma_stride<HS> + c;
-        dst[0] = (uint16_t)(packed & 0xffffu);
-        dst[1] = (uint16_t)(packed >> 16);
     }
 }
 
@@ -425,10 +407,10 @@ PT_MMA_FN bool pt_mma_causal(pt_mma_rows_cols rc, int r, int col, int T)
     return rc.rows_are_keys ? col >= row : col <= row;
 }
 
-/* dqkv[B,T,3C] (fp32: += into the q columns; bf16: the q columns written), dout[B,T,C],
+/* dqkv[B,T,3C] (fp32: += into the q columns; bf16: the q columns written), dout[B,T,C] bf16,
  * qkv[B,T,3C] bf16, lse and delta [B,NH,T] */
 template <int HS, class Gradient>
-PT_MMA_FN void pt_mma_attention_dq(Gradient *dqkv, const float *dout, const uint16_t *qkv,
+PT_MMA_FN void pt_mma_attention_dq(Gradient *dqkv, const uint16_t *dout, const uint16_t *qkv,
                                    const float *lse, const float *delta, pt_mma_shape s, int block,
                                    int tid, unsigned char *shared)
 {
@@ -438,10 +420,10 @@ PT_MMA_FN void pt_mma_attention_dq(Gradient *dqkv, const float *dout, const uint
     const pt_mma_lane l = pt_mma_lane_of(tid);
     const size_t stride = 3 * (size_t)s.C;
     pt_mma_fetch_tile<HS>(q_tile, pt_mma_qkv_head(qkv, s, blk, HS, 0), stride, blk.r0, s.T, tid);
+    pt_mma_fetch_tile<HS>(do_tile, pt_mma_btc_head(dout, s, blk, HS), s.C, blk.r0, s.T, tid);
     pt_cp_async_commit();
     pt_mma_fetch_kv<HS>(shared, 0, qkv, s, blk, 0, tid);
-    pt_mma_load_tile_rounded<HS>(do_tile, pt_mma_btc_head(dout, s, blk, HS), s.C, blk.r0, s.T, tid);
-    pt_cp_async_wait<1>(); /* Q */
+    pt_cp_async_wait<1>(); /* Q and dO */
     pt_block_sync();
     uint32_t q[HS / 16][4], d_o[HS / 16][4];
     pt_mma_warp_rows<HS>(q, q_tile, l);
@@ -481,10 +463,10 @@ PT_MMA_FN void pt_mma_attention_dq(Gradient *dqkv, const float *dout, const uint
     }
 }
 
-/* dqkv[B,T,3C] (fp32: += into the k and v columns; bf16: those written), dout[B,T,C],
+/* dqkv[B,T,3C] (fp32: += into the k and v columns; bf16: those written), dout[B,T,C] bf16,
  * qkv[B,T,3C] bf16, lse and delta [B,NH,T] */
 template <int HS, class Gradient>
-PT_MMA_FN void pt_mma_attention_dkdv(Gradient *dqkv, const float *dout, const uint16_t *qkv,
+PT_MMA_FN void pt_mma_attention_dkdv(Gradient *dqkv, const uint16_t *dout, const uint16_t *qkv,
                                      const float *lse, const float *delta, pt_mma_shape s,
                                      int block, int tid, unsigned char *shared)
 {
@@ -493,9 +475,11 @@ PT_MMA_FN void pt_mma_attention_dkdv(Gradient *dqkv, const float *dout, const ui
     const pt_mma_block blk = pt_mma_own_rows(s, block, false);
     const pt_mma_lane l = pt_mma_lane_of(tid);
     const size_t stride = 3 * (size_t)s.C;
-    auto fetch_queries = [&](int which, int i0) { /* Q, L and D of queries [i0, i0 + 64) */
+    auto fetch_queries = [&](int which, int i0) { /* Q, dO, L and D of queries [i0, i0 + 64) */
         pt_mma_fetch_tile<HS>(pt_mma_buffer_tile<HS>(shared, which, 0),
                               pt_mma_qkv_head(qkv, s, blk, HS, 0), stride, i0, s.T, tid);
+        pt_mma_fetch_tile<HS>(pt_mma_buffer_tile<HS>(shared, which, 1),
+                              pt_mma_btc_head(dout, s, blk, HS), s.C, i0, s.T, tid);
         pt_mma_fetch_rows(rows + 2 * which * PT_MMA_TILE, lse + (size_t)blk.bh * s.T, i0, s.T, tid);
         pt_mma_fetch_rows(rows + (2 * which + 1) * PT_MMA_TILE, delta + (size_t)blk.bh * s.T, i0,
                           s.T, tid);
@@ -513,16 +497,18 @@ PT_MMA_FN void pt_mma_attention_dkdv(Gradient *dqkv, const float *dout, const ui
     pt_mma_warp_rows<HS>(v, v_own, l);
     pt_mma_rows_cols rc = {{blk.r0 + l.warp * 16 + l.g, blk.r0 + l.warp * 16 + l.g + 8}, true};
     float dk[HS / 8][4] = {}, dv[HS / 8][4] = {};
-    /* queries i ≥ j ≥ r0; dO is rounded on its way in, so it comes by ordinary loads */
     for (int i0 = blk.r0, which = 0; i0 < s.T; i0 += PT_MMA_TILE, which = 1 - which) {
-        const uint16_t *q_tile = pt_mma_buffer_tile<HS>(shared, which, 0);
-        uint16_t *do_tile = pt_mma_buffer_tile<HS>(shared, which, 1);
+        /* queries i ≥ j ≥ r0 */
+        const uint16_t *q_tile = pt_mma_buffer_tile<HS>(shared, which, 0),
+                       *do_tile = pt_mma_buffer_tile<HS>(shared, which, 1);
         const float *L_tile = rows + 2 * which * PT_MMA_TILE, *D_tile = L_tile + PT_MMA_TILE;
         pt_block_sync();
-        if (i0 + PT_MMA_TILE < s.T) fetch_queries(1 - which, i0 + PT_MMA_TILE);
-        pt_mma_load_tile_rounded<HS>(do_tile, pt_mma_btc_head(dout, s, blk, HS), s.C, i0, s.T, tid);
-        if (i0 + PT_MMA_TILE < s.T) pt_cp_async_wait<1>();
-        else pt_cp_async_wait<0>();
+        if (i0 + PT_MMA_TILE < s.T) {
+            fetch_queries(1 - which, i0 + PT_MMA_TILE);
+            pt_cp_async_wait<1>();
+        } else {
+            pt_cp_async_wait<0>();
+        }
         pt_block_sync();
         float p[PT_MMA_TILE / 8][4], ds[PT_MMA_TILE / 8][4]; /* Pᵀ and dSᵀ: rows keys, columns queries */
         pt_mma_times_rows<HS>(p, k, q_tile, l);
