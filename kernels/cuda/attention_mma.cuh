@@ -79,8 +79,8 @@ struct pt_mma_shape {
 };
 
 /* bf16 elements per shared row: 16 bytes of padding start row r + 1 four banks
- * after row r (head sizes 64, 128; twenty at 32), so the 8 rows × 4 words a
- * warp's fragment load reads, lanes (g, t) at [g][2t], hit 32 different banks. */
+ * after row r (head sizes 64, 128; twenty at 32), so the 8 rows of 16 bytes
+ * (4 words) of each of ldmatrix's matrices hit 32 different banks. */
 template <int HS> constexpr int pt_mma_stride = HS + 8;
 
 template <int HS> constexpr size_t pt_mma_tile_bytes()
