@@ -100,19 +100,33 @@ template <int HS> result run_kernels(const inputs &in, bool with_bf16_gradient =
                                                            r.o_saved.data(), in.qkv16.data(), s,
                                                            block, tid, shared);
                           });
-    /* D = rowsum(dO ⊙ O) per (b, h, t), as attention.cu's delta kernel */
-    vector<float> delta(n_rows);
+    /* D = rowsum(dO ⊙ O) per (b, h, t) and dO rounded to bf16, by the kernels' pt_mma_delta_row
+     * (a warp a row), against a serial sum and the rounding of each value */
+    vector<float> delta(n_rows, NAN);
+    vector<uint16_t> dout16(n_out, 0x7fc0);
+    constexpr int warps = 8;
+    warp_emulator::launch((int)((n_rows + warps - 1) / warps), 32 * warps, 0,
+                          [&](int block, int tid, unsigned char *) {
+                              const int row = block * warps + tid / 32;
+                              if ((size_t)row < n_rows)
+                                  pt_mma_delta_row<HS>(delta.data(), dout16.data(), in.dout.data(),
+                                                       r.o_saved.data(), s, row, tid % 32);
+                          });
     for (int b = 0; b < in.B; b++)
         for (int t = 0; t < in.T; t++)
             for (int h = 0; h < in.NH; h++) {
                 const size_t row = ((size_t)b * in.T + t) * in.C + (size_t)h * HS;
-                float acc = 0.0f;
-                for (int d = 0; d < HS; d++) acc += in.dout[row + d] * r.o_saved[row + d];
-                delta[((size_t)b * in.NH + h) * in.T + t] = acc;
+                double serial = 0.0;
+                for (int d = 0; d < HS; d++) {
+                    serial += (double)in.dout[row + d] * r.o_saved[row + d];
+                    if (dout16[row + d] != warp_emulator::float_to_bf16(in.dout[row + d]))
+                        cr_assert_fail("dO[%zu] not rounded to its nearest bf16", row + d);
+                }
+                const float got = delta[((size_t)b * in.NH + h) * in.T + t];
+                if (!(std::fabs(got - serial) <= 1e-5 * (std::fabs(serial) + 1.0)))
+                    cr_assert_fail("D[b %d, h %d, t %d] = %.8g, the serial sum %.8g", b, h, t, got,
+                                   serial);
             }
-    /* dO rounded once, as the launcher does before the kernels */
-    vector<uint16_t> dout16(n_out);
-    for (size_t i = 0; i < n_out; i++) dout16[i] = warp_emulator::float_to_bf16(in.dout[i]);
     auto backward = [&](auto *dqkv) {
         warp_emulator::launch(blocks_of(in), PT_MMA_THREADS, pt_mma_dq_shared_bytes<HS>(),
                               [&](int block, int tid, unsigned char *shared) {

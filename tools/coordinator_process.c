@@ -128,11 +128,16 @@ static void write_line(pt_coordinator_process *p, const char *line)
 }
 
 /* In the child, between fork and exec: the sockets at PT_COORDINATOR_LISTEN_FD and PT_COORDINATOR_CONTROL_FD, dying with the
- * launcher. Returns only on failure. */
-static void exec_coordinator(const pt_coordinator_process *p, int control, pid_t launcher)
+ * launcher; it starts once go[0] reads end of file (the launcher has written the pid file).
+ * Returns only on failure. */
+static void exec_coordinator(const pt_coordinator_process *p, int control, pid_t launcher,
+                             const int go[2])
 {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != launcher) _exit(127);
+    close(go[1]);
+    char byte;
+    while (read(go[0], &byte, 1) < 0 && errno == EINTR) continue;
     /* out of the way first: either may be at 3 or 4 already (and close-on-exec) */
     const int listen_copy = fcntl(p->listen_fd, F_DUPFD, 10), control_copy = fcntl(control, F_DUPFD, 10);
     if (listen_copy < 0 || control_copy < 0 || dup2(listen_copy, PT_COORDINATOR_LISTEN_FD) < 0 ||
@@ -156,17 +161,27 @@ static void exec_coordinator(const pt_coordinator_process *p, int control, pid_t
     _exit(127);
 }
 
+/* A new coordinator process. DIR/coordinator.pid names it before it starts: one that took the
+ * job over is the one the file names (a test that kills it again read the last one's pid while
+ * the launcher's write, fsyncs included, still ran). */
 static pipert_result spawn(pt_coordinator_process *p)
 {
-    int pair[2];
+    int pair[2], go[2];
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) != 0)
         return pt_fail(PIPERT_ERR_INTERNAL, "coordinator: socketpair: %s", strerror(errno));
+    if (pipe2(go, O_CLOEXEC) != 0) {
+        close(pair[0]);
+        close(pair[1]);
+        return pt_fail(PIPERT_ERR_INTERNAL, "coordinator: pipe: %s", strerror(errno));
+    }
     const pid_t launcher = getpid();
     pid_t pid = fork();
-    if (pid == 0) exec_coordinator(p, pair[1], launcher);
+    if (pid == 0) exec_coordinator(p, pair[1], launcher, go);
     close(pair[1]);
+    close(go[0]);
     if (pid < 0) {
         close(pair[0]);
+        close(go[1]);
         return pt_fail(PIPERT_ERR_INTERNAL, "coordinator: fork: %s", strerror(errno));
     }
     p->pid = pid;
@@ -177,6 +192,7 @@ static pipert_result spawn(pt_coordinator_process *p)
     snprintf(text, sizeof text, "%d\n", (int)pid);
     if (p->pid_path[0] && pt_write_file_atomic(p->pid_path, text, strlen(text)) != PIPERT_OK)
         pt_warn("coordinator: %s", pipert_last_error());
+    close(go[1]); /* it starts */
     for (int r = 0; r < p->options.world; r++) /* what the one before may not have heard */
         if (p->exits[r]) write_line(p, p->exits[r]);
     return PIPERT_OK;

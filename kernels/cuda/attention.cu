@@ -478,13 +478,15 @@ static void attention_backward(float *dqkv, const float *dout, const Element *qk
     /* dqkv[B,T,3C] (+=), dout[B,T,C], qkv[B,T,3C], att as the forward left it */
     attention_shape s;
     if (!shape_for(&s, B, T, C, NH, "attention_backward")) return;
-    const float *lse = att;
+    const float *lse = att, *o_saved = att + (size_t)B * NH * T;
+    if (on_tensor_cores(qkv, C, NH)) { /* D and a bf16 dO in one pass of its own */
+        pt_cuda_attention_mma_backward(dqkv, dout, (const __nv_bfloat16 *)qkv, lse, o_saved, B, T,
+                                       C, NH);
+        return;
+    }
     size_t mark = pt_cuda_scratch_mark();
     const float *delta = delta_of(dout, att, s);
-    if (delta && on_tensor_cores(qkv, C, NH))
-        pt_cuda_attention_mma_backward(dqkv, dout, (const __nv_bfloat16 *)qkv, lse, delta, B, T,
-                                       C, NH);
-    else if (delta && on_gemms(qkv, B, T, C, NH))
+    if (delta && on_gemms(qkv, B, T, C, NH))
         pt_cuda_attention_gemm_backward(dqkv, dout, (const float *)qkv, lse, delta, B, T, C, NH);
     else if (delta)
         backward_for_head_size(dqkv, dout, qkv, lse, delta, s);
@@ -534,10 +536,8 @@ void pt_cuda_attention_backward_bf16_to_bf16(pt_bf16 *dqkv, float *scratch, cons
     }
     attention_shape s;
     if (!shape_for(&s, B, T, C, NH, "attention_backward_bf16_to_bf16")) return;
-    size_t mark = pt_cuda_scratch_mark();
-    const float *delta = delta_of(dout, att, s);
-    if (delta) pt_cuda_attention_mma_backward_to_bf16(dqkv, dout, q, att, delta, B, T, C, NH);
-    pt_cuda_scratch_release(mark);
+    pt_cuda_attention_mma_backward_to_bf16(dqkv, dout, q, att, att + (size_t)B * NH * T, B, T, C,
+                                           NH);
 }
 
 /* out written in bf16 (kernels.h): the tensor-core kernels round it as they write it, beside

@@ -97,6 +97,18 @@ __global__ void __launch_bounds__(PT_MMA_THREADS)
                                  shared);
 }
 
+#define DELTA_WARPS 8
+
+template <int HS>
+__global__ void __launch_bounds__(32 * DELTA_WARPS)
+    mma_delta_kernel(float *delta, uint16_t *dout16, const float *dout, const float *o_saved,
+                     pt_mma_shape s)
+{
+    const int row = (int)blockIdx.x * DELTA_WARPS + (int)threadIdx.x / 32;
+    if (row >= s.B * s.T * s.NH) return; /* the whole warp */
+    pt_mma_delta_row<HS>(delta, dout16, dout, o_saved, s, row, (int)threadIdx.x % 32);
+}
+
 /* Gradient: float (dqkv added into) or uint16_t (a bf16 dqkv written) */
 template <int HS, class Gradient>
 __global__ void __launch_bounds__(PT_MMA_THREADS)
@@ -192,16 +204,21 @@ static void forward_launch(Output *out, float *lse, float *o_saved, const uint16
     PT_CUDA_LAUNCHED("mma_forward_kernel");
 }
 
+/* D and the bf16 dO (pt_mma_delta_row), then the two kernels. */
 template <int HS, class Gradient>
-static void backward_launch(Gradient *dqkv, const uint16_t *dout, const uint16_t *qkv, const float *lse,
-                            const float *delta, pt_mma_shape s)
+static void backward_launch(Gradient *dqkv, const float *dout, const uint16_t *qkv, const float *lse,
+                            const float *o_saved, float *delta, uint16_t *dout16, pt_mma_shape s)
 {
+    const size_t rows = (size_t)s.B * s.T * s.NH;
+    mma_delta_kernel<HS><<<(unsigned)pt_cuda_ceil_div(rows, DELTA_WARPS), 32 * DELTA_WARPS, 0,
+                           pt_cuda.compute>>>(delta, dout16, dout, o_saved, s);
+    PT_CUDA_LAUNCHED("mma_delta_kernel");
     const unsigned blocks = mma_blocks(s.B, s.T, s.NH);
     mma_dq_kernel<HS, Gradient><<<blocks, PT_MMA_THREADS, pt_mma_dq_shared_bytes<HS>(), pt_cuda.compute>>>(
-        dqkv, dout, qkv, lse, delta, s);
+        dqkv, dout16, qkv, lse, delta, s);
     PT_CUDA_LAUNCHED("mma_dq_kernel");
     mma_dkdv_kernel<HS, Gradient><<<blocks, PT_MMA_THREADS, pt_mma_dkdv_shared_bytes<HS>(), pt_cuda.compute>>>(
-        dqkv, dout, qkv, lse, delta, s);
+        dqkv, dout16, qkv, lse, delta, s);
     PT_CUDA_LAUNCHED("mma_dkdv_kernel");
 }
 
@@ -232,34 +249,34 @@ void pt_cuda_attention_mma_forward_to_bf16(pt_bf16 *out, float *lse, float *o_sa
 
 template <class Gradient>
 static void backward(Gradient *dqkv, const float *dout, const __nv_bfloat16 *qkv, const float *lse,
-                     const float *delta, int B, int T, int C, int NH)
+                     const float *o_saved, int B, int T, int C, int NH)
 {
     const pt_mma_shape s = mma_shape(B, T, C, NH);
     const uint16_t *bits = reinterpret_cast<const uint16_t *>(qkv);
-    /* dO rounded once, so that its tiles come by cp.async as Q's (dkdv reads each ~T/128 times) */
-    const size_t n = (size_t)B * T * C, mark = pt_cuda_scratch_mark();
-    pt_bf16 *dout16 = (pt_bf16 *)pt_cuda_scratch(n * sizeof(pt_bf16), "attention dO in bf16");
-    if (!dout16) return; /* recorded */
-    pt_cuda_cast_to_bf16(dout16, dout, n);
-    const uint16_t *do_bits = reinterpret_cast<const uint16_t *>(dout16);
-    switch (C / NH) {
-    case 32: backward_launch<32>(dqkv, do_bits, bits, lse, delta, s); break;
-    case 64: backward_launch<64>(dqkv, do_bits, bits, lse, delta, s); break;
-    default: backward_launch<128>(dqkv, do_bits, bits, lse, delta, s); break;
-    }
-    pt_cuda_scratch_release(mark);
+    /* D, and dO rounded once so that its tiles come by cp.async as Q's (dkdv reads each ~T/128
+     * times) */
+    const size_t mark = pt_cuda_scratch_mark();
+    float *delta = (float *)pt_cuda_scratch((size_t)B * NH * T * sizeof(float), "attention delta");
+    uint16_t *dout16 =
+        (uint16_t *)pt_cuda_scratch((size_t)B * T * C * sizeof(uint16_t), "attention dO in bf16");
+    if (delta && dout16) switch (C / NH) {
+        case 32: backward_launch<32>(dqkv, dout, bits, lse, o_saved, delta, dout16, s); break;
+        case 64: backward_launch<64>(dqkv, dout, bits, lse, o_saved, delta, dout16, s); break;
+        default: backward_launch<128>(dqkv, dout, bits, lse, o_saved, delta, dout16, s); break;
+        }
+    pt_cuda_scratch_release(mark); /* a failure is recorded */
 }
 
 void pt_cuda_attention_mma_backward(float *dqkv, const float *dout, const __nv_bfloat16 *qkv,
-                                    const float *lse, const float *delta, int B, int T, int C,
+                                    const float *lse, const float *o_saved, int B, int T, int C,
                                     int NH)
 {
-    backward(dqkv, dout, qkv, lse, delta, B, T, C, NH);
+    backward(dqkv, dout, qkv, lse, o_saved, B, T, C, NH);
 }
 
 void pt_cuda_attention_mma_backward_to_bf16(pt_bf16 *dqkv, const float *dout,
                                             const __nv_bfloat16 *qkv, const float *lse,
-                                            const float *delta, int B, int T, int C, int NH)
+                                            const float *o_saved, int B, int T, int C, int NH)
 {
-    backward(reinterpret_cast<uint16_t *>(dqkv), dout, qkv, lse, delta, B, T, C, NH);
+    backward(reinterpret_cast<uint16_t *>(dqkv), dout, qkv, lse, o_saved, B, T, C, NH);
 }

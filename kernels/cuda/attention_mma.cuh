@@ -55,8 +55,8 @@
  *
  * Roundings to bf16 beyond the inputs' (each errs by at most 2⁻⁸ of the value):
  * the probabilities P before P·V and Pᵀ·dO, the output gradient dO before it
- * meets V, Q and Pᵀ (it arrives in fp32: the launcher rounds it once, into a
- * bf16 copy the tiles come from), and dS before dS·K and dSᵀ·Q.
+ * meets V, Q and Pᵀ (it arrives in fp32: pt_mma_delta_row rounds it once, into
+ * a bf16 copy the tiles come from), and dS before dS·K and dSᵀ·Q.
  * Row sums of P (l) and D use the unrounded values. The CUDA-core kernels
  * round nothing after the inputs: the tests hold these to bf16's error
  * against them, and exactly where the roundings are exact.
@@ -391,6 +391,24 @@ PT_MMA_FN void pt_mma_attention_forward(Output *out, float *lse, float *o_saved,
 }
 
 /* ---- backward ------------------------------------------------------------------- */
+
+/* Before the backward's kernels, one warp per (b, t, h) row (row = (b·T + t)·NH + h): D =
+ * rowsum(dO ⊙ O) over the head's columns from the unrounded values, into delta[B,NH,T], and
+ * dO rounded to bf16 into dout16[B,T,C], the copy the tiles come from. */
+template <int HS>
+PT_MMA_FN void pt_mma_delta_row(float *delta, uint16_t *dout16, const float *dout,
+                                const float *o_saved, pt_mma_shape s, int row, int lane)
+{
+    const int h = row % s.NH, bt = row / s.NH, t = bt % s.T, b = bt / s.T;
+    const size_t at = (size_t)bt * s.C + (size_t)h * HS;
+    float acc = 0.0f;
+    for (int d = lane; d < HS; d += 32) {
+        acc += dout[at + d] * o_saved[at + d];
+        dout16[at + d] = pt_round_bf16(dout[at + d]);
+    }
+    for (int mask = 16; mask >= 1; mask /= 2) acc += pt_shfl_xor(acc, mask);
+    if (lane == 0) delta[((size_t)b * s.NH + h) * s.T + t] = acc;
+}
 
 /* A lane's two rows of a backward kernel's 16×64 results, for the causal mask: query rows
  * (dq: a column j counts where j ≤ i) or key rows (dkdv, transposed: a column i counts where

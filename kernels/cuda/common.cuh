@@ -243,12 +243,13 @@ void pt_cuda_attention_mma_forward(float *out, float *lse, float *o_saved,
                                    const __nv_bfloat16 *qkv, int B, int T, int C, int NH);
 void pt_cuda_attention_mma_forward_to_bf16(pt_bf16 *out, float *lse, float *o_saved,
                                            const __nv_bfloat16 *qkv, int B, int T, int C, int NH);
+/* the backward from the forward's saved state (lse, o_saved): D and a bf16 dO in scratch */
 void pt_cuda_attention_mma_backward(float *dqkv, const float *dout, const __nv_bfloat16 *qkv,
-                                    const float *lse, const float *delta, int B, int T, int C,
+                                    const float *lse, const float *o_saved, int B, int T, int C,
                                     int NH);
 void pt_cuda_attention_mma_backward_to_bf16(pt_bf16 *dqkv, const float *dout,
                                             const __nv_bfloat16 *qkv, const float *lse,
-                                            const float *delta, int B, int T, int C, int NH);
+                                            const float *o_saved, int B, int T, int C, int NH);
 
 /* attention_gemm.cu: an fp32 qkv's attention through cuBLAS, where attention.cu hands it */
 bool pt_cuda_attention_gemm_takes(int B, int T, int C, int NH, bool backward);
