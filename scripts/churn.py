@@ -17,7 +17,8 @@ driver ends it (SIGTERM to the launcher, exit 143) as soon as every fault has be
 It reads the launcher's DIR/status.json (each rank's state, step, pid, exits) four times a second
 and reports, per method: the faults injected by kind and survived, the steps and tokens each cost
 the replica it hit, the longest stall of the replicas no fault touched, the time from each
-restart to the replica training in step again, NaN, exits that no injected fault explains, and
+restart to the replica training in step again, NaN, exits that no injected fault explains (a
+worker dying of UCX 1.13's known assertion, UCX_113_ABORT, is counted apart), and
 the final validation loss against an undisturbed run of as many tokens (its own schedule).
 
   scripts/churn.sh [--minutes 10] [--methods sparse,streaming-diloco] [--build build]
@@ -60,6 +61,11 @@ LAST_FAULT_AT = 0.97       # steps up to 1.2 times as fast (its link outages fil
 # a coordinator is killed only once it has served this long: one killed every second never
 # lives to see a worker fall silent (a freeze), and the bed would test nothing else
 COORDINATOR_LIFE_S = 2 * HEARTBEAT_S
+# UCX 1.13.1's wrong assertion when an endpoint fails or is purged ("ucp_request.c:684 ... got REP
+# message"; issue 29): UCX 1.14 removed it (commit 9ccaf31), Debian 12 has only 1.13.1. A worker
+# that dies of it is counted apart, not as an exit no fault explains; its replica leaves and
+# comes back as after a kill, and its partners' exits while it does are that leaving's.
+UCX_113_ABORT = "got REP message"
 
 
 def pipert_command(build, out, method, steps, val_every, elastic):
@@ -161,6 +167,8 @@ class Driver:
         self.events, self.unexpected, self.killed_pids = [], [], set()
         self.cut_off_exits = 0    # replacements that could not get back in: their site's link was
                                   # down, or the coordinator was killed while they rejoined
+        self.ucx_aborts = []      # workers that died of UCX 1.13's assertion (UCX_113_ABORT)
+        self.ucx_abort_at = {}    # replica -> when one of its workers last did
         self.longest_stall = 0.0
         self.longest_stall_at = None
         self.started = time.monotonic()
@@ -260,6 +268,14 @@ class Driver:
             return
         if how == "exit 0" and r["state"] == "done":
             return
+        if how == "signal 6" and any(UCX_113_ABORT in line for line in self.last_words(r["rank"], 40)):
+            self.ucx_aborts.append({"at_s": round(self.now(), 2), "rank": r["rank"], "pid": pid})
+            self.ucx_abort_at[rep.index] = self.now()
+            print("churn: rank %d died of UCX 1.13's endpoint assertion (issue 29), counted apart"
+                  % r["rank"], flush=True)
+            return
+        if how == "exit 3" and self.now() - self.ucx_abort_at.get(rep.index, -RECOVERY_S) < RECOVERY_S:
+            return  # its replica left: a worker of it died of UCX's assertion just before
         self.unexpected.append({"at_s": round(self.now(), 2), "rank": r["rank"], "pid": pid,
                                 "how": how, "state": r["state"], "last_words": self.last_words(r["rank"])})
 
@@ -577,6 +593,7 @@ def churn_method(args, method, rng):
               "events": [e.row() for e in driver.events],
               "unexpected_exits": driver.unexpected,
               "cut_off_exits": driver.cut_off_exits,
+              "ucx_1_13_aborts": driver.ucx_aborts,
               "longest_stall_s": round(driver.longest_stall, 2),
               "deadlock_s": driver.deadlock,
               "longest_stall_at": driver.longest_stall_at,
@@ -610,6 +627,7 @@ def summarize(r):
     s["longest_stall_s"] = r["longest_stall_s"]
     s["unexpected_exits"] = len(r["unexpected_exits"])
     s["cut_off_exits"] = r["cut_off_exits"]
+    s["ucx_1_13_aborts"] = len(r.get("ucx_1_13_aborts", []))
     s["nan"] = r["nan"]
     s["final_val_loss"] = r["final_val_loss"]
     ref = r.get("undisturbed_val_loss")
@@ -694,7 +712,7 @@ def main():
         keys += [kind, kind + "_left", kind + "_survived", kind + "_cut_by_end"]
     keys += ["steps_lost_mean", "steps_lost_max",
             "tokens_lost", "longest_stall_s", "restart_to_training_median_s",
-            "restart_to_training_max_s", "unexpected_exits", "cut_off_exits", "nan",
+            "restart_to_training_max_s", "unexpected_exits", "cut_off_exits", "ucx_1_13_aborts", "nan",
             "final_val_loss",
             "undisturbed_val_loss", "val_loss_vs_undisturbed"]
     for k in keys:
