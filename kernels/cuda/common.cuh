@@ -93,6 +93,8 @@ void pt_cuda_arena_destroy(void);
  *     pt_cuda_scratch_release(mark);
  */
 size_t pt_cuda_scratch_mark(void);
+/* Whether pt_cuda_scratch(bytes) would succeed now: for a kernel that has another way */
+bool pt_cuda_scratch_fits(size_t bytes);
 void *pt_cuda_scratch(size_t bytes, const char *what);
 void pt_cuda_scratch_release(size_t mark);
 

@@ -143,9 +143,10 @@ static bool layernorm_backward_fused(float *dinp, float *dweight, float *dbias, 
     if (fused_shared_bytes(C) > FUSED_SHARED_MAX) return false;
     const int blocks = (int)min((size_t)FUSED_BLOCKS, (size_t)pt_cuda_ceil_div(N, FUSED_WARPS));
     const size_t bytes = (size_t)2 * blocks * C * sizeof(float);
-    if (bytes > pt_cuda.arena.capacity - pt_cuda.arena.top) return false; /* not an error here */
+    if (!pt_cuda_scratch_fits(bytes)) return false; /* not an error here: the three kernels */
     const size_t mark = pt_cuda_scratch_mark();
     float *partials = (float *)pt_cuda_scratch(bytes, "layernorm backward partials");
+    if (!partials) return false;
     layernorm_backward_fused_kernel<<<blocks, 32 * FUSED_WARPS, fused_shared_bytes(C),
                                       pt_cuda.compute>>>(dinp, partials, dout, inp, weight, mean,
                                                          rstd, N, C);

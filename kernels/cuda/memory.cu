@@ -115,6 +115,12 @@ static void arena_give_back(void *ptr)
 
 size_t pt_cuda_scratch_mark(void) { return pt_cuda.arena.top; }
 
+bool pt_cuda_scratch_fits(size_t bytes)
+{
+    const pt_cuda_arena *a = &pt_cuda.arena;
+    return align_up(bytes > 0 ? bytes : 1) <= a->capacity - a->top;
+}
+
 void *pt_cuda_scratch(size_t bytes, const char *what)
 {
     pt_cuda_arena *a = &pt_cuda.arena;
