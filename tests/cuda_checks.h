@@ -83,23 +83,42 @@ static inline const pt_kernels *cuda_backend_or_skip(void)
     return k;
 }
 
-/* Without a GPU, PIPERT_TEST_CUDA_STANDIN=cpu-guarded runs the tests that use only the kernel
- * table on runtime.device=cpu-guarded: "device" memory the host cannot touch and copies
- * checked for their direction (kernels/guarded.c), so CI checks these tests' own handling of
- * device memory, and that they run, before a GPU session spends minutes on them. Their
- * tolerances then hold trivially (the stand-in is the CPU's arithmetic). */
-static bool standing_in;
+/* Without a GPU, the tests that use only the kernel table run on a stand-in, by
+ * PIPERT_TEST_CUDA_STANDIN:
+ *   cpu-guarded  runtime.device=cpu-guarded: "device" memory the host cannot touch and copies
+ *                checked for their direction (kernels/guarded.c), so CI checks these tests'
+ *                own handling of device memory, and that they run, before a GPU session
+ *                spends minutes on them. Their tolerances then hold trivially (the stand-in is
+ *                the CPU's arithmetic).
+ *   emulated     kernels/cuda's own kernels run on the host by an emulated device
+ *                (tests/cuda_host): their indexing, reductions, barriers and warp operations
+ *                against the CPU; the products (cuBLAS) and attention stay the CPU's. */
+#ifdef PT_TEST_CUDA_EMULATION
+#include "pt_cuda_emulated.h"
+#endif
+
+static const char *standing_in; /* the stand-in's name, or NULL: the real backend */
 
 static inline const pt_kernels *cuda_or_skip(void)
 {
     const pt_kernels *k = NULL;
     const char *standin = getenv("PIPERT_TEST_CUDA_STANDIN");
-    if (pt_kernels_cuda(&k) != PIPERT_OK && standin && !strcmp(standin, "cpu-guarded")) {
-        pt_error_clear();
-        standing_in = true;
+    if (pt_kernels_cuda(&k) == PIPERT_OK || !standin) return cuda_backend_or_skip();
+    pt_error_clear();
+    if (!strcmp(standin, "cpu-guarded")) {
+        standing_in = "cpu-guarded";
         return pt_kernels_cpu_guarded();
     }
-    return cuda_backend_or_skip();
+#ifdef PT_TEST_CUDA_EMULATION
+    if (!strcmp(standin, "emulated")) {
+        standing_in = "emulated";
+        k = pt_kernels_cuda_emulated();
+        cr_assert(k, "the emulated device has no memory");
+        return k;
+    }
+#endif
+    cr_assert_fail("PIPERT_TEST_CUDA_STANDIN=%s: no such stand-in in this build", standin);
+    return NULL;
 }
 
 /* A device copy of host[bytes]. */
@@ -153,6 +172,13 @@ static inline void expect_device_close(const pt_kernels *gpu, const char *what, 
 
 static inline void expect_no_cuda_error(void)
 {
+#ifdef PT_TEST_CUDA_EMULATION
+    if (standing_in && !strcmp(standing_in, "emulated")) {
+        cr_expect_eq(pt_cuda_emulated_status(), PIPERT_OK, "emulated CUDA error: %s",
+                     pipert_last_error());
+        return;
+    }
+#endif
     if (standing_in) return; /* no CUDA backend runs */
     cr_expect_eq(pt_cuda_status(), PIPERT_OK, "CUDA error: %s", pipert_last_error());
 }

@@ -493,9 +493,16 @@ Test(cuda, bf16_gelu_matches_cpu)
     cpu()->gelu_forward(y, wide, n);
     gpu->gelu_forward_bf16(d_y, d_x, n);
     gpu->copy_to_host(y16, d_y, n * 2);
+    /* a bf16 rounding (2⁻⁸ of the value at most) of the device's fp32 GELU, which itself agrees
+     * with the CPU's as the fp32 test holds it (FP32_TOL·(|y| + rms)): below x ≈ −4, 1 + tanh u
+     * cancels, and the CPU's vectorized tanh and the device's differ there in relative terms */
+    double squares = 0;
+    for (size_t i = 0; i < n; i++) squares += (double)y[i] * y[i];
+    const double rms = sqrt(squares / n);
     size_t off = 0;
     for (size_t i = 0; i < n; i++)
-        off += fabsf(bf16_to_float(y16[i]) - y[i]) > 0x1p-8f * fabsf(y[i]) + 1e-30f;
+        off += fabs(bf16_to_float(y16[i]) - y[i]) >
+               0x1p-8 * fabs(y[i]) + FP32_TOL * (fabs(y[i]) + rms);
     cr_expect_eq(off, 0, "%zu of %zu bf16 GELU outputs more than a bf16 rounding away", off, n);
     cpu()->gelu_backward(dx, wide, dout, n);
     gpu->gelu_backward_bf16(d_dx, d_x, d_dout, n);

@@ -6,6 +6,7 @@
  * case, and the layout of the saved state (the same here).
  */
 #include <stdio.h>
+#include <string.h>
 
 #include "kernels/cuda/common.cuh"
 
@@ -32,8 +33,10 @@ __device__ __forceinline__ void pt_mma_bf16(float (&d)[4], const uint32_t (&a)[4
 
 __device__ __forceinline__ uint32_t pt_pack_bf16x2(float lo, float hi)
 {
-    __nv_bfloat162 pair = __floats2bfloat162_rn(lo, hi); /* .x = lo: the low half */
-    return *reinterpret_cast<uint32_t *>(&pair);
+    const __nv_bfloat162 pair = __floats2bfloat162_rn(lo, hi); /* .x = lo: the low half */
+    uint32_t bits; /* by memcpy: reading pair through a uint32_t pointer breaks aliasing rules */
+    memcpy(&bits, &pair, sizeof bits);
+    return bits;
 }
 
 __device__ __forceinline__ uint16_t pt_round_bf16(float x)

@@ -1,0 +1,356 @@
+/* The emulated device's scheduler: a block's threads as fibers (ucontext) on
+ * the calling thread, switched at barriers and warp operations. What it runs
+ * and checks: include/cuda_host.hpp. */
+#include "cuda_host.hpp"
+
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <string>
+#include <ucontext.h>
+#include <vector>
+
+#if defined(__SANITIZE_ADDRESS__)
+#define PT_FIBER_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define PT_FIBER_ASAN 1
+#endif
+#endif
+#ifdef PT_FIBER_ASAN
+#include <sanitizer/common_interface_defs.h>
+#endif
+
+uint3 threadIdx, blockIdx;
+dim3 blockDim, gridDim;
+
+namespace cuda_host {
+namespace {
+
+constexpr int WARP = 32;
+constexpr size_t DEFAULT_SHARED = 48 * 1024, OPTIN_SHARED = 227 * 1024;
+constexpr size_t STACK_BYTES = 256 * 1024; /* a fiber's: kernels keep small frames */
+enum cuda_error { SUCCESS = 0, INVALID_VALUE = 1, INVALID_CONFIGURATION = 9, LAUNCH_FAILURE = 719 };
+
+enum class state { runnable, at_block_barrier, at_warp_operation, exited };
+
+struct fiber {
+    ucontext_t context;
+    char *stack;
+    uint3 index;
+    unsigned linear;
+    state where = state::runnable;
+    unsigned long long generation = 0; /* of the barrier it waits at */
+};
+
+struct warp_state {
+    int lanes = 0, live = 0, arrived = 0;
+    unsigned arrived_mask = 0, mask = 0;
+    unsigned long long generation = 0;
+    uint64_t value[2][WARP]; /* by generation parity: a lane ahead cannot overwrite */
+};
+
+struct block_state {
+    int live = 0, arrived = 0;
+    unsigned long long generation = 0;
+    std::vector<fiber> fibers;
+    std::vector<warp_state> warps;
+    unsigned char *shared = nullptr;
+    const std::function<void()> *body = nullptr;
+    int running = -1;
+    ucontext_t scheduler;
+    bool abandoned = false;
+};
+
+block_state *current = nullptr;
+/* Fiber stacks, kept from launch to launch (a thread of the largest block each), freed at exit */
+struct stack_pool {
+    std::vector<char *> stacks;
+    ~stack_pool()
+    {
+        for (char *s : stacks) std::free(s);
+    }
+} pool;
+std::map<const void *, size_t> shared_limits;
+int last_error = SUCCESS, first_sticky = SUCCESS;
+std::string message;
+long launch_count = 0;
+
+void record(int code, bool sticky, const char *format, ...) __attribute__((format(printf, 3, 4)));
+void record(int code, bool sticky, const char *format, ...)
+{
+    char text[512];
+    va_list args;
+    va_start(args, format);
+    vsnprintf(text, sizeof text, format, args);
+    va_end(args);
+    if (last_error == SUCCESS) last_error = code;
+    if (sticky && first_sticky == SUCCESS) first_sticky = code;
+    if (message.empty()) message = text;
+    std::fprintf(stderr, "emulated CUDA device: %s\n", text);
+}
+
+fiber &running() { return current->fibers[current->running]; }
+
+/* ---- switching, with AddressSanitizer told which stack is live -------------------------- */
+
+#ifdef PT_FIBER_ASAN
+void *scheduler_fake_stack;
+const void *scheduler_stack_bottom;
+size_t scheduler_stack_size;
+#endif
+
+void switch_to_fiber(fiber &f)
+{
+#ifdef PT_FIBER_ASAN
+    __sanitizer_start_switch_fiber(&scheduler_fake_stack, f.stack, STACK_BYTES);
+#endif
+    swapcontext(&current->scheduler, &f.context);
+#ifdef PT_FIBER_ASAN
+    __sanitizer_finish_switch_fiber(scheduler_fake_stack, nullptr, nullptr);
+#endif
+}
+
+/* From the running fiber back to the scheduler; returns when the fiber is resumed. */
+void yield_to_scheduler(bool exiting)
+{
+    fiber &f = running();
+#ifdef PT_FIBER_ASAN
+    void *fake_stack = nullptr;
+    __sanitizer_start_switch_fiber(exiting ? nullptr : &fake_stack, scheduler_stack_bottom,
+                                   scheduler_stack_size);
+#endif
+    swapcontext(&f.context, &current->scheduler);
+#ifdef PT_FIBER_ASAN
+    __sanitizer_finish_switch_fiber(fake_stack, &scheduler_stack_bottom, &scheduler_stack_size);
+#endif
+    (void)exiting;
+}
+
+void fiber_main()
+{
+#ifdef PT_FIBER_ASAN
+    __sanitizer_finish_switch_fiber(nullptr, &scheduler_stack_bottom, &scheduler_stack_size);
+#endif
+    (*current->body)();
+    block_state &b = *current;
+    fiber &f = running();
+    f.where = state::exited;
+    b.live--;
+    warp_state &w = b.warps[f.linear / WARP];
+    w.live--;
+    if (b.arrived > 0 && b.arrived == b.live) b.arrived = 0, b.generation++;
+    if (w.arrived > 0 && w.arrived == w.live) w.arrived = 0, w.arrived_mask = 0, w.generation++;
+    yield_to_scheduler(true);
+}
+
+/* ---- a block -------------------------------------------------------------------------- */
+
+bool resumable(const block_state &b, const fiber &f)
+{
+    switch (f.where) {
+    case state::runnable: return true;
+    case state::at_block_barrier: return b.generation != f.generation;
+    case state::at_warp_operation: return b.warps[f.linear / WARP].generation != f.generation;
+    case state::exited: return false;
+    }
+    return false;
+}
+
+void report_deadlock(const block_state &b)
+{
+    int at_block = 0, at_warp = 0, exited = 0, first_block = -1, first_warp = -1;
+    for (const fiber &f : b.fibers) {
+        if (f.where == state::exited) exited++;
+        if (f.where == state::at_block_barrier && at_block++ == 0) first_block = (int)f.linear;
+        if (f.where == state::at_warp_operation && at_warp++ == 0) first_warp = (int)f.linear;
+    }
+    record(LAUNCH_FAILURE, true,
+           "deadlock in block (%u, %u, %u): %d threads wait at __syncthreads (thread %d first), "
+           "%d at a warp operation (thread %d first), %d exited: a barrier some threads never "
+           "reach",
+           blockIdx.x, blockIdx.y, blockIdx.z, at_block, first_block, at_warp, first_warp, exited);
+}
+
+void run_block(block_state &b)
+{
+    for (;;) {
+        bool resumed = false;
+        for (size_t i = 0; i < b.fibers.size(); i++) {
+            fiber &f = b.fibers[i];
+            if (!resumable(b, f)) continue;
+            f.where = state::runnable;
+            b.running = (int)i;
+            threadIdx = f.index;
+            switch_to_fiber(f);
+            resumed = true;
+        }
+        if (b.live == 0) return;
+        if (!resumed) {
+            report_deadlock(b);
+            b.abandoned = true;
+            return;
+        }
+    }
+}
+
+/* Its own function: getcontext returns twice, which would put the caller's locals at risk */
+void prepare_context(fiber &f)
+{
+    getcontext(&f.context);
+    f.context.uc_stack.ss_sp = f.stack;
+    f.context.uc_stack.ss_size = STACK_BYTES;
+    f.context.uc_link = nullptr;
+    makecontext(&f.context, fiber_main, 0);
+}
+
+void start_fibers(block_state &b, dim3 block)
+{
+    const unsigned threads = block.x * block.y * block.z;
+    std::vector<char *> &stacks = pool.stacks;
+    while (stacks.size() < threads) stacks.push_back(static_cast<char *>(std::malloc(STACK_BYTES)));
+    b.fibers.assign(threads, fiber{});
+    for (unsigned t = 0; t < threads; t++) {
+        fiber &f = b.fibers[t];
+        f.linear = t;
+        f.index = uint3{t % block.x, t / block.x % block.y, t / (block.x * block.y)};
+        f.stack = stacks[t];
+        prepare_context(f);
+    }
+    b.live = (int)threads;
+    b.warps.assign((threads + WARP - 1) / WARP, warp_state{});
+    for (size_t w = 0; w < b.warps.size(); w++)
+        b.warps[w].lanes = b.warps[w].live = (int)std::min<unsigned>(WARP, threads - WARP * w);
+}
+
+bool check_configuration(const void *kernel, dim3 grid, dim3 block, size_t shared)
+{
+    const unsigned long long threads = (unsigned long long)block.x * block.y * block.z;
+    const auto limit = shared_limits.find(kernel);
+    const size_t shared_limit = limit == shared_limits.end() ? DEFAULT_SHARED : limit->second;
+    const char *problem = nullptr;
+    if (!grid.x || !grid.y || !grid.z || !threads) problem = "an empty grid or block";
+    else if (threads > 1024 || block.x > 1024 || block.y > 1024 || block.z > 64)
+        problem = "more threads a block than 1,024 (or a block dimension over its limit)";
+    else if (grid.x > 2147483647u || grid.y > 65535 || grid.z > 65535)
+        problem = "a grid dimension over its limit";
+    else if (shared > shared_limit)
+        problem = "more dynamic shared memory than the kernel's limit";
+    if (!problem) return true;
+    record(INVALID_CONFIGURATION, false,
+           "launch refused: %s (grid %u×%u×%u, block %u×%u×%u, %zu bytes of dynamic shared "
+           "memory, limit %zu)",
+           problem, grid.x, grid.y, grid.z, block.x, block.y, block.z, shared, shared_limit);
+    return false;
+}
+
+} // namespace
+
+/* ---- the interface -------------------------------------------------------------------- */
+
+void launch(const void *kernel, const std::function<void()> &body, dim3 grid, dim3 block,
+            size_t dynamic_shared_bytes, const void *stream)
+{
+    (void)stream; /* one stream: work runs when launched */
+    launch_count++;
+    if (first_sticky != SUCCESS || current) {
+        if (current) record(LAUNCH_FAILURE, true, "a kernel launched another (not supported)");
+        return;
+    }
+    if (!check_configuration(kernel, grid, block, dynamic_shared_bytes)) return;
+    std::vector<uint32_t> shared((dynamic_shared_bytes + 3) / 4 + 4);
+    gridDim = grid;
+    blockDim = block;
+    for (unsigned z = 0; z < grid.z; z++)
+        for (unsigned y = 0; y < grid.y; y++)
+            for (unsigned x = 0; x < grid.x; x++) {
+                for (uint32_t &word : shared) word = 0x7fc07fc0u; /* NaN as fp32 and as bf16 */
+                block_state b;
+                b.shared = reinterpret_cast<unsigned char *>(
+                    (reinterpret_cast<uintptr_t>(shared.data()) + 15) & ~uintptr_t{15});
+                b.body = &body;
+                blockIdx = uint3{x, y, z};
+                start_fibers(b, block);
+                current = &b;
+                run_block(b);
+                current = nullptr;
+                if (b.abandoned) return;
+            }
+}
+
+void *dynamic_shared() { return current->shared; }
+
+bool set_max_dynamic_shared(const void *kernel, int bytes)
+{
+    if (bytes < 0 || (size_t)bytes > OPTIN_SHARED) {
+        record(INVALID_VALUE, false,
+               "cudaFuncSetAttribute: %d bytes of dynamic shared memory (the device's most: %zu)",
+               bytes, OPTIN_SHARED);
+        return false;
+    }
+    shared_limits[kernel] = (size_t)bytes;
+    return true;
+}
+
+int take_error()
+{
+    const int e = last_error != SUCCESS ? last_error : first_sticky;
+    last_error = SUCCESS;
+    return e;
+}
+int peek_error() { return last_error != SUCCESS ? last_error : first_sticky; }
+int sticky_error() { return first_sticky; }
+const char *error_message() { return message.c_str(); }
+long launches() { return launch_count; }
+
+unsigned lane() { return running().linear % WARP; }
+
+void block_barrier()
+{
+    block_state &b = *current;
+    fiber &f = running();
+    f.generation = b.generation;
+    if (++b.arrived == b.live) { /* the last to arrive releases the others and goes on */
+        b.arrived = 0;
+        b.generation++;
+        return;
+    }
+    f.where = state::at_block_barrier;
+    yield_to_scheduler(false);
+}
+
+const uint64_t *warp_exchange(unsigned mask, uint64_t mine)
+{
+    block_state &b = *current;
+    fiber &f = running();
+    warp_state &w = b.warps[f.linear / WARP];
+    const unsigned lane_bit = 1u << (f.linear % WARP);
+    const unsigned long long generation = w.generation;
+    if (!(mask & lane_bit)) warp_misuse("a warp operation whose mask leaves out its own lane", mask, -1);
+    w.value[generation & 1][f.linear % WARP] = mine;
+    w.arrived_mask |= lane_bit;
+    w.mask = mask;
+    f.generation = generation;
+    if (++w.arrived == w.live) {
+        const unsigned existing = w.lanes == WARP ? 0xffffffffu : (1u << w.lanes) - 1u;
+        if ((mask & existing) != w.arrived_mask || (mask & ~existing))
+            warp_misuse("a warp operation whose mask names lanes that exited or do not exist",
+                        mask, -1);
+        w.arrived = 0;
+        w.arrived_mask = 0;
+        w.generation++;
+    } else {
+        f.where = state::at_warp_operation;
+        yield_to_scheduler(false);
+    }
+    return w.value[generation & 1];
+}
+
+void warp_misuse(const char *what, unsigned mask, int source)
+{
+    record(LAUNCH_FAILURE, true, "%s (mask %#x, lane %u of thread %u, source lane %d, block %u)",
+           what, mask, lane(), running().linear, source, blockIdx.x);
+}
+
+} // namespace cuda_host

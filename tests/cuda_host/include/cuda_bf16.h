@@ -1,0 +1,51 @@
+/* The emulated device's bf16 (tests/cuda_host): the storage type and the
+ * conversions kernels/cuda uses, rounding to nearest even as the device. */
+#ifndef PT_TESTS_CUDA_HOST_BF16_H
+#define PT_TESTS_CUDA_HOST_BF16_H
+
+#include <cstdint>
+#include <cstring>
+
+#include "cuda_host.hpp"
+
+struct __align__(2) __nv_bfloat16 {
+    unsigned short __x;
+};
+
+struct __align__(4) __nv_bfloat162 {
+    __nv_bfloat16 x, y;
+};
+
+inline float __bfloat162float(__nv_bfloat16 b)
+{
+    const uint32_t wide = (uint32_t)b.__x << 16;
+    float f;
+    std::memcpy(&f, &wide, sizeof f);
+    return f;
+}
+
+/* Round to nearest even; a NaN stays a (quiet) NaN. */
+inline __nv_bfloat16 __float2bfloat16_rn(float f)
+{
+    uint32_t bits;
+    std::memcpy(&bits, &f, sizeof bits);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return {(unsigned short)((bits >> 16) | 0x0040u)};
+    bits += 0x7fffu + ((bits >> 16) & 1u);
+    return {(unsigned short)(bits >> 16)};
+}
+
+inline __nv_bfloat16 __float2bfloat16(float f) { return __float2bfloat16_rn(f); }
+inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 b) { return b.__x; }
+inline __nv_bfloat16 __ushort_as_bfloat16(unsigned short u) { return {u}; }
+
+inline __nv_bfloat162 __floats2bfloat162_rn(float lo, float hi)
+{
+    return {__float2bfloat16_rn(lo), __float2bfloat16_rn(hi)};
+}
+
+inline float2 __bfloat1622float2(__nv_bfloat162 p)
+{
+    return {__bfloat162float(p.x), __bfloat162float(p.y)};
+}
+
+#endif
