@@ -170,10 +170,26 @@ static inline void expect_device_close(const pt_kernels *gpu, const char *what, 
     free(got);
 }
 
+/* Whether the tests run on the emulated device (after cuda_or_skip): ~10⁵ times slower than a
+ * GPU, so the longest shapes, which run no code the shorter ones do not, are left to the GPU. */
+static inline bool on_the_emulated_device(void)
+{
+    return standing_in && !strcmp(standing_in, "emulated");
+}
+
+/* A bf16 qkv's attention on tensor cores (1) or CUDA cores (0), on the device the tests run on */
+static inline void set_mma_attention(int enabled)
+{
+    pt_cuda_set_mma_attention(enabled);
+#ifdef PT_TEST_CUDA_EMULATION
+    pt_cuda_emulated_set_mma_attention(enabled);
+#endif
+}
+
 static inline void expect_no_cuda_error(void)
 {
 #ifdef PT_TEST_CUDA_EMULATION
-    if (standing_in && !strcmp(standing_in, "emulated")) {
+    if (on_the_emulated_device()) {
         cr_expect_eq(pt_cuda_emulated_status(), PIPERT_OK, "emulated CUDA error: %s",
                      pipert_last_error());
         return;

@@ -153,7 +153,7 @@ static double normwise_error(const pt_kernels *gpu, const void *dev, const float
 static void check_attention_bf16(int B, int T, int C, int NH, bool tensor_cores)
 {
     const pt_kernels *gpu = cuda_or_skip();
-    pt_cuda_set_mma_attention(tensor_cores);
+    set_mma_attention(tensor_cores);
     const size_t n_qkv = (size_t)B * T * 3 * C, n_out = (size_t)B * T * C;
     float *qkv = random_floats(n_qkv, -2, 2), *dout = random_floats(n_out, -1, 1);
     uint16_t *qkv16 = malloc(n_qkv * sizeof *qkv16);
@@ -225,7 +225,7 @@ static void check_attention_bf16(int B, int T, int C, int NH, bool tensor_cores)
     gpu->free(d_out16), gpu->free(d_scratch), gpu->free(d_dqkv16);
     free(dqkv_zero), free(nans), free(written), free(out_fp32), free(out16);
     expect_no_cuda_error();
-    pt_cuda_set_mma_attention(1);
+    set_mma_attention(1);
     gpu->free(d_att), gpu->free(d_dqkv), gpu->free(d_out), gpu->free(d_dout), gpu->free(d_qkv);
     free(qkv), free(dout), free(qkv16), free(wide), free(out), free(dqkv), free(att);
     free(dqkv_before);
@@ -242,7 +242,8 @@ Test(cuda, bf16_attention_on_tensor_cores_matches_the_fp32_kernel_within_bf16)
     check_attention_bf16(1, 1024, 128, 2, true);  /* head size 64 at GPT-2's context */
     check_attention_bf16(2, 67, 256, 2, true);    /* 128, T not a multiple of 64 */
     check_attention_bf16(4, 256, 192, 6, true);   /* 32: the default model's shape */
-    check_attention_bf16(1, 4096, 128, 1, true);  /* the longest context the issue names */
+    if (!on_the_emulated_device()) /* 16 times T = 1,024's work, through the same code */
+        check_attention_bf16(1, 4096, 128, 1, true); /* the longest context the issue names */
     check_attention_bf16(2, 200, 96, 2, true);    /* head size 48: the CUDA-core kernels take it */
 }
 

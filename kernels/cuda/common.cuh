@@ -176,8 +176,13 @@ void pt_cuda_residual_layernorm_forward_bf16(float *residual, pt_bf16 *out, floa
                                              float *rstd, const float *a, const float *b,
                                              const float *weight, const float *bias, int N, int C);
 
-/* elementwise.cu, beside cuda.h's casts: what matmul.cu does after cuBLAS where cuBLASLt's
- * epilogue does not */
+/* elementwise.cu: cuda.h's casts (C entry points), declared here too for the files here, so
+ * that each calls them by a declaration of this header's (tests/cuda_host's translation puts
+ * this header's declarations, and its own casts, in a namespace of their own) */
+extern "C" void pt_cuda_cast_to_bf16(pt_bf16 *out, const float *inp, size_t n);
+extern "C" void pt_cuda_cast_from_bf16(float *out, const pt_bf16 *inp, size_t n);
+
+/* elementwise.cu: what matmul.cu does after cuBLAS where cuBLASLt's epilogue does not */
 void pt_cuda_add_bias_to_bf16(pt_bf16 *out, const float *inp, const float *bias, int N, int OC);
 void pt_cuda_gelu_backward_to_bf16(pt_bf16 *dinp, const pt_bf16 *inp, const float *dout, size_t n);
 

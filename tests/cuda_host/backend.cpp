@@ -2,7 +2,9 @@
  * what kernels/cuda/backend.cu and memory.cu give the kernel files (the
  * context, error recording, the arena's scratch), here on host memory, and a
  * kernel table whose entries are kernels/cuda's where those are kernels of
- * its own (not cuBLAS products, which stay the CPU's).
+ * its own: all but the matrix products (cuBLAS), which stay the CPU's, and
+ * attention_gemm.cu's (cuBLAS too: never taken here, so an fp32 qkv's attention
+ * runs on the CUDA-core kernels, a bf16 one's on the tensor-core kernels).
  *
  * The tests of test_cuda.c and test_cuda_bf16.c that use only the table run on
  * it under PIPERT_TEST_CUDA_STANDIN=emulated (tests/cuda_checks.h): every CI
@@ -40,7 +42,9 @@ void start()
     pt_cuda.host_partials = static_cast<double *>(
         std::calloc(PT_CUDA_REDUCE_BLOCKS, sizeof *pt_cuda.host_partials));
     pt_cuda.mma_attention = true;
-    pt_cuda.ready = pt_cuda.arena.base && pt_cuda.host_partials;
+    pt_cuda.ready = pt_cuda.arena.base && pt_cuda.host_partials &&
+                    pt_cuda_attention_setup() == PIPERT_OK &&
+                    pt_cuda_attention_mma_setup() == PIPERT_OK; /* as backend.cu's start-up */
 }
 
 } // namespace
@@ -96,10 +100,22 @@ void *pt_cuda_scratch(size_t bytes, const char *what)
 
 void pt_cuda_scratch_release(size_t mark) { pt_cuda.arena.top = mark; }
 
-/* elementwise.cu's casts, which kernels/cuda/cuda.h declares for C (in the global namespace,
- * where the real backend's or the stub's are): the translation's are these */
-void pt_cuda_cast_to_bf16(pt_bf16 *out, const float *inp, size_t n);
-void pt_cuda_cast_from_bf16(float *out, const pt_bf16 *inp, size_t n);
+void pt_cuda_zero(void *ptr, size_t bytes) { std::memset(ptr, 0, bytes); }
+
+/* ---- attention_gemm.cu's products are cuBLAS's: never taken here (the CUDA-core kernels run) */
+
+bool pt_cuda_attention_gemm_takes(int, int, int, int, bool) { return false; }
+void pt_cuda_attention_gemm_forward(float *, float *, float *, const float *, int, int, int, int)
+{
+    pt_cuda_record_error("attention_gemm_forward", "no cuBLAS on the emulated device", __FILE__,
+                         __LINE__);
+}
+void pt_cuda_attention_gemm_backward(float *, const float *, const float *, const float *,
+                                     const float *, int, int, int, int)
+{
+    pt_cuda_record_error("attention_gemm_backward", "no cuBLAS on the emulated device", __FILE__,
+                         __LINE__);
+}
 
 } // namespace pt_emulated
 
@@ -122,6 +138,13 @@ extern "C" const pt_kernels *pt_kernels_cuda_emulated(void)
     table.layernorm_backward = pt_emulated::pt_cuda_layernorm_backward;
     table.cast_to_bf16 = pt_emulated::pt_cuda_cast_to_bf16;
     table.cast_from_bf16 = pt_emulated::pt_cuda_cast_from_bf16;
+    table.attention_forward = pt_emulated::pt_cuda_attention_forward;
+    table.attention_backward = pt_emulated::pt_cuda_attention_backward;
+    table.attention_saved_floats = pt_cuda_attention_saved_floats; /* kernels/cuda/sizes.c */
+    table.attention_forward_bf16 = pt_emulated::pt_cuda_attention_forward_bf16;
+    table.attention_backward_bf16 = pt_emulated::pt_cuda_attention_backward_bf16;
+    table.attention_forward_bf16_to_bf16 = pt_emulated::pt_cuda_attention_forward_bf16_to_bf16;
+    table.attention_backward_bf16_to_bf16 = pt_emulated::pt_cuda_attention_backward_bf16_to_bf16;
     table.gelu_forward = pt_emulated::pt_cuda_gelu_forward;
     table.gelu_backward = pt_emulated::pt_cuda_gelu_backward;
     table.gelu_forward_bf16 = pt_emulated::pt_cuda_gelu_forward_bf16;
@@ -152,3 +175,8 @@ extern "C" pipert_result pt_cuda_emulated_status(void)
 }
 
 extern "C" long pt_cuda_emulated_launches(void) { return cuda_host::launches(); }
+
+extern "C" void pt_cuda_emulated_set_mma_attention(int enabled)
+{
+    pt_emulated::pt_cuda.mma_attention = enabled != 0;
+}

@@ -6,6 +6,7 @@
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
+#include <algorithm>
 #include <map>
 #include <string>
 #include <ucontext.h>
@@ -42,13 +43,14 @@ struct fiber {
     unsigned linear;
     state where = state::runnable;
     unsigned long long generation = 0; /* of the barrier it waits at */
+    std::shared_ptr<void> kept;        /* thread_state() */
 };
 
 struct warp_state {
     int lanes = 0, live = 0, arrived = 0;
     unsigned arrived_mask = 0, mask = 0;
     unsigned long long generation = 0;
-    uint64_t value[2][WARP]; /* by generation parity: a lane ahead cannot overwrite */
+    lane_words value[2][WARP]; /* by generation parity: a lane ahead cannot overwrite */
 };
 
 struct block_state {
@@ -306,6 +308,13 @@ long launches() { return launch_count; }
 
 unsigned lane() { return running().linear % WARP; }
 
+std::shared_ptr<void> &thread_state() { return running().kept; }
+
+void fault(const char *what)
+{
+    record(LAUNCH_FAILURE, true, "%s (thread %u of block %u)", what, running().linear, blockIdx.x);
+}
+
 void block_barrier()
 {
     block_state &b = *current;
@@ -320,7 +329,7 @@ void block_barrier()
     yield_to_scheduler(false);
 }
 
-const uint64_t *warp_exchange(unsigned mask, uint64_t mine)
+const lane_words *warp_exchange(unsigned mask, const uint64_t *mine, int words)
 {
     block_state &b = *current;
     fiber &f = running();
@@ -328,7 +337,9 @@ const uint64_t *warp_exchange(unsigned mask, uint64_t mine)
     const unsigned lane_bit = 1u << (f.linear % WARP);
     const unsigned long long generation = w.generation;
     if (!(mask & lane_bit)) warp_misuse("a warp operation whose mask leaves out its own lane", mask, -1);
-    w.value[generation & 1][f.linear % WARP] = mine;
+    if (words < 1 || words > EXCHANGE_WORDS) warp_misuse("an exchange of too many words", mask, -1);
+    std::memcpy(w.value[generation & 1][f.linear % WARP], mine,
+                sizeof(uint64_t) * (size_t)std::min(std::max(words, 0), EXCHANGE_WORDS));
     w.arrived_mask |= lane_bit;
     w.mask = mask;
     f.generation = generation;

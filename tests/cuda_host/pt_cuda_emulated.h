@@ -17,6 +17,9 @@ pipert_result pt_cuda_emulated_status(void);
 /* Kernels launched so far in this process. */
 long pt_cuda_emulated_launches(void);
 
+/* pt_cuda_set_mma_attention, on the emulated device */
+void pt_cuda_emulated_set_mma_attention(int enabled);
+
 #ifdef __cplusplus
 }
 #endif

@@ -38,6 +38,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <type_traits>
 
 struct uint3 {
@@ -79,12 +80,27 @@ const char *error_message();
 /* Launches so far: the tests check that the emulated path ran at all. */
 long launches();
 
+/* State the running thread keeps for the rest of its block (a primitive's own, as cp.async's
+ * groups of copies): empty when the thread starts, released when its block ends. */
+std::shared_ptr<void> &thread_state();
+
+/* Records a fault a kernel made (as the device would report an illegal instruction or a
+ * misaligned address): the launch goes on, the error stays (sticky_error). */
+void fault(const char *what);
+
 /* __syncthreads */
 void block_barrier();
 
-/* Each lane of `mask` gives `mine`; when all have, returns the warp's 32 values (lanes
- * outside the mask: unspecified), valid until this lane's next warp operation. */
-const uint64_t *warp_exchange(unsigned mask, uint64_t mine);
+/* Each lane of `mask` gives `words` (at most EXCHANGE_WORDS) 64-bit words, `mine`; when all
+ * have, returns the warp's, [lane][word] (lanes outside the mask: unspecified), valid until
+ * this lane's next warp operation. One exchange a register set: each is a round of switches. */
+constexpr int EXCHANGE_WORDS = 4;
+using lane_words = uint64_t[EXCHANGE_WORDS];
+const lane_words *warp_exchange(unsigned mask, const uint64_t *mine, int words);
+inline const lane_words *warp_exchange(unsigned mask, uint64_t mine)
+{
+    return warp_exchange(mask, &mine, 1);
+}
 
 /* The running thread's lane (its linear index in the block, mod 32). */
 unsigned lane();
@@ -111,12 +127,12 @@ template <class T> T value_of(uint64_t b)
  * segment (shfl_up/down keep their own value there). */
 template <class T> T shuffle(unsigned mask, T v, int source)
 {
-    const uint64_t *all = warp_exchange(mask, bits_of(v));
+    const lane_words *all = warp_exchange(mask, bits_of(v));
     if (source < 0 || source >= 32 || !(mask >> source & 1u)) {
         warp_misuse("a shuffle from a lane outside its mask", mask, source);
         return v;
     }
-    return value_of<T>(all[source]);
+    return value_of<T>(all[source][0]);
 }
 
 } // namespace cuda_host
@@ -166,10 +182,10 @@ template <class T> T __shfl_up_sync(unsigned mask, T v, unsigned delta, int widt
 
 inline unsigned __ballot_sync(unsigned mask, int predicate)
 {
-    const uint64_t *all = cuda_host::warp_exchange(mask, predicate != 0);
+    const cuda_host::lane_words *all = cuda_host::warp_exchange(mask, predicate != 0);
     unsigned ballot = 0;
     for (int l = 0; l < 32; l++)
-        if (mask >> l & 1u) ballot |= (all[l] ? 1u : 0u) << l;
+        if (mask >> l & 1u) ballot |= (all[l][0] ? 1u : 0u) << l;
     return ballot;
 }
 
