@@ -48,6 +48,8 @@
 #include <thread>
 #include <vector>
 
+#include "tests/bf16_bits.h"
+
 namespace warp_emulator {
 
 constexpr int lanes = 32;
@@ -82,23 +84,10 @@ inline thread_local std::deque<std::vector<async_copy>> committed;
 inline warp &this_warp() { return this_block->warps[this_thread / lanes]; }
 inline int this_lane() { return this_thread % lanes; }
 
-inline float bf16_to_float(uint16_t bits)
-{
-    uint32_t wide = (uint32_t)bits << 16;
-    float x;
-    std::memcpy(&x, &wide, sizeof x);
-    return x;
-}
+inline float bf16_to_float(uint16_t bits) { return pt_bf16_bits_widen(bits); }
 
 /* Round to nearest even; a NaN stays a NaN. */
-inline uint16_t float_to_bf16(float x)
-{
-    uint32_t bits;
-    std::memcpy(&bits, &x, sizeof bits);
-    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x0040u);
-    bits += 0x7fffu + ((bits >> 16) & 1u);
-    return (uint16_t)(bits >> 16);
-}
+inline uint16_t float_to_bf16(float x) { return pt_bf16_bits_round(x); }
 
 inline float half_of(uint32_t pair, int high) { return bf16_to_float((uint16_t)(pair >> (16 * high))); }
 

@@ -3,10 +3,8 @@
 #ifndef PT_TESTS_CUDA_HOST_BF16_H
 #define PT_TESTS_CUDA_HOST_BF16_H
 
-#include <cstdint>
-#include <cstring>
-
 #include "cuda_host.hpp"
+#include "tests/bf16_bits.h"
 
 struct __align__(2) __nv_bfloat16 {
     unsigned short __x;
@@ -16,23 +14,10 @@ struct __align__(4) __nv_bfloat162 {
     __nv_bfloat16 x, y;
 };
 
-inline float __bfloat162float(__nv_bfloat16 b)
-{
-    const uint32_t wide = (uint32_t)b.__x << 16;
-    float f;
-    std::memcpy(&f, &wide, sizeof f);
-    return f;
-}
+inline float __bfloat162float(__nv_bfloat16 b) { return pt_bf16_bits_widen(b.__x); }
 
 /* Round to nearest even; a NaN stays a (quiet) NaN. */
-inline __nv_bfloat16 __float2bfloat16_rn(float f)
-{
-    uint32_t bits;
-    std::memcpy(&bits, &f, sizeof bits);
-    if ((bits & 0x7fffffffu) > 0x7f800000u) return {(unsigned short)((bits >> 16) | 0x0040u)};
-    bits += 0x7fffu + ((bits >> 16) & 1u);
-    return {(unsigned short)(bits >> 16)};
-}
+inline __nv_bfloat16 __float2bfloat16_rn(float f) { return {pt_bf16_bits_round(f)}; }
 
 inline __nv_bfloat16 __float2bfloat16(float f) { return __float2bfloat16_rn(f); }
 inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 b) { return b.__x; }
