@@ -175,11 +175,24 @@ void report_deadlock(const block_state &b)
            blockIdx.x, blockIdx.y, blockIdx.z, at_block, first_block, at_warp, first_warp, exited);
 }
 
+/* PIPERT_EMULATED_ORDER=reverse resumes a block's threads from the last: a race that one order
+ * hides (a read before the write it should wait for) shows in the other. */
+bool reverse_order()
+{
+    static const bool reverse = [] {
+        const char *order = std::getenv("PIPERT_EMULATED_ORDER");
+        return order && !std::strcmp(order, "reverse");
+    }();
+    return reverse;
+}
+
 void run_block(block_state &b)
 {
+    const size_t n = b.fibers.size();
     for (;;) {
         bool resumed = false;
-        for (size_t i = 0; i < b.fibers.size(); i++) {
+        for (size_t k = 0; k < n; k++) {
+            const size_t i = reverse_order() ? n - 1 - k : k;
             fiber &f = b.fibers[i];
             if (!resumable(b, f)) continue;
             f.where = state::runnable;

@@ -13,8 +13,8 @@
  *   __ballot_sync, …    of them have, each reads the lane it asked for. A mask that
  *                       names a lane that has exited, or a lane asking a lane outside
  *                       the mask, is undefined on a GPU: recorded as an error
- * and otherwise runs a thread until it waits, in thread order: the same
- * results every run. A block where no thread can go on (threads of one warp at
+ * and otherwise runs a thread until it waits, in thread order (from the last
+ * with PIPERT_EMULATED_ORDER=reverse): the same results every run. A block where no thread can go on (threads of one warp at
  * different barriers, __syncthreads in code some threads skip) is a deadlock:
  * recorded as an error (cuda_host::error_message), the launch abandoned. So is a
  * launch the device would refuse: no threads, more than 1,024 a block, grid or
