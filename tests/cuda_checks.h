@@ -83,8 +83,8 @@ static inline const pt_kernels *cuda_backend_or_skip(void)
     return k;
 }
 
-/* Without a GPU, the tests that use only the kernel table run on a stand-in, by
- * PIPERT_TEST_CUDA_STANDIN:
+/* The tests that use only the kernel table run on a stand-in, by PIPERT_TEST_CUDA_STANDIN
+ * (cpu-guarded where there is no GPU; emulated always):
  *   cpu-guarded  runtime.device=cpu-guarded: "device" memory the host cannot touch and copies
  *                checked for their direction (kernels/guarded.c), so CI checks these tests'
  *                own handling of device memory, and that they run, before a GPU session
@@ -103,20 +103,20 @@ static inline const pt_kernels *cuda_or_skip(void)
 {
     const pt_kernels *k = NULL;
     const char *standin = getenv("PIPERT_TEST_CUDA_STANDIN");
+#ifdef PT_TEST_CUDA_EMULATION
+    if (standin && !strcmp(standin, "emulated")) { /* with a GPU too: the emulation is the test */
+        standing_in = "emulated";
+        k = pt_kernels_cuda_emulated();
+        cr_assert(k, "the emulated device did not start: %s", pipert_last_error());
+        return k;
+    }
+#endif
     if (pt_kernels_cuda(&k) == PIPERT_OK || !standin) return cuda_backend_or_skip();
     pt_error_clear();
     if (!strcmp(standin, "cpu-guarded")) {
         standing_in = "cpu-guarded";
         return pt_kernels_cpu_guarded();
     }
-#ifdef PT_TEST_CUDA_EMULATION
-    if (!strcmp(standin, "emulated")) {
-        standing_in = "emulated";
-        k = pt_kernels_cuda_emulated();
-        cr_assert(k, "the emulated device has no memory");
-        return k;
-    }
-#endif
     cr_assert_fail("PIPERT_TEST_CUDA_STANDIN=%s: no such stand-in in this build", standin);
     return NULL;
 }

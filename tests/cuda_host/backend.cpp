@@ -42,9 +42,14 @@ void start()
     pt_cuda.host_partials = static_cast<double *>(
         std::calloc(PT_CUDA_REDUCE_BLOCKS, sizeof *pt_cuda.host_partials));
     pt_cuda.mma_attention = true;
-    pt_cuda.ready = pt_cuda.arena.base && pt_cuda.host_partials &&
-                    pt_cuda_attention_setup() == PIPERT_OK &&
-                    pt_cuda_attention_mma_setup() == PIPERT_OK; /* as backend.cu's start-up */
+    if (!pt_cuda.arena.base || !pt_cuda.host_partials) {
+        pt_fail(PIPERT_ERR_NOMEM, "emulated CUDA: no host memory for its %zu MiB of scratch",
+                SCRATCH_BYTES >> 20);
+        return;
+    }
+    /* as backend.cu's start-up (each says what failed) */
+    pt_cuda.ready = pt_cuda_attention_setup() == PIPERT_OK &&
+                    pt_cuda_attention_mma_setup() == PIPERT_OK;
 }
 
 } // namespace

@@ -162,10 +162,9 @@ def translate(source, text, headers):
         text = text.replace(f'#include "kernels/cuda/{header}"', f'#include "{header}"')
     lines = text.split("\n")
     point = namespace_point(lines, source)
-    guarded = len(lines) > 1 and lines[0].startswith("#ifndef") or any(
-        l.startswith("#ifndef PT_") for l in lines[:point])
     end = len(lines)
-    if guarded:  # close the namespace before the include guard's #endif
+    if any(l.startswith("#ifndef PT_") for l in lines[:point]):
+        # an include guard: close the namespace before its #endif
         end = max(i for i, l in enumerate(lines) if l.strip().startswith("#endif"))
     name = os.path.relpath(source, os.environ.get("PT_SOURCE_ROOT", os.getcwd()))
     return "\n".join([f'#line 1 "{name}"'] + lines[:point] +
