@@ -90,9 +90,10 @@ static inline const pt_kernels *cuda_backend_or_skip(void)
  *                own handling of device memory, and that they run, before a GPU session
  *                spends minutes on them. Their tolerances then hold trivially (the stand-in is
  *                the CPU's arithmetic).
- *   emulated     kernels/cuda's own kernels run on the host by an emulated device
- *                (tests/cuda_host): their indexing, reductions, barriers and warp operations
- *                against the CPU; the products (cuBLAS) and attention stay the CPU's. */
+ *   emulated     kernels/cuda's own code runs on the host on an emulated device
+ *                (tests/cuda_host): its kernels' indexing, reductions, barriers and warp
+ *                operations, and its calls of cuBLAS and cuBLASLt (an emulation of them as
+ *                documented), against the CPU. */
 #ifdef PT_TEST_CUDA_EMULATION
 #include "pt_cuda_emulated.h"
 #endif
@@ -177,13 +178,60 @@ static inline bool on_the_emulated_device(void)
     return standing_in && !strcmp(standing_in, "emulated");
 }
 
-/* A bf16 qkv's attention on tensor cores (1) or CUDA cores (0), on the device the tests run on */
+/* The backend's switches, on the device the tests run on (the real one, and the emulated). */
+
+/* A bf16 qkv's attention on tensor cores (1) or CUDA cores (0) */
 static inline void set_mma_attention(int enabled)
 {
     pt_cuda_set_mma_attention(enabled);
 #ifdef PT_TEST_CUDA_EMULATION
     pt_cuda_emulated_set_mma_attention(enabled);
 #endif
+}
+
+/* An fp32 qkv's attention through cuBLAS (1) or on CUDA cores (0) */
+static inline void set_gemm_attention(int enabled)
+{
+    pt_cuda_set_gemm_attention(enabled);
+#ifdef PT_TEST_CUDA_EMULATION
+    pt_cuda_emulated_set_gemm_attention(enabled);
+#endif
+}
+
+/* Products with an epilogue through cuBLASLt (1), or cuBLAS and a kernel (0) */
+static inline void set_lt(int enabled)
+{
+    pt_cuda_set_lt(enabled);
+#ifdef PT_TEST_CUDA_EMULATION
+    pt_cuda_emulated_set_lt(enabled);
+#endif
+}
+
+/* The products cuBLASLt made so far on the device the tests run on */
+static inline long lt_products(void)
+{
+#ifdef PT_TEST_CUDA_EMULATION
+    if (on_the_emulated_device()) return pt_cuda_emulated_lt_products();
+#endif
+    return pt_cuda_lt_products();
+}
+
+/* The products with a bias or the GELU's gradient run both ways the backend can make them: cuBLASLt with the
+ * bias or GELU gradient in its epilogue, and cuBLAS with the separate kernel (kernels/cuda/
+ * matmul.cu; set_lt). On the cpu-guarded stand-in the switch does nothing. */
+static const char *const lt_ways[2] = {"cuBLAS and a kernel", "cuBLASLt's epilogue"};
+
+/* With the epilogues on, cuBLASLt made the product (a decline would pass the numbers through
+ * the fallback and hide that the fused path never runs); off, it made none. */
+static inline void expect_made_by_lt(int lt, long made, const char *epilogue)
+{
+    if (standing_in && !on_the_emulated_device()) return; /* no cuBLASLt on cpu-guarded */
+    if (lt)
+        cr_expect_gt(made, 0, "cuBLASLt declined the product with %s (its log line says why): "
+                     "the fallback ran", epilogue);
+    else
+        cr_expect_eq(made, 0, "cuBLASLt made a product with %s although it was switched off",
+                     epilogue);
 }
 
 static inline void expect_no_cuda_error(void)

@@ -240,11 +240,13 @@ Test(cuda, residual_layernorm_matches_cpu)
 
 /* ---- matmul ------------------------------------------------------------------- */
 
-static void check_matmul(int N, int C, int OC, pt_weight_layout layout, int with_bias,
-                         int with_dinp)
+/* One way (lt: the bias in cuBLASLt's epilogue, or a kernel and cuBLAS) against the CPU */
+static void check_matmul_way(int N, int C, int OC, pt_weight_layout layout, int with_bias,
+                             int with_dinp, int lt)
 {
     const pt_kernels *gpu = cuda_or_skip();
-    char what[96];
+    set_lt(lt);
+    char what[160];
     const char *name = layout == PT_WEIGHT_IN_OUT ? "in-out" : "out-in";
     float *inp = random_floats((size_t)N * C, -1, 1), *weight = random_floats((size_t)C * OC, -1, 1);
     float *bias = random_floats(OC, -1, 1), *dout = random_floats((size_t)N * OC, -1, 1);
@@ -256,24 +258,34 @@ static void check_matmul(int N, int C, int OC, pt_weight_layout layout, int with
           *d_dweight = upload(gpu, dweight, (size_t)C * OC * 4), *d_dbias = upload(gpu, dbias, OC * 4);
 
     cpu()->matmul_forward(out, inp, weight, with_bias ? bias : NULL, N, C, OC, layout);
+    const long fused_before = lt_products();
     gpu->matmul_forward(d_out, d_inp, d_weight, with_bias ? d_bias : NULL, N, C, OC, layout);
-    snprintf(what, sizeof what, "matmul %s %dx%dx%d out", name, N, C, OC);
+    if (with_bias && OC % 8 == 0) /* rows cuBLASLt's vector loads take */
+        expect_made_by_lt(lt, lt_products() - fused_before, "the bias");
+    snprintf(what, sizeof what, "matmul %s %dx%dx%d (%s) out", name, N, C, OC, lt_ways[lt]);
     expect_device_close(gpu, what, d_out, out, (size_t)N * OC, FP32_TOL);
 
     cpu()->matmul_backward(with_dinp ? dinp : NULL, dweight, with_bias ? dbias : NULL, dout, inp,
                            weight, N, C, OC, layout);
     gpu->matmul_backward(with_dinp ? d_dinp : NULL, d_dweight, with_bias ? d_dbias : NULL, d_dout,
                          d_inp, d_weight, N, C, OC, layout);
-    snprintf(what, sizeof what, "matmul %s %dx%dx%d dinp", name, N, C, OC);
+    snprintf(what, sizeof what, "matmul %s %dx%dx%d (%s) dinp", name, N, C, OC, lt_ways[lt]);
     expect_device_close(gpu, what, d_dinp, dinp, (size_t)N * C, FP32_TOL);
-    snprintf(what, sizeof what, "matmul %s %dx%dx%d dweight", name, N, C, OC);
+    snprintf(what, sizeof what, "matmul %s %dx%dx%d (%s) dweight", name, N, C, OC, lt_ways[lt]);
     expect_device_close(gpu, what, d_dweight, dweight, (size_t)C * OC, FP32_TOL);
-    snprintf(what, sizeof what, "matmul %s %dx%dx%d dbias", name, N, C, OC);
+    snprintf(what, sizeof what, "matmul %s %dx%dx%d (%s) dbias", name, N, C, OC, lt_ways[lt]);
     expect_device_close(gpu, what, d_dbias, dbias, OC, FP32_TOL);
     expect_no_cuda_error();
     free(inp), free(weight), free(bias), free(dout), free(out), free(dinp), free(dweight), free(dbias);
     gpu->free(d_dbias), gpu->free(d_dweight), gpu->free(d_dinp), gpu->free(d_out);
     gpu->free(d_dout), gpu->free(d_bias), gpu->free(d_weight), gpu->free(d_inp);
+    set_lt(1);
+}
+
+static void check_matmul(int N, int C, int OC, pt_weight_layout layout, int with_bias,
+                         int with_dinp)
+{
+    for (int lt = 1; lt >= 0; lt--) check_matmul_way(N, C, OC, layout, with_bias, with_dinp, lt);
 }
 
 Test(cuda, matmul_matches_cpu)
@@ -282,6 +294,7 @@ Test(cuda, matmul_matches_cpu)
     check_matmul(37, 19, 23, PT_WEIGHT_OUT_IN, 1, 1);
     check_matmul(37, 19, 23, PT_WEIGHT_IN_OUT, 0, 0); /* NULL bias, dinp, dbias */
     check_matmul(37, 19, 23, PT_WEIGHT_OUT_IN, 0, 0);
+    check_matmul(40, 24, 48, PT_WEIGHT_OUT_IN, 1, 1);     /* a bias epilogue with W transposed */
     check_matmul(256, 768, 2304, PT_WEIGHT_IN_OUT, 1, 1); /* GPT-2 c_attn */
     check_matmul(64, 768, 50257, PT_WEIGHT_OUT_IN, 0, 1); /* GPT-2 lm_head */
 }
@@ -294,7 +307,7 @@ Test(cuda, matmul_matches_cpu)
 static void check_attention_way(int B, int T, int C, int NH, int gemms)
 {
     const pt_kernels *gpu = cuda_or_skip();
-    pt_cuda_set_gemm_attention(gemms);
+    set_gemm_attention(gemms);
     char what[128];
     size_t n_qkv = (size_t)B * T * 3 * C, n_out = (size_t)B * T * C;
     size_t cpu_saved = cpu()->attention_saved_floats(B, T, C, NH);
@@ -320,7 +333,7 @@ static void check_attention_way(int B, int T, int C, int NH, int gemms)
     expect_no_cuda_error();
     gpu->free(d_att), gpu->free(d_dqkv), gpu->free(d_out), gpu->free(d_dout), gpu->free(d_qkv);
     free(qkv), free(dout), free(out), free(dqkv), free(att);
-    pt_cuda_set_gemm_attention(1);
+    set_gemm_attention(1);
 }
 
 static void check_attention(int B, int T, int C, int NH)

@@ -332,23 +332,8 @@ Test(cuda, bf16_residual_layernorm_matches_cpu)
     free(got);
 }
 
-/* Each test below runs the products both ways the backend can make them: cuBLASLt with the
- * bias or GELU gradient in its epilogue, and cuBLAS with the separate kernel (kernels/cuda/
- * matmul.cu; pt_cuda_set_lt). On the cpu-guarded stand-in the switch does nothing. */
-static const char *const lt_ways[2] = {"cuBLAS and a kernel", "cuBLASLt's epilogue"};
-
-/* With the epilogues on, cuBLASLt made the product (a decline would pass the numbers through
- * the fallback and hide that the fused path never runs); off, it made none. */
-static void expect_made_by_lt(int lt, long made, const char *epilogue)
-{
-    if (standing_in) return; /* no cuBLASLt on the stand-in */
-    if (lt)
-        cr_expect_gt(made, 0, "cuBLASLt declined the product with %s (its log line says why): "
-                     "the fallback ran", epilogue);
-    else
-        cr_expect_eq(made, 0, "cuBLASLt made a product with %s although it was switched off",
-                     epilogue);
-}
+/* Each test below runs the products both ways the backend can make them (lt_ways,
+ * expect_made_by_lt: tests/cuda_checks.h). */
 
 /* A product kept in bf16 with its bias (qkv's shape at 512 positions): each output within
  * one bf16 step of the CPU's (only the order of the fp32 sums differs), whatever the scratch
@@ -369,8 +354,8 @@ Test(cuda, bf16_product_with_bias_matches_cpu)
     void *d_out = upload(gpu, got, n_out * 2);
     cpu()->matmul_forward_bf16_to_bf16(want, NULL, inp16, w16, bias, N, C, OC, PT_WEIGHT_IN_OUT);
     for (int lt = 0; lt < 2; lt++) {
-        pt_cuda_set_lt(lt);
-        const long fused_before = pt_cuda_lt_products();
+        set_lt(lt);
+        const long fused_before = lt_products();
         gpu->copy_to_device(d_scratch, garbage, n_out * 4);
         gpu->matmul_forward_bf16_to_bf16(d_out, d_scratch, d_inp, d_w, d_bias, N, C, OC,
                                          PT_WEIGHT_IN_OUT);
@@ -378,9 +363,9 @@ Test(cuda, bf16_product_with_bias_matches_cpu)
         size_t first = 0, apart = bf16_apart(got, want, n_out, &first);
         cr_expect_eq(apart, 0, "%s: %zu bf16 outputs more than a step from the CPU's; first [%zu]",
                      lt_ways[lt], apart, first);
-        expect_made_by_lt(lt, pt_cuda_lt_products() - fused_before, "the bias");
+        expect_made_by_lt(lt, lt_products() - fused_before, "the bias");
     }
-    pt_cuda_set_lt(1);
+    set_lt(1);
     expect_no_cuda_error();
     gpu->free(d_out), gpu->free(d_scratch), gpu->free(d_bias), gpu->free(d_w), gpu->free(d_inp);
     free(inp), free(w), free(bias), free(garbage), free(inp16), free(w16), free(want), free(got);
@@ -414,13 +399,13 @@ Test(cuda, bf16_product_backward_through_the_gelu_matches_cpu)
           *d_db = upload(gpu, db0, OC * 4);
     char what[96];
     for (int lt = 0; lt < 2; lt++) {
-        pt_cuda_set_lt(lt);
+        set_lt(lt);
         gpu->copy_to_device(d_dw, dw0, n_w * 4), gpu->copy_to_device(d_db, db0, OC * 4);
         gpu->copy_to_device(d_dpre, gelu16, n_in * 2);
-        const long fused_before = pt_cuda_lt_products();
+        const long fused_before = lt_products();
         gpu->matmul_gelu_backward_bf16(d_dpre, d_scratch, d_dw, d_db, d_dout, d_gelu, d_pre, d_w, N,
                                        C, OC, PT_WEIGHT_IN_OUT);
-        expect_made_by_lt(lt, pt_cuda_lt_products() - fused_before, "the GELU's gradient");
+        expect_made_by_lt(lt, lt_products() - fused_before, "the GELU's gradient");
         gpu->copy_to_host(got, d_dpre, n_in * 2);
         size_t first = 0, apart = bf16_apart(got, want, n_in, &first);
         cr_expect_eq(apart, 0, "%s: %zu of dpre more than a bf16 step from the CPU's; first [%zu]",
@@ -430,7 +415,7 @@ Test(cuda, bf16_product_backward_through_the_gelu_matches_cpu)
         snprintf(what, sizeof what, "%s: dbias through the GELU", lt_ways[lt]);
         expect_device_close(gpu, what, d_db, db, OC, LONG_TOL);
     }
-    pt_cuda_set_lt(1);
+    set_lt(1);
     expect_no_cuda_error();
     void *device_buffers[] = {d_db, d_dw, d_scratch, d_dpre, d_w, d_dout, d_gelu, d_pre};
     for (size_t i = 0; i < sizeof device_buffers / sizeof device_buffers[0]; i++)

@@ -2,9 +2,9 @@
  * what kernels/cuda/backend.cu and memory.cu give the kernel files (the
  * context, error recording, the arena's scratch), here on host memory, and a
  * kernel table whose entries are kernels/cuda's where those are kernels of
- * its own: all but the matrix products (cuBLAS), which stay the CPU's, and
- * attention_gemm.cu's (cuBLAS too: never taken here, so an fp32 qkv's attention
- * runs on the CUDA-core kernels, a bf16 one's on the tensor-core kernels).
+ * its own or its products: matmul.cu's and attention_gemm.cu's through the
+ * emulated cuBLAS and cuBLASLt (blas.cpp). The CPU's remain for memory and
+ * copies.
  *
  * The tests of test_cuda.c and test_cuda_bf16.c that use only the table run on
  * it under PIPERT_TEST_CUDA_STANDIN=emulated (tests/cuda_checks.h): every CI
@@ -20,6 +20,14 @@
 namespace pt_emulated {
 
 pt_cuda_context pt_cuda;
+
+/* kernels/cuda/cuda.h's extern "C" entries, defined in this namespace by the translated files */
+void pt_cuda_matmul_forward_bf16(float *out, const pt_bf16 *inp, const pt_bf16 *weight,
+                                 const float *bias, int N, int C, int OC, pt_weight_layout layout);
+void pt_cuda_matmul_backward_bf16(float *dinp, float *dweight, float *dbias, const pt_bf16 *dout,
+                                  const pt_bf16 *inp, const pt_bf16 *weight, int N, int C, int OC,
+                                  pt_weight_layout layout);
+long pt_cuda_lt_products(void);
 
 namespace {
 
@@ -42,13 +50,16 @@ void start()
     pt_cuda.host_partials = static_cast<double *>(
         std::calloc(PT_CUDA_REDUCE_BLOCKS, sizeof *pt_cuda.host_partials));
     pt_cuda.mma_attention = true;
+    pt_cuda.gemm_attention = true; /* backend.cu's defaults: PIPERT_CUDA_GEMM_ATTENTION, _LT */
+    pt_cuda.lt = true;
     if (!pt_cuda.arena.base || !pt_cuda.host_partials) {
         pt_fail(PIPERT_ERR_NOMEM, "emulated CUDA: no host memory for its %zu MiB of scratch",
                 SCRATCH_BYTES >> 20);
         return;
     }
     /* as backend.cu's start-up (each says what failed) */
-    pt_cuda.ready = pt_cuda_attention_setup() == PIPERT_OK &&
+    pt_cuda.ready = cublasCreate(&pt_cuda.cublas) == CUBLAS_STATUS_SUCCESS &&
+                    pt_cuda_lt_start() == PIPERT_OK && pt_cuda_attention_setup() == PIPERT_OK &&
                     pt_cuda_attention_mma_setup() == PIPERT_OK;
 }
 
@@ -63,6 +74,13 @@ void pt_cuda_record_error(const char *what, const char *detail, const char *file
                   "emulated CUDA: %s failed at %s:%d: %s", what, file, line, detail);
     pt_cuda.error = PIPERT_ERR_INTERNAL;
     std::fprintf(stderr, "%s\n", pt_cuda.error_message);
+}
+
+bool pt_cublas_ok(cublasStatus_t status, const char *what, const char *file, int line)
+{
+    if (status == CUBLAS_STATUS_SUCCESS) return true;
+    pt_cuda_record_error(what, cublasGetStatusString(status), file, line);
+    return false;
 }
 
 bool pt_cuda_ok(cudaError_t err, const char *what, const char *file, int line)
@@ -107,21 +125,6 @@ void pt_cuda_scratch_release(size_t mark) { pt_cuda.arena.top = mark; }
 
 void pt_cuda_zero(void *ptr, size_t bytes) { std::memset(ptr, 0, bytes); }
 
-/* ---- attention_gemm.cu's products are cuBLAS's: never taken here (the CUDA-core kernels run) */
-
-bool pt_cuda_attention_gemm_takes(int, int, int, int, bool) { return false; }
-void pt_cuda_attention_gemm_forward(float *, float *, float *, const float *, int, int, int, int)
-{
-    pt_cuda_record_error("attention_gemm_forward", "no cuBLAS on the emulated device", __FILE__,
-                         __LINE__);
-}
-void pt_cuda_attention_gemm_backward(float *, const float *, const float *, const float *,
-                                     const float *, int, int, int, int)
-{
-    pt_cuda_record_error("attention_gemm_backward", "no cuBLAS on the emulated device", __FILE__,
-                         __LINE__);
-}
-
 } // namespace pt_emulated
 
 /* ---- the table --------------------------------------------------------------------------- */
@@ -132,7 +135,7 @@ extern "C" const pt_kernels *pt_kernels_cuda_emulated(void)
     pt_emulated::start();
     if (!pt_emulated::pt_cuda.ready) return nullptr;
     if (table.name) return &table;
-    table = *pt_kernels_cpu(); /* memory, copies and the products: the CPU's */
+    table = *pt_kernels_cpu(); /* memory and copies: the CPU's */
     table.name = "cuda-emulated";
     table.encoder_forward = pt_emulated::pt_cuda_encoder_forward;
     table.encoder_backward = pt_emulated::pt_cuda_encoder_backward;
@@ -143,6 +146,14 @@ extern "C" const pt_kernels *pt_kernels_cuda_emulated(void)
     table.layernorm_backward = pt_emulated::pt_cuda_layernorm_backward;
     table.cast_to_bf16 = pt_emulated::pt_cuda_cast_to_bf16;
     table.cast_from_bf16 = pt_emulated::pt_cuda_cast_from_bf16;
+    table.matmul_forward = pt_emulated::pt_cuda_matmul_forward;
+    table.matmul_backward = pt_emulated::pt_cuda_matmul_backward;
+    table.matmul_forward_bf16 = pt_emulated::pt_cuda_matmul_forward_bf16;
+    table.matmul_backward_bf16 = pt_emulated::pt_cuda_matmul_backward_bf16;
+    table.matmul_backward_bf16_dinp_written =
+        pt_emulated::pt_cuda_matmul_backward_bf16_dinp_written;
+    table.matmul_forward_bf16_to_bf16 = pt_emulated::pt_cuda_matmul_forward_bf16_to_bf16;
+    table.matmul_gelu_backward_bf16 = pt_emulated::pt_cuda_matmul_gelu_backward_bf16;
     table.attention_forward = pt_emulated::pt_cuda_attention_forward;
     table.attention_backward = pt_emulated::pt_cuda_attention_backward;
     table.attention_saved_floats = pt_cuda_attention_saved_floats; /* kernels/cuda/sizes.c */
@@ -185,3 +196,17 @@ extern "C" void pt_cuda_emulated_set_mma_attention(int enabled)
 {
     pt_emulated::pt_cuda.mma_attention = enabled != 0;
 }
+
+extern "C" void pt_cuda_emulated_set_gemm_attention(int enabled)
+{
+    pt_emulated::pt_cuda.gemm_attention = enabled != 0;
+}
+
+extern "C" void pt_cuda_emulated_set_lt(int enabled) { pt_emulated::pt_cuda.lt = enabled != 0; }
+
+extern "C" void pt_cuda_emulated_set_tf32(int enabled)
+{
+    pt_emulated::pt_cuda.tf32 = enabled != 0;
+}
+
+extern "C" long pt_cuda_emulated_lt_products(void) { return pt_emulated::pt_cuda_lt_products(); }

@@ -17,8 +17,13 @@ pipert_result pt_cuda_emulated_status(void);
 /* Kernels launched so far in this process. */
 long pt_cuda_emulated_launches(void);
 
-/* pt_cuda_set_mma_attention, on the emulated device */
+/* pt_cuda_set_mma_attention, _set_gemm_attention, _set_lt, _set_tf32 and pt_cuda_lt_products,
+ * on the emulated device */
 void pt_cuda_emulated_set_mma_attention(int enabled);
+void pt_cuda_emulated_set_gemm_attention(int enabled);
+void pt_cuda_emulated_set_lt(int enabled);
+void pt_cuda_emulated_set_tf32(int enabled);
+long pt_cuda_emulated_lt_products(void);
 
 #ifdef __cplusplus
 }

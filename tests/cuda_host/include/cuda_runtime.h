@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdio> /* printf in kernels, as CUDA's runtime header gives it */
+#include <cstdlib>
 #include <cstring>
 
 #include "cuda_host.hpp"
@@ -13,6 +14,7 @@
 enum cudaError_t {
     cudaSuccess = 0,
     cudaErrorInvalidValue = 1,
+    cudaErrorMemoryAllocation = 2,
     cudaErrorInvalidConfiguration = 9,
     cudaErrorLaunchFailure = 719,
 };
@@ -46,9 +48,27 @@ inline const char *cudaGetErrorString(cudaError_t e)
     switch (e) {
     case cudaSuccess: return "no error";
     case cudaErrorInvalidValue: return "invalid argument";
+    case cudaErrorMemoryAllocation: return "out of memory";
     case cudaErrorInvalidConfiguration: return "invalid configuration argument";
     default: return "unspecified launch failure";
     }
+}
+
+/* Device memory on the host, 256-byte aligned as cudaMalloc's, starting as NaNs (a kernel that
+ * reads what nobody wrote gets them). */
+inline cudaError_t cudaMalloc(void **ptr, size_t bytes)
+{
+    const size_t size = (bytes + 255) / 256 * 256;
+    *ptr = std::aligned_alloc(256, size > 0 ? size : 256);
+    if (!*ptr) return cudaErrorMemoryAllocation;
+    for (size_t i = 0; i + 4 <= size; i += 4) std::memcpy((char *)*ptr + i, "\xc0\x7f\xc0\x7f", 4);
+    return cudaSuccess;
+}
+
+inline cudaError_t cudaFree(void *ptr)
+{
+    std::free(ptr);
+    return cudaSuccess;
 }
 
 /* One stream, work done when launched: a copy after a kernel sees its results. */
