@@ -246,10 +246,10 @@ static void g_cast_from_bf16(float *o, const pt_bf16 *i, size_t n)
 }
 static void g_matmul_backward_bf16_dinp_written(float *di, float *dw, float *db,
                                                 const pt_bf16 *d, const pt_bf16 *i,
-                                                const pt_bf16 *w, int N, int C, int OC,
+                                                const pt_bf16 *w, int N, int C, int OC, int ld,
                                                 pt_weight_layout l)
 {
-    GUARDED(cpu->matmul_backward_bf16_dinp_written(di, dw, db, d, i, w, N, C, OC, l));
+    GUARDED(cpu->matmul_backward_bf16_dinp_written(di, dw, db, d, i, w, N, C, OC, ld, l));
 }
 static void g_attention_forward_bf16_to_bf16(pt_bf16 *o, float *x, float *a, const pt_bf16 *q,
                                              int B, int T, int C, int NH)
@@ -292,9 +292,9 @@ static void g_matmul_backward_bf16(float *di, float *dw, float *db, const pt_bf1
 }
 static void g_matmul_forward_bf16_to_bf16(pt_bf16 *o, float *x, const pt_bf16 *i,
                                           const pt_bf16 *w, const float *b, int N, int C, int OC,
-                                          pt_weight_layout l)
+                                          int ld, pt_weight_layout l)
 {
-    GUARDED(cpu->matmul_forward_bf16_to_bf16(o, x, i, w, b, N, C, OC, l));
+    GUARDED(cpu->matmul_forward_bf16_to_bf16(o, x, i, w, b, N, C, OC, ld, l));
 }
 static void g_matmul_gelu_backward_bf16(pt_bf16 *dp, float *x, float *dw, float *db,
                                         const pt_bf16 *d, const pt_bf16 *i, const pt_bf16 *p,
@@ -350,14 +350,15 @@ static void g_crossentropy_forward_backward(float *l, float *x, const int32_t *t
 {
     GUARDED(cpu->crossentropy_forward_backward(l, x, t, N, V, d));
 }
-static void g_crossentropy_forward_bf16(float *l, const pt_bf16 *x, const int32_t *t, int N, int V)
+static void g_crossentropy_forward_bf16(float *l, const pt_bf16 *x, const int32_t *t, int N, int V,
+                                        int ld)
 {
-    GUARDED(cpu->crossentropy_forward_bf16(l, x, t, N, V));
+    GUARDED(cpu->crossentropy_forward_bf16(l, x, t, N, V, ld));
 }
 static void g_crossentropy_forward_backward_bf16(float *l, pt_bf16 *x, const int32_t *t, int N,
-                                                 int V, float d)
+                                                 int V, int ld, float d)
 {
-    GUARDED(cpu->crossentropy_forward_backward_bf16(l, x, t, N, V, d));
+    GUARDED(cpu->crossentropy_forward_backward_bf16(l, x, t, N, V, ld, d));
 }
 static void g_adam_update(float *p, const float *g, float *m, float *v, const pt_param_region *r,
                           int nr, const pt_adam_coeffs *c, const pt_adam_coeffs *c0)

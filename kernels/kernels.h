@@ -143,18 +143,22 @@ typedef struct pt_kernels {
                                  const pt_bf16 *inp, const pt_bf16 *weight, int N, int C, int OC,
                                  pt_weight_layout layout);
     /* matmul_backward_bf16 with dinp written, not added to (β = 0: no pass to zero it first, and
-     * the product does not read it); dweight and dbias still accumulate. */
+     * the product does not read it); dweight and dbias still accumulate. dout's rows are
+     * ld_dout ≥ OC apart (the classifier's padded logits; OC elsewhere). */
     void (*matmul_backward_bf16_dinp_written)(float *dinp, float *dweight, float *dbias,
                                               const pt_bf16 *dout, const pt_bf16 *inp,
                                               const pt_bf16 *weight, int N, int C, int OC,
-                                              pt_weight_layout layout);
+                                              int ld_dout, pt_weight_layout layout);
     /* out[n][o] = bf16(bias[o] + Σ_c inp[n][c]·W[c][o]) (bias may be NULL): a product kept in
      * bf16 as it is made (qkv and fc, the classifier's logits under bf16), its fp32 sums and
-     * the bias rounded once. scratch[N,OC] (fp32) is the backend's to use where it cannot add
-     * the bias and round in the product itself; it may be NULL when bias is. */
+     * the bias rounded once. out's rows are ld_out ≥ OC apart, the columns past OC untouched
+     * (the classifier's logits: a row stride a multiple of 16 bytes where V = 50,257 is odd,
+     * so that the products can use vector loads; OC elsewhere). scratch[N,OC] (fp32, dense) is
+     * the backend's to use where it cannot add the bias and round in the product itself; it
+     * may be NULL when bias is. */
     void (*matmul_forward_bf16_to_bf16)(pt_bf16 *out, float *scratch, const pt_bf16 *inp,
                                         const pt_bf16 *weight, const float *bias, int N, int C,
-                                        int OC, pt_weight_layout layout);
+                                        int OC, int ld_out, pt_weight_layout layout);
     /* The backward of out = gelu(pre)·W + bias through the GELU (the MLP's second product under
      * bf16): inp[N,C] holds gelu(pre) in bf16, pre[N,C] the GELU's input; dpre[N,C] =
      * bf16(gelu'(pre)·Σ_o dout[n][o]·W[c][o]) is written, not added (what the MLP's first
@@ -215,13 +219,15 @@ typedef struct pt_kernels {
      * dlogits = dloss·(softmax(logits) − onehot(targets)). */
     void (*crossentropy_forward_backward)(float *losses, float *logits, const int32_t *targets,
                                           int N, int V, float dloss);
-    /* The same on bf16 logits (the classifier under bf16): each value read as the bf16 it
-     * holds, the softmax and the loss in fp32; dlogits rounded to bf16 in place, as the bf16
-     * products that take them next would round them. */
+    /* The same on bf16 logits (the classifier under bf16), their rows ld ≥ V apart (the
+     * columns past V neither read nor written): each value read as the bf16 it holds, the
+     * softmax and the loss in fp32; dlogits rounded to bf16 in place, as the bf16 products
+     * that take them next would round them. */
     void (*crossentropy_forward_bf16)(float *losses, const pt_bf16 *logits,
-                                      const int32_t *targets, int N, int V);
+                                      const int32_t *targets, int N, int V, int ld);
     void (*crossentropy_forward_backward_bf16)(float *losses, pt_bf16 *logits,
-                                               const int32_t *targets, int N, int V, float dloss);
+                                               const int32_t *targets, int N, int V, int ld,
+                                               float dloss);
 
     /* ---- optimizer and reductions ---- */
     /* One step over every region of the flat buffers param, grad, m and v (regions: host

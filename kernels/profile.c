@@ -123,11 +123,11 @@ static void p_cast_from_bf16(float *o, const pt_bf16 *i, size_t n)
 }
 static void p_matmul_backward_bf16_dinp_written(float *di, float *dw, float *db,
                                                 const pt_bf16 *d, const pt_bf16 *i,
-                                                const pt_bf16 *w, int N, int C, int OC,
+                                                const pt_bf16 *w, int N, int C, int OC, int ld,
                                                 pt_weight_layout l)
 {
     TIMED(K_MATMUL_BWD_BF16_SET,
-          inner->matmul_backward_bf16_dinp_written(di, dw, db, d, i, w, N, C, OC, l));
+          inner->matmul_backward_bf16_dinp_written(di, dw, db, d, i, w, N, C, OC, ld, l));
 }
 static void p_attention_forward_bf16_to_bf16(pt_bf16 *o, float *x, float *a, const pt_bf16 *q,
                                              int B, int T, int C, int NH)
@@ -220,9 +220,10 @@ static void p_crossentropy_forward_backward(float *l, float *x, const int32_t *t
 }
 static void p_matmul_forward_bf16_to_bf16(pt_bf16 *o, float *x, const pt_bf16 *i,
                                           const pt_bf16 *w, const float *b, int N, int C, int OC,
-                                          pt_weight_layout l)
+                                          int ld, pt_weight_layout l)
 {
-    TIMED(K_MATMUL_FWD_TO_BF16, inner->matmul_forward_bf16_to_bf16(o, x, i, w, b, N, C, OC, l));
+    TIMED(K_MATMUL_FWD_TO_BF16,
+          inner->matmul_forward_bf16_to_bf16(o, x, i, w, b, N, C, OC, ld, l));
 }
 static void p_matmul_gelu_backward_bf16(pt_bf16 *dp, float *x, float *dw, float *db,
                                         const pt_bf16 *d, const pt_bf16 *i, const pt_bf16 *p,
@@ -231,14 +232,15 @@ static void p_matmul_gelu_backward_bf16(pt_bf16 *dp, float *x, float *dw, float 
     TIMED(K_MATMUL_GELU_BWD_BF16,
           inner->matmul_gelu_backward_bf16(dp, x, dw, db, d, i, p, w, N, C, OC, l));
 }
-static void p_crossentropy_forward_bf16(float *l, const pt_bf16 *x, const int32_t *t, int N, int V)
+static void p_crossentropy_forward_bf16(float *l, const pt_bf16 *x, const int32_t *t, int N, int V,
+                                        int ld)
 {
-    TIMED(K_XENT_FWD_BF16, inner->crossentropy_forward_bf16(l, x, t, N, V));
+    TIMED(K_XENT_FWD_BF16, inner->crossentropy_forward_bf16(l, x, t, N, V, ld));
 }
 static void p_crossentropy_forward_backward_bf16(float *l, pt_bf16 *x, const int32_t *t, int N,
-                                                 int V, float d)
+                                                 int V, int ld, float d)
 {
-    TIMED(K_XENT_FWD_BWD_BF16, inner->crossentropy_forward_backward_bf16(l, x, t, N, V, d));
+    TIMED(K_XENT_FWD_BWD_BF16, inner->crossentropy_forward_backward_bf16(l, x, t, N, V, ld, d));
 }
 static void p_adam_update(float *p, const float *g, float *m, float *v, const pt_param_region *r,
                           int nr, const pt_adam_coeffs *c, const pt_adam_coeffs *c0)

@@ -190,6 +190,16 @@ static int head_rows(const pt_gpt_slice *s)
     return rows < 1 ? 1 : rows > N ? (int)N : (int)rows;
 }
 
+/* The logits' row stride: under bf16, V rounded up to 64 elements (128 bytes; GPT-2: 50,304, as
+ * llm.c pads its vocabulary), so that every row starts where a 16-byte vector load can
+ * (cuBLAS cannot use them on rows at odd bf16 offsets); fp32 logits are dense (its table
+ * entries take no stride). */
+static int logits_ld(const pt_gpt_slice *s)
+{
+    const int V = s->config.vocab_size;
+    return s->config.precision == PT_PRECISION_BF16 ? (V + 63) / 64 * 64 : V;
+}
+
 static void carve_activation_grads(pt_gpt_slice *s, carver *cv)
 {
     const size_t N = (size_t)s->B * s->T, C = s->config.n_embd;
@@ -204,7 +214,8 @@ static void carve_activation_grads(pt_gpt_slice *s, carver *cv)
                             : (pt_gpt_operand){.f32 = s->dscratch_fc};
     if (s->has_head) {
         s->head_rows = head_rows(s);
-        s->logits = carve_operand(s, cv, (size_t)s->head_rows * s->config.vocab_size);
+        s->logits_ld = logits_ld(s);
+        s->logits = carve_operand(s, cv, (size_t)s->head_rows * s->logits_ld);
     }
     size_t rows, weight;
     pt_gpt_matmul_scratch(s, &rows, &weight);
@@ -544,7 +555,7 @@ static void block_forward(pt_gpt_slice *s, int b)
     if (b == 0)
         layernorm_into(s, a->ln_1, a->ln_1_mean, a->ln_1_rstd, x, p->ln_1_weight, p->ln_1_bias);
     pt_gpt_matmul_forward_operand(s, a->qkv, a->ln_1, p->c_attn_weight, p->c_attn_bias, N, C,
-                                  3 * C, PT_WEIGHT_IN_OUT);
+                                  3 * C, 3 * C, PT_WEIGHT_IN_OUT);
     attention_forward(s, a);
     pt_gpt_matmul_forward(s, a->residual_2, a->atty, p->attn_proj_weight, p->attn_proj_bias, N, C,
                           C, PT_WEIGHT_IN_OUT);
@@ -552,7 +563,7 @@ static void block_forward(pt_gpt_slice *s, int b)
                             a->ln_2_rstd, p->ln_2_weight, p->ln_2_bias);
 
     pt_gpt_matmul_forward_operand(s, a->fc, a->ln_2, p->c_fc_weight, p->c_fc_bias, N, C, 4 * C,
-                                  PT_WEIGHT_IN_OUT);
+                                  4 * C, PT_WEIGHT_IN_OUT);
     gelu_forward(s, a, (size_t)N * 4 * C);
     pt_gpt_matmul_forward(s, a->residual_3, gelu_output(s, a), p->mlp_proj_weight,
                           p->mlp_proj_bias, N, 4 * C, C, PT_WEIGHT_IN_OUT);
@@ -589,7 +600,7 @@ static void head_logits(pt_gpt_slice *s, int first, int n)
     const int C = s->config.n_embd, V = s->config.vocab_size;
     pt_gpt_matmul_forward_operand(s, s->logits,
                                   pt_gpt_operand_rows(s->ln_f, (size_t)first, (size_t)C),
-                                  s->head.lm_head, NULL, n, C, V, PT_WEIGHT_OUT_IN);
+                                  s->head.lm_head, NULL, n, C, V, s->logits_ld, PT_WEIGHT_OUT_IN);
 }
 
 static int rows_from(const pt_gpt_slice *s, int first)
@@ -611,7 +622,8 @@ static void head_loss_and_backward(pt_gpt_slice *s, float loss_scale, bool weigh
         head_logits(s, first, n);
         if (s->logits.bf16)
             k->crossentropy_forward_backward_bf16(s->losses + first, s->logits.bf16,
-                                                  s->targets + first, n, V, loss_scale / (float)N);
+                                                  s->targets + first, n, V, s->logits_ld,
+                                                  loss_scale / (float)N);
         else
             k->crossentropy_forward_backward(s->losses + first, s->logits.f32, s->targets + first,
                                              n, V, loss_scale / (float)N);
@@ -619,7 +631,7 @@ static void head_loss_and_backward(pt_gpt_slice *s, float loss_scale, bool weigh
                                        weight_gradient ? s->head_grads.lm_head : NULL, NULL,
                                        s->logits,
                                        pt_gpt_operand_rows(s->ln_f, (size_t)first, (size_t)C),
-                                       s->head.lm_head, n, C, V, PT_WEIGHT_OUT_IN);
+                                       s->head.lm_head, n, C, V, s->logits_ld, PT_WEIGHT_OUT_IN);
     }
 }
 
@@ -632,7 +644,8 @@ static void head_loss(pt_gpt_slice *s)
         head_logits(s, first, n);
         if (s->logits.bf16)
             s->kernels->crossentropy_forward_bf16(s->losses + first, s->logits.bf16,
-                                                  s->targets + first, n, s->config.vocab_size);
+                                                  s->targets + first, n, s->config.vocab_size,
+                                                  s->logits_ld);
         else
             s->kernels->crossentropy_forward(s->losses + first, s->logits.f32, s->targets + first,
                                              n, s->config.vocab_size);
@@ -690,7 +703,7 @@ static void block_backward(pt_gpt_slice *s, int b)
     if (s->config.recompute_gelu) gelu_forward(s, a, 4 * NC);
     pt_gpt_matmul_backward_operand(s, s->dscratch_c, g->c_fc_weight, g->c_fc_bias,
                                    mlp_proj_backward(s, a, g, p), a->ln_2, p->c_fc_weight, N, C,
-                                   4 * C, PT_WEIGHT_IN_OUT);
+                                   4 * C, 4 * C, PT_WEIGHT_IN_OUT);
     k->layernorm_backward(dres, g->ln_2_weight, g->ln_2_bias, s->dscratch_c, a->residual_2,
                           p->ln_2_weight, a->ln_2_mean, a->ln_2_rstd, N, C);
 
@@ -699,7 +712,7 @@ static void block_backward(pt_gpt_slice *s, int b)
                            p->attn_proj_weight, N, C, C, PT_WEIGHT_IN_OUT);
     pt_gpt_matmul_backward_operand(s, s->dscratch_c, g->c_attn_weight, g->c_attn_bias,
                                    attention_gradient(s, a, s->dscratch_c), a->ln_1,
-                                   p->c_attn_weight, N, C, 3 * C, PT_WEIGHT_IN_OUT);
+                                   p->c_attn_weight, N, C, 3 * C, 3 * C, PT_WEIGHT_IN_OUT);
     k->layernorm_backward(dres, g->ln_1_weight, g->ln_1_bias, s->dscratch_c, x, p->ln_1_weight,
                           a->ln_1_mean, a->ln_1_rstd, N, C);
 }

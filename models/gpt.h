@@ -128,11 +128,13 @@ typedef struct pt_gpt_slice {
     /* recompute_gelu: the GELU's output for the MLP's product, forward and backward, [N, 4C]
      * (fp32: dscratch_fc, free until the GELU's backward; bf16: a buffer of its own) */
     pt_gpt_operand gelu_again;
-    /* the classifier's logits, then its dlogits, head_rows rows at a time ([head_rows, V]):
-     * the B·T·V of them never exist at once (pt_gpt_forward); in the slice's precision (bf16:
-     * the product rounds them as it makes them, the cross-entropy its dlogits in place) */
+    /* the classifier's logits, then its dlogits, head_rows rows at a time ([head_rows, V], rows
+     * logits_ld apart): the B·T·V of them never exist at once (pt_gpt_forward); in the slice's
+     * precision (bf16: the product rounds them as it makes them, the cross-entropy its dlogits
+     * in place; their rows padded to a multiple of 128 bytes, so that the three products on
+     * them can use vector loads where V is odd, as GPT-2's 50,257; fp32: dense) */
     pt_gpt_operand logits;
-    int head_rows;
+    int head_rows, logits_ld;
     /* precision = bf16 (models/gpt_matmul.c): the operands rounded as they are used: an
      * upstream gradient's rows (bf16_rows elements of bf16_out), the weight matrix */
     pt_bf16 *bf16_out, *bf16_weight;

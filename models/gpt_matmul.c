@@ -75,13 +75,13 @@ void pt_gpt_matmul_backward(pt_gpt_slice *s, float *dinp, float *dweight, float 
         /* dweight and dbias accumulate over the chunks as over microbatches */
         k->matmul_backward_bf16_dinp_written(dinp ? dinp + (size_t)first * C : NULL, dweight,
                                              dbias, s->bf16_out, inp.bf16 + (size_t)first * C,
-                                             s->bf16_weight, n, C, OC, layout);
+                                             s->bf16_weight, n, C, OC, OC, layout);
     }
 }
 
 void pt_gpt_matmul_forward_operand(pt_gpt_slice *s, pt_gpt_operand out, pt_gpt_operand inp,
                                    const float *weight, const float *bias, int N, int C, int OC,
-                                   pt_weight_layout layout)
+                                   int ld, pt_weight_layout layout)
 {
     if (!out.bf16) {
         pt_gpt_matmul_forward(s, out.f32, inp, weight, bias, N, C, OC, layout);
@@ -89,12 +89,12 @@ void pt_gpt_matmul_forward_operand(pt_gpt_slice *s, pt_gpt_operand out, pt_gpt_o
     }
     round_weight(s, weight, (size_t)C * OC);
     s->kernels->matmul_forward_bf16_to_bf16(out.bf16, bias ? s->dscratch_fc : NULL, inp.bf16,
-                                            s->bf16_weight, bias, N, C, OC, layout);
+                                            s->bf16_weight, bias, N, C, OC, ld, layout);
 }
 
 void pt_gpt_matmul_backward_operand(pt_gpt_slice *s, float *dinp, float *dweight, float *dbias,
                                     pt_gpt_operand dout, pt_gpt_operand inp, const float *weight,
-                                    int N, int C, int OC, pt_weight_layout layout)
+                                    int N, int C, int OC, int ld, pt_weight_layout layout)
 {
     if (!dout.bf16) {
         pt_gpt_matmul_backward(s, dinp, dweight, dbias, dout.f32, inp, weight, N, C, OC, layout);
@@ -102,7 +102,7 @@ void pt_gpt_matmul_backward_operand(pt_gpt_slice *s, float *dinp, float *dweight
     }
     round_weight(s, weight, (size_t)C * OC);
     s->kernels->matmul_backward_bf16_dinp_written(dinp, dweight, dbias, dout.bf16, inp.bf16,
-                                                  s->bf16_weight, N, C, OC, layout);
+                                                  s->bf16_weight, N, C, OC, ld, layout);
 }
 
 void pt_gpt_matmul_gelu_backward(pt_gpt_slice *s, pt_bf16 *dpre, float *dweight, float *dbias,

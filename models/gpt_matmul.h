@@ -27,13 +27,15 @@ void pt_gpt_matmul_backward(pt_gpt_slice *s, float *dinp, float *dweight, float 
 
 /* A product into an operand of the slice's precision (bf16: qkv and fc, the classifier's
  * logits; made rounded, its fp32 sums and bias rounded once); and a product's backward from
- * an upstream gradient in that precision, rounded where it was made (dlogits, the MLP's dfc). */
+ * an upstream gradient in that precision, rounded where it was made (dlogits, the MLP's dfc).
+ * ld: the rows' stride of out and dout, OC but for the classifier's bf16 logits (an fp32 out
+ * is dense). */
 void pt_gpt_matmul_forward_operand(pt_gpt_slice *s, pt_gpt_operand out, pt_gpt_operand inp,
                                    const float *weight, const float *bias, int N, int C, int OC,
-                                   pt_weight_layout layout);
+                                   int ld, pt_weight_layout layout);
 void pt_gpt_matmul_backward_operand(pt_gpt_slice *s, float *dinp, float *dweight, float *dbias,
                                     pt_gpt_operand dout, pt_gpt_operand inp, const float *weight,
-                                    int N, int C, int OC, pt_weight_layout layout);
+                                    int N, int C, int OC, int ld, pt_weight_layout layout);
 
 /* bf16 only: the backward of out = gelu(pre)·W + bias (the MLP's second product, W in-out)
  * through the GELU, from the fp32 upstream gradient dout: dpre[N,C] = bf16(gelu'(pre)·

@@ -216,19 +216,19 @@ static inline long lt_products(void)
     return pt_cuda_lt_products();
 }
 
-/* The products with a bias or the GELU's gradient run both ways the backend can make them: cuBLASLt with the
- * bias or GELU gradient in its epilogue, and cuBLAS with the separate kernel (kernels/cuda/
+/* The products with a bias, the GELU's gradient or the bias gradient run both ways the backend
+ * can make them: cuBLASLt with it in its epilogue, and cuBLAS with the separate kernel (kernels/cuda/
  * matmul.cu; set_lt). On the cpu-guarded stand-in the switch does nothing. */
 static const char *const lt_ways[2] = {"cuBLAS and a kernel", "cuBLASLt's epilogue"};
 
-/* With the epilogues on, cuBLASLt made the product (a decline would pass the numbers through
- * the fallback and hide that the fused path never runs); off, it made none. */
-static inline void expect_made_by_lt(int lt, long made, const char *epilogue)
+/* With the epilogues on, cuBLASLt made all `products` products that have one (a decline would
+ * pass the numbers through the fallback and hide that the fused path never runs); off, none. */
+static inline void expect_made_by_lt(int lt, long made, long products, const char *epilogue)
 {
     if (standing_in && !on_the_emulated_device()) return; /* no cuBLASLt on cpu-guarded */
     if (lt)
-        cr_expect_gt(made, 0, "cuBLASLt declined the product with %s (its log line says why): "
-                     "the fallback ran", epilogue);
+        cr_expect_eq(made, products, "cuBLASLt made %ld of the %ld products with %s (its log "
+                     "line says why it declined): the fallback ran", made, products, epilogue);
     else
         cr_expect_eq(made, 0, "cuBLASLt made a product with %s although it was switched off",
                      epilogue);

@@ -261,14 +261,17 @@ static void check_matmul_way(int N, int C, int OC, pt_weight_layout layout, int 
     const long fused_before = lt_products();
     gpu->matmul_forward(d_out, d_inp, d_weight, with_bias ? d_bias : NULL, N, C, OC, layout);
     if (with_bias && OC % 8 == 0) /* rows cuBLASLt's vector loads take */
-        expect_made_by_lt(lt, lt_products() - fused_before, "the bias");
+        expect_made_by_lt(lt, lt_products() - fused_before, 1, "the bias");
     snprintf(what, sizeof what, "matmul %s %dx%dx%d (%s) out", name, N, C, OC, lt_ways[lt]);
     expect_device_close(gpu, what, d_out, out, (size_t)N * OC, FP32_TOL);
 
     cpu()->matmul_backward(with_dinp ? dinp : NULL, dweight, with_bias ? dbias : NULL, dout, inp,
                            weight, N, C, OC, layout);
+    const long fused_backward = lt_products();
     gpu->matmul_backward(with_dinp ? d_dinp : NULL, d_dweight, with_bias ? d_dbias : NULL, d_dout,
                          d_inp, d_weight, N, C, OC, layout);
+    if (with_bias && OC % 8 == 0)
+        expect_made_by_lt(lt, lt_products() - fused_backward, 1, "the bias gradient");
     snprintf(what, sizeof what, "matmul %s %dx%dx%d (%s) dinp", name, N, C, OC, lt_ways[lt]);
     expect_device_close(gpu, what, d_dinp, dinp, (size_t)N * C, FP32_TOL);
     snprintf(what, sizeof what, "matmul %s %dx%dx%d (%s) dweight", name, N, C, OC, lt_ways[lt]);

@@ -115,7 +115,7 @@ static void check_matmul_bf16(int N, int C, int OC, pt_weight_layout layout)
     float *garbage = random_floats(n_inp, -9, 9), *dinp = calloc(n_inp, 4);
     gpu->copy_to_device(d_dinp, garbage, n_inp * 4);
     gpu->matmul_backward_bf16_dinp_written(d_dinp, NULL, NULL, d_dout, d_inp, d_weight, N, C, OC,
-                                           layout);
+                                           OC, layout);
     cpu()->matmul_backward(dinp, NULL, NULL, dout_r, inp_r, weight_r, N, C, OC, layout);
     snprintf(what, sizeof what, "%s dinp written (not added) vs cpu", name);
     expect_device_close(gpu, what, d_dinp, dinp, n_inp, LONG_TOL);
@@ -352,18 +352,19 @@ Test(cuda, bf16_product_with_bias_matches_cpu)
     void *d_inp = upload(gpu, inp16, n_in * 2), *d_w = upload(gpu, w16, n_w * 2);
     float *d_bias = upload(gpu, bias, OC * 4), *d_scratch = upload(gpu, garbage, n_out * 4);
     void *d_out = upload(gpu, got, n_out * 2);
-    cpu()->matmul_forward_bf16_to_bf16(want, NULL, inp16, w16, bias, N, C, OC, PT_WEIGHT_IN_OUT);
+    cpu()->matmul_forward_bf16_to_bf16(want, NULL, inp16, w16, bias, N, C, OC, OC,
+                                       PT_WEIGHT_IN_OUT);
     for (int lt = 0; lt < 2; lt++) {
         set_lt(lt);
         const long fused_before = lt_products();
         gpu->copy_to_device(d_scratch, garbage, n_out * 4);
-        gpu->matmul_forward_bf16_to_bf16(d_out, d_scratch, d_inp, d_w, d_bias, N, C, OC,
+        gpu->matmul_forward_bf16_to_bf16(d_out, d_scratch, d_inp, d_w, d_bias, N, C, OC, OC,
                                          PT_WEIGHT_IN_OUT);
         gpu->copy_to_host(got, d_out, n_out * 2);
         size_t first = 0, apart = bf16_apart(got, want, n_out, &first);
         cr_expect_eq(apart, 0, "%s: %zu bf16 outputs more than a step from the CPU's; first [%zu]",
                      lt_ways[lt], apart, first);
-        expect_made_by_lt(lt, lt_products() - fused_before, "the bias");
+        expect_made_by_lt(lt, lt_products() - fused_before, 1, "the bias");
     }
     set_lt(1);
     expect_no_cuda_error();
@@ -405,7 +406,8 @@ Test(cuda, bf16_product_backward_through_the_gelu_matches_cpu)
         const long fused_before = lt_products();
         gpu->matmul_gelu_backward_bf16(d_dpre, d_scratch, d_dw, d_db, d_dout, d_gelu, d_pre, d_w, N,
                                        C, OC, PT_WEIGHT_IN_OUT);
-        expect_made_by_lt(lt, lt_products() - fused_before, "the GELU's gradient");
+        expect_made_by_lt(lt, lt_products() - fused_before, 2,
+                          "the GELU's gradient or the bias gradient");
         gpu->copy_to_host(got, d_dpre, n_in * 2);
         size_t first = 0, apart = bf16_apart(got, want, n_in, &first);
         cr_expect_eq(apart, 0, "%s: %zu of dpre more than a bf16 step from the CPU's; first [%zu]",
@@ -424,27 +426,63 @@ Test(cuda, bf16_product_backward_through_the_gelu_matches_cpu)
     free(dout16), free(w16), free(want), free(got), free(dw), free(db);
 }
 
+/* The rows' first V values of a [N, ld] buffer, dense (free it); and whether the padding past
+ * them still holds `padding` (neither the product nor the cross-entropy may write it). */
+static uint16_t *dense_rows(const uint16_t *x, int N, int V, int ld)
+{
+    uint16_t *out = malloc((size_t)N * V * sizeof *out);
+    cr_assert(out);
+    for (int n = 0; n < N; n++) memcpy(out + (size_t)n * V, x + (size_t)n * ld, V * sizeof *out);
+    return out;
+}
+
+static void expect_padding_kept(const char *what, const uint16_t *x, int N, int V, int ld,
+                                uint16_t padding)
+{
+    size_t written = 0;
+    for (int n = 0; n < N; n++)
+        for (int v = V; v < ld; v++) written += x[(size_t)n * ld + v] != padding;
+    cr_expect_eq(written, 0, "%s: %zu values of the rows' padding were written", what, written);
+}
+
+/* The rows of got and want (both [N, ld]) within one bf16 step of each other, their padding
+ * untouched. */
+static void expect_logits_close(const char *what, const uint16_t *got, const uint16_t *want, int N,
+                                int V, int ld, uint16_t padding)
+{
+    uint16_t *a = dense_rows(got, N, V, ld), *b = dense_rows(want, N, V, ld);
+    size_t first = 0, apart = bf16_apart(a, b, (size_t)N * V, &first);
+    cr_expect_eq(apart, 0, "%zu bf16 %s more than a step from the CPU's; first [%zu]: 0x%04x "
+                 "against 0x%04x", apart, what, first, a[first], b[first]);
+    expect_padding_kept(what, got, N, V, ld, padding);
+    free(a), free(b);
+}
+
 /* The classifier under bf16: logits made in bf16 by cuBLAS against the CPU's (each within one
  * bf16 step), then the cross-entropy of the same logits: losses to fp32's tolerance, dlogits
- * within one bf16 step (expf differs in its last bits). GPT-2's vocabulary. */
+ * within one bf16 step (expf differs in its last bits); then the product's backward from them.
+ * GPT-2's vocabulary, in rows padded as the model pads them (50,304: 16-byte aligned rows),
+ * the padding a NaN that neither side may write or read. */
 Test(cuda, bf16_logits_and_crossentropy_match_cpu)
 {
     const pt_kernels *gpu = cuda_or_skip();
-    const int N = 64, C = 128, V = 50257;
-    const size_t n_in = (size_t)N * C, n_w = (size_t)V * C, n_out = (size_t)N * V;
+    const int N = 64, C = 128, V = 50257, ld = 50304;
+    const uint16_t padding = 0x7fa1;
+    const size_t n_in = (size_t)N * C, n_w = (size_t)V * C, n_out = (size_t)N * ld;
     float *inp = random_floats(n_in, -1, 1), *w = random_floats(n_w, -0.3, 0.3);
     uint16_t *inp16 = malloc(n_in * 2), *w16 = malloc(n_w * 2), *logits = malloc(n_out * 2);
     uint16_t *got = malloc(n_out * 2);
     for (size_t i = 0; i < n_in; i++) inp16[i] = bf16_reference(inp[i]);
     for (size_t i = 0; i < n_w; i++) w16[i] = bf16_reference(w[i]);
+    for (size_t i = 0; i < n_out; i++) logits[i] = padding;
     void *d_inp = upload(gpu, inp16, n_in * 2), *d_w = upload(gpu, w16, n_w * 2);
     void *d_logits = upload(gpu, logits, n_out * 2);
-    cpu()->matmul_forward_bf16_to_bf16(logits, NULL, inp16, w16, NULL, N, C, V, PT_WEIGHT_OUT_IN);
-    gpu->matmul_forward_bf16_to_bf16(d_logits, NULL, d_inp, d_w, NULL, N, C, V, PT_WEIGHT_OUT_IN);
+    cpu()->matmul_forward_bf16_to_bf16(logits, NULL, inp16, w16, NULL, N, C, V, ld,
+                                       PT_WEIGHT_OUT_IN);
+    gpu->matmul_forward_bf16_to_bf16(d_logits, NULL, d_inp, d_w, NULL, N, C, V, ld,
+                                     PT_WEIGHT_OUT_IN);
     gpu->copy_to_host(got, d_logits, n_out * 2);
-    size_t first = 0, apart = bf16_apart(got, logits, n_out, &first);
-    cr_expect_eq(apart, 0, "%zu bf16 logits more than a step from the CPU's; first [%zu]: 0x%04x "
-                 "against 0x%04x", apart, first, got[first], logits[first]);
+    expect_logits_close("logits", got, logits, N, V, ld, padding);
 
     int32_t *targets = malloc(N * sizeof *targets);
     for (int n = 0; n < N; n++) targets[n] = (int32_t)((n * 7919) % V);
@@ -452,17 +490,28 @@ Test(cuda, bf16_logits_and_crossentropy_match_cpu)
     void *d_targets = upload(gpu, targets, N * sizeof *targets);
     float *d_losses = upload(gpu, losses, sizeof losses);
     gpu->copy_to_device(d_logits, logits, n_out * 2); /* both sides from the CPU's logits */
-    gpu->crossentropy_forward_backward_bf16(d_losses, d_logits, d_targets, N, V, 0.125f);
-    cpu()->crossentropy_forward_backward_bf16(losses_cpu, logits, targets, N, V, 0.125f);
+    gpu->crossentropy_forward_backward_bf16(d_losses, d_logits, d_targets, N, V, ld, 0.125f);
+    cpu()->crossentropy_forward_backward_bf16(losses_cpu, logits, targets, N, V, ld, 0.125f);
     expect_device_close(gpu, "bf16 crossentropy losses", d_losses, losses_cpu, N, FP32_TOL);
     gpu->copy_to_host(got, d_logits, n_out * 2);
-    apart = bf16_apart(got, logits, n_out, &first);
-    cr_expect_eq(apart, 0, "%zu bf16 dlogits more than a step from the CPU's; first [%zu]", apart,
-                 first);
+    expect_logits_close("dlogits", got, logits, N, V, ld, padding);
+
+    /* the backward from the CPU's dlogits, padded, against the CPU's */
+    float *dinp = calloc(n_in, 4), *dw = calloc(n_w, 4);
+    float *d_dinp = upload(gpu, dinp, n_in * 4), *d_dw = upload(gpu, dw, n_w * 4);
+    gpu->copy_to_device(d_logits, logits, n_out * 2);
+    gpu->matmul_backward_bf16_dinp_written(d_dinp, d_dw, NULL, d_logits, d_inp, d_w, N, C, V, ld,
+                                           PT_WEIGHT_OUT_IN);
+    cpu()->matmul_backward_bf16_dinp_written(dinp, dw, NULL, logits, inp16, w16, N, C, V, ld,
+                                             PT_WEIGHT_OUT_IN);
+    expect_device_close(gpu, "dinp from padded dlogits", d_dinp, dinp, n_in, LONG_TOL);
+    expect_device_close(gpu, "dweight from padded dlogits", d_dw, dw, n_w, LONG_TOL);
     expect_no_cuda_error();
+    gpu->free(d_dw), gpu->free(d_dinp);
     gpu->free(d_losses), gpu->free(d_targets), gpu->free(d_logits), gpu->free(d_w);
     gpu->free(d_inp);
     free(inp), free(w), free(inp16), free(w16), free(logits), free(got), free(targets);
+    free(dinp), free(dw);
 }
 
 Test(cuda, bf16_gelu_matches_cpu)

@@ -134,7 +134,7 @@ static void check_matmul_bf16(pt_weight_layout layout)
     check_doubled("bf16 matmul dweight", dW32, dW, Cin * Cout);
     /* dinp written, not added to; dweight still accumulates (a third time) */
     cpu()->matmul_backward_bf16_dinp_written(dinp, dW, NULL, dout16, inp16, W16, rows, Cin, Cout,
-                                             layout);
+                                             Cout, layout);
     cr_expect_eq(memcmp(dinp, dinp32, sizeof(float) * rows * Cin), 0, "bf16 dinp written");
     for (int i = 0; i < Cin * Cout; i++)
         cr_expect(fabsf(dW[i] - 3 * dW32[i]) <= 1e-5f * (fabsf(dW32[i]) + 1e-3f),
@@ -329,9 +329,9 @@ Test(kernels, bf16_product_and_bias_are_rounded_once)
     pt_bf16 *inp16 = malloc(2 * n_in), *w16 = malloc(2 * n_w);
     pt_bf16 *out = malloc(2 * n_out), *out_alone = malloc(2 * n_out);
     round_in_place(inp, inp16, n_in), round_in_place(w, w16, n_w);
-    cpu()->matmul_forward_bf16_to_bf16(out, scratch, inp16, w16, bias, rows, cin, cols,
+    cpu()->matmul_forward_bf16_to_bf16(out, scratch, inp16, w16, bias, rows, cin, cols, cols,
                                        PT_WEIGHT_IN_OUT);
-    cpu()->matmul_forward_bf16_to_bf16(out_alone, NULL, inp16, w16, bias, rows, cin, cols,
+    cpu()->matmul_forward_bf16_to_bf16(out_alone, NULL, inp16, w16, bias, rows, cin, cols, cols,
                                        PT_WEIGHT_IN_OUT);
     cpu()->matmul_forward_bf16(product, inp16, w16, NULL, rows, cin, cols, PT_WEIGHT_IN_OUT);
     cr_expect_eq(memcmp(out, out_alone, 2 * n_out), 0, "with the scratch or without");
@@ -353,27 +353,31 @@ Test(kernels, bf16_product_and_bias_are_rounded_once)
 }
 
 /* The classifier under bf16: logits made in bf16 (the nearest bf16 of the exact product of
- * the rounded operands, or its neighbour when the fp32 sum lands across a rounding boundary),
+ * the rounded operands, or its neighbour when the fp32 sum lands across a rounding boundary)
+ * into rows padded as the model pads them (ld > vocab: the padding neither written nor read),
  * and the cross-entropy on them: the losses the fp32 kernel gives on the values they hold, the
- * dlogits the nearest bf16 of its dlogits. */
+ * dlogits the nearest bf16 of its dlogits; the product's backward from the padded dlogits the
+ * same bits as from a dense copy. */
 Test(kernels, bf16_logits_and_their_crossentropy)
 {
-    const int rows = 5, Cin = 33, vocab = 1031;
+    const int rows = 5, Cin = 33, vocab = 1031, ld = 1088;
+    const pt_bf16 padding = 0x7fa1; /* a NaN: read, it would show in every loss */
     float *inp = random_floats((size_t)rows * Cin, -1, 1);
     float *W = random_floats((size_t)vocab * Cin, -1, 1);
     pt_bf16 *inp16 = malloc(sizeof(pt_bf16) * rows * Cin);
     pt_bf16 *W16 = malloc(sizeof(pt_bf16) * vocab * Cin);
     round_in_place(inp, inp16, (size_t)rows * Cin);
     round_in_place(W, W16, (size_t)vocab * Cin);
-    pt_bf16 *logits16 = malloc(sizeof(pt_bf16) * rows * vocab);
-    cpu()->matmul_forward_bf16_to_bf16(logits16, NULL, inp16, W16, NULL, rows, Cin, vocab,
+    pt_bf16 *logits16 = malloc(sizeof(pt_bf16) * rows * ld);
+    for (int i = 0; i < rows * ld; i++) logits16[i] = padding;
+    cpu()->matmul_forward_bf16_to_bf16(logits16, NULL, inp16, W16, NULL, rows, Cin, vocab, ld,
                                        PT_WEIGHT_OUT_IN);
     float *logits = malloc(sizeof(float) * rows * vocab);
     for (int n = 0; n < rows; n++)
         for (int v = 0; v < vocab; v++) {
             double acc = 0;
             for (int c = 0; c < Cin; c++) acc += (double)inp[n * Cin + c] * W[v * Cin + c];
-            const pt_bf16 got = logits16[n * vocab + v], want = nearest_bf16((float)acc);
+            const pt_bf16 got = logits16[n * ld + v], want = nearest_bf16((float)acc);
             cr_expect(got == want || got == want + 1 || got + 1 == want,
                       "logit [%d][%d] = %g, the product rounds to %g", n, v, bf16_value(got),
                       bf16_value(want));
@@ -383,15 +387,33 @@ Test(kernels, bf16_logits_and_their_crossentropy)
     int32_t targets[5] = {0, vocab - 1, 17, 1000, 3};
     float losses[5], losses16[5], losses_fb16[5], losses_fb[5];
     const float dloss = 0.5f;
-    cpu()->crossentropy_forward_bf16(losses16, logits16, targets, rows, vocab);
+    cpu()->crossentropy_forward_bf16(losses16, logits16, targets, rows, vocab, ld);
     cpu()->crossentropy_forward(losses, logits, targets, rows, vocab);
     cr_expect_eq(memcmp(losses16, losses, sizeof losses), 0, "bf16 losses = fp32 losses");
-    cpu()->crossentropy_forward_backward_bf16(losses_fb16, logits16, targets, rows, vocab, dloss);
+    cpu()->crossentropy_forward_backward_bf16(losses_fb16, logits16, targets, rows, vocab, ld,
+                                              dloss);
     cpu()->crossentropy_forward_backward(losses_fb, logits, targets, rows, vocab, dloss);
     cr_expect_eq(memcmp(losses_fb16, losses_fb, sizeof losses), 0, "bf16 losses, with gradient");
-    for (int i = 0; i < rows * vocab; i++)
-        if (logits16[i] != nearest_bf16(logits[i]))
-            cr_assert_fail("dlogits[%d] = %g, the nearest bf16 of %g", i, bf16_value(logits16[i]),
-                           logits[i]);
-    free(inp), free(W), free(inp16), free(W16), free(logits16), free(logits);
+    pt_bf16 *dense = malloc(sizeof(pt_bf16) * rows * vocab);
+    for (int n = 0; n < rows; n++)
+        for (int v = 0; v < ld; v++) {
+            const pt_bf16 got = logits16[n * ld + v];
+            if (v >= vocab && got != padding)
+                cr_assert_fail("padding [%d][%d] was written: %#x", n, v, got);
+            if (v < vocab && got != nearest_bf16(logits[n * vocab + v]))
+                cr_assert_fail("dlogits[%d][%d] = %g, the nearest bf16 of %g", n, v,
+                               bf16_value(got), logits[n * vocab + v]);
+            if (v < vocab) dense[n * vocab + v] = got;
+        }
+
+    float *dinp = zero_floats(rows * Cin), *dW = zero_floats(vocab * Cin);
+    float *dinp_dense = zero_floats(rows * Cin), *dW_dense = zero_floats(vocab * Cin);
+    cpu()->matmul_backward_bf16_dinp_written(dinp, dW, NULL, logits16, inp16, W16, rows, Cin,
+                                             vocab, ld, PT_WEIGHT_OUT_IN);
+    cpu()->matmul_backward_bf16_dinp_written(dinp_dense, dW_dense, NULL, dense, inp16, W16, rows,
+                                             Cin, vocab, vocab, PT_WEIGHT_OUT_IN);
+    cr_expect_eq(memcmp(dinp, dinp_dense, sizeof(float) * rows * Cin), 0, "dinp from padded rows");
+    cr_expect_eq(memcmp(dW, dW_dense, sizeof(float) * vocab * Cin), 0, "dW from padded rows");
+    free(inp), free(W), free(inp16), free(W16), free(logits16), free(logits), free(dense);
+    free(dinp), free(dW), free(dinp_dense), free(dW_dense);
 }

@@ -46,6 +46,25 @@ static float *widened(const pt_bf16 *x, size_t n)
     return out;
 }
 
+/* The rows [N, width] of x, ld apart, as dense fp32 rows in a new buffer (free it), or NULL. */
+static float *widened_rows(const pt_bf16 *x, int N, int width, int ld)
+{
+    if (ld == width) return widened(x, (size_t)N * width);
+    const size_t count = (size_t)N * width;
+    float *out = malloc((count ? count : 1) * sizeof *out);
+    for (int row = 0; out && row < N; row++)
+        pt_cpu_cast_from_bf16(out + (size_t)row * width, x + (size_t)row * ld, (size_t)width);
+    return out;
+}
+
+/* Dense fp32 rows [N, width] rounded into the rows of out, ld apart. */
+static void rounded_rows_into(pt_bf16 *out, const float *y, int N, int width, int ld)
+{
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++)
+        for (int i = 0; i < width; i++) out[(size_t)n * ld + i] = to_bf16(y[(size_t)n * width + i]);
+}
+
 /* A kernel has no error path: a product that could not get its memory leaves NaN in what it
  * writes, which the step's loss and the gradient norm then show. */
 static void poison(float *x, size_t n)
@@ -100,14 +119,30 @@ void pt_cpu_matmul_backward_bf16(float *dinp, float *dweight, float *dbias, cons
     free(w);
 }
 
-/* dinp zeroed, then added to: the same bits as the model's zero and product before. */
+/* dinp zeroed, then added to: the same bits as the model's zero and product before. dout's
+ * rows made dense first where they are ld_dout apart. */
 void pt_cpu_matmul_backward_bf16_dinp_written(float *dinp, float *dweight, float *dbias,
                                               const pt_bf16 *dout, const pt_bf16 *inp,
                                               const pt_bf16 *weight, int N, int C, int OC,
-                                              pt_weight_layout layout)
+                                              int ld_dout, pt_weight_layout layout)
 {
     if (dinp) memset(dinp, 0, (size_t)N * C * sizeof *dinp);
-    pt_cpu_matmul_backward_bf16(dinp, dweight, dbias, dout, inp, weight, N, C, OC, layout);
+    if (ld_dout == OC) {
+        pt_cpu_matmul_backward_bf16(dinp, dweight, dbias, dout, inp, weight, N, C, OC, layout);
+        return;
+    }
+    float *d = widened_rows(dout, N, OC, ld_dout), *in = widened(inp, (size_t)N * C),
+          *w = widened(weight, (size_t)C * OC);
+    if (d && in && w) {
+        pt_cpu_matmul_backward(dinp, dweight, dbias, d, in, w, N, C, OC, layout);
+    } else {
+        poison(dinp, (size_t)N * C);
+        poison(dweight, (size_t)C * OC);
+        poison(dbias, (size_t)OC);
+    }
+    free(d);
+    free(in);
+    free(w);
 }
 
 /* Into the scratch, then rounded: the same bits as the fp32 output's cast. */
@@ -154,17 +189,20 @@ void pt_cpu_residual_layernorm_forward_bf16(float *residual, pt_bf16 *out, float
  * the cast. */
 void pt_cpu_matmul_forward_bf16_to_bf16(pt_bf16 *out, float *scratch, const pt_bf16 *inp,
                                         const pt_bf16 *weight, const float *bias, int N, int C,
-                                        int OC, pt_weight_layout layout)
+                                        int OC, int ld_out, pt_weight_layout layout)
 {
     const size_t n = (size_t)N * OC;
-    float *product = scratch ? scratch : fp32_for(out, n, false);
-    if (!product) return;
+    float *product = scratch ? scratch : malloc((n ? n : 1) * sizeof *product);
+    if (!product) {
+        for (int row = 0; row < N; row++) poison_bf16(out + (size_t)row * ld_out, (size_t)OC);
+        return;
+    }
     pt_cpu_matmul_forward_bf16(product, inp, weight, NULL, N, C, OC, layout);
 #pragma omp parallel for schedule(static)
     for (int row = 0; row < N; row++)
         for (int o = 0; o < OC; o++) {
             const size_t i = (size_t)row * OC + o;
-            out[i] = to_bf16(bias ? product[i] + bias[o] : product[i]);
+            out[(size_t)row * ld_out + o] = to_bf16(bias ? product[i] + bias[o] : product[i]);
         }
     if (product != scratch) free(product);
 }
@@ -181,34 +219,35 @@ void pt_cpu_matmul_gelu_backward_bf16(pt_bf16 *dpre, float *scratch, float *dwei
     float *gradient = product ? fp32_for(dpre, n, true) : NULL;
     if (gradient) {
         pt_cpu_matmul_backward_bf16_dinp_written(product, dweight, dbias, dout, inp, weight, N, C,
-                                                 OC, layout);
+                                                 OC, OC, layout);
         pt_cpu_gelu_backward_bf16(gradient, pre, product, n);
         rounded_into(dpre, gradient, n);
     }
     if (product != scratch) free(product);
 }
 
-/* Cross-entropy on bf16 logits: the fp32 kernel on their exact values; the gradient's
- * form rounds dlogits back into the logits. */
+/* Cross-entropy on bf16 logits (rows ld apart): the fp32 kernel on their exact values; the
+ * gradient's form rounds dlogits back into the logits. */
 void pt_cpu_crossentropy_forward_bf16(float *losses, const pt_bf16 *logits, const int32_t *targets,
-                                      int N, int V)
+                                      int N, int V, int ld)
 {
-    float *x = widened(logits, (size_t)N * V);
+    float *x = widened_rows(logits, N, V, ld);
     if (x) pt_cpu_crossentropy_forward(losses, x, targets, N, V);
     else poison(losses, (size_t)N);
     free(x);
 }
 
 void pt_cpu_crossentropy_forward_backward_bf16(float *losses, pt_bf16 *logits,
-                                               const int32_t *targets, int N, int V, float dloss)
+                                               const int32_t *targets, int N, int V, int ld,
+                                               float dloss)
 {
-    float *x = widened(logits, (size_t)N * V);
+    float *x = widened_rows(logits, N, V, ld);
     if (x) {
         pt_cpu_crossentropy_forward_backward(losses, x, targets, N, V, dloss);
-        pt_cpu_cast_to_bf16(logits, x, (size_t)N * V);
+        rounded_rows_into(logits, x, N, V, ld);
     } else {
         poison(losses, (size_t)N);
-        poison_bf16(logits, (size_t)N * V);
+        for (int n = 0; n < N; n++) poison_bf16(logits + (size_t)n * ld, (size_t)V);
     }
     free(x);
 }

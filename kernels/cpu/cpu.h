@@ -81,7 +81,7 @@ void pt_cpu_matmul_backward_bf16(float *dinp, float *dweight, float *dbias, cons
 void pt_cpu_matmul_backward_bf16_dinp_written(float *dinp, float *dweight, float *dbias,
                                               const pt_bf16 *dout, const pt_bf16 *inp,
                                               const pt_bf16 *weight, int N, int C, int OC,
-                                              pt_weight_layout layout);
+                                              int ld_dout, pt_weight_layout layout);
 void pt_cpu_attention_forward_bf16_to_bf16(pt_bf16 *out, float *scratch, float *att,
                                            const pt_bf16 *qkv, int B, int T, int C, int NH);
 void pt_cpu_attention_backward_bf16_to_bf16(pt_bf16 *dqkv, float *scratch, const float *dout,
@@ -97,15 +97,16 @@ void pt_cpu_residual_layernorm_forward_bf16(float *residual, pt_bf16 *out, float
                                             const float *weight, const float *bias, int N, int C);
 void pt_cpu_matmul_forward_bf16_to_bf16(pt_bf16 *out, float *scratch, const pt_bf16 *inp,
                                         const pt_bf16 *weight, const float *bias, int N, int C,
-                                        int OC, pt_weight_layout layout);
+                                        int OC, int ld_out, pt_weight_layout layout);
 void pt_cpu_matmul_gelu_backward_bf16(pt_bf16 *dpre, float *scratch, float *dweight, float *dbias,
                                       const pt_bf16 *dout, const pt_bf16 *inp, const pt_bf16 *pre,
                                       const pt_bf16 *weight, int N, int C, int OC,
                                       pt_weight_layout layout);
 void pt_cpu_crossentropy_forward_bf16(float *losses, const pt_bf16 *logits, const int32_t *targets,
-                                      int N, int V);
+                                      int N, int V, int ld);
 void pt_cpu_crossentropy_forward_backward_bf16(float *losses, pt_bf16 *logits,
-                                               const int32_t *targets, int N, int V, float dloss);
+                                               const int32_t *targets, int N, int V, int ld,
+                                               float dloss);
 void pt_cpu_attention_forward_bf16(float *out, float *att, const pt_bf16 *qkv, int B, int T,
                                    int C, int NH);
 void pt_cpu_attention_backward_bf16(float *dqkv, const float *dout, const pt_bf16 *qkv,

@@ -183,17 +183,19 @@ extern "C" void pt_cuda_cast_to_bf16(pt_bf16 *out, const float *inp, size_t n);
 extern "C" void pt_cuda_cast_from_bf16(float *out, const pt_bf16 *inp, size_t n);
 
 /* elementwise.cu: what matmul.cu does after cuBLAS where cuBLASLt's epilogue does not */
-void pt_cuda_add_bias_to_bf16(pt_bf16 *out, const float *inp, const float *bias, int N, int OC);
+/* out's rows ld_out apart, inp's dense */
+void pt_cuda_add_bias_to_bf16(pt_bf16 *out, const float *inp, const float *bias, int N, int OC,
+                              int ld_out);
 void pt_cuda_gelu_backward_to_bf16(pt_bf16 *dinp, const pt_bf16 *inp, const float *dout, size_t n);
 
 /* matmul.cu, beside cuda.h's bf16 products */
 void pt_cuda_matmul_backward_bf16_dinp_written(float *dinp, float *dweight, float *dbias,
                                                const pt_bf16 *dout, const pt_bf16 *inp,
                                                const pt_bf16 *weight, int N, int C, int OC,
-                                               pt_weight_layout layout);
+                                               int ld_dout, pt_weight_layout layout);
 void pt_cuda_matmul_forward_bf16_to_bf16(pt_bf16 *out, float *scratch, const pt_bf16 *inp,
                                          const pt_bf16 *weight, const float *bias, int N, int C,
-                                         int OC, pt_weight_layout layout);
+                                         int OC, int ld_out, pt_weight_layout layout);
 void pt_cuda_matmul_gelu_backward_bf16(pt_bf16 *dpre, float *scratch, float *dweight,
                                        float *dbias, const pt_bf16 *dout, const pt_bf16 *inp,
                                        const pt_bf16 *pre, const pt_bf16 *weight, int N, int C,
@@ -206,26 +208,41 @@ struct pt_gemm_operand {
     const void *data;
     int ld; /* row length of the row-major buffer */
 };
+struct pt_gemm_result {
+    void *data;
+    cudaDataType type;
+    int ld; /* row stride, ≥ the columns written */
+};
 
 /* What cuBLASLt applies to a product's fp32 sums before it stores them (matmul.cu's products):
- * + bias[col] (fp32), or · gelu'(aux[row][col]) (aux bf16, a row-major buffer like D). */
-enum pt_gemm_epilogue_kind { PT_GEMM_BIAS, PT_GEMM_GELU_GRADIENT };
+ * + bias[col] (fp32), or · gelu'(aux[row][col]) (aux bf16, a row-major buffer like D); or what
+ * it also writes from an operand as it reads it: the bias gradient, Σ_k op(A)[row][k] (A's,
+ * rows_d long) or Σ_k op(B)[k][col] (B's, cols_d long), fp32, written (not added). */
+enum pt_gemm_epilogue_kind {
+    PT_GEMM_BIAS,
+    PT_GEMM_GELU_GRADIENT,
+    PT_GEMM_BIAS_GRADIENT_A,
+    PT_GEMM_BIAS_GRADIENT_B,
+    PT_GEMM_EPILOGUE_KINDS
+};
 struct pt_gemm_epilogue {
     pt_gemm_epilogue_kind kind;
     const float *bias;         /* PT_GEMM_BIAS */
     const __nv_bfloat16 *aux;  /* PT_GEMM_GELU_GRADIENT */
+    float *bias_gradient;      /* PT_GEMM_BIAS_GRADIENT_A, _B */
 };
 
 pipert_result pt_cuda_lt_start(void); /* the handle and workspace, once per context */
 void pt_cuda_lt_stop(void);
 
-/* D[rows_d, cols_d] (row-major, of d_type) = epilogue(op(A)·op(B)), inner dimension k, A and B
- * of `type`, as matmul.cu's gemm_row_major_to with β = 0. false, with nothing launched, when
- * the products with an epilogue are off (pt_cuda_set_lt) or cuBLASLt has no algorithm for
- * this one: the caller makes it another way. */
-bool pt_cuda_gemm_lt(void *D, cudaDataType d_type, int rows_d, int cols_d, int k,
+/* D[rows_d, cols_d] (row-major, of d_type) = epilogue(op(A)·op(B) + β·D), inner dimension k, A
+ * and B of `type`, as matmul.cu's gemm_row_major_to. false, with nothing launched, when the
+ * products with an epilogue are off (pt_cuda_set_lt) or cuBLASLt has no algorithm for this
+ * one: the caller makes it another way. */
+bool pt_cuda_gemm_lt(pt_gemm_result D, int rows_d, int cols_d, int k,
                      pt_gemm_operand A, cublasOperation_t op_a, pt_gemm_operand B,
-                     cublasOperation_t op_b, cudaDataType type, const pt_gemm_epilogue &epilogue);
+                     cublasOperation_t op_b, cudaDataType type, const pt_gemm_epilogue &epilogue,
+                     float beta = 0.0f);
 
 /* attention.cu */
 pipert_result pt_cuda_attention_setup(void); /* shared-memory limits, once per context */
@@ -286,9 +303,10 @@ void pt_cuda_crossentropy_forward(float *losses, const float *logits, const int3
 void pt_cuda_crossentropy_forward_backward(float *losses, float *logits, const int32_t *targets,
                                            int N, int V, float dloss);
 void pt_cuda_crossentropy_forward_bf16(float *losses, const pt_bf16 *logits,
-                                       const int32_t *targets, int N, int V);
+                                       const int32_t *targets, int N, int V, int ld);
 void pt_cuda_crossentropy_forward_backward_bf16(float *losses, pt_bf16 *logits,
-                                                const int32_t *targets, int N, int V, float dloss);
+                                                const int32_t *targets, int N, int V, int ld,
+                                                float dloss);
 
 /* adam.cu */
 void pt_cuda_adam_update(float *param, const float *grad, float *m, float *v,

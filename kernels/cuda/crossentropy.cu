@@ -9,7 +9,8 @@
  * running max m_t and s_t = Σ exp(x − m_t) over its share, rescaled when m_t grows; then the
  * block's m = max m_t and Σ s_t·exp(m_t − m). A second pass writes dlogits. The row is read
  * 16 bytes a load (4 fp32 or 8 bf16 values) between its unaligned ends (GPT-2's V = 50257 is
- * odd, so most rows start off a 16-byte boundary), and stays in L2 between the passes. Logits
+ * odd, so in a dense [N, V] most rows start off a 16-byte boundary; the model's bf16 logits
+ * have rows a multiple of 16 bytes apart), and stays in L2 between the passes. Logits
  * in fp32, or in bf16 (the classifier under bf16: read as the values they hold, the sums fp32,
  * dlogits rounded to bf16). */
 #include <string.h>
@@ -85,11 +86,12 @@ __device__ inline void rewrite_logits(Element *x, int V, G g)
 
 template <class Element, bool WITH_GRADIENT>
 __global__ void crossentropy_kernel(float *losses, Element *logits, const int32_t *targets, int V,
-                                    float dloss)
+                                    size_t ld, float dloss)
 {
-    /* losses[N], logits[N, V] (fp32 or bf16; overwritten by dlogits WITH_GRADIENT), targets[N] */
+    /* losses[N], logits[N, V] with rows ld apart (fp32 or bf16; overwritten by dlogits
+     * WITH_GRADIENT), targets[N] */
     const int n = blockIdx.x;
-    Element *x = logits + (size_t)n * V;
+    Element *x = logits + (size_t)n * ld;
     float m = -INFINITY, s = 0.0f; /* this thread's running max and Σ exp(x − m) */
     for_each_logit(x, V, [&](int, float value) {
         if (value > m) {
@@ -119,7 +121,7 @@ void pt_cuda_crossentropy_forward(float *losses, const float *logits, const int3
     if (N <= 0) return;
     /* the forward only reads logits; the kernel's pointer is shared with the gradient form */
     crossentropy_kernel<float, false><<<N, CROSSENTROPY_THREADS, 0, pt_cuda.compute>>>(
-        losses, (float *)logits, targets, V, 0.0f);
+        losses, (float *)logits, targets, V, (size_t)V, 0.0f);
     PT_CUDA_LAUNCHED("crossentropy_kernel<float, false>");
 }
 
@@ -128,26 +130,27 @@ void pt_cuda_crossentropy_forward_backward(float *losses, float *logits, const i
 {
     if (N <= 0) return;
     crossentropy_kernel<float, true><<<N, CROSSENTROPY_THREADS, 0, pt_cuda.compute>>>(
-        losses, logits, targets, V, dloss);
+        losses, logits, targets, V, (size_t)V, dloss);
     PT_CUDA_LAUNCHED("crossentropy_kernel<float, true>");
 }
 
-/* bf16 logits (the classifier under runtime.precision = bf16): read as the values they hold,
- * dlogits rounded to bf16 in place. */
+/* bf16 logits (the classifier under runtime.precision = bf16), rows ld apart: read as the
+ * values they hold, dlogits rounded to bf16 in place. */
 void pt_cuda_crossentropy_forward_bf16(float *losses, const pt_bf16 *logits,
-                                       const int32_t *targets, int N, int V)
+                                       const int32_t *targets, int N, int V, int ld)
 {
     if (N <= 0) return;
     crossentropy_kernel<__nv_bfloat16, false><<<N, CROSSENTROPY_THREADS, 0, pt_cuda.compute>>>(
-        losses, (__nv_bfloat16 *)logits, targets, V, 0.0f);
+        losses, (__nv_bfloat16 *)logits, targets, V, (size_t)ld, 0.0f);
     PT_CUDA_LAUNCHED("crossentropy_kernel<bf16, false>");
 }
 
 void pt_cuda_crossentropy_forward_backward_bf16(float *losses, pt_bf16 *logits,
-                                                const int32_t *targets, int N, int V, float dloss)
+                                                const int32_t *targets, int N, int V, int ld,
+                                                float dloss)
 {
     if (N <= 0) return;
     crossentropy_kernel<__nv_bfloat16, true><<<N, CROSSENTROPY_THREADS, 0, pt_cuda.compute>>>(
-        losses, (__nv_bfloat16 *)logits, targets, V, dloss);
+        losses, (__nv_bfloat16 *)logits, targets, V, (size_t)ld, dloss);
     PT_CUDA_LAUNCHED("crossentropy_kernel<bf16, true>");
 }

@@ -90,10 +90,14 @@ __global__ void cast_from_bf16_kernel(float *out, const __nv_bfloat16 *inp, size
 }
 
 __global__ void add_bias_to_bf16_kernel(__nv_bfloat16 *out, const float *inp, const float *bias,
-                                        int OC, size_t n)
+                                        int OC, size_t ld_out, size_t n)
 {
-    /* out[N, OC] = bf16(inp[N, OC] + bias[OC]); n = N·OC */
-    PT_GRID_STRIDE_LOOP(i, n) out[i] = __float2bfloat16_rn(inp[i] + bias[i % OC]);
+    /* out[N, OC] (rows ld_out apart) = bf16(inp[N, OC] + bias[OC]); n = N·OC */
+    PT_GRID_STRIDE_LOOP(i, n)
+    {
+        const size_t row = i / OC, o = i % OC;
+        out[row * ld_out + o] = __float2bfloat16_rn(inp[i] + bias[o]);
+    }
 }
 
 void pt_cuda_gelu_forward(float *out, const float *inp, size_t n)
@@ -148,10 +152,12 @@ void pt_cuda_gelu_backward_to_bf16(pt_bf16 *dinp, const pt_bf16 *inp, const floa
                           (const __nv_bfloat16 *)inp, dout, n);
 }
 
-void pt_cuda_add_bias_to_bf16(pt_bf16 *out, const float *inp, const float *bias, int N, int OC)
+void pt_cuda_add_bias_to_bf16(pt_bf16 *out, const float *inp, const float *bias, int N, int OC,
+                              int ld_out)
 {
     const size_t n = (size_t)N * OC;
-    PT_LAUNCH_ELEMENTWISE(add_bias_to_bf16_kernel, n, (__nv_bfloat16 *)out, inp, bias, OC, n);
+    PT_LAUNCH_ELEMENTWISE(add_bias_to_bf16_kernel, n, (__nv_bfloat16 *)out, inp, bias, OC,
+                          (size_t)ld_out, n);
 }
 
 extern "C" void pt_cuda_cast_from_bf16(float *out, const pt_bf16 *inp, size_t n)

@@ -1,14 +1,19 @@
 /* Products with an epilogue through cuBLASLt: the bias added, or the GELU's gradient applied,
- * to the fp32 sums inside the GEMM before they are stored (rounded once to D's type), instead
- * of a separate pass of ours that reads the product back (matmul.cu's fallbacks).
+ * to the fp32 sums inside the GEMM before they are stored (rounded once to D's type), or the
+ * bias gradient summed from an operand as the GEMM reads it, instead of a separate pass of
+ * ours that reads the product or the operand again (matmul.cu's fallbacks).
  *
- * Naive reading, per element of D[row][col] = Σ_k op(A)[row][k]·op(B)[k][col] (fp32 sums):
- *   PT_GEMM_BIAS:          D = sum + bias[col]
- *   PT_GEMM_GELU_GRADIENT: D = sum · gelu'(aux[row][col])   (GELU: the tanh approximation)
+ * Naive reading, per element of D[row][col] = Σ_k op(A)[row][k]·op(B)[k][col] + β·D (fp32 sums):
+ *   PT_GEMM_BIAS:            D = sum + bias[col]
+ *   PT_GEMM_GELU_GRADIENT:   D = sum · gelu'(aux[row][col])   (GELU: the tanh approximation)
+ *   PT_GEMM_BIAS_GRADIENT_A: D = sum;  bias_gradient[row] = Σ_k op(A)[row][k]
+ *   PT_GEMM_BIAS_GRADIENT_B: D = sum;  bias_gradient[col] = Σ_k op(B)[k][col]
  *
  * The row-major to column-major mapping is matmul.cu's: the row-major D = op(A)·op(B) is the
- * column-major Dᵀ = op(B)ᵀ·op(A)ᵀ, so B's buffer is cuBLASLt's first operand, m = cols_d and
- * n = rows_d; the bias runs along cuBLASLt's rows (length m), and aux has D's layout.
+ * column-major Dᵀ = op(B)ᵀ·op(A)ᵀ, so B's buffer is cuBLASLt's first operand (its "A"), m =
+ * cols_d and n = rows_d, D's leading dimension its row stride; the bias runs along cuBLASLt's
+ * rows (length m), and aux is a dense [rows_d, cols_d] (leading dimension m). So the row-major B's bias gradient is cuBLASLt's BGRADA (its A's, along m), the
+ * row-major A's its BGRADB (along n); cuBLASLt writes it in D's type (fp32 here).
  *
  * cuBLASLt chooses an algorithm per call (its heuristic, one answer) for the pointers'
  * actual alignment: the operands are often rows inside a larger buffer, not the 256 bytes it
@@ -59,13 +64,17 @@ static uint32_t alignment_of(const void *p)
 
 static const char *epilogue_name(pt_gemm_epilogue_kind kind)
 {
-    return kind == PT_GEMM_BIAS ? "the bias" : "the GELU's gradient";
+    switch (kind) {
+    case PT_GEMM_BIAS: return "the bias";
+    case PT_GEMM_GELU_GRADIENT: return "the GELU's gradient";
+    default: return "the bias gradient";
+    }
 }
 
 /* Logs the first refusal of each epilogue kind: the products then run without it. */
 static void note_declined(pt_gemm_epilogue_kind kind, const char *why, int m, int n, int k)
 {
-    static bool noted[2];
+    static bool noted[PT_GEMM_EPILOGUE_KINDS];
     if (noted[kind]) return;
     noted[kind] = true;
     pt_info("cuda: cuBLASLt does not fuse %s into a %d×%d×%d product (%s); such products run "
@@ -96,13 +105,21 @@ static bool set(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t what, 
 
 static bool describe_epilogue(cublasLtMatmulDesc_t desc, const pt_gemm_epilogue &e, int m)
 {
-    if (e.kind == PT_GEMM_BIAS)
+    switch (e.kind) {
+    case PT_GEMM_BIAS:
         return set(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_BIAS) &&
                set(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, (const void *)e.bias) &&
                set(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, (int32_t)CUDA_R_32F);
-    return set(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_DGELU) &&
-           set(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, (const void *)e.aux) &&
-           set(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, (int64_t)m); /* aux of D's type: bf16 */
+    case PT_GEMM_GELU_GRADIENT: /* aux of D's type: bf16 */
+        return set(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_DGELU) &&
+               set(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, (const void *)e.aux) &&
+               set(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, (int64_t)m);
+    default: /* the row-major A is cuBLASLt's B (the mapping above) */
+        return set(desc, CUBLASLT_MATMUL_DESC_EPILOGUE,
+                   e.kind == PT_GEMM_BIAS_GRADIENT_A ? CUBLASLT_EPILOGUE_BGRADB
+                                                     : CUBLASLT_EPILOGUE_BGRADA) &&
+               set(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, (void *)e.bias_gradient);
+    }
 }
 
 /* A layout of a row-major buffer as cuBLASLt's column-major operand: op N reads it as
@@ -140,14 +157,18 @@ static bool prefer(cublasLtMatmulPreference_t *p, const void *D, pt_gemm_operand
     return ok;
 }
 
-bool pt_cuda_gemm_lt(void *D, cudaDataType d_type, int rows_d, int cols_d, int k,
+bool pt_cuda_gemm_lt(pt_gemm_result D, int rows_d, int cols_d, int k,
                      pt_gemm_operand A, cublasOperation_t op_a, pt_gemm_operand B,
-                     cublasOperation_t op_b, cudaDataType type, const pt_gemm_epilogue &epilogue)
+                     cublasOperation_t op_b, cudaDataType type, const pt_gemm_epilogue &epilogue,
+                     float beta)
 {
     /* a combination cuBLASLt refused at the call itself is not asked again */
-    static bool refused[2][2];
-    const bool wide = d_type == CUDA_R_32F;
+    static bool refused[PT_GEMM_EPILOGUE_KINDS][2];
+    const bool wide = D.type == CUDA_R_32F;
     if (!pt_cuda.lt || !pt_cuda.cublas_lt || refused[epilogue.kind][wide]) return false;
+    const bool bias_gradient =
+        epilogue.kind == PT_GEMM_BIAS_GRADIENT_A || epilogue.kind == PT_GEMM_BIAS_GRADIENT_B;
+    if (bias_gradient && (rows_d <= 0 || cols_d <= 0 || k <= 0)) return false; /* sums of none */
     if (rows_d <= 0 || cols_d <= 0) return true; /* nothing to make */
     const int m = cols_d, n = rows_d;
     if (epilogue.kind == PT_GEMM_GELU_GRADIENT && m % 8) {
@@ -164,8 +185,8 @@ bool pt_cuda_gemm_lt(void *D, cudaDataType d_type, int rows_d, int cols_d, int k
         describe_epilogue(call.desc, epilogue, m) &&
         describe(&call.first, type, op_b, m, k, B.ld) &&
         describe(&call.second, type, op_a, k, n, A.ld) &&
-        describe(&call.out, d_type, CUBLAS_OP_N, m, n, m) &&
-        prefer(&call.preference, D, A, B);
+        describe(&call.out, D.type, CUBLAS_OP_N, m, n, D.ld) &&
+        prefer(&call.preference, D.data, A, B);
     if (!described) {
         note_declined(epilogue.kind, "its descriptors were refused", m, n, k);
         return false;
@@ -182,10 +203,10 @@ bool pt_cuda_gemm_lt(void *D, cudaDataType d_type, int rows_d, int cols_d, int k
                       m, n, k);
         return false;
     }
-    const float alpha = 1.0f, beta = 0.0f;
+    const float alpha = 1.0f;
     const cublasStatus_t ran =
         cublasLtMatmul(pt_cuda.cublas_lt, call.desc, &alpha, B.data, call.first, A.data,
-                       call.second, &beta, D, call.out, D, call.out, &chosen.algo,
+                       call.second, &beta, D.data, call.out, D.data, call.out, &chosen.algo,
                        pt_cuda.lt_workspace, LT_WORKSPACE_BYTES, pt_cuda.compute);
     if (ran == CUBLAS_STATUS_NOT_SUPPORTED || ran == CUBLAS_STATUS_INVALID_VALUE) {
         /* refused before anything was launched (a type it does not take in this epilogue) */

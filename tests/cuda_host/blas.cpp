@@ -14,7 +14,8 @@
  *   P[i][j] = Σ_p op(A)[i][p]·op(B)[p][j]    op(X)[i][p] = X[i][p] (N) or X[p][i] (T)
  *   D[i][j] = epilogue(α·P[i][j] + β·C[i][j])  C not read when β = 0 (its NaNs stay out)
  *   BIAS:  + bias[i]          DGELU: · gelu'(aux[i + j·aux_ld])   (GELU's tanh form)
- * rounded once to D's type. Every element of A and B is read from that place, so a leading
+ * rounded once to D's type; and BGRADA writes bias[i] = Σ_p op(A)[i][p] (m long), BGRADB
+ * bias[j] = Σ_p op(B)[p][j] (n long), in D's type. Every element of A and B is read from that place, so a leading
  * dimension or shape reaching past a buffer reads past it (AddressSanitizer's report); the
  * operands are widened to fp32 (rounded to TF32 under CUBLAS_COMPUTE_32F_FAST_TF32) and
  * multiplied by the host's sgemm, fp32 sums as the device's. */
@@ -140,16 +141,35 @@ std::vector<float> widened(const stored &x, int op, bool tf32)
     return out;
 }
 
-/* P[m×n] = op(A)·op(B), fp32 */
-std::vector<float> product(const stored &A, int op_a, const stored &B, int op_b, long m, long n,
-                           long k, bool tf32)
+/* P[m×n] = a·b of widened operands a (m×k) and b (k×n), fp32 */
+std::vector<float> product(const std::vector<float> &a, const std::vector<float> &b, long m,
+                           long n, long k)
 {
     std::vector<float> P((size_t)m * n, 0.0f);
     if (k == 0) return P;
-    const std::vector<float> a = widened(A, op_a, tf32), b = widened(B, op_b, tf32);
     cblas_sgemm(CblasColMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)n, (int)k, 1.0f, a.data(),
                 (int)m, b.data(), (int)k, 0.0f, P.data(), (int)m);
     return P;
+}
+
+/* The same from the stored operands */
+std::vector<float> product(const stored &A, int op_a, const stored &B, int op_b, long m, long n,
+                           long k, bool tf32)
+{
+    if (k == 0) return std::vector<float>((size_t)m * n, 0.0f);
+    return product(widened(A, op_a, tf32), widened(B, op_b, tf32), m, n, k);
+}
+
+/* out[i] = Σ_p x[i·along + p·across] for i < count, p < terms (a widened operand's rows or
+ * columns), stored in type */
+void sums_of(const std::vector<float> &x, long count, long terms, long along, long across,
+             void *out, int type)
+{
+    for (long i = 0; i < count; i++) {
+        float sum = 0.0f;
+        for (long p = 0; p < terms; p++) sum += x[(size_t)(i * along + p * across)];
+        store(out, type, (size_t)i, sum);
+    }
 }
 
 float gelu_gradient(float x)
@@ -271,6 +291,16 @@ cublasStatus_t check_epilogue(const char *call, const cublasLtMatmulDescEmulated
             return refuse(CUBLAS_STATUS_NOT_SUPPORTED, call, "aux of type %d, D of %d", type,
                           (int)D.type);
         p->e.aux = d.aux, p->e.aux_type = type, p->e.aux_ld = d.aux_ld;
+        return CUBLAS_STATUS_SUCCESS;
+    }
+    if (d.epilogue == CUBLASLT_EPILOGUE_BGRADA || d.epilogue == CUBLASLT_EPILOGUE_BGRADB) {
+        const int type = d.bias_type == -1 ? (int)D.type : d.bias_type;
+        if (!d.bias)
+            return refuse(CUBLAS_STATUS_INVALID_VALUE, call, "a bias gradient without its pointer");
+        if (type != D.type) /* the bias gradient is of D's type */
+            return refuse(CUBLAS_STATUS_NOT_SUPPORTED, call, "bias gradient of type %d, D of %d",
+                          type, (int)D.type);
+        p->e.bias = d.bias, p->e.bias_type = type;
         return CUBLAS_STATUS_SUCCESS;
     }
     return refuse(CUBLAS_STATUS_NOT_SUPPORTED, call, "epilogue %u is not emulated", d.epilogue);
@@ -529,10 +559,17 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
                           "%s at %p is %u-byte aligned; the algorithm was chosen for %llu", q.name,
                           q.ptr, alignment_of(q.ptr), (unsigned long long)q.promised);
     if (p.m == 0 || p.n == 0) return CUBLAS_STATUS_SUCCESS;
-    const stored a = {A, Adesc->type, (long)Adesc->rows, (long)Adesc->cols, (long)Adesc->ld};
-    const stored b = {B, Bdesc->type, (long)Bdesc->rows, (long)Bdesc->cols, (long)Bdesc->ld};
-    const std::vector<float> P = product(a, desc->transa, b, desc->transb, p.m, p.n, p.k,
-                                         desc->compute == CUBLAS_COMPUTE_32F_FAST_TF32);
+    const bool tf32 = desc->compute == CUBLAS_COMPUTE_32F_FAST_TF32;
+    const std::vector<float> a = widened(
+        {A, Adesc->type, (long)Adesc->rows, (long)Adesc->cols, (long)Adesc->ld}, desc->transa, tf32);
+    const std::vector<float> b = widened(
+        {B, Bdesc->type, (long)Bdesc->rows, (long)Bdesc->cols, (long)Bdesc->ld}, desc->transb, tf32);
+    const std::vector<float> P = product(a, b, p.m, p.n, p.k);
+    void *bias_gradient = const_cast<void *>(p.e.bias);
+    if (p.e.kind == CUBLASLT_EPILOGUE_BGRADA) /* a: m×k, column-major */
+        sums_of(a, p.m, p.k, 1, p.m, bias_gradient, p.e.bias_type);
+    if (p.e.kind == CUBLASLT_EPILOGUE_BGRADB) /* b: k×n */
+        sums_of(b, p.n, p.k, p.k, 1, bias_gradient, p.e.bias_type);
     finish(P, p.m, p.n, *(const float *)alpha, *(const float *)beta,
            {C, Cdesc->type, p.m, p.n, (long)Cdesc->ld}, D, Ddesc->type, (long)Ddesc->ld, p.e);
     return CUBLAS_STATUS_SUCCESS;

@@ -1,6 +1,6 @@
 /* The emulated device's cuBLASLt (tests/cuda_host): the descriptors, the heuristic and the
  * product kernels/cuda/gemm_lt.cu uses, with cuBLASLt's values and attribute sizes; blas.cpp
- * implements them (the epilogues BIAS and DGELU). */
+ * implements them (the epilogues BIAS, DGELU, BGRADA and BGRADB). */
 #ifndef PT_TESTS_CUDA_HOST_CUBLASLT_H
 #define PT_TESTS_CUDA_HOST_CUBLASLT_H
 
@@ -30,6 +30,8 @@ enum cublasLtEpilogue_t {
     CUBLASLT_EPILOGUE_DEFAULT = 1,
     CUBLASLT_EPILOGUE_BIAS = 4,
     CUBLASLT_EPILOGUE_DGELU = 64 | 128,
+    CUBLASLT_EPILOGUE_BGRADA = 256,
+    CUBLASLT_EPILOGUE_BGRADB = 512,
 };
 
 enum cublasLtMatmulPreferenceAttributes_t {
