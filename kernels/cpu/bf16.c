@@ -101,11 +101,13 @@ void pt_cpu_matmul_forward_bf16(float *out, const pt_bf16 *inp, const pt_bf16 *w
     free(w);
 }
 
-void pt_cpu_matmul_backward_bf16(float *dinp, float *dweight, float *dbias, const pt_bf16 *dout,
-                                 const pt_bf16 *inp, const pt_bf16 *weight, int N, int C, int OC,
-                                 pt_weight_layout layout)
+/* The backward from dout's rows, ld_dout apart, made dense first where they are not. */
+static void matmul_backward_bf16_rows(float *dinp, float *dweight, float *dbias,
+                                      const pt_bf16 *dout, int ld_dout, const pt_bf16 *inp,
+                                      const pt_bf16 *weight, int N, int C, int OC,
+                                      pt_weight_layout layout)
 {
-    float *d = widened(dout, (size_t)N * OC), *in = widened(inp, (size_t)N * C),
+    float *d = widened_rows(dout, N, OC, ld_dout), *in = widened(inp, (size_t)N * C),
           *w = widened(weight, (size_t)C * OC);
     if (d && in && w) {
         pt_cpu_matmul_backward(dinp, dweight, dbias, d, in, w, N, C, OC, layout);
@@ -119,30 +121,21 @@ void pt_cpu_matmul_backward_bf16(float *dinp, float *dweight, float *dbias, cons
     free(w);
 }
 
-/* dinp zeroed, then added to: the same bits as the model's zero and product before. dout's
- * rows made dense first where they are ld_dout apart. */
+void pt_cpu_matmul_backward_bf16(float *dinp, float *dweight, float *dbias, const pt_bf16 *dout,
+                                 const pt_bf16 *inp, const pt_bf16 *weight, int N, int C, int OC,
+                                 pt_weight_layout layout)
+{
+    matmul_backward_bf16_rows(dinp, dweight, dbias, dout, OC, inp, weight, N, C, OC, layout);
+}
+
+/* dinp zeroed, then added to: the same bits as the model's zero and product before. */
 void pt_cpu_matmul_backward_bf16_dinp_written(float *dinp, float *dweight, float *dbias,
                                               const pt_bf16 *dout, const pt_bf16 *inp,
                                               const pt_bf16 *weight, int N, int C, int OC,
                                               int ld_dout, pt_weight_layout layout)
 {
     if (dinp) memset(dinp, 0, (size_t)N * C * sizeof *dinp);
-    if (ld_dout == OC) {
-        pt_cpu_matmul_backward_bf16(dinp, dweight, dbias, dout, inp, weight, N, C, OC, layout);
-        return;
-    }
-    float *d = widened_rows(dout, N, OC, ld_dout), *in = widened(inp, (size_t)N * C),
-          *w = widened(weight, (size_t)C * OC);
-    if (d && in && w) {
-        pt_cpu_matmul_backward(dinp, dweight, dbias, d, in, w, N, C, OC, layout);
-    } else {
-        poison(dinp, (size_t)N * C);
-        poison(dweight, (size_t)C * OC);
-        poison(dbias, (size_t)OC);
-    }
-    free(d);
-    free(in);
-    free(w);
+    matmul_backward_bf16_rows(dinp, dweight, dbias, dout, ld_dout, inp, weight, N, C, OC, layout);
 }
 
 /* Into the scratch, then rounded: the same bits as the fp32 output's cast. */
