@@ -69,6 +69,33 @@ static pt_kernels profiled;
 static double seconds[K_COUNT];
 static long calls[K_COUNT];
 
+#define PRODUCT_SHAPES 64
+static pt_product_time products[PRODUCT_SHAPES];
+static int n_products;
+
+/* Adds one call of product entry `id` on [N, C] → [N, OC] to its shape's totals. */
+static void count_product(int id, int N, int C, int OC, double flops, double spent)
+{
+    pt_product_time *p = products;
+    while (p < products + n_products &&
+           (p->name != kernel_names[id] || p->N != N || p->C != C || p->OC != OC))
+        p++;
+    if (p == products + PRODUCT_SHAPES) return; /* a 65th shape: in the per-kernel totals only */
+    if (p == products + n_products) {
+        *p = (pt_product_time){.name = kernel_names[id], .N = N, .C = C, .OC = OC};
+        n_products++;
+    }
+    p->seconds += spent;
+    p->flops += flops;
+    p->calls++;
+}
+
+/* The operations of `made` products of [N, C] by [C, OC]. */
+static double product_flops(int made, int N, int C, int OC)
+{
+    return 2.0 * made * (double)N * (double)C * (double)OC;
+}
+
 /* Times one call of the inner kernel; the synchronize makes the time the
  * kernel's own on an asynchronous backend. */
 #define TIMED(id, call)                                                                            \
@@ -79,6 +106,14 @@ static long calls[K_COUNT];
         inner->synchronize();                                                                      \
         seconds[id] += pt_now_s() - started_;                                                      \
         calls[id]++;                                                                               \
+    } while (0)
+
+/* TIMED, and the call counted by its shape and the products it made */
+#define TIMED_PRODUCT(id, N, C, OC, made, call)                                                    \
+    do {                                                                                           \
+        const double before_ = seconds[id];                                                        \
+        TIMED(id, call);                                                                           \
+        count_product(id, N, C, OC, product_flops(made, N, C, OC), seconds[id] - before_);         \
     } while (0)
 
 static void p_zero(void *p, size_t n) { TIMED(K_ZERO, inner->zero(p, n)); }
@@ -106,12 +141,13 @@ static void p_layernorm_backward(float *di, float *dw, float *db, const float *d
 static void p_matmul_forward(float *o, const float *i, const float *w, const float *b, int N,
                              int C, int OC, pt_weight_layout l)
 {
-    TIMED(K_MATMUL_FWD, inner->matmul_forward(o, i, w, b, N, C, OC, l));
+    TIMED_PRODUCT(K_MATMUL_FWD, N, C, OC, 1, inner->matmul_forward(o, i, w, b, N, C, OC, l));
 }
 static void p_matmul_backward(float *di, float *dw, float *db, const float *d, const float *i,
                               const float *w, int N, int C, int OC, pt_weight_layout l)
 {
-    TIMED(K_MATMUL_BWD, inner->matmul_backward(di, dw, db, d, i, w, N, C, OC, l));
+    TIMED_PRODUCT(K_MATMUL_BWD, N, C, OC, !!di + !!dw,
+                  inner->matmul_backward(di, dw, db, d, i, w, N, C, OC, l));
 }
 static void p_cast_to_bf16(pt_bf16 *o, const float *i, size_t n)
 {
@@ -126,8 +162,8 @@ static void p_matmul_backward_bf16_dinp_written(float *di, float *dw, float *db,
                                                 const pt_bf16 *w, int N, int C, int OC, int ld,
                                                 pt_weight_layout l)
 {
-    TIMED(K_MATMUL_BWD_BF16_SET,
-          inner->matmul_backward_bf16_dinp_written(di, dw, db, d, i, w, N, C, OC, ld, l));
+    TIMED_PRODUCT(K_MATMUL_BWD_BF16_SET, N, C, OC, !!di + !!dw,
+                  inner->matmul_backward_bf16_dinp_written(di, dw, db, d, i, w, N, C, OC, ld, l));
 }
 static void p_attention_forward_bf16_to_bf16(pt_bf16 *o, float *x, float *a, const pt_bf16 *q,
                                              int B, int T, int C, int NH)
@@ -162,13 +198,15 @@ static void p_residual_layernorm_forward_bf16(float *x, pt_bf16 *o, float *m, fl
 static void p_matmul_forward_bf16(float *o, const pt_bf16 *i, const pt_bf16 *w, const float *b,
                                   int N, int C, int OC, pt_weight_layout l)
 {
-    TIMED(K_MATMUL_FWD_BF16, inner->matmul_forward_bf16(o, i, w, b, N, C, OC, l));
+    TIMED_PRODUCT(K_MATMUL_FWD_BF16, N, C, OC, 1,
+                  inner->matmul_forward_bf16(o, i, w, b, N, C, OC, l));
 }
 static void p_matmul_backward_bf16(float *di, float *dw, float *db, const pt_bf16 *d,
                                    const pt_bf16 *i, const pt_bf16 *w, int N, int C, int OC,
                                    pt_weight_layout l)
 {
-    TIMED(K_MATMUL_BWD_BF16, inner->matmul_backward_bf16(di, dw, db, d, i, w, N, C, OC, l));
+    TIMED_PRODUCT(K_MATMUL_BWD_BF16, N, C, OC, !!di + !!dw,
+                  inner->matmul_backward_bf16(di, dw, db, d, i, w, N, C, OC, l));
 }
 static void p_attention_forward(float *o, float *a, const float *q, int B, int T, int C, int NH)
 {
@@ -222,15 +260,15 @@ static void p_matmul_forward_bf16_to_bf16(pt_bf16 *o, float *x, const pt_bf16 *i
                                           const pt_bf16 *w, const float *b, int N, int C, int OC,
                                           int ld, pt_weight_layout l)
 {
-    TIMED(K_MATMUL_FWD_TO_BF16,
-          inner->matmul_forward_bf16_to_bf16(o, x, i, w, b, N, C, OC, ld, l));
+    TIMED_PRODUCT(K_MATMUL_FWD_TO_BF16, N, C, OC, 1,
+                  inner->matmul_forward_bf16_to_bf16(o, x, i, w, b, N, C, OC, ld, l));
 }
 static void p_matmul_gelu_backward_bf16(pt_bf16 *dp, float *x, float *dw, float *db,
                                         const pt_bf16 *d, const pt_bf16 *i, const pt_bf16 *p,
                                         const pt_bf16 *w, int N, int C, int OC, pt_weight_layout l)
 {
-    TIMED(K_MATMUL_GELU_BWD_BF16,
-          inner->matmul_gelu_backward_bf16(dp, x, dw, db, d, i, p, w, N, C, OC, l));
+    TIMED_PRODUCT(K_MATMUL_GELU_BWD_BF16, N, C, OC, 1 + !!dw,
+                  inner->matmul_gelu_backward_bf16(dp, x, dw, db, d, i, p, w, N, C, OC, l));
 }
 static void p_crossentropy_forward_bf16(float *l, const pt_bf16 *x, const int32_t *t, int N, int V,
                                         int ld)
@@ -289,6 +327,7 @@ void pt_kernel_profile_reset(void)
 {
     memset(seconds, 0, sizeof seconds);
     memset(calls, 0, sizeof calls);
+    n_products = 0;
 }
 
 const pt_kernels *pt_kernels_profiled(const pt_kernels *wrapped)
@@ -356,6 +395,22 @@ int pt_kernel_profile_read(pt_kernel_time *out, int capacity)
         if (calls[k]) all[n++] = (pt_kernel_time){kernel_names[k], seconds[k], calls[k]};
     qsort(all, (size_t)n, sizeof all[0], by_time_desc);
     if (n > capacity) n = capacity;
+    memcpy(out, all, (size_t)n * sizeof all[0]);
+    return n;
+}
+
+static int by_product_time_desc(const void *a, const void *b)
+{
+    double x = ((const pt_product_time *)a)->seconds, y = ((const pt_product_time *)b)->seconds;
+    return (x < y) - (x > y);
+}
+
+int pt_kernel_profile_products(pt_product_time *out, int capacity)
+{
+    pt_product_time all[PRODUCT_SHAPES];
+    memcpy(all, products, (size_t)n_products * sizeof all[0]);
+    qsort(all, (size_t)n_products, sizeof all[0], by_product_time_desc);
+    const int n = n_products < capacity ? n_products : capacity;
     memcpy(out, all, (size_t)n * sizeof all[0]);
     return n;
 }

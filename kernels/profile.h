@@ -23,4 +23,18 @@ typedef struct pt_kernel_time {
 int pt_kernel_profile_read(pt_kernel_time *out, int capacity);
 void pt_kernel_profile_reset(void);
 
+/* The matrix products again, by entry and shape (N rows, C in, OC out), with the
+ * floating-point operations they did (2·N·C·OC a product made: forward 1, backward 1 for
+ * dinp and 1 for dweight): which GEMMs run under the device's rate, e.g. the classifier's
+ * beside the blocks'. The first 64 shapes seen are kept. */
+typedef struct pt_product_time {
+    const char *name;
+    int N, C, OC;
+    double seconds, flops;
+    long calls;
+} pt_product_time;
+
+/* The products' totals by shape, largest time first; returns the number written. */
+int pt_kernel_profile_products(pt_product_time *out, int capacity);
+
 #endif

@@ -135,6 +135,16 @@ static void print_profile(void)
     for (int i = 0; i < n; i++)
         printf("%-34s %6ld %12.1f %6.1f%%\n", times[i].name, times[i].calls,
                1e3 * times[i].seconds, total > 0 ? 100 * times[i].seconds / total : 0);
+    /* which products run under the device's rate: the classifier's beside the blocks' */
+    pt_product_time products[64];
+    const int shapes = pt_kernel_profile_products(products, 64);
+    printf("%-34s %20s %6s %12s %9s\n", "product", "N × C → OC", "calls", "ms total",
+           "TFLOP/s");
+    for (int i = 0; i < shapes; i++) {
+        const pt_product_time *p = &products[i];
+        printf("%-34s %6d × %5d → %5d %6ld %12.1f %9.1f\n", p->name, p->N, p->C, p->OC,
+               p->calls, 1e3 * p->seconds, p->seconds > 0 ? p->flops / p->seconds / 1e12 : 0.0);
+    }
 }
 
 static int run(const bench_options *o, const char *data)

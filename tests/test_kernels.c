@@ -92,6 +92,49 @@ Test(kernels, cpu_tables_are_complete)
     expect_a_complete_table(pt_kernels_profiled(k));
 }
 
+/* The profile's products by shape: each shape once with its calls, and the operations of the
+ * products each call made (2·N·C·OC apiece: a forward 1, a backward 1 for dinp and 1 for
+ * dweight), the result still the wrapped table's. */
+Test(kernels, profile_counts_products_by_shape)
+{
+    const pt_kernels *k = pt_kernels_profiled(cpu());
+    const int N = 6, C = 5, OC = 7;
+    float *inp = random_floats((size_t)N * C, -1, 1), *w = random_floats((size_t)C * OC, -1, 1);
+    float *out = calloc((size_t)2 * N * OC, 4), *want = calloc((size_t)2 * N * OC, 4);
+    float *dinp = calloc((size_t)N * C, 4), *dw = calloc((size_t)C * OC, 4);
+    for (int i = 0; i < 3; i++) k->matmul_forward(out, inp, w, NULL, N, C, OC, PT_WEIGHT_IN_OUT);
+    k->matmul_forward(out, inp, w, NULL, 2 * N, C / 2, OC, PT_WEIGHT_IN_OUT);
+    k->matmul_backward(dinp, dw, NULL, out, inp, w, N, C, OC, PT_WEIGHT_IN_OUT);
+    k->matmul_backward(NULL, dw, NULL, out, inp, w, N, C, OC, PT_WEIGHT_IN_OUT);
+    cpu()->matmul_forward(want, inp, w, NULL, 2 * N, C / 2, OC, PT_WEIGHT_IN_OUT);
+    cr_expect_eq(memcmp(out, want, (size_t)2 * N * OC * 4), 0, "the wrapped table's result");
+
+    pt_product_time p[8];
+    const int n = pt_kernel_profile_products(p, 8);
+    cr_assert_eq(n, 3, "3 shapes: the forward at two, the backward at one; got %d", n);
+    const double one = 2.0 * N * C * OC;
+    int seen = 0;
+    for (int i = 0; i < n; i++) {
+        if (!strcmp(p[i].name, "matmul_forward") && p[i].N == N) {
+            cr_expect(p[i].calls == 3 && p[i].flops == 3 * one, "forward: %ld calls, %g flops",
+                      p[i].calls, p[i].flops);
+            seen |= 1;
+        } else if (!strcmp(p[i].name, "matmul_forward")) {
+            cr_expect(p[i].N == 2 * N && p[i].C == C / 2 && p[i].calls == 1, "the other forward");
+            seen |= 2;
+        } else if (!strcmp(p[i].name, "matmul_backward")) {
+            cr_expect(p[i].calls == 2 && p[i].flops == 3 * one, "backward: %ld calls, %g flops "
+                      "(dinp and dweight, then dweight)", p[i].calls, p[i].flops);
+            seen |= 4;
+        }
+        if (i > 0) cr_expect(p[i - 1].seconds >= p[i].seconds, "largest time first");
+    }
+    cr_expect_eq(seen, 7, "every shape reported");
+    pt_kernel_profile_reset();
+    cr_expect_eq(pt_kernel_profile_products(p, 8), 0, "reset");
+    free(inp), free(w), free(out), free(want), free(dinp), free(dw);
+}
+
 Test(kernels, memory_is_zeroed_aligned_and_copies)
 {
     const pt_kernels *k = cpu();

@@ -54,6 +54,15 @@ static void print_profile(double mean_step_seconds, int steps)
                100 * times[i].seconds / total, times[i].calls / steps);
     printf("  %-34s %10.2f\n", "outside kernels", 1e3 * (mean_step_seconds - total / steps));
     printf("  %-34s %10.2f\n", "step (mean)", 1e3 * mean_step_seconds);
+    pt_product_time products[64];
+    const int shapes = pt_kernel_profile_products(products, 64);
+    printf("\nthe matrix products by shape ([N, C] → [N, OC]):\n");
+    printf("  %-34s %20s %10s %9s\n", "kernel", "N × C → OC", "ms/step", "TFLOP/s");
+    for (int i = 0; i < shapes; i++) {
+        const pt_product_time *p = &products[i];
+        printf("  %-34s %6d × %5d → %5d %10.2f %9.2f\n", p->name, p->N, p->C, p->OC,
+               1e3 * p->seconds / steps, p->seconds > 0 ? p->flops / p->seconds / 1e12 : 0.0);
+    }
 }
 
 /* One worker's engine: the executor with a single stage. */
