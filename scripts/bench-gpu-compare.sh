@@ -98,4 +98,6 @@ for row in "${rows[@]}"; do
 done
 echo "raw outputs: $out"
 echo "pipert bf16, per kernel (bench_cuda --bf16 --profile):"
-sed -n '/^kernel  *calls/,$p' "$out/pipert-bf16-profile.log" | head -n 24
+sed -n '/^kernel  *calls/,/^product /p' "$out/pipert-bf16-profile.log" | grep -v '^product ' | head -n 24
+echo "pipert bf16, the products by shape (is the classifier's, N x 768 -> 50257, at the blocks' rate?):"
+sed -n '/^product /,$p' "$out/pipert-bf16-profile.log" | head -n 24
