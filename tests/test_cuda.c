@@ -156,6 +156,10 @@ static void check_encoder(int B, int T, int C, int V)
     expect_device_close(gpu, "encoder dwte", d_dwte, dwte, (size_t)V * C, 0);
     expect_device_close(gpu, "encoder dwpe", d_dwpe, dwpe, (size_t)T * C, FP32_TOL);
     expect_no_cuda_error();
+    void *device_buffers[] = {d_tokens, d_wte, d_wpe, d_out, d_dout, d_dwte, d_dwpe};
+    for (size_t i = 0; i < sizeof device_buffers / sizeof device_buffers[0]; i++)
+        gpu->free(device_buffers[i]);
+    free(tokens), free(wte), free(wpe), free(out), free(dout), free(dwte), free(dwpe);
 }
 
 Test(cuda, encoder_matches_cpu)
@@ -194,6 +198,12 @@ static void check_layernorm(int N, int C)
     expect_device_close(gpu, "layernorm dweight", d_dweight, dweight, C, FP32_TOL);
     expect_device_close(gpu, "layernorm dbias", d_dbias, dbias, C, FP32_TOL);
     expect_no_cuda_error();
+    float *device_buffers[] = {d_inp, d_weight, d_bias, d_dout, d_out,
+                               d_mean, d_rstd, d_dinp, d_dweight, d_dbias};
+    for (size_t i = 0; i < sizeof device_buffers / sizeof device_buffers[0]; i++)
+        gpu->free(device_buffers[i]);
+    float *host_buffers[] = {inp, weight, bias, dout, out, mean, rstd, dinp, dweight, dbias};
+    for (size_t i = 0; i < sizeof host_buffers / sizeof host_buffers[0]; i++) free(host_buffers[i]);
 }
 
 Test(cuda, layernorm_matches_cpu)
@@ -382,6 +392,9 @@ Test(cuda, gelu_and_residual_match_cpu)
     gpu->scale(d_sum, -0.75f, n);
     expect_device_close(gpu, "scale", d_sum, sum, n, 0);
     expect_no_cuda_error();
+    gpu->free(d_x), gpu->free(d_b), gpu->free(d_dout), gpu->free(d_y), gpu->free(d_dx);
+    gpu->free(d_sum);
+    free(x), free(b), free(dout), free(y), free(dx), free(sum);
 }
 
 /* dp.method=sparse's partition on the device: gather and scatter along a shuffled index. */
@@ -407,8 +420,9 @@ Test(cuda, gather_and_scatter_match_cpu)
     cpu()->scatter(y, index, picked, m);
     gpu->scatter(d_y, d_index, d_picked, m);
     expect_device_close(gpu, "scatter", d_y, y, n, 0);
-    free(index);
     expect_no_cuda_error();
+    gpu->free(d_x), gpu->free(d_y), gpu->free(d_picked), gpu->free(d_index);
+    free(index), free(x), free(y), free(picked);
 }
 
 Test(cuda, crossentropy_matches_cpu)
@@ -436,6 +450,8 @@ Test(cuda, crossentropy_matches_cpu)
     expect_device_close(gpu, "crossentropy_forward_backward losses", d_losses, losses_fb, N, FP32_TOL);
     expect_device_close(gpu, "crossentropy dlogits", d_logits, logits, NV, FP32_TOL);
     expect_no_cuda_error();
+    gpu->free(d_logits), gpu->free(d_losses), gpu->free(d_targets);
+    free(logits), free(targets), free(losses), free(losses_fb);
 }
 
 /* Regions of every kind in one call: more than one launch's batch (300 regions), empty ones,
@@ -491,6 +507,8 @@ Test(cuda, adam_extrapolate_matches_cpu)
     gpu->adam_extrapolate(d_param, d_param, d_m, d_v, n, &c, 3.0f);
     expect_device_close(gpu, "predicted in place", d_param, param, n, FP32_TOL);
     expect_no_cuda_error();
+    gpu->free(d_param), gpu->free(d_m), gpu->free(d_v), gpu->free(d_out);
+    free(param), free(m), free(v), free(out);
 }
 
 /* lookahead = dc-asgd's kernel (kernels.h): g + λ·g·g·(now − used)/(√(v/bias2) + ε) */
@@ -507,6 +525,8 @@ Test(cuda, delay_compensate_matches_cpu)
     gpu->delay_compensate(d_grad, d_now, d_used, d_v, n, &c, 2.0f);
     expect_device_close(gpu, "delay-compensated gradient", d_grad, grad, n, FP32_TOL);
     expect_no_cuda_error();
+    gpu->free(d_grad), gpu->free(d_now), gpu->free(d_used), gpu->free(d_v);
+    free(grad), free(now), free(used), free(v);
 }
 
 /* lookahead = nesterov-secant's kernel (kernels.h): the running means, the previous pair and
@@ -535,6 +555,11 @@ Test(cuda, secant_compensate_matches_cpu)
     expect_device_close(gpu, "previous stash", d_prev_used, prev_used, n, 0);
     expect_device_close(gpu, "secant-compensated gradient", d_grad, grad, n, FP32_TOL);
     expect_no_cuda_error();
+    float *device_buffers[] = {d_grad, d_now, d_used, d_v, d_prev_grad, d_prev_used, d_num, d_den};
+    for (size_t i = 0; i < sizeof device_buffers / sizeof device_buffers[0]; i++)
+        gpu->free(device_buffers[i]);
+    float *host_buffers[] = {grad, now, used, v, prev_grad, prev_used, num, den};
+    for (size_t i = 0; i < sizeof host_buffers / sizeof host_buffers[0]; i++) free(host_buffers[i]);
 }
 
 Test(cuda, reductions_are_exact_to_double)
@@ -567,6 +592,8 @@ Test(cuda, reductions_are_exact_to_double)
     cr_expect_eq(gpu->sum(d_x, n), gpu_sum, "the same input gave another sum: not deterministic");
     cr_expect_eq(gpu->sum(d_x, 0), 0.0);
     expect_no_cuda_error();
+    gpu->free(d_x);
+    free(x);
 }
 
 /* ---- NCCL ------------------------------------------------------------------------------ */

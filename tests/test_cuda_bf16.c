@@ -58,6 +58,8 @@ Test(cuda, bf16_casts_round_to_nearest_even)
     cr_expect_eq(b[0], 0x3f80, "1 + 2^-8 rounds to 0x%04x", b[0]);
     cr_expect_eq(b[1], 0x3f82, "1 + 3·2^-8 rounds to 0x%04x", b[1]);
     expect_no_cuda_error();
+    gpu->free(d_back), gpu->free(d_b), gpu->free(d_x);
+    free(x), free(b), free(back);
 }
 
 /* bf16 operands, fp32 results: against the CPU on the bf16-rounded inputs
