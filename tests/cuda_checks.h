@@ -217,8 +217,8 @@ static inline long lt_products(void)
 }
 
 /* The products with a bias, the GELU's gradient or the bias gradient run both ways the backend
- * can make them: cuBLASLt with it in its epilogue, and cuBLAS with the separate kernel (kernels/cuda/
- * matmul.cu; set_lt). On the cpu-guarded stand-in the switch does nothing. */
+ * can make them: cuBLASLt with it in its epilogue, and cuBLAS with the separate kernel
+ * (kernels/cuda/matmul.cu; set_lt). On the cpu-guarded stand-in the switch does nothing. */
 static const char *const lt_ways[2] = {"cuBLAS and a kernel", "cuBLASLt's epilogue"};
 
 /* With the epilogues on, cuBLASLt made all `products` products that have one (a decline would

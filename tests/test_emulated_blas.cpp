@@ -65,7 +65,8 @@ Test(emulated_blas, gemm_ex_is_the_documented_product)
             for (int bf16 = 0; bf16 < 2; bf16++) {
                 const auto op_a = (cublasOperation_t)ta, op_b = (cublasOperation_t)tb;
                 const int lda = (ta ? k : m) + pad, ldb = (tb ? n : k) + pad, ldc = m + pad;
-                const auto A = values((size_t)lda * (ta ? m : k), 1), B = values((size_t)ldb * (tb ? k : n), 2);
+                const auto A = values((size_t)lda * (ta ? m : k), 1);
+                const auto B = values((size_t)ldb * (tb ? k : n), 2);
                 const auto C0 = values((size_t)ldc * n, 3);
                 std::vector<float> C = C0;
                 const auto A16 = as_bf16(A), B16 = as_bf16(B);
@@ -101,8 +102,9 @@ Test(emulated_blas, beta_zero_never_reads_c)
     const float alpha = 1.0f, beta = 0.0f;
     const auto A = values((size_t)m * k, 4), B = values((size_t)k * n, 5);
     std::vector<__nv_bfloat16> D(m * n, __float2bfloat16_rn(NAN));
-    cr_assert_eq(cublasGemmEx(handle(), CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &alpha, as_bf16(A).data(),
-                              CUDA_R_16BF, m, as_bf16(B).data(), CUDA_R_16BF, k, &beta, D.data(),
+    const auto A16 = as_bf16(A), B16 = as_bf16(B);
+    cr_assert_eq(cublasGemmEx(handle(), CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &alpha, A16.data(),
+                              CUDA_R_16BF, m, B16.data(), CUDA_R_16BF, k, &beta, D.data(),
                               CUDA_R_16BF, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                  CUBLAS_STATUS_SUCCESS);
     for (int j = 0; j < n; j++)

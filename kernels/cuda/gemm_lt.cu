@@ -3,7 +3,7 @@
  * bias gradient summed from an operand as the GEMM reads it, instead of a separate pass of
  * ours that reads the product or the operand again (matmul.cu's fallbacks).
  *
- * Naive reading, per element of D[row][col] = Σ_k op(A)[row][k]·op(B)[k][col] + β·D (fp32 sums):
+ * Naive reading, per element of D[row][col] = Σ_k op(A)[row][k]·op(B)[k][col] + β·D (fp32):
  *   PT_GEMM_BIAS:            D = sum + bias[col]
  *   PT_GEMM_GELU_GRADIENT:   D = sum · gelu'(aux[row][col])   (GELU: the tanh approximation)
  *   PT_GEMM_BIAS_GRADIENT_A: D = sum;  bias_gradient[row] = Σ_k op(A)[row][k]
@@ -12,8 +12,9 @@
  * The row-major to column-major mapping is matmul.cu's: the row-major D = op(A)·op(B) is the
  * column-major Dᵀ = op(B)ᵀ·op(A)ᵀ, so B's buffer is cuBLASLt's first operand (its "A"), m =
  * cols_d and n = rows_d, D's leading dimension its row stride; the bias runs along cuBLASLt's
- * rows (length m), and aux is a dense [rows_d, cols_d] (leading dimension m). So the row-major B's bias gradient is cuBLASLt's BGRADA (its A's, along m), the
- * row-major A's its BGRADB (along n); cuBLASLt writes it in D's type (fp32 here).
+ * rows (length m), and aux is a dense [rows_d, cols_d] (leading dimension m). So the row-major
+ * B's bias gradient is cuBLASLt's BGRADA (its A's, along m), the row-major A's its BGRADB
+ * (along n); cuBLASLt writes it in D's type (fp32 here).
  *
  * cuBLASLt chooses an algorithm per call (its heuristic, one answer) for the pointers'
  * actual alignment: the operands are often rows inside a larger buffer, not the 256 bytes it

@@ -15,10 +15,10 @@
  *   D[i][j] = epilogue(α·P[i][j] + β·C[i][j])  C not read when β = 0 (its NaNs stay out)
  *   BIAS:  + bias[i]          DGELU: · gelu'(aux[i + j·aux_ld])   (GELU's tanh form)
  * rounded once to D's type; and BGRADA writes bias[i] = Σ_p op(A)[i][p] (m long), BGRADB
- * bias[j] = Σ_p op(B)[p][j] (n long), in D's type. Every element of A and B is read from that place, so a leading
- * dimension or shape reaching past a buffer reads past it (AddressSanitizer's report); the
- * operands are widened to fp32 (rounded to TF32 under CUBLAS_COMPUTE_32F_FAST_TF32) and
- * multiplied by the host's sgemm, fp32 sums as the device's. */
+ * bias[j] = Σ_p op(B)[p][j] (n long), in D's type. Every element of A and B is read from that
+ * place, so a leading dimension or shape reaching past a buffer reads past it
+ * (AddressSanitizer's report); the operands are widened to fp32 (rounded to TF32 under
+ * CUBLAS_COMPUTE_32F_FAST_TF32) and multiplied by the host's sgemm, fp32 sums as the device's. */
 #include <cblas.h>
 
 #include <cmath>
@@ -206,7 +206,8 @@ void finish(const std::vector<float> &P, long m, long n, float alpha, float beta
 bool supported(int a_type, int b_type, int c_type, int compute)
 {
     if (a_type != b_type) return false;
-    if (compute == CUBLAS_COMPUTE_32F_FAST_TF32) return a_type == CUDA_R_32F && c_type == CUDA_R_32F;
+    if (compute == CUBLAS_COMPUTE_32F_FAST_TF32)
+        return a_type == CUDA_R_32F && c_type == CUDA_R_32F;
     if (compute != CUBLAS_COMPUTE_32F) return false;
     return a_type == CUDA_R_32F ? c_type == CUDA_R_32F
                                 : c_type == CUDA_R_16BF || c_type == CUDA_R_32F;
@@ -273,7 +274,8 @@ cublasStatus_t check_epilogue(const char *call, const cublasLtMatmulDescEmulated
     if (d.epilogue == CUBLASLT_EPILOGUE_DEFAULT) return CUBLAS_STATUS_SUCCESS;
     if (d.epilogue == CUBLASLT_EPILOGUE_BIAS) {
         const int type = d.bias_type == -1 ? (int)D.type : d.bias_type;
-        if (!d.bias) return refuse(CUBLAS_STATUS_INVALID_VALUE, call, "BIAS without a bias pointer");
+        if (!d.bias)
+            return refuse(CUBLAS_STATUS_INVALID_VALUE, call, "BIAS without a bias pointer");
         if (type != CUDA_R_32F && type != D.type)
             return refuse(CUBLAS_STATUS_NOT_SUPPORTED, call, "bias of type %d, D of %d", type,
                           (int)D.type);
@@ -317,7 +319,8 @@ cublasStatus_t check_problem(const char *call, const cublasLtMatmulDescEmulated 
     const bool a_plain = d->transa == CUBLAS_OP_N, b_plain = d->transb == CUBLAS_OP_N;
     p->m = (long)D->rows, p->n = (long)D->cols, p->k = (long)(a_plain ? A->cols : A->rows);
     const long a_rows = (long)(a_plain ? A->rows : A->cols);
-    const long b_rows = (long)(b_plain ? B->rows : B->cols), b_cols = (long)(b_plain ? B->cols : B->rows);
+    const long b_rows = (long)(b_plain ? B->rows : B->cols);
+    const long b_cols = (long)(b_plain ? B->cols : B->rows);
     if (a_rows != p->m || b_rows != p->k || b_cols != p->n)
         return refuse(CUBLAS_STATUS_INVALID_VALUE, call,
                       "op(A) %ld×%ld and op(B) %ld×%ld do not make D's %ld×%ld", a_rows, p->k,
@@ -389,7 +392,8 @@ cublasStatus_t cublasGemmBatchedEx(cublasHandle_t handle, cublasOperation_t tran
     const cublasStatus_t ok = check_gemm(call, handle, transa, transb, m, n, k, alpha, Atype, lda,
                                          Btype, ldb, beta, Ctype, ldc, computeType);
     if (ok != CUBLAS_STATUS_SUCCESS) return ok;
-    if (batchCount < 0) return refuse(CUBLAS_STATUS_INVALID_VALUE, call, "batchCount %d", batchCount);
+    if (batchCount < 0)
+        return refuse(CUBLAS_STATUS_INVALID_VALUE, call, "batchCount %d", batchCount);
     if (batchCount > 0 && (!Aarray || !Barray || !Carray))
         return refuse(CUBLAS_STATUS_INVALID_VALUE, call, "a pointer array is NULL");
     if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
@@ -484,7 +488,8 @@ cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p
 {
     const char *call = "cublasLtMatmulPreferenceSetAttribute";
     if (!p) return refuse(CUBLAS_STATUS_INVALID_VALUE, call, "no preference");
-    if (attr == CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES) return take(&p->workspace, buf, size, call);
+    if (attr == CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES)
+        return take(&p->workspace, buf, size, call);
     if (attr >= CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES &&
         attr <= CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES) {
         uint32_t *a = &p->alignment[attr - CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES];
@@ -560,10 +565,10 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
                           q.ptr, alignment_of(q.ptr), (unsigned long long)q.promised);
     if (p.m == 0 || p.n == 0) return CUBLAS_STATUS_SUCCESS;
     const bool tf32 = desc->compute == CUBLAS_COMPUTE_32F_FAST_TF32;
-    const std::vector<float> a = widened(
-        {A, Adesc->type, (long)Adesc->rows, (long)Adesc->cols, (long)Adesc->ld}, desc->transa, tf32);
-    const std::vector<float> b = widened(
-        {B, Bdesc->type, (long)Bdesc->rows, (long)Bdesc->cols, (long)Bdesc->ld}, desc->transb, tf32);
+    const stored A_stored = {A, Adesc->type, (long)Adesc->rows, (long)Adesc->cols, (long)Adesc->ld};
+    const stored B_stored = {B, Bdesc->type, (long)Bdesc->rows, (long)Bdesc->cols, (long)Bdesc->ld};
+    const std::vector<float> a = widened(A_stored, desc->transa, tf32);
+    const std::vector<float> b = widened(B_stored, desc->transb, tf32);
     const std::vector<float> P = product(a, b, p.m, p.n, p.k);
     void *bias_gradient = const_cast<void *>(p.e.bias);
     if (p.e.kind == CUBLASLT_EPILOGUE_BGRADA) /* a: m×k, column-major */

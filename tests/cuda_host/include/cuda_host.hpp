@@ -14,9 +14,10 @@
  *                       names a lane that has exited, or a lane asking a lane outside
  *                       the mask, is undefined on a GPU: recorded as an error
  * and otherwise runs a thread until it waits, in thread order (from the last
- * with PIPERT_EMULATED_ORDER=reverse): the same results every run. A block where no thread can go on (threads of one warp at
- * different barriers, __syncthreads in code some threads skip) is a deadlock:
- * recorded as an error (cuda_host::error_message), the launch abandoned. So is a
+ * with PIPERT_EMULATED_ORDER=reverse): the same results every run. A block where
+ * no thread can go on (threads of one warp at different barriers, __syncthreads in
+ * code some threads skip) is a deadlock: recorded as an error
+ * (cuda_host::error_message), the launch abandoned. So is a
  * launch the device would refuse: no threads, more than 1,024 a block, grid or
  * block dimensions over the limits, more dynamic shared memory than 48 KiB or
  * than cudaFuncSetAttribute raised that kernel's limit to (at most 227 KiB, an
