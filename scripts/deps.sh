@@ -8,6 +8,7 @@ packages=(
   libopenblas-openmp-dev   # OpenBLAS, OpenMP variant: shares pipert's OpenMP threads
   libjansson-dev           # JSON: configuration, safetensors headers, metrics
   libcriterion-dev         # tests
+  libboost-context-dev     # tests: the emulated CUDA device's threads as fibers (tests/cuda_host)
   libhwloc-dev hwloc       # topology and pinning
   libucx-dev ucx-utils     # transport (and ucx_perftest for its benchmark)
   fortunes                 # the default training text

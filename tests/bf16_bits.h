@@ -1,5 +1,5 @@
-/* bf16 as the tests' emulated devices round and widen it (tests/warp_emulator.hpp,
- * tests/cuda_host/include/cuda_bf16.h): round to nearest even, a NaN stays a quiet NaN; the
+/* bf16 as the tests' emulated device rounds and widens it (tests/cuda_host/include/cuda_bf16.h,
+ * test_attention_mma.cpp): round to nearest even, a NaN stays a quiet NaN; the
  * widening is exact. C and C++. (test_cuda_bf16.c keeps a reference of its own, written
  * apart, to hold the devices' casts to.) */
 #ifndef PT_TESTS_BF16_BITS_H

@@ -1,5 +1,7 @@
-/* The tensor-core attention kernels (kernels/cuda/attention_mma.cuh) run on
- * the host by tests/warp_emulator.hpp, against the CPU backend's fp32
+/* The tensor-core attention kernels' bodies (kernels/cuda/attention_mma.cuh) run
+ * on the emulated device (tests/cuda_host: each thread a fiber, the warp's mma,
+ * ldmatrix and cp.async by their documented semantics in
+ * tests/cuda_host/include/kernels/cuda/mma_primitives.cuh), against the CPU backend's fp32
  * attention on the same bf16 inputs (itself checked against finite
  * differences in test_kernels.c). On a GPU test_cuda runs the same bodies on
  * the hardware; this suite checks their indexing, causal masks, online
@@ -29,9 +31,11 @@
 #include <cstdlib>
 #include <vector>
 
-#include "tests/warp_emulator.hpp"
+#include "cuda_host.hpp"
+#include "kernels/cuda/mma_primitives.cuh" /* the emulated device's (tests/cuda_host/include) */
 
 #include "kernels/cuda/attention_mma.cuh"
+#include "tests/bf16_bits.h"
 
 extern "C" {
 #include "kernels/kernels.h"
@@ -40,6 +44,27 @@ extern "C" {
 using std::vector;
 
 namespace {
+
+float bf16_to_float(uint16_t bits) { return pt_bf16_bits_widen(bits); }
+uint16_t float_to_bf16(float x) { return pt_bf16_bits_round(x); }
+
+/* body(block, thread, dynamic shared memory) on every thread of `blocks` one-dimensional blocks
+ * of `threads`, with the launch limits the device has (shared memory above 48 KiB opted into, at
+ * most an H100's 227 KiB); a fault, deadlock or refused launch fails the test. */
+template <class Body> void launch(int blocks, int threads, size_t shared_bytes, Body body)
+{
+    static const char kernel = 0; /* the limit's key: one for each body */
+    if (shared_bytes > 48 * 1024) cuda_host::set_max_dynamic_shared(&kernel, (int)shared_bytes);
+    cuda_host::launch(
+        &kernel,
+        [&] {
+            body((int)blockIdx.x, (int)threadIdx.x,
+                 static_cast<unsigned char *>(cuda_host::dynamic_shared()));
+        },
+        dim3((unsigned)blocks), dim3((unsigned)threads), shared_bytes);
+    const int error = cuda_host::take_error();
+    if (error) cr_assert_fail("emulated device: error %d: %s", error, cuda_host::error_message());
+}
 
 struct inputs {
     int B, T, C, NH;
@@ -63,8 +88,8 @@ inputs make_inputs(int B, int T, int C, int NH, bool zero_q)
     in.qkv16.resize(n_qkv), in.qkv.resize(n_qkv), in.dout.resize(n_out), in.dqkv.resize(n_qkv);
     for (size_t i = 0; i < n_qkv; i++) {
         const bool is_q = (i % (3 * (size_t)C)) < (size_t)C;
-        in.qkv16[i] = warp_emulator::float_to_bf16(zero_q && is_q ? 0.0f : uniform(-2, 2));
-        in.qkv[i] = warp_emulator::bf16_to_float(in.qkv16[i]);
+        in.qkv16[i] = float_to_bf16(zero_q && is_q ? 0.0f : uniform(-2, 2));
+        in.qkv[i] = bf16_to_float(in.qkv16[i]);
         in.dqkv[i] = uniform(-1, 1);
     }
     for (float &x : in.dout) x = uniform(-1, 1);
@@ -94,7 +119,7 @@ template <int HS> result run_kernels(const inputs &in, bool with_bf16_gradient =
     result r{vector<float>(n_out), vector<float>(n_rows), vector<float>(n_out), in.dqkv,
              vector<float>(in.dqkv.size(), 0.0f), vector<uint16_t>(in.dqkv.size(), 0x7fc0),
              vector<uint16_t>(n_out, 0x7fc0)};
-    warp_emulator::launch(blocks_of(in), PT_MMA_THREADS, pt_mma_forward_shared_bytes<HS>(),
+    launch(blocks_of(in), PT_MMA_THREADS, pt_mma_forward_shared_bytes<HS>(),
                           [&](int block, int tid, unsigned char *shared) {
                               pt_mma_attention_forward<HS>(r.out.data(), r.lse.data(),
                                                            r.o_saved.data(), in.qkv16.data(), s,
@@ -105,7 +130,7 @@ template <int HS> result run_kernels(const inputs &in, bool with_bf16_gradient =
     vector<float> delta(n_rows, NAN);
     vector<uint16_t> dout16(n_out, 0x7fc0);
     constexpr int warps = 8;
-    warp_emulator::launch((int)((n_rows + warps - 1) / warps), 32 * warps, 0,
+    launch((int)((n_rows + warps - 1) / warps), 32 * warps, 0,
                           [&](int block, int tid, unsigned char *) {
                               const int row = block * warps + tid / 32;
                               if ((size_t)row < n_rows)
@@ -119,7 +144,7 @@ template <int HS> result run_kernels(const inputs &in, bool with_bf16_gradient =
                 double serial = 0.0;
                 for (int d = 0; d < HS; d++) {
                     serial += (double)in.dout[row + d] * r.o_saved[row + d];
-                    if (dout16[row + d] != warp_emulator::float_to_bf16(in.dout[row + d]))
+                    if (dout16[row + d] != float_to_bf16(in.dout[row + d]))
                         cr_assert_fail("dO[%zu] not rounded to its nearest bf16", row + d);
                 }
                 const float got = delta[((size_t)b * in.NH + h) * in.T + t];
@@ -128,13 +153,13 @@ template <int HS> result run_kernels(const inputs &in, bool with_bf16_gradient =
                                    serial);
             }
     auto backward = [&](auto *dqkv) {
-        warp_emulator::launch(blocks_of(in), PT_MMA_THREADS, pt_mma_dq_shared_bytes<HS>(),
+        launch(blocks_of(in), PT_MMA_THREADS, pt_mma_dq_shared_bytes<HS>(),
                               [&](int block, int tid, unsigned char *shared) {
                                   pt_mma_attention_dq<HS>(dqkv, dout16.data(), in.qkv16.data(),
                                                           r.lse.data(), delta.data(), s, block,
                                                           tid, shared);
                               });
-        warp_emulator::launch(blocks_of(in), PT_MMA_THREADS, pt_mma_dkdv_shared_bytes<HS>(),
+        launch(blocks_of(in), PT_MMA_THREADS, pt_mma_dkdv_shared_bytes<HS>(),
                               [&](int block, int tid, unsigned char *shared) {
                                   pt_mma_attention_dkdv<HS>(dqkv, dout16.data(), in.qkv16.data(),
                                                             r.lse.data(), delta.data(), s, block,
@@ -144,7 +169,7 @@ template <int HS> result run_kernels(const inputs &in, bool with_bf16_gradient =
     backward(r.dqkv.data());
     if (with_bf16_gradient) {
         vector<float> lse(n_rows), o_saved(n_out);
-        warp_emulator::launch(blocks_of(in), PT_MMA_THREADS, pt_mma_forward_shared_bytes<HS>(),
+        launch(blocks_of(in), PT_MMA_THREADS, pt_mma_forward_shared_bytes<HS>(),
                               [&](int block, int tid, unsigned char *shared) {
                                   pt_mma_attention_forward<HS>(r.out_bf16.data(), lse.data(),
                                                                o_saved.data(), in.qkv16.data(), s,
@@ -236,16 +261,16 @@ template <int HS> void check(int B, int T, int NH, bool with_bf16_gradient = fal
     if (!with_bf16_gradient) return;
     /* the forward writing a bf16 out: the rounding of its fp32 out, every element */
     for (size_t i = 0; i < got.out_bf16.size(); i++)
-        if (got.out_bf16[i] != warp_emulator::float_to_bf16(got.out[i]))
+        if (got.out_bf16[i] != float_to_bf16(got.out[i]))
             cr_assert_fail("HS %d T %d: bf16 out[%zu] = 0x%04x, the fp32 out %.9g rounds to 0x%04x",
                            HS, T, i, got.out_bf16[i], got.out[i],
-                           warp_emulator::float_to_bf16(got.out[i]));
+                           float_to_bf16(got.out[i]));
     /* written in bf16: every element (none left NaN) the rounding of the fp32 gradient */
     for (size_t i = 0; i < got.dqkv_bf16.size(); i++)
-        if (got.dqkv_bf16[i] != warp_emulator::float_to_bf16(got.dqkv_from_zero[i]))
+        if (got.dqkv_bf16[i] != float_to_bf16(got.dqkv_from_zero[i]))
             cr_assert_fail("HS %d T %d: bf16 dqkv[%zu] = 0x%04x, the fp32 gradient %.9g rounds to "
                            "0x%04x", HS, T, i, got.dqkv_bf16[i], got.dqkv_from_zero[i],
-                           warp_emulator::float_to_bf16(got.dqkv_from_zero[i]));
+                           float_to_bf16(got.dqkv_from_zero[i]));
 }
 
 } // namespace
@@ -285,17 +310,17 @@ Test(attention_mma, uniform_scores_give_the_exact_mean_of_v, .timeout = 600)
 
 Test(attention_mma, the_emulated_mma_is_a_matrix_product)
 {
-    /* The emulator's own check: one warp multiplies A (16×16) by B (16×16, two 8-column
+    /* The emulated device's own check: one warp multiplies A (16×16) by B (16×16, two 8-column
      * blocks), each lane loading its registers from shared tiles by attention_mma.cuh's
      * fragment loaders (ldmatrix), against the product computed directly. */
     constexpr int HS = 64, N = 16;
     vector<uint16_t> a_tile(64 * pt_mma_stride<HS>), b_tile(64 * pt_mma_stride<HS>);
-    for (uint16_t &x : a_tile) x = warp_emulator::float_to_bf16(uniform(-1, 1));
-    for (uint16_t &x : b_tile) x = warp_emulator::float_to_bf16(uniform(-1, 1));
+    for (uint16_t &x : a_tile) x = float_to_bf16(uniform(-1, 1));
+    for (uint16_t &x : b_tile) x = float_to_bf16(uniform(-1, 1));
     /* away from the tiles' corners: row and column offsets as the kernels use them */
     const int a_row = 16, a_k = 32, b_n = 24, b_k = 16;
     vector<float> d(16 * N), d_cols(16 * N);
-    warp_emulator::launch(1, 32, 0, [&](int, int tid, unsigned char *) {
+    launch(1, 32, 0, [&](int, int tid, unsigned char *) {
         const pt_mma_lane l = pt_mma_lane_of(tid);
         uint32_t a[4], b[4], b2[4];
         pt_mma_a_fragment<HS>(a, a_tile.data(), a_row, a_k, l);
@@ -313,7 +338,7 @@ Test(attention_mma, the_emulated_mma_is_a_matrix_product)
     });
     const int S = pt_mma_stride<HS>;
     auto at = [&](const vector<uint16_t> &t, int r, int c) {
-        return warp_emulator::bf16_to_float(t[r * S + c]);
+        return bf16_to_float(t[r * S + c]);
     };
     for (int i = 0; i < 16; i++)
         for (int n = 0; n < N; n++) {

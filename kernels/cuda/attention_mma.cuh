@@ -6,9 +6,10 @@
  *
  * Portable on purpose: this file is compiled by nvcc for the GPU
  * (attention_mma.cu) and by the host C++ compiler for tests
- * (tests/test_attention_mma.cpp), which run every thread of a block as a
- * thread of the host and emulate the warp-wide operations from their
- * documented register layouts (tests/warp_emulator.hpp). The includer defines
+ * (tests/test_attention_mma.cpp, and attention_mma.cu translated by
+ * tests/cuda_host), which run every thread of a block as a fiber on the host
+ * and emulate the warp-wide operations from their documented register layouts
+ * (tests/cuda_host/include/kernels/cuda/mma_primitives.cuh). The includer defines
  * the primitives first:
  *   PT_MMA_FN                        the qualifier of device functions
  *   pt_block_sync()                  __syncthreads()

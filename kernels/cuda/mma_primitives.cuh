@@ -1,8 +1,8 @@
 /* The primitives attention_mma.cuh's bodies ask for, on the device: barriers and shuffles,
  * the warp's m16n8k16 product on tensor cores, ldmatrix, cp.async and bf16 packing, in inline
- * PTX. attention_mma.cu includes this before attention_mma.cuh; tests/warp_emulator.hpp and
- * tests/cuda_host/include/kernels/cuda/mma_primitives.cuh give the same primitives on the host,
- * from the PTX ISA's descriptions. Private to kernels/cuda/. */
+ * PTX. attention_mma.cu includes this before attention_mma.cuh;
+ * tests/cuda_host/include/kernels/cuda/mma_primitives.cuh gives the same primitives on the
+ * emulated device, from the PTX ISA's descriptions. Private to kernels/cuda/. */
 #ifndef PT_KERNELS_CUDA_MMA_PRIMITIVES_CUH
 #define PT_KERNELS_CUDA_MMA_PRIMITIVES_CUH
 

@@ -1,6 +1,11 @@
-/* The emulated device's scheduler: a block's threads as fibers (ucontext) on
- * the calling thread, switched at barriers and warp operations. What it runs
- * and checks: include/cuda_host.hpp. */
+/* The emulated device's scheduler: a block's threads as fibers (Boost.Context)
+ * on the calling thread, switched at barriers and warp operations. What it runs
+ * and checks: include/cuda_host.hpp.
+ *
+ * Why Boost.Context and not ucontext: swapcontext saves and restores the signal
+ * mask, a system call on every switch, and a warp operation is a round of 32
+ * switches; the tensor-core attention's tests spent two thirds of their time in
+ * that system call. Boost.Context's fibers switch registers and stack only. */
 #include "cuda_host.hpp"
 
 #include <cstdarg>
@@ -9,8 +14,9 @@
 #include <algorithm>
 #include <map>
 #include <string>
-#include <ucontext.h>
 #include <vector>
+
+#include <boost/context/fiber.hpp>
 
 #if defined(__SANITIZE_ADDRESS__)
 #define PT_FIBER_ASAN 1
@@ -36,8 +42,10 @@ enum cuda_error { SUCCESS = 0, INVALID_VALUE = 1, INVALID_CONFIGURATION = 9, LAU
 
 enum class state { runnable, at_block_barrier, at_warp_operation, exited };
 
+using context = boost::context::fiber;
+
 struct fiber {
-    ucontext_t context;
+    context resume_point; /* where the fiber goes on from; empty once it has exited */
     char *stack;
     uint3 index;
     unsigned linear;
@@ -61,7 +69,7 @@ struct block_state {
     unsigned char *shared = nullptr;
     const std::function<void()> *body = nullptr;
     int running = -1;
-    ucontext_t scheduler;
+    context scheduler; /* where the running fiber's yield returns to */
     bool abandoned = false;
 };
 
@@ -108,33 +116,33 @@ void switch_to_fiber(fiber &f)
 #ifdef PT_FIBER_ASAN
     __sanitizer_start_switch_fiber(&scheduler_fake_stack, f.stack, STACK_BYTES);
 #endif
-    swapcontext(&current->scheduler, &f.context);
+    f.resume_point = std::move(f.resume_point).resume();
 #ifdef PT_FIBER_ASAN
     __sanitizer_finish_switch_fiber(scheduler_fake_stack, nullptr, nullptr);
 #endif
 }
 
 /* From the running fiber back to the scheduler; returns when the fiber is resumed. */
-void yield_to_scheduler(bool exiting)
+void yield_to_scheduler()
 {
-    fiber &f = running();
 #ifdef PT_FIBER_ASAN
     void *fake_stack = nullptr;
-    __sanitizer_start_switch_fiber(exiting ? nullptr : &fake_stack, scheduler_stack_bottom,
-                                   scheduler_stack_size);
+    __sanitizer_start_switch_fiber(&fake_stack, scheduler_stack_bottom, scheduler_stack_size);
 #endif
-    swapcontext(&f.context, &current->scheduler);
+    current->scheduler = std::move(current->scheduler).resume();
 #ifdef PT_FIBER_ASAN
     __sanitizer_finish_switch_fiber(fake_stack, &scheduler_stack_bottom, &scheduler_stack_size);
 #endif
-    (void)exiting;
 }
 
-void fiber_main()
+/* A thread's life: the kernel's body, then its exit counted at the block's and its warp's
+ * barriers (an exited thread no longer holds them up); returning resumes the scheduler. */
+context fiber_main(context &&scheduler)
 {
 #ifdef PT_FIBER_ASAN
     __sanitizer_finish_switch_fiber(nullptr, &scheduler_stack_bottom, &scheduler_stack_size);
 #endif
+    current->scheduler = std::move(scheduler);
     (*current->body)();
     block_state &b = *current;
     fiber &f = running();
@@ -144,7 +152,10 @@ void fiber_main()
     w.live--;
     if (b.arrived > 0 && b.arrived == b.live) b.arrived = 0, b.generation++;
     if (w.arrived > 0 && w.arrived == w.live) w.arrived = 0, w.arrived_mask = 0, w.generation++;
-    yield_to_scheduler(true);
+#ifdef PT_FIBER_ASAN
+    __sanitizer_start_switch_fiber(nullptr, scheduler_stack_bottom, scheduler_stack_size);
+#endif
+    return std::move(b.scheduler);
 }
 
 /* ---- a block -------------------------------------------------------------------------- */
@@ -210,28 +221,33 @@ void run_block(block_state &b)
     }
 }
 
-/* Its own function: getcontext returns twice, which would put the caller's locals at risk */
-void prepare_context(fiber &f)
-{
-    getcontext(&f.context);
-    f.context.uc_stack.ss_sp = f.stack;
-    f.context.uc_stack.ss_size = STACK_BYTES;
-    f.context.uc_link = nullptr;
-    makecontext(&f.context, fiber_main, 0);
-}
+/* Boost.Context's stack allocator, handing out a stack of the pool: kept, not freed, when the
+ * fiber ends (the pool frees them at exit). */
+struct pool_stack {
+    char *stack;
+    boost::context::stack_context allocate()
+    {
+        boost::context::stack_context c;
+        c.size = STACK_BYTES;
+        c.sp = stack + STACK_BYTES; /* stacks grow down: sp is the top */
+        return c;
+    }
+    void deallocate(boost::context::stack_context &) noexcept {}
+};
 
 void start_fibers(block_state &b, dim3 block)
 {
     const unsigned threads = block.x * block.y * block.z;
     std::vector<char *> &stacks = pool.stacks;
     while (stacks.size() < threads) stacks.push_back(static_cast<char *>(std::malloc(STACK_BYTES)));
-    b.fibers.assign(threads, fiber{});
+    b.fibers.clear();
+    b.fibers.resize(threads);
     for (unsigned t = 0; t < threads; t++) {
         fiber &f = b.fibers[t];
         f.linear = t;
         f.index = uint3{t % block.x, t / block.x % block.y, t / (block.x * block.y)};
         f.stack = stacks[t];
-        prepare_context(f);
+        f.resume_point = context(std::allocator_arg, pool_stack{f.stack}, fiber_main);
     }
     b.live = (int)threads;
     b.warps.assign((threads + WARP - 1) / WARP, warp_state{});
@@ -262,6 +278,17 @@ bool check_configuration(const void *kernel, dim3 grid, dim3 block, size_t share
 
 } // namespace
 
+/* A deadlocked block's threads are never resumed nor unwound (destroying a suspended
+ * Boost.Context fiber would unwind its stack with an exception through the kernel's frames):
+ * their resume points are kept where nothing destroys them. No launch runs after a deadlock
+ * (a sticky error), so their stacks are not reused. */
+void abandon(block_state &b)
+{
+    static auto *never_resumed = new std::vector<context>;
+    for (fiber &f : b.fibers)
+        if (f.resume_point) never_resumed->push_back(std::move(f.resume_point));
+}
+
 /* ---- the interface -------------------------------------------------------------------- */
 
 void launch(const void *kernel, const std::function<void()> &body, dim3 grid, dim3 block,
@@ -290,7 +317,7 @@ void launch(const void *kernel, const std::function<void()> &body, dim3 grid, di
                 current = &b;
                 run_block(b);
                 current = nullptr;
-                if (b.abandoned) return;
+                if (b.abandoned) return abandon(b);
             }
 }
 
@@ -339,7 +366,7 @@ void block_barrier()
         return;
     }
     f.where = state::at_block_barrier;
-    yield_to_scheduler(false);
+    yield_to_scheduler();
 }
 
 const lane_words *warp_exchange(unsigned mask, const uint64_t *mine, int words)
@@ -366,7 +393,7 @@ const lane_words *warp_exchange(unsigned mask, const uint64_t *mine, int words)
         w.generation++;
     } else {
         f.where = state::at_warp_operation;
-        yield_to_scheduler(false);
+        yield_to_scheduler();
     }
     return w.value[generation & 1];
 }

@@ -1,7 +1,7 @@
 /* The primitives of kernels/cuda/mma_primitives.cuh on the emulated device (tests/cuda_host):
  * this file takes that one's place when tests/cuda_host compiles attention_mma.cu (its include
  * directory comes first), so the tensor-core attention's own launches, grids and shared-memory
- * sizes run here, not only its bodies (test_attention_mma does those on host threads).
+ * sizes run here; test_attention_mma runs the bodies alone, with finer checks of each.
  *
  *   pt_mma_bf16       the warp's A and B registers gathered by one warp exchange; each lane then
  *                     computes its four D elements from the whole 16×16 A and 16×8 B by the
