@@ -135,6 +135,20 @@ void yield_to_scheduler()
 #endif
 }
 
+/* Every live lane of w has arrived at its warp operation (the last by arriving, or by the
+ * exit of the last that had not): they go on. Lanes the operation's mask names must all have
+ * arrived; a mask naming a lane that exited or does not exist is undefined on a GPU. */
+void release_warp(warp_state &w)
+{
+    const unsigned existing = w.lanes == WARP ? 0xffffffffu : (1u << w.lanes) - 1u;
+    if ((w.mask & existing) != w.arrived_mask || (w.mask & ~existing))
+        warp_misuse("a warp operation whose mask names lanes that exited or do not exist",
+                    w.mask, -1);
+    w.arrived = 0;
+    w.arrived_mask = 0;
+    w.generation++;
+}
+
 /* A thread's life: the kernel's body, then its exit counted at the block's and its warp's
  * barriers (an exited thread no longer holds them up); returning resumes the scheduler. */
 context fiber_main(context &&scheduler)
@@ -151,7 +165,7 @@ context fiber_main(context &&scheduler)
     warp_state &w = b.warps[f.linear / WARP];
     w.live--;
     if (b.arrived > 0 && b.arrived == b.live) b.arrived = 0, b.generation++;
-    if (w.arrived > 0 && w.arrived == w.live) w.arrived = 0, w.arrived_mask = 0, w.generation++;
+    if (w.arrived > 0 && w.arrived == w.live) release_warp(w); /* its lanes waited for this one */
 #ifdef PT_FIBER_ASAN
     __sanitizer_start_switch_fiber(nullptr, scheduler_stack_bottom, scheduler_stack_size);
 #endif
@@ -384,13 +398,7 @@ const lane_words *warp_exchange(unsigned mask, const uint64_t *mine, int words)
     w.mask = mask;
     f.generation = generation;
     if (++w.arrived == w.live) {
-        const unsigned existing = w.lanes == WARP ? 0xffffffffu : (1u << w.lanes) - 1u;
-        if ((mask & existing) != w.arrived_mask || (mask & ~existing))
-            warp_misuse("a warp operation whose mask names lanes that exited or do not exist",
-                        mask, -1);
-        w.arrived = 0;
-        w.arrived_mask = 0;
-        w.generation++;
+        release_warp(w);
     } else {
         f.where = state::at_warp_operation;
         yield_to_scheduler();
