@@ -290,8 +290,6 @@ bool check_configuration(const void *kernel, dim3 grid, dim3 block, size_t share
     return false;
 }
 
-} // namespace
-
 /* A deadlocked block's threads are never resumed nor unwound (destroying a suspended
  * Boost.Context fiber would unwind its stack with an exception through the kernel's frames):
  * their resume points are kept where nothing destroys them. No launch runs after a deadlock
@@ -302,6 +300,8 @@ void abandon(block_state &b)
     for (fiber &f : b.fibers)
         if (f.resume_point) never_resumed->push_back(std::move(f.resume_point));
 }
+
+} // namespace
 
 /* ---- the interface -------------------------------------------------------------------- */
 
