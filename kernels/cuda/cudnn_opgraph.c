@@ -104,6 +104,34 @@ static void add_op(pt_cudnn_graph *g, cudnnBackendDescriptor_t op)
     g->ops[g->n_ops++] = op;
 }
 
+/* One operation's input or output: the attribute that names it, and its descriptor (NULL:
+ * not set). */
+typedef struct operand {
+    cudnnBackendAttributeName_t attribute;
+    cudnnBackendDescriptor_t descriptor;
+} operand;
+
+/* An operation of `type` with its operands, finalized and added to the graph. */
+static void operation(pt_cudnn_graph *g, cudnnBackendDescriptorType_t type, const char *what,
+                      const operand *operands, int n)
+{
+    cudnnBackendDescriptor_t op = make(g, type, what);
+    for (int i = 0; i < n; i++)
+        set_descriptor(g, op, operands[i].attribute, operands[i].descriptor, what);
+    finalize(g, op, what);
+    add_op(g, op);
+}
+
+/* A descriptor of `type` with one attribute of fp32 ("the sums' type"), finalized. */
+static cudnnBackendDescriptor_t summing(pt_cudnn_graph *g, cudnnBackendDescriptorType_t type,
+                                        cudnnBackendAttributeName_t sums_type, const char *what)
+{
+    const cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
+    cudnnBackendDescriptor_t d = make(g, type, what);
+    set(g, d, sums_type, CUDNN_TYPE_DATA_TYPE, 1, &f32, what);
+    return d;
+}
+
 void pt_cudnn_pointwise(pt_cudnn_graph *g, cudnnPointwiseMode_t mode, cudnnDataType_t compute,
                         int axis, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t b,
                         cudnnBackendDescriptor_t t, cudnnBackendDescriptor_t y)
@@ -115,58 +143,47 @@ void pt_cudnn_pointwise(pt_cudnn_graph *g, cudnnPointwiseMode_t mode, cudnnDataT
     const int64_t axis64 = axis;
     if (axis >= 0) set(g, pw, CUDNN_ATTR_POINTWISE_AXIS, CUDNN_TYPE_INT64, 1, &axis64, what);
     finalize(g, pw, what);
-    cudnnBackendDescriptor_t op = make(g, CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR, what);
-    set_descriptor(g, op, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, pw, what);
-    set_descriptor(g, op, CUDNN_ATTR_OPERATION_POINTWISE_XDESC, x, what);
-    set_descriptor(g, op, CUDNN_ATTR_OPERATION_POINTWISE_BDESC, b, what);
-    set_descriptor(g, op, CUDNN_ATTR_OPERATION_POINTWISE_TDESC, t, what);
-    set_descriptor(g, op, CUDNN_ATTR_OPERATION_POINTWISE_YDESC, y, what);
-    finalize(g, op, what);
-    add_op(g, op);
+    const operand operands[] = {{CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, pw},
+                                {CUDNN_ATTR_OPERATION_POINTWISE_XDESC, x},
+                                {CUDNN_ATTR_OPERATION_POINTWISE_BDESC, b},
+                                {CUDNN_ATTR_OPERATION_POINTWISE_TDESC, t},
+                                {CUDNN_ATTR_OPERATION_POINTWISE_YDESC, y}};
+    operation(g, CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR, what, operands, 5);
 }
 
 void pt_cudnn_matmul(pt_cudnn_graph *g, cudnnBackendDescriptor_t a, cudnnBackendDescriptor_t b,
                      cudnnBackendDescriptor_t c)
 {
     const char *what = "a matrix product";
-    const cudnnDataType_t sums = CUDNN_DATA_FLOAT;
-    cudnnBackendDescriptor_t mm = make(g, CUDNN_BACKEND_MATMUL_DESCRIPTOR, what);
-    set(g, mm, CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &sums, what);
+    cudnnBackendDescriptor_t mm =
+        summing(g, CUDNN_BACKEND_MATMUL_DESCRIPTOR, CUDNN_ATTR_MATMUL_COMP_TYPE, what);
     finalize(g, mm, what);
-    cudnnBackendDescriptor_t op = make(g, CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR, what);
-    set_descriptor(g, op, CUDNN_ATTR_OPERATION_MATMUL_ADESC, a, what);
-    set_descriptor(g, op, CUDNN_ATTR_OPERATION_MATMUL_BDESC, b, what);
-    set_descriptor(g, op, CUDNN_ATTR_OPERATION_MATMUL_CDESC, c, what);
-    set_descriptor(g, op, CUDNN_ATTR_OPERATION_MATMUL_DESC, mm, what);
-    finalize(g, op, what);
-    add_op(g, op);
+    const operand operands[] = {{CUDNN_ATTR_OPERATION_MATMUL_ADESC, a},
+                                {CUDNN_ATTR_OPERATION_MATMUL_BDESC, b},
+                                {CUDNN_ATTR_OPERATION_MATMUL_CDESC, c},
+                                {CUDNN_ATTR_OPERATION_MATMUL_DESC, mm}};
+    operation(g, CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR, what, operands, 4);
 }
 
 void pt_cudnn_reduction(pt_cudnn_graph *g, cudnnReduceTensorOp_t how, cudnnBackendDescriptor_t x,
                         cudnnBackendDescriptor_t y)
 {
     const char *what = "a reduction";
-    const cudnnDataType_t sums = CUDNN_DATA_FLOAT;
-    cudnnBackendDescriptor_t r = make(g, CUDNN_BACKEND_REDUCTION_DESCRIPTOR, what);
+    cudnnBackendDescriptor_t r =
+        summing(g, CUDNN_BACKEND_REDUCTION_DESCRIPTOR, CUDNN_ATTR_REDUCTION_COMP_TYPE, what);
     set(g, r, CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &how, what);
-    set(g, r, CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &sums, what);
     finalize(g, r, what);
-    cudnnBackendDescriptor_t op = make(g, CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR, what);
-    set_descriptor(g, op, CUDNN_ATTR_OPERATION_REDUCTION_XDESC, x, what);
-    set_descriptor(g, op, CUDNN_ATTR_OPERATION_REDUCTION_YDESC, y, what);
-    set_descriptor(g, op, CUDNN_ATTR_OPERATION_REDUCTION_DESC, r, what);
-    finalize(g, op, what);
-    add_op(g, op);
+    const operand operands[] = {{CUDNN_ATTR_OPERATION_REDUCTION_XDESC, x},
+                                {CUDNN_ATTR_OPERATION_REDUCTION_YDESC, y},
+                                {CUDNN_ATTR_OPERATION_REDUCTION_DESC, r}};
+    operation(g, CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR, what, operands, 3);
 }
 
 void pt_cudnn_reshape(pt_cudnn_graph *g, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y)
 {
-    const char *what = "a reshape";
-    cudnnBackendDescriptor_t op = make(g, CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR, what);
-    set_descriptor(g, op, CUDNN_ATTR_OPERATION_RESHAPE_XDESC, x, what);
-    set_descriptor(g, op, CUDNN_ATTR_OPERATION_RESHAPE_YDESC, y, what);
-    finalize(g, op, what);
-    add_op(g, op);
+    const operand operands[] = {{CUDNN_ATTR_OPERATION_RESHAPE_XDESC, x},
+                                {CUDNN_ATTR_OPERATION_RESHAPE_YDESC, y}};
+    operation(g, CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR, "a reshape", operands, 2);
 }
 
 pipert_result pt_cudnn_graph_finish(pt_cudnn_graph *g, const char *what)
