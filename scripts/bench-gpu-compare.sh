@@ -11,9 +11,10 @@
 #                                              shape; its median "N tok/s" is reported
 #
 # Prints each system's tokens/s over its median timed step, the ratio to pipert's exact fp32
-# step, and the peak device memory where the system reports it (pipert bf16 three times: as it
-# runs by default, with attention on CUDA cores, and with the products' epilogues as kernels of
-# ours, PIPERT_CUDA_LT=0), then pipert bf16's step kernel by kernel; the
+# step, and the peak device memory where the system reports it (pipert bf16 four times: as it
+# runs by default, with attention on CUDA cores, with cuDNN's fused attention
+# (PIPERT_CUDA_CUDNN_ATTENTION=1), and with the products' epilogues as kernels of ours,
+# PIPERT_CUDA_LT=0), then pipert bf16's step kernel by kernel; the
 # raw outputs go to $OUT (or a temporary folder).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,13 +35,14 @@ rows=()
 # of its speed-ups (fp32: attention on CUDA cores rather than cuBLAS, attention_gemm.cu; bf16:
 # attention on CUDA cores rather than tensor cores, attention_mma.cuh, and the products'
 # epilogues as kernels of ours after cuBLAS, matmul.cu), so that each one's share is measured
-# in the same call
+# in the same call; and bf16 with cuDNN's attention instead of ours (attention_cudnn.cu)
 variants=(
   "pipert fp32|||pipert"
   "pipert fp32, attention on CUDA cores|PIPERT_CUDA_GEMM_ATTENTION=0||pipert-fp32-simt"
   "pipert tf32||--tf32|pipert-tf32"
   "pipert bf16||--bf16|pipert-bf16"
   "pipert bf16, CUDA-core attention|PIPERT_CUDA_MMA_ATTENTION=0|--bf16|pipert-bf16-simt"
+  "pipert bf16, cuDNN attention|PIPERT_CUDA_CUDNN_ATTENTION=1|--bf16|pipert-bf16-cudnn"
   "pipert bf16, epilogues as kernels|PIPERT_CUDA_LT=0|--bf16|pipert-bf16-no-lt"
 )
 for variant in "${variants[@]}"; do

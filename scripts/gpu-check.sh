@@ -174,7 +174,9 @@ run() {
   deadline=$((SECONDS + ${BUDGET:-420}))
   mkdir -p "$out"
   nccl=$(python3 -c 'import nvidia.nccl as n; print(n.__path__[0])' 2>/dev/null || true)
-  export LD_LIBRARY_PATH=$PWD/$carry:$PWD/$carry/lib:/usr/local/cuda/lib64${nccl:+:$nccl/lib}
+  # cuDNN (PyTorch's wheel): test_cuda_bf16's cuDNN attention test, PIPERT_CUDA_CUDNN_ATTENTION=1
+  cudnn=$(python3 -c 'import nvidia.cudnn as n; print(n.__path__[0])' 2>/dev/null || true)
+  export LD_LIBRARY_PATH=$PWD/$carry:$PWD/$carry/lib:/usr/local/cuda/lib64${nccl:+:$nccl/lib}${cudnn:+:$cudnn/lib}
   export UCX_MODULE_DIR=$PWD/$carry/ucx PIPERT_LOG=warn
   local pipert=$carry/tools/pipert corpus=$PWD/$carry/corpus
   nvidia-smi -L || true
@@ -195,8 +197,9 @@ run() {
       tail -n 1 "$jobs/$binary.log"
       grep -h "normwise error" "$jobs/$binary.log" | sed 's/^/  /'
     done
-    echo "== compute-sanitizer memcheck: the tensor-core attention, then the bf16 classifier"
-    for filter in 'cuda/bf16_attention_on_tensor_cores*' 'cuda/bf16_logits_and_crossentropy*'; do
+    echo "== compute-sanitizer memcheck: the tensor-core attention, the bf16 classifier, cuDNN's attention"
+    for filter in 'cuda/bf16_attention_on_tensor_cores*' 'cuda/bf16_logits_and_crossentropy*' \
+      'cuda/bf16_attention_through_cudnn*'; do
       log="$jobs/memcheck-${filter//[^a-z0-9_]/}.log"
       timeout "$(left 60)" compute-sanitizer --tool memcheck "$carry/tests/test_cuda_bf16" -j1 \
         --filter "$filter" >"$log" 2>&1 &&

@@ -4,6 +4,8 @@
  * write bf16 themselves (layernorm, products with their bias, the product backward through the
  * GELU, logits and cross-entropy, attention's output and gradient). Tolerances and helpers: tests/cuda_checks.h; without a GPU these run
  * on cpu-guarded under PIPERT_TEST_CUDA_STANDIN (the cuda_bf16-standin test). */
+#include <dlfcn.h>
+
 #include "tests/cuda_checks.h"
 
 /* ---- bf16 --------------------------------------------------------------------------- */
@@ -247,6 +249,75 @@ Test(cuda, bf16_attention_on_tensor_cores_matches_the_fp32_kernel_within_bf16)
     if (!on_the_emulated_device()) /* 16 times T = 1,024's work, through the same code */
         check_attention_bf16(1, 4096, 128, 1, true); /* the longest context the issue names */
     check_attention_bf16(2, 200, 96, 2, true);    /* head size 48: the CUDA-core kernels take it */
+}
+
+/* Attention through cuDNN's fused flash attention (PIPERT_CUDA_CUDNN_ATTENTION, attention_cudnn.cu;
+ * on a GPU with libcudnn.so.9 only) against the CPU's fp32 kernel on the same values: as the
+ * tensor-core kernels, P, dO and dS are rounded to bf16 for the products, so out within
+ * u·max|v| (u = 2^-8) plus its own rounding to bf16 (u·|out|), element by element, and the bf16
+ * gradient written within 2^-6 normwise; both passes counted as cuDNN's (no fallback). */
+static void check_attention_cudnn(int B, int T, int C, int NH)
+{
+    const pt_kernels *gpu = cuda_or_skip();
+    if (standing_in) cr_skip_test("cuDNN attention runs on a GPU only");
+    void *library = dlopen("libcudnn.so.9", RTLD_NOW | RTLD_LOCAL);
+    if (!library) cr_skip_test("no libcudnn.so.9 here: %s", dlerror());
+    dlclose(library);
+    pt_cuda_set_cudnn_attention(1);
+    const size_t n_qkv = (size_t)B * T * 3 * C, n_out = (size_t)B * T * C;
+    float *qkv = random_floats(n_qkv, -2, 2), *dout = random_floats(n_out, -1, 1);
+    uint16_t *qkv16 = malloc(n_qkv * sizeof *qkv16), *out16 = malloc(n_out * 2),
+             *dqkv16 = malloc(n_qkv * 2);
+    for (size_t i = 0; i < n_qkv; i++) qkv16[i] = bf16_reference(qkv[i]), dqkv16[i] = 0x7fc0;
+    for (size_t i = 0; i < n_out; i++) out16[i] = 0x7fc0; /* NaN: every element written */
+    float *wide = bf16_rounded(qkv, n_qkv), *out = calloc(n_out, sizeof *out),
+          *dqkv = calloc(n_qkv, sizeof *dqkv);
+    float *att = calloc(cpu()->attention_saved_floats(B, T, C, NH), sizeof *att);
+    cpu()->attention_forward(out, att, wide, B, T, C, NH);
+    cpu()->attention_backward(dqkv, dout, wide, att, B, T, C, NH);
+    void *d_qkv = upload(gpu, qkv16, n_qkv * 2), *d_out16 = upload(gpu, out16, n_out * 2),
+         *d_dqkv16 = upload(gpu, dqkv16, n_qkv * 2);
+    float *d_dout = upload(gpu, dout, n_out * 4), *d_scratch = upload(gpu, dqkv, n_qkv * 4),
+          *d_att = NULL;
+    cr_assert_eq(gpu->alloc((void **)&d_att, gpu->attention_saved_floats(B, T, C, NH) * 4, "att"),
+                 PIPERT_OK);
+    const long runs = pt_cuda_cudnn_attention_runs();
+    gpu->attention_forward_bf16_to_bf16(d_out16, d_scratch, d_att, d_qkv, B, T, C, NH);
+    gpu->attention_backward_bf16_to_bf16(d_dqkv16, d_scratch, d_dout, d_qkv, d_att, B, T, C, NH);
+    gpu->copy_to_host(out16, d_out16, n_out * 2);
+    gpu->copy_to_host(dqkv16, d_dqkv16, n_qkv * 2);
+    expect_no_cuda_error();
+    char what[128];
+    snprintf(what, sizeof what, "cuDNN attention, B=%d T=%d C=%d NH=%d", B, T, C, NH);
+    cr_expect_eq(pt_cuda_cudnn_attention_runs() - runs, 2, "%s: cuDNN ran %ld of the 2 passes "
+                 "(the log says why not)", what, pt_cuda_cudnn_attention_runs() - runs);
+    for (size_t i = 0; i < n_out; i++) {
+        const double got = bf16_to_float(out16[i]), bound = ldexp(1.0, -8) * (2.0 + fabs(out[i])) + 1e-5;
+        if (!(fabs(got - out[i]) <= bound))
+            cr_assert_fail("%s: out[%zu] = %.7g, the CPU %.7g (bound %.3g)", what, i, got, out[i],
+                           bound);
+    }
+    double err = 0.0, norm = 0.0;
+    for (size_t i = 0; i < n_qkv; i++) {
+        const double got = bf16_to_float(dqkv16[i]);
+        err += (got - dqkv[i]) * (got - dqkv[i]);
+        norm += (double)dqkv[i] * dqkv[i];
+    }
+    const double rel = sqrt(err / norm);
+    printf("%s: bf16 dqkv written, normwise error %.2e\n", what, rel);
+    cr_expect(rel <= ldexp(1.0, -6), "%s: dqkv errs by %.3g normwise", what, rel);
+    pt_cuda_set_cudnn_attention(0);
+    gpu->free(d_att), gpu->free(d_scratch), gpu->free(d_dout), gpu->free(d_dqkv16);
+    gpu->free(d_out16), gpu->free(d_qkv);
+    free(qkv), free(dout), free(qkv16), free(out16), free(dqkv16), free(wide), free(out), free(dqkv);
+    free(att);
+}
+
+Test(cuda, bf16_attention_through_cudnn_matches_the_fp32_kernel_within_bf16)
+{
+    check_attention_cudnn(1, 1024, 128, 2); /* head size 64 at GPT-2's context */
+    check_attention_cudnn(2, 67, 256, 2);   /* 128, T not a multiple of a tile */
+    check_attention_cudnn(1, 4096, 128, 1); /* the longest context the issue names */
 }
 
 /* The GELU of a bf16: forward within one bf16 rounding of the CPU's (tanhf differs in the last

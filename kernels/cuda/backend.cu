@@ -23,6 +23,7 @@ static int tf32_request = -1; /* pt_cuda_set_tf32: -1 none, else overrides PIPER
 static int mma_attention_request = -1; /* pt_cuda_set_mma_attention, over PIPERT_CUDA_MMA_ATTENTION */
 static int lt_request = -1;            /* pt_cuda_set_lt, over PIPERT_CUDA_LT */
 static int gemm_attention_request = -1; /* pt_cuda_set_gemm_attention, over PIPERT_CUDA_GEMM_ATTENTION */
+static int cudnn_attention_request = -1; /* pt_cuda_set_cudnn_attention, over PIPERT_CUDA_CUDNN_ATTENTION */
 
 /* ---- errors ------------------------------------------------------------------------ */
 
@@ -156,6 +157,10 @@ static pipert_result create_streams_and_handles(void)
     PT_TRY(env_integer("PIPERT_CUDA_GEMM_ATTENTION", 1, &gemm_attention));
     pt_cuda.gemm_attention =
         gemm_attention_request >= 0 ? gemm_attention_request != 0 : gemm_attention != 0;
+    long long cudnn_attention; /* opt-in until a GPU run measures it against attention_mma.cuh */
+    PT_TRY(env_integer("PIPERT_CUDA_CUDNN_ATTENTION", 0, &cudnn_attention));
+    pt_cuda.cudnn_attention =
+        cudnn_attention_request >= 0 ? cudnn_attention_request != 0 : cudnn_attention != 0;
     long long lt;
     PT_TRY(env_integer("PIPERT_CUDA_LT", 1, &lt));
     pt_cuda.lt = lt_request >= 0 ? lt_request != 0 : lt != 0;
@@ -182,6 +187,9 @@ static void context_destroy(void)
     if (pt_cuda.compute) cudaStreamSynchronize(pt_cuda.compute);
     if (pt_cuda.copy) cudaStreamSynchronize(pt_cuda.copy);
     pt_cuda_peer_close();
+#if PT_HAVE_CUDNN
+    pt_cuda_cudnn_attention_close(); /* its handle runs on the compute stream */
+#endif
     pt_cuda_arena_destroy();
     pt_cuda_lt_stop();
     if (pt_cuda.cublas) cublasDestroy(pt_cuda.cublas);
@@ -207,10 +215,11 @@ static pipert_result context_create(void)
     }
     pt_cuda.ready = true;
     pt_info("cuda: device %d, %s (compute capability %d.%d, %d SMs), arena %zu MiB, TF32 %s, "
-            "bf16 attention on %s, fp32 attention %s, epilogues %s",
+            "bf16 attention on %s%s, fp32 attention %s, epilogues %s",
             pt_cuda.device, pt_cuda.prop.name, pt_cuda.prop.major, pt_cuda.prop.minor,
             pt_cuda.prop.multiProcessorCount, pt_cuda.arena.capacity >> 20,
             pt_cuda.tf32 ? "on" : "off", pt_cuda.mma_attention ? "tensor cores" : "CUDA cores",
+            pt_cuda.cudnn_attention ? " (cuDNN's where it has a plan)" : "",
             pt_cuda.gemm_attention ? "through cuBLAS" : "on CUDA cores",
             pt_cuda.lt ? "fused by cuBLASLt" : "as kernels");
     return PIPERT_OK;
@@ -243,6 +252,13 @@ extern "C" void pt_cuda_set_gemm_attention(int enabled)
     pt_cuda.gemm_attention = enabled != 0;
 }
 
+extern "C" void pt_cuda_set_cudnn_attention(int enabled)
+{
+    std::lock_guard<std::mutex> guard(start_lock);
+    cudnn_attention_request = enabled != 0;
+    pt_cuda.cudnn_attention = enabled != 0;
+}
+
 extern "C" void pt_cuda_set_lt(int enabled)
 {
     std::lock_guard<std::mutex> guard(start_lock);
@@ -251,6 +267,27 @@ extern "C" void pt_cuda_set_lt(int enabled)
 }
 
 /* ---- the table ------------------------------------------------------------------------ */
+
+/* A bf16 qkv's attention written in bf16: cuDNN's where it is asked for and has plans for the
+ * shape (attention_cudnn.cu), attention.cu's kernels otherwise. */
+static void attention_forward_bf16_to_bf16(pt_bf16 *out, float *scratch, float *att,
+                                           const pt_bf16 *qkv, int B, int T, int C, int NH)
+{
+#if PT_HAVE_CUDNN
+    if (pt_cuda_attention_cudnn_forward_to_bf16(out, att, qkv, B, T, C, NH)) return;
+#endif
+    pt_cuda_attention_forward_bf16_to_bf16(out, scratch, att, qkv, B, T, C, NH);
+}
+
+static void attention_backward_bf16_to_bf16(pt_bf16 *dqkv, float *scratch, const float *dout,
+                                            const pt_bf16 *qkv, const float *att, int B, int T,
+                                            int C, int NH)
+{
+#if PT_HAVE_CUDNN
+    if (pt_cuda_attention_cudnn_backward_to_bf16(dqkv, dout, qkv, att, B, T, C, NH)) return;
+#endif
+    pt_cuda_attention_backward_bf16_to_bf16(dqkv, scratch, dout, qkv, att, B, T, C, NH);
+}
 
 static const pt_kernels cuda_kernels = {
     .name = "cuda",
@@ -290,8 +327,8 @@ static const pt_kernels cuda_kernels = {
     .attention_saved_floats = pt_cuda_attention_saved_floats,
     .attention_forward_bf16 = pt_cuda_attention_forward_bf16,
     .attention_backward_bf16 = pt_cuda_attention_backward_bf16,
-    .attention_forward_bf16_to_bf16 = pt_cuda_attention_forward_bf16_to_bf16,
-    .attention_backward_bf16_to_bf16 = pt_cuda_attention_backward_bf16_to_bf16,
+    .attention_forward_bf16_to_bf16 = attention_forward_bf16_to_bf16,
+    .attention_backward_bf16_to_bf16 = attention_backward_bf16_to_bf16,
     .gelu_forward = pt_cuda_gelu_forward,
     .gelu_backward = pt_cuda_gelu_backward,
     .gelu_forward_bf16 = pt_cuda_gelu_forward_bf16,

@@ -54,6 +54,7 @@ struct pt_cuda_context {
     bool tf32;
     bool mma_attention; /* a bf16 qkv's attention on tensor cores (attention_mma.cu) */
     bool gemm_attention; /* an fp32 qkv's attention through cuBLAS (attention_gemm.cu) */
+    bool cudnn_attention; /* a bf16 qkv's through cuDNN where it has plans (attention_cudnn.cu) */
     pt_cuda_arena arena;
     double *host_partials; /* pinned [PT_CUDA_REDUCE_BLOCKS] */
 
@@ -274,6 +275,15 @@ void pt_cuda_attention_mma_backward(float *dqkv, const float *dout, const __nv_b
 void pt_cuda_attention_mma_backward_to_bf16(pt_bf16 *dqkv, const float *dout,
                                             const __nv_bfloat16 *qkv, const float *lse,
                                             const float *o_saved, int B, int T, int C, int NH);
+
+/* attention_cudnn.cu (built with cuDNN's headers, PT_HAVE_CUDNN): a bf16 qkv's attention written in
+ * bf16 through cuDNN; false, with nothing done, where it does not take it (off, no libcudnn, no
+ * plan for the shape): attention.cu's kernels then. The backward goes as the forward went. */
+bool pt_cuda_attention_cudnn_forward_to_bf16(pt_bf16 *out, float *att, const pt_bf16 *qkv, int B,
+                                             int T, int C, int NH);
+bool pt_cuda_attention_cudnn_backward_to_bf16(pt_bf16 *dqkv, const float *dout, const pt_bf16 *qkv,
+                                              const float *att, int B, int T, int C, int NH);
+extern "C" void pt_cuda_cudnn_attention_close(void); /* before the context goes */
 
 /* attention_gemm.cu: an fp32 qkv's attention through cuBLAS, where attention.cu hands it */
 bool pt_cuda_attention_gemm_takes(int B, int T, int C, int NH, bool backward);

@@ -32,6 +32,9 @@
  *   PIPERT_CUDA_MMA_ATTENTION  0: a bf16 qkv's attention on the CUDA-core
  *                         kernels (exact on its values) rather than tensor
  *                         cores (attention_mma.cuh); default 1
+ *   PIPERT_CUDA_CUDNN_ATTENTION  1: a bf16 qkv's attention through cuDNN's
+ *                         fused attention where it has plans (attention_cudnn.cu);
+ *                         default 0
  */
 #ifndef PT_KERNELS_CUDA_H
 #define PT_KERNELS_CUDA_H
@@ -98,6 +101,15 @@ void pt_cuda_set_gemm_attention(int enabled);
  * with it fused (1, the default), or through cuBLAS and a kernel of ours (0); overrides
  * PIPERT_CUDA_LT. cuBLASLt declining a product falls back to the second way by itself. */
 void pt_cuda_set_lt(int enabled);
+
+/* Runs a bf16 qkv's attention (written in bf16, the model's bf16 path) through cuDNN's fused
+ * flash attention where libcudnn.so.9 (≥ 9.8) loads and has plans for the shape (1), or on
+ * attention.cu's kernels (0, the default until a GPU run measures it); overrides
+ * PIPERT_CUDA_CUDNN_ATTENTION. Without cuDNN's headers at build time it does nothing. */
+void pt_cuda_set_cudnn_attention(int enabled);
+
+/* Attention passes cuDNN has run since the process started: a test's way to see it ran. */
+long pt_cuda_cudnn_attention_runs(void);
 
 /* Products cuBLASLt has made with their epilogue since the process started: a test's way to
  * see that the fused path ran rather than declined to the fallback. */
