@@ -8,7 +8,10 @@
  * scores, not attention.cu's base-2 one) and the bf16 output in the space of the fp32 copy the
  * others keep (cuDNN's backward reads O in bf16). So the two passes must go the same way: the
  * choice is a function of the shape alone, made once (both plans are made at the first
- * forward), and a backward cuDNN was chosen for never falls back (a failure is an error). */
+ * forward), and a backward cuDNN was chosen for never falls back (a failure is an error).
+ * Memory: the backward's fp32 sums of dq and its dO in bf16 go in the caller's fp32 scratch
+ * [B, T, 3C] (what the CUDA-core kernels use it for); only cuDNN's own workspace comes from
+ * the arena's scratch. */
 #include <stdint.h>
 
 #include "kernels/cuda/common.cuh"
@@ -95,22 +98,24 @@ bool pt_cuda_attention_cudnn_forward_to_bf16(pt_bf16 *out, float *att, const pt_
     return true;
 }
 
-bool pt_cuda_attention_cudnn_backward_to_bf16(pt_bf16 *dqkv, const float *dout, const pt_bf16 *qkv,
-                                              const float *att, int B, int T, int C, int NH)
+bool pt_cuda_attention_cudnn_backward_to_bf16(pt_bf16 *dqkv, float *scratch, const float *dout,
+                                              const pt_bf16 *qkv, const float *att, int B, int T,
+                                              int C, int NH)
 {
     size_t unused, bytes;
     if (!takes(qkv, B, T, C, NH, &unused, &bytes)) return false;
     const pt_cudnn_attention_shape s = {B, T, NH, C / NH};
     const float *stats = att;
     const void *o_saved = att + (size_t)B * NH * T;
+    /* the caller's scratch [B, T, 3C] fp32: dq's fp32 sums [B, T, C], then dO in bf16 */
     const size_t n_out = (size_t)B * T * C, mark = pt_cuda_scratch_mark();
-    pt_bf16 *dout16 = (pt_bf16 *)pt_cuda_scratch(align_up(n_out * sizeof(pt_bf16)),
-                                                 "cuDNN attention's dO in bf16");
-    void *workspace = dout16 ? pt_cuda_scratch(align_up(bytes), "cuDNN attention's workspace") : NULL;
-    if (workspace) { /* (a scratch that does not fit is recorded as an error) */
+    float *dq_sums = scratch;
+    pt_bf16 *dout16 = (pt_bf16 *)(scratch + n_out);
+    void *workspace = bytes ? pt_cuda_scratch(align_up(bytes), "cuDNN attention's workspace") : NULL;
+    if (!bytes || workspace) { /* (a scratch that does not fit is recorded as an error) */
         pt_cuda_cast_to_bf16(dout16, dout, n_out);
-        if (pt_cudnn_attention_backward(cudnn, s, dqkv, dout16, qkv, o_saved, stats, workspace) ==
-            PIPERT_OK)
+        if (pt_cudnn_attention_backward(cudnn, s, dqkv, dout16, qkv, o_saved, stats, dq_sums,
+                                        workspace) == PIPERT_OK)
             runs++;
         else
             record("cuDNN attention backward");

@@ -284,7 +284,7 @@ static void attention_backward_bf16_to_bf16(pt_bf16 *dqkv, float *scratch, const
                                             int C, int NH)
 {
 #if PT_HAVE_CUDNN
-    if (pt_cuda_attention_cudnn_backward_to_bf16(dqkv, dout, qkv, att, B, T, C, NH)) return;
+    if (pt_cuda_attention_cudnn_backward_to_bf16(dqkv, scratch, dout, qkv, att, B, T, C, NH)) return;
 #endif
     pt_cuda_attention_backward_bf16_to_bf16(dqkv, scratch, dout, qkv, att, B, T, C, NH);
 }

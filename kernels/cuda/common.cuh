@@ -281,8 +281,9 @@ void pt_cuda_attention_mma_backward_to_bf16(pt_bf16 *dqkv, const float *dout,
  * plan for the shape): attention.cu's kernels then. The backward goes as the forward went. */
 bool pt_cuda_attention_cudnn_forward_to_bf16(pt_bf16 *out, float *att, const pt_bf16 *qkv, int B,
                                              int T, int C, int NH);
-bool pt_cuda_attention_cudnn_backward_to_bf16(pt_bf16 *dqkv, const float *dout, const pt_bf16 *qkv,
-                                              const float *att, int B, int T, int C, int NH);
+bool pt_cuda_attention_cudnn_backward_to_bf16(pt_bf16 *dqkv, float *scratch, const float *dout,
+                                              const pt_bf16 *qkv, const float *att, int B, int T,
+                                              int C, int NH);
 extern "C" void pt_cuda_cudnn_attention_close(void); /* before the context goes */
 
 /* attention_gemm.cu: an fp32 qkv's attention through cuBLAS, where attention.cu hands it */

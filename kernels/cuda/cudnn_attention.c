@@ -4,8 +4,8 @@
  * forward a product, the scale, the causal mask as a select on generated row and column
  * indices, the softmax with its statistics (max, exp, sum, log), and the second product; the
  * backward recomputes P from the statistics and forms D, dP, dS and the three products, dq
- * accumulated in fp32 in cuDNN's own element order (a tensor of ours, zeroed before each run)
- * and rounded to bf16 at the end. Intermediate tensors are virtual (never in memory) and fp32,
+ * accumulated in fp32 in cuDNN's own element order (a tensor the caller gives, zeroed before
+ * each run) and rounded to bf16 at the end. Intermediate tensors are virtual (never in memory) and fp32,
  * except the operands of the products after the softmax, bf16 as q, k and v. Whether an
  * engine takes a graph is cuDNN's to say, so tests/test_cudnn_attention.c asks it of these
  * graphs at GPT-2's shapes for an H100 without one, and test_cuda runs them on a GPU. */
@@ -37,14 +37,13 @@ enum {
 };
 
 #define PLANS_KEPT 8 /* shapes × passes: a model has one or two shapes */
-#define WORKSPACE_ALIGN 256
 
 typedef struct attention_plan {
     pt_cudnn_attention_pass pass;
     pt_cudnn_attention_shape shape;
     pt_cudnn_graph graph;             /* the descriptors the plan was made from */
     cudnnBackendDescriptor_t plan;
-    size_t plan_workspace, dq_sums;   /* bytes */
+    size_t workspace;                 /* bytes */
 } attention_plan;
 
 struct pt_cudnn_attention_plans {
@@ -94,11 +93,6 @@ static pt_cudnn_layout per_row(pt_cudnn_attention_shape s)
 {
     const int64_t T = s.T;
     return layout(CUDNN_DATA_FLOAT, s.B, s.NH, T, 1, s.NH * T, T, 1, 1);
-}
-
-static size_t dq_sums_bytes(pt_cudnn_attention_shape s)
-{
-    return (size_t)s.B * s.NH * s.T * s.hs * sizeof(float);
 }
 
 /* ---- the graphs ----------------------------------------------------------------- */
@@ -355,8 +349,7 @@ pipert_result pt_cudnn_attention_plan(pt_cudnn *c, pt_cudnn_attention_pass pass,
         cudnnStatus_t status = c->api.get_attribute(a->plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
                                                     CUDNN_TYPE_INT64, 1, &count, &bytes);
         if (status) rc = pt_cudnn_fail(c, PIPERT_ERR_INTERNAL, status, "cuDNN: a plan's workspace");
-        a->plan_workspace = (size_t)bytes;
-        a->dq_sums = pass == PT_CUDNN_ATTENTION_BACKWARD ? dq_sums_bytes(shape) : 0;
+        a->workspace = (size_t)bytes;
     }
     if (rc != PIPERT_OK || !a->plan) {
         attention_plan_free(c, a);
@@ -402,14 +395,12 @@ static pipert_result plan_for(pt_cudnn *c, pt_cudnn_attention_pass pass,
     return pt_fail(PIPERT_ERR_INTERNAL, "cuDNN %s: a plan made and not kept", pass_name(pass));
 }
 
-static size_t align_up(size_t bytes) { return (bytes + WORKSPACE_ALIGN - 1) / WORKSPACE_ALIGN * WORKSPACE_ALIGN; }
-
 pipert_result pt_cudnn_attention_workspace(pt_cudnn *c, pt_cudnn_attention_pass pass,
                                            pt_cudnn_attention_shape shape, size_t *bytes)
 {
     const attention_plan *a;
     PT_TRY(plan_for(c, pass, shape, &a));
-    *bytes = align_up(a->dq_sums) + a->plan_workspace;
+    *bytes = a->workspace;
     return PIPERT_OK;
 }
 
@@ -419,7 +410,6 @@ static pipert_result run(pt_cudnn *c, const attention_plan *a, const int64_t *id
 {
     const pt_cudnn_api *api = &c->api;
     cudnnBackendDescriptor_t pack = NULL;
-    void *plan_workspace = (char *)workspace + align_up(a->dq_sums);
     cudnnStatus_t status = api->create_descriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &pack);
     if (!status)
         status = api->set_attribute(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, n, ids);
@@ -428,7 +418,7 @@ static pipert_result run(pt_cudnn *c, const attention_plan *a, const int64_t *id
                                     n, pointers);
     if (!status)
         status = api->set_attribute(pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1,
-                                    &plan_workspace);
+                                    &workspace);
     if (!status) status = api->finalize(pack);
     if (!status) status = api->execute(c->handle, a->plan, pack);
     pipert_result rc = status ? pt_cudnn_fail(c, PIPERT_ERR_INTERNAL, status, pass_name(a->pass))
@@ -452,12 +442,13 @@ pipert_result pt_cudnn_attention_forward(pt_cudnn *c, pt_cudnn_attention_shape s
 
 pipert_result pt_cudnn_attention_backward(pt_cudnn *c, pt_cudnn_attention_shape shape, void *dqkv,
                                           const void *dout, const void *qkv, const void *out,
-                                          const float *stats, void *workspace)
+                                          const float *stats, float *dq_sums, void *workspace)
 {
     const attention_plan *a;
     PT_TRY(plan_for(c, PT_CUDNN_ATTENTION_BACKWARD, shape, &a));
     /* dq's accumulator starts at zero each time, as cuDNN expects of it */
-    cudaError_t err = cudaMemsetAsync(workspace, 0, a->dq_sums, c->stream);
+    const size_t sums = (size_t)shape.B * shape.T * shape.NH * shape.hs * sizeof(float);
+    cudaError_t err = cudaMemsetAsync(dq_sums, 0, sums, c->stream);
     if (err != cudaSuccess)
         return pt_fail(PIPERT_ERR_INTERNAL, "cuDNN attention backward: zeroing dq's sums: %s",
                        cudaGetErrorString(err));
@@ -474,7 +465,7 @@ pipert_result pt_cudnn_attention_backward(pt_cudnn *c, pt_cudnn_attention_shape 
                         dqkv,
                         (char *)dqkv + C * element,
                         (char *)dqkv + 2 * C * element,
-                        workspace,
+                        dq_sums,
                         &scale,
                         &masked,
                         &one};

@@ -44,17 +44,18 @@ pipert_result pt_cudnn_attention_plan(pt_cudnn *c, pt_cudnn_attention_pass pass,
                                       pt_cudnn_attention_shape shape,
                                       pt_cudnn_attention_report *report);
 
-/* Bytes of device workspace the pass needs at this shape (its plan's, and the backward's fp32
- * accumulator of dq): PIPERT_ERR_UNSUPPORTED where cuDNN has no plan for it. */
+/* Bytes of device workspace the pass's plan needs at this shape: PIPERT_ERR_UNSUPPORTED where
+ * cuDNN has no plan for it. */
 pipert_result pt_cudnn_attention_workspace(pt_cudnn *c, pt_cudnn_attention_pass pass,
                                            pt_cudnn_attention_shape shape, size_t *bytes);
 
-/* Runs on the handle's stream; workspace: pt_cudnn_attention_workspace's bytes, 256-byte
- * aligned. Pointers are device pointers, 16-byte aligned. */
+/* Run on the handle's stream; workspace: pt_cudnn_attention_workspace's bytes, 256-byte
+ * aligned. Pointers are device pointers, 16-byte aligned; dq_sums [B, T, C] fp32, the
+ * backward's own (it zeroes it, and cuDNN sums dq there in an order of its own). */
 pipert_result pt_cudnn_attention_forward(pt_cudnn *c, pt_cudnn_attention_shape shape, void *out,
                                          float *stats, const void *qkv, void *workspace);
 pipert_result pt_cudnn_attention_backward(pt_cudnn *c, pt_cudnn_attention_shape shape, void *dqkv,
                                           const void *dout, const void *qkv, const void *out,
-                                          const float *stats, void *workspace);
+                                          const float *stats, float *dq_sums, void *workspace);
 
 #endif
