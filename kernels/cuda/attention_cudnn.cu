@@ -53,6 +53,14 @@ extern "C" void pt_cuda_cudnn_attention_close(void)
 
 static size_t align_up(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
+/* Where the forward keeps its bf16 output for the backward: in att's space for the fp32 copy
+ * (B·T·C floats, twice what it needs), from its first 16-byte boundary (cuDNN's tensors are). */
+static void *saved_output(const float *att, int B, int T, int NH)
+{
+    const uintptr_t at = (uintptr_t)(att + (size_t)B * NH * T);
+    return (void *)((at + 15) / 16 * 16);
+}
+
 /* Whether cuDNN runs this shape's attention, and if so each pass's workspace. */
 static bool takes(const void *qkv, int B, int T, int C, int NH, size_t *forward_bytes,
                   size_t *backward_bytes)
@@ -82,7 +90,7 @@ bool pt_cuda_attention_cudnn_forward_to_bf16(pt_bf16 *out, float *att, const pt_
     if (!takes(qkv, B, T, C, NH, &bytes, &unused)) return false;
     const pt_cudnn_attention_shape s = {B, T, NH, C / NH};
     float *stats = att;
-    void *o_saved = att + (size_t)B * NH * T; /* the bf16 output, for the backward */
+    void *o_saved = saved_output(att, B, T, NH); /* the bf16 output, for the backward */
     const size_t mark = pt_cuda_scratch_mark();
     void *workspace = bytes ? pt_cuda_scratch(align_up(bytes), "cuDNN attention's workspace") : NULL;
     if (!bytes || workspace) {
@@ -106,7 +114,7 @@ bool pt_cuda_attention_cudnn_backward_to_bf16(pt_bf16 *dqkv, float *scratch, con
     if (!takes(qkv, B, T, C, NH, &unused, &bytes)) return false;
     const pt_cudnn_attention_shape s = {B, T, NH, C / NH};
     const float *stats = att;
-    const void *o_saved = att + (size_t)B * NH * T;
+    const void *o_saved = saved_output(att, B, T, NH);
     /* the caller's scratch [B, T, 3C] fp32: dq's fp32 sums [B, T, C], then dO in bf16 */
     const size_t n_out = (size_t)B * T * C, mark = pt_cuda_scratch_mark();
     float *dq_sums = scratch;

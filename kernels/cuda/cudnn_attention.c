@@ -97,17 +97,17 @@ static pt_cudnn_layout per_row(pt_cudnn_attention_shape s)
 
 /* ---- the graphs ----------------------------------------------------------------- */
 
-/* The scaled, causally masked scores q·kᵀ/√hs into a new virtual tensor. */
+/* The scaled, causally masked scores q·kᵀ·scale into a new virtual tensor. */
 static cudnnBackendDescriptor_t masked_scores(pt_cudnn_graph *g, pt_cudnn_attention_shape s,
                                               cudnnBackendDescriptor_t q,
-                                              cudnnBackendDescriptor_t kt)
+                                              cudnnBackendDescriptor_t kt,
+                                              cudnnBackendDescriptor_t scale)
 {
     const cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
     cudnnBackendDescriptor_t product = pt_cudnn_virtual(g, scores(s, f32));
     pt_cudnn_matmul(g, q, kt, product);
     cudnnBackendDescriptor_t scaled = pt_cudnn_virtual(g, scores(s, f32));
-    pt_cudnn_pointwise(g, CUDNN_POINTWISE_MUL, f32, -1, product, pt_cudnn_scalar(g, UID_SCALE, f32),
-                       NULL, scaled);
+    pt_cudnn_pointwise(g, CUDNN_POINTWISE_MUL, f32, -1, product, scale, NULL, scaled);
     cudnnBackendDescriptor_t row = pt_cudnn_virtual(g, scores(s, CUDNN_DATA_INT32));
     cudnnBackendDescriptor_t column = pt_cudnn_virtual(g, scores(s, CUDNN_DATA_INT32));
     cudnnBackendDescriptor_t kept = pt_cudnn_virtual(g, scores(s, CUDNN_DATA_BOOLEAN));
@@ -129,7 +129,7 @@ static void forward_graph(pt_cudnn_graph *g, pt_cudnn_attention_shape s)
     cudnnBackendDescriptor_t v = pt_cudnn_tensor(g, UID_V, qkv_part(s, false), 0);
     cudnnBackendDescriptor_t out = pt_cudnn_tensor(g, UID_O, heads(s), 0);
     cudnnBackendDescriptor_t stats = pt_cudnn_tensor(g, UID_STATS, per_row(s), 0);
-    cudnnBackendDescriptor_t S = masked_scores(g, s, q, kt);
+    cudnnBackendDescriptor_t S = masked_scores(g, s, q, kt, pt_cudnn_scalar(g, UID_SCALE, f32));
     /* the softmax, with its statistics max + log Σ exp */
     cudnnBackendDescriptor_t max = pt_cudnn_virtual(g, per_row(s));
     pt_cudnn_reduction(g, CUDNN_REDUCE_TENSOR_MAX, S, max);
@@ -158,6 +158,7 @@ static void backward_graph(pt_cudnn_graph *g, pt_cudnn_attention_shape s)
     cudnnBackendDescriptor_t dout = pt_cudnn_tensor(g, UID_DO, heads(s), 0);
     cudnnBackendDescriptor_t stats = pt_cudnn_tensor(g, UID_STATS, per_row(s), 0);
     cudnnBackendDescriptor_t one = pt_cudnn_scalar(g, UID_ONE, f32);
+    cudnnBackendDescriptor_t scale = pt_cudnn_scalar(g, UID_SCALE, f32); /* 1/√hs, used twice */
     /* D = Σ_d dO∘O, a row's */
     cudnnBackendDescriptor_t dout_out = pt_cudnn_virtual(
         g, layout(f32, s.B, s.NH, s.T, s.hs, (int64_t)s.T * C, s.hs, C, 1));
@@ -167,7 +168,7 @@ static void backward_graph(pt_cudnn_graph *g, pt_cudnn_attention_shape s)
     cudnnBackendDescriptor_t D = pt_cudnn_virtual(g, per_row(s));
     pt_cudnn_pointwise(g, CUDNN_POINTWISE_MUL, f32, -1, D_sum, one, NULL, D);
     /* P again, from the forward's statistics; dv = Pᵀ·dO */
-    cudnnBackendDescriptor_t S = masked_scores(g, s, q, kt);
+    cudnnBackendDescriptor_t S = masked_scores(g, s, q, kt, scale);
     cudnnBackendDescriptor_t shifted = pt_cudnn_virtual(g, scores(s, f32));
     pt_cudnn_pointwise(g, CUDNN_POINTWISE_SUB, f32, -1, S, stats, NULL, shifted);
     cudnnBackendDescriptor_t P = pt_cudnn_virtual(g, scores(s, f32));
@@ -185,8 +186,7 @@ static void backward_graph(pt_cudnn_graph *g, pt_cudnn_attention_shape s)
     cudnnBackendDescriptor_t dS_unscaled = pt_cudnn_virtual(g, scores(s, f32));
     pt_cudnn_pointwise(g, CUDNN_POINTWISE_MUL, f32, -1, centred, P, NULL, dS_unscaled);
     cudnnBackendDescriptor_t dS = pt_cudnn_virtual(g, scores(s, f32));
-    pt_cudnn_pointwise(g, CUDNN_POINTWISE_MUL, f32, -1, dS_unscaled,
-                       pt_cudnn_scalar(g, UID_SCALE, f32), NULL, dS);
+    pt_cudnn_pointwise(g, CUDNN_POINTWISE_MUL, f32, -1, dS_unscaled, scale, NULL, dS);
     /* dk = dSᵀ·q; dq = dS·k, summed in fp32 and rounded once */
     cudnnBackendDescriptor_t dSt = pt_cudnn_virtual(g, scores_transposed(s));
     pt_cudnn_reshape(g, dS, dSt);
