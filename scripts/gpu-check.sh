@@ -58,6 +58,7 @@ prepare() {
   mkdir -p "$carry"/{tools,tests,lib,ucx,ref}
   cp build-gpu/tools/pipert "$carry/tools/"
   cp build-gpu/tests/test_cuda build-gpu/tests/test_cuda_bf16 build-gpu/tests/bench_cuda "$carry/tests/"
+  cp build-gpu/tests/test_cudnn_attention "$carry/tests/" # the GPU's own cuDNN description
   strip "$carry/tools/pipert" "$carry/tests/"*
   # host libraries a CUDA image lacks; glibc, libstdc++ and CUDA's stay the device's own
   ldd "$carry/tools/pipert" "$carry/tests/test_cuda" | awk '/=> \// {print $3}' | sort -u |
@@ -190,12 +191,14 @@ run() {
 
   if [ "$DEVICE" = cuda ]; then
     # first: the kernels no GPU has run yet (sessions 28-32) are checked before anything uses them
-    for binary in test_cuda test_cuda_bf16; do
+    # (test_cudnn_attention: cuDNN's graphs for the described H100 here too, and this device's own
+    # description printed, for tests/test_cudnn_attention.c to keep)
+    for binary in test_cuda test_cuda_bf16 test_cudnn_attention; do
       echo "== $binary"
       timeout "$(left 150)" "$carry/tests/$binary" -j1 >"$jobs/$binary.log" 2>&1 && echo "$binary: pass" ||
         { echo "$binary: FAIL"; grep -E "FAIL|CRASH" "$jobs/$binary.log" | head; }
       tail -n 1 "$jobs/$binary.log"
-      grep -h "normwise error" "$jobs/$binary.log" | sed 's/^/  /'
+      grep -h -E "normwise error|as cuDNN describes it" "$jobs/$binary.log" | sed 's/^/  /'
     done
     echo "== compute-sanitizer memcheck: the tensor-core attention, the bf16 classifier, cuDNN's attention"
     for filter in 'cuda/bf16_attention_on_tensor_cores*' 'cuda/bf16_logits_and_crossentropy*' \

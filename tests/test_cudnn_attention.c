@@ -15,7 +15,9 @@
  * dP − D made dP + D; Pᵀ given untransposed, square either way), or an accumulator's order;
  * whether the kernels compute the right thing is test_cuda_bf16's, on a GPU. */
 #include <criterion/criterion.h>
+#include <jansson.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "kernels/cuda/cudnn_attention.h"
 
@@ -101,5 +103,26 @@ Test(cudnn_attention, no_plan_is_kept_for_a_described_device)
     cr_expect_eq(pt_cudnn_attention_workspace(c, PT_CUDNN_ATTENTION_FORWARD, shapes[0], &bytes),
                  PIPERT_ERR_UNSUPPORTED);
     cr_expect(strstr(pipert_last_error(), "no plan") != NULL, "%s", pipert_last_error());
+    pt_cudnn_close(c);
+}
+
+Test(cudnn_attention, a_gpu_here_describes_itself_with_the_fields_of_ours)
+{
+    /* on a GPU (gpu-check carries this test): the device's own description, printed so that a
+     * session can keep it, with the same fields as the H100's above; skipped without one */
+    pt_cudnn *c = NULL;
+    if (pt_cudnn_open(&c, NULL) != PIPERT_OK) cr_skip_test("no device for cuDNN: %s", pipert_last_error());
+    char *json = NULL;
+    cr_assert_eq(pt_cudnn_device_json(c, &json), PIPERT_OK, "%s", pipert_last_error());
+    printf("this device, as cuDNN describes it: %s\n", json);
+    json_t *own = json_loads(json, 0, NULL), *ours = json_loads(h100, 0, NULL);
+    cr_assert(own && ours, "both descriptions are JSON objects");
+    const char *key;
+    json_t *value;
+    json_object_foreach(ours, key, value)
+        cr_expect(json_object_get(own, key) != NULL, "the device's description has no %s", key);
+    json_object_foreach(own, key, value)
+        cr_expect(json_object_get(ours, key) != NULL, "ours has no %s", key);
+    json_decref(own), json_decref(ours), free(json);
     pt_cudnn_close(c);
 }

@@ -111,6 +111,31 @@ pipert_result pt_cudnn_open_described(pt_cudnn **out, const char *json)
     return PIPERT_OK;
 }
 
+pipert_result pt_cudnn_device_json(const pt_cudnn *c, char **json)
+{
+    *json = NULL;
+    if (!c->handle) return pt_fail(PIPERT_ERR_INVALID_ARG, "cuDNN: a device description needs a handle");
+    cudnnBackendDescriptor_t d = NULL;
+    int64_t length = 0;
+    cudnnStatus_t status = c->api.create_descriptor(CUDNN_BACKEND_DEVICEPROP_DESCRIPTOR, &d);
+    if (!status)
+        status = c->api.set_attribute(d, CUDNN_ATTR_DEVICEPROP_HANDLE, CUDNN_TYPE_HANDLE, 1,
+                                      &c->handle);
+    if (!status) status = c->api.finalize(d);
+    if (!status)
+        status = c->api.get_attribute(d, CUDNN_ATTR_DEVICEPROP_JSON_REPRESENTATION, CUDNN_TYPE_CHAR,
+                                      0, &length, NULL);
+    if (!status && !(*json = calloc((size_t)length + 1, 1))) status = CUDNN_STATUS_ALLOC_FAILED;
+    if (!status)
+        status = c->api.get_attribute(d, CUDNN_ATTR_DEVICEPROP_JSON_REPRESENTATION, CUDNN_TYPE_CHAR,
+                                      length, &length, *json);
+    if (d) c->api.destroy_descriptor(d);
+    if (!status) return PIPERT_OK;
+    free(*json);
+    *json = NULL;
+    return pt_cudnn_fail(c, PIPERT_ERR_INTERNAL, status, "cuDNN: describing the device");
+}
+
 void pt_cudnn_close(pt_cudnn *c)
 {
     if (!c) return;

@@ -56,6 +56,10 @@ pipert_result pt_cudnn_open_described(pt_cudnn **out, const char *json);
 
 void pt_cudnn_close(pt_cudnn *c);
 
+/* The handle's device as cuDNN describes it (the JSON pt_cudnn_open_described takes), malloc'ed:
+ * what a test's description of a device should be. */
+pipert_result pt_cudnn_device_json(const pt_cudnn *c, char **json);
+
 /* Fails with `code` and "what: cuDNN's status (its last error's reason)". */
 pipert_result pt_cudnn_fail(const pt_cudnn *c, pipert_result code, cudnnStatus_t status,
                             const char *what);
