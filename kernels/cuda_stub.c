@@ -33,6 +33,7 @@ void pt_cuda_set_tf32(int enabled) {}
 void pt_cuda_set_mma_attention(int enabled) {}
 void pt_cuda_set_lt(int enabled) {}
 long pt_cuda_lt_products(void) { return 0; }
+long pt_cuda_lt_heuristic_queries(void) { return 0; }
 void pt_cuda_set_cudnn_attention(int enabled) {}
 long pt_cuda_cudnn_attention_runs(void) { return 0; }
 void pt_cuda_set_gemm_attention(int enabled) {}

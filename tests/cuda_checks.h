@@ -216,6 +216,15 @@ static inline long lt_products(void)
     return pt_cuda_lt_products();
 }
 
+/* The questions cuBLASLt's heuristic was asked so far on the device the tests run on */
+static inline long lt_heuristic_queries(void)
+{
+#ifdef PT_TEST_CUDA_EMULATION
+    if (on_the_emulated_device()) return pt_cuda_emulated_lt_heuristic_queries();
+#endif
+    return pt_cuda_lt_heuristic_queries();
+}
+
 /* The products with a bias, the GELU's gradient or the bias gradient run both ways the backend
  * can make them: cuBLASLt with it in its epilogue, and cuBLAS with the separate kernel
  * (kernels/cuda/matmul.cu; set_lt). On the cpu-guarded stand-in the switch does nothing. */

@@ -449,6 +449,47 @@ Test(cuda, bf16_product_with_bias_matches_cpu)
 /* The MLP's second product's backward through the GELU (its shape at 512 positions): dpre
  * within one bf16 step of the CPU's (the fp32 sums' order and tanhf's last bits differ), written
  * over whatever it held; dweight and dbias added to what they held, to the products' tolerance. */
+/* cuBLASLt's heuristic is asked once per kind of product (gemm_lt.cu keeps its answers): the
+ * same product again asks nothing; the same shape with its output 32 bytes off its alignment
+ * is another kind (the kept algorithm promised 256-byte alignment: on the emulated device a
+ * product through it would be refused), asked once, and right. */
+Test(cuda, bf16_products_of_one_kind_ask_cublaslt_once)
+{
+    const pt_kernels *gpu = cuda_or_skip();
+    if (standing_in && !on_the_emulated_device()) cr_skip_test("no cuBLASLt on cpu-guarded");
+    const int N = 64, C = 96, OC = 160;
+    const size_t n_in = (size_t)N * C, n_w = (size_t)C * OC, n_out = (size_t)N * OC;
+    float *inp = random_floats(n_in, -1, 1), *w = random_floats(n_w, -0.2, 0.2);
+    float *bias = random_floats(OC, -1, 1);
+    uint16_t *inp16 = malloc(n_in * 2), *w16 = malloc(n_w * 2), *want = malloc(n_out * 2);
+    uint16_t *got = calloc(n_out + 16, 2);
+    for (size_t i = 0; i < n_in; i++) inp16[i] = bf16_reference(inp[i]);
+    for (size_t i = 0; i < n_w; i++) w16[i] = bf16_reference(w[i]);
+    void *d_inp = upload(gpu, inp16, n_in * 2), *d_w = upload(gpu, w16, n_w * 2);
+    float *d_bias = upload(gpu, bias, OC * 4), *d_scratch = upload(gpu, got, n_out * 4);
+    uint16_t *d_out = upload(gpu, got, (n_out + 16) * 2);
+    cpu()->matmul_forward_bf16_to_bf16(want, NULL, inp16, w16, bias, N, C, OC, OC,
+                                       PT_WEIGHT_IN_OUT);
+    set_lt(1);
+    const long asked = lt_heuristic_queries(), made = lt_products();
+    for (int round = 0; round < 3; round++) {
+        uint16_t *out = round < 2 ? d_out : d_out + 16; /* 32 bytes on: another kind */
+        gpu->matmul_forward_bf16_to_bf16(out, d_scratch, d_inp, d_w, d_bias, N, C, OC, OC,
+                                         PT_WEIGHT_IN_OUT);
+        gpu->copy_to_host(got, out, n_out * 2);
+        size_t first = 0, apart = bf16_apart(got, want, n_out, &first);
+        cr_expect_eq(apart, 0, "round %d: %zu outputs more than a step from the CPU's; first [%zu]",
+                     round, apart, first);
+        cr_expect_eq(lt_heuristic_queries() - asked, round < 2 ? 1 : 2,
+                     "round %d: the heuristic was asked %ld times", round,
+                     lt_heuristic_queries() - asked);
+    }
+    expect_made_by_lt(1, lt_products() - made, 3, "the bias");
+    expect_no_cuda_error();
+    gpu->free(d_out), gpu->free(d_scratch), gpu->free(d_bias), gpu->free(d_w), gpu->free(d_inp);
+    free(inp), free(w), free(bias), free(inp16), free(w16), free(want), free(got);
+}
+
 Test(cuda, bf16_product_backward_through_the_gelu_matches_cpu)
 {
     const pt_kernels *gpu = cuda_or_skip();

@@ -115,6 +115,10 @@ long pt_cuda_cudnn_attention_runs(void);
  * see that the fused path ran rather than declined to the fallback. */
 long pt_cuda_lt_products(void);
 
+/* Questions cuBLASLt's heuristic has been asked since the process started (once per kind of
+ * product: the answers are kept): a test's way to see that a product asks it once. */
+long pt_cuda_lt_heuristic_queries(void);
+
 /* Floats the CUDA attention saves for its backward (kernels.h,
  * attention_saved_floats). Pure C: in every build. */
 size_t pt_cuda_attention_saved_floats(int B, int T, int C, int NH);

@@ -16,12 +16,16 @@
  * B's bias gradient is cuBLASLt's BGRADA (its A's, along m), the row-major A's its BGRADB
  * (along n); cuBLASLt writes it in D's type (fp32 here).
  *
- * cuBLASLt chooses an algorithm per call (its heuristic, one answer) for the pointers'
- * actual alignment: the operands are often rows inside a larger buffer, not the 256 bytes it
- * assumes by default. Where it has none (a type pair or epilogue it does not fuse, an aux row
- * length not a multiple of 8) the caller falls back, and the first such refusal of each kind
- * is logged once. */
+ * cuBLASLt chooses an algorithm (its heuristic, one answer) for the pointers' actual
+ * alignment: the operands are often rows inside a larger buffer, not the 256 bytes it assumes
+ * by default. Its answer is kept for each kind of product, everything the heuristic reads but
+ * the pointers themselves (their alignments included), so a step's ~100 products ask it once
+ * per kind rather than each time (host time: the heuristic takes tens of µs); "no algorithm"
+ * is kept too. Where it has none (a type pair or epilogue it does not fuse, an aux row length
+ * not a multiple of 8) the caller falls back, and the first such refusal of each kind is
+ * logged once. */
 #include <stdint.h>
+#include <string.h>
 
 #include "kernels/cuda/common.cuh"
 
@@ -31,9 +35,47 @@ extern "C" {
 
 #define LT_WORKSPACE_BYTES ((size_t)32 << 20) /* what NVIDIA suggests for Hopper */
 
-static long products_made; /* pt_cuda_lt_products */
+static long products_made;      /* pt_cuda_lt_products */
+static long heuristic_queries; /* pt_cuda_lt_heuristic_queries */
 
 extern "C" long pt_cuda_lt_products(void) { return products_made; }
+extern "C" long pt_cuda_lt_heuristic_queries(void) { return heuristic_queries; }
+
+/* ---- the heuristic's answers, by kind of product ---------------------------------------- */
+
+/* What the heuristic's answer depends on: the product's shape, types, operations, epilogue,
+ * and the alignment of each pointer it was told or reads from the descriptor. */
+struct lt_kind {
+    int32_t compute, op_a, op_b, epilogue, type, d_type;
+    int32_t m, n, k, ld_a, ld_b, ld_d;
+    uint32_t alignment[5]; /* B's buffer, A's, D's, the bias's (or bias gradient's), aux's */
+};
+
+struct lt_answer {
+    lt_kind kind;
+    bool found;
+    cublasLtMatmulAlgo_t algo;
+};
+
+#define LT_ANSWERS_KEPT 64 /* a GPT-2 step has ~15 kinds of product */
+static lt_answer answers[LT_ANSWERS_KEPT];
+static int n_answers, next_replaced;
+
+static const lt_answer *answer_for(const lt_kind &kind)
+{
+    for (int i = 0; i < n_answers; i++)
+        if (!memcmp(&answers[i].kind, &kind, sizeof kind)) return &answers[i];
+    return NULL;
+}
+
+static void keep_answer(const lt_kind &kind, bool found, const cublasLtMatmulAlgo_t &algo)
+{
+    lt_answer *slot = n_answers < LT_ANSWERS_KEPT ? &answers[n_answers++]
+                                                  : &answers[next_replaced++ % LT_ANSWERS_KEPT];
+    slot->kind = kind;
+    slot->found = found;
+    slot->algo = algo;
+}
 
 pipert_result pt_cuda_lt_start(void)
 {
@@ -49,6 +91,7 @@ pipert_result pt_cuda_lt_start(void)
 
 void pt_cuda_lt_stop(void)
 {
+    n_answers = next_replaced = 0; /* answers of this handle's */
     if (pt_cuda.lt_workspace) cudaFree(pt_cuda.lt_workspace);
     if (pt_cuda.cublas_lt) cublasLtDestroy(pt_cuda.cublas_lt);
     pt_cuda.lt_workspace = NULL;
@@ -192,22 +235,42 @@ bool pt_cuda_gemm_lt(pt_gemm_result D, int rows_d, int cols_d, int k,
         note_declined(epilogue.kind, "its descriptors were refused", m, n, k);
         return false;
     }
-    cublasLtMatmulHeuristicResult_t chosen = {};
-    int found = 0;
-    const cublasStatus_t asked =
-        cublasLtMatmulAlgoGetHeuristic(pt_cuda.cublas_lt, call.desc, call.first, call.second,
-                                       call.out, call.out, call.preference, 1, &chosen, &found);
-    if (asked != CUBLAS_STATUS_SUCCESS || found == 0) {
-        note_declined(epilogue.kind,
-                      asked != CUBLAS_STATUS_SUCCESS ? cublasGetStatusString(asked)
-                                                     : "no algorithm",
-                      m, n, k);
-        return false;
+    const void *epilogue_pointer = epilogue.kind == PT_GEMM_BIAS ? (const void *)epilogue.bias
+                                   : epilogue.kind == PT_GEMM_GELU_GRADIENT
+                                       ? (const void *)epilogue.aux
+                                       : (const void *)epilogue.bias_gradient;
+    lt_kind kind = {}; /* (zeroed whole: compared as bytes) */
+    kind = {(int32_t)compute, (int32_t)op_a, (int32_t)op_b, (int32_t)epilogue.kind,
+            (int32_t)type, (int32_t)D.type, m, n, k, A.ld, B.ld, D.ld,
+            {alignment_of(B.data), alignment_of(A.data), alignment_of(D.data),
+             epilogue.kind == PT_GEMM_GELU_GRADIENT ? 0u : alignment_of(epilogue_pointer),
+             epilogue.kind == PT_GEMM_GELU_GRADIENT ? alignment_of(epilogue_pointer) : 0u}};
+    const lt_answer *known = answer_for(kind);
+    cublasLtMatmulAlgo_t algo = {};
+    if (known) {
+        if (!known->found) return false; /* declined before: logged then */
+        algo = known->algo;
+    } else {
+        cublasLtMatmulHeuristicResult_t chosen = {};
+        int found = 0;
+        heuristic_queries++;
+        const cublasStatus_t asked =
+            cublasLtMatmulAlgoGetHeuristic(pt_cuda.cublas_lt, call.desc, call.first, call.second,
+                                           call.out, call.out, call.preference, 1, &chosen, &found);
+        keep_answer(kind, asked == CUBLAS_STATUS_SUCCESS && found > 0, chosen.algo);
+        if (asked != CUBLAS_STATUS_SUCCESS || found == 0) {
+            note_declined(epilogue.kind,
+                          asked != CUBLAS_STATUS_SUCCESS ? cublasGetStatusString(asked)
+                                                         : "no algorithm",
+                          m, n, k);
+            return false;
+        }
+        algo = chosen.algo;
     }
     const float alpha = 1.0f;
     const cublasStatus_t ran =
         cublasLtMatmul(pt_cuda.cublas_lt, call.desc, &alpha, B.data, call.first, A.data,
-                       call.second, &beta, D.data, call.out, D.data, call.out, &chosen.algo,
+                       call.second, &beta, D.data, call.out, D.data, call.out, &algo,
                        pt_cuda.lt_workspace, LT_WORKSPACE_BYTES, pt_cuda.compute);
     if (ran == CUBLAS_STATUS_NOT_SUPPORTED || ran == CUBLAS_STATUS_INVALID_VALUE) {
         /* refused before anything was launched (a type it does not take in this epilogue) */

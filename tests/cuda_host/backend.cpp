@@ -28,6 +28,7 @@ void pt_cuda_matmul_backward_bf16(float *dinp, float *dweight, float *dbias, con
                                   const pt_bf16 *inp, const pt_bf16 *weight, int N, int C, int OC,
                                   pt_weight_layout layout);
 long pt_cuda_lt_products(void);
+long pt_cuda_lt_heuristic_queries(void);
 
 namespace {
 
@@ -210,3 +211,8 @@ extern "C" void pt_cuda_emulated_set_tf32(int enabled)
 }
 
 extern "C" long pt_cuda_emulated_lt_products(void) { return pt_emulated::pt_cuda_lt_products(); }
+
+extern "C" long pt_cuda_emulated_lt_heuristic_queries(void)
+{
+    return pt_emulated::pt_cuda_lt_heuristic_queries();
+}

@@ -24,6 +24,7 @@ void pt_cuda_emulated_set_gemm_attention(int enabled);
 void pt_cuda_emulated_set_lt(int enabled);
 void pt_cuda_emulated_set_tf32(int enabled);
 long pt_cuda_emulated_lt_products(void);
+long pt_cuda_emulated_lt_heuristic_queries(void);
 
 #ifdef __cplusplus
 }
