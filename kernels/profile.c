@@ -68,6 +68,8 @@ static const pt_kernels *inner;
 static pt_kernels profiled;
 static double seconds[K_COUNT];
 static long calls[K_COUNT];
+static double traffic[K_COUNT]; /* bytes: pt_kernel_time.bytes */
+static double work[K_COUNT];    /* floating-point operations: pt_kernel_time.flops */
 
 #define PRODUCT_SHAPES 64
 static pt_product_time products[PRODUCT_SHAPES];
@@ -108,6 +110,28 @@ static double product_flops(int made, int N, int C, int OC)
         calls[id]++;                                                                               \
     } while (0)
 
+/* TIMED, with the call's least memory traffic (bytes: each input read once, each output
+ * written once, what it adds into read and written; small vectors such as a layernorm's weight
+ * left out) or its operations counted */
+#define TIMED_BYTES(id, bytes, call)                                                               \
+    do {                                                                                           \
+        TIMED(id, call);                                                                           \
+        traffic[id] += (double)(bytes);                                                            \
+    } while (0)
+#define TIMED_FLOPS(id, flops, call)                                                               \
+    do {                                                                                           \
+        TIMED(id, call);                                                                           \
+        work[id] += (double)(flops);                                                               \
+    } while (0)
+
+/* Causal attention's products over [B, T] with C channels: the forward's q·kᵀ and P·v,
+ * 2·T²·C a sequence each, half of it masked; the backward's five (S again, dP, dv, dq, dk). */
+static double attention_flops(int B, int T, int C, bool backward)
+{
+    const double one = 2.0 * B * (double)T * T * C / 2;
+    return (backward ? 5 : 2) * one;
+}
+
 /* TIMED, and the call counted by its shape and the products it made */
 #define TIMED_PRODUCT(id, N, C, OC, made, call)                                                    \
     do {                                                                                           \
@@ -116,27 +140,33 @@ static double product_flops(int made, int N, int C, int OC)
         count_product(id, N, C, OC, product_flops(made, N, C, OC), seconds[id] - before_);         \
     } while (0)
 
-static void p_zero(void *p, size_t n) { TIMED(K_ZERO, inner->zero(p, n)); }
-static void p_copy(void *d, const void *s, size_t n) { TIMED(K_COPY, inner->copy(d, s, n)); }
+static void p_zero(void *p, size_t n) { TIMED_BYTES(K_ZERO, n, inner->zero(p, n)); }
+static void p_copy(void *d, const void *s, size_t n)
+{
+    TIMED_BYTES(K_COPY, 2.0 * n, inner->copy(d, s, n));
+}
 static void p_encoder_forward(float *o, const int32_t *t, const float *wte, const float *wpe,
                               int B, int T, int C)
 {
-    TIMED(K_ENCODER_FWD, inner->encoder_forward(o, t, wte, wpe, B, T, C));
+    TIMED_BYTES(K_ENCODER_FWD, 8.0 * B * T * C + 4.0 * T * C,
+                inner->encoder_forward(o, t, wte, wpe, B, T, C));
 }
 static void p_encoder_backward(float *dwte, float *dwpe, const float *d, const int32_t *t, int B,
                                int T, int C)
 {
-    TIMED(K_ENCODER_BWD, inner->encoder_backward(dwte, dwpe, d, t, B, T, C));
+    TIMED_BYTES(K_ENCODER_BWD, 12.0 * B * T * C + 8.0 * T * C,
+                inner->encoder_backward(dwte, dwpe, d, t, B, T, C));
 }
 static void p_layernorm_forward(float *o, float *m, float *r, const float *i, const float *w,
                                 const float *b, int N, int C)
 {
-    TIMED(K_LAYERNORM_FWD, inner->layernorm_forward(o, m, r, i, w, b, N, C));
+    TIMED_BYTES(K_LAYERNORM_FWD, 8.0 * N * C, inner->layernorm_forward(o, m, r, i, w, b, N, C));
 }
 static void p_layernorm_backward(float *di, float *dw, float *db, const float *d, const float *i,
                                  const float *w, const float *m, const float *r, int N, int C)
 {
-    TIMED(K_LAYERNORM_BWD, inner->layernorm_backward(di, dw, db, d, i, w, m, r, N, C));
+    TIMED_BYTES(K_LAYERNORM_BWD, 16.0 * N * C,
+                inner->layernorm_backward(di, dw, db, d, i, w, m, r, N, C));
 }
 static void p_matmul_forward(float *o, const float *i, const float *w, const float *b, int N,
                              int C, int OC, pt_weight_layout l)
@@ -151,11 +181,11 @@ static void p_matmul_backward(float *di, float *dw, float *db, const float *d, c
 }
 static void p_cast_to_bf16(pt_bf16 *o, const float *i, size_t n)
 {
-    TIMED(K_CAST_BF16, inner->cast_to_bf16(o, i, n));
+    TIMED_BYTES(K_CAST_BF16, 6.0 * n, inner->cast_to_bf16(o, i, n));
 }
 static void p_cast_from_bf16(float *o, const pt_bf16 *i, size_t n)
 {
-    TIMED(K_CAST_FROM_BF16, inner->cast_from_bf16(o, i, n));
+    TIMED_BYTES(K_CAST_FROM_BF16, 6.0 * n, inner->cast_from_bf16(o, i, n));
 }
 static void p_matmul_backward_bf16_dinp_written(float *di, float *dw, float *db,
                                                 const pt_bf16 *d, const pt_bf16 *i,
@@ -168,32 +198,35 @@ static void p_matmul_backward_bf16_dinp_written(float *di, float *dw, float *db,
 static void p_attention_forward_bf16_to_bf16(pt_bf16 *o, float *x, float *a, const pt_bf16 *q,
                                              int B, int T, int C, int NH)
 {
-    TIMED(K_ATTENTION_FWD_TO_BF16, inner->attention_forward_bf16_to_bf16(o, x, a, q, B, T, C, NH));
+    TIMED_FLOPS(K_ATTENTION_FWD_TO_BF16, attention_flops(B, T, C, false),
+                inner->attention_forward_bf16_to_bf16(o, x, a, q, B, T, C, NH));
 }
 static void p_attention_backward_bf16_to_bf16(pt_bf16 *dq, float *x, const float *d,
                                               const pt_bf16 *q, const float *a, int B, int T,
                                               int C, int NH)
 {
-    TIMED(K_ATTENTION_BWD_TO_BF16,
-          inner->attention_backward_bf16_to_bf16(dq, x, d, q, a, B, T, C, NH));
+    TIMED_FLOPS(K_ATTENTION_BWD_TO_BF16, attention_flops(B, T, C, true),
+                inner->attention_backward_bf16_to_bf16(dq, x, d, q, a, B, T, C, NH));
 }
 static void p_layernorm_forward_bf16(pt_bf16 *o, float *m, float *r, const float *i,
                                      const float *w, const float *b, int N, int C)
 {
-    TIMED(K_LAYERNORM_FWD_BF16, inner->layernorm_forward_bf16(o, m, r, i, w, b, N, C));
+    TIMED_BYTES(K_LAYERNORM_FWD_BF16, 6.0 * N * C,
+                inner->layernorm_forward_bf16(o, m, r, i, w, b, N, C));
 }
 static void p_residual_layernorm_forward(float *x, float *o, float *m, float *r, const float *a,
                                          const float *b, const float *w, const float *bi, int N,
                                          int C)
 {
-    TIMED(K_RESIDUAL_LAYERNORM, inner->residual_layernorm_forward(x, o, m, r, a, b, w, bi, N, C));
+    TIMED_BYTES(K_RESIDUAL_LAYERNORM, 16.0 * N * C,
+                inner->residual_layernorm_forward(x, o, m, r, a, b, w, bi, N, C));
 }
 static void p_residual_layernorm_forward_bf16(float *x, pt_bf16 *o, float *m, float *r,
                                               const float *a, const float *b, const float *w,
                                               const float *bi, int N, int C)
 {
-    TIMED(K_RESIDUAL_LAYERNORM_BF16,
-          inner->residual_layernorm_forward_bf16(x, o, m, r, a, b, w, bi, N, C));
+    TIMED_BYTES(K_RESIDUAL_LAYERNORM_BF16, 14.0 * N * C,
+                inner->residual_layernorm_forward_bf16(x, o, m, r, a, b, w, bi, N, C));
 }
 static void p_matmul_forward_bf16(float *o, const pt_bf16 *i, const pt_bf16 *w, const float *b,
                                   int N, int C, int OC, pt_weight_layout l)
@@ -210,51 +243,56 @@ static void p_matmul_backward_bf16(float *di, float *dw, float *db, const pt_bf1
 }
 static void p_attention_forward(float *o, float *a, const float *q, int B, int T, int C, int NH)
 {
-    TIMED(K_ATTENTION_FWD, inner->attention_forward(o, a, q, B, T, C, NH));
+    TIMED_FLOPS(K_ATTENTION_FWD, attention_flops(B, T, C, false),
+                inner->attention_forward(o, a, q, B, T, C, NH));
 }
 static void p_attention_backward(float *dq, const float *d, const float *q, const float *a, int B,
                                  int T, int C, int NH)
 {
-    TIMED(K_ATTENTION_BWD, inner->attention_backward(dq, d, q, a, B, T, C, NH));
+    TIMED_FLOPS(K_ATTENTION_BWD, attention_flops(B, T, C, true),
+                inner->attention_backward(dq, d, q, a, B, T, C, NH));
 }
 static void p_attention_forward_bf16(float *o, float *a, const pt_bf16 *q, int B, int T, int C,
                                      int NH)
 {
-    TIMED(K_ATTENTION_FWD_BF16, inner->attention_forward_bf16(o, a, q, B, T, C, NH));
+    TIMED_FLOPS(K_ATTENTION_FWD_BF16, attention_flops(B, T, C, false),
+                inner->attention_forward_bf16(o, a, q, B, T, C, NH));
 }
 static void p_attention_backward_bf16(float *dq, const float *d, const pt_bf16 *q, const float *a,
                                       int B, int T, int C, int NH)
 {
-    TIMED(K_ATTENTION_BWD_BF16, inner->attention_backward_bf16(dq, d, q, a, B, T, C, NH));
+    TIMED_FLOPS(K_ATTENTION_BWD_BF16, attention_flops(B, T, C, true),
+                inner->attention_backward_bf16(dq, d, q, a, B, T, C, NH));
 }
 static void p_gelu_forward_bf16(pt_bf16 *o, const pt_bf16 *i, size_t n)
 {
-    TIMED(K_GELU_FWD_BF16, inner->gelu_forward_bf16(o, i, n));
+    TIMED_BYTES(K_GELU_FWD_BF16, 4.0 * n, inner->gelu_forward_bf16(o, i, n));
 }
 static void p_gelu_backward_bf16(float *di, const pt_bf16 *i, const float *d, size_t n)
 {
-    TIMED(K_GELU_BWD_BF16, inner->gelu_backward_bf16(di, i, d, n));
+    TIMED_BYTES(K_GELU_BWD_BF16, 14.0 * n, inner->gelu_backward_bf16(di, i, d, n));
 }
 static void p_gelu_forward(float *o, const float *i, size_t n)
 {
-    TIMED(K_GELU_FWD, inner->gelu_forward(o, i, n));
+    TIMED_BYTES(K_GELU_FWD, 8.0 * n, inner->gelu_forward(o, i, n));
 }
 static void p_gelu_backward(float *di, const float *i, const float *d, size_t n)
 {
-    TIMED(K_GELU_BWD, inner->gelu_backward(di, i, d, n));
+    TIMED_BYTES(K_GELU_BWD, 16.0 * n, inner->gelu_backward(di, i, d, n));
 }
 static void p_residual_forward(float *o, const float *a, const float *b, size_t n)
 {
-    TIMED(K_RESIDUAL_FWD, inner->residual_forward(o, a, b, n));
+    TIMED_BYTES(K_RESIDUAL_FWD, 12.0 * n, inner->residual_forward(o, a, b, n));
 }
 static void p_crossentropy_forward(float *l, const float *x, const int32_t *t, int N, int V)
 {
-    TIMED(K_XENT_FWD, inner->crossentropy_forward(l, x, t, N, V));
+    TIMED_BYTES(K_XENT_FWD, 4.0 * N * V, inner->crossentropy_forward(l, x, t, N, V));
 }
 static void p_crossentropy_forward_backward(float *l, float *x, const int32_t *t, int N, int V,
                                             float d)
 {
-    TIMED(K_XENT_FWD_BWD, inner->crossentropy_forward_backward(l, x, t, N, V, d));
+    TIMED_BYTES(K_XENT_FWD_BWD, 8.0 * N * V,
+                inner->crossentropy_forward_backward(l, x, t, N, V, d));
 }
 static void p_matmul_forward_bf16_to_bf16(pt_bf16 *o, float *x, const pt_bf16 *i,
                                           const pt_bf16 *w, const float *b, int N, int C, int OC,
@@ -273,60 +311,72 @@ static void p_matmul_gelu_backward_bf16(pt_bf16 *dp, float *x, float *dw, float 
 static void p_crossentropy_forward_bf16(float *l, const pt_bf16 *x, const int32_t *t, int N, int V,
                                         int ld)
 {
-    TIMED(K_XENT_FWD_BF16, inner->crossentropy_forward_bf16(l, x, t, N, V, ld));
+    TIMED_BYTES(K_XENT_FWD_BF16, 2.0 * N * V,
+                inner->crossentropy_forward_bf16(l, x, t, N, V, ld));
 }
 static void p_crossentropy_forward_backward_bf16(float *l, pt_bf16 *x, const int32_t *t, int N,
                                                  int V, int ld, float d)
 {
-    TIMED(K_XENT_FWD_BWD_BF16, inner->crossentropy_forward_backward_bf16(l, x, t, N, V, ld, d));
+    TIMED_BYTES(K_XENT_FWD_BWD_BF16, 4.0 * N * V,
+                inner->crossentropy_forward_backward_bf16(l, x, t, N, V, ld, d));
+}
+static double region_elements(const pt_param_region *r, int n)
+{
+    double total = 0;
+    for (int i = 0; i < n; i++) total += (double)r[i].numel;
+    return total;
 }
 static void p_adam_update(float *p, const float *g, float *m, float *v, const pt_param_region *r,
                           int nr, const pt_adam_coeffs *c, const pt_adam_coeffs *c0)
 {
-    TIMED(K_ADAM, inner->adam_update(p, g, m, v, r, nr, c, c0));
+    TIMED_BYTES(K_ADAM, 28.0 * region_elements(r, nr), inner->adam_update(p, g, m, v, r, nr, c, c0));
 }
 static void p_adam_extrapolate(float *o, const float *p, const float *m, const float *v,
                                size_t n, const pt_adam_coeffs *c, float steps)
 {
-    TIMED(K_ADAM_EXTRAPOLATE, inner->adam_extrapolate(o, p, m, v, n, c, steps));
+    TIMED_BYTES(K_ADAM_EXTRAPOLATE, 16.0 * n, inner->adam_extrapolate(o, p, m, v, n, c, steps));
 }
 static void p_delay_compensate(float *g, const float *now, const float *used, const float *v,
                                size_t n, const pt_adam_coeffs *c, float lambda)
 {
-    TIMED(K_DELAY_COMPENSATE, inner->delay_compensate(g, now, used, v, n, c, lambda));
+    TIMED_BYTES(K_DELAY_COMPENSATE, 20.0 * n,
+                inner->delay_compensate(g, now, used, v, n, c, lambda));
 }
 static void p_secant_compensate(float *g, const float *now, const float *used, float *pg, float *pu,
                                 float *num, float *den, const float *v, size_t n,
                                 const pt_secant_coeffs *c)
 {
-    TIMED(K_SECANT_COMPENSATE, inner->secant_compensate(g, now, used, pg, pu, num, den, v, n, c));
+    TIMED_BYTES(K_SECANT_COMPENSATE, 52.0 * n,
+                inner->secant_compensate(g, now, used, pg, pu, num, den, v, n, c));
 }
 static double p_sum_squares(const float *x, size_t n)
 {
     double r;
-    TIMED(K_SUM_SQUARES, r = inner->sum_squares(x, n));
+    TIMED_BYTES(K_SUM_SQUARES, 4.0 * n, r = inner->sum_squares(x, n));
     return r;
 }
 static double p_sum(const float *x, size_t n)
 {
     double r;
-    TIMED(K_SUM, r = inner->sum(x, n));
+    TIMED_BYTES(K_SUM, 4.0 * n, r = inner->sum(x, n));
     return r;
 }
-static void p_scale(float *x, float f, size_t n) { TIMED(K_SCALE, inner->scale(x, f, n)); }
+static void p_scale(float *x, float f, size_t n) { TIMED_BYTES(K_SCALE, 8.0 * n, inner->scale(x, f, n)); }
 static void p_gather(float *out, const float *src, const uint32_t *index, size_t n)
 {
-    TIMED(K_GATHER, inner->gather(out, src, index, n));
+    TIMED_BYTES(K_GATHER, 12.0 * n, inner->gather(out, src, index, n));
 }
 static void p_scatter(float *dst, const uint32_t *index, const float *values, size_t n)
 {
-    TIMED(K_SCATTER, inner->scatter(dst, index, values, n));
+    TIMED_BYTES(K_SCATTER, 12.0 * n, inner->scatter(dst, index, values, n));
 }
 
 void pt_kernel_profile_reset(void)
 {
     memset(seconds, 0, sizeof seconds);
     memset(calls, 0, sizeof calls);
+    memset(traffic, 0, sizeof traffic);
+    memset(work, 0, sizeof work);
     n_products = 0;
 }
 
@@ -392,7 +442,8 @@ int pt_kernel_profile_read(pt_kernel_time *out, int capacity)
     pt_kernel_time all[K_COUNT];
     int n = 0;
     for (int k = 0; k < K_COUNT; k++)
-        if (calls[k]) all[n++] = (pt_kernel_time){kernel_names[k], seconds[k], calls[k]};
+        if (calls[k])
+            all[n++] = (pt_kernel_time){kernel_names[k], seconds[k], calls[k], traffic[k], work[k]};
     qsort(all, (size_t)n, sizeof all[0], by_time_desc);
     if (n > capacity) n = capacity;
     memcpy(out, all, (size_t)n * sizeof all[0]);

@@ -16,6 +16,11 @@ typedef struct pt_kernel_time {
     const char *name;
     double seconds;
     long calls;
+    /* for the memory-bound kernels, the least traffic their calls had to move (each input read
+     * once, each output written once, what they add into read and written: bytes / seconds is
+     * the bandwidth they reached); for attention, the operations of its products (causal: the
+     * half of T² computed). 0 where not counted. */
+    double bytes, flops;
 } pt_kernel_time;
 
 /* The per-kernel totals since the table was made, largest first; returns the

@@ -131,10 +131,18 @@ static void print_profile(void)
     int n = pt_kernel_profile_read(times, 64);
     double total = 0;
     for (int i = 0; i < n; i++) total += times[i].seconds;
-    printf("%-34s %6s %12s %7s\n", "kernel", "calls", "ms total", "share");
-    for (int i = 0; i < n; i++)
-        printf("%-34s %6ld %12.1f %6.1f%%\n", times[i].name, times[i].calls,
-               1e3 * times[i].seconds, total > 0 ? 100 * times[i].seconds / total : 0);
+    /* GB/s: the least traffic a memory-bound kernel had to move over its time (against the
+     * device's bandwidth: H100 SXM 3.35 TB/s, H200 4.8); TFLOP/s: attention's products */
+    printf("%-34s %6s %12s %7s %8s %8s\n", "kernel", "calls", "ms total", "share", "GB/s",
+           "TFLOP/s");
+    for (int i = 0; i < n; i++) {
+        const pt_kernel_time *t = &times[i];
+        char rate[16] = "", flops[16] = "";
+        if (t->bytes > 0 && t->seconds > 0) snprintf(rate, sizeof rate, "%.0f", t->bytes / t->seconds / 1e9);
+        if (t->flops > 0 && t->seconds > 0) snprintf(flops, sizeof flops, "%.1f", t->flops / t->seconds / 1e12);
+        printf("%-34s %6ld %12.1f %6.1f%% %8s %8s\n", t->name, t->calls, 1e3 * t->seconds,
+               total > 0 ? 100 * t->seconds / total : 0, rate, flops);
+    }
     /* which products run under the device's rate: the classifier's beside the blocks' */
     pt_product_time products[64];
     const int shapes = pt_kernel_profile_products(products, 64);

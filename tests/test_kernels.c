@@ -92,6 +92,47 @@ Test(kernels, cpu_tables_are_complete)
     expect_a_complete_table(pt_kernels_profiled(k));
 }
 
+/* The profile's traffic and operations: a layernorm's least traffic (its input read, its output
+ * written: 8 bytes an element in fp32), Adam's (θ, g, m, v read, θ, m, v written: 28 bytes a
+ * parameter), causal attention's operations (2 of the forward's products of 2·T²·C a sequence,
+ * half masked), each summed over its calls; kernels it does not count show 0. */
+Test(kernels, profile_counts_traffic_and_attention_operations)
+{
+    const pt_kernels *k = pt_kernels_profiled(cpu());
+    const int N = 6, C = 8, B = 2, T = 5, NH = 2;
+    float *x = random_floats((size_t)N * C, -1, 1), *out = calloc((size_t)N * C, 4);
+    float *w = random_floats(C, -1, 1), *b = random_floats(C, -1, 1);
+    float *mean = calloc(N, 4), *rstd = calloc(N, 4);
+    for (int i = 0; i < 2; i++) k->layernorm_forward(out, mean, rstd, x, w, b, N, C);
+    float *qkv = random_floats((size_t)B * T * 3 * C, -1, 1), *o = calloc((size_t)B * T * C, 4);
+    float *att = calloc(cpu()->attention_saved_floats(B, T, C, NH), 4);
+    k->attention_forward(o, att, qkv, B, T, C, NH);
+    float *p = random_floats(10, -1, 1), *g = random_floats(10, -1, 1), *m = calloc(10, 4),
+          *v = calloc(10, 4);
+    const pt_param_region regions[] = {{.offset = 0, .numel = 4}, {.offset = 4, .numel = 6}};
+    const pt_adam_coeffs c = {.beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .bias2 = 1, .decay = 1};
+    k->adam_update(p, g, m, v, regions, 2, &c, &c);
+    pt_kernel_time t[8];
+    const int n = pt_kernel_profile_read(t, 8);
+    int seen = 0;
+    for (int i = 0; i < n; i++) {
+        if (!strcmp(t[i].name, "layernorm_forward")) {
+            cr_expect_eq(t[i].bytes, 2 * 8.0 * N * C, "layernorm: %g bytes", t[i].bytes);
+            cr_expect_eq(t[i].flops, 0);
+            seen |= 1;
+        } else if (!strcmp(t[i].name, "attention_forward")) {
+            cr_expect_eq(t[i].flops, 2 * (2.0 * B * T * T * C / 2), "attention: %g", t[i].flops);
+            seen |= 2;
+        } else if (!strcmp(t[i].name, "adam_update")) {
+            cr_expect_eq(t[i].bytes, 28.0 * 10, "adam: %g bytes", t[i].bytes);
+            seen |= 4;
+        }
+    }
+    cr_expect_eq(seen, 7, "the three kernels profiled (%d)", seen);
+    free(x), free(out), free(w), free(b), free(mean), free(rstd), free(qkv), free(o), free(att);
+    free(p), free(g), free(m), free(v);
+}
+
 /* The profile's products by shape: each shape once with its calls, and the operations of the
  * products each call made (2·N·C·OC apiece: a forward 1, a backward 1 for dinp and 1 for
  * dweight), the result still the wrapped table's. */

@@ -48,10 +48,16 @@ static void print_profile(double mean_step_seconds, int steps)
     double total = 0;
     for (int i = 0; i < n; i++) total += times[i].seconds;
     printf("\nwhere a step's time goes (profiled run, kernels synchronised one by one):\n");
-    printf("  %-34s %10s %7s %8s\n", "kernel", "ms/step", "share", "calls");
-    for (int i = 0; i < n; i++)
-        printf("  %-34s %10.2f %6.1f%% %8ld\n", times[i].name, 1e3 * times[i].seconds / steps,
-               100 * times[i].seconds / total, times[i].calls / steps);
+    printf("  %-34s %10s %7s %8s %8s %8s\n", "kernel", "ms/step", "share", "calls", "GB/s",
+           "TFLOP/s");
+    for (int i = 0; i < n; i++) {
+        const pt_kernel_time *t = &times[i];
+        char rate[16] = "", flops[16] = ""; /* the least traffic, attention's operations */
+        if (t->bytes > 0 && t->seconds > 0) snprintf(rate, sizeof rate, "%.1f", t->bytes / t->seconds / 1e9);
+        if (t->flops > 0 && t->seconds > 0) snprintf(flops, sizeof flops, "%.2f", t->flops / t->seconds / 1e12);
+        printf("  %-34s %10.2f %6.1f%% %8ld %8s %8s\n", t->name, 1e3 * t->seconds / steps,
+               100 * t->seconds / total, t->calls / steps, rate, flops);
+    }
     printf("  %-34s %10.2f\n", "outside kernels", 1e3 * (mean_step_seconds - total / steps));
     printf("  %-34s %10.2f\n", "step (mean)", 1e3 * mean_step_seconds);
     pt_product_time products[64];
