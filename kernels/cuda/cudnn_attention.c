@@ -97,109 +97,132 @@ static pt_cudnn_layout per_row(pt_cudnn_attention_shape s)
 
 /* ---- the graphs ----------------------------------------------------------------- */
 
-/* The scaled, causally masked scores q·kᵀ·scale into a new virtual tensor. */
-static cudnnBackendDescriptor_t masked_scores(pt_cudnn_graph *g, pt_cudnn_attention_shape s,
-                                              cudnnBackendDescriptor_t q,
-                                              cudnnBackendDescriptor_t kt,
-                                              cudnnBackendDescriptor_t scale)
+typedef cudnnBackendDescriptor_t tensor;
+#define F32 CUDNN_DATA_FLOAT
+
+/* A new virtual tensor of `layout`: mode(x[, b]) in fp32 */
+static tensor apply(pt_cudnn_graph *g, cudnnPointwiseMode_t mode, tensor x, tensor b,
+                    pt_cudnn_layout layout)
 {
-    const cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
-    cudnnBackendDescriptor_t product = pt_cudnn_virtual(g, scores(s, f32));
-    pt_cudnn_matmul(g, q, kt, product);
-    cudnnBackendDescriptor_t scaled = pt_cudnn_virtual(g, scores(s, f32));
-    pt_cudnn_pointwise(g, CUDNN_POINTWISE_MUL, f32, -1, product, scale, NULL, scaled);
-    cudnnBackendDescriptor_t row = pt_cudnn_virtual(g, scores(s, CUDNN_DATA_INT32));
-    cudnnBackendDescriptor_t column = pt_cudnn_virtual(g, scores(s, CUDNN_DATA_INT32));
-    cudnnBackendDescriptor_t kept = pt_cudnn_virtual(g, scores(s, CUDNN_DATA_BOOLEAN));
+    tensor y = pt_cudnn_virtual(g, layout);
+    pt_cudnn_pointwise(g, mode, F32, -1, x, b, NULL, y);
+    return y;
+}
+
+/* A new virtual tensor of `layout`: a·b */
+static tensor product(pt_cudnn_graph *g, tensor a, tensor b, pt_cudnn_layout layout)
+{
+    tensor c = pt_cudnn_virtual(g, layout);
+    pt_cudnn_matmul(g, a, b, c);
+    return c;
+}
+
+/* A new virtual tensor, one value a row: `how` over the row of x */
+static tensor row_reduction(pt_cudnn_graph *g, cudnnReduceTensorOp_t how, tensor x,
+                            pt_cudnn_attention_shape s)
+{
+    tensor y = pt_cudnn_virtual(g, per_row(s));
+    pt_cudnn_reduction(g, how, x, y);
+    return y;
+}
+
+/* A new virtual tensor: x seen transposed as a product's bf16 operand */
+static tensor transposed(pt_cudnn_graph *g, tensor x, pt_cudnn_layout layout)
+{
+    tensor y = pt_cudnn_virtual(g, layout);
+    pt_cudnn_reshape(g, x, y);
+    return y;
+}
+
+/* The scaled, causally masked scores q·kᵀ·scale: a key after the query becomes the lowest
+ * float, a select on generated row and column indices. */
+static tensor masked_scores(pt_cudnn_graph *g, pt_cudnn_attention_shape s, tensor q, tensor kt,
+                            tensor scale)
+{
+    tensor scaled = apply(g, CUDNN_POINTWISE_MUL, product(g, q, kt, scores(s, F32)), scale,
+                          scores(s, F32));
+    tensor row = pt_cudnn_virtual(g, scores(s, CUDNN_DATA_INT32));
+    tensor column = pt_cudnn_virtual(g, scores(s, CUDNN_DATA_INT32));
+    tensor kept = pt_cudnn_virtual(g, scores(s, CUDNN_DATA_BOOLEAN));
     pt_cudnn_pointwise(g, CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_INT32, 2, scaled, NULL, NULL, row);
     pt_cudnn_pointwise(g, CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_INT32, 3, scaled, NULL, NULL,
                        column);
     pt_cudnn_pointwise(g, CUDNN_POINTWISE_CMP_GE, CUDNN_DATA_BOOLEAN, -1, row, column, NULL, kept);
-    cudnnBackendDescriptor_t masked = pt_cudnn_virtual(g, scores(s, f32));
-    pt_cudnn_pointwise(g, CUDNN_POINTWISE_BINARY_SELECT, f32, -1, scaled,
-                       pt_cudnn_scalar(g, UID_MASKED, f32), kept, masked);
+    tensor masked = pt_cudnn_virtual(g, scores(s, F32));
+    pt_cudnn_pointwise(g, CUDNN_POINTWISE_BINARY_SELECT, F32, -1, scaled,
+                       pt_cudnn_scalar(g, UID_MASKED, F32), kept, masked);
     return masked;
 }
 
 static void forward_graph(pt_cudnn_graph *g, pt_cudnn_attention_shape s)
 {
-    const cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
-    cudnnBackendDescriptor_t q = pt_cudnn_tensor(g, UID_Q, qkv_part(s, false), 0);
-    cudnnBackendDescriptor_t kt = pt_cudnn_tensor(g, UID_K, qkv_part(s, true), 0);
-    cudnnBackendDescriptor_t v = pt_cudnn_tensor(g, UID_V, qkv_part(s, false), 0);
-    cudnnBackendDescriptor_t out = pt_cudnn_tensor(g, UID_O, heads(s), 0);
-    cudnnBackendDescriptor_t stats = pt_cudnn_tensor(g, UID_STATS, per_row(s), 0);
-    cudnnBackendDescriptor_t S = masked_scores(g, s, q, kt, pt_cudnn_scalar(g, UID_SCALE, f32));
-    /* the softmax, with its statistics max + log Σ exp */
-    cudnnBackendDescriptor_t max = pt_cudnn_virtual(g, per_row(s));
-    pt_cudnn_reduction(g, CUDNN_REDUCE_TENSOR_MAX, S, max);
-    cudnnBackendDescriptor_t shifted = pt_cudnn_virtual(g, scores(s, f32));
-    pt_cudnn_pointwise(g, CUDNN_POINTWISE_SUB, f32, -1, S, max, NULL, shifted);
-    cudnnBackendDescriptor_t e = pt_cudnn_virtual(g, scores(s, f32));
-    pt_cudnn_pointwise(g, CUDNN_POINTWISE_EXP, f32, -1, shifted, NULL, NULL, e);
-    cudnnBackendDescriptor_t sum = pt_cudnn_virtual(g, per_row(s));
-    pt_cudnn_reduction(g, CUDNN_REDUCE_TENSOR_ADD, e, sum);
-    cudnnBackendDescriptor_t log_sum = pt_cudnn_virtual(g, per_row(s));
-    pt_cudnn_pointwise(g, CUDNN_POINTWISE_LOG, f32, -1, sum, NULL, NULL, log_sum);
-    pt_cudnn_pointwise(g, CUDNN_POINTWISE_ADD, f32, -1, max, log_sum, NULL, stats);
-    cudnnBackendDescriptor_t P = pt_cudnn_virtual(g, scores(s, CUDNN_DATA_BFLOAT16));
-    pt_cudnn_pointwise(g, CUDNN_POINTWISE_DIV, f32, -1, e, sum, NULL, P);
-    pt_cudnn_matmul(g, P, v, out);
+    tensor q = pt_cudnn_tensor(g, UID_Q, qkv_part(s, false), 0);
+    tensor kt = pt_cudnn_tensor(g, UID_K, qkv_part(s, true), 0);
+    tensor v = pt_cudnn_tensor(g, UID_V, qkv_part(s, false), 0);
+    tensor S = masked_scores(g, s, q, kt, pt_cudnn_scalar(g, UID_SCALE, F32));
+    /* the softmax, its statistics max + log Σ exp kept */
+    tensor max = row_reduction(g, CUDNN_REDUCE_TENSOR_MAX, S, s);
+    tensor e = apply(g, CUDNN_POINTWISE_EXP, apply(g, CUDNN_POINTWISE_SUB, S, max, scores(s, F32)),
+                     NULL, scores(s, F32));
+    tensor sum = row_reduction(g, CUDNN_REDUCE_TENSOR_ADD, e, s);
+    pt_cudnn_pointwise(g, CUDNN_POINTWISE_ADD, F32, -1, max,
+                       apply(g, CUDNN_POINTWISE_LOG, sum, NULL, per_row(s)), NULL,
+                       pt_cudnn_tensor(g, UID_STATS, per_row(s), 0));
+    tensor P = apply(g, CUDNN_POINTWISE_DIV, e, sum, scores(s, CUDNN_DATA_BFLOAT16));
+    pt_cudnn_matmul(g, P, v, pt_cudnn_tensor(g, UID_O, heads(s), 0));
+}
+
+/* D = Σ_d dO∘O, a row's */
+static tensor delta(pt_cudnn_graph *g, pt_cudnn_attention_shape s, tensor dout, tensor out,
+                    tensor one)
+{
+    const int64_t C = (int64_t)s.NH * s.hs;
+    tensor products = apply(g, CUDNN_POINTWISE_MUL, dout, out,
+                            layout(F32, s.B, s.NH, s.T, s.hs, (int64_t)s.T * C, s.hs, C, 1));
+    return apply(g, CUDNN_POINTWISE_MUL, row_reduction(g, CUDNN_REDUCE_TENSOR_ADD, products, s),
+                 one, per_row(s));
+}
+
+/* dq = dS·k, summed in fp32 (cuDNN's order, in a tensor of ours) and rounded once */
+static void dq_of(pt_cudnn_graph *g, pt_cudnn_attention_shape s, tensor dS, tensor kt)
+{
+    const int64_t hs = s.hs, T = s.T;
+    tensor sums = pt_cudnn_tensor(g, UID_DQ_SUMS,
+                                  layout(F32, s.B, s.NH, T, hs, s.NH * T * hs, T * hs, hs, 1),
+                                  PT_CUDNN_REORDER_F16);
+    pt_cudnn_matmul(g, dS, transposed(g, kt, qkv_part(s, false)), sums);
+    pt_cudnn_pointwise(g, CUDNN_POINTWISE_IDENTITY, F32, -1, sums, NULL, NULL,
+                       pt_cudnn_tensor(g, UID_DQ, qkv_part(s, false), 0));
 }
 
 static void backward_graph(pt_cudnn_graph *g, pt_cudnn_attention_shape s)
 {
-    const cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
-    const int64_t C = (int64_t)s.NH * s.hs;
-    cudnnBackendDescriptor_t q = pt_cudnn_tensor(g, UID_Q, qkv_part(s, false), 0);
-    cudnnBackendDescriptor_t kt = pt_cudnn_tensor(g, UID_K, qkv_part(s, true), 0);
-    cudnnBackendDescriptor_t vt = pt_cudnn_tensor(g, UID_V, qkv_part(s, true), 0);
-    cudnnBackendDescriptor_t out = pt_cudnn_tensor(g, UID_O, heads(s), 0);
-    cudnnBackendDescriptor_t dout = pt_cudnn_tensor(g, UID_DO, heads(s), 0);
-    cudnnBackendDescriptor_t stats = pt_cudnn_tensor(g, UID_STATS, per_row(s), 0);
-    cudnnBackendDescriptor_t one = pt_cudnn_scalar(g, UID_ONE, f32);
-    cudnnBackendDescriptor_t scale = pt_cudnn_scalar(g, UID_SCALE, f32); /* 1/√hs, used twice */
-    /* D = Σ_d dO∘O, a row's */
-    cudnnBackendDescriptor_t dout_out = pt_cudnn_virtual(
-        g, layout(f32, s.B, s.NH, s.T, s.hs, (int64_t)s.T * C, s.hs, C, 1));
-    pt_cudnn_pointwise(g, CUDNN_POINTWISE_MUL, f32, -1, dout, out, NULL, dout_out);
-    cudnnBackendDescriptor_t D_sum = pt_cudnn_virtual(g, per_row(s));
-    pt_cudnn_reduction(g, CUDNN_REDUCE_TENSOR_ADD, dout_out, D_sum);
-    cudnnBackendDescriptor_t D = pt_cudnn_virtual(g, per_row(s));
-    pt_cudnn_pointwise(g, CUDNN_POINTWISE_MUL, f32, -1, D_sum, one, NULL, D);
+    tensor q = pt_cudnn_tensor(g, UID_Q, qkv_part(s, false), 0);
+    tensor kt = pt_cudnn_tensor(g, UID_K, qkv_part(s, true), 0);
+    tensor vt = pt_cudnn_tensor(g, UID_V, qkv_part(s, true), 0);
+    tensor dout = pt_cudnn_tensor(g, UID_DO, heads(s), 0);
+    tensor one = pt_cudnn_scalar(g, UID_ONE, F32);
+    tensor scale = pt_cudnn_scalar(g, UID_SCALE, F32); /* 1/√hs, used twice */
+    tensor D = delta(g, s, dout, pt_cudnn_tensor(g, UID_O, heads(s), 0), one);
     /* P again, from the forward's statistics; dv = Pᵀ·dO */
-    cudnnBackendDescriptor_t S = masked_scores(g, s, q, kt, scale);
-    cudnnBackendDescriptor_t shifted = pt_cudnn_virtual(g, scores(s, f32));
-    pt_cudnn_pointwise(g, CUDNN_POINTWISE_SUB, f32, -1, S, stats, NULL, shifted);
-    cudnnBackendDescriptor_t P = pt_cudnn_virtual(g, scores(s, f32));
-    pt_cudnn_pointwise(g, CUDNN_POINTWISE_EXP, f32, -1, shifted, NULL, NULL, P);
-    cudnnBackendDescriptor_t Pt = pt_cudnn_virtual(g, scores_transposed(s));
-    pt_cudnn_reshape(g, P, Pt);
-    pt_cudnn_matmul(g, Pt, dout, pt_cudnn_tensor(g, UID_DV, qkv_part(s, false), 0));
+    tensor S = masked_scores(g, s, q, kt, scale);
+    tensor P = apply(g, CUDNN_POINTWISE_EXP,
+                     apply(g, CUDNN_POINTWISE_SUB, S, pt_cudnn_tensor(g, UID_STATS, per_row(s), 0),
+                           scores(s, F32)),
+                     NULL, scores(s, F32));
+    pt_cudnn_matmul(g, transposed(g, P, scores_transposed(s)), dout,
+                    pt_cudnn_tensor(g, UID_DV, qkv_part(s, false), 0));
     /* dS = P∘(dO·vᵀ − D)/√hs */
-    cudnnBackendDescriptor_t dP = pt_cudnn_virtual(g, scores(s, f32));
-    pt_cudnn_matmul(g, dout, vt, dP);
-    cudnnBackendDescriptor_t dP_kept = pt_cudnn_virtual(g, scores(s, f32));
-    pt_cudnn_pointwise(g, CUDNN_POINTWISE_MUL, f32, -1, dP, one, NULL, dP_kept);
-    cudnnBackendDescriptor_t centred = pt_cudnn_virtual(g, scores(s, f32));
-    pt_cudnn_pointwise(g, CUDNN_POINTWISE_SUB, f32, -1, dP_kept, D, NULL, centred);
-    cudnnBackendDescriptor_t dS_unscaled = pt_cudnn_virtual(g, scores(s, f32));
-    pt_cudnn_pointwise(g, CUDNN_POINTWISE_MUL, f32, -1, centred, P, NULL, dS_unscaled);
-    cudnnBackendDescriptor_t dS = pt_cudnn_virtual(g, scores(s, f32));
-    pt_cudnn_pointwise(g, CUDNN_POINTWISE_MUL, f32, -1, dS_unscaled, scale, NULL, dS);
-    /* dk = dSᵀ·q; dq = dS·k, summed in fp32 and rounded once */
-    cudnnBackendDescriptor_t dSt = pt_cudnn_virtual(g, scores_transposed(s));
-    pt_cudnn_reshape(g, dS, dSt);
-    pt_cudnn_matmul(g, dSt, q, pt_cudnn_tensor(g, UID_DK, qkv_part(s, false), 0));
-    cudnnBackendDescriptor_t k = pt_cudnn_virtual(g, qkv_part(s, false));
-    pt_cudnn_reshape(g, kt, k);
-    const int64_t hs = s.hs, T = s.T;
-    cudnnBackendDescriptor_t dq_sums = pt_cudnn_tensor(
-        g, UID_DQ_SUMS, layout(f32, s.B, s.NH, T, hs, s.NH * T * hs, T * hs, hs, 1),
-        PT_CUDNN_REORDER_F16);
-    pt_cudnn_matmul(g, dS, k, dq_sums);
-    pt_cudnn_pointwise(g, CUDNN_POINTWISE_IDENTITY, f32, -1, dq_sums, NULL, NULL,
-                       pt_cudnn_tensor(g, UID_DQ, qkv_part(s, false), 0));
+    tensor dP = apply(g, CUDNN_POINTWISE_MUL, product(g, dout, vt, scores(s, F32)), one,
+                      scores(s, F32));
+    tensor centred = apply(g, CUDNN_POINTWISE_SUB, dP, D, scores(s, F32));
+    tensor dS = apply(g, CUDNN_POINTWISE_MUL,
+                      apply(g, CUDNN_POINTWISE_MUL, centred, P, scores(s, F32)), scale,
+                      scores(s, F32));
+    /* dk = dSᵀ·q; dq = dS·k */
+    pt_cudnn_matmul(g, transposed(g, dS, scores_transposed(s)), q,
+                    pt_cudnn_tensor(g, UID_DK, qkv_part(s, false), 0));
+    dq_of(g, s, dS, kt);
 }
 
 /* ---- plans ---------------------------------------------------------------------- */
