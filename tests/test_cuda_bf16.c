@@ -466,7 +466,8 @@ Test(cuda, bf16_products_of_one_kind_ask_cublaslt_once)
     for (size_t i = 0; i < n_in; i++) inp16[i] = bf16_reference(inp[i]);
     for (size_t i = 0; i < n_w; i++) w16[i] = bf16_reference(w[i]);
     void *d_inp = upload(gpu, inp16, n_in * 2), *d_w = upload(gpu, w16, n_w * 2);
-    float *d_bias = upload(gpu, bias, OC * 4), *d_scratch = upload(gpu, got, n_out * 4);
+    float *scratch = calloc(n_out, sizeof *scratch); /* the table entry's fp32 scratch */
+    float *d_bias = upload(gpu, bias, OC * 4), *d_scratch = upload(gpu, scratch, n_out * 4);
     uint16_t *d_out = upload(gpu, got, (n_out + 16) * 2);
     cpu()->matmul_forward_bf16_to_bf16(want, NULL, inp16, w16, bias, N, C, OC, OC,
                                        PT_WEIGHT_IN_OUT);
@@ -487,7 +488,7 @@ Test(cuda, bf16_products_of_one_kind_ask_cublaslt_once)
     expect_made_by_lt(1, lt_products() - made, 3, "the bias");
     expect_no_cuda_error();
     gpu->free(d_out), gpu->free(d_scratch), gpu->free(d_bias), gpu->free(d_w), gpu->free(d_inp);
-    free(inp), free(w), free(bias), free(inp16), free(w16), free(want), free(got);
+    free(inp), free(w), free(bias), free(inp16), free(w16), free(want), free(got), free(scratch);
 }
 
 Test(cuda, bf16_product_backward_through_the_gelu_matches_cpu)
