@@ -29,8 +29,18 @@ extern "C" long pt_cuda_cudnn_attention_runs(void) { return runs; }
 static pt_cudnn *cudnn;
 static bool cudnn_tried;
 
-/* The last shape cuDNN had no plan for (each refused shape is logged once; a model has one). */
-static pt_cudnn_attention_shape refused;
+/* Shapes cuDNN had no plan for: logged once each, and not asked again (a model has one or two:
+ * its training and validation batches). */
+#define REFUSED_KEPT 8
+static pt_cudnn_attention_shape refused[REFUSED_KEPT];
+static int n_refused, next_refused;
+
+static bool was_refused(pt_cudnn_attention_shape s)
+{
+    for (int i = 0; i < n_refused; i++)
+        if (!memcmp(&s, &refused[i], sizeof s)) return true;
+    return false;
+}
 
 static pt_cudnn *cudnn_now(void)
 {
@@ -48,7 +58,7 @@ extern "C" void pt_cuda_cudnn_attention_close(void)
     pt_cudnn_close(cudnn);
     cudnn = NULL;
     cudnn_tried = false;
-    refused = pt_cudnn_attention_shape{};
+    n_refused = next_refused = 0;
 }
 
 static size_t align_up(size_t bytes) { return (bytes + 255) / 256 * 256; }
@@ -67,21 +77,20 @@ static bool takes(const void *qkv, int B, int T, int C, int NH, size_t *forward_
 {
     if (!pt_cuda.cudnn_attention || NH <= 0 || C % NH || (uintptr_t)qkv % 16) return false;
     const pt_cudnn_attention_shape s = {B, T, NH, C / NH};
-    if (!memcmp(&s, &refused, sizeof s) || !cudnn_now()) return false;
+    if (was_refused(s) || !cudnn_now()) return false;
     if (pt_cudnn_attention_workspace(cudnn, PT_CUDNN_ATTENTION_FORWARD, s, forward_bytes) ==
             PIPERT_OK &&
         pt_cudnn_attention_workspace(cudnn, PT_CUDNN_ATTENTION_BACKWARD, s, backward_bytes) ==
             PIPERT_OK)
         return true;
     pt_info("cuda: %s; this shape's attention runs on our kernels", pipert_last_error());
-    refused = s;
+    refused[next_refused++ % REFUSED_KEPT] = s; /* (the oldest replaced) */
+    if (n_refused < REFUSED_KEPT) n_refused++;
     return false;
 }
 
-static void record(const char *what)
-{
-    pt_cuda_record_error(what, pipert_last_error(), __FILE__, __LINE__);
-}
+/* cuDNN's failure as the backend's error, at the line that saw it */
+#define RECORD(what) pt_cuda_record_error(what, pipert_last_error(), __FILE__, __LINE__)
 
 bool pt_cuda_attention_cudnn_forward_to_bf16(pt_bf16 *out, float *att, const pt_bf16 *qkv, int B,
                                              int T, int C, int NH)
@@ -99,7 +108,7 @@ bool pt_cuda_attention_cudnn_forward_to_bf16(pt_bf16 *out, float *att, const pt_
                                           cudaMemcpyDeviceToDevice, pt_cuda.compute));
             runs++;
         } else {
-            record("cuDNN attention forward");
+            RECORD("cuDNN attention forward");
         }
     }
     pt_cuda_scratch_release(mark);
@@ -126,7 +135,7 @@ bool pt_cuda_attention_cudnn_backward_to_bf16(pt_bf16 *dqkv, float *scratch, con
                                         workspace) == PIPERT_OK)
             runs++;
         else
-            record("cuDNN attention backward");
+            RECORD("cuDNN attention backward");
     }
     pt_cuda_scratch_release(mark);
     return true;

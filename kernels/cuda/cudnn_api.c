@@ -14,11 +14,11 @@ pipert_result pt_cudnn_fail(const pt_cudnn *c, pipert_result code, cudnnStatus_t
 {
     char reason[512] = "";
     c->api.get_last_error_string(reason, sizeof reason);
-    return pt_fail(code, "%s: cuDNN %s%s%s%s", what, c->api.get_error_string(status),
+    return pt_fail(code, "%s: %s%s%s%s", what, c->api.get_error_string(status),
                    reason[0] ? " (" : "", reason, reason[0] ? ")" : "");
 }
 
-/* Each entry point by name; false (the message names it) where one is missing. */
+/* Each entry point by name; PIPERT_ERR_UNSUPPORTED naming the one that is missing. */
 static pipert_result resolve(pt_cudnn *c)
 {
     const struct {
@@ -84,7 +84,8 @@ pipert_result pt_cudnn_open(pt_cudnn **out, cudaStream_t stream)
     cudnnStatus_t status = c->api.create(&c->handle);
     if (status == CUDNN_STATUS_SUCCESS) status = c->api.set_stream(c->handle, stream);
     if (status != CUDNN_STATUS_SUCCESS) {
-        pipert_result rc = pt_cudnn_fail(c, PIPERT_ERR_UNSUPPORTED, status, "cuDNN: a handle");
+        pipert_result rc =
+            pt_cudnn_fail(c, PIPERT_ERR_UNSUPPORTED, status, "cuDNN: a handle on the device");
         pt_cudnn_close(c);
         *out = NULL;
         return rc;

@@ -60,7 +60,7 @@ void pt_cudnn_close(pt_cudnn *c);
  * what a test's description of a device should be. */
 pipert_result pt_cudnn_device_json(const pt_cudnn *c, char **json);
 
-/* Fails with `code` and "what: cuDNN's status (its last error's reason)". */
+/* Fails with `code` and "what: CUDNN_STATUS_... (cuDNN's last error's reason)". */
 pipert_result pt_cudnn_fail(const pt_cudnn *c, pipert_result code, cudnnStatus_t status,
                             const char *what);
 

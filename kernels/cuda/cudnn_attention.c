@@ -5,8 +5,8 @@
  * indices, the softmax with its statistics (max, exp, sum, log), and the second product; the
  * backward recomputes P from the statistics and forms D, dP, dS and the three products, dq
  * accumulated in fp32 in cuDNN's own element order (a tensor the caller gives, zeroed before
- * each run) and rounded to bf16 at the end. Intermediate tensors are virtual (never in memory) and fp32,
- * except the operands of the products after the softmax, bf16 as q, k and v. Whether an
+ * each run) and rounded to bf16 at the end. Intermediate tensors are virtual (never in
+ * memory) and fp32, except the operands of the products after the softmax, bf16 as q, k and v. Whether an
  * engine takes a graph is cuDNN's to say, so tests/test_cudnn_attention.c asks it of these
  * graphs at GPT-2's shapes for an H100 without one, and test_cuda runs them on a GPU. */
 #include "kernels/cuda/cudnn_attention.h"
@@ -392,30 +392,31 @@ pipert_result pt_cudnn_attention_plan(pt_cudnn *c, pt_cudnn_attention_pass pass,
     return PIPERT_OK;
 }
 
+/* The kept plan of (pass, shape), or NULL. */
+static const attention_plan *kept_plan(const pt_cudnn *c, pt_cudnn_attention_pass pass,
+                                       pt_cudnn_attention_shape shape)
+{
+    for (int i = 0; c->attention && i < c->attention->n; i++) {
+        const attention_plan *a = c->attention->kept[i];
+        if (a->pass == pass && !memcmp(&a->shape, &shape, sizeof shape)) return a;
+    }
+    return NULL;
+}
+
 /* The kept plan of (pass, shape), made now if there is none; PIPERT_ERR_UNSUPPORTED where
- * cuDNN has none. */
+ * cuDNN has none (or pt_cudnn has no handle to run one). */
 static pipert_result plan_for(pt_cudnn *c, pt_cudnn_attention_pass pass,
                               pt_cudnn_attention_shape shape, const attention_plan **out)
 {
-    for (int round = 0; round < 2; round++) {
-        for (int i = 0; c->attention && i < c->attention->n; i++) {
-            const attention_plan *a = c->attention->kept[i];
-            if (a->pass == pass && !memcmp(&a->shape, &shape, sizeof shape)) {
-                *out = a;
-                return PIPERT_OK;
-            }
-        }
-        if (round) break;
-        pt_cudnn_attention_report report;
-        PT_TRY(pt_cudnn_attention_plan(c, pass, shape, &report));
-        if (!c->handle || report.plan_status != CUDNN_STATUS_SUCCESS)
-            return pt_fail(PIPERT_ERR_UNSUPPORTED,
-                           "cuDNN %s (B %d, T %d, %d heads of %d): %d configurations, no plan%s%s",
-                           pass_name(pass), shape.B, shape.T, shape.NH, shape.hs,
-                           report.engine_configs, report.plan_reason[0] ? ": " : "",
-                           report.plan_reason);
-    }
-    return pt_fail(PIPERT_ERR_INTERNAL, "cuDNN %s: a plan made and not kept", pass_name(pass));
+    if ((*out = kept_plan(c, pass, shape))) return PIPERT_OK;
+    pt_cudnn_attention_report report;
+    PT_TRY(pt_cudnn_attention_plan(c, pass, shape, &report));
+    if ((*out = kept_plan(c, pass, shape))) return PIPERT_OK;
+    return pt_fail(PIPERT_ERR_UNSUPPORTED,
+                   "cuDNN %s (B %d, T %d, %d heads of %d): %d configurations, no plan%s%s%s",
+                   pass_name(pass), shape.B, shape.T, shape.NH, shape.hs, report.engine_configs,
+                   c->handle ? "" : " kept without a device", report.plan_reason[0] ? ": " : "",
+                   report.plan_reason);
 }
 
 pipert_result pt_cudnn_attention_workspace(pt_cudnn *c, pt_cudnn_attention_pass pass,

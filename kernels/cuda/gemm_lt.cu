@@ -50,6 +50,7 @@ struct lt_kind {
     int32_t m, n, k, ld_a, ld_b, ld_d;
     uint32_t alignment[5]; /* B's buffer, A's, D's, the bias's (or bias gradient's), aux's */
 };
+static_assert(sizeof(lt_kind) == 17 * 4, "no padding: kinds are compared as bytes");
 
 struct lt_answer {
     lt_kind kind;
@@ -201,6 +202,45 @@ static bool prefer(cublasLtMatmulPreference_t *p, const void *D, pt_gemm_operand
     return ok;
 }
 
+/* The kind of product a call is, for the kept answers. */
+static lt_kind kind_of(cublasComputeType_t compute, cublasOperation_t op_a, cublasOperation_t op_b,
+                       cudaDataType type, const pt_gemm_epilogue &e, pt_gemm_result D,
+                       pt_gemm_operand A, pt_gemm_operand B, int m, int n, int k)
+{
+    const bool aux = e.kind == PT_GEMM_GELU_GRADIENT;
+    const void *bias = e.kind == PT_GEMM_BIAS ? (const void *)e.bias : (const void *)e.bias_gradient;
+    return lt_kind{(int32_t)compute, (int32_t)op_a, (int32_t)op_b, (int32_t)e.kind, (int32_t)type,
+                   (int32_t)D.type, m, n, k, A.ld, B.ld, D.ld,
+                   {alignment_of(B.data), alignment_of(A.data), alignment_of(D.data),
+                    aux ? 0u : alignment_of(bias), aux ? alignment_of(e.aux) : 0u}};
+}
+
+/* The heuristic's algorithm for the call: kept from an earlier call of its kind, or asked now
+ * (and kept, "none" too); false where it has none (logged once per epilogue kind). */
+static bool algorithm_for(const lt_call &call, const lt_kind &kind, int m, int n, int k,
+                          cublasLtMatmulAlgo_t *algo)
+{
+    if (const lt_answer *known = answer_for(kind)) {
+        *algo = known->algo;
+        return known->found; /* a refusal was logged when it was asked */
+    }
+    cublasLtMatmulHeuristicResult_t chosen = {};
+    int found = 0;
+    heuristic_queries++;
+    const cublasStatus_t asked =
+        cublasLtMatmulAlgoGetHeuristic(pt_cuda.cublas_lt, call.desc, call.first, call.second,
+                                       call.out, call.out, call.preference, 1, &chosen, &found);
+    const bool ok = asked == CUBLAS_STATUS_SUCCESS && found > 0;
+    keep_answer(kind, ok, chosen.algo);
+    if (!ok)
+        note_declined((pt_gemm_epilogue_kind)kind.epilogue,
+                      asked != CUBLAS_STATUS_SUCCESS ? cublasGetStatusString(asked)
+                                                     : "no algorithm",
+                      m, n, k);
+    *algo = chosen.algo;
+    return ok;
+}
+
 bool pt_cuda_gemm_lt(pt_gemm_result D, int rows_d, int cols_d, int k,
                      pt_gemm_operand A, cublasOperation_t op_a, pt_gemm_operand B,
                      cublasOperation_t op_b, cudaDataType type, const pt_gemm_epilogue &epilogue,
@@ -235,38 +275,10 @@ bool pt_cuda_gemm_lt(pt_gemm_result D, int rows_d, int cols_d, int k,
         note_declined(epilogue.kind, "its descriptors were refused", m, n, k);
         return false;
     }
-    const void *epilogue_pointer = epilogue.kind == PT_GEMM_BIAS ? (const void *)epilogue.bias
-                                   : epilogue.kind == PT_GEMM_GELU_GRADIENT
-                                       ? (const void *)epilogue.aux
-                                       : (const void *)epilogue.bias_gradient;
-    lt_kind kind = {}; /* (zeroed whole: compared as bytes) */
-    kind = {(int32_t)compute, (int32_t)op_a, (int32_t)op_b, (int32_t)epilogue.kind,
-            (int32_t)type, (int32_t)D.type, m, n, k, A.ld, B.ld, D.ld,
-            {alignment_of(B.data), alignment_of(A.data), alignment_of(D.data),
-             epilogue.kind == PT_GEMM_GELU_GRADIENT ? 0u : alignment_of(epilogue_pointer),
-             epilogue.kind == PT_GEMM_GELU_GRADIENT ? alignment_of(epilogue_pointer) : 0u}};
-    const lt_answer *known = answer_for(kind);
-    cublasLtMatmulAlgo_t algo = {};
-    if (known) {
-        if (!known->found) return false; /* declined before: logged then */
-        algo = known->algo;
-    } else {
-        cublasLtMatmulHeuristicResult_t chosen = {};
-        int found = 0;
-        heuristic_queries++;
-        const cublasStatus_t asked =
-            cublasLtMatmulAlgoGetHeuristic(pt_cuda.cublas_lt, call.desc, call.first, call.second,
-                                           call.out, call.out, call.preference, 1, &chosen, &found);
-        keep_answer(kind, asked == CUBLAS_STATUS_SUCCESS && found > 0, chosen.algo);
-        if (asked != CUBLAS_STATUS_SUCCESS || found == 0) {
-            note_declined(epilogue.kind,
-                          asked != CUBLAS_STATUS_SUCCESS ? cublasGetStatusString(asked)
-                                                         : "no algorithm",
-                          m, n, k);
-            return false;
-        }
-        algo = chosen.algo;
-    }
+    cublasLtMatmulAlgo_t algo;
+    if (!algorithm_for(call, kind_of(compute, op_a, op_b, type, epilogue, D, A, B, m, n, k), m, n,
+                       k, &algo))
+        return false;
     const float alpha = 1.0f;
     const cublasStatus_t ran =
         cublasLtMatmul(pt_cuda.cublas_lt, call.desc, &alpha, B.data, call.first, A.data,
