@@ -132,6 +132,24 @@ static inline void *upload(const pt_kernels *k, const void *host, size_t bytes)
     return d;
 }
 
+/* A device copy of host[bytes] placed `shift` bytes into an allocation of bytes + shift (a
+ * buffer a kernel's 16-byte loads must not take where shift is not a multiple of 16); free it
+ * with free_shifted. */
+static inline void *upload_shifted(const pt_kernels *k, const void *host, size_t bytes,
+                                   size_t shift)
+{
+    void *d = NULL;
+    cr_assert_eq(k->alloc(&d, bytes + shift, "test buffer"), PIPERT_OK,
+                 "cuda alloc of %zu bytes: %s", bytes + shift, pipert_last_error());
+    k->copy_to_device((char *)d + shift, host, bytes);
+    return (char *)d + shift;
+}
+
+static inline void free_shifted(const pt_kernels *k, void *dev, size_t shift)
+{
+    k->free((char *)dev - shift);
+}
+
 static inline float *download(const pt_kernels *k, const void *dev, size_t n)
 {
     float *h = malloc((n ? n : 1) * sizeof *h);

@@ -169,7 +169,9 @@ Test(cuda, encoder_matches_cpu)
                                       * not a multiple of a block's 128 channels */
 }
 
-static void check_layernorm(int N, int C)
+/* shift: every device buffer that many bytes off a 16-byte boundary (the kernels' element-by-
+ * element form where 16-byte loads would fault) */
+static void check_layernorm(int N, int C, size_t shift)
 {
     const pt_kernels *gpu = cuda_or_skip();
     size_t NC = (size_t)N * C;
@@ -179,11 +181,16 @@ static void check_layernorm(int N, int C)
           *rstd = random_floats(N, -9, 9);
     float *dinp = random_floats(NC, -1, 1), *dweight = random_floats(C, -1, 1),
           *dbias = random_floats(C, -1, 1);
-    float *d_inp = upload(gpu, inp, NC * 4), *d_weight = upload(gpu, weight, C * 4),
-          *d_bias = upload(gpu, bias, C * 4), *d_dout = upload(gpu, dout, NC * 4),
-          *d_out = upload(gpu, out, NC * 4), *d_mean = upload(gpu, mean, N * 4),
-          *d_rstd = upload(gpu, rstd, N * 4), *d_dinp = upload(gpu, dinp, NC * 4),
-          *d_dweight = upload(gpu, dweight, C * 4), *d_dbias = upload(gpu, dbias, C * 4);
+    float *d_inp = upload_shifted(gpu, inp, NC * 4, shift),
+          *d_weight = upload_shifted(gpu, weight, C * 4, shift),
+          *d_bias = upload_shifted(gpu, bias, C * 4, shift),
+          *d_dout = upload_shifted(gpu, dout, NC * 4, shift),
+          *d_out = upload_shifted(gpu, out, NC * 4, shift),
+          *d_mean = upload_shifted(gpu, mean, N * 4, shift),
+          *d_rstd = upload_shifted(gpu, rstd, N * 4, shift),
+          *d_dinp = upload_shifted(gpu, dinp, NC * 4, shift),
+          *d_dweight = upload_shifted(gpu, dweight, C * 4, shift),
+          *d_dbias = upload_shifted(gpu, dbias, C * 4, shift);
 
     cpu()->layernorm_forward(out, mean, rstd, inp, weight, bias, N, C);
     gpu->layernorm_forward(d_out, d_mean, d_rstd, d_inp, d_weight, d_bias, N, C);
@@ -201,23 +208,24 @@ static void check_layernorm(int N, int C)
     float *device_buffers[] = {d_inp, d_weight, d_bias, d_dout, d_out,
                                d_mean, d_rstd, d_dinp, d_dweight, d_dbias};
     for (size_t i = 0; i < sizeof device_buffers / sizeof device_buffers[0]; i++)
-        gpu->free(device_buffers[i]);
+        free_shifted(gpu, device_buffers[i], shift);
     float *host_buffers[] = {inp, weight, bias, dout, out, mean, rstd, dinp, dweight, dbias};
     for (size_t i = 0; i < sizeof host_buffers / sizeof host_buffers[0]; i++) free(host_buffers[i]);
 }
 
 Test(cuda, layernorm_matches_cpu)
 {
-    check_layernorm(256, 768);
-    check_layernorm(1000, 37); /* rows not a multiple of the block, C not of the warp */
-    check_layernorm(5001, 768); /* the one-pass backward's fixed grid: warps of 1 and 2 rows */
-    check_layernorm(300, 2000); /* its sums too large for shared memory: three kernels */
+    check_layernorm(256, 768, 0);
+    check_layernorm(256, 768, 4); /* C a multiple of 4, the rows off 16-byte boundaries */
+    check_layernorm(1000, 37, 0); /* rows not a multiple of the block, C not of the warp */
+    check_layernorm(5001, 768, 0); /* the one-pass backward's fixed grid: warps of 1 and 2 rows */
+    check_layernorm(300, 2000, 0); /* its sums too large for shared memory: three kernels */
 }
 
 /* The residual's sum and the layernorm after it in one pass, the sum written over its first
  * addend as the model does: the sum exactly the CPU's (one fp32 addition), the rest to fp32's
  * tolerance. */
-static void check_residual_layernorm(int N, int C)
+static void check_residual_layernorm(int N, int C, size_t shift)
 {
     const pt_kernels *gpu = cuda_or_skip();
     const size_t NC = (size_t)N * C;
@@ -225,10 +233,13 @@ static void check_residual_layernorm(int N, int C)
     float *weight = random_floats(C, 0.5, 1.5), *bias = random_floats(C, -1, 1);
     float *residual = malloc(NC * 4), *out = random_floats(NC, -9, 9);
     float *mean = random_floats(N, -9, 9), *rstd = random_floats(N, -9, 9);
-    float *d_a = upload(gpu, a, NC * 4), *d_b = upload(gpu, b, NC * 4),
-          *d_weight = upload(gpu, weight, C * 4), *d_bias = upload(gpu, bias, C * 4),
-          *d_out = upload(gpu, out, NC * 4), *d_mean = upload(gpu, mean, N * 4),
-          *d_rstd = upload(gpu, rstd, N * 4);
+    float *d_a = upload_shifted(gpu, a, NC * 4, shift),
+          *d_b = upload_shifted(gpu, b, NC * 4, shift),
+          *d_weight = upload_shifted(gpu, weight, C * 4, shift),
+          *d_bias = upload_shifted(gpu, bias, C * 4, shift),
+          *d_out = upload_shifted(gpu, out, NC * 4, shift),
+          *d_mean = upload_shifted(gpu, mean, N * 4, shift),
+          *d_rstd = upload_shifted(gpu, rstd, N * 4, shift);
     cpu()->residual_layernorm_forward(residual, out, mean, rstd, a, b, weight, bias, N, C);
     gpu->residual_layernorm_forward(d_a, d_out, d_mean, d_rstd, d_a, d_b, d_weight, d_bias, N, C);
     expect_device_close(gpu, "residual of residual_layernorm", d_a, residual, NC, 0.0);
@@ -238,14 +249,15 @@ static void check_residual_layernorm(int N, int C)
     expect_no_cuda_error();
     float *device_buffers[] = {d_rstd, d_mean, d_out, d_bias, d_weight, d_b, d_a};
     for (size_t i = 0; i < sizeof device_buffers / sizeof device_buffers[0]; i++)
-        gpu->free(device_buffers[i]);
+        free_shifted(gpu, device_buffers[i], shift);
     free(a), free(b), free(weight), free(bias), free(residual), free(out), free(mean), free(rstd);
 }
 
 Test(cuda, residual_layernorm_matches_cpu)
 {
-    check_residual_layernorm(256, 768);
-    check_residual_layernorm(1000, 37);
+    check_residual_layernorm(256, 768, 0);
+    check_residual_layernorm(256, 768, 8); /* the element-by-element form */
+    check_residual_layernorm(1000, 37, 0);
 }
 
 /* ---- matmul ------------------------------------------------------------------- */
@@ -371,14 +383,18 @@ Test(cuda, attention_matches_cpu_for_every_head_size)
 
 /* ---- element-wise, cross-entropy, optimizer, reductions --------------------------- */
 
-Test(cuda, gelu_and_residual_match_cpu)
+/* shift as check_layernorm's; n odd: the 16-byte form's last elements singly */
+static void check_gelu_and_residual(size_t shift)
 {
     const pt_kernels *gpu = cuda_or_skip();
     const size_t n = (1 << 20) + 3;
     float *x = random_floats(n, -6, 6), *b = random_floats(n, -1, 1), *dout = random_floats(n, -1, 1);
     float *y = random_floats(n, -9, 9), *dx = random_floats(n, -1, 1), *sum = random_floats(n, -9, 9);
-    float *d_x = upload(gpu, x, n * 4), *d_b = upload(gpu, b, n * 4), *d_dout = upload(gpu, dout, n * 4),
-          *d_y = upload(gpu, y, n * 4), *d_dx = upload(gpu, dx, n * 4), *d_sum = upload(gpu, sum, n * 4);
+    float *d_x = upload_shifted(gpu, x, n * 4, shift), *d_b = upload_shifted(gpu, b, n * 4, shift),
+          *d_dout = upload_shifted(gpu, dout, n * 4, shift),
+          *d_y = upload_shifted(gpu, y, n * 4, shift),
+          *d_dx = upload_shifted(gpu, dx, n * 4, shift),
+          *d_sum = upload_shifted(gpu, sum, n * 4, shift);
     cpu()->gelu_forward(y, x, n);
     gpu->gelu_forward(d_y, d_x, n);
     expect_device_close(gpu, "gelu out", d_y, y, n, FP32_TOL);
@@ -392,9 +408,16 @@ Test(cuda, gelu_and_residual_match_cpu)
     gpu->scale(d_sum, -0.75f, n);
     expect_device_close(gpu, "scale", d_sum, sum, n, 0);
     expect_no_cuda_error();
-    gpu->free(d_x), gpu->free(d_b), gpu->free(d_dout), gpu->free(d_y), gpu->free(d_dx);
-    gpu->free(d_sum);
+    float *device_buffers[] = {d_x, d_b, d_dout, d_y, d_dx, d_sum};
+    for (size_t i = 0; i < sizeof device_buffers / sizeof device_buffers[0]; i++)
+        free_shifted(gpu, device_buffers[i], shift);
     free(x), free(b), free(dout), free(y), free(dx), free(sum);
+}
+
+Test(cuda, gelu_and_residual_match_cpu)
+{
+    check_gelu_and_residual(0);
+    check_gelu_and_residual(4);
 }
 
 /* dp.method=sparse's partition on the device: gather and scatter along a shuffled index. */
@@ -455,17 +478,19 @@ Test(cuda, crossentropy_matches_cpu)
 }
 
 /* Regions of every kind in one call: more than one launch's batch (300 regions), empty ones,
- * gaps between them, decayed and not; against the CPU over three steps, the gaps untouched. */
-Test(cuda, adam_update_matches_cpu)
+ * gaps between them, decayed and not; against the CPU over three steps, the gaps untouched.
+ * unit: every region's length and place a multiple of it (4: the 16-byte form; 1: the element-
+ * by-element one, as regions of any length take). */
+static void check_adam_update(size_t unit)
 {
     const pt_kernels *gpu = cuda_or_skip();
     enum { REGIONS = 300 };
     pt_param_region regions[REGIONS];
     size_t n = 0;
     for (int r = 0; r < REGIONS; r++) {
-        const size_t numel = r % 17 == 0 ? 0 : (size_t)(r * 7919 % 1500) + 1;
+        const size_t numel = r % 17 == 0 ? 0 : unit * ((size_t)(r * 7919 % 1500) + 1);
         regions[r] = (pt_param_region){n, numel, r % 3 != 0};
-        n += numel + (r % 5 == 0 ? 3 : 0); /* every fifth region leaves a gap after it */
+        n += numel + (r % 5 == 0 ? 3 * unit : 0); /* every fifth region leaves a gap after it */
     }
     float *param = random_floats(n, -1, 1), *grad = random_floats(n, -1, 1);
     float *m = random_floats(n, -0.1, 0.1), *v = random_floats(n, 0, 0.01);
@@ -486,6 +511,12 @@ Test(cuda, adam_update_matches_cpu)
     expect_no_cuda_error();
     gpu->free(d_v), gpu->free(d_m), gpu->free(d_grad), gpu->free(d_param);
     free(param), free(grad), free(m), free(v);
+}
+
+Test(cuda, adam_update_matches_cpu)
+{
+    check_adam_update(1);
+    check_adam_update(4);
 }
 
 /* lookahead = predict's kernel (kernels.h), in place and out of place; steps = 0 is θ exactly. */
@@ -591,6 +622,10 @@ Test(cuda, reductions_are_exact_to_double)
               "the CPU's own sum is off: the reference above is the one to trust");
     cr_expect_eq(gpu->sum(d_x, n), gpu_sum, "the same input gave another sum: not deterministic");
     cr_expect_eq(gpu->sum(d_x, 0), 0.0);
+    /* from x[1]: off a 16-byte boundary, the element-by-element form */
+    const long double rest = sum - x[0];
+    cr_expect(fabsl(gpu->sum(d_x + 1, n - 1) - rest) <= tol * magnitude,
+              "sum from x[1]: cuda %.17g, exact %.17Lg", gpu->sum(d_x + 1, n - 1), rest);
     expect_no_cuda_error();
     gpu->free(d_x);
     free(x);

@@ -774,6 +774,38 @@ Test(kernels, adam_batches_reach_every_region_element_once)
     free(reached), free(decay), free(in_region);
 }
 
+/* adam.cu's 16-byte form takes 4 elements a step only from batches pt_adam_batch_in_steps_of
+ * admits: there no step of 4 straddles two regions; one region of odd length, or one placed off a
+ * multiple of 4, makes its batch take the element-by-element form. */
+Test(kernels, adam_batches_in_steps_of_four_keep_each_step_in_one_region)
+{
+    enum { REGIONS = 200 };
+    pt_param_region regions[REGIONS];
+    size_t n = 0;
+    for (int r = 0; r < REGIONS; r++) {
+        const size_t numel = r % 13 == 0 ? 0 : 4 * ((size_t)(r * 7919 % 300) + 1);
+        regions[r] = (pt_param_region){n, numel, r % 3 != 0};
+        n += numel + (r % 4 == 0 ? 8 : 0);
+    }
+    for (int first = 0; first < REGIONS;) {
+        pt_adam_batch b;
+        const int next = pt_adam_batch_fill(&b, regions, REGIONS, first);
+        cr_assert(pt_adam_batch_in_steps_of(&b, 4), "regions [%d, %d) in steps of 4", first, next);
+        for (unsigned long long j = 0; j < b.start[b.count]; j += 4)
+            cr_assert_eq(pt_adam_batch_region(&b, j), pt_adam_batch_region(&b, j + 3),
+                         "the step at %llu in one region", j);
+        first = next;
+    }
+    pt_param_region odd_length[] = {{0, 8, 1}, {8, 6, 0}, {16, 4, 1}};
+    pt_param_region odd_place[] = {{0, 8, 1}, {10, 8, 0}};
+    pt_adam_batch b;
+    pt_adam_batch_fill(&b, odd_length, 3, 0);
+    cr_expect_not(pt_adam_batch_in_steps_of(&b, 4), "a region 6 long");
+    cr_expect(pt_adam_batch_in_steps_of(&b, 2), "every length and place even");
+    pt_adam_batch_fill(&b, odd_place, 2, 0);
+    cr_expect_not(pt_adam_batch_in_steps_of(&b, 4), "a region at 10");
+}
+
 /* adam_extrapolate against its formula in double. beta1, beta2 and c_grad are
  * NaN: the kernel must not read them. A few v are exactly 0, where d = ε. */
 Test(kernels, adam_extrapolate_follows_its_formula)

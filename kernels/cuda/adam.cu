@@ -18,26 +18,40 @@
  */
 #include "kernels/cuda/common.cuh" /* first: it takes kernels.h in as C */
 #include "kernels/cuda/adam_batch.h"
+#include "kernels/cuda/vector.cuh"
 
-/* __grid_constant__: the batch is read where the parameters live, not copied per thread */
+/* __grid_constant__: the batch is read where the parameters live, not copied per thread. W
+ * elements a step (W = 4: 16-byte loads, vector.cuh, where every region of the batch starts at a
+ * multiple of 4 and the buffers are 16-byte aligned: a GPT-2's tensors are all multiples of 4
+ * long; the region's search then once per 4 elements). */
+template <int W>
 __global__ void adam_update_kernel(float *param, const float *grad, float *m, float *v,
                                    const __grid_constant__ pt_adam_batch batch,
                                    pt_adam_coeffs decayed, pt_adam_coeffs plain)
 {
     /* param, grad, m, v: the flat buffers; each element of the batch's regions once */
     const float inv_plain = 1.0f / plain.bias2, inv_decayed = 1.0f / decayed.bias2;
-    PT_GRID_STRIDE_LOOP(j, (size_t)batch.start[batch.count])
+    const size_t total = (size_t)batch.start[batch.count];
+    PT_GRID_STRIDE_LOOP(step, (total + W - 1) / W)
     {
+        const size_t j = step * W;
         const int r = pt_adam_batch_region(&batch, j);
         const pt_adam_coeffs c = batch.decay[r] ? decayed : plain;
+        const float inv_bias2 = batch.decay[r] ? inv_decayed : inv_plain;
         const size_t i = batch.offset[r] + (j - batch.start[r]);
-        float g = grad[i];
-        float mi = c.beta1 * m[i] + (1.0f - c.beta1) * g;
-        float vi = c.beta2 * v[i] + (1.0f - c.beta2) * g * g;
-        float d = sqrtf(vi * (batch.decay[r] ? inv_decayed : inv_plain)) + c.eps;
-        param[i] = param[i] * c.decay - (c.c_grad * g + c.c_mom * mi) / d;
-        m[i] = mi;
-        v[i] = vi;
+        const pt_elements<float, W> g = pt_load<W>(grad + i);
+        pt_elements<float, W> p = pt_load<W>(param + i), mi = pt_load<W>(m + i),
+                              vi = pt_load<W>(v + i);
+#pragma unroll
+        for (int k = 0; k < W; k++) {
+            mi.e[k] = c.beta1 * mi.e[k] + (1.0f - c.beta1) * g.e[k];
+            vi.e[k] = c.beta2 * vi.e[k] + (1.0f - c.beta2) * g.e[k] * g.e[k];
+            const float d = sqrtf(vi.e[k] * inv_bias2) + c.eps;
+            p.e[k] = p.e[k] * c.decay - (c.c_grad * g.e[k] + c.c_mom * mi.e[k]) / d;
+        }
+        pt_store<W>(param + i, p);
+        pt_store<W>(m + i, mi);
+        pt_store<W>(v + i, vi);
     }
 }
 
@@ -45,12 +59,19 @@ void pt_cuda_adam_update(float *param, const float *grad, float *m, float *v,
                          const pt_param_region *regions, int n_regions,
                          const pt_adam_coeffs *decayed, const pt_adam_coeffs *plain)
 {
+    const bool aligned = pt_aligned16(param, grad, m, v);
     for (int first = 0; first < n_regions;) {
         pt_adam_batch batch;
         first = pt_adam_batch_fill(&batch, regions, n_regions, first);
         const size_t total = batch.start[batch.count];
-        PT_LAUNCH_ELEMENTWISE(adam_update_kernel, total, param, grad, m, v, batch, *decayed,
-                              *plain);
+        if (total == 0) continue;
+        if (aligned && pt_adam_batch_in_steps_of(&batch, 4))
+            adam_update_kernel<4><<<pt_cuda_blocks_for(total / 4), PT_CUDA_THREADS, 0,
+                                    pt_cuda.compute>>>(param, grad, m, v, batch, *decayed, *plain);
+        else
+            adam_update_kernel<1><<<pt_cuda_blocks_for(total), PT_CUDA_THREADS, 0,
+                                    pt_cuda.compute>>>(param, grad, m, v, batch, *decayed, *plain);
+        PT_CUDA_LAUNCHED("adam_update_kernel");
     }
 }
 

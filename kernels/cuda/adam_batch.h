@@ -58,4 +58,16 @@ PT_ADAM_BATCH_FN int pt_adam_batch_region(const pt_adam_batch *b, unsigned long 
     return lo;
 }
 
+/* Whether every region of the batch starts, in the batch and in the flat buffers, at a multiple
+ * of `width` elements (and so is a whole number of width-element steps long, but the last): the
+ * kernel may then take width elements at a time without a step straddling two regions. */
+PT_ADAM_BATCH_FN int pt_adam_batch_in_steps_of(const pt_adam_batch *b, int width)
+{
+    for (int r = 0; r <= b->count; r++)
+        if (b->start[r] % (unsigned)width != 0) return 0;
+    for (int r = 0; r < b->count; r++)
+        if (b->offset[r] % (unsigned)width != 0) return 0;
+    return 1;
+}
+
 #endif

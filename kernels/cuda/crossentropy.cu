@@ -13,10 +13,9 @@
  * have rows a multiple of 16 bytes apart), and stays in L2 between the passes. Logits
  * in fp32, or in bf16 (the classifier under bf16: read as the values they hold, the sums fp32,
  * dlogits rounded to bf16). */
-#include <string.h>
-
 #include "kernels/cuda/reduce.cuh"
 #include "kernels/cuda/row_parts.h"
+#include "kernels/cuda/vector.cuh"
 
 #define CROSSENTROPY_THREADS 1024
 
@@ -26,30 +25,6 @@ __device__ inline float logit_value(__nv_bfloat16 x) { return __bfloat162float(x
 __device__ inline void store_gradient(float *x, float g) { *x = g; }
 __device__ inline void store_gradient(__nv_bfloat16 *x, float g) { *x = __float2bfloat16_rn(g); }
 
-/* 16 bytes of a row as its elements. The load and the store are one 128-bit instruction each
- * (uint4); the bytes move between the uint4 and the elements by memcpy, which compiles to
- * register moves and is defined, where reading a uint4 through an Element pointer is not: type-
- * based alias analysis may drop such reads (GCC at -O2 did, running this file on the emulated
- * device of tests/cuda_host). */
-template <class Element> struct row_vector {
-    Element e[16 / sizeof(Element)];
-};
-
-template <class Element> __device__ inline row_vector<Element> load_vector(const uint4 *at)
-{
-    const uint4 raw = *at;
-    row_vector<Element> v;
-    memcpy(&v, &raw, sizeof raw);
-    return v;
-}
-
-template <class Element> __device__ inline void store_vector(uint4 *at, const row_vector<Element> &v)
-{
-    uint4 raw;
-    memcpy(&raw, &v, sizeof raw);
-    *at = raw;
-}
-
 /* f(v, x_v) for each element of this thread's share of the row. */
 template <class Element, class F>
 __device__ inline void for_each_logit(const Element *x, int V, F f)
@@ -57,9 +32,9 @@ __device__ inline void for_each_logit(const Element *x, int V, F f)
     constexpr int width = 16 / sizeof(Element);
     const pt_row_parts parts = pt_row_parts_of((uintptr_t)x, V, sizeof(Element));
     for (int v = threadIdx.x; v < parts.head; v += blockDim.x) f(v, logit_value(x[v]));
-    const uint4 *body = reinterpret_cast<const uint4 *>(x + parts.head);
+    const Element *body = x + parts.head;
     for (int i = threadIdx.x; i < parts.vectors; i += blockDim.x) {
-        const row_vector<Element> v = load_vector<Element>(body + i);
+        const pt_elements<Element, width> v = pt_load<width>(body + i * width);
         for (int k = 0; k < width; k++) f(parts.head + i * width + k, logit_value(v.e[k]));
     }
     for (int v = parts.tail_start + threadIdx.x; v < V; v += blockDim.x) f(v, logit_value(x[v]));
@@ -73,12 +48,12 @@ __device__ inline void rewrite_logits(Element *x, int V, G g)
     const pt_row_parts parts = pt_row_parts_of((uintptr_t)x, V, sizeof(Element));
     for (int v = threadIdx.x; v < parts.head; v += blockDim.x)
         store_gradient(&x[v], g(v, logit_value(x[v])));
-    uint4 *body = reinterpret_cast<uint4 *>(x + parts.head);
+    Element *body = x + parts.head;
     for (int i = threadIdx.x; i < parts.vectors; i += blockDim.x) {
-        row_vector<Element> v = load_vector<Element>(body + i);
+        pt_elements<Element, width> v = pt_load<width>(body + i * width);
         for (int k = 0; k < width; k++)
             store_gradient(&v.e[k], g(parts.head + i * width + k, logit_value(v.e[k])));
-        store_vector(body + i, v);
+        pt_store<width>(body + i * width, v);
     }
     for (int v = parts.tail_start + threadIdx.x; v < V; v += blockDim.x)
         store_gradient(&x[v], g(v, logit_value(x[v])));

@@ -14,14 +14,18 @@
  * on the CPU: no cancellation for large means); the parameter gradients are
  * deterministic column sums (reduce.cuh).
  *
+ * Where C is a multiple of 4 (fp32 rows) or 8 (bf16 output) and every buffer is 16-byte
+ * aligned, a lane moves 16 bytes a load (vector.cuh); elsewhere one element.
+ *
  * The backward in one pass over dout and inp where the parameter gradients' partial sums fit
- * in shared memory: each warp adds its rows' dout·x̂ and dout into sums of its own (lane l owns
- * columns l + 32k, so no two lanes touch one word), the block adds its warps' in warp order
+ * in shared memory: each warp adds its rows' dout·x̂ and dout into sums of its own (each lane owns
+ * the columns it takes, so no two lanes touch one word), the block adds its warps' in warp order
  * into a partial of its own, and a second kernel adds the partials in block order: the same
  * bits every run, as the column sums, from a grid of a fixed size. Three kernels read dout
  * and inp before (dinp's, then dweight's and dbias's column sums): ~150 MB less a GPT-2
  * layernorm at B = 16. */
 #include "kernels/cuda/reduce.cuh"
+#include "kernels/cuda/vector.cuh"
 
 #define LAYERNORM_EPS 1e-5f
 #define ROWS_PER_BLOCK 8 /* warps per block */
@@ -30,10 +34,12 @@
 __device__ inline void store(float *y, float v) { *y = v; }
 __device__ inline void store(__nv_bfloat16 *y, float v) { *y = __float2bfloat16_rn(v); }
 
-/* One warp per row. WITH_RESIDUAL: the row is a + b, written to residual as the first pass
- * makes it and read back from there by the later passes (each lane its own columns: no
- * barrier); residual may be a or b. Otherwise the row is a. */
-template <class Element, bool WITH_RESIDUAL>
+/* One warp per row, lane l taking the row's columns W at a time: [W·l, W·l + W), then 32·W
+ * further on, and so on (W = 1: columns l, l + 32, ...; W > 1: 16-byte loads, vector.cuh, where
+ * C is a multiple of W and every buffer 16-byte aligned). WITH_RESIDUAL: the row is a + b,
+ * written to residual as the first pass makes it and read back from there by the later passes
+ * (each lane its own columns: no barrier); residual may be a or b. Otherwise the row is a. */
+template <class Element, bool WITH_RESIDUAL, int W>
 __global__ void layernorm_forward_kernel(Element *out, float *mean, float *rstd, float *residual,
                                          const float *a, const float *b, const float *weight,
                                          const float *bias, int N, int C)
@@ -46,28 +52,43 @@ __global__ void layernorm_forward_kernel(Element *out, float *mean, float *rstd,
     const float *x = WITH_RESIDUAL ? residual + row : a + row;
     Element *y = out + row;
     float sum = 0.0f;
-    for (int c = lane; c < C; c += 32) {
+    for (int c = lane * W; c < C; c += 32 * W) {
+        pt_elements<float, W> v = pt_load<W>(a + row + c);
         if (WITH_RESIDUAL) {
-            const float r = a[row + c] + b[row + c];
-            residual[row + c] = r;
-            sum += r;
-        } else {
-            sum += x[c];
+            const pt_elements<float, W> u = pt_load<W>(b + row + c);
+#pragma unroll
+            for (int k = 0; k < W; k++) v.e[k] = v.e[k] + u.e[k];
+            pt_store<W>(residual + row + c, v);
         }
+#pragma unroll
+        for (int k = 0; k < W; k++) sum += v.e[k];
     }
     float mu = pt_warp_sum(sum) / (float)C;
     float squares = 0.0f;
-    for (int c = lane; c < C; c += 32) squares += (x[c] - mu) * (x[c] - mu);
+    for (int c = lane * W; c < C; c += 32 * W) {
+        const pt_elements<float, W> v = pt_load<W>(x + c);
+#pragma unroll
+        for (int k = 0; k < W; k++) squares += (v.e[k] - mu) * (v.e[k] - mu);
+    }
     float s = 1.0f / sqrtf(pt_warp_sum(squares) / (float)C + LAYERNORM_EPS);
-    for (int c = lane; c < C; c += 32) store(&y[c], (x[c] - mu) * s * weight[c] + bias[c]);
+    for (int c = lane * W; c < C; c += 32 * W) {
+        const pt_elements<float, W> v = pt_load<W>(x + c), w = pt_load<W>(weight + c),
+                                    beta = pt_load<W>(bias + c);
+        pt_elements<Element, W> o;
+#pragma unroll
+        for (int k = 0; k < W; k++) store(&o.e[k], (v.e[k] - mu) * s * w.e[k] + beta.e[k]);
+        pt_store<W>(y + c, o);
+    }
     if (lane == 0) {
         mean[n] = mu;
         rstd[n] = s;
     }
 }
 
-/* One warp's row n of the backward: dinp's row +=, and with dw, db (this warp's sums, lane l
- * owning columns l + 32k) the row's dout·x̂ and dout added into them. */
+/* One warp's row n of the backward, columns taken as the forward's: dinp's row +=, and with dw,
+ * db (this warp's sums, each lane owning the columns it takes) the row's dout·x̂ and dout added
+ * into them. */
+template <int W>
 __device__ inline void layernorm_backward_row(float *dinp, float *dw, float *db, const float *dout,
                                               const float *inp, const float *weight,
                                               const float *mean, const float *rstd, int n, int C,
@@ -77,22 +98,41 @@ __device__ inline void layernorm_backward_row(float *dinp, float *dw, float *db,
     float *dx = dinp + (size_t)n * C;
     const float mu = mean[n], s = rstd[n];
     float g_sum = 0.0f, g_xhat_sum = 0.0f;
-    for (int c = lane; c < C; c += 32) {
-        float g = dy[c] * weight[c];
-        g_sum += g;
-        g_xhat_sum += g * (x[c] - mu) * s;
+    for (int c = lane * W; c < C; c += 32 * W) {
+        const pt_elements<float, W> d = pt_load<W>(dy + c), v = pt_load<W>(x + c),
+                                    w = pt_load<W>(weight + c);
+#pragma unroll
+        for (int k = 0; k < W; k++) {
+            float g = d.e[k] * w.e[k];
+            g_sum += g;
+            g_xhat_sum += g * (v.e[k] - mu) * s;
+        }
     }
     float g_mean = pt_warp_sum(g_sum) / (float)C, g_xhat_mean = pt_warp_sum(g_xhat_sum) / (float)C;
-    for (int c = lane; c < C; c += 32) {
-        const float xhat = (x[c] - mu) * s, d = dy[c];
-        dx[c] += s * (d * weight[c] - g_mean - xhat * g_xhat_mean);
+    for (int c = lane * W; c < C; c += 32 * W) {
+        const pt_elements<float, W> d = pt_load<W>(dy + c), v = pt_load<W>(x + c),
+                                    w = pt_load<W>(weight + c);
+        pt_elements<float, W> g = pt_load<W>(dx + c), xhat;
+#pragma unroll
+        for (int k = 0; k < W; k++) {
+            xhat.e[k] = (v.e[k] - mu) * s;
+            g.e[k] += s * (d.e[k] * w.e[k] - g_mean - xhat.e[k] * g_xhat_mean);
+        }
+        pt_store<W>(dx + c, g);
         if (dw) {
-            dw[c] += d * xhat;
-            db[c] += d;
+            pt_elements<float, W> sw = pt_load<W>(dw + c), sb = pt_load<W>(db + c);
+#pragma unroll
+            for (int k = 0; k < W; k++) {
+                sw.e[k] += d.e[k] * xhat.e[k];
+                sb.e[k] += d.e[k];
+            }
+            pt_store<W>(dw + c, sw);
+            pt_store<W>(db + c, sb);
         }
     }
 }
 
+template <int W>
 __global__ void layernorm_backward_input_kernel(float *dinp, const float *dout, const float *inp,
                                                 const float *weight, const float *mean,
                                                 const float *rstd, int N, int C)
@@ -100,7 +140,15 @@ __global__ void layernorm_backward_input_kernel(float *dinp, const float *dout, 
     /* dinp[N,C] +=, dout[N,C], inp[N,C], weight[C], mean[N], rstd[N]; one warp per row */
     int n = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (n >= N) return;
-    layernorm_backward_row(dinp, NULL, NULL, dout, inp, weight, mean, rstd, n, C, lane);
+    layernorm_backward_row<W>(dinp, NULL, NULL, dout, inp, weight, mean, rstd, n, C, lane);
+}
+
+/* The backward's columns 4 at a time where its rows' buffers allow (the forward's W, for fp32) */
+#define BACKWARD_W 4
+static bool backward_in_vectors(const float *dinp, const float *dout, const float *inp,
+                                const float *weight, int C)
+{
+    return C % BACKWARD_W == 0 && pt_aligned16(dinp, dout, inp, weight);
 }
 
 #define FUSED_WARPS 4      /* a block of the one-pass backward */
@@ -109,18 +157,21 @@ __global__ void layernorm_backward_input_kernel(float *dinp, const float *dout, 
 
 static size_t fused_shared_bytes(int C) { return (size_t)FUSED_WARPS * 2 * C * sizeof(float); }
 
+template <int W>
 __global__ void layernorm_backward_fused_kernel(float *dinp, float *partials, const float *dout,
                                                 const float *inp, const float *weight,
                                                 const float *mean, const float *rstd, int N, int C)
 {
     /* dinp[N,C] +=; partials[2][gridDim.x][C]: the block's Σ dout·x̂ (dweight's), then its
      * Σ dout (dbias's); the rest as layernorm_backward_input_kernel */
-    extern __shared__ float sums[]; /* [FUSED_WARPS][2][C] */
+    extern __shared__ float sums[]; /* [FUSED_WARPS][2][C]; W > 1: C a multiple of W */
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     float *dw = sums + (size_t)warp * 2 * C, *db = dw + C;
-    for (int c = lane; c < C; c += 32) dw[c] = db[c] = 0.0f;
+    /* zeroed by the lanes that add into them (the rows' columns): no barrier */
+    for (int c = lane * W; c < C; c += 32 * W)
+        for (int k = 0; k < W; k++) dw[c + k] = db[c + k] = 0.0f;
     for (int n = blockIdx.x * FUSED_WARPS + warp; n < N; n += gridDim.x * FUSED_WARPS)
-        layernorm_backward_row(dinp, dw, db, dout, inp, weight, mean, rstd, n, C, lane);
+        layernorm_backward_row<W>(dinp, dw, db, dout, inp, weight, mean, rstd, n, C, lane);
     __syncthreads();
     float *block_dw = partials + (size_t)blockIdx.x * C, *block_db = block_dw + (size_t)gridDim.x * C;
     for (int c = threadIdx.x; c < C; c += blockDim.x) {
@@ -147,9 +198,14 @@ static bool layernorm_backward_fused(float *dinp, float *dweight, float *dbias, 
     const size_t mark = pt_cuda_scratch_mark();
     float *partials = (float *)pt_cuda_scratch(bytes, "layernorm backward partials");
     if (!partials) return false;
-    layernorm_backward_fused_kernel<<<blocks, 32 * FUSED_WARPS, fused_shared_bytes(C),
-                                      pt_cuda.compute>>>(dinp, partials, dout, inp, weight, mean,
-                                                         rstd, N, C);
+    const size_t shared = fused_shared_bytes(C);
+    if (backward_in_vectors(dinp, dout, inp, weight, C))
+        layernorm_backward_fused_kernel<BACKWARD_W><<<blocks, 32 * FUSED_WARPS, shared,
+                                                      pt_cuda.compute>>>(dinp, partials, dout, inp,
+                                                                         weight, mean, rstd, N, C);
+    else
+        layernorm_backward_fused_kernel<1><<<blocks, 32 * FUSED_WARPS, shared, pt_cuda.compute>>>(
+            dinp, partials, dout, inp, weight, mean, rstd, N, C);
     PT_CUDA_LAUNCHED("layernorm_backward_fused_kernel");
     const unsigned columns = (unsigned)pt_cuda_ceil_div(C, PT_CUDA_THREADS);
     pt_column_finish_kernel<<<columns, PT_CUDA_THREADS, 0, pt_cuda.compute>>>(dweight, partials,
@@ -174,21 +230,38 @@ struct normalized_gradient {
 
 static unsigned row_blocks(int N) { return (unsigned)pt_cuda_ceil_div(N, ROWS_PER_BLOCK); }
 
-/* out = layernorm(a), or (b given) residual = a + b and out = layernorm(residual) */
+template <class Element, bool WITH_RESIDUAL, int W>
+static void launch_forward_kernel(Element *out, float *mean, float *rstd, float *residual,
+                                  const float *a, const float *b, const float *weight,
+                                  const float *bias, int N, int C)
+{
+    layernorm_forward_kernel<Element, WITH_RESIDUAL, W><<<row_blocks(N), 32 * ROWS_PER_BLOCK, 0,
+                                                          pt_cuda.compute>>>(
+        out, mean, rstd, residual, a, b, weight, bias, N, C);
+}
+
+/* out = layernorm(a), or (b given) residual = a + b and out = layernorm(residual); 16 bytes of
+ * out a load where the rows allow */
 template <class Element>
 static void launch_forward(Element *out, float *mean, float *rstd, float *residual, const float *a,
                            const float *b, const float *weight, const float *bias, int N, int C,
                            const char *name)
 {
+    constexpr int W = 16 / sizeof(Element);
     if (N <= 0) return;
-    if (b)
-        layernorm_forward_kernel<Element, true><<<row_blocks(N), 32 * ROWS_PER_BLOCK, 0,
-                                                  pt_cuda.compute>>>(out, mean, rstd, residual, a,
-                                                                     b, weight, bias, N, C);
+    const bool vectors = C % W == 0 && pt_aligned16(out, residual, a, b, weight, bias);
+    if (b && vectors)
+        launch_forward_kernel<Element, true, W>(out, mean, rstd, residual, a, b, weight, bias, N,
+                                                C);
+    else if (b)
+        launch_forward_kernel<Element, true, 1>(out, mean, rstd, residual, a, b, weight, bias, N,
+                                                C);
+    else if (vectors)
+        launch_forward_kernel<Element, false, W>(out, mean, rstd, NULL, a, NULL, weight, bias, N,
+                                                 C);
     else
-        layernorm_forward_kernel<Element, false><<<row_blocks(N), 32 * ROWS_PER_BLOCK, 0,
-                                                   pt_cuda.compute>>>(out, mean, rstd, NULL, a,
-                                                                      NULL, weight, bias, N, C);
+        launch_forward_kernel<Element, false, 1>(out, mean, rstd, NULL, a, NULL, weight, bias, N,
+                                                 C);
     PT_CUDA_LAUNCHED(name);
 }
 
@@ -228,8 +301,14 @@ void pt_cuda_layernorm_backward(float *dinp, float *dweight, float *dbias, const
     /* dinp[N,C], dweight[C], dbias[C], dout[N,C], inp[N,C], weight[C], mean[N], rstd[N] */
     if (N <= 0) return;
     if (layernorm_backward_fused(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C)) return;
-    layernorm_backward_input_kernel<<<row_blocks(N), 32 * ROWS_PER_BLOCK, 0, pt_cuda.compute>>>(
-        dinp, dout, inp, weight, mean, rstd, N, C);
+    if (backward_in_vectors(dinp, dout, inp, weight, C))
+        layernorm_backward_input_kernel<BACKWARD_W><<<row_blocks(N), 32 * ROWS_PER_BLOCK, 0,
+                                                      pt_cuda.compute>>>(dinp, dout, inp, weight,
+                                                                         mean, rstd, N, C);
+    else
+        layernorm_backward_input_kernel<1><<<row_blocks(N), 32 * ROWS_PER_BLOCK, 0,
+                                             pt_cuda.compute>>>(dinp, dout, inp, weight, mean,
+                                                                rstd, N, C);
     PT_CUDA_LAUNCHED("layernorm_backward_input_kernel");
     pt_column_sums_add(dweight, normalized_gradient{dout, inp, mean, rstd, C}, N, C);
     pt_column_sums_add(dbias, pt_rows_f32{dout, C}, N, C);

@@ -7,6 +7,7 @@
  * and the host adds them in block order: the same x always gives the same
  * bits. */
 #include "kernels/cuda/reduce.cuh"
+#include "kernels/cuda/vector.cuh"
 
 __global__ void pt_column_finish_kernel(float *dst, const float *partials, int chunks, int C)
 {
@@ -18,18 +19,41 @@ __global__ void pt_column_finish_kernel(float *dst, const float *partials, int c
     dst[c] += acc;
 }
 
-template <bool SQUARES>
+/* W elements a step (W = 4: 16-byte loads, vector.cuh, where x is 16-byte aligned), the last
+ * n mod W singly */
+template <bool SQUARES, int W>
 __global__ void partial_sums_kernel(double *partials, const float *x, size_t n)
 {
     /* partials[gridDim.x] */
     double acc = 0.0;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x) {
-        double v = (double)x[i];
-        acc += SQUARES ? v * v : v;
+    const size_t first = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const size_t stride = (size_t)gridDim.x * blockDim.x, body = n / W * W;
+    for (size_t i = first * W; i < body; i += stride * W) {
+        const pt_elements<float, W> v = pt_load<W>(x + i);
+#pragma unroll
+        for (int k = 0; k < W; k++) {
+            const double d = (double)v.e[k];
+            acc += SQUARES ? d * d : d;
+        }
+    }
+    for (size_t i = body + first; i < n; i += stride) {
+        const double d = (double)x[i];
+        acc += SQUARES ? d * d : d;
     }
     acc = pt_block_reduce(acc);
     if (threadIdx.x == 0) partials[blockIdx.x] = acc;
+}
+
+template <bool SQUARES>
+static void launch_partial_sums(double *partials, unsigned blocks, const float *x, size_t n)
+{
+    if (pt_aligned16(x))
+        partial_sums_kernel<SQUARES, 4><<<blocks, PT_CUDA_THREADS, 0, pt_cuda.compute>>>(partials,
+                                                                                       x, n);
+    else
+        partial_sums_kernel<SQUARES, 1><<<blocks, PT_CUDA_THREADS, 0, pt_cuda.compute>>>(partials,
+                                                                                       x, n);
+    PT_CUDA_LAUNCHED("partial_sums_kernel");
 }
 
 static double sum_on_host(const float *x, size_t n, bool squares)
@@ -41,11 +65,8 @@ static double sum_on_host(const float *x, size_t n, bool squares)
     double *partials = (double *)pt_cuda_scratch(blocks * sizeof(double), "sum partials");
     double total = NAN; /* what a failed reduction returns: the caller's checks notice */
     if (partials) {
-        if (squares)
-            partial_sums_kernel<true><<<blocks, PT_CUDA_THREADS, 0, pt_cuda.compute>>>(partials, x, n);
-        else
-            partial_sums_kernel<false><<<blocks, PT_CUDA_THREADS, 0, pt_cuda.compute>>>(partials, x, n);
-        PT_CUDA_LAUNCHED("partial_sums_kernel");
+        if (squares) launch_partial_sums<true>(partials, blocks, x, n);
+        else launch_partial_sums<false>(partials, blocks, x, n);
         PT_CUDA_CHECK(cudaMemcpyAsync(pt_cuda.host_partials, partials, blocks * sizeof(double),
                                       cudaMemcpyDeviceToHost, pt_cuda.compute));
         if (PT_CUDA_CHECK(cudaStreamSynchronize(pt_cuda.compute))) {
