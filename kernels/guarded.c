@@ -361,9 +361,9 @@ static void g_crossentropy_forward_backward_bf16(float *l, pt_bf16 *x, const int
     GUARDED(cpu->crossentropy_forward_backward_bf16(l, x, t, N, V, ld, d));
 }
 static void g_adam_update(float *p, const float *g, float *m, float *v, const pt_param_region *r,
-                          int nr, const pt_adam_coeffs *c, const pt_adam_coeffs *c0)
+                          int nr, const pt_adam_coeffs *c, const pt_adam_coeffs *c0, float s)
 {
-    GUARDED(cpu->adam_update(p, g, m, v, r, nr, c, c0));
+    GUARDED(cpu->adam_update(p, g, m, v, r, nr, c, c0, s));
 }
 static void g_adam_extrapolate(float *o, const float *p, const float *m, const float *v,
                                size_t n, const pt_adam_coeffs *c, float steps)

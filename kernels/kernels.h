@@ -232,11 +232,14 @@ typedef struct pt_kernels {
     /* ---- optimizer and reductions ---- */
     /* One step over every region of the flat buffers param, grad, m and v (regions: host
      * memory), with the `decayed` coefficients where the region decays and `plain` elsewhere;
-     * elements outside the regions are not touched. cuda: one launch for up to 120 regions
-     * (a model's tensors are ~150), not one each. */
+     * elements outside the regions are not touched. The gradient is read as grad_scale·grad
+     * (one fp32 product, the bits a scale(grad, grad_scale) before the step would leave: the
+     * clipping of the global norm without a pass of its own); grad itself is not written.
+     * cuda: one launch for up to 120 regions (a model's tensors are ~150), not one each. */
     void (*adam_update)(float *param, const float *grad, float *m, float *v,
                         const pt_param_region *regions, int n_regions,
-                        const pt_adam_coeffs *decayed, const pt_adam_coeffs *plain);
+                        const pt_adam_coeffs *decayed, const pt_adam_coeffs *plain,
+                        float grad_scale);
     /* Weight prediction (ALGORITHMS.md §3, lookahead = predict): `steps`
      * applications of the update above with the gradient term left out and
      * the moments frozen, extrapolated linearly; m and v are only read:

@@ -327,9 +327,10 @@ static double region_elements(const pt_param_region *r, int n)
     return total;
 }
 static void p_adam_update(float *p, const float *g, float *m, float *v, const pt_param_region *r,
-                          int nr, const pt_adam_coeffs *c, const pt_adam_coeffs *c0)
+                          int nr, const pt_adam_coeffs *c, const pt_adam_coeffs *c0, float s)
 {
-    TIMED_BYTES(K_ADAM, 28.0 * region_elements(r, nr), inner->adam_update(p, g, m, v, r, nr, c, c0));
+    TIMED_BYTES(K_ADAM, 28.0 * region_elements(r, nr),
+                inner->adam_update(p, g, m, v, r, nr, c, c0, s));
 }
 static void p_adam_extrapolate(float *o, const float *p, const float *m, const float *v,
                                size_t n, const pt_adam_coeffs *c, float steps)

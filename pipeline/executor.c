@@ -709,12 +709,12 @@ static pipert_result optimizer_step(pt_stage_executor *ex)
                        step, (double)loss);
     double norm;
     PT_TRY(gradient_norm(ex, &norm));
-    if (t->grad_clip > 0 && isfinite(norm) && norm > t->grad_clip)
-        ex->kernels->scale(m->grads, (float)(t->grad_clip / norm), m->n_params);
     const double lr = pt_lr_at(step, t->steps, t->lr, t->warmup_steps, t->min_lr_ratio) *
                       pt_lookahead_lr_factor(&ex->look, ex->staleness_estimate, step);
     pt_lookahead_before_step(&ex->look, m->params);
-    pt_optimizer_step(&ex->optimizer, m->params, m->grads, ex->regions, m->n_tensors, lr);
+    /* the clipping inside the optimizer's pass (no pass of its own over the gradient) */
+    pt_optimizer_step_scaled(&ex->optimizer, m->params, m->grads, ex->regions, m->n_tensors, lr,
+                             pt_clip_scale(norm, t->grad_clip));
     pt_lookahead_after_step(&ex->look, m->params, ex->regions);
     pt_gpt_zero_grads(m);
     ex->version = step;

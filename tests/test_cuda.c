@@ -502,8 +502,9 @@ static void check_adam_update(size_t unit)
     plain.decay = 1.0f;
     plain.c_mom = 0.03f;
     for (int step = 0; step < 3; step++) {
-        cpu()->adam_update(param, grad, m, v, regions, REGIONS, &decayed, &plain);
-        gpu->adam_update(d_param, d_grad, d_m, d_v, regions, REGIONS, &decayed, &plain);
+        const float clip = step == 1 ? 0.37f : 1.0f; /* a clipped step */
+        cpu()->adam_update(param, grad, m, v, regions, REGIONS, &decayed, &plain, clip);
+        gpu->adam_update(d_param, d_grad, d_m, d_v, regions, REGIONS, &decayed, &plain, clip);
     }
     expect_device_close(gpu, "adam param", d_param, param, n, FP32_TOL);
     expect_device_close(gpu, "adam m", d_m, m, n, FP32_TOL);

@@ -111,7 +111,7 @@ Test(kernels, profile_counts_traffic_and_attention_operations)
           *v = calloc(10, 4);
     const pt_param_region regions[] = {{.offset = 0, .numel = 4}, {.offset = 4, .numel = 6}};
     const pt_adam_coeffs c = {.beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .bias2 = 1, .decay = 1};
-    k->adam_update(p, g, m, v, regions, 2, &c, &c);
+    k->adam_update(p, g, m, v, regions, 2, &c, &c, 1.0f);
     pt_kernel_time t[8];
     const int n = pt_kernel_profile_read(t, 8);
     int seen = 0;
@@ -686,7 +686,7 @@ Test(kernels, adam_update_follows_its_formula)
     pt_adam_coeffs c = {.decay = 0.99f, .beta1 = 0.9f, .beta2 = 0.95f, .bias2 = 0.2f,
                         .eps = 1e-3f, .c_grad = 0.01f, .c_mom = 0.02f};
     const pt_param_region all = {0, n, 1};
-    cpu()->adam_update(param, grad, m, v, &all, 1, &c, NULL);
+    cpu()->adam_update(param, grad, m, v, &all, 1, &c, NULL, 1.0f);
     for (size_t i = 0; i < n; i++) {
         double mi = 0.9 * m0[i] + 0.1 * grad[i], vi = 0.95 * v0[i] + 0.05 * grad[i] * grad[i];
         double d = sqrt(vi / 0.2) + 1e-3;
@@ -695,6 +695,31 @@ Test(kernels, adam_update_follows_its_formula)
         cr_expect(fabs(param[i] - expected) < 1e-5 * fabs(expected) + 1e-6,
                   "param[%zu]: %.7g, expected %.7g", i, param[i], expected);
     }
+}
+
+/* grad_scale is the clipping's factor applied inside the step: the bits of scale(grad) then the
+ * step at 1, and grad itself left as it was. */
+Test(kernels, adam_update_reads_the_gradient_scaled)
+{
+    const size_t n = 1001;
+    float *param = random_floats(n, -1, 1), *grad = random_floats(n, -1, 1);
+    float *m = random_floats(n, -0.1, 0.1), *v = random_floats(n, 0, 0.01);
+    float *p1 = copy_floats(param, n), *m1 = copy_floats(m, n), *v1 = copy_floats(v, n);
+    float *scaled = copy_floats(grad, n), *grad0 = copy_floats(grad, n);
+    const pt_adam_coeffs c = {.decay = 0.99f, .beta1 = 0.9f, .beta2 = 0.95f, .bias2 = 0.2f,
+                              .eps = 1e-8f, .c_grad = 0.01f, .c_mom = 0.02f};
+    const pt_param_region all = {0, n, 1};
+    const float factor = 0.3719f;
+    cpu()->adam_update(param, grad, m, v, &all, 1, &c, NULL, factor);
+    cpu()->scale(scaled, factor, n);
+    cpu()->adam_update(p1, scaled, m1, v1, &all, 1, &c, NULL, 1.0f);
+    cr_expect_arr_eq(param, p1, n * sizeof *param, "θ as after scale(grad)");
+    cr_expect_arr_eq(m, m1, n * sizeof *m, "m as after scale(grad)");
+    cr_expect_arr_eq(v, v1, n * sizeof *v, "v as after scale(grad)");
+    cr_expect_arr_eq(grad, grad0, n * sizeof *grad, "grad untouched");
+    cr_expect_arr_neq(param, grad0, n * sizeof *param);
+    free(param), free(grad), free(m), free(v), free(p1), free(m1), free(v1), free(scaled);
+    free(grad0);
 }
 
 /* Several regions in one call: each moves as a call on it alone with its own coefficients
@@ -711,18 +736,18 @@ Test(kernels, adam_update_takes_each_region_with_its_coefficients)
     float *param = random_floats(n, -1, 1), *grad = random_floats(n, -1, 1);
     float *m = random_floats(n, -0.1, 0.1), *v = random_floats(n, 0, 0.01);
     float *p1 = copy_floats(param, n), *m1 = copy_floats(m, n), *v1 = copy_floats(v, n);
-    cpu()->adam_update(param, grad, m, v, regions, 5, &decayed, &plain);
+    cpu()->adam_update(param, grad, m, v, regions, 5, &decayed, &plain, 1.0f);
     for (int r = 0; r < 5; r++) {
         const pt_param_region alone = {regions[r].offset, regions[r].numel, 1};
         cpu()->adam_update(p1, grad, m1, v1, &alone, 1, regions[r].decay ? &decayed : &plain,
-                           NULL);
+                           NULL, 1.0f);
     }
     cr_expect_eq(memcmp(param, p1, n * sizeof *param), 0, "parameters as region by region");
     cr_expect_eq(memcmp(m, m1, n * sizeof *m), 0, "m as region by region");
     cr_expect_eq(memcmp(v, v1, n * sizeof *v), 0, "v as region by region");
     const size_t gaps[] = {57, 58, 59, 260, 299, 399};
     float *p0 = copy_floats(p1, n);
-    cpu()->adam_update(p0, grad, m1, v1, regions, 5, &decayed, &plain);
+    cpu()->adam_update(p0, grad, m1, v1, regions, 5, &decayed, &plain, 1.0f);
     for (size_t i = 0; i < sizeof gaps / sizeof gaps[0]; i++)
         cr_expect_eq(p0[gaps[i]], p1[gaps[i]], "[%zu] lies in no region: untouched", gaps[i]);
     cr_expect_neq(p0[0], p1[0], "[0] lies in a region: moved");
@@ -866,7 +891,7 @@ Test(kernels, adam_extrapolate_one_step_repeats_an_adamw_update)
     pt_adam_coeffs c = {.decay = 0.995f, .beta1 = 0.9f, .beta2 = 0.95f, .bias2 = 0.1426f,
                         .eps = 1e-8f, .c_grad = 0.0f, .c_mom = 0.0369f};
     const pt_param_region all = {0, n, 0};
-    cpu()->adam_update(param, grad, m, v, &all, 1, NULL, &c);
+    cpu()->adam_update(param, grad, m, v, &all, 1, NULL, &c, 1.0f);
     cpu()->adam_extrapolate(out, before, m, v, n, &c, 1.0f);
     double largest_move = 0;
     for (size_t i = 0; i < n; i++) {

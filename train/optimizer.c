@@ -126,16 +126,23 @@ pt_adam_coeffs pt_optimizer_coeffs(const pt_optimizer_settings *s, long t, doubl
     };
 }
 
-void pt_optimizer_step(pt_optimizer *opt, float *params, const float *grads,
-                       const pt_param_region *regions, int n_regions, double lr)
+void pt_optimizer_step_scaled(pt_optimizer *opt, float *params, const float *grads,
+                              const pt_param_region *regions, int n_regions, double lr,
+                              float grad_scale)
 {
     const pt_optimizer_settings *s = &opt->settings;
     opt->t++;
     const pt_adam_coeffs decayed = pt_optimizer_coeffs(s, opt->t, opt->mu_product, lr, 1);
     const pt_adam_coeffs plain = pt_optimizer_coeffs(s, opt->t, opt->mu_product, lr, 0);
     opt->kernels->adam_update(params, grads, opt->m, opt->v, regions, n_regions, &decayed,
-                              &plain);
+                              &plain, grad_scale);
     if (s->kind == PT_OPTIMIZER_NADAMW) opt->mu_product *= pt_nadam_mu(s, opt->t);
+}
+
+void pt_optimizer_step(pt_optimizer *opt, float *params, const float *grads,
+                       const pt_param_region *regions, int n_regions, double lr)
+{
+    pt_optimizer_step_scaled(opt, params, grads, regions, n_regions, lr, 1.0f);
 }
 
 /* The coefficients of the prediction for one kind of region, as the
@@ -250,10 +257,15 @@ double pt_lr_at(long step, long total, double lr, long warmup, double min_ratio)
     return lr * (min_ratio + (1.0 - min_ratio) * cosine);
 }
 
+float pt_clip_scale(double norm, double max_norm)
+{
+    return max_norm > 0 && isfinite(norm) && norm > max_norm ? (float)(max_norm / norm) : 1.0f;
+}
+
 double pt_clip_grad_norm(const pt_kernels *k, float *grads, size_t n, double max_norm)
 {
-    double norm = sqrt(k->sum_squares(grads, n));
-    if (max_norm > 0 && isfinite(norm) && norm > max_norm)
-        k->scale(grads, (float)(max_norm / norm), n);
+    const double norm = sqrt(k->sum_squares(grads, n));
+    const float factor = pt_clip_scale(norm, max_norm);
+    if (factor != 1.0f) k->scale(grads, factor, n);
     return norm;
 }

@@ -54,6 +54,12 @@ void pt_optimizer_free(pt_optimizer *opt);
  * params[n], grads[n] in the backend's memory. */
 void pt_optimizer_step(pt_optimizer *opt, float *params, const float *grads,
                        const pt_param_region *regions, int n_regions, double lr);
+/* The same with the gradient read as grad_scale·grads (pt_clip_scale's factor), the bits a
+ * scale of grads before pt_optimizer_step would give, without a pass over them; grads is left
+ * as it is. */
+void pt_optimizer_step_scaled(pt_optimizer *opt, float *params, const float *grads,
+                              const pt_param_region *regions, int n_regions, double lr,
+                              float grad_scale);
 
 /* Weight prediction (ALGORITHMS.md §3, lookahead = predict): fills out[n]
  * (same layout as params[n], backend memory; out may be params) with
@@ -126,10 +132,13 @@ double pt_nadam_mu(const pt_optimizer_settings *s, long t);
  * `total`, and min_ratio·lr after it. warmup = 0: no warm-up. */
 double pt_lr_at(long step, long total, double lr, long warmup, double min_ratio);
 
-/* Global-norm clipping of grads[n] (backend memory): returns the L2 norm before
- * clipping, and scales grads by max_norm/norm when norm > max_norm. max_norm ≤ 0
- * disables clipping; a non-finite norm is returned without touching grads (the
- * caller decides what a NaN step means). */
+/* The factor global-norm clipping multiplies a gradient of L2 norm `norm` by: max_norm/norm
+ * (rounded to fp32) when norm > max_norm, 1 otherwise. max_norm ≤ 0 disables clipping; a
+ * non-finite norm gets 1 (the caller decides what a NaN step means). */
+float pt_clip_scale(double norm, double max_norm);
+
+/* Global-norm clipping of grads[n] (backend memory) in place: returns the L2 norm before
+ * clipping, and scales grads by pt_clip_scale's factor where it is not 1. */
 double pt_clip_grad_norm(const pt_kernels *k, float *grads, size_t n, double max_norm);
 
 #endif

@@ -2,7 +2,7 @@
  * bias corrections, learning rate) are folded by the caller into
  * pt_adam_coeffs (see kernels.h and train/optimizer.c).
  *
- * Naive reading, per element:
+ * Naive reading, per element, g = grad_scale·grad:
  *   m ← β1·m + (1−β1)·g;  v ← β2·v + (1−β2)·g²;  d = √(v/bias2) + ε
  *   θ ← θ·decay − c_grad·g/d − c_mom·m/d
  *
@@ -21,14 +21,14 @@
 #include "kernels/cpu/cpu.h"
 
 static void adam_update_span(float *param, const float *grad, float *m, float *v, size_t n,
-                             const pt_adam_coeffs *coeffs)
+                             const pt_adam_coeffs *coeffs, float grad_scale)
 {
     /* param[n], grad[n], m[n], v[n] */
     const pt_adam_coeffs c = *coeffs;
     const float inv_bias2 = 1.0f / c.bias2;
 #pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < n; i++) {
-        float g = grad[i];
+        float g = grad[i] * grad_scale;
         float mi = c.beta1 * m[i] + (1.0f - c.beta1) * g;
         float vi = c.beta2 * v[i] + (1.0f - c.beta2) * g * g;
         float d = sqrtf(vi * inv_bias2) + c.eps;
@@ -40,12 +40,13 @@ static void adam_update_span(float *param, const float *grad, float *m, float *v
 
 void pt_cpu_adam_update(float *param, const float *grad, float *m, float *v,
                         const pt_param_region *regions, int n_regions,
-                        const pt_adam_coeffs *decayed, const pt_adam_coeffs *plain)
+                        const pt_adam_coeffs *decayed, const pt_adam_coeffs *plain,
+                        float grad_scale)
 {
     for (int i = 0; i < n_regions; i++) {
         const pt_param_region *r = &regions[i];
         adam_update_span(param + r->offset, grad + r->offset, m + r->offset, v + r->offset,
-                         r->numel, r->decay ? decayed : plain);
+                         r->numel, r->decay ? decayed : plain, grad_scale);
     }
 }
 

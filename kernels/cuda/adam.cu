@@ -5,7 +5,7 @@
  * rest. Parameters and moments are fp32 (the master copy, also when the matrix
  * products run in bf16).
  *
- * Naive reading, per element:
+ * Naive reading, per element, g = grad_scale·grad:
  *   m ← β1·m + (1−β1)·g;  v ← β2·v + (1−β2)·g²;  d = √(v/bias2) + ε
  *   θ ← θ·decay − c_grad·g/d − c_mom·m/d
  *
@@ -27,9 +27,10 @@
 template <int W>
 __global__ void adam_update_kernel(float *param, const float *grad, float *m, float *v,
                                    const __grid_constant__ pt_adam_batch batch,
-                                   pt_adam_coeffs decayed, pt_adam_coeffs plain)
+                                   pt_adam_coeffs decayed, pt_adam_coeffs plain, float grad_scale)
 {
-    /* param, grad, m, v: the flat buffers; each element of the batch's regions once */
+    /* param, grad, m, v: the flat buffers; each element of the batch's regions once; the
+     * gradient read as grad_scale·grad */
     const float inv_plain = 1.0f / plain.bias2, inv_decayed = 1.0f / decayed.bias2;
     const size_t total = (size_t)batch.start[batch.count];
     PT_GRID_STRIDE_LOOP(step, (total + W - 1) / W)
@@ -39,7 +40,9 @@ __global__ void adam_update_kernel(float *param, const float *grad, float *m, fl
         const pt_adam_coeffs c = batch.decay[r] ? decayed : plain;
         const float inv_bias2 = batch.decay[r] ? inv_decayed : inv_plain;
         const size_t i = batch.offset[r] + (j - batch.start[r]);
-        const pt_elements<float, W> g = pt_load<W>(grad + i);
+        pt_elements<float, W> g = pt_load<W>(grad + i);
+#pragma unroll
+        for (int k = 0; k < W; k++) g.e[k] *= grad_scale;
         pt_elements<float, W> p = pt_load<W>(param + i), mi = pt_load<W>(m + i),
                               vi = pt_load<W>(v + i);
 #pragma unroll
@@ -57,7 +60,8 @@ __global__ void adam_update_kernel(float *param, const float *grad, float *m, fl
 
 void pt_cuda_adam_update(float *param, const float *grad, float *m, float *v,
                          const pt_param_region *regions, int n_regions,
-                         const pt_adam_coeffs *decayed, const pt_adam_coeffs *plain)
+                         const pt_adam_coeffs *decayed, const pt_adam_coeffs *plain,
+                         float grad_scale)
 {
     const bool aligned = pt_aligned16(param, grad, m, v);
     for (int first = 0; first < n_regions;) {
@@ -67,10 +71,12 @@ void pt_cuda_adam_update(float *param, const float *grad, float *m, float *v,
         if (total == 0) continue;
         if (aligned && pt_adam_batch_in_steps_of(&batch, 4))
             adam_update_kernel<4><<<pt_cuda_blocks_for(total / 4), PT_CUDA_THREADS, 0,
-                                    pt_cuda.compute>>>(param, grad, m, v, batch, *decayed, *plain);
+                                    pt_cuda.compute>>>(param, grad, m, v, batch, *decayed, *plain,
+                                                       grad_scale);
         else
             adam_update_kernel<1><<<pt_cuda_blocks_for(total), PT_CUDA_THREADS, 0,
-                                    pt_cuda.compute>>>(param, grad, m, v, batch, *decayed, *plain);
+                                    pt_cuda.compute>>>(param, grad, m, v, batch, *decayed, *plain,
+                                                       grad_scale);
         PT_CUDA_LAUNCHED("adam_update_kernel");
     }
 }

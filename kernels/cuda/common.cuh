@@ -322,7 +322,8 @@ void pt_cuda_crossentropy_forward_backward_bf16(float *losses, pt_bf16 *logits,
 /* adam.cu */
 void pt_cuda_adam_update(float *param, const float *grad, float *m, float *v,
                          const pt_param_region *regions, int n_regions,
-                         const pt_adam_coeffs *decayed, const pt_adam_coeffs *plain);
+                         const pt_adam_coeffs *decayed, const pt_adam_coeffs *plain,
+                         float grad_scale);
 void pt_cuda_adam_extrapolate(float *out, const float *param, const float *m, const float *v,
                               size_t n, const pt_adam_coeffs *coeffs, float steps);
 void pt_cuda_delay_compensate(float *grad, const float *now, const float *used, const float *v,
