@@ -108,7 +108,7 @@ static void map(O *out, const A *a, const B *b, size_t n, F f, const char *name)
     if (n == 0) return;
     if (pt_aligned16(out, a, b))
         map_kernel<W, ADD, O, A, B, F><<<pt_cuda_blocks_for((n + W - 1) / W), PT_CUDA_THREADS, 0,
-                             pt_cuda.compute>>>(out, a, b, n, f);
+                                         pt_cuda.compute>>>(out, a, b, n, f);
     else
         map_kernel<1, ADD, O, A, B, F><<<pt_cuda_blocks_for(n), PT_CUDA_THREADS, 0,
                                          pt_cuda.compute>>>(out, a, b, n, f);
