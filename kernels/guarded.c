@@ -226,6 +226,12 @@ static void g_layernorm_backward(float *di, float *dw, float *db, const float *d
 {
     GUARDED(cpu->layernorm_backward(di, dw, db, d, i, w, m, r, N, C));
 }
+static void g_layernorm_backward_bf16(float *di, pt_bf16 *d16, float *dw, float *db,
+                                      const float *d, const float *i, const float *w,
+                                      const float *m, const float *r, int N, int C)
+{
+    GUARDED(cpu->layernorm_backward_bf16(di, d16, dw, db, d, i, w, m, r, N, C));
+}
 static void g_matmul_forward(float *o, const float *i, const float *w, const float *b, int N,
                              int C, int OC, pt_weight_layout l)
 {
@@ -484,6 +490,7 @@ static pt_kernels guarded = {
     .encoder_backward = g_encoder_backward,
     .layernorm_forward = g_layernorm_forward,
     .layernorm_backward = g_layernorm_backward,
+    .layernorm_backward_bf16 = g_layernorm_backward_bf16,
     .matmul_forward = g_matmul_forward,
     .matmul_backward = g_matmul_backward,
     .cast_to_bf16 = g_cast_to_bf16,

@@ -117,6 +117,14 @@ typedef struct pt_kernels {
     void (*layernorm_backward)(float *dinp, float *dweight, float *dbias, const float *dout,
                                const float *inp, const float *weight, const float *mean,
                                const float *rstd, int N, int C);
+    /* The same, with dinp's new values (after the addition) also rounded to bf16 into
+     * dinp_rounded[N,C] (runtime.precision = bf16: the residual stream's gradient, which the bf16
+     * product before the layernorm's branch reads next, rounded as it is written rather than by
+     * a cast that reads it again). */
+    void (*layernorm_backward_bf16)(float *dinp, pt_bf16 *dinp_rounded, float *dweight,
+                                    float *dbias, const float *dout, const float *inp,
+                                    const float *weight, const float *mean, const float *rstd,
+                                    int N, int C);
 
     /* out[N,OC] = inp[N,C]·W + bias (bias may be NULL) */
     void (*matmul_forward)(float *out, const float *inp, const float *weight, const float *bias,

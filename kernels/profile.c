@@ -6,7 +6,8 @@
 #include "runtime/clock.h"
 
 enum {
-    K_ENCODER_FWD, K_ENCODER_BWD, K_LAYERNORM_FWD, K_LAYERNORM_BWD, K_MATMUL_FWD, K_MATMUL_BWD,
+    K_ENCODER_FWD, K_ENCODER_BWD, K_LAYERNORM_FWD, K_LAYERNORM_BWD, K_LAYERNORM_BWD_BF16,
+    K_MATMUL_FWD, K_MATMUL_BWD,
     K_CAST_BF16, K_CAST_FROM_BF16, K_LAYERNORM_FWD_BF16, K_RESIDUAL_LAYERNORM,
     K_RESIDUAL_LAYERNORM_BF16, K_MATMUL_GELU_BWD_BF16, K_MATMUL_BWD_BF16_SET,
     K_ATTENTION_BWD_TO_BF16, K_ATTENTION_FWD_TO_BF16, K_MATMUL_FWD_BF16, K_MATMUL_BWD_BF16,
@@ -24,6 +25,7 @@ static const char *const kernel_names[K_COUNT] = {
     [K_ENCODER_BWD] = "encoder_backward",
     [K_LAYERNORM_FWD] = "layernorm_forward",
     [K_LAYERNORM_BWD] = "layernorm_backward",
+    [K_LAYERNORM_BWD_BF16] = "layernorm_backward_bf16",
     [K_MATMUL_FWD] = "matmul_forward",
     [K_MATMUL_BWD] = "matmul_backward",
     [K_CAST_BF16] = "cast_to_bf16",
@@ -167,6 +169,13 @@ static void p_layernorm_backward(float *di, float *dw, float *db, const float *d
 {
     TIMED_BYTES(K_LAYERNORM_BWD, 16.0 * N * C,
                 inner->layernorm_backward(di, dw, db, d, i, w, m, r, N, C));
+}
+static void p_layernorm_backward_bf16(float *di, pt_bf16 *d16, float *dw, float *db,
+                                      const float *d, const float *i, const float *w,
+                                      const float *m, const float *r, int N, int C)
+{
+    TIMED_BYTES(K_LAYERNORM_BWD_BF16, 18.0 * N * C,
+                inner->layernorm_backward_bf16(di, d16, dw, db, d, i, w, m, r, N, C));
 }
 static void p_matmul_forward(float *o, const float *i, const float *w, const float *b, int N,
                              int C, int OC, pt_weight_layout l)
@@ -391,6 +400,7 @@ const pt_kernels *pt_kernels_profiled(const pt_kernels *wrapped)
     profiled.encoder_backward = p_encoder_backward;
     profiled.layernorm_forward = p_layernorm_forward;
     profiled.layernorm_backward = p_layernorm_backward;
+    profiled.layernorm_backward_bf16 = p_layernorm_backward_bf16;
     profiled.matmul_forward = p_matmul_forward;
     profiled.matmul_backward = p_matmul_backward;
     profiled.cast_to_bf16 = p_cast_to_bf16;

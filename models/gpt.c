@@ -465,7 +465,8 @@ static void gelu_forward(const pt_gpt_slice *s, const pt_gpt_block_acts *a, size
  * call that writes it rounded into dscratch_fc's memory (the product's fp32 sums stay in the
  * backend, or go to dscratch_fc_gelu where it cannot apply the GELU's gradient itself). */
 static pt_gpt_operand mlp_proj_backward(pt_gpt_slice *s, const pt_gpt_block_acts *a,
-                                        pt_gpt_block_params *g, const pt_gpt_block_params *p)
+                                        pt_gpt_block_params *g, const pt_gpt_block_params *p,
+                                        bool dresidual_rounded)
 {
     const pt_kernels *k = s->kernels;
     const int N = s->B * s->T, C = s->config.n_embd;
@@ -473,8 +474,8 @@ static pt_gpt_operand mlp_proj_backward(pt_gpt_slice *s, const pt_gpt_block_acts
     if (a->fc.bf16) {
         pt_bf16 *dfc = (pt_bf16 *)s->dscratch_fc;
         pt_gpt_matmul_gelu_backward(s, dfc, g->mlp_proj_weight, g->mlp_proj_bias, s->dresidual,
-                                    gelu_output(s, a), a->fc.bf16, p->mlp_proj_weight, N, 4 * C,
-                                    C);
+                                    dresidual_rounded ? s->bf16_out : NULL, gelu_output(s, a),
+                                    a->fc.bf16, p->mlp_proj_weight, N, 4 * C, C);
         return (pt_gpt_operand){.bf16 = dfc};
     }
     pt_gpt_matmul_backward(s, s->dscratch_fc_gelu, g->mlp_proj_weight, g->mlp_proj_bias,
@@ -685,48 +686,76 @@ void pt_gpt_forward_eval(pt_gpt_slice *s, float *loss)
 
 /* ---- backward ------------------------------------------------------------ */
 
-/* On entry s->dresidual holds the gradient of the block's output; on return,
- * the gradient of its input. The residual connections are the accumulation:
- * each layernorm backward adds its branch into dresidual. */
-static void block_backward(pt_gpt_slice *s, int b)
+/* dresidual += the layernorm's backward of dout (into its branch's input); under bf16 also
+ * rounded into bf16_out as it is written, what the product before the branch reads next (no
+ * cast that reads dresidual again: the same bits). */
+static void layernorm_backward_into(pt_gpt_slice *s, float *weight_gradient, float *bias_gradient,
+                                    const float *dout, const float *inp, const float *weight,
+                                    const float *mean, const float *rstd)
 {
-    const pt_kernels *k = s->kernels;
+    const int N = s->B * s->T, C = s->config.n_embd;
+    if (s->config.precision == PT_PRECISION_BF16)
+        s->kernels->layernorm_backward_bf16(s->dresidual, s->bf16_out, weight_gradient,
+                                            bias_gradient, dout, inp, weight, mean, rstd, N, C);
+    else
+        s->kernels->layernorm_backward(s->dresidual, weight_gradient, bias_gradient, dout, inp,
+                                       weight, mean, rstd, N, C);
+}
+
+/* The attention's output product's backward, from dresidual (under bf16: its rounding in
+ * bf16_out, which the layernorm backward before it wrote). */
+static void attn_proj_backward(pt_gpt_slice *s, const pt_gpt_block_acts *a,
+                               pt_gpt_block_params *g, const pt_gpt_block_params *p)
+{
+    const int N = s->B * s->T, C = s->config.n_embd;
+    if (s->config.precision == PT_PRECISION_BF16)
+        pt_gpt_matmul_backward_operand(s, s->dscratch_c, g->attn_proj_weight, g->attn_proj_bias,
+                                       (pt_gpt_operand){.bf16 = s->bf16_out}, a->atty,
+                                       p->attn_proj_weight, N, C, C, C, PT_WEIGHT_IN_OUT);
+    else
+        pt_gpt_matmul_backward(s, s->dscratch_c, g->attn_proj_weight, g->attn_proj_bias,
+                               s->dresidual, a->atty, p->attn_proj_weight, N, C, C,
+                               PT_WEIGHT_IN_OUT);
+}
+
+/* On entry s->dresidual holds the gradient of the block's output (and, where dresidual_rounded,
+ * bf16_out its bf16 rounding: a layernorm backward wrote both); on return, the gradient of its
+ * input, and under bf16 bf16_out its rounding. The residual connections are the accumulation:
+ * each layernorm backward adds its branch into dresidual. */
+static void block_backward(pt_gpt_slice *s, int b, bool dresidual_rounded)
+{
     const int N = s->B * s->T, C = s->config.n_embd;
     const size_t NC = (size_t)N * C;
     const pt_gpt_block_params *p = &s->blocks[b];
     pt_gpt_block_params *g = &s->block_grads[b];
     const pt_gpt_block_acts *a = &s->block_acts[b];
     const float *x = block_input(s, b);
-    float *dres = s->dresidual;
 
     /* MLP branch: residual_3 = residual_2 + c_proj(gelu(c_fc(ln_2(residual_2)))) */
     if (s->config.recompute_gelu) gelu_forward(s, a, 4 * NC);
     pt_gpt_matmul_backward_operand(s, s->dscratch_c, g->c_fc_weight, g->c_fc_bias,
-                                   mlp_proj_backward(s, a, g, p), a->ln_2, p->c_fc_weight, N, C,
-                                   4 * C, 4 * C, PT_WEIGHT_IN_OUT);
-    k->layernorm_backward(dres, g->ln_2_weight, g->ln_2_bias, s->dscratch_c, a->residual_2,
-                          p->ln_2_weight, a->ln_2_mean, a->ln_2_rstd, N, C);
+                                   mlp_proj_backward(s, a, g, p, dresidual_rounded), a->ln_2,
+                                   p->c_fc_weight, N, C, 4 * C, 4 * C, PT_WEIGHT_IN_OUT);
+    layernorm_backward_into(s, g->ln_2_weight, g->ln_2_bias, s->dscratch_c, a->residual_2,
+                            p->ln_2_weight, a->ln_2_mean, a->ln_2_rstd);
 
     /* attention branch: residual_2 = x + c_proj(attn(c_attn(ln_1(x)))) */
-    pt_gpt_matmul_backward(s, s->dscratch_c, g->attn_proj_weight, g->attn_proj_bias, dres, a->atty,
-                           p->attn_proj_weight, N, C, C, PT_WEIGHT_IN_OUT);
+    attn_proj_backward(s, a, g, p);
     pt_gpt_matmul_backward_operand(s, s->dscratch_c, g->c_attn_weight, g->c_attn_bias,
                                    attention_gradient(s, a, s->dscratch_c), a->ln_1,
                                    p->c_attn_weight, N, C, 3 * C, 3 * C, PT_WEIGHT_IN_OUT);
-    k->layernorm_backward(dres, g->ln_1_weight, g->ln_1_bias, s->dscratch_c, x, p->ln_1_weight,
-                          a->ln_1_mean, a->ln_1_rstd, N, C);
+    layernorm_backward_into(s, g->ln_1_weight, g->ln_1_bias, s->dscratch_c, x, p->ln_1_weight,
+                            a->ln_1_mean, a->ln_1_rstd);
 }
 
 /* dresidual ← gradient of the trunk output, from dln_f (the classifier's backward ran in
  * the forward). */
 static void head_backward(pt_gpt_slice *s)
 {
-    const pt_kernels *k = s->kernels;
     const int N = s->B * s->T, C = s->config.n_embd;
-    k->zero(s->dresidual, (size_t)N * C * sizeof(float));
-    k->layernorm_backward(s->dresidual, s->head_grads.ln_f_weight, s->head_grads.ln_f_bias,
-                          s->dln_f, pt_gpt_output(s), s->head.ln_f_weight, s->ln_f_mean,
-                          s->ln_f_rstd, N, C);
+    s->kernels->zero(s->dresidual, (size_t)N * C * sizeof(float));
+    layernorm_backward_into(s, s->head_grads.ln_f_weight, s->head_grads.ln_f_bias, s->dln_f,
+                            pt_gpt_output(s), s->head.ln_f_weight, s->ln_f_mean, s->ln_f_rstd);
 }
 
 const float *pt_gpt_backward(pt_gpt_slice *s, const float *dout)
@@ -735,7 +764,10 @@ const float *pt_gpt_backward(pt_gpt_slice *s, const float *dout)
     pt_gpt_matmul_begin_pass(s);
     if (s->has_head) head_backward(s);
     else s->kernels->copy(s->dresidual, dout, NC * sizeof(float));
-    for (int b = s->last - s->first - 1; b >= 0; b--) block_backward(s, b);
+    /* under bf16 each layernorm backward leaves dresidual's rounding in bf16_out too */
+    const bool bf16 = s->config.precision == PT_PRECISION_BF16;
+    for (int b = s->last - s->first - 1; b >= 0; b--)
+        block_backward(s, b, bf16 && (s->has_head || b < s->last - s->first - 1));
     if (!s->has_embedding) return s->dresidual;
     s->kernels->encoder_backward(s->head_grads.wte, s->head_grads.wpe, s->dresidual, s->tokens,
                                  s->B, s->T, s->config.n_embd);

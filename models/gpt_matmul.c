@@ -6,7 +6,8 @@
  * bf16 (pt_gpt_operand: rounded once, as the layernorm, attention or GELU that makes them
  * writes them), the weight matrix and the upstream gradient are rounded as they are used, by
  * cast_to_bf16 into the slice's scratch (the weight whole, once a pass; the gradient's rows in
- * chunks that fit), and the table's _bf16 products sum in fp32 into the fp32 outputs: the
+ * chunks that fit; the residual stream's gradient comes rounded from the layernorm backward that
+ * wrote it, models/gpt.c), and the table's _bf16 products sum in fp32 into the fp32 outputs: the
  * activations, and the master gradients, which accumulate in fp32 across microbatches as
  * before. Everything else stays fp32: master weights, AdamW's moments, layernorm, attention,
  * GELU, softmax and the loss. Rounding the weights at use rather than once after each
@@ -106,10 +107,17 @@ void pt_gpt_matmul_backward_operand(pt_gpt_slice *s, float *dinp, float *dweight
 }
 
 void pt_gpt_matmul_gelu_backward(pt_gpt_slice *s, pt_bf16 *dpre, float *dweight, float *dbias,
-                                 const float *dout, pt_gpt_operand inp, const pt_bf16 *pre,
-                                 const float *weight, int N, int C, int OC)
+                                 const float *dout, const pt_bf16 *dout_rounded,
+                                 pt_gpt_operand inp, const pt_bf16 *pre, const float *weight,
+                                 int N, int C, int OC)
 {
     round_weight(s, weight, (size_t)C * OC);
+    if (dout_rounded) {
+        s->kernels->matmul_gelu_backward_bf16(dpre, s->dscratch_fc_gelu, dweight, dbias,
+                                              dout_rounded, inp.bf16, pre, s->bf16_weight, N, C,
+                                              OC, PT_WEIGHT_IN_OUT);
+        return;
+    }
     const size_t fit = s->bf16_rows / (size_t)OC;
     const int rows = fit >= (size_t)N ? N : (int)fit;
     for (int first = 0; first < N; first += rows) {

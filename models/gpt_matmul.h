@@ -40,10 +40,12 @@ void pt_gpt_matmul_backward_operand(pt_gpt_slice *s, float *dinp, float *dweight
 /* bf16 only: the backward of out = gelu(pre)·W + bias (the MLP's second product, W in-out)
  * through the GELU, from the fp32 upstream gradient dout: dpre[N,C] = bf16(gelu'(pre)·
  * dout·Wᵀ) written, dweight and dbias accumulated; inp holds gelu(pre). The table's
- * matmul_gelu_backward_bf16, dout rounded in chunks as pt_gpt_matmul_backward's. */
+ * matmul_gelu_backward_bf16, dout rounded in chunks as pt_gpt_matmul_backward's, or read
+ * rounded from dout_rounded[N,OC] where it is not NULL (a layernorm backward wrote it). */
 void pt_gpt_matmul_gelu_backward(pt_gpt_slice *s, pt_bf16 *dpre, float *dweight, float *dbias,
-                                 const float *dout, pt_gpt_operand inp, const pt_bf16 *pre,
-                                 const float *weight, int N, int C, int OC);
+                                 const float *dout, const pt_bf16 *dout_rounded,
+                                 pt_gpt_operand inp, const pt_bf16 *pre, const float *weight,
+                                 int N, int C, int OC);
 
 /* Rows [first, …) of an operand of `width` columns. */
 pt_gpt_operand pt_gpt_operand_rows(pt_gpt_operand op, size_t first, size_t width);

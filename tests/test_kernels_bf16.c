@@ -223,6 +223,30 @@ static double gelu_slope(double x)
 
 /* The residual's sum and the layernorm after it, written in bf16: the sum, then
  * layernorm_forward_bf16 of it, bit for bit. */
+/* The layernorm backward that also rounds dinp: the fp32 backward's bits, and the rounding the
+ * cast of the new dinp gives. */
+Test(kernels, bf16_layernorm_backward_rounds_the_new_dinp)
+{
+    const int N = 9, Cn = 40;
+    const size_t n = (size_t)N * Cn;
+    float *inp = random_floats(n, -3, 5), *w = random_floats(Cn, 0.5, 1.5);
+    float *dout = random_floats(n, -1, 1), *dinp = random_floats(n, -1, 1);
+    float *dw = random_floats(Cn, -1, 1), *db = random_floats(Cn, -1, 1);
+    float *mean = random_floats(N, -0.5, 0.5), *rstd = random_floats(N, 0.5, 2);
+    float *dinp1 = copy_floats(dinp, n), *dw1 = copy_floats(dw, Cn), *db1 = copy_floats(db, Cn);
+    pt_bf16 *rounded = malloc(2 * n);
+    cpu()->layernorm_backward_bf16(dinp, rounded, dw, db, dout, inp, w, mean, rstd, N, Cn);
+    cpu()->layernorm_backward(dinp1, dw1, db1, dout, inp, w, mean, rstd, N, Cn);
+    cr_expect_arr_eq(dinp, dinp1, n * sizeof *dinp, "dinp as the fp32 backward's");
+    cr_expect_arr_eq(dw, dw1, Cn * sizeof *dw, "dweight as the fp32 backward's");
+    cr_expect_arr_eq(db, db1, Cn * sizeof *db, "dbias as the fp32 backward's");
+    for (size_t i = 0; i < n; i++)
+        cr_expect_eq(rounded[i], nearest_bf16(dinp1[i]), "[%zu]: %g, the nearest of %.9g", i,
+                     bf16_value(rounded[i]), dinp1[i]);
+    free(inp), free(w), free(dout), free(dinp), free(dw), free(db), free(mean), free(rstd);
+    free(dinp1), free(dw1), free(db1), free(rounded);
+}
+
 Test(kernels, bf16_residual_layernorm_is_the_sum_then_the_layernorm)
 {
     const int rows = 9, width = 130;

@@ -40,6 +40,7 @@ static const pt_kernels cpu_kernels = {
     .encoder_backward = pt_cpu_encoder_backward,
     .layernorm_forward = pt_cpu_layernorm_forward,
     .layernorm_backward = pt_cpu_layernorm_backward,
+    .layernorm_backward_bf16 = pt_cpu_layernorm_backward_bf16,
     .layernorm_forward_bf16 = pt_cpu_layernorm_forward_bf16,
     .residual_layernorm_forward = pt_cpu_residual_layernorm_forward,
     .residual_layernorm_forward_bf16 = pt_cpu_residual_layernorm_forward_bf16,

@@ -169,6 +169,16 @@ void pt_cpu_layernorm_forward_bf16(pt_bf16 *out, float *mean, float *rstd, const
     rounded_into(out, y, n);
 }
 
+/* The fp32 backward, then dinp rounded in a pass of its own (the same bits as a cast after it). */
+void pt_cpu_layernorm_backward_bf16(float *dinp, pt_bf16 *dinp_rounded, float *dweight,
+                                    float *dbias, const float *dout, const float *inp,
+                                    const float *weight, const float *mean, const float *rstd,
+                                    int N, int C)
+{
+    pt_cpu_layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+    pt_cpu_cast_to_bf16(dinp_rounded, dinp, (size_t)N * C);
+}
+
 void pt_cpu_residual_layernorm_forward_bf16(float *residual, pt_bf16 *out, float *mean,
                                             float *rstd, const float *a, const float *b,
                                             const float *weight, const float *bias, int N, int C)

@@ -59,6 +59,10 @@ void pt_cpu_encoder_backward(float *dwte, float *dwpe, const float *dout, const 
 /* layernorm.c */
 void pt_cpu_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
                               const float *weight, const float *bias, int N, int C);
+void pt_cpu_layernorm_backward_bf16(float *dinp, pt_bf16 *dinp_rounded, float *dweight,
+                                    float *dbias, const float *dout, const float *inp,
+                                    const float *weight, const float *mean, const float *rstd,
+                                    int N, int C);
 void pt_cpu_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                                const float *inp, const float *weight, const float *mean,
                                const float *rstd, int N, int C);

@@ -313,6 +313,7 @@ static const pt_kernels cuda_kernels = {
     .residual_layernorm_forward = pt_cuda_residual_layernorm_forward,
     .residual_layernorm_forward_bf16 = pt_cuda_residual_layernorm_forward_bf16,
     .layernorm_backward = pt_cuda_layernorm_backward,
+    .layernorm_backward_bf16 = pt_cuda_layernorm_backward_bf16,
     .matmul_forward = pt_cuda_matmul_forward,
     .matmul_backward = pt_cuda_matmul_backward,
     .cast_to_bf16 = pt_cuda_cast_to_bf16,

@@ -159,6 +159,10 @@ void pt_cuda_layernorm_forward(float *out, float *mean, float *rstd, const float
 void pt_cuda_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                                 const float *inp, const float *weight, const float *mean,
                                 const float *rstd, int N, int C);
+void pt_cuda_layernorm_backward_bf16(float *dinp, pt_bf16 *dinp_rounded, float *dweight,
+                                     float *dbias, const float *dout, const float *inp,
+                                     const float *weight, const float *mean, const float *rstd,
+                                     int N, int C);
 
 /* matmul.cu */
 void pt_cuda_matmul_forward(float *out, const float *inp, const float *weight, const float *bias,

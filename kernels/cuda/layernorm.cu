@@ -85,14 +85,14 @@ __global__ void layernorm_forward_kernel(Element *out, float *mean, float *rstd,
     }
 }
 
-/* One warp's row n of the backward, columns taken as the forward's: dinp's row +=, and with dw,
- * db (this warp's sums, each lane owning the columns it takes) the row's dout·x̂ and dout added
- * into them. */
+/* One warp's row n of the backward, columns taken as the forward's: dinp's row +=, with
+ * rounded (not NULL) the sum also rounded to bf16 there, and with dw, db (this warp's sums, each
+ * lane owning the columns it takes) the row's dout·x̂ and dout added into them. */
 template <int W>
-__device__ inline void layernorm_backward_row(float *dinp, float *dw, float *db, const float *dout,
-                                              const float *inp, const float *weight,
-                                              const float *mean, const float *rstd, int n, int C,
-                                              int lane)
+__device__ inline void layernorm_backward_row(float *dinp, __nv_bfloat16 *rounded, float *dw,
+                                              float *db, const float *dout, const float *inp,
+                                              const float *weight, const float *mean,
+                                              const float *rstd, int n, int C, int lane)
 {
     const float *x = inp + (size_t)n * C, *dy = dout + (size_t)n * C;
     float *dx = dinp + (size_t)n * C;
@@ -119,6 +119,12 @@ __device__ inline void layernorm_backward_row(float *dinp, float *dw, float *db,
             g.e[k] += s * (d.e[k] * w.e[k] - g_mean - xhat.e[k] * g_xhat_mean);
         }
         pt_store<W>(dx + c, g);
+        if (rounded) {
+            pt_elements<__nv_bfloat16, W> r;
+#pragma unroll
+            for (int k = 0; k < W; k++) r.e[k] = __float2bfloat16_rn(g.e[k]);
+            pt_store<W>(rounded + (size_t)n * C + c, r);
+        }
         if (dw) {
             pt_elements<float, W> sw = pt_load<W>(dw + c), sb = pt_load<W>(db + c);
 #pragma unroll
@@ -133,22 +139,25 @@ __device__ inline void layernorm_backward_row(float *dinp, float *dw, float *db,
 }
 
 template <int W>
-__global__ void layernorm_backward_input_kernel(float *dinp, const float *dout, const float *inp,
+__global__ void layernorm_backward_input_kernel(float *dinp, __nv_bfloat16 *rounded,
+                                                const float *dout, const float *inp,
                                                 const float *weight, const float *mean,
                                                 const float *rstd, int N, int C)
 {
-    /* dinp[N,C] +=, dout[N,C], inp[N,C], weight[C], mean[N], rstd[N]; one warp per row */
+    /* dinp[N,C] +=, rounded[N,C] or NULL, dout[N,C], inp[N,C], weight[C], mean[N], rstd[N]; one
+     * warp per row */
     int n = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (n >= N) return;
-    layernorm_backward_row<W>(dinp, NULL, NULL, dout, inp, weight, mean, rstd, n, C, lane);
+    layernorm_backward_row<W>(dinp, rounded, NULL, NULL, dout, inp, weight, mean, rstd, n, C,
+                              lane);
 }
 
 /* The backward's columns 4 at a time where its rows' buffers allow (the forward's W, for fp32) */
 #define BACKWARD_W 4
-static bool backward_in_vectors(const float *dinp, const float *dout, const float *inp,
-                                const float *weight, int C)
+static bool backward_in_vectors(const float *dinp, const __nv_bfloat16 *rounded,
+                                const float *dout, const float *inp, const float *weight, int C)
 {
-    return C % BACKWARD_W == 0 && pt_aligned16(dinp, dout, inp, weight);
+    return C % BACKWARD_W == 0 && pt_aligned16(dinp, rounded, dout, inp, weight);
 }
 
 #define FUSED_WARPS 4      /* a block of the one-pass backward */
@@ -158,7 +167,8 @@ static bool backward_in_vectors(const float *dinp, const float *dout, const floa
 static size_t fused_shared_bytes(int C) { return (size_t)FUSED_WARPS * 2 * C * sizeof(float); }
 
 template <int W>
-__global__ void layernorm_backward_fused_kernel(float *dinp, float *partials, const float *dout,
+__global__ void layernorm_backward_fused_kernel(float *dinp, __nv_bfloat16 *rounded,
+                                                float *partials, const float *dout,
                                                 const float *inp, const float *weight,
                                                 const float *mean, const float *rstd, int N, int C)
 {
@@ -171,7 +181,8 @@ __global__ void layernorm_backward_fused_kernel(float *dinp, float *partials, co
     for (int c = lane * W; c < C; c += 32 * W)
         for (int k = 0; k < W; k++) dw[c + k] = db[c + k] = 0.0f;
     for (int n = blockIdx.x * FUSED_WARPS + warp; n < N; n += gridDim.x * FUSED_WARPS)
-        layernorm_backward_row<W>(dinp, dw, db, dout, inp, weight, mean, rstd, n, C, lane);
+        layernorm_backward_row<W>(dinp, rounded, dw, db, dout, inp, weight, mean, rstd, n, C,
+                                  lane);
     __syncthreads();
     float *block_dw = partials + (size_t)blockIdx.x * C, *block_db = block_dw + (size_t)gridDim.x * C;
     for (int c = threadIdx.x; c < C; c += blockDim.x) {
@@ -187,9 +198,10 @@ __global__ void layernorm_backward_fused_kernel(float *dinp, float *partials, co
 
 /* The one-pass backward; false (nothing done) where its sums do not fit in shared memory or
  * the arena has no room for the partials. */
-static bool layernorm_backward_fused(float *dinp, float *dweight, float *dbias, const float *dout,
-                                     const float *inp, const float *weight, const float *mean,
-                                     const float *rstd, int N, int C)
+static bool layernorm_backward_fused(float *dinp, __nv_bfloat16 *rounded, float *dweight,
+                                     float *dbias, const float *dout, const float *inp,
+                                     const float *weight, const float *mean, const float *rstd,
+                                     int N, int C)
 {
     if (fused_shared_bytes(C) > FUSED_SHARED_MAX) return false;
     const int blocks = (int)min((size_t)FUSED_BLOCKS, (size_t)pt_cuda_ceil_div(N, FUSED_WARPS));
@@ -199,13 +211,13 @@ static bool layernorm_backward_fused(float *dinp, float *dweight, float *dbias, 
     float *partials = (float *)pt_cuda_scratch(bytes, "layernorm backward partials");
     if (!partials) return false;
     const size_t shared = fused_shared_bytes(C);
-    if (backward_in_vectors(dinp, dout, inp, weight, C))
+    if (backward_in_vectors(dinp, rounded, dout, inp, weight, C))
         layernorm_backward_fused_kernel<BACKWARD_W><<<blocks, 32 * FUSED_WARPS, shared,
-                                                      pt_cuda.compute>>>(dinp, partials, dout, inp,
-                                                                         weight, mean, rstd, N, C);
+                                                      pt_cuda.compute>>>(
+            dinp, rounded, partials, dout, inp, weight, mean, rstd, N, C);
     else
         layernorm_backward_fused_kernel<1><<<blocks, 32 * FUSED_WARPS, shared, pt_cuda.compute>>>(
-            dinp, partials, dout, inp, weight, mean, rstd, N, C);
+            dinp, rounded, partials, dout, inp, weight, mean, rstd, N, C);
     PT_CUDA_LAUNCHED("layernorm_backward_fused_kernel");
     const unsigned columns = (unsigned)pt_cuda_ceil_div(C, PT_CUDA_THREADS);
     pt_column_finish_kernel<<<columns, PT_CUDA_THREADS, 0, pt_cuda.compute>>>(dweight, partials,
@@ -294,22 +306,42 @@ void pt_cuda_residual_layernorm_forward_bf16(float *residual, pt_bf16 *out, floa
                    "layernorm_forward_kernel<residual, bf16>");
 }
 
+/* The backward, and where rounded is not NULL dinp's new values rounded to bf16 there too */
+static void backward(float *dinp, __nv_bfloat16 *rounded, float *dweight, float *dbias,
+                     const float *dout, const float *inp, const float *weight, const float *mean,
+                     const float *rstd, int N, int C)
+{
+    /* dinp[N,C], rounded[N,C], dweight[C], dbias[C], dout[N,C], inp[N,C], weight[C], mean[N],
+     * rstd[N] */
+    if (N <= 0) return;
+    if (layernorm_backward_fused(dinp, rounded, dweight, dbias, dout, inp, weight, mean, rstd, N,
+                                 C))
+        return;
+    if (backward_in_vectors(dinp, rounded, dout, inp, weight, C))
+        layernorm_backward_input_kernel<BACKWARD_W><<<row_blocks(N), 32 * ROWS_PER_BLOCK, 0,
+                                                      pt_cuda.compute>>>(
+            dinp, rounded, dout, inp, weight, mean, rstd, N, C);
+    else
+        layernorm_backward_input_kernel<1><<<row_blocks(N), 32 * ROWS_PER_BLOCK, 0,
+                                             pt_cuda.compute>>>(dinp, rounded, dout, inp, weight,
+                                                                mean, rstd, N, C);
+    PT_CUDA_LAUNCHED("layernorm_backward_input_kernel");
+    pt_column_sums_add(dweight, normalized_gradient{dout, inp, mean, rstd, C}, N, C);
+    pt_column_sums_add(dbias, pt_rows_f32{dout, C}, N, C);
+}
+
 void pt_cuda_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                                 const float *inp, const float *weight, const float *mean,
                                 const float *rstd, int N, int C)
 {
-    /* dinp[N,C], dweight[C], dbias[C], dout[N,C], inp[N,C], weight[C], mean[N], rstd[N] */
-    if (N <= 0) return;
-    if (layernorm_backward_fused(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C)) return;
-    if (backward_in_vectors(dinp, dout, inp, weight, C))
-        layernorm_backward_input_kernel<BACKWARD_W><<<row_blocks(N), 32 * ROWS_PER_BLOCK, 0,
-                                                      pt_cuda.compute>>>(dinp, dout, inp, weight,
-                                                                         mean, rstd, N, C);
-    else
-        layernorm_backward_input_kernel<1><<<row_blocks(N), 32 * ROWS_PER_BLOCK, 0,
-                                             pt_cuda.compute>>>(dinp, dout, inp, weight, mean,
-                                                                rstd, N, C);
-    PT_CUDA_LAUNCHED("layernorm_backward_input_kernel");
-    pt_column_sums_add(dweight, normalized_gradient{dout, inp, mean, rstd, C}, N, C);
-    pt_column_sums_add(dbias, pt_rows_f32{dout, C}, N, C);
+    backward(dinp, NULL, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+}
+
+void pt_cuda_layernorm_backward_bf16(float *dinp, pt_bf16 *dinp_rounded, float *dweight,
+                                     float *dbias, const float *dout, const float *inp,
+                                     const float *weight, const float *mean, const float *rstd,
+                                     int N, int C)
+{
+    backward(dinp, (__nv_bfloat16 *)dinp_rounded, dweight, dbias, dout, inp, weight, mean, rstd, N,
+             C);
 }

@@ -4,8 +4,9 @@
  *
  * pt_elements<Element, N> is N elements side by side in memory. Where N·sizeof(Element) is a
  * multiple of 16 (4 or 8 fp32, 8 bf16) they must start on a 16-byte boundary, and pt_load and
- * pt_store move them as N·sizeof(Element)/16 uint4s; otherwise (N = 1: a kernel's element-by-
- * element form) element by element. The bytes go between the uint4s and the elements by
+ * pt_store move them as N·sizeof(Element)/16 uint4s; where it is 8 (4 bf16), on an 8-byte
+ * boundary, as one uint2; otherwise (N = 1: a kernel's element-by-element form) element by
+ * element. The bytes go between the uint4s and the elements by
  * memcpy, which compiles to register moves and is defined, where reading a uint4 through an
  * Element pointer is not: type-based alias analysis may drop such reads (GCC at -O2 did, on the
  * emulated device of tests/cuda_host).
@@ -26,6 +27,7 @@ template <class Element, int N> struct pt_elements {
 };
 
 template <class Element, int N> constexpr bool pt_whole_vectors = N * sizeof(Element) % 16 == 0;
+template <class Element, int N> constexpr bool pt_half_vector = N * sizeof(Element) == 8;
 
 /* N elements from `at` */
 template <int N, class Element>
@@ -39,6 +41,9 @@ __device__ inline pt_elements<Element, N> pt_load(const Element *at)
             const uint4 raw = src[k];
             memcpy(reinterpret_cast<char *>(v.e) + 16 * k, &raw, sizeof raw);
         }
+    } else if constexpr (pt_half_vector<Element, N>) {
+        const uint2 raw = *reinterpret_cast<const uint2 *>(at);
+        memcpy(v.e, &raw, sizeof raw);
     } else {
 #pragma unroll
         for (int k = 0; k < N; k++) v.e[k] = at[k];
@@ -57,6 +62,10 @@ __device__ inline void pt_store(Element *at, const pt_elements<Element, N> &v)
             memcpy(&raw, reinterpret_cast<const char *>(v.e) + 16 * k, sizeof raw);
             dst[k] = raw;
         }
+    } else if constexpr (pt_half_vector<Element, N>) {
+        uint2 raw;
+        memcpy(&raw, v.e, sizeof raw);
+        *reinterpret_cast<uint2 *>(at) = raw;
     } else {
 #pragma unroll
         for (int k = 0; k < N; k++) at[k] = v.e[k];

@@ -145,6 +145,7 @@ extern "C" const pt_kernels *pt_kernels_cuda_emulated(void)
     table.residual_layernorm_forward = pt_emulated::pt_cuda_residual_layernorm_forward;
     table.residual_layernorm_forward_bf16 = pt_emulated::pt_cuda_residual_layernorm_forward_bf16;
     table.layernorm_backward = pt_emulated::pt_cuda_layernorm_backward;
+    table.layernorm_backward_bf16 = pt_emulated::pt_cuda_layernorm_backward_bf16;
     table.cast_to_bf16 = pt_emulated::pt_cuda_cast_to_bf16;
     table.cast_from_bf16 = pt_emulated::pt_cuda_cast_from_bf16;
     table.matmul_forward = pt_emulated::pt_cuda_matmul_forward;
