@@ -432,29 +432,40 @@ static double norm_of(const float *g, size_t n)
     return sqrt(s);
 }
 
-Test(optimizer, clip_grad_norm)
+Test(optimizer, clip_scale)
 {
-    const pt_kernels *k = pt_kernels_cpu();
-    float g[4] = {3, 0, -4, 0}; /* norm 5 */
-    cr_expect_float_eq(pt_clip_grad_norm(k, g, 4, 10.0), 5.0, 1e-12, "norm below the limit");
-    cr_expect(g[0] == 3 && g[2] == -4, "a gradient under max_norm must not change");
-    cr_expect_float_eq(pt_clip_grad_norm(k, g, 4, 0.0), 5.0, 1e-12, "max_norm 0 disables");
-    cr_expect(g[0] == 3 && g[2] == -4, "max_norm 0 must not clip");
+    cr_expect_eq(pt_clip_scale(5.0, 10.0), 1.0f, "a norm under max_norm: no clipping");
+    cr_expect_eq(pt_clip_scale(5.0, 0.0), 1.0f, "max_norm 0 disables clipping");
+    cr_expect_eq(pt_clip_scale(5.0, 1.0), 0.2f, "max_norm / norm");
+    cr_expect_eq(pt_clip_scale(NAN, 1.0), 1.0f, "a NaN norm: the caller decides, nothing scaled");
+    cr_expect_eq(pt_clip_scale(INFINITY, 1.0), 1.0f, "an infinite norm: nothing scaled");
+}
 
-    cr_expect_float_eq(pt_clip_grad_norm(k, g, 4, 1.0), 5.0, 1e-12, "returns the norm before");
-    cr_expect_float_eq(norm_of(g, 4), 1.0, 1e-6, "clipped norm %g", norm_of(g, 4));
-    cr_expect_float_eq(g[0], 0.6f, 1e-6, "direction kept: %g", g[0]);
-    cr_expect_float_eq(g[2], -0.8f, 1e-6, "direction kept: %g", g[2]);
-
-    /* a larger buffer, through the parallel reduction */
+/* The clipping as the executor applies it, inside the optimizer's step: the factor takes the
+ * gradient to max_norm, and the step with it is the step on the scaled gradient, bit for bit,
+ * the gradient itself left as it was. */
+Test(optimizer, a_scaled_step_is_the_step_on_the_clipped_gradient)
+{
     enum { n = 100000 };
-    static float big[n];
-    for (int i = 0; i < n; i++) big[i] = (float)sin(i);
-    double before = norm_of(big, n);
-    cr_expect(fabs(pt_clip_grad_norm(k, big, n, 2.5) - before) < 1e-9 * before);
-    cr_expect(fabs(norm_of(big, n) - 2.5) < 1e-5, "clipped norm %g", norm_of(big, n));
-
-    float bad[2] = {NAN, 1};
-    cr_expect(isnan(pt_clip_grad_norm(k, bad, 2, 1.0)), "a NaN norm is reported");
-    cr_expect_eq(bad[1], 1.0f, "a NaN norm leaves the gradient alone");
+    static float grad[n], clipped[n], theta_a[n], theta_b[n];
+    for (int i = 0; i < n; i++) {
+        grad[i] = (float)sin(i);
+        theta_a[i] = theta_b[i] = (float)cos(i);
+    }
+    const float factor = pt_clip_scale(norm_of(grad, n), 2.5);
+    for (int i = 0; i < n; i++) clipped[i] = grad[i] * factor;
+    cr_expect(fabs(norm_of(clipped, n) - 2.5) < 1e-5, "clipped norm %g", norm_of(clipped, n));
+    pt_optimizer_settings s = {PT_OPTIMIZER_ADAMW, 0.9, 0.95, 1e-8, 0.1, PT_NADAM_PSI, 0.0};
+    pt_optimizer a, b;
+    cr_assert_eq(pt_optimizer_init(&a, &s, pt_kernels_cpu(), n), PIPERT_OK);
+    cr_assert_eq(pt_optimizer_init(&b, &s, pt_kernels_cpu(), n), PIPERT_OK);
+    const pt_param_region region = {0, n, 1};
+    for (int t = 0; t < 3; t++) {
+        pt_optimizer_step_scaled(&a, theta_a, grad, &region, 1, 0.01, factor);
+        pt_optimizer_step(&b, theta_b, clipped, &region, 1, 0.01);
+    }
+    cr_expect_arr_eq(theta_a, theta_b, sizeof theta_a, "the scaled step's θ");
+    cr_expect_eq(grad[1], (float)sin(1), "the gradient left as it was");
+    pt_optimizer_free(&a);
+    pt_optimizer_free(&b);
 }

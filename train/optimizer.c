@@ -261,11 +261,3 @@ float pt_clip_scale(double norm, double max_norm)
 {
     return max_norm > 0 && isfinite(norm) && norm > max_norm ? (float)(max_norm / norm) : 1.0f;
 }
-
-double pt_clip_grad_norm(const pt_kernels *k, float *grads, size_t n, double max_norm)
-{
-    const double norm = sqrt(k->sum_squares(grads, n));
-    const float factor = pt_clip_scale(norm, max_norm);
-    if (factor != 1.0f) k->scale(grads, factor, n);
-    return norm;
-}

@@ -137,8 +137,4 @@ double pt_lr_at(long step, long total, double lr, long warmup, double min_ratio)
  * non-finite norm gets 1 (the caller decides what a NaN step means). */
 float pt_clip_scale(double norm, double max_norm);
 
-/* Global-norm clipping of grads[n] (backend memory) in place: returns the L2 norm before
- * clipping, and scales grads by pt_clip_scale's factor where it is not 1. */
-double pt_clip_grad_norm(const pt_kernels *k, float *grads, size_t n, double max_norm);
-
 #endif

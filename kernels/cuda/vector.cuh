@@ -6,14 +6,14 @@
  * multiple of 16 (4 or 8 fp32, 8 bf16) they must start on a 16-byte boundary, and pt_load and
  * pt_store move them as N·sizeof(Element)/16 uint4s; where it is 8 (4 bf16), on an 8-byte
  * boundary, as one uint2; otherwise (N = 1: a kernel's element-by-element form) element by
- * element. The bytes go between the uint4s and the elements by
- * memcpy, which compiles to register moves and is defined, where reading a uint4 through an
- * Element pointer is not: type-based alias analysis may drop such reads (GCC at -O2 did, on the
- * emulated device of tests/cuda_host).
+ * element. The bytes go between the vectors and the elements by memcpy, which compiles to
+ * register moves and is defined, where reading a uint4 through an Element pointer is not:
+ * type-based alias analysis may drop such reads (GCC at -O2 did, on the emulated device of
+ * tests/cuda_host).
  *
- * A kernel takes the vector path only where every pointer it moves this way is 16-byte aligned
- * and its lengths are multiples of N (pt_aligned16 on the host, before the launch); elsewhere it
- * keeps its element-by-element loop. */
+ * A kernel takes the vector path only where every buffer it moves this way is 16-byte aligned
+ * (pt_aligned16 on the host, before the launch) and takes the elements past the last whole
+ * vector singly; elsewhere it keeps its element-by-element loop. */
 #ifndef PT_KERNELS_CUDA_VECTOR_CUH
 #define PT_KERNELS_CUDA_VECTOR_CUH
 
